@@ -1,0 +1,44 @@
+#pragma once
+// Every environment setting kiln reads, declared in one place with its meaning.
+#include <cstdlib>
+#include <string>
+
+namespace kiln::env {
+
+struct Setting {
+  const char* name;
+  const char* help;
+};
+
+/// The full list, for documentation and `kiln --help`-style printing.
+inline constexpr Setting kSettings[] = {
+    {"KILN_LOGS", "comma list of log channels: graph_breaks,recompiles,guards,schedule,output_code,cache,perf (or all)"},
+    {"KILN_LOGS_OUT", "file that logs go to (default: stderr)"},
+    {"KILN_CACHE_DIR", "on-disk kernel cache (default: $XDG_CACHE_HOME/kiln, else ~/.cache/kiln)"},
+    {"KILN_CACHE", "0 disables the on-disk kernel cache"},
+    {"KILN_CXX", "host C++ compiler for CPU kernels (default: c++)"},
+    {"KILN_DEVICE", "default device of tests and examples: cpu or cuda"},
+    {"KILN_BACKEND", "eager: run graphs op by op with the reference executor; jit (default when a compiler exists)"},
+    {"KILN_NUM_THREADS", "CPU threads for kernels (default: hardware concurrency)"},
+    {"KILN_LIBCUDA_PATH", "path of libcuda.so.1 (default: the dynamic loader's search)"},
+    {"KILN_NVRTC_PATH", "path of libnvrtc.so (default: the dynamic loader's search, then /usr/local/cuda)"},
+};
+
+/// Raw value or nullptr.
+inline const char* raw(const char* name) { return std::getenv(name); }
+
+/// Value or `fallback` when unset or empty.
+inline std::string get(const char* name, const std::string& fallback = {}) {
+  const char* v = std::getenv(name);
+  return (v && *v) ? std::string(v) : fallback;
+}
+
+/// True when the variable is set to something other than "", "0", "false", "off", "no".
+inline bool flag(const char* name, bool fallback = false) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  std::string s(v);
+  return !(s == "0" || s == "false" || s == "off" || s == "no" || s == "OFF" || s == "FALSE");
+}
+
+}  // namespace kiln::env

@@ -1,0 +1,48 @@
+#pragma once
+// Typed errors. Each carries the message a user needs to fix the call: the op, the shapes,
+// the dtypes (and for compile errors the source path and the compiler's log).
+#include <stdexcept>
+#include <string>
+
+namespace kiln {
+
+/// Base of every error kiln throws.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+/// Shapes that do not broadcast, bad axes, bad reshape sizes, out-of-range slices.
+class ShapeError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A dtype an op does not accept (e.g. `mean` of an integer tensor, `&&` of floats).
+class DTypeError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Generated source failed to compile; the message holds the compiler log and source path.
+class CompileError : public Error {
+ public:
+  CompileError(const std::string& what, std::string log = {}, std::string source_path = {})
+      : Error(what), log_(std::move(log)), source_path_(std::move(source_path)) {}
+  /// The compiler's diagnostic output.
+  const std::string& log() const { return log_; }
+  /// Where the generated source was written (empty if it was not).
+  const std::string& source_path() const { return source_path_; }
+
+ private:
+  std::string log_;
+  std::string source_path_;
+};
+
+/// Work on a device that is absent or unusable, or tensors on different devices in one op.
+class DeviceError : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace kiln

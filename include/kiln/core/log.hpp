@@ -1,0 +1,98 @@
+#pragma once
+// TORCH_LOGS-style channels selected by KILN_LOGS, written to KILN_LOGS_OUT or stderr.
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "kiln/core/env.hpp"
+
+namespace kiln {
+
+/// Log channels that KILN_LOGS can switch on.
+enum class LogChannel : unsigned {
+  graph_breaks = 1u << 0,
+  recompiles = 1u << 1,
+  guards = 1u << 2,
+  schedule = 1u << 3,
+  output_code = 1u << 4,
+  cache = 1u << 5,
+  perf = 1u << 6,
+  graph = 1u << 7,
+};
+
+namespace detail {
+
+inline unsigned parse_log_channels(std::string_view spec) {
+  unsigned mask = 0;
+  while (!spec.empty()) {
+    auto comma = spec.find(',');
+    auto item = spec.substr(0, comma);
+    while (!item.empty() && (item.front() == ' ' || item.front() == '+')) item.remove_prefix(1);
+    if (item == "all") mask = ~0u;
+    else if (item == "graph_breaks") mask |= unsigned(LogChannel::graph_breaks);
+    else if (item == "recompiles") mask |= unsigned(LogChannel::recompiles);
+    else if (item == "guards") mask |= unsigned(LogChannel::guards);
+    else if (item == "schedule") mask |= unsigned(LogChannel::schedule);
+    else if (item == "output_code") mask |= unsigned(LogChannel::output_code);
+    else if (item == "cache") mask |= unsigned(LogChannel::cache);
+    else if (item == "perf") mask |= unsigned(LogChannel::perf);
+    else if (item == "graph") mask |= unsigned(LogChannel::graph);
+    if (comma == std::string_view::npos) break;
+    spec.remove_prefix(comma + 1);
+  }
+  return mask;
+}
+
+struct LogState {
+  unsigned mask = parse_log_channels(env::get("KILN_LOGS"));
+  std::FILE* out = nullptr;
+  std::mutex mu;
+  LogState() {
+    std::string path = env::get("KILN_LOGS_OUT");
+    if (!path.empty()) out = std::fopen(path.c_str(), "a");
+    if (!out) out = stderr;
+  }
+  ~LogState() {
+    if (out && out != stderr) std::fclose(out);
+  }
+};
+
+inline LogState& log_state() {
+  static LogState state;
+  return state;
+}
+
+inline const char* channel_name(LogChannel c) {
+  switch (c) {
+    case LogChannel::graph_breaks: return "graph_breaks";
+    case LogChannel::recompiles: return "recompiles";
+    case LogChannel::guards: return "guards";
+    case LogChannel::schedule: return "schedule";
+    case LogChannel::output_code: return "output_code";
+    case LogChannel::cache: return "cache";
+    case LogChannel::perf: return "perf";
+    case LogChannel::graph: return "graph";
+  }
+  return "log";
+}
+
+}  // namespace detail
+
+/// True when `channel` is on (cheap: one load and a mask).
+inline bool log_enabled(LogChannel channel) { return (detail::log_state().mask & unsigned(channel)) != 0; }
+
+/// Switches channels on from code, with the KILN_LOGS syntax ("" switches all off).
+inline void set_logs(std::string_view spec) { detail::log_state().mask = detail::parse_log_channels(spec); }
+
+/// Writes one line "[kiln:channel] message" when the channel is on.
+inline void log(LogChannel channel, std::string_view message) {
+  if (!log_enabled(channel)) return;
+  auto& s = detail::log_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  std::fprintf(s.out, "[kiln:%s] %.*s\n", detail::channel_name(channel), static_cast<int>(message.size()),
+               message.data());
+  std::fflush(s.out);
+}
+
+}  // namespace kiln

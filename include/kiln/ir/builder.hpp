@@ -1,0 +1,254 @@
+#pragma once
+// Constructors of primitive nodes. They check each primitive's invariants (inputs of equal
+// shape and dtype for pointwise ops, valid axes, ...) and compute the node's hash and depth.
+// Shape ops on realized inputs become strided views of the same storage (no copy) when the
+// layout allows, as PyTorch's views do.
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "kiln/ir/node.hpp"
+
+namespace kiln::ir {
+
+namespace detail {
+
+inline std::uint64_t compute_local_hash(const Node& n) {
+  std::uint64_t h = kiln::detail::hash_combine(static_cast<std::uint64_t>(n.op), static_cast<std::uint64_t>(n.dtype));
+  h = kiln::detail::hash_combine(h, static_cast<std::uint64_t>(n.device.kind) * 131 + static_cast<std::uint64_t>(n.device.index));
+  for (auto d : n.shape) h = kiln::detail::hash_combine(h, static_cast<std::uint64_t>(d));
+  h = kiln::detail::hash_combine(h, n.shape.size());
+  return kiln::detail::hash_combine(h, n.attrs.hash());
+}
+
+[[noreturn]] inline void invariant_failed(const std::string& what) {
+  throw Error("kiln internal error (graph invariant): " + what);
+}
+
+}  // namespace detail
+
+/// A node without attributes, hash or buffer yet.
+inline Node blank(Op op, DType dtype, Device device, Shape shape, std::vector<NodePtr> inputs) {
+  Node n;
+  n.op = op;
+  n.dtype = dtype;
+  n.device = device;
+  n.shape = std::move(shape);
+  n.inputs = std::move(inputs);
+  return n;
+}
+
+/// Finishes a node: hash, depth. Every node is made through here.
+inline NodePtr finish(Node n) {
+  n.local_hash = detail::compute_local_hash(n);
+  std::uint64_t h = n.local_hash;
+  std::uint32_t depth = 0;
+  std::uint64_t count = 1;
+  for (auto& in : n.inputs) {
+    h = kiln::detail::hash_combine(h, in->realized() ? leaf_hash(*in) : in->hash);
+    depth = std::max(depth, in->realized() ? 0u : in->depth + 1);
+    count += in->realized() ? 1u : in->count;
+  }
+  n.count = static_cast<std::uint32_t>(std::min<std::uint64_t>(count, 1u << 30));
+  if (n.op == Op::Input) h = kiln::detail::hash_combine(h, leaf_hash(n));
+  n.hash = h;
+  n.depth = depth;
+  return std::make_shared<Node>(std::move(n));
+}
+
+/// A realized leaf over `view` (the storage must hold every addressed element).
+inline NodePtr input(BufferView view, Shape shape, DType dtype, Device device) {
+  Node n = blank(Op::Input, dtype, device, std::move(shape), {});
+  if (view.strides.size() != n.shape.size()) detail::invariant_failed("input strides rank");
+  n.buffer = std::move(view);
+  return finish(std::move(n));
+}
+
+/// Scalar `value` of `dtype` repeated over `shape`.
+inline NodePtr constant(double value, DType dtype, Shape shape, Device device) {
+  Node n = blank(Op::Constant, dtype, device, std::move(shape), {});
+  if (is_floating(dtype)) n.attrs.scalar = value;
+  else if (dtype == DType::Bool) n.attrs.iscalar = value != 0.0;
+  else n.attrs.iscalar = static_cast<std::int64_t>(value);
+  return finish(std::move(n));
+}
+
+/// Exact integer constant (int64 values beyond 2^53 stay exact).
+inline NodePtr constant_int(std::int64_t value, DType dtype, Shape shape, Device device) {
+  Node n = blank(Op::Constant, dtype, device, std::move(shape), {});
+  if (is_floating(dtype)) n.attrs.scalar = static_cast<double>(value);
+  else n.attrs.iscalar = dtype == DType::Bool ? (value != 0) : value;
+  return finish(std::move(n));
+}
+
+inline NodePtr iota(Shape shape, std::int64_t axis, DType dtype, Device device) {
+  Node n = blank(Op::Iota, dtype, device, std::move(shape), {});
+  n.attrs.ints = {axis};
+  return finish(std::move(n));
+}
+
+/// distribution: 0 uniform [0, 1), 1 standard normal.
+inline NodePtr random(Shape shape, std::uint64_t seed, int distribution, DType dtype, Device device) {
+  Node n = blank(Op::Random, dtype, device, std::move(shape), {});
+  n.attrs.seed = seed;
+  n.attrs.ints = {distribution};
+  return finish(std::move(n));
+}
+
+inline NodePtr cast(const NodePtr& x, DType to) {
+  if (x->dtype == to) return x;
+  Node n = blank(Op::Cast, to, x->device, x->shape, {x});
+  return finish(std::move(n));
+}
+
+/// Unary pointwise op; Not, IsNan, IsInf give Bool, the others keep the input's dtype.
+inline NodePtr unary(Op op, const NodePtr& x) {
+  if (op_kind(op) != OpKind::Unary || op == Op::Cast) detail::invariant_failed(std::string("not unary: ") + op_name(op));
+  DType out = (op == Op::Not || op == Op::IsNan || op == Op::IsInf) ? DType::Bool : x->dtype;
+  Node n = blank(op, out, x->device, x->shape, {x});
+  return finish(std::move(n));
+}
+
+/// Binary pointwise op on two nodes of equal shape and dtype.
+inline NodePtr binary(Op op, const NodePtr& a, const NodePtr& b) {
+  if (op_kind(op) != OpKind::Binary) detail::invariant_failed(std::string("not binary: ") + op_name(op));
+  if (a->shape != b->shape || a->dtype != b->dtype)
+    detail::invariant_failed(std::string(op_name(op)) + " inputs differ: " + a->shape.str() + " " +
+                             dtype_name(a->dtype) + " vs " + b->shape.str() + " " + dtype_name(b->dtype));
+  DType out = (is_comparison(op) || op == Op::And || op == Op::Or) ? DType::Bool : a->dtype;
+  Node n = blank(op, out, a->device, a->shape, {a, b});
+  return finish(std::move(n));
+}
+
+inline NodePtr where(const NodePtr& cond, const NodePtr& a, const NodePtr& b) {
+  if (cond->dtype != DType::Bool || cond->shape != a->shape || a->shape != b->shape || a->dtype != b->dtype)
+    detail::invariant_failed("where inputs");
+  Node n = blank(Op::Where, a->dtype, a->device, a->shape, {cond, a, b});
+  return finish(std::move(n));
+}
+
+/// Reduction over `axes` (normalized, any order), reduced dims kept as size 1. Sum/Prod keep
+/// the input dtype (the front end casts first); ArgMax/ArgMin give Int64.
+inline NodePtr reduce(Op op, const NodePtr& x, std::vector<std::int64_t> axes) {
+  if (!is_reduction(op)) detail::invariant_failed("not a reduction");
+  std::sort(axes.begin(), axes.end());
+  axes.erase(std::unique(axes.begin(), axes.end()), axes.end());
+  Shape out = x->shape;
+  for (auto a : axes) {
+    if (a < 0 || a >= static_cast<std::int64_t>(out.size())) detail::invariant_failed("reduce axis");
+    out[a] = 1;
+  }
+  DType dt = (op == Op::ArgMax || op == Op::ArgMin) ? DType::Int64 : x->dtype;
+  Node n = blank(op, dt, x->device, std::move(out), {x});
+  n.attrs.ints = std::move(axes);
+  return finish(std::move(n));
+}
+
+// ---- index maps -------------------------------------------------------------------------
+
+/// View of a realized node with a new shape/offset/strides over the same storage.
+inline NodePtr restride(const NodePtr& x, Shape shape, std::int64_t offset, Strides strides) {
+  BufferView v{x->buffer->storage, offset, std::move(strides)};
+  return input(std::move(v), std::move(shape), x->dtype, x->device);
+}
+
+/// Same rank; size-1 dims of x repeat to `shape`.
+inline NodePtr broadcast(const NodePtr& x, const Shape& shape) {
+  if (x->shape == shape) return x;
+  if (x->shape.size() != shape.size()) detail::invariant_failed("broadcast rank");
+  for (std::size_t i = 0; i < shape.size(); ++i)
+    if (x->shape[i] != shape[i] && x->shape[i] != 1) detail::invariant_failed("broadcast size");
+  if (x->realized()) {
+    Strides st = x->buffer->strides;
+    for (std::size_t i = 0; i < shape.size(); ++i)
+      if (x->shape[i] != shape[i]) st[i] = 0;
+    return restride(x, shape, x->buffer->offset, std::move(st));
+  }
+  Node n = blank(Op::Broadcast, x->dtype, x->device, shape, {x});
+  return finish(std::move(n));
+}
+
+/// Strides that view `old` (with `old_strides`) as `shape`, if the layout allows (PyTorch's rule).
+inline std::optional<Strides> view_strides(const Shape& old, const Strides& old_strides, const Shape& shape) {
+  Strides out(shape.size());
+  if (old.numel() <= 1 || shape.numel() <= 1) return contiguous_strides(shape);
+  std::int64_t view_d = static_cast<std::int64_t>(shape.size()) - 1;
+  std::int64_t chunk_base_stride = old_strides.empty() ? 1 : old_strides.back();
+  std::int64_t tensor_numel = 1, view_numel = 1;
+  for (std::int64_t tensor_d = static_cast<std::int64_t>(old.size()) - 1; tensor_d >= 0; tensor_d--) {
+    tensor_numel *= old[tensor_d];
+    if (tensor_d == 0 || (old[tensor_d - 1] != 1 && old_strides[tensor_d - 1] != tensor_numel * chunk_base_stride)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || shape[view_d] == 1)) {
+        out[view_d] = view_numel * chunk_base_stride;
+        view_numel *= shape[view_d];
+        view_d--;
+      }
+      if (view_numel != tensor_numel) return std::nullopt;
+      if (tensor_d > 0) {
+        chunk_base_stride = old_strides[tensor_d - 1];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  if (view_d != -1) return std::nullopt;
+  return out;
+}
+
+inline NodePtr reshape(const NodePtr& x, const Shape& shape) {
+  if (x->shape == shape) return x;
+  if (x->shape.numel() != shape.numel()) detail::invariant_failed("reshape numel");
+  if (x->realized()) {
+    if (auto st = view_strides(x->shape, x->buffer->strides, shape))
+      return restride(x, shape, x->buffer->offset, std::move(*st));
+  }
+  Node n = blank(Op::Reshape, x->dtype, x->device, shape, {x});
+  return finish(std::move(n));
+}
+
+/// Output dim i is input dim perm[i].
+inline NodePtr permute(const NodePtr& x, const std::vector<std::int64_t>& perm) {
+  bool identity = true;
+  for (std::size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == static_cast<std::int64_t>(i);
+  if (identity) return x;
+  Shape out(perm.size());
+  for (std::size_t i = 0; i < perm.size(); ++i) out[i] = x->shape[perm[i]];
+  if (x->realized()) {
+    Strides st(perm.size());
+    for (std::size_t i = 0; i < perm.size(); ++i) st[i] = x->buffer->strides[perm[i]];
+    return restride(x, out, x->buffer->offset, std::move(st));
+  }
+  Node n = blank(Op::Permute, x->dtype, x->device, std::move(out), {x});
+  n.attrs.ints = perm;
+  return finish(std::move(n));
+}
+
+/// Elements start, start+step, ... (`size` of them) along `axis`; start and size already clamped.
+inline NodePtr slice(const NodePtr& x, std::int64_t axis, std::int64_t start, std::int64_t size, std::int64_t step) {
+  if (start == 0 && step == 1 && size == x->shape[axis]) return x;
+  Shape out = x->shape;
+  out[axis] = size;
+  if (x->realized()) {
+    Strides st = x->buffer->strides;
+    std::int64_t offset = x->buffer->offset + (size > 0 ? start * st[axis] : 0);
+    st[axis] *= step;
+    return restride(x, std::move(out), offset, std::move(st));
+  }
+  Node n = blank(Op::Slice, x->dtype, x->device, std::move(out), {x});
+  n.attrs.ints = {axis, start, step};
+  return finish(std::move(n));
+}
+
+/// Inputs of one dtype and rank, equal except along `axis`.
+inline NodePtr concat(const std::vector<NodePtr>& xs, std::int64_t axis) {
+  if (xs.empty()) detail::invariant_failed("concat of nothing");
+  if (xs.size() == 1) return xs[0];
+  Shape out = xs[0]->shape;
+  out[axis] = 0;
+  for (auto& x : xs) out[axis] += x->shape[axis];
+  Node n = blank(Op::Concat, xs[0]->dtype, xs[0]->device, std::move(out), xs);
+  n.attrs.ints = {axis};
+  return finish(std::move(n));
+}
+
+}  // namespace kiln::ir

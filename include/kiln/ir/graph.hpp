@@ -1,0 +1,242 @@
+#pragma once
+// A captured graph: the part of the lazy DAG that one evaluation runs, flattened into a
+// topologically ordered array that later stages (schedule, codegen, executors) read. Realized
+// nodes become Input leaves whose data pointers are bound at run time, so one Graph (and every
+// kernel made from it) serves any tensors of the same structure.
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kiln/ir/node.hpp"
+
+namespace kiln::ir {
+
+struct GraphNode {
+  Op op;
+  DType dtype;
+  Shape shape;
+  Attrs attrs;
+  std::vector<std::int32_t> inputs;  ///< indices of earlier nodes
+  std::int32_t leaf = -1;            ///< Input: index into Captured::leaves
+  Strides strides;                   ///< Input: element strides of the bound buffer
+};
+
+struct Graph {
+  Device device = Device::cpu();
+  std::vector<GraphNode> nodes;          ///< topological order
+  std::vector<std::int32_t> outputs;     ///< node index of each output
+  std::vector<Strides> output_strides;   ///< layout each output is written in
+  std::uint64_t key = 0;                 ///< structural hash of all of the above
+
+  std::size_t num_leaves() const {
+    std::size_t n = 0;
+    for (auto& g : nodes) n += g.op == Op::Input;
+    return n;
+  }
+  /// Computes `key` from the structure (called by capture; call again after editing).
+  void rehash();
+  /// Checks every primitive's invariants; throws kiln::Error describing the first violation.
+  void verify() const;
+  /// Text form, one node a line: "%3 = add(%1, %2) : float32[4, 4]".
+  std::string str() const;
+};
+
+/// A graph plus the buffers its leaves are bound to and the nodes its outputs realize.
+struct Captured {
+  Graph graph;
+  std::vector<NodePtr> leaves;   ///< realized nodes, in leaf order
+  std::vector<NodePtr> roots;    ///< the nodes the outputs stand for
+};
+
+inline void Graph::rehash() {
+  using kiln::detail::hash_combine;
+  std::uint64_t h = hash_combine(static_cast<std::uint64_t>(device.kind), static_cast<std::uint64_t>(device.index));
+  for (auto& n : nodes) {
+    h = hash_combine(h, static_cast<std::uint64_t>(n.op));
+    h = hash_combine(h, static_cast<std::uint64_t>(n.dtype));
+    for (auto d : n.shape) h = hash_combine(h, static_cast<std::uint64_t>(d));
+    h = hash_combine(h, 0xabcdef + n.shape.size());
+    h = hash_combine(h, n.attrs.hash());
+    for (auto i : n.inputs) h = hash_combine(h, static_cast<std::uint64_t>(i));
+    h = hash_combine(h, 0x1234 + n.inputs.size());
+    for (auto s : n.strides) h = hash_combine(h, static_cast<std::uint64_t>(s));
+  }
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    h = hash_combine(h, static_cast<std::uint64_t>(outputs[i]));
+    for (auto s : output_strides[i]) h = hash_combine(h, static_cast<std::uint64_t>(s));
+  }
+  key = h;
+}
+
+/// Flattens the lazy DAG under `roots` (stopping at realized nodes, which become leaves),
+/// merging structurally equal nodes (common-subexpression elimination through the hashes).
+inline Captured capture(const std::vector<NodePtr>& roots, Device device) {
+  Captured c;
+  c.graph.device = device;
+  std::unordered_map<const Node*, std::int32_t> index_of;
+  // Structural CSE: hash -> candidate indices with that hash.
+  std::unordered_multimap<std::uint64_t, std::int32_t> by_hash;
+  std::vector<std::uint64_t> hashes;
+
+  // Iterative post-order DFS (graphs can be deep: no recursion).
+  struct Frame { const NodePtr* node; std::size_t next; };
+  auto visit_root = [&](const NodePtr& root) {
+    if (index_of.count(root.get())) return;
+    std::vector<Frame> stack{{&root, 0}};
+    while (!stack.empty()) {
+      Frame& f = stack.back();
+      const Node& n = **f.node;
+      bool leaf = n.realized();
+      if (!leaf && f.next < n.inputs.size()) {
+        const NodePtr& child = n.inputs[f.next++];
+        if (!index_of.count(child.get())) stack.push_back({&child, 0});
+        continue;
+      }
+      GraphNode g;
+      std::uint64_t h;
+      if (leaf) {
+        g.op = Op::Input;
+        g.strides = n.buffer->strides;
+        h = leaf_hash(n) ^ reinterpret_cast<std::uintptr_t>(n.buffer->storage.get()) ^
+            static_cast<std::uint64_t>(n.buffer->offset) * 0x9e3779b97f4a7c15ull;
+      } else {
+        g.op = n.op;
+        g.attrs = n.attrs;
+        h = n.local_hash;
+        for (auto& in : n.inputs) {
+          std::int32_t idx = index_of.at(in.get());
+          g.inputs.push_back(idx);
+          h = kiln::detail::hash_combine(h, static_cast<std::uint64_t>(idx));
+        }
+      }
+      g.dtype = n.dtype;
+      g.shape = n.shape;
+      // Merge with an equal node already captured (same op, attrs, inputs; same buffer for leaves).
+      std::int32_t found = -1;
+      auto range = by_hash.equal_range(h);
+      for (auto it = range.first; it != range.second && found < 0; ++it) {
+        const GraphNode& o = c.graph.nodes[it->second];
+        if (o.op != g.op || o.dtype != g.dtype || o.shape != g.shape || !(o.attrs == g.attrs) || o.inputs != g.inputs ||
+            o.strides != g.strides)
+          continue;
+        if (leaf) {
+          const Node& other = *c.leaves[o.leaf];
+          if (other.buffer->storage != n.buffer->storage || other.buffer->offset != n.buffer->offset) continue;
+        }
+        found = it->second;
+      }
+      if (found < 0) {
+        if (leaf) {
+          g.leaf = static_cast<std::int32_t>(c.leaves.size());
+          c.leaves.push_back(*f.node);
+        }
+        found = static_cast<std::int32_t>(c.graph.nodes.size());
+        c.graph.nodes.push_back(std::move(g));
+        by_hash.emplace(h, found);
+      }
+      index_of[f.node->get()] = found;
+      stack.pop_back();
+    }
+  };
+  for (auto& r : roots) {
+    visit_root(r);
+    c.graph.outputs.push_back(index_of.at(r.get()));
+    c.graph.output_strides.push_back(contiguous_strides(r->shape));
+    c.roots.push_back(r);
+  }
+  c.graph.rehash();
+  return c;
+}
+
+inline std::string Graph::str() const {
+  std::ostringstream os;
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    const GraphNode& n = nodes[i];
+    os << "%" << i << " = " << op_name(n.op);
+    if (n.op == Op::Cast) os << "<" << dtype_name(n.dtype) << ">";
+    os << "(";
+    for (std::size_t k = 0; k < n.inputs.size(); ++k) os << (k ? ", " : "") << "%" << n.inputs[k];
+    if (n.op == Op::Input) os << "#" << n.leaf;
+    if (n.op == Op::Constant) {
+      if (is_floating(n.dtype)) os << n.attrs.scalar;
+      else os << n.attrs.iscalar;
+    }
+    if (n.op == Op::Random) os << "seed=" << n.attrs.seed << (n.attrs.ints[0] ? ", normal" : ", uniform");
+    if (!n.attrs.ints.empty() && n.op != Op::Random) {
+      os << (n.inputs.empty() && n.op != Op::Input ? "" : ", ") << "[";
+      for (std::size_t k = 0; k < n.attrs.ints.size(); ++k) os << (k ? ", " : "") << n.attrs.ints[k];
+      os << "]";
+    }
+    os << ") : " << dtype_name(n.dtype) << n.shape.str();
+    if (n.op == Op::Input) {
+      os << " strides [";
+      for (std::size_t k = 0; k < n.strides.size(); ++k) os << (k ? ", " : "") << n.strides[k];
+      os << "]";
+    }
+    os << "\n";
+  }
+  os << "outputs:";
+  for (auto o : outputs) os << " %" << o;
+  os << "\n";
+  return os.str();
+}
+
+inline void Graph::verify() const {
+  auto fail = [&](std::size_t i, const std::string& why) {
+    throw Error("graph verifier: node %" + std::to_string(i) + " (" + op_name(nodes[i].op) + "): " + why + "\n" + str());
+  };
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    const GraphNode& n = nodes[i];
+    for (auto in : n.inputs)
+      if (in < 0 || static_cast<std::size_t>(in) >= i) fail(i, "input is not an earlier node");
+    for (auto d : n.shape)
+      if (d < 0) fail(i, "negative size");
+    auto in = [&](int k) -> const GraphNode& { return nodes[n.inputs[k]]; };
+    std::size_t arity = n.inputs.size();
+    switch (op_kind(n.op)) {
+      case OpKind::Leaf:
+        if (arity != 0) fail(i, "leaf with inputs");
+        if (n.op == Op::Input && n.strides.size() != n.shape.size()) fail(i, "strides rank");
+        if (n.op == Op::Iota && (n.attrs.ints.size() != 1 || n.attrs.ints[0] >= static_cast<std::int64_t>(n.shape.size())))
+          fail(i, "iota axis");
+        break;
+      case OpKind::Unary:
+        if (arity != 1) fail(i, "arity");
+        if (in(0).shape != n.shape) fail(i, "shape changes");
+        if (n.op != Op::Cast && n.op != Op::Not && n.op != Op::IsNan && n.op != Op::IsInf && in(0).dtype != n.dtype)
+          fail(i, "dtype changes");
+        break;
+      case OpKind::Binary:
+        if (arity != 2) fail(i, "arity");
+        if (in(0).shape != n.shape || in(1).shape != n.shape) fail(i, "shapes differ");
+        if (in(0).dtype != in(1).dtype) fail(i, "dtypes differ");
+        break;
+      case OpKind::Ternary:
+        if (arity != 3) fail(i, "arity");
+        if (in(0).dtype != DType::Bool) fail(i, "condition is not bool");
+        if (in(0).shape != n.shape || in(1).shape != n.shape || in(2).shape != n.shape) fail(i, "shapes differ");
+        if (in(1).dtype != n.dtype || in(2).dtype != n.dtype) fail(i, "dtypes differ");
+        break;
+      case OpKind::Reduce: {
+        if (arity != 1) fail(i, "arity");
+        if (in(0).shape.size() != n.shape.size()) fail(i, "rank changes");
+        for (std::size_t d = 0; d < n.shape.size(); ++d) {
+          bool reduced = std::find(n.attrs.ints.begin(), n.attrs.ints.end(), static_cast<std::int64_t>(d)) != n.attrs.ints.end();
+          if (reduced ? n.shape[d] != 1 : n.shape[d] != in(0).shape[d]) fail(i, "reduced shape");
+        }
+        break;
+      }
+      case OpKind::IndexMap:
+        if (n.op == Op::Concat ? arity < 1 : arity != 1) fail(i, "arity");
+        if (n.op == Op::Reshape && in(0).shape.numel() != n.shape.numel()) fail(i, "reshape numel");
+        if (n.op == Op::Broadcast && in(0).shape.size() != n.shape.size()) fail(i, "broadcast rank");
+        if (n.op == Op::Permute && n.attrs.ints.size() != n.shape.size()) fail(i, "permutation rank");
+        break;
+    }
+  }
+  for (auto o : outputs)
+    if (o < 0 || static_cast<std::size_t>(o) >= nodes.size()) throw Error("graph verifier: bad output index");
+}
+
+}  // namespace kiln::ir

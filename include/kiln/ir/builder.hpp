@@ -146,6 +146,13 @@ inline NodePtr reduce(Op op, const NodePtr& x, std::vector<std::int64_t> axes) {
 
 // ---- index maps -------------------------------------------------------------------------
 
+/// A Constant (or Iota along a kept axis) needs no index map: rebuild it in the new shape.
+inline NodePtr reshaped_constant(const NodePtr& x, const Shape& shape) {
+  Node n = blank(Op::Constant, x->dtype, x->device, shape, {});
+  n.attrs = x->attrs;
+  return finish(std::move(n));
+}
+
 /// View of a realized node with a new shape/offset/strides over the same storage.
 inline NodePtr restride(const NodePtr& x, Shape shape, std::int64_t offset, Strides strides) {
   BufferView v{x->buffer->storage, offset, std::move(strides)};
@@ -158,6 +165,7 @@ inline NodePtr broadcast(const NodePtr& x, const Shape& shape) {
   if (x->shape.size() != shape.size()) detail::invariant_failed("broadcast rank");
   for (std::size_t i = 0; i < shape.size(); ++i)
     if (x->shape[i] != shape[i] && x->shape[i] != 1) detail::invariant_failed("broadcast size");
+  if (x->op == Op::Constant && !x->realized()) return reshaped_constant(x, shape);
   if (x->realized()) {
     Strides st = x->buffer->strides;
     for (std::size_t i = 0; i < shape.size(); ++i)
@@ -198,6 +206,7 @@ inline std::optional<Strides> view_strides(const Shape& old, const Strides& old_
 inline NodePtr reshape(const NodePtr& x, const Shape& shape) {
   if (x->shape == shape) return x;
   if (x->shape.numel() != shape.numel()) detail::invariant_failed("reshape numel");
+  if (x->op == Op::Constant && !x->realized()) return reshaped_constant(x, shape);
   if (x->realized()) {
     if (auto st = view_strides(x->shape, x->buffer->strides, shape))
       return restride(x, shape, x->buffer->offset, std::move(*st));

@@ -1,0 +1,90 @@
+#pragma once
+// Tensor creation: from host data, over user memory, constants, ranges and random numbers.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kiln/tensor/eval.hpp"
+
+namespace kiln {
+
+namespace detail {
+inline void check_creation_shape(const Shape& shape, const char* op) {
+  for (auto d : shape)
+    if (d < 0) throw ShapeError(std::string(op) + ": negative size in shape " + shape.str());
+}
+}  // namespace detail
+
+/// A tensor holding a copy of `data` (row-major) with `shape`.
+template <class T>
+Tensor from_vector(const std::vector<T>& data, const Shape& shape, Device device = Device::cpu()) {
+  detail::check_creation_shape(shape, "from_vector");
+  if (static_cast<std::int64_t>(data.size()) != shape.numel())
+    throw ShapeError("from_vector: " + std::to_string(data.size()) + " values do not fill shape " + shape.str() + " (" +
+                     std::to_string(shape.numel()) + " elements)");
+  constexpr DType dt = dtype_v<T>;
+  StoragePtr st = runtime::allocate_host(data.size() * sizeof(T));
+  if constexpr (std::is_same_v<T, bool>) {
+    auto* p = static_cast<unsigned char*>(st->data);
+    for (std::size_t i = 0; i < data.size(); ++i) p[i] = data[i] ? 1 : 0;
+  } else if (!data.empty()) {
+    std::memcpy(st->data, data.data(), data.size() * sizeof(T));
+  }
+  Tensor t(ir::input(ir::BufferView{st, 0, contiguous_strides(shape)}, shape, dt, Device::cpu()));
+  return device.is_cpu() ? t : t.to(device);
+}
+
+/// A tensor viewing memory the caller owns (no copy). Results assigned to it land in that
+/// memory; the memory must outlive every use of the tensor. `strides` default to row-major.
+template <class T>
+Tensor from_blob(T* data, const Shape& shape, Device device = Device::cpu(), Strides strides = {}) {
+  detail::check_creation_shape(shape, "from_blob");
+  if (strides.empty()) strides = contiguous_strides(shape);
+  if (strides.size() != shape.size())
+    throw ShapeError("from_blob: " + std::to_string(strides.size()) + " strides for shape " + shape.str());
+  std::int64_t extent = 0;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (strides[i] < 0) throw ShapeError("from_blob: negative strides are not supported");
+    if (shape[i] > 0) extent += (shape[i] - 1) * strides[i];
+  }
+  auto st = std::make_shared<Storage>();
+  st->data = const_cast<std::remove_const_t<T>*>(data);
+  st->bytes = shape.numel() == 0 ? 0 : static_cast<std::size_t>(extent + 1) * sizeof(T);
+  st->device = device;
+  return Tensor(ir::input(ir::BufferView{st, 0, std::move(strides)}, shape, dtype_v<std::remove_const_t<T>>, device));
+}
+
+/// A tensor of `shape` filled with `value` (lazy: fused into its consumers).
+inline Tensor full(const Shape& shape, double value, DType dtype = f32, Device device = Device::cpu()) {
+  detail::check_creation_shape(shape, "full");
+  return Tensor(ir::constant(value, dtype, shape, device));
+}
+inline Tensor zeros(const Shape& shape, DType dtype = f32, Device device = Device::cpu()) {
+  return full(shape, 0.0, dtype, device);
+}
+inline Tensor ones(const Shape& shape, DType dtype = f32, Device device = Device::cpu()) {
+  return full(shape, 1.0, dtype, device);
+}
+
+/// 0, 1, ..., n-1.
+inline Tensor arange(std::int64_t n, DType dtype = i64, Device device = Device::cpu()) {
+  if (n < 0) throw ShapeError("arange: negative length " + std::to_string(n));
+  return Tensor(ir::iota(Shape{n}, 0, dtype, device));
+}
+
+/// Uniform numbers in [0, 1) from Philox4x32-10 keyed by `seed` (element i uses counter i:
+/// the same on every device and thread count).
+inline Tensor rand(const Shape& shape, std::uint64_t seed, DType dtype = f32, Device device = Device::cpu()) {
+  detail::check_creation_shape(shape, "rand");
+  if (!is_floating(dtype)) throw DTypeError(std::string("rand: dtype must be floating point, got ") + dtype_name(dtype));
+  return Tensor(ir::random(shape, seed, 0, dtype, device));
+}
+
+/// Standard normal numbers (Box-Muller over Philox4x32-10, counter = element index).
+inline Tensor randn(const Shape& shape, std::uint64_t seed, DType dtype = f32, Device device = Device::cpu()) {
+  detail::check_creation_shape(shape, "randn");
+  if (!is_floating(dtype)) throw DTypeError(std::string("randn: dtype must be floating point, got ") + dtype_name(dtype));
+  return Tensor(ir::random(shape, seed, 1, dtype, device));
+}
+
+}  // namespace kiln

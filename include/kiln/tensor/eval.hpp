@@ -1,0 +1,247 @@
+#pragma once
+// Evaluation: capture the lazy graph under the requested tensors, bind buffers, hand the graph
+// to the selected executor, and turn the results into realized leaves.
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "kiln/backend/executor.hpp"
+#include "kiln/backend/reference.hpp"
+#include "kiln/core/env.hpp"
+#include "kiln/core/log.hpp"
+#include "kiln/core/stats.hpp"
+#include "kiln/ir/graph.hpp"
+#include "kiln/runtime/host_allocator.hpp"
+#include "kiln/tensor/functions.hpp"
+
+namespace kiln {
+
+/// Which executor evaluates graphs (see set_backend).
+using Backend = backend::Mode;
+
+namespace detail {
+
+/// Graphs deeper than this (or larger than kMaxLazyNodes) are evaluated as they are built,
+/// so memory and compile time stay bounded (ArrayFire's rule).
+inline constexpr std::uint32_t kMaxLazyDepth = 100;
+inline constexpr std::uint32_t kMaxLazyNodes = 4096;
+
+inline Backend backend_from_env() {
+  std::string v = env::get("KILN_BACKEND", "auto");
+  if (v == "eager" || v == "reference") return Backend::Eager;
+  if (v == "jit") return Backend::Jit;
+  return Backend::Auto;
+}
+
+inline Backend& backend_mode() {
+  static Backend mode = backend_from_env();
+  return mode;
+}
+
+inline StoragePtr allocate(std::size_t bytes, Device device) {
+  if (device.is_cpu()) return runtime::allocate_host(bytes);
+  throw DeviceError("cannot allocate on " + device.str() + ": the CUDA backend is not available in this build");
+}
+
+/// Runs a captured graph with the executor the mode selects.
+inline void run_graph(const ir::Graph& g, const backend::RunArgs& args) {
+  if (log_enabled(LogChannel::graph)) log(LogChannel::graph, "evaluating graph\n" + g.str());
+  if (!g.device.is_cpu()) throw DeviceError("no executor for device " + g.device.str());
+  backend::run_reference(g, args);
+}
+
+inline const void* leaf_pointer(const ir::Node& n) {
+  return static_cast<const char*>(n.buffer->storage->data) + n.buffer->offset * static_cast<std::int64_t>(itemsize(n.dtype));
+}
+
+inline void evaluate_group(const std::vector<ir::NodePtr>& roots, Device device) {
+  ir::Captured c = ir::capture(roots, device);
+  backend::RunArgs args;
+  for (auto& leaf : c.leaves) args.inputs.push_back(leaf_pointer(*leaf));
+  std::vector<StoragePtr> storages;
+  for (auto& r : roots) {
+    storages.push_back(allocate(static_cast<std::size_t>(r->numel()) * itemsize(r->dtype), device));
+    args.outputs.push_back(storages.back()->data);
+  }
+  run_graph(c.graph, args);
+  counters().graphs++;
+  for (std::size_t i = 0; i < roots.size(); ++i) {
+    roots[i]->buffer = ir::BufferView{storages[i], 0, contiguous_strides(roots[i]->shape)};
+    roots[i]->inputs.clear();  // the subgraph is no longer needed: let its memory go
+  }
+}
+
+inline void evaluate(const std::vector<ir::NodePtr>& roots) {
+  std::vector<ir::NodePtr> todo;
+  std::unordered_set<const ir::Node*> seen;
+  for (auto& r : roots)
+    if (r && !r->realized() && seen.insert(r.get()).second) todo.push_back(r);
+  while (!todo.empty()) {
+    Device d = todo.front()->device;
+    std::vector<ir::NodePtr> group, rest;
+    for (auto& r : todo) (r->device == d ? group : rest).push_back(r);
+    evaluate_group(group, d);
+    todo.swap(rest);
+  }
+}
+
+inline ir::NodePtr maybe_eval_big(ir::NodePtr node) {
+  if (node && !node->realized() && (node->depth > kMaxLazyDepth || node->count > kMaxLazyNodes)) evaluate({node});
+  return node;
+}
+
+/// True if some element is reachable through two different indices (a broadcast view).
+inline bool has_self_overlap(const Shape& shape, const Strides& strides) {
+  for (std::size_t i = 0; i < shape.size(); ++i)
+    if (shape[i] > 1 && strides[i] == 0) return true;
+  return false;
+}
+
+/// Writes `value` (already cast and broadcast to destination's dtype and shape) into the
+/// realized `destination`.
+inline void evaluate_into(const ir::NodePtr& value, const ir::NodePtr& destination) {
+  const ir::BufferView& dst = *destination->buffer;
+  ir::Captured c = ir::capture({value}, destination->device);
+  bool aliased = false, unsafe_alias = false;
+  bool pointwise_only = std::all_of(c.graph.nodes.begin(), c.graph.nodes.end(), [](const ir::GraphNode& n) {
+    return ir::op_kind(n.op) != ir::OpKind::Reduce && ir::op_kind(n.op) != ir::OpKind::IndexMap;
+  });
+  for (auto& leaf : c.leaves) {
+    if (leaf->buffer->storage != dst.storage) continue;
+    aliased = true;
+    // Reading an element only at the index it is written to is safe in any executor.
+    if (!pointwise_only || leaf->buffer->offset != dst.offset || leaf->buffer->strides != dst.strides) unsafe_alias = true;
+  }
+  if (aliased && unsafe_alias) {
+    // Compute into a temporary first, then copy: the graph reads what it overwrites.
+    Tensor tmp(value);
+    tmp.eval();
+    evaluate_into(tmp.node(), destination);
+    return;
+  }
+  c.graph.output_strides[0] = dst.strides;
+  c.graph.rehash();
+  backend::RunArgs args;
+  for (auto& leaf : c.leaves) args.inputs.push_back(leaf_pointer(*leaf));
+  args.outputs.push_back(static_cast<char*>(dst.storage->data) + dst.offset * static_cast<std::int64_t>(itemsize(destination->dtype)));
+  run_graph(c.graph, args);
+  counters().graphs++;
+}
+
+/// Copies an evaluated node's elements, row-major, into `out` on the host.
+inline void copy_to_host_contiguous(const ir::NodePtr& node, void* out) {
+  if (!node->device.is_cpu()) throw DeviceError("copy to host from " + node->device.str() + " is not available in this build");
+  const ir::BufferView& b = *node->buffer;
+  std::size_t es = itemsize(node->dtype);
+  std::int64_t n = node->numel();
+  if (n == 0) return;
+  const char* base = static_cast<const char*>(b.storage->data) + b.offset * static_cast<std::int64_t>(es);
+  if (kiln::is_contiguous(node->shape, b.strides)) {
+    std::memcpy(out, base, static_cast<std::size_t>(n) * es);
+    return;
+  }
+  const Shape& s = node->shape;
+  std::vector<std::int64_t> idx(s.size(), 0);
+  char* o = static_cast<char*>(out);
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::int64_t off = 0;
+    for (std::size_t d = 0; d < s.size(); ++d) off += idx[d] * b.strides[d];
+    std::memcpy(o + i * static_cast<std::int64_t>(es), base + off * static_cast<std::int64_t>(es), es);
+    for (std::size_t d = s.size(); d-- > 0;) {
+      if (++idx[d] < s[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+}  // namespace detail
+
+/// Selects the executor for every later evaluation: Backend::Eager runs graphs op by op with
+/// the reference executor (also `KILN_BACKEND=eager`); Backend::Auto (default) uses fused,
+/// compiled kernels when a compiler is available.
+inline void set_backend(Backend b) { detail::backend_mode() = b; }
+/// The executor selected by set_backend or KILN_BACKEND.
+inline Backend get_backend() { return detail::backend_mode(); }
+
+/// Evaluates several tensors in one graph (shared inputs are read once, shared work done once).
+template <class... Ts>
+  requires(std::is_same_v<std::remove_cvref_t<Ts>, Tensor> && ...)
+void eval(Ts&&... tensors) {
+  detail::evaluate({tensors.node()...});
+}
+
+/// Evaluates every tensor of the list in one graph.
+inline void eval(const std::vector<Tensor>& tensors) {
+  std::vector<ir::NodePtr> nodes;
+  for (auto& t : tensors) nodes.push_back(t.node());
+  detail::evaluate(nodes);
+}
+
+// ---- Tensor members that need the whole front end ------------------------------------------
+
+template <class T>
+std::vector<T> Tensor::to_vector() const {
+  Tensor src = dtype() == dtype_v<T> ? *this : to(dtype_v<T>);
+  src.eval();
+  std::vector<T> out(static_cast<std::size_t>(src.numel()));
+  if constexpr (std::is_same_v<T, bool>) {
+    std::vector<unsigned char> bytes(out.size());
+    detail::copy_to_host_contiguous(src.node(), bytes.data());
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = bytes[i] != 0;
+  } else {
+    detail::copy_to_host_contiguous(src.node(), out.data());
+  }
+  return out;
+}
+
+template <class T>
+T Tensor::item() const {
+  if (numel() != 1)
+    throw ShapeError("item: a tensor with " + std::to_string(numel()) + " elements (shape " + shape().str() +
+                     ") cannot be converted to a scalar");
+  return to_vector<T>()[0];
+}
+
+inline Tensor Tensor::to(DType dtype) const { checked();
+  return Tensor(ir::cast(node_, dtype)); }
+
+inline Tensor Tensor::to(Device device) const {
+  if (device == this->device()) return *this;
+  throw DeviceError("to(" + device.str() + "): the CUDA backend is not available in this build");
+}
+
+template <class E>
+  requires TensorLike<E>
+Tensor& Tensor::assign(const E& value) {
+  Tensor v = detail::to_tensor(value.derived());
+  detail::check_same_device(device(), v.device(), "assign");
+  eval();
+  if (detail::has_self_overlap(shape(), node_->buffer->strides))
+    throw ShapeError("assign: destination " + str() + " has elements that share memory (a broadcast view)");
+  const Shape& s = shape();
+  bool ok = v.dim() <= dim();
+  for (std::int64_t i = 0; ok && i < v.dim(); ++i) {
+    std::int64_t d = v.shape()[v.dim() - 1 - i];
+    ok = d == s[s.size() - 1 - i] || d == 1;
+  }
+  if (!ok) throw ShapeError("assign: value of shape " + v.shape().str() + " cannot be broadcast to destination shape " + s.str());
+  ir::NodePtr n = decomp::expand(ir::cast(v.node(), dtype()), s);
+  detail::evaluate_into(n, node_);
+  return *this;
+}
+
+template <class S>
+  requires Scalar<S>
+Tensor& Tensor::assign(S value) {
+  eval();
+  ir::NodePtr n = std::is_integral_v<S> ? ir::constant_int(static_cast<std::int64_t>(value), dtype(), shape(), device())
+                                        : ir::constant(static_cast<double>(value), dtype(), shape(), device());
+  if (detail::has_self_overlap(shape(), node_->buffer->strides))
+    throw ShapeError("assign: destination " + str() + " has elements that share memory (a broadcast view)");
+  detail::evaluate_into(n, node_);
+  return *this;
+}
+
+}  // namespace kiln

@@ -1,0 +1,365 @@
+#pragma once
+// Typed expression templates. `x * 2.0f + y` is a BinaryExpr<Add, BinaryExpr<Mul, Tensor,
+// ScalarExpr<float>>, Tensor>: no graph node and no heap allocation per op. Each expression
+// type carries a compile-time structural key (kStructKey); shape, dtype and device are checked
+// when the expression is built, so errors surface at the line that wrote the bad op. Leaves
+// are held by value (Tensor is a shared handle), so keeping an expression in `auto` is safe.
+#include <array>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "kiln/core/hash.hpp"
+#include "kiln/decomp/decompose.hpp"
+#include "kiln/tensor/tensor.hpp"
+
+namespace kiln {
+
+/// Front-end pointwise functions: primitives plus pointwise composites (lowered by decomp/).
+enum class Fn : std::uint8_t {
+  // unary
+  Neg, Abs, Exp, Exp2, Log, Log2, Log1p, Expm1, Sqrt, Rsqrt, Sin, Cos, Tan, Tanh, Erf, Floor, Ceil, Round,
+  Not, IsNan, IsInf, Sigmoid, Relu, Gelu, GeluTanh, Silu,
+  // binary
+  Add, Sub, Mul, Div, Pow, Maximum, Minimum, Eq, Ne, Lt, Le, Gt, Ge, And, Or,
+};
+
+namespace detail {
+
+/// Rank limit of typed expressions (their shapes live inline, without heap allocation).
+inline constexpr std::size_t kMaxExprRank = 8;
+
+struct SmallShape {
+  std::array<std::int64_t, kMaxExprRank> dims{};
+  std::uint8_t rank = 0;
+
+  static SmallShape from(const Shape& s, const char* op) {
+    if (s.size() > kMaxExprRank)
+      throw ShapeError(std::string(op) + ": typed expressions support up to " + std::to_string(kMaxExprRank) +
+                       " dimensions, got shape " + s.str());
+    SmallShape r;
+    r.rank = static_cast<std::uint8_t>(s.size());
+    for (std::size_t i = 0; i < s.size(); ++i) r.dims[i] = s[i];
+    return r;
+  }
+  Shape to_shape() const { return Shape(dims.begin(), dims.begin() + rank); }
+};
+
+/// PyTorch's three promotion tiers: wrapped numbers < 0-dim tensors < tensors with dimensions.
+enum class Tier : std::uint8_t { Wrapped = 0, ZeroDim = 1, Dim = 2 };
+
+struct OperandInfo {
+  DType dtype;
+  Tier tier;
+};
+
+/// torch.result_type over operands of different tiers (c10's combine_categories).
+struct ResultType {
+  bool has[3] = {false, false, false};
+  DType dt[3] = {DType::Bool, DType::Bool, DType::Bool};
+  void add(OperandInfo o) {
+    int t = static_cast<int>(o.tier);
+    dt[t] = has[t] ? promote_types(dt[t], o.dtype) : o.dtype;
+    has[t] = true;
+  }
+  static void combine(bool& has_hi, DType& hi, bool has_lo, DType lo) {
+    if (!has_lo) return;
+    if (!has_hi) { has_hi = true; hi = lo; return; }
+    if (is_floating(hi)) return;
+    if (hi == DType::Bool || is_floating(lo)) { hi = promote_types(hi, lo); return; }
+  }
+  DType result() const {
+    bool h1 = has[1];
+    DType d1 = dt[1];
+    combine(h1, d1, has[0], dt[0]);
+    bool h2 = has[2];
+    DType d2 = dt[2];
+    combine(h2, d2, h1, d1);
+    return d2;
+  }
+};
+
+inline std::string fn_name(Fn f) {
+  static const char* names[] = {"neg", "abs", "exp", "exp2", "log", "log2", "log1p", "expm1", "sqrt", "rsqrt",
+                                "sin", "cos", "tan", "tanh", "erf", "floor", "ceil", "round", "logical_not",
+                                "isnan", "isinf", "sigmoid", "relu", "gelu", "gelu(tanh)", "silu", "add", "sub",
+                                "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
+                                "logical_and", "logical_or"};
+  return names[static_cast<int>(f)];
+}
+
+constexpr bool is_float_fn(Fn f) {
+  switch (f) {
+    case Fn::Exp: case Fn::Exp2: case Fn::Log: case Fn::Log2: case Fn::Log1p: case Fn::Expm1: case Fn::Sqrt:
+    case Fn::Rsqrt: case Fn::Sin: case Fn::Cos: case Fn::Tan: case Fn::Tanh: case Fn::Erf: case Fn::Sigmoid:
+    case Fn::Gelu: case Fn::GeluTanh: case Fn::Silu:
+      return true;
+    default:
+      return false;
+  }
+}
+constexpr bool is_compare_fn(Fn f) { return f >= Fn::Eq && f <= Fn::Ge; }
+constexpr bool is_logical_fn(Fn f) { return f == Fn::And || f == Fn::Or || f == Fn::Not; }
+
+/// Output dtype of unary `f` on `in`; throws DTypeError for unsupported combinations.
+inline DType unary_result(Fn f, DType in) {
+  if (f == Fn::Not || f == Fn::IsNan || f == Fn::IsInf) return DType::Bool;
+  if (is_float_fn(f)) return is_floating(in) ? in : kDefaultFloat;
+  if (in == DType::Bool && (f == Fn::Neg || f == Fn::Floor || f == Fn::Ceil || f == Fn::Round || f == Fn::Relu))
+    throw DTypeError(fn_name(f) + ": not supported for bool tensors");
+  return in;
+}
+
+/// Dtype the operands of binary `f` are computed in, and the output dtype.
+struct BinaryTypes {
+  DType operand;
+  DType out;
+};
+inline BinaryTypes binary_result(Fn f, DType common, DType a, DType b) {
+  if (f == Fn::And || f == Fn::Or) return {DType::Bool, DType::Bool};
+  if (is_compare_fn(f)) return {common, DType::Bool};
+  if (f == Fn::Div) {
+    DType t = is_floating(common) ? common : kDefaultFloat;
+    return {t, t};
+  }
+  if (common == DType::Bool && (f == Fn::Sub || f == Fn::Pow))
+    throw DTypeError(fn_name(f) + ": not supported for bool tensors (" + dtype_name(a) + ", " + dtype_name(b) + ")");
+  return {common, common};
+}
+
+inline ir::NodePtr lower_unary(Fn f, const ir::NodePtr& x) {
+  using ir::Op;
+  switch (f) {
+    case Fn::Neg: return ir::unary(Op::Neg, x);
+    case Fn::Abs: return x->dtype == DType::Bool ? x : ir::unary(Op::Abs, x);
+    case Fn::Exp: return ir::unary(Op::Exp, x);
+    case Fn::Exp2: return ir::unary(Op::Exp2, x);
+    case Fn::Log: return ir::unary(Op::Log, x);
+    case Fn::Log2: return ir::unary(Op::Log2, x);
+    case Fn::Log1p: return ir::unary(Op::Log1p, x);
+    case Fn::Expm1: return ir::unary(Op::Expm1, x);
+    case Fn::Sqrt: return ir::unary(Op::Sqrt, x);
+    case Fn::Rsqrt: return ir::unary(Op::Rsqrt, x);
+    case Fn::Sin: return ir::unary(Op::Sin, x);
+    case Fn::Cos: return ir::unary(Op::Cos, x);
+    case Fn::Tan: return ir::unary(Op::Tan, x);
+    case Fn::Tanh: return ir::unary(Op::Tanh, x);
+    case Fn::Erf: return ir::unary(Op::Erf, x);
+    case Fn::Floor: return is_floating(x->dtype) ? ir::unary(Op::Floor, x) : x;
+    case Fn::Ceil: return is_floating(x->dtype) ? ir::unary(Op::Ceil, x) : x;
+    case Fn::Round: return is_floating(x->dtype) ? ir::unary(Op::Round, x) : x;
+    case Fn::Not: return ir::unary(Op::Not, x);
+    case Fn::IsNan: return ir::unary(Op::IsNan, x);
+    case Fn::IsInf: return ir::unary(Op::IsInf, x);
+    case Fn::Sigmoid: return decomp::sigmoid(x);
+    case Fn::Relu: return decomp::relu(x);
+    case Fn::Gelu: return decomp::gelu(x, false);
+    case Fn::GeluTanh: return decomp::gelu(x, true);
+    case Fn::Silu: return decomp::silu(x);
+    default: break;
+  }
+  throw Error("lower_unary: not a unary function");
+}
+
+inline ir::NodePtr lower_binary(Fn f, const ir::NodePtr& a, const ir::NodePtr& b) {
+  using ir::Op;
+  bool boolean = a->dtype == DType::Bool;
+  switch (f) {
+    case Fn::Add: return ir::binary(boolean ? Op::Or : Op::Add, a, b);
+    case Fn::Sub: return ir::binary(Op::Sub, a, b);
+    case Fn::Mul: return ir::binary(boolean ? Op::And : Op::Mul, a, b);
+    case Fn::Div: return ir::binary(Op::Div, a, b);
+    case Fn::Pow: return ir::binary(Op::Pow, a, b);
+    case Fn::Maximum: return ir::binary(boolean ? Op::Or : Op::Maximum, a, b);
+    case Fn::Minimum: return ir::binary(boolean ? Op::And : Op::Minimum, a, b);
+    case Fn::Eq: return ir::binary(Op::Eq, a, b);
+    case Fn::Ne: return ir::binary(Op::Ne, a, b);
+    case Fn::Lt: return ir::binary(Op::Lt, a, b);
+    case Fn::Le: return ir::binary(Op::Le, a, b);
+    case Fn::Gt: return ir::binary(Op::Gt, a, b);
+    case Fn::Ge: return ir::binary(Op::Ge, a, b);
+    case Fn::And: return ir::binary(Op::And, a, b);
+    case Fn::Or: return ir::binary(Op::Or, a, b);
+    default: break;
+  }
+  throw Error("lower_binary: not a binary function");
+}
+
+}  // namespace detail
+
+/// A C++ number inside an expression (PyTorch's "wrapped number": it never widens a tensor's dtype).
+template <class T>
+struct ScalarExpr : Expr<ScalarExpr<T>> {
+  T value;
+  explicit ScalarExpr(T v) : value(v) {}
+  static constexpr std::uint64_t kStructKey =
+      detail::hash_combine(0x5ca1a7, std::is_floating_point_v<T> ? 1 : std::is_same_v<T, bool> ? 2 : 3);
+  static constexpr DType wrapped_dtype =
+      std::is_floating_point_v<T> ? kDefaultFloat : std::is_same_v<T, bool> ? DType::Bool : DType::Int64;
+  detail::OperandInfo info() const { return {wrapped_dtype, detail::Tier::Wrapped}; }
+};
+
+namespace detail {
+
+template <class T> struct is_scalar_expr : std::false_type {};
+template <class T> struct is_scalar_expr<ScalarExpr<T>> : std::true_type {};
+
+// Uniform access to any operand: Tensor, typed expression or wrapped scalar.
+inline OperandInfo info_of(const Tensor& t) { return {t.dtype(), t.dim() == 0 ? Tier::ZeroDim : Tier::Dim}; }
+template <class E> OperandInfo info_of(const E& e) { return e.info(); }
+inline SmallShape shape_of(const Tensor& t, const char* op) { return SmallShape::from(t.shape(), op); }
+template <class E> SmallShape shape_of(const E& e, const char*) { return e.out_shape; }
+inline Device device_of(const Tensor& t) { return t.device(); }
+template <class E> Device device_of(const E& e) { return e.out_device; }
+
+template <class E> constexpr std::uint64_t struct_key() {
+  if constexpr (std::is_same_v<E, Tensor>) return 0x7e50a;
+  else return E::kStructKey;
+}
+
+inline SmallShape broadcast_small(const SmallShape& a, const SmallShape& b, const char* op) {
+  std::size_t n = std::max(a.rank, b.rank);
+  SmallShape out;
+  out.rank = static_cast<std::uint8_t>(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    std::int64_t da = i < n - a.rank ? 1 : a.dims[i - (n - a.rank)];
+    std::int64_t db = i < n - b.rank ? 1 : b.dims[i - (n - b.rank)];
+    if (da != db && da != 1 && db != 1) broadcast_shapes(a.to_shape(), b.to_shape(), op);  // throws the message
+    out.dims[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+inline void check_same_device(Device a, Device b, const std::string& op) {
+  if (a != b) throw DeviceError(op + ": expected all tensors on one device, got " + a.str() + " and " + b.str());
+}
+
+/// The graph node of operand `e`, cast to `dtype` and broadcast to `shape`.
+template <class E>
+ir::NodePtr operand_node(const E& e, DType dtype, const SmallShape& shape, Device device) {
+  if constexpr (is_scalar_expr<E>::value) {
+    using T = decltype(e.value);
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
+      return ir::constant_int(static_cast<std::int64_t>(e.value), dtype, shape.to_shape(), device);
+    else
+      return ir::constant(static_cast<double>(e.value), dtype, shape.to_shape(), device);
+  } else {
+    return decomp::expand(ir::cast(e.build(), dtype), shape.to_shape());
+  }
+}
+
+}  // namespace detail
+
+/// f(a), elementwise.
+template <Fn F, class A>
+struct UnaryExpr : Expr<UnaryExpr<F, A>> {
+  A a;
+  DType out_dtype;
+  detail::SmallShape out_shape;
+  Device out_device;
+  static constexpr std::uint64_t kStructKey =
+      detail::hash_combine(detail::hash_combine(0x0a1, static_cast<std::uint64_t>(F)), detail::struct_key<A>());
+
+  explicit UnaryExpr(const A& x) : a(x) {
+    const char* name = "unary";
+    out_shape = detail::shape_of(a, name);
+    out_device = detail::device_of(a);
+    out_dtype = detail::unary_result(F, detail::info_of(a).dtype);
+  }
+  detail::OperandInfo info() const {
+    return {out_dtype, out_shape.rank == 0 ? detail::Tier::ZeroDim : detail::Tier::Dim};
+  }
+  ir::NodePtr build() const {
+    DType in = detail::info_of(a).dtype;
+    DType operand = (F == Fn::Not || F == Fn::IsNan || F == Fn::IsInf) ? in : out_dtype;
+    return detail::lower_unary(F, ir::cast(a.build(), operand));
+  }
+  Shape shape_() const { return out_shape.to_shape(); }
+};
+
+/// f(a, b), elementwise with broadcasting and type promotion.
+template <Fn F, class A, class B>
+struct BinaryExpr : Expr<BinaryExpr<F, A, B>> {
+  A a;
+  B b;
+  DType operand_dtype;
+  DType out_dtype;
+  detail::SmallShape out_shape;
+  Device out_device;
+  static constexpr std::uint64_t kStructKey = detail::hash_combine(
+      detail::hash_combine(detail::hash_combine(0x0b2, static_cast<std::uint64_t>(F)), detail::struct_key<A>()),
+      detail::struct_key<B>());
+
+  BinaryExpr(const A& x, const B& y) : a(x), b(y) {
+    static_assert(!(detail::is_scalar_expr<A>::value && detail::is_scalar_expr<B>::value));
+    std::string name = detail::fn_name(F);
+    if constexpr (detail::is_scalar_expr<A>::value) {
+      out_shape = detail::shape_of(b, name.c_str());
+      out_device = detail::device_of(b);
+    } else if constexpr (detail::is_scalar_expr<B>::value) {
+      out_shape = detail::shape_of(a, name.c_str());
+      out_device = detail::device_of(a);
+    } else {
+      out_shape = detail::broadcast_small(detail::shape_of(a, name.c_str()), detail::shape_of(b, name.c_str()), name.c_str());
+      out_device = detail::device_of(a);
+      detail::check_same_device(out_device, detail::device_of(b), name);
+    }
+    detail::ResultType rt;
+    auto ia = detail::info_of(a), ib = detail::info_of(b);
+    rt.add(ia);
+    rt.add(ib);
+    auto types = detail::binary_result(F, rt.result(), ia.dtype, ib.dtype);
+    operand_dtype = types.operand;
+    out_dtype = types.out;
+  }
+  detail::OperandInfo info() const {
+    return {out_dtype, out_shape.rank == 0 ? detail::Tier::ZeroDim : detail::Tier::Dim};
+  }
+  ir::NodePtr build() const {
+    ir::NodePtr x = detail::operand_node(a, operand_dtype, out_shape, out_device);
+    ir::NodePtr y = detail::operand_node(b, operand_dtype, out_shape, out_device);
+    return detail::lower_binary(F, x, y);
+  }
+};
+
+/// where(cond, a, b): a where cond is true, else b.
+template <class C, class A, class B>
+struct WhereExpr : Expr<WhereExpr<C, A, B>> {
+  C c;
+  A a;
+  B b;
+  DType out_dtype;
+  detail::SmallShape out_shape;
+  Device out_device;
+  static constexpr std::uint64_t kStructKey = detail::hash_combine(
+      detail::hash_combine(detail::hash_combine(0x3c3, detail::struct_key<C>()), detail::struct_key<A>()),
+      detail::struct_key<B>());
+
+  WhereExpr(const C& cond, const A& x, const B& y) : c(cond), a(x), b(y) {
+    if (detail::info_of(c).dtype != DType::Bool)
+      throw DTypeError(std::string("where: condition must be bool, got ") + dtype_name(detail::info_of(c).dtype));
+    out_shape = detail::shape_of(c, "where");
+    out_device = detail::device_of(c);
+    if constexpr (!detail::is_scalar_expr<A>::value) {
+      out_shape = detail::broadcast_small(out_shape, detail::shape_of(a, "where"), "where");
+      detail::check_same_device(out_device, detail::device_of(a), "where");
+    }
+    if constexpr (!detail::is_scalar_expr<B>::value) {
+      out_shape = detail::broadcast_small(out_shape, detail::shape_of(b, "where"), "where");
+      detail::check_same_device(out_device, detail::device_of(b), "where");
+    }
+    detail::ResultType rt;
+    rt.add(detail::info_of(a));
+    rt.add(detail::info_of(b));
+    out_dtype = rt.result();
+  }
+  detail::OperandInfo info() const {
+    return {out_dtype, out_shape.rank == 0 ? detail::Tier::ZeroDim : detail::Tier::Dim};
+  }
+  ir::NodePtr build() const {
+    ir::NodePtr cn = detail::operand_node(c, DType::Bool, out_shape, out_device);
+    return ir::where(cn, detail::operand_node(a, out_dtype, out_shape, out_device), detail::operand_node(b, out_dtype, out_shape, out_device));
+  }
+};
+
+}  // namespace kiln

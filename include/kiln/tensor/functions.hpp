@@ -1,0 +1,433 @@
+#pragma once
+// Reductions, shape ops and composites: they return lazy Tensors (graph nodes).
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/decomp/decompose.hpp"
+#include "kiln/tensor/ops.hpp"
+
+namespace kiln {
+
+namespace detail {
+
+template <class E>
+Tensor to_tensor(const E& e) {
+  if constexpr (std::is_same_v<E, Tensor>) {
+    if (!e.defined()) throw Error("operation on an undefined Tensor (default-constructed)");
+    return e;
+  } else {
+    return Tensor(e);
+  }
+}
+
+inline std::string describe(const Tensor& t) { return std::string(dtype_name(t.dtype())) + t.shape().str(); }
+
+/// Normalized, sorted, unique axes; `{}` means all. Throws ShapeError naming `op`.
+inline std::vector<std::int64_t> reduce_axes(const Axes& axes, const Shape& shape, const char* op) {
+  std::int64_t rank = static_cast<std::int64_t>(shape.size());
+  std::vector<std::int64_t> out;
+  if (axes.axes.empty()) {
+    for (std::int64_t i = 0; i < rank; ++i) out.push_back(i);
+    return out;
+  }
+  for (auto a : axes.axes) {
+    std::int64_t n = normalize_axis(a, rank, op, shape);
+    if (rank == 0) continue;  // axis 0/-1 of a 0-dim tensor: nothing to reduce
+    if (std::find(out.begin(), out.end(), n) != out.end())
+      throw ShapeError(std::string(op) + ": axis " + std::to_string(a) + " appears twice for shape " + shape.str());
+    out.push_back(n);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+inline Shape reduced_shape(const Shape& shape, const std::vector<std::int64_t>& axes, bool keepdim) {
+  Shape out;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    bool reduced = std::find(axes.begin(), axes.end(), static_cast<std::int64_t>(i)) != axes.end();
+    if (!reduced) out.push_back(shape[i]);
+    else if (keepdim) out.push_back(1);
+  }
+  return out;
+}
+
+/// Drops the kept dims of a keepdim reduction result unless keepdim.
+inline Tensor finish_reduce(const ir::NodePtr& kept, const Shape& in_shape, const std::vector<std::int64_t>& axes,
+                            bool keepdim) {
+  return Tensor(ir::reshape(kept, reduced_shape(in_shape, axes, keepdim)));
+}
+
+inline void require_float(const Tensor& t, const char* op) {
+  if (!is_floating(t.dtype()))
+    throw DTypeError(std::string(op) + ": expected a floating point tensor, got " + describe(t) +
+                     " (convert with .to(kiln::f32))");
+}
+
+inline void require_nonempty_reduction(const Tensor& t, const std::vector<std::int64_t>& axes, const char* op) {
+  for (auto a : axes)
+    if (t.shape()[a] == 0)
+      throw ShapeError(std::string(op) + ": cannot reduce over a dimension of size 0 (input " + describe(t) +
+                       ", axis " + std::to_string(a) + ")");
+  if (t.numel() == 0 && axes.size() == t.shape().size() && !t.shape().empty())
+    throw ShapeError(std::string(op) + ": cannot reduce an empty tensor " + describe(t));
+}
+
+}  // namespace detail
+
+// ---- reductions ---------------------------------------------------------------------------
+
+/// Sum over `axes` (all when omitted). Integer and bool inputs sum in int64 (as PyTorch).
+template <class E>
+  requires TensorLike<E>
+Tensor sum(const E& x, const Axes& axes = {}, bool keepdim = false) {
+  Tensor t = detail::to_tensor(x);
+  auto ax = detail::reduce_axes(axes, t.shape(), "sum");
+  ir::NodePtr n = t.node();
+  if (!is_floating(n->dtype)) n = ir::cast(n, DType::Int64);
+  return detail::finish_reduce(ir::reduce(ir::Op::ReduceSum, n, ax), t.shape(), ax, keepdim);
+}
+
+/// Product over `axes`. Integer and bool inputs multiply in int64.
+template <class E>
+  requires TensorLike<E>
+Tensor prod(const E& x, const Axes& axes = {}, bool keepdim = false) {
+  Tensor t = detail::to_tensor(x);
+  auto ax = detail::reduce_axes(axes, t.shape(), "prod");
+  ir::NodePtr n = t.node();
+  if (!is_floating(n->dtype)) n = ir::cast(n, DType::Int64);
+  return detail::finish_reduce(ir::reduce(ir::Op::ReduceProd, n, ax), t.shape(), ax, keepdim);
+}
+
+/// Arithmetic mean over `axes` (floating inputs only, as PyTorch).
+template <class E>
+  requires TensorLike<E>
+Tensor mean(const E& x, const Axes& axes = {}, bool keepdim = false) {
+  Tensor t = detail::to_tensor(x);
+  detail::require_float(t, "mean");
+  auto ax = detail::reduce_axes(axes, t.shape(), "mean");
+  return detail::finish_reduce(decomp::mean_keep(t.node(), ax), t.shape(), ax, keepdim);
+}
+
+/// Largest value over `axes` (NaN propagates). ShapeError on an empty reduction.
+template <class E>
+  requires TensorLike<E>
+Tensor max(const E& x, const Axes& axes = {}, bool keepdim = false) {
+  Tensor t = detail::to_tensor(x);
+  auto ax = detail::reduce_axes(axes, t.shape(), "max");
+  detail::require_nonempty_reduction(t, ax, "max");
+  return detail::finish_reduce(ir::reduce(ir::Op::ReduceMax, t.node(), ax), t.shape(), ax, keepdim);
+}
+
+/// Smallest value over `axes` (NaN propagates). ShapeError on an empty reduction.
+template <class E>
+  requires TensorLike<E>
+Tensor min(const E& x, const Axes& axes = {}, bool keepdim = false) {
+  Tensor t = detail::to_tensor(x);
+  auto ax = detail::reduce_axes(axes, t.shape(), "min");
+  detail::require_nonempty_reduction(t, ax, "min");
+  return detail::finish_reduce(ir::reduce(ir::Op::ReduceMin, t.node(), ax), t.shape(), ax, keepdim);
+}
+
+namespace detail {
+template <class E>
+Tensor arg_reduce(const E& x, const Axes& axes, bool keepdim, ir::Op op, const char* name) {
+  Tensor t = detail::to_tensor(x);
+  if (axes.axes.size() > 1)
+    throw ShapeError(std::string(name) + ": expects one axis or none, got " + std::to_string(axes.axes.size()) +
+                     " for input " + describe(t));
+  if (t.dtype() == DType::Bool) throw DTypeError(std::string(name) + ": not supported for bool tensors");
+  if (axes.axes.empty()) {  // over the flattened tensor
+    if (t.numel() == 0) throw ShapeError(std::string(name) + ": cannot reduce an empty tensor " + describe(t));
+    ir::NodePtr flat = ir::reshape(t.node(), Shape{t.numel()});
+    ir::NodePtr r = ir::reduce(op, flat, {0});
+    return Tensor(ir::reshape(r, keepdim ? Shape(t.shape().size(), 1) : Shape{}));
+  }
+  auto ax = detail::reduce_axes(axes, t.shape(), name);
+  detail::require_nonempty_reduction(t, ax, name);
+  if (ax.empty()) return Tensor(ir::constant_int(0, DType::Int64, t.shape(), t.device()));  // 0-dim input
+  return detail::finish_reduce(ir::reduce(op, t.node(), ax), t.shape(), ax, keepdim);
+}
+}  // namespace detail
+
+/// Index of the largest value (first on ties; a NaN counts as largest), over one axis or flattened.
+template <class E>
+  requires TensorLike<E>
+Tensor argmax(const E& x, const Axes& axis = {}, bool keepdim = false) {
+  return detail::arg_reduce(x, axis, keepdim, ir::Op::ArgMax, "argmax");
+}
+
+/// Index of the smallest value (first on ties; a NaN counts as smallest), over one axis or flattened.
+template <class E>
+  requires TensorLike<E>
+Tensor argmin(const E& x, const Axes& axis = {}, bool keepdim = false) {
+  return detail::arg_reduce(x, axis, keepdim, ir::Op::ArgMin, "argmin");
+}
+
+/// Variance over `axes` with Bessel's `correction` (1 = unbiased, torch.var's default).
+template <class E>
+  requires TensorLike<E>
+Tensor var(const E& x, const Axes& axes = {}, bool keepdim = false, double correction = 1.0) {
+  Tensor t = detail::to_tensor(x);
+  detail::require_float(t, "var");
+  auto ax = detail::reduce_axes(axes, t.shape(), "var");
+  return detail::finish_reduce(decomp::var_keep(t.node(), ax, correction), t.shape(), ax, keepdim);
+}
+
+/// log(sum(exp(x))) over `axes`, computed stably. Integer inputs give float32.
+template <class E>
+  requires TensorLike<E>
+Tensor logsumexp(const E& x, const Axes& axes = {}, bool keepdim = false) {
+  Tensor t = detail::to_tensor(x);
+  auto ax = detail::reduce_axes(axes, t.shape(), "logsumexp");
+  ir::NodePtr n = is_floating(t.dtype()) ? t.node() : ir::cast(t.node(), kDefaultFloat);
+  return detail::finish_reduce(decomp::logsumexp_keep(n, ax), t.shape(), ax, keepdim);
+}
+
+// ---- shape ops (views where the layout allows) ------------------------------------------------
+
+/// Same elements in a new shape; one size may be -1 (inferred).
+template <class E>
+  requires TensorLike<E>
+Tensor reshape(const E& x, const Shape& shape) {
+  Tensor t = detail::to_tensor(x);
+  Shape s = shape;
+  std::int64_t known = 1, infer = -1;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == -1) {
+      if (infer >= 0) throw ShapeError("reshape: only one dimension can be -1, got " + shape.str());
+      infer = static_cast<std::int64_t>(i);
+    } else if (s[i] < 0) {
+      throw ShapeError("reshape: invalid size in " + shape.str());
+    } else {
+      known *= s[i];
+    }
+  }
+  if (infer >= 0) {
+    if (known == 0 || t.numel() % known != 0)
+      throw ShapeError("reshape: shape " + shape.str() + " is invalid for input of shape " + t.shape().str());
+    s[infer] = t.numel() / known;
+  }
+  if (s.numel() != t.numel())
+    throw ShapeError("reshape: shape " + shape.str() + " is invalid for input of shape " + t.shape().str() + " (" +
+                     std::to_string(t.numel()) + " elements)");
+  return Tensor(ir::reshape(t.node(), s));
+}
+
+/// Reorders dimensions: output dim i is input dim dims[i] (negative dims count from the end).
+template <class E>
+  requires TensorLike<E>
+Tensor permute(const E& x, const std::vector<std::int64_t>& dims) {
+  Tensor t = detail::to_tensor(x);
+  std::int64_t r = t.dim();
+  if (static_cast<std::int64_t>(dims.size()) != r)
+    throw ShapeError("permute: " + std::to_string(dims.size()) + " dims given for shape " + t.shape().str());
+  std::vector<std::int64_t> p(dims.size());
+  std::vector<bool> seen(dims.size(), false);
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    p[i] = normalize_axis(dims[i], r, "permute", t.shape());
+    if (seen[p[i]]) throw ShapeError("permute: repeated dim " + std::to_string(dims[i]) + " for shape " + t.shape().str());
+    seen[p[i]] = true;
+  }
+  return Tensor(ir::permute(t.node(), p));
+}
+
+/// Swaps two dimensions.
+template <class E>
+  requires TensorLike<E>
+Tensor transpose(const E& x, std::int64_t dim0, std::int64_t dim1) {
+  Tensor t = detail::to_tensor(x);
+  if (t.dim() == 0) return t;
+  std::int64_t a = normalize_axis(dim0, t.dim(), "transpose", t.shape());
+  std::int64_t b = normalize_axis(dim1, t.dim(), "transpose", t.shape());
+  std::vector<std::int64_t> p(t.dim());
+  for (std::int64_t i = 0; i < t.dim(); ++i) p[i] = i;
+  std::swap(p[a], p[b]);
+  return Tensor(ir::permute(t.node(), p));
+}
+
+/// Inserts a size-1 dimension at `dim` (in [-dim()-1, dim()]).
+template <class E>
+  requires TensorLike<E>
+Tensor unsqueeze(const E& x, std::int64_t dim) {
+  Tensor t = detail::to_tensor(x);
+  std::int64_t r = t.dim() + 1;
+  if (dim < -r || dim >= r)
+    throw ShapeError("unsqueeze: dim " + std::to_string(dim) + " out of range for shape " + t.shape().str());
+  if (dim < 0) dim += r;
+  Shape s = t.shape();
+  s.insert(s.begin() + dim, 1);
+  return Tensor(ir::reshape(t.node(), s));
+}
+
+/// Removes every size-1 dimension.
+template <class E>
+  requires TensorLike<E>
+Tensor squeeze(const E& x) {
+  Tensor t = detail::to_tensor(x);
+  Shape s;
+  for (auto d : t.shape())
+    if (d != 1) s.push_back(d);
+  return Tensor(ir::reshape(t.node(), s));
+}
+
+/// Removes dimension `dim` if its size is 1 (otherwise returns the input, as PyTorch).
+template <class E>
+  requires TensorLike<E>
+Tensor squeeze(const E& x, std::int64_t dim) {
+  Tensor t = detail::to_tensor(x);
+  if (t.dim() == 0) {
+    normalize_axis(dim, 0, "squeeze", t.shape());
+    return t;
+  }
+  std::int64_t d = normalize_axis(dim, t.dim(), "squeeze", t.shape());
+  if (t.shape()[d] != 1) return t;
+  Shape s = t.shape();
+  s.erase(s.begin() + d);
+  return Tensor(ir::reshape(t.node(), s));
+}
+
+/// Repeats size-1 (and missing leading) dimensions up to `shape` (a view: no copy).
+template <class E>
+  requires TensorLike<E>
+Tensor broadcast_to(const E& x, const Shape& shape) {
+  Tensor t = detail::to_tensor(x);
+  const Shape& in = t.shape();
+  bool ok = in.size() <= shape.size();
+  for (std::size_t i = 0; ok && i < in.size(); ++i) {
+    std::int64_t d = in[in.size() - 1 - i], o = shape[shape.size() - 1 - i];
+    ok = d == o || d == 1;
+  }
+  if (!ok) throw ShapeError("broadcast_to: cannot broadcast shape " + in.str() + " to " + shape.str());
+  return Tensor(decomp::expand(t.node(), shape));
+}
+
+/// Elements start, start+step, ... before stop along `axis` (Python slicing: negative
+/// indices count from the end; out-of-range bounds are clamped; step > 0).
+template <class E>
+  requires TensorLike<E>
+Tensor slice(const E& x, std::int64_t axis, std::int64_t start, std::int64_t stop, std::int64_t step = 1) {
+  Tensor t = detail::to_tensor(x);
+  if (t.dim() == 0) throw ShapeError("slice: cannot slice a 0-dim tensor");
+  std::int64_t a = normalize_axis(axis, t.dim(), "slice", t.shape());
+  if (step <= 0) throw ShapeError("slice: step must be positive, got " + std::to_string(step));
+  std::int64_t n = t.shape()[a];
+  auto clampi = [n](std::int64_t v) {
+    if (v < 0) v += n;
+    return std::clamp<std::int64_t>(v, 0, n);
+  };
+  std::int64_t b = clampi(start), e = clampi(stop);
+  std::int64_t count = e > b ? (e - b + step - 1) / step : 0;
+  return Tensor(ir::slice(t.node(), a, count > 0 ? b : 0, count, step));
+}
+
+/// Joins tensors along `axis`; shapes must match elsewhere; dtypes promote (torch.cat).
+inline Tensor concat(const std::vector<Tensor>& xs, std::int64_t axis = 0) {
+  if (xs.empty()) throw ShapeError("concat: expected a non-empty list of tensors");
+  const Tensor& first = detail::to_tensor(xs[0]);
+  if (first.dim() == 0) throw ShapeError("concat: zero-dimensional tensors cannot be concatenated");
+  std::int64_t a = normalize_axis(axis, first.dim(), "concat", first.shape());
+  DType dt = first.dtype();
+  for (auto& x : xs) {
+    detail::to_tensor(x);
+    detail::check_same_device(first.device(), x.device(), "concat");
+    bool ok = x.dim() == first.dim();
+    for (std::int64_t d = 0; ok && d < first.dim(); ++d) ok = d == a || x.shape()[d] == first.shape()[d];
+    if (!ok)
+      throw ShapeError("concat: shapes " + first.shape().str() + " and " + x.shape().str() +
+                       " differ outside axis " + std::to_string(a));
+    dt = promote_types(dt, x.dtype());
+  }
+  std::vector<ir::NodePtr> nodes;
+  for (auto& x : xs)
+    if (x.shape()[a] > 0 || xs.size() == 1) nodes.push_back(ir::cast(x.node(), dt));
+  if (nodes.empty()) nodes.push_back(ir::cast(first.node(), dt));
+  return Tensor(ir::concat(nodes, a));
+}
+
+// ---- composites (lowered by decomp/) -------------------------------------------------------
+
+/// exp(x - max) / sum(exp(x - max)) along `axis`. Integer inputs give float32.
+template <class E>
+  requires TensorLike<E>
+Tensor softmax(const E& x, std::int64_t axis = -1) {
+  Tensor t = detail::to_tensor(x);
+  std::int64_t a = t.dim() == 0 ? 0 : normalize_axis(axis, t.dim(), "softmax", t.shape());
+  ir::NodePtr n = is_floating(t.dtype()) ? t.node() : ir::cast(t.node(), kDefaultFloat);
+  if (t.dim() == 0) n = ir::reshape(n, Shape{1});
+  ir::NodePtr r = decomp::softmax(n, a);
+  return Tensor(t.dim() == 0 ? ir::reshape(r, Shape{}) : r);
+}
+
+/// log(softmax(x)) along `axis`, computed stably.
+template <class E>
+  requires TensorLike<E>
+Tensor log_softmax(const E& x, std::int64_t axis = -1) {
+  Tensor t = detail::to_tensor(x);
+  std::int64_t a = t.dim() == 0 ? 0 : normalize_axis(axis, t.dim(), "log_softmax", t.shape());
+  ir::NodePtr n = is_floating(t.dtype()) ? t.node() : ir::cast(t.node(), kDefaultFloat);
+  if (t.dim() == 0) n = ir::reshape(n, Shape{1});
+  ir::NodePtr r = decomp::log_softmax(n, a);
+  return Tensor(t.dim() == 0 ? ir::reshape(r, Shape{}) : r);
+}
+
+namespace detail {
+inline ir::NodePtr norm_param(const Tensor& p, const Tensor& x, const char* op, const char* what) {
+  if (!p.defined()) return nullptr;
+  check_same_device(x.device(), p.device(), op);
+  if (p.dim() != 1 || p.shape()[0] != x.shape().back())
+    throw ShapeError(std::string(op) + ": " + what + " must have shape [" + std::to_string(x.shape().back()) +
+                     "] to match input " + describe(x) + ", got " + describe(p));
+  if (!is_floating(p.dtype()))
+    throw DTypeError(std::string(op) + ": " + what + " must be floating point, got " + describe(p));
+  return p.node();
+}
+}  // namespace detail
+
+/// Normalises over the last axis: (x - mean) / sqrt(var + eps) * weight + bias. weight and
+/// bias (shape [K]) may be undefined `Tensor{}`.
+template <class E>
+  requires TensorLike<E>
+Tensor layer_norm(const E& x, const Tensor& weight = {}, const Tensor& bias = {}, double eps = 1e-5) {
+  Tensor t = detail::to_tensor(x);
+  detail::require_float(t, "layer_norm");
+  if (t.dim() == 0) throw ShapeError("layer_norm: input must have at least one dimension, got " + detail::describe(t));
+  return Tensor(decomp::layer_norm(t.node(), detail::norm_param(weight, t, "layer_norm", "weight"),
+                                   detail::norm_param(bias, t, "layer_norm", "bias"), eps));
+}
+
+/// x * rsqrt(mean(x^2, -1) + eps) * weight over the last axis; eps defaults to the dtype's
+/// machine epsilon, as torch.nn.functional.rms_norm.
+template <class E>
+  requires TensorLike<E>
+Tensor rms_norm(const E& x, const Tensor& weight = {}, std::optional<double> eps = std::nullopt) {
+  Tensor t = detail::to_tensor(x);
+  detail::require_float(t, "rms_norm");
+  if (t.dim() == 0) throw ShapeError("rms_norm: input must have at least one dimension, got " + detail::describe(t));
+  double e = eps ? *eps
+                 : t.dtype() == DType::Float64 ? 2.220446049250313e-16
+                 : t.dtype() == DType::Float16 ? 0.0009765625
+                 : t.dtype() == DType::BFloat16 ? 0.0078125
+                                                : 1.1920928955078125e-07;
+  return Tensor(decomp::rms_norm(t.node(), detail::norm_param(weight, t, "rms_norm", "weight"), e));
+}
+
+/// Mean cross-entropy of `targets` (Int64 class indices [N]) under `logits` [N, C];
+/// targets equal to `ignore_index` are left out of the mean.
+template <class E>
+  requires TensorLike<E>
+Tensor cross_entropy(const E& logits, const Tensor& targets, std::int64_t ignore_index = -100) {
+  Tensor l = detail::to_tensor(logits);
+  Tensor t = detail::to_tensor(targets);
+  detail::require_float(l, "cross_entropy");
+  detail::check_same_device(l.device(), t.device(), "cross_entropy");
+  if (l.dim() != 2 || t.dim() != 1 || t.shape()[0] != l.shape()[0])
+    throw ShapeError("cross_entropy: expected logits [N, C] and targets [N], got " + detail::describe(l) + " and " +
+                     detail::describe(t));
+  if (t.dtype() != DType::Int64 && t.dtype() != DType::Int32)
+    throw DTypeError("cross_entropy: targets must be int64 class indices, got " + detail::describe(t));
+  return Tensor(decomp::cross_entropy(l.node(), ir::cast(t.node(), DType::Int64), ignore_index));
+}
+
+}  // namespace kiln

@@ -1,0 +1,127 @@
+#pragma once
+// The pointwise API: operators and free functions returning typed expressions.
+#include <type_traits>
+
+#include "kiln/tensor/expr.hpp"
+
+namespace kiln {
+
+namespace detail {
+/// Tensor-like operands are held by value; C++ numbers become ScalarExpr.
+template <class T>
+auto as_operand(const T& v) {
+  if constexpr (Scalar<T>) return ScalarExpr<std::remove_cvref_t<T>>(v);
+  else return v.derived();
+}
+template <class T>
+using operand_t = decltype(as_operand(std::declval<T>()));
+
+template <class A, class B>
+concept BinaryOperands = (TensorLike<A> && (TensorLike<B> || Scalar<B>)) || (Scalar<A> && TensorLike<B>);
+}  // namespace detail
+
+#define KILN_UNARY_FN(name, F)                                      \
+  template <class A>                                                \
+    requires TensorLike<A>                                          \
+  auto name(const A& a) {                                           \
+    return UnaryExpr<Fn::F, std::remove_cvref_t<A>>(a.derived());   \
+  }
+
+/// Elementwise functions (PyTorch semantics; integer inputs of float functions give float32).
+KILN_UNARY_FN(abs, Abs)
+KILN_UNARY_FN(exp, Exp)
+KILN_UNARY_FN(exp2, Exp2)
+KILN_UNARY_FN(log, Log)
+KILN_UNARY_FN(log2, Log2)
+KILN_UNARY_FN(log1p, Log1p)
+KILN_UNARY_FN(expm1, Expm1)
+KILN_UNARY_FN(sqrt, Sqrt)
+KILN_UNARY_FN(rsqrt, Rsqrt)
+KILN_UNARY_FN(sin, Sin)
+KILN_UNARY_FN(cos, Cos)
+KILN_UNARY_FN(tan, Tan)
+KILN_UNARY_FN(tanh, Tanh)
+KILN_UNARY_FN(erf, Erf)
+KILN_UNARY_FN(floor, Floor)
+KILN_UNARY_FN(ceil, Ceil)
+KILN_UNARY_FN(round, Round)
+KILN_UNARY_FN(sigmoid, Sigmoid)
+KILN_UNARY_FN(relu, Relu)
+KILN_UNARY_FN(silu, Silu)
+KILN_UNARY_FN(logical_not, Not)
+KILN_UNARY_FN(isnan, IsNan)
+KILN_UNARY_FN(isinf, IsInf)
+#undef KILN_UNARY_FN
+
+/// GELU, exact (erf) or with the tanh approximation.
+template <class A>
+  requires TensorLike<A>
+Tensor gelu(const A& a, bool tanh_approx = false) {
+  if (tanh_approx) return UnaryExpr<Fn::GeluTanh, std::remove_cvref_t<A>>(a.derived());
+  return UnaryExpr<Fn::Gelu, std::remove_cvref_t<A>>(a.derived());
+}
+
+template <class A>
+  requires TensorLike<A>
+auto operator-(const A& a) {
+  return UnaryExpr<Fn::Neg, std::remove_cvref_t<A>>(a.derived());
+}
+template <class A>
+  requires TensorLike<A>
+auto operator!(const A& a) {
+  return UnaryExpr<Fn::Not, std::remove_cvref_t<A>>(a.derived());
+}
+
+#define KILN_BINARY_FN(name, F)                                                                   \
+  template <class A, class B>                                                                     \
+    requires detail::BinaryOperands<A, B>                                                         \
+  auto name(const A& a, const B& b) {                                                             \
+    return BinaryExpr<Fn::F, detail::operand_t<A>, detail::operand_t<B>>(detail::as_operand(a),   \
+                                                                         detail::as_operand(b));  \
+  }
+
+KILN_BINARY_FN(operator+, Add)
+KILN_BINARY_FN(operator-, Sub)
+KILN_BINARY_FN(operator*, Mul)
+KILN_BINARY_FN(operator/, Div)
+KILN_BINARY_FN(operator==, Eq)
+KILN_BINARY_FN(operator!=, Ne)
+KILN_BINARY_FN(operator<, Lt)
+KILN_BINARY_FN(operator<=, Le)
+KILN_BINARY_FN(operator>, Gt)
+KILN_BINARY_FN(operator>=, Ge)
+KILN_BINARY_FN(operator&&, And)
+KILN_BINARY_FN(operator||, Or)
+KILN_BINARY_FN(add, Add)
+KILN_BINARY_FN(sub, Sub)
+KILN_BINARY_FN(mul, Mul)
+KILN_BINARY_FN(div, Div)
+KILN_BINARY_FN(pow, Pow)
+KILN_BINARY_FN(maximum, Maximum)
+KILN_BINARY_FN(minimum, Minimum)
+KILN_BINARY_FN(eq, Eq)
+KILN_BINARY_FN(ne, Ne)
+KILN_BINARY_FN(lt, Lt)
+KILN_BINARY_FN(le, Le)
+KILN_BINARY_FN(gt, Gt)
+KILN_BINARY_FN(ge, Ge)
+KILN_BINARY_FN(logical_and, And)
+KILN_BINARY_FN(logical_or, Or)
+#undef KILN_BINARY_FN
+
+/// min(max(x, lo), hi), NaN propagating (torch.clamp).
+template <class A, class L, class H>
+  requires TensorLike<A> && (TensorLike<L> || Scalar<L>) && (TensorLike<H> || Scalar<H>)
+auto clamp(const A& x, const L& lo, const H& hi) {
+  return minimum(maximum(x, lo), hi);
+}
+
+/// Elements of a where cond is true, else of b (cond must be bool; a, b tensors or numbers).
+template <class C, class A, class B>
+  requires TensorLike<C> && (TensorLike<A> || Scalar<A>) && (TensorLike<B> || Scalar<B>)
+auto where(const C& cond, const A& a, const B& b) {
+  return WhereExpr<std::remove_cvref_t<C>, detail::operand_t<A>, detail::operand_t<B>>(cond.derived(), detail::as_operand(a),
+                                                                                      detail::as_operand(b));
+}
+
+}  // namespace kiln

@@ -1,0 +1,138 @@
+#pragma once
+// Tensor: a handle to one node of the lazy graph. Copying a Tensor copies the handle (as in
+// libtorch); `assign` writes into the existing storage.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kiln/core/device.hpp"
+#include "kiln/core/dtype.hpp"
+#include "kiln/core/error.hpp"
+#include "kiln/core/shape.hpp"
+#include "kiln/ir/builder.hpp"
+
+namespace kiln {
+
+/// CRTP base of every tensor expression (Tensor itself and the typed expression nodes).
+template <class Derived>
+struct Expr {
+  const Derived& derived() const { return static_cast<const Derived&>(*this); }
+};
+
+class Tensor;
+
+/// True for Tensor and for typed expressions.
+template <class E>
+concept TensorLike = std::is_base_of_v<Expr<std::remove_cvref_t<E>>, std::remove_cvref_t<E>>;
+
+/// A C++ arithmetic value usable as a "wrapped number" operand.
+template <class T>
+concept Scalar = std::is_arithmetic_v<std::remove_cvref_t<T>>;
+
+namespace detail {
+void evaluate(const std::vector<ir::NodePtr>& roots);
+void evaluate_into(const ir::NodePtr& value, const ir::NodePtr& destination);
+ir::NodePtr maybe_eval_big(ir::NodePtr node);
+void copy_to_host_contiguous(const ir::NodePtr& node, void* out);
+}  // namespace detail
+
+/// An n-dimensional array on a device, lazily computed. Default-constructed tensors are
+/// undefined (e.g. an absent layer_norm weight).
+class Tensor : public Expr<Tensor> {
+ public:
+  Tensor() = default;
+  /// Wraps a graph node (mainly for kiln's own stages).
+  explicit Tensor(ir::NodePtr node) : node_(detail::maybe_eval_big(std::move(node))) {}
+  /// Converts a typed expression into a lazy tensor (nothing runs).
+  template <class E>
+    requires(TensorLike<E> && !std::is_same_v<std::remove_cvref_t<E>, Tensor>)
+  Tensor(const E& expr) : Tensor(expr.build()) {}  // NOLINT: implicit, like `Tensor t = x + y;`
+
+  /// False for a default-constructed tensor.
+  bool defined() const { return node_ != nullptr; }
+  const Shape& shape() const { return checked().shape; }
+  /// Size of dimension `d` (negative counts from the end).
+  std::int64_t size(std::int64_t d) const {
+    return shape()[normalize_axis(d, dim(), "size", shape())];
+  }
+  std::int64_t dim() const { return static_cast<std::int64_t>(shape().size()); }
+  std::int64_t numel() const { return shape().numel(); }
+  DType dtype() const { return checked().dtype; }
+  Device device() const { return checked().device; }
+
+  /// Evaluates this tensor now (no-op if already evaluated).
+  Tensor& eval() {
+    if (!checked().realized()) detail::evaluate({node_});
+    return *this;
+  }
+  const Tensor& eval() const {
+    if (!checked().realized()) detail::evaluate({node_});
+    return *this;
+  }
+  bool is_evaluated() const { return checked().realized(); }
+
+  /// Element strides of the evaluated tensor (evaluates).
+  Strides strides() const {
+    eval();
+    return node_->buffer->strides;
+  }
+  /// True when the evaluated layout is row-major dense (evaluates).
+  bool is_contiguous() const { return kiln::is_contiguous(shape(), strides()); }
+
+  /// Pointer to the first element of the evaluated tensor on its device (evaluates).
+  /// T must match dtype(); use strides() to address elements.
+  template <class T>
+  T* data_ptr() const {
+    if (dtype_v<T> != dtype())
+      throw DTypeError(std::string("data_ptr: requested ") + dtype_name(dtype_v<T>) + " from a " +
+                       dtype_name(dtype()) + " tensor of shape " + shape().str());
+    eval();
+    return static_cast<T*>(node_->buffer->data()) + node_->buffer->offset;
+  }
+
+  /// All elements in row-major order, converted to T as `to(dtype_v<T>)` would (evaluates,
+  /// copies to the host).
+  template <class T>
+  std::vector<T> to_vector() const;
+
+  /// The single element, converted to T (evaluates). ShapeError unless numel() == 1.
+  template <class T>
+  T item() const;
+
+  /// This tensor converted to `dtype` (lazy; PyTorch's casting rules).
+  Tensor to(DType dtype) const;
+  /// This tensor's values on `device` (copies).
+  Tensor to(Device device) const;
+
+  /// Evaluates `value` into this tensor's storage (broadcast and cast to this tensor's shape
+  /// and dtype). Writes through views into user memory (`from_blob`).
+  template <class E>
+    requires TensorLike<E>
+  Tensor& assign(const E& value);
+  template <class S>
+    requires Scalar<S>
+  Tensor& assign(S value);
+
+  /// The graph node this handle points to.
+  const ir::NodePtr& node() const { return node_; }
+  /// The node, for expression building (a Tensor is a leaf of typed expressions).
+  ir::NodePtr build() const { return node_; }
+
+  /// "Tensor(float32[2, 3], cpu, lazy)".
+  std::string str() const {
+    if (!node_) return "Tensor(undefined)";
+    return std::string("Tensor(") + dtype_name(node_->dtype) + node_->shape.str() + ", " + node_->device.str() +
+           (node_->realized() ? ")" : ", lazy)");
+  }
+
+ private:
+  const ir::Node& checked() const {
+    if (!node_) throw Error("operation on an undefined Tensor (default-constructed)");
+    return *node_;
+  }
+  ir::NodePtr node_;
+};
+
+}  // namespace kiln

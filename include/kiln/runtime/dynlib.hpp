@@ -1,0 +1,70 @@
+#pragma once
+// RAII handle of a dlopen'ed shared library.
+#include <dlfcn.h>
+
+#include <string>
+#include <utility>
+
+#include "kiln/core/error.hpp"
+
+namespace kiln::runtime {
+
+/// A shared library loaded with RTLD_NOW | RTLD_LOCAL (every symbol resolved at load time,
+/// none visible to other libraries, so kernels with equal entry names do not clash).
+/// Unloaded when destroyed. Move-only.
+class SharedLibrary {
+ public:
+  /// Loads `path`; throws Error with the loader's message when it cannot.
+  explicit SharedLibrary(std::string path) : path_(std::move(path)) {
+    handle_ = ::dlopen(path_.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle_) {
+      const char* why = ::dlerror();
+      throw Error("kiln: cannot load shared library '" + path_ + "': " + (why ? why : "unknown error"));
+    }
+  }
+  SharedLibrary(SharedLibrary&& other) noexcept
+      : path_(std::move(other.path_)), handle_(std::exchange(other.handle_, nullptr)) {}
+  SharedLibrary& operator=(SharedLibrary&& other) noexcept {
+    if (this != &other) {
+      close();
+      path_ = std::move(other.path_);
+      handle_ = std::exchange(other.handle_, nullptr);
+    }
+    return *this;
+  }
+  SharedLibrary(const SharedLibrary&) = delete;
+  SharedLibrary& operator=(const SharedLibrary&) = delete;
+  ~SharedLibrary() { close(); }
+
+  /// The address of `name`; throws Error naming the symbol and the library when it is absent.
+  void* symbol(const char* name) const {
+    void* p = find_symbol(name);
+    if (!p)
+      throw Error(std::string("kiln: symbol '") + name + "' not found in shared library '" + path_ + "'");
+    return p;
+  }
+
+  /// The address of `name`, or nullptr when it is absent.
+  void* find_symbol(const char* name) const {
+    if (!handle_) return nullptr;
+    ::dlerror();
+    return ::dlsym(handle_, name);
+  }
+
+  /// The path it was loaded from (the file may since have been removed).
+  const std::string& path() const { return path_; }
+
+  /// The dlopen handle (nullptr after a move).
+  void* handle() const { return handle_; }
+
+ private:
+  void close() {
+    if (handle_) ::dlclose(handle_);
+    handle_ = nullptr;
+  }
+
+  std::string path_;
+  void* handle_ = nullptr;
+};
+
+}  // namespace kiln::runtime

@@ -88,7 +88,7 @@ inline void evaluate(const std::vector<ir::NodePtr>& roots) {
 }
 
 inline ir::NodePtr maybe_eval_big(ir::NodePtr node) {
-  if (node && !node->realized() && (node->depth > kMaxLazyDepth || node->count > kMaxLazyNodes)) evaluate({node});
+  if (node && !node->realized() && !deferring_eval() && (node->depth > kMaxLazyDepth || node->count > kMaxLazyNodes)) evaluate({node});
   return node;
 }
 
@@ -117,7 +117,7 @@ inline void evaluate_into(const ir::NodePtr& value, const ir::NodePtr& destinati
   if (aliased && unsafe_alias) {
     // Compute into a temporary first, then copy: the graph reads what it overwrites.
     Tensor tmp(value);
-    tmp.eval();
+    evaluate({tmp.node()});
     evaluate_into(tmp.node(), destination);
     return;
   }
@@ -169,22 +169,28 @@ inline Backend get_backend() { return detail::backend_mode(); }
 template <class... Ts>
   requires(std::is_same_v<std::remove_cvref_t<Ts>, Tensor> && ...)
 void eval(Ts&&... tensors) {
-  detail::evaluate({tensors.node()...});
+  if (!detail::deferring_eval()) detail::evaluate({tensors.node()...});
 }
 
 /// Evaluates every tensor of the list in one graph.
 inline void eval(const std::vector<Tensor>& tensors) {
   std::vector<ir::NodePtr> nodes;
   for (auto& t : tensors) nodes.push_back(t.node());
-  detail::evaluate(nodes);
+  if (!detail::deferring_eval()) detail::evaluate(nodes);
 }
 
 // ---- Tensor members that need the whole front end ------------------------------------------
 
 template <class T>
-std::vector<T> Tensor::to_vector() const {
+std::vector<T> Tensor::to_vector(std::source_location where) const {
+  detail::before_data_read("to_vector()", where);
+  return read_host<T>();
+}
+
+template <class T>
+std::vector<T> Tensor::read_host() const {
   Tensor src = dtype() == dtype_v<T> ? *this : to(dtype_v<T>);
-  src.eval();
+  if (!src.node()->realized()) detail::evaluate({src.node()});
   std::vector<T> out(static_cast<std::size_t>(src.numel()));
   if constexpr (std::is_same_v<T, bool>) {
     std::vector<unsigned char> bytes(out.size());
@@ -197,11 +203,12 @@ std::vector<T> Tensor::to_vector() const {
 }
 
 template <class T>
-T Tensor::item() const {
+T Tensor::item(std::source_location where) const {
   if (numel() != 1)
     throw ShapeError("item: a tensor with " + std::to_string(numel()) + " elements (shape " + shape().str() +
                      ") cannot be converted to a scalar");
-  return to_vector<T>()[0];
+  detail::before_data_read("item()", where);
+  return read_host<T>()[0];
 }
 
 inline Tensor Tensor::to(DType dtype) const { checked();
@@ -216,8 +223,10 @@ template <class E>
   requires TensorLike<E>
 Tensor& Tensor::assign(const E& value) {
   Tensor v = detail::to_tensor(value.derived());
+  // Writing into existing memory is a side effect a compiled replay could not repeat.
+  detail::before_data_read("assign()", std::source_location::current());
+  if (!node_->realized()) detail::evaluate({node_});
   detail::check_same_device(device(), v.device(), "assign");
-  eval();
   if (detail::has_self_overlap(shape(), node_->buffer->strides))
     throw ShapeError("assign: destination " + str() + " has elements that share memory (a broadcast view)");
   const Shape& s = shape();
@@ -235,7 +244,8 @@ Tensor& Tensor::assign(const E& value) {
 template <class S>
   requires Scalar<S>
 Tensor& Tensor::assign(S value) {
-  eval();
+  detail::before_data_read("assign()", std::source_location::current());
+  if (!node_->realized()) detail::evaluate({node_});
   ir::NodePtr n = std::is_integral_v<S> ? ir::constant_int(static_cast<std::int64_t>(value), dtype(), shape(), device())
                                         : ir::constant(static_cast<double>(value), dtype(), shape(), device());
   if (detail::has_self_overlap(shape(), node_->buffer->strides))

@@ -3,6 +3,7 @@
 // libtorch); `assign` writes into the existing storage.
 #include <cstdint>
 #include <memory>
+#include <source_location>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -32,6 +33,20 @@ template <class T>
 concept Scalar = std::is_arithmetic_v<std::remove_cvref_t<T>>;
 
 namespace detail {
+
+/// Receives the reads of tensor data that happen while kiln::compile traces a function (each
+/// one is a graph break there).
+struct TraceHook {
+  virtual ~TraceHook() = default;
+  virtual void on_data_read(const char* what, std::source_location where) = 0;
+};
+inline thread_local TraceHook* active_trace = nullptr;
+inline void before_data_read(const char* what, std::source_location where) {
+  if (active_trace) active_trace->on_data_read(what, where);
+}
+/// While tracing, evaluation is deferred to the end of the trace (or to a data read).
+inline bool deferring_eval() { return active_trace != nullptr; }
+
 void evaluate(const std::vector<ir::NodePtr>& roots);
 void evaluate_into(const ir::NodePtr& value, const ir::NodePtr& destination);
 ir::NodePtr maybe_eval_big(ir::NodePtr node);
@@ -62,44 +77,44 @@ class Tensor : public Expr<Tensor> {
   DType dtype() const { return checked().dtype; }
   Device device() const { return checked().device; }
 
-  /// Evaluates this tensor now (no-op if already evaluated).
+  /// Evaluates this tensor now (no-op if already evaluated; deferred inside kiln::compile).
   Tensor& eval() {
-    if (!checked().realized()) detail::evaluate({node_});
+    if (!checked().realized() && !detail::deferring_eval()) detail::evaluate({node_});
     return *this;
   }
   const Tensor& eval() const {
-    if (!checked().realized()) detail::evaluate({node_});
+    if (!checked().realized() && !detail::deferring_eval()) detail::evaluate({node_});
     return *this;
   }
   bool is_evaluated() const { return checked().realized(); }
 
-  /// Element strides of the evaluated tensor (evaluates).
+  /// Element strides (a lazy tensor will be evaluated row-major, so it reports those).
   Strides strides() const {
-    eval();
-    return node_->buffer->strides;
+    return checked().realized() ? node_->buffer->strides : contiguous_strides(node_->shape);
   }
-  /// True when the evaluated layout is row-major dense (evaluates).
+  /// True when the layout is row-major dense.
   bool is_contiguous() const { return kiln::is_contiguous(shape(), strides()); }
 
   /// Pointer to the first element of the evaluated tensor on its device (evaluates).
   /// T must match dtype(); use strides() to address elements.
   template <class T>
-  T* data_ptr() const {
+  T* data_ptr(std::source_location where = std::source_location::current()) const {
     if (dtype_v<T> != dtype())
       throw DTypeError(std::string("data_ptr: requested ") + dtype_name(dtype_v<T>) + " from a " +
                        dtype_name(dtype()) + " tensor of shape " + shape().str());
-    eval();
+    detail::before_data_read("data_ptr()", where);
+    if (!node_->realized()) detail::evaluate({node_});
     return static_cast<T*>(node_->buffer->data()) + node_->buffer->offset;
   }
 
   /// All elements in row-major order, converted to T as `to(dtype_v<T>)` would (evaluates,
   /// copies to the host).
   template <class T>
-  std::vector<T> to_vector() const;
+  std::vector<T> to_vector(std::source_location where = std::source_location::current()) const;
 
   /// The single element, converted to T (evaluates). ShapeError unless numel() == 1.
   template <class T>
-  T item() const;
+  T item(std::source_location where = std::source_location::current()) const;
 
   /// This tensor converted to `dtype` (lazy; PyTorch's casting rules).
   Tensor to(DType dtype) const;
@@ -128,6 +143,8 @@ class Tensor : public Expr<Tensor> {
   }
 
  private:
+  template <class T>
+  std::vector<T> read_host() const;
   const ir::Node& checked() const {
     if (!node_) throw Error("operation on an undefined Tensor (default-constructed)");
     return *node_;

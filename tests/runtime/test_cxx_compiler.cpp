@@ -135,3 +135,28 @@ TEST_CASE("runtime: host_arch names the machine and is stable") {
   CHECK(arch.find("cpu:") != std::string::npos);
   CHECK(arch == CxxCompiler::host_arch());
 }
+
+TEST_CASE("runtime: a compiler without working OpenMP is used without -fopenmp") {
+  TempDir tmp;
+  // A compiler wrapper that rejects -fopenmp, as a compiler without libgomp would.
+  std::string wrapper = tmp.path + "/no-openmp-c++";
+  kiln_test::write_file(wrapper,
+                        "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = -fopenmp ] && { echo 'cannot find -lgomp' >&2; "
+                        "exit 1; }; done\nexec " +
+                            kiln_test::test_compiler().command()[0] + " \"$@\"\n");
+  REQUIRE(::chmod(wrapper.c_str(), 0755) == 0);
+  std::string why;
+  auto cxx = CxxCompiler::probe(wrapper, nullptr, &why);
+  REQUIRE_MESSAGE(cxx, why);
+  CHECK_FALSE(cxx->openmp());
+  auto flags = cxx->flags();
+  CHECK(std::find(flags.begin(), flags.end(), "-fopenmp") == flags.end());
+  CHECK(std::find(flags.begin(), flags.end(), "-fopenmp-simd") != flags.end());
+  std::string out = tmp.path + "/simd.so";
+  cxx->compile("extern \"C\" int g(const int* x) { int s = 0;\n#pragma omp simd reduction(+:s)\n"
+               "for (int i = 0; i < 8; ++i) s += x[i];\nreturn s; }\n",
+               out);
+  SharedLibrary lib(out);
+  int x[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  CHECK(reinterpret_cast<int (*)(const int*)>(lib.symbol("g"))(x) == 36);
+}

@@ -11,3 +11,4 @@
 #include "kiln/tensor/functions.hpp"
 #include "kiln/tensor/ops.hpp"
 #include "kiln/tensor/tensor.hpp"
+#include "kiln/compile/compile.hpp"

@@ -45,12 +45,22 @@ inline StoragePtr allocate(std::size_t bytes, Device device) {
   throw DeviceError("cannot allocate on " + device.str() + ": the CUDA backend is not available in this build");
 }
 
-/// Runs a captured graph with the executor the mode selects.
-inline void run_graph(const ir::Graph& g, const backend::RunArgs& args) {
+/// Runs a captured graph with the executor `mode` selects.
+inline void run_graph_with(const ir::Graph& g, const backend::RunArgs& args, Backend mode) {
   if (log_enabled(LogChannel::graph)) log(LogChannel::graph, "evaluating graph\n" + g.str());
   if (!g.device.is_cpu()) throw DeviceError("no executor for device " + g.device.str());
+  (void)mode;
   backend::run_reference(g, args);
 }
+
+/// Runs a captured graph with the executor set_backend / KILN_BACKEND selects.
+inline void run_graph(const ir::Graph& g, const backend::RunArgs& args) { run_graph_with(g, args, backend_mode()); }
+
+/// How the selected executor would run `g` (its kernels), as text.
+inline std::string explain_graph(const ir::Graph& g) { return g.str(); }
+
+/// Drops every compiled kernel and plan the executors keep in memory.
+inline void clear_kernel_caches() {}
 
 inline const void* leaf_pointer(const ir::Node& n) {
   return static_cast<const char*>(n.buffer->storage->data) + n.buffer->offset * static_cast<std::int64_t>(itemsize(n.dtype));

@@ -1,0 +1,696 @@
+#pragma once
+// kiln::compile: trace a function once per guard, then replay the captured graph.
+//
+// Tracing runs the user's function on the real argument tensors with evaluation deferred, so
+// the tensor work it does is recorded as one lazy graph. The graph is then captured and handed
+// to a backend; later calls whose guards match bind the new arguments' buffers to the graph's
+// leaves and launch, without running the C++ function again. A read of tensor data during the
+// trace (item(), to_vector(), data_ptr(), assign()) is a graph break: the work before it runs
+// for real, the C++ code continues with the value, and that entry then re-runs the function on
+// every call, its graph pieces reusing compiled kernels by their keys.
+#include <any>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <source_location>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "kiln/backend/reference.hpp"
+#include "kiln/core/log.hpp"
+#include "kiln/tensor/creation.hpp"
+#include "kiln/tensor/eval.hpp"
+
+namespace kiln {
+
+/// A graph break where `fullgraph = true` forbids one; says why and where.
+class GraphBreakError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Options of kiln::compile (torch.compile's, carried over).
+struct CompileOptions {
+  std::string backend = "kiln";          ///< "kiln", "eager", "trace" or a registered name
+  std::string mode = "default";          ///< "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
+  bool fullgraph = false;                ///< a graph break throws GraphBreakError
+  std::optional<bool> dynamic = std::nullopt;  ///< false: specialise shapes; true: symbolic; unset: automatic
+  int recompile_limit = 8;               ///< guard entries per compiled function before falling back
+  bool error_on_recompile_limit = false;  ///< throw instead of falling back past the limit
+};
+
+/// Counters of one compiled function.
+struct CompileStats {
+  std::uint64_t traces = 0;        ///< times the function was traced
+  std::uint64_t recompiles = 0;    ///< traces caused by a failed guard (not the first)
+  std::uint64_t graph_breaks = 0;  ///< data reads met while tracing
+  std::uint64_t cache_hits = 0;    ///< calls served by an existing guard entry
+  std::uint64_t fallbacks = 0;     ///< calls run uncompiled past the recompile limit
+};
+
+/// Runs a captured graph over bound buffers.
+using GraphRunner = std::function<void(const ir::Graph&, const backend::RunArgs&)>;
+/// Makes the runner for a captured graph (called once per new graph).
+using BackendFactory = std::function<GraphRunner(const ir::Graph&, const CompileOptions&)>;
+
+namespace detail {
+
+struct BackendRegistry {
+  std::mutex mu;
+  std::map<std::string, BackendFactory> factories;
+  BackendRegistry() {
+    factories["kiln"] = [](const ir::Graph&, const CompileOptions&) -> GraphRunner {
+      return [](const ir::Graph& g, const backend::RunArgs& a) { run_graph_with(g, a, Backend::Auto); };
+    };
+    factories["trace"] = [](const ir::Graph&, const CompileOptions&) -> GraphRunner {
+      return [](const ir::Graph& g, const backend::RunArgs& a) { run_graph_with(g, a, Backend::Eager); };
+    };
+    // "eager" never captures: it is handled by the caller (the function runs op by op).
+    factories["eager"] = factories["trace"];
+  }
+};
+inline BackendRegistry& backend_registry() {
+  static BackendRegistry r;
+  return r;
+}
+
+inline const std::vector<std::string>& valid_modes() {
+  static const std::vector<std::string> m = {"default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"};
+  return m;
+}
+
+inline std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+// ---- guards --------------------------------------------------------------------------------
+
+/// What a call's argument must look like for an entry to serve it.
+struct GuardItem {
+  enum class Kind : std::uint8_t { Tensor, Number, Undefined } kind = Kind::Undefined;
+  DType dtype = DType::Float32;
+  Device device = Device::cpu();
+  Shape shape;
+  Strides strides;
+  std::vector<bool> dynamic_dims;  ///< sizes not guarded (only whether they are 0, 1 or more)
+  double number = 0;
+  int number_type = 0;
+
+  bool matches(const GuardItem& call) const {
+    if (kind != call.kind) return false;
+    if (kind == Kind::Number) return number_type == call.number_type && std::memcmp(&number, &call.number, sizeof(double)) == 0;
+    if (kind == Kind::Undefined) return true;
+    if (dtype != call.dtype || device != call.device || shape.size() != call.shape.size()) return false;
+    for (std::size_t d = 0; d < shape.size(); ++d) {
+      if (dynamic_dims.empty() || !dynamic_dims[d]) {
+        if (shape[d] != call.shape[d] || strides[d] != call.strides[d]) return false;
+      } else {
+        auto cls = [](std::int64_t s) { return s < 2 ? s : 2; };
+        if (cls(shape[d]) != cls(call.shape[d])) return false;
+      }
+    }
+    if (!dynamic_dims.empty()) {  // dynamic: contiguity is what is guarded
+      if (kiln::is_contiguous(shape, strides) != kiln::is_contiguous(call.shape, call.strides)) return false;
+    }
+    return true;
+  }
+  std::string describe() const {
+    if (kind == Kind::Number) {
+      std::ostringstream os;
+      os << number;
+      return os.str();
+    }
+    if (kind == Kind::Undefined) return "undefined";
+    std::string s = std::string(dtype_name(dtype)) + shape.str() + " strides [";
+    for (std::size_t i = 0; i < strides.size(); ++i) s += (i ? ", " : "") + std::to_string(strides[i]);
+    return s + "] " + device.str();
+  }
+};
+
+inline GuardItem guard_of(const Tensor& t) {
+  GuardItem g;
+  if (!t.defined()) return g;
+  g.kind = GuardItem::Kind::Tensor;
+  g.dtype = t.dtype();
+  g.device = t.device();
+  g.shape = t.shape();
+  g.strides = t.strides();
+  return g;
+}
+template <class T>
+  requires Scalar<T>
+GuardItem guard_of(const T& v) {
+  GuardItem g;
+  g.kind = GuardItem::Kind::Number;
+  g.number = static_cast<double>(v);
+  g.number_type = std::is_same_v<T, bool> ? 1 : std::is_integral_v<T> ? 2 : 3;
+  return g;
+}
+
+// ---- function results ----------------------------------------------------------------------
+
+/// Results with typed expressions in them become Tensors (the compiled callable returns those).
+template <class R>
+struct Normalized {
+  using type = std::conditional_t<TensorLike<R>, Tensor, R>;
+  static type from(const R& r) {
+    if constexpr (TensorLike<R>) return Tensor(r);
+    else return r;
+  }
+};
+template <class... Ts>
+struct Normalized<std::tuple<Ts...>> {
+  using type = std::tuple<typename Normalized<Ts>::type...>;
+  static type from(const std::tuple<Ts...>& r) {
+    return std::apply([](const auto&... e) { return type{Normalized<std::remove_cvref_t<decltype(e)>>::from(e)...}; }, r);
+  }
+};
+template <class A, class B>
+struct Normalized<std::pair<A, B>> {
+  using type = std::pair<typename Normalized<A>::type, typename Normalized<B>::type>;
+  static type from(const std::pair<A, B>& r) { return {Normalized<A>::from(r.first), Normalized<B>::from(r.second)}; }
+};
+template <class R>
+using normalized_t = typename Normalized<R>::type;
+
+template <class R>
+struct ResultCodec {
+  static_assert(Scalar<R>, "kiln::compile: results must be Tensor, C++ numbers, or std::tuple/std::pair of them");
+  static void flatten(const R&, std::vector<Tensor>&) {}
+  static R rebuild(const R& traced, const std::vector<Tensor>&, std::size_t&) { return traced; }
+};
+template <>
+struct ResultCodec<Tensor> {
+  static void flatten(const Tensor& t, std::vector<Tensor>& out) { out.push_back(t); }
+  static Tensor rebuild(const Tensor&, const std::vector<Tensor>& ts, std::size_t& i) { return ts[i++]; }
+};
+template <class... Ts>
+struct ResultCodec<std::tuple<Ts...>> {
+  static void flatten(const std::tuple<Ts...>& r, std::vector<Tensor>& out) {
+    std::apply([&](const auto&... e) { (ResultCodec<std::remove_cvref_t<decltype(e)>>::flatten(e, out), ...); }, r);
+  }
+  static std::tuple<Ts...> rebuild(const std::tuple<Ts...>& traced, const std::vector<Tensor>& ts, std::size_t& i) {
+    return rebuild_impl(traced, ts, i, std::index_sequence_for<Ts...>{});
+  }
+  template <std::size_t... I>
+  static std::tuple<Ts...> rebuild_impl(const std::tuple<Ts...>& traced, const std::vector<Tensor>& ts, std::size_t& i,
+                                        std::index_sequence<I...>) {
+    // Braced initialisation evaluates left to right, keeping the tensors in order.
+    return std::tuple<Ts...>{ResultCodec<Ts>::rebuild(std::get<I>(traced), ts, i)...};
+  }
+};
+template <class A, class B>
+struct ResultCodec<std::pair<A, B>> {
+  static void flatten(const std::pair<A, B>& r, std::vector<Tensor>& out) {
+    ResultCodec<A>::flatten(r.first, out);
+    ResultCodec<B>::flatten(r.second, out);
+  }
+  static std::pair<A, B> rebuild(const std::pair<A, B>& traced, const std::vector<Tensor>& ts, std::size_t& i) {
+    A a = ResultCodec<A>::rebuild(traced.first, ts, i);
+    B b = ResultCodec<B>::rebuild(traced.second, ts, i);
+    return {std::move(a), std::move(b)};
+  }
+};
+
+// ---- a traced graph and how to replay it -----------------------------------------------------
+
+/// Where a leaf's buffer comes from on replay.
+struct LeafSource {
+  int arg = -1;              ///< argument index, or -1 for a tensor the function captured (a constant)
+  std::int64_t offset = 0;   ///< element offset relative to the argument's own offset
+  ir::NodePtr constant;      ///< arg == -1: kept alive with the entry
+};
+
+/// Where a flattened result tensor comes from on replay.
+struct ResultSource {
+  enum class Kind : std::uint8_t { GraphOutput, ArgView, Constant } kind = Kind::GraphOutput;
+  int index = 0;             ///< graph output index, or argument index
+  std::int64_t offset = 0;   ///< ArgView: element offset relative to the argument's
+  Strides strides;           ///< ArgView
+  Shape shape;               ///< ArgView
+  Tensor constant;           ///< Constant
+};
+
+struct Replay {
+  ir::Graph graph;
+  std::vector<LeafSource> leaves;
+  std::vector<ResultSource> results;
+  std::any traced_result;    ///< the function's result at trace time (its numbers are specialised)
+  GraphRunner runner;
+};
+
+struct Entry {
+  std::vector<GuardItem> guard;
+  bool rerun = false;   ///< had graph breaks: the function runs on every call
+  bool dynamic = false;
+  std::vector<std::pair<std::vector<GuardItem>, std::shared_ptr<Replay>>> replays;  ///< per concrete guard
+};
+
+/// Collects graph breaks while a function is being traced.
+struct TraceSession : TraceHook {
+  bool fullgraph = false;
+  std::vector<std::string> breaks;
+  void on_data_read(const char* what, std::source_location where) override {
+    std::string reason = std::string(what) + " reads tensor data at " + where.file_name() + ":" +
+                         std::to_string(where.line()) + " (" + where.function_name() + ")";
+    if (fullgraph) throw GraphBreakError("kiln::compile(fullgraph=true): graph break: " + reason);
+    // The work before the read runs now, for real; tracing goes on after it.
+    breaks.push_back(reason);
+    log(LogChannel::graph_breaks, "graph break: " + reason);
+  }
+};
+
+/// Installs a trace session for a scope.
+struct TraceScope {
+  TraceHook* previous;
+  explicit TraceScope(TraceSession& session) : previous(active_trace) { active_trace = &session; }
+  ~TraceScope() { active_trace = previous; }
+  TraceScope(const TraceScope&) = delete;
+  TraceScope& operator=(const TraceScope&) = delete;
+};
+
+/// Every compiled function's state, so kiln::reset() can clear them all.
+struct CompiledRegistry {
+  std::mutex mu;
+  std::vector<std::weak_ptr<std::function<void()>>> clearers;
+};
+inline CompiledRegistry& compiled_registry() {
+  static CompiledRegistry r;
+  return r;
+}
+
+}  // namespace detail
+
+/// Makes `name` usable as CompileOptions::backend: `factory` receives each captured graph and
+/// returns what runs it.
+inline void register_backend(const std::string& name, BackendFactory factory) {
+  auto& r = detail::backend_registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.factories[name] = std::move(factory);
+}
+
+/// Names usable as CompileOptions::backend.
+inline std::vector<std::string> list_backends() {
+  auto& r = detail::backend_registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<std::string> names;
+  for (auto& [k, v] : r.factories) names.push_back(k);
+  return names;
+}
+
+/// A function compiled by kiln::compile: call it as the function itself.
+template <class F>
+class Compiled {
+ public:
+  Compiled(F fn, CompileOptions options) : state_(std::make_shared<State>(std::move(fn), std::move(options))) {
+    auto& r = detail::backend_registry();
+    {
+      std::lock_guard<std::mutex> lock(r.mu);
+      if (!r.factories.count(state_->options.backend)) {
+        std::vector<std::string> names;
+        for (auto& [k, v] : r.factories) names.push_back(k);
+        throw Error("kiln::compile: unknown backend \"" + state_->options.backend + "\"; valid backends: " + detail::join(names));
+      }
+      state_->factory = r.factories.at(state_->options.backend);
+    }
+    const auto& modes = detail::valid_modes();
+    if (std::find(modes.begin(), modes.end(), state_->options.mode) == modes.end())
+      throw Error("kiln::compile: unknown mode \"" + state_->options.mode + "\"; valid modes: " + detail::join(modes));
+    std::weak_ptr<State> weak = state_;
+    state_->clearer = std::make_shared<std::function<void()>>([weak] {
+      if (auto s = weak.lock()) {
+        std::lock_guard<std::mutex> lock(s->mu);
+        s->entries.clear();
+      }
+    });
+    auto& reg = detail::compiled_registry();
+    std::lock_guard<std::mutex> lock(reg.mu);
+    reg.clearers.push_back(state_->clearer);
+  }
+
+  /// Calls the function: a cached entry whose guards match replays its graph; otherwise the
+  /// function is traced (and compiled) for these arguments.
+  template <class... Args>
+  auto operator()(Args&&... args) {
+    using Raw = std::remove_cvref_t<std::invoke_result_t<F&, Args...>>;
+    using R = detail::normalized_t<Raw>;
+    State& s = *state_;
+    std::lock_guard<std::mutex> lock(s.mu);
+    std::vector<detail::GuardItem> call{detail::guard_of(args)...};
+    std::vector<const Tensor*> tensor_args;
+    (collect_tensor(args, tensor_args), ...);
+
+    if (s.options.backend == "eager") return run_uncompiled<R>(args...);
+
+    for (auto& e : s.entries) {
+      if (!matches(e->guard, call)) continue;
+      s.stats.cache_hits++;
+      if (e->rerun) return rerun<R>(args...);
+      for (auto& [g, replay] : e->replays)
+        if (matches(g, call)) return replay_call<R>(*replay, tensor_args);
+      // A dynamic entry meets new sizes: trace again for this shape (kernels keyed without them).
+      return trace<R>(*e, call, tensor_args, args...);
+    }
+
+    if (static_cast<int>(s.entries.size()) >= s.options.recompile_limit) {
+      std::string why = s.entries.empty() ? std::string("recompile_limit is 0") : first_failure(s.entries.back()->guard, call);
+      if (s.options.error_on_recompile_limit)
+        throw Error("kiln::compile: recompile limit (" + std::to_string(s.options.recompile_limit) + ") reached; " + why);
+      if (!s.warned) {
+        std::fprintf(stderr, "[kiln] warning: kiln::compile reached its recompile limit (%d); running uncompiled from now on. Last failed guard: %s\n",
+                     s.options.recompile_limit, why.c_str());
+        s.warned = true;
+      }
+      s.stats.fallbacks++;
+      return run_uncompiled<R>(args...);
+    }
+
+    auto entry = std::make_shared<detail::Entry>();
+    entry->guard = call;
+    if (!s.entries.empty()) {
+      s.stats.recompiles++;
+      const auto& last = s.entries.back()->guard;
+      log(LogChannel::recompiles, "recompiling: " + first_failure(last, call));
+      // Automatic dynamic: a size that changed becomes symbolic.
+      if (!s.options.dynamic.has_value()) mark_changed_sizes_dynamic(*entry, last);
+    }
+    if (s.options.dynamic.value_or(false)) mark_all_sizes_dynamic(*entry);
+    s.entries.push_back(entry);
+    if (log_enabled(LogChannel::guards)) {
+      std::string g = "new guard entry:";
+      for (std::size_t i = 0; i < call.size(); ++i) g += "\n  arg " + std::to_string(i) + ": " + entry->guard[i].describe();
+      log(LogChannel::guards, g);
+    }
+    return trace<R>(*entry, call, tensor_args, args...);
+  }
+
+  /// Counters of this compiled function.
+  CompileStats stats() const {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    return state_->stats;
+  }
+
+  /// A printable report of what calling with `args` does: graphs, ops, breaks.
+  template <class... Args>
+  std::string explain(Args&&... args) {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    State& s = *state_;
+    std::ostringstream os;
+    detail::TraceSession session;
+    std::vector<Tensor> outs;
+    std::vector<std::string> graphs;
+    {
+      detail::TraceScope scope(session);
+      auto raw = s.fn(args...);
+      using Raw = std::remove_cvref_t<decltype(raw)>;
+      auto result = detail::Normalized<Raw>::from(raw);
+      detail::ResultCodec<detail::normalized_t<Raw>>::flatten(result, outs);
+    }
+    std::vector<ir::NodePtr> roots;
+    for (auto& t : outs)
+      if (t.defined() && !t.is_evaluated()) roots.push_back(t.node());
+    os << "kiln::explain: backend " << s.options.backend << ", mode " << s.options.mode << "\n";
+    os << "graph breaks: " << session.breaks.size() << "\n";
+    for (auto& b : session.breaks) os << "  - " << b << "\n";
+    if (!roots.empty()) {
+      ir::Captured c = ir::capture(roots, roots.front()->device);
+      std::size_t ops = 0;
+      for (auto& n : c.graph.nodes) ops += n.op != ir::Op::Input;
+      os << "graph after the last break: " << c.graph.nodes.size() << " nodes (" << ops << " ops, "
+         << c.leaves.size() << " inputs, " << c.graph.outputs.size() << " outputs)\n";
+      os << detail::explain_graph(c.graph);
+    } else {
+      os << "no tensor work after the last break\n";
+    }
+    return os.str();
+  }
+
+ private:
+  struct State {
+    State(F f, CompileOptions o) : fn(std::move(f)), options(std::move(o)) {}
+    F fn;
+    CompileOptions options;
+    BackendFactory factory;
+    std::mutex mu;
+    std::vector<std::shared_ptr<detail::Entry>> entries;
+    CompileStats stats;
+    bool warned = false;
+    std::shared_ptr<std::function<void()>> clearer;
+  };
+
+  template <class T>
+  static void collect_tensor(const T& v, std::vector<const Tensor*>& out) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<T>, Tensor>) out.push_back(&v);
+    else static_assert(Scalar<T>, "kiln::compile: arguments must be Tensors or C++ numbers");
+  }
+
+  static bool matches(const std::vector<detail::GuardItem>& g, const std::vector<detail::GuardItem>& call) {
+    if (g.size() != call.size()) return false;
+    for (std::size_t i = 0; i < g.size(); ++i)
+      if (!g[i].matches(call[i])) return false;
+    return true;
+  }
+
+  static bool exact(const std::vector<detail::GuardItem>& g, const std::vector<detail::GuardItem>& call) {
+    if (g.size() != call.size()) return false;
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      detail::GuardItem strict = g[i];
+      strict.dynamic_dims.clear();
+      if (!strict.matches(call[i])) return false;
+    }
+    return true;
+  }
+
+  static std::string first_failure(const std::vector<detail::GuardItem>& old, const std::vector<detail::GuardItem>& call) {
+    for (std::size_t i = 0; i < old.size() && i < call.size(); ++i)
+      if (!old[i].matches(call[i]))
+        return "guard on argument " + std::to_string(i) + " failed: expected " + old[i].describe() + ", got " +
+               call[i].describe();
+    return "argument count changed";
+  }
+
+  static void mark_changed_sizes_dynamic(detail::Entry& e, const std::vector<detail::GuardItem>& last) {
+    for (std::size_t i = 0; i < e.guard.size(); ++i) {
+      auto& g = e.guard[i];
+      if (g.kind != detail::GuardItem::Kind::Tensor || last[i].kind != g.kind || last[i].shape.size() != g.shape.size()) continue;
+      for (std::size_t d = 0; d < g.shape.size(); ++d)
+        if (last[i].shape[d] != g.shape[d]) {
+          if (g.dynamic_dims.empty()) g.dynamic_dims.assign(g.shape.size(), false);
+          g.dynamic_dims[d] = true;
+          e.dynamic = true;
+        }
+    }
+  }
+  static void mark_all_sizes_dynamic(detail::Entry& e) {
+    for (auto& g : e.guard)
+      if (g.kind == detail::GuardItem::Kind::Tensor) {
+        g.dynamic_dims.assign(g.shape.size(), true);
+        e.dynamic = true;
+      }
+  }
+
+  template <class R, class... Args>
+  R call_fn(Args&... args) {
+    using Raw = std::remove_cvref_t<std::invoke_result_t<F&, Args&...>>;
+    return detail::Normalized<Raw>::from(state_->fn(args...));
+  }
+
+  template <class R, class... Args>
+  R run_uncompiled(Args&... args) {
+    State& s = *state_;
+    Backend previous = get_backend();
+    if (s.options.backend == "eager") set_backend(Backend::Eager);
+    struct Restore {
+      Backend b;
+      ~Restore() { set_backend(b); }
+    } restore{previous};
+    R r = call_fn<R>(args...);
+    evaluate_result(r);
+    return r;
+  }
+
+  template <class R>
+  static void evaluate_result(const R& r) {
+    std::vector<Tensor> outs;
+    detail::ResultCodec<R>::flatten(r, outs);
+    std::vector<ir::NodePtr> nodes;
+    for (auto& t : outs)
+      if (t.defined()) nodes.push_back(t.node());
+    detail::evaluate(nodes);
+  }
+
+  template <class R, class... Args>
+  R rerun(Args&... args) {
+    R r = call_fn<R>(args...);
+    evaluate_result(r);
+    return r;
+  }
+
+  template <class R, class... Args>
+  R trace(detail::Entry& entry, const std::vector<detail::GuardItem>& call, const std::vector<const Tensor*>& tensor_args,
+          Args&... args) {
+    State& s = *state_;
+    s.stats.traces++;
+    detail::TraceSession session;
+    session.fullgraph = s.options.fullgraph;
+    std::optional<R> result;
+    {
+      detail::TraceScope scope(session);
+      result.emplace(call_fn<R>(args...));
+    }
+    s.stats.graph_breaks += session.breaks.size();
+    if (!session.breaks.empty()) {
+      entry.rerun = true;
+      evaluate_result(*result);
+      return std::move(*result);
+    }
+    std::vector<Tensor> outs;
+    detail::ResultCodec<R>::flatten(*result, outs);
+    auto replay = std::make_shared<detail::Replay>();
+    build_replay(*replay, outs, tensor_args);
+    replay->traced_result = *result;
+    if (log_enabled(LogChannel::graph) || log_enabled(LogChannel::recompiles) || log_enabled(LogChannel::guards)) {
+      std::size_t ops = 0;
+      for (auto& n : replay->graph.nodes) ops += n.op != ir::Op::Input;
+      log(LogChannel::graph, "compiling new graph: " + std::to_string(ops) + " ops\n" + replay->graph.str());
+    }
+    replay->runner = s.factory(replay->graph, s.options);
+    entry.replays.emplace_back(call, replay);
+    return replay_call<R>(*replay, tensor_args);
+  }
+
+  static int arg_of_storage(const StoragePtr& st, const std::vector<const Tensor*>& tensor_args) {
+    for (std::size_t i = 0; i < tensor_args.size(); ++i) {
+      const Tensor& t = *tensor_args[i];
+      if (t.defined() && t.is_evaluated() && t.node()->buffer->storage == st) return static_cast<int>(i);
+    }
+    return -1;
+  }
+
+  static void build_replay(detail::Replay& r, const std::vector<Tensor>& outs, const std::vector<const Tensor*>& tensor_args) {
+    std::vector<ir::NodePtr> roots;
+    std::vector<int> root_of(outs.size(), -1);
+    for (std::size_t i = 0; i < outs.size(); ++i) {
+      const Tensor& t = outs[i];
+      detail::ResultSource src;
+      if (!t.defined()) {
+        src.kind = detail::ResultSource::Kind::Constant;
+      } else if (t.is_evaluated()) {
+        int a = arg_of_storage(t.node()->buffer->storage, tensor_args);
+        if (a >= 0) {
+          src.kind = detail::ResultSource::Kind::ArgView;
+          src.index = a;
+          src.offset = t.node()->buffer->offset - tensor_args[a]->node()->buffer->offset;
+          src.strides = t.node()->buffer->strides;
+          src.shape = t.shape();
+        } else {
+          src.kind = detail::ResultSource::Kind::Constant;
+          src.constant = t;
+        }
+      } else {
+        src.kind = detail::ResultSource::Kind::GraphOutput;
+        src.index = static_cast<int>(roots.size());
+        roots.push_back(t.node());
+      }
+      r.results.push_back(std::move(src));
+    }
+    if (roots.empty()) return;
+    ir::Captured c = ir::capture(roots, roots.front()->device);
+    r.graph = std::move(c.graph);
+    for (auto& leaf : c.leaves) {
+      detail::LeafSource ls;
+      ls.arg = arg_of_storage(leaf->buffer->storage, tensor_args);
+      if (ls.arg >= 0) ls.offset = leaf->buffer->offset - tensor_args[ls.arg]->node()->buffer->offset;
+      else ls.constant = leaf;
+      r.leaves.push_back(std::move(ls));
+    }
+  }
+
+  template <class R>
+  static R replay_call(detail::Replay& r, const std::vector<const Tensor*>& tensor_args) {
+    std::vector<Tensor> results(r.results.size());
+    std::vector<StoragePtr> storages;
+    if (!r.graph.outputs.empty()) {
+      backend::RunArgs a;
+      for (auto& leaf : r.leaves) {
+        if (leaf.arg < 0) {
+          a.inputs.push_back(detail::leaf_pointer(*leaf.constant));
+        } else {
+          const ir::Node& n = *tensor_args[leaf.arg]->node();
+          std::int64_t off = n.buffer->offset + leaf.offset;
+          a.inputs.push_back(static_cast<const char*>(n.buffer->storage->data) + off * static_cast<std::int64_t>(itemsize(n.dtype)));
+        }
+      }
+      for (auto out : r.graph.outputs) {
+        const ir::GraphNode& g = r.graph.nodes[out];
+        storages.push_back(detail::allocate(static_cast<std::size_t>(g.shape.numel()) * itemsize(g.dtype), r.graph.device));
+        a.outputs.push_back(storages.back()->data);
+      }
+      r.runner(r.graph, a);
+    }
+    for (std::size_t i = 0; i < r.results.size(); ++i) {
+      const auto& src = r.results[i];
+      switch (src.kind) {
+        case detail::ResultSource::Kind::GraphOutput: {
+          const ir::GraphNode& g = r.graph.nodes[r.graph.outputs[src.index]];
+          results[i] = Tensor(ir::input(ir::BufferView{storages[src.index], 0, contiguous_strides(g.shape)}, g.shape,
+                                        g.dtype, r.graph.device));
+          break;
+        }
+        case detail::ResultSource::Kind::ArgView: {
+          const ir::Node& n = *tensor_args[src.index]->node();
+          results[i] = Tensor(ir::input(ir::BufferView{n.buffer->storage, n.buffer->offset + src.offset, src.strides},
+                                        src.shape, n.dtype, n.device));
+          break;
+        }
+        case detail::ResultSource::Kind::Constant:
+          results[i] = src.constant;
+          break;
+      }
+    }
+    std::size_t k = 0;
+    return detail::ResultCodec<R>::rebuild(std::any_cast<const R&>(r.traced_result), results, k);
+  }
+
+  std::shared_ptr<State> state_;
+};
+
+/// Wraps `fn` so that calls trace it once per guard and replay the compiled graph.
+template <class F>
+Compiled<std::decay_t<F>> compile(F&& fn, CompileOptions options = {}) {
+  return Compiled<std::decay_t<F>>(std::forward<F>(fn), std::move(options));
+}
+
+/// A printable report of what `f(args...)` captures: graphs, ops, kernels, graph breaks.
+template <class F, class... Args>
+std::string explain(Compiled<F>& f, Args&&... args) {
+  return f.explain(std::forward<Args>(args)...);
+}
+
+/// Clears every cache in the process: compiled functions' entries and kernel caches.
+inline void reset() {
+  auto& reg = detail::compiled_registry();
+  std::vector<std::shared_ptr<std::function<void()>>> live;
+  {
+    std::lock_guard<std::mutex> lock(reg.mu);
+    std::vector<std::weak_ptr<std::function<void()>>> keep;
+    for (auto& w : reg.clearers)
+      if (auto c = w.lock()) {
+        live.push_back(c);
+        keep.push_back(w);
+      }
+    reg.clearers.swap(keep);
+  }
+  for (auto& c : live) (*c)();
+  detail::clear_kernel_caches();
+}
+
+}  // namespace kiln

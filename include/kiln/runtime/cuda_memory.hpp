@@ -1,0 +1,133 @@
+#pragma once
+// Device memory through the driver's stream-ordered allocator: cuMemAllocAsync / cuMemFreeAsync
+// on kiln's stream of the device, from the device's default memory pool. The pool keeps freed
+// blocks (its release threshold is UINT64_MAX, set when the device's context is made), so a
+// steady-state allocation is a pool hit; kiln keeps no allocator of its own.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kiln/core/error.hpp"
+#include "kiln/core/storage.hpp"
+#include "kiln/runtime/cuda_driver.hpp"
+
+namespace kiln::runtime {
+
+namespace detail {
+
+inline cu::CUdeviceptr device_address(const void* p) {
+  return static_cast<cu::CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
+}
+
+inline std::string bytes_text(std::size_t n) {
+  std::string s = std::to_string(n) + " bytes";
+  if (n >= (std::size_t(1) << 20)) s += " (" + std::to_string(n >> 20) + " MiB)";
+  return s;
+}
+
+}  // namespace detail
+
+/// A new block of `bytes` bytes on cuda:`device`, allocated in stream order on the device's
+/// stream and freed (cuMemFreeAsync, same stream) when the Storage's owner is released.
+/// Throws DeviceError when CUDA is unavailable, and on out of memory with the bytes asked for
+/// and the bytes free.
+inline StoragePtr allocate_cuda(std::size_t bytes, int device) {
+  auto what = [&] { return "allocate " + detail::bytes_text(bytes) + " on cuda:" + std::to_string(device); };
+  const auto& api = detail::require_cuda_driver(what);
+  CudaContext& ctx = cuda_context(device);
+  if (!ctx.pool)
+    throw DeviceError("kiln: cannot " + what() + ": " + ctx.name +
+                      " does not support stream-ordered memory pools (cuMemAllocAsync)");
+  ctx.make_current();
+  // A zero-byte request still gets a distinct valid address, as the host allocator does.
+  const std::size_t request = bytes == 0 ? 1 : bytes;
+  cu::CUdeviceptr ptr = 0;
+  cu::CUresult r = api.mem_alloc_async(&ptr, request, ctx.stream);
+  if (r == cu::CUDA_ERROR_OUT_OF_MEMORY) {
+    // The pool may hold freed blocks that do not fit this request (fragmentation): give them
+    // back to the driver once and retry before calling it out of memory.
+    detail::cuda_check(api.stream_synchronize(ctx.stream), "cuStreamSynchronize", "before trimming the memory pool");
+    detail::cuda_check(api.mem_pool_trim_to(ctx.pool, 0), "cuMemPoolTrimTo");
+    r = api.mem_alloc_async(&ptr, request, ctx.stream);
+    if (r == cu::CUDA_ERROR_OUT_OF_MEMORY) {
+      std::size_t free_bytes = 0, total_bytes = 0;
+      std::string free_text = "free memory unknown";
+      if (api.mem_get_info(&free_bytes, &total_bytes) == cu::CUDA_SUCCESS)
+        free_text = detail::bytes_text(free_bytes) + " free of " + detail::bytes_text(total_bytes);
+      throw DeviceError("kiln: out of memory on cuda:" + std::to_string(device) + " (" + ctx.name + "): asked for " +
+                        detail::bytes_text(bytes) + ", " + free_text + " (cuMemAllocAsync: " +
+                        detail::describe_cuda_error(api, r) + ")");
+    }
+  }
+  if (r != cu::CUDA_SUCCESS) [[unlikely]]
+    detail::throw_cuda_error(r, "cuMemAllocAsync", "while trying to " + what());
+
+  auto s = std::make_shared<Storage>();
+  s->data = reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr));
+  s->bytes = bytes;
+  s->device = Device::cuda(device);
+  CudaContext* c = &ctx;
+  s->owner = std::shared_ptr<void>(s->data, [c](void* p) {
+    // A deleter cannot throw. Errors are dropped: during process teardown the driver answers
+    // CUDA_ERROR_DEINITIALIZED (the memory goes with the process), and any other failure is a
+    // sticky context error that the next checked call reports.
+    const auto& a = detail::cuda_driver_state().api;
+    cu::CUcontext cur = nullptr;
+    if (a.ctx_get_current(&cur) == cu::CUDA_SUCCESS && cur != c->context) a.ctx_set_current(c->context);
+    a.mem_free_async(detail::device_address(p), c->stream);
+  });
+  return s;
+}
+
+/// Copies `bytes` from host memory to device memory on cuda:`device`'s stream. Returns once the
+/// source may be reused (the driver stages pageable host memory before returning).
+inline void copy_host_to_device(void* dst, const void* src, std::size_t bytes, int device) {
+  if (bytes == 0) return;
+  const auto& api = detail::require_cuda_driver([&] { return "copy to cuda:" + std::to_string(device); });
+  const CudaContext& ctx = cuda_context(device);
+  ctx.make_current();
+  detail::cuda_check(api.memcpy_htod_async(detail::device_address(dst), src, bytes, ctx.stream), "cuMemcpyHtoDAsync",
+                     [&] { return "copying " + detail::bytes_text(bytes) + " to cuda:" + std::to_string(device); });
+}
+
+/// Copies `bytes` from device memory on cuda:`device` to host memory, after all work queued
+/// before it on the device's stream; synchronises the stream, so `dst` is ready on return.
+inline void copy_device_to_host(void* dst, const void* src, std::size_t bytes, int device) {
+  if (bytes == 0) return;
+  const auto& api = detail::require_cuda_driver([&] { return "copy from cuda:" + std::to_string(device); });
+  const CudaContext& ctx = cuda_context(device);
+  ctx.make_current();
+  auto what = [&] { return "copying " + detail::bytes_text(bytes) + " from cuda:" + std::to_string(device); };
+  detail::cuda_check(api.memcpy_dtoh_async(dst, detail::device_address(src), bytes, ctx.stream), "cuMemcpyDtoHAsync",
+                     what);
+  detail::cuda_check(api.stream_synchronize(ctx.stream), "cuStreamSynchronize",
+                     [&] { return what() + " (an earlier kernel's error may surface here)"; });
+}
+
+/// Copies `bytes` between two blocks on cuda:`device`, in order on the device's stream.
+inline void copy_device_to_device(void* dst, const void* src, std::size_t bytes, int device) {
+  if (bytes == 0) return;
+  const auto& api = detail::require_cuda_driver([&] { return "copy on cuda:" + std::to_string(device); });
+  const CudaContext& ctx = cuda_context(device);
+  ctx.make_current();
+  detail::cuda_check(
+      api.memcpy_dtod_async(detail::device_address(dst), detail::device_address(src), bytes, ctx.stream),
+      "cuMemcpyDtoDAsync",
+      [&] { return "copying " + detail::bytes_text(bytes) + " on cuda:" + std::to_string(device); });
+}
+
+/// Sets `bytes` bytes at `dst` on cuda:`device` to `value`, in order on the device's stream.
+inline void fill_device_bytes(void* dst, unsigned char value, std::size_t bytes, int device) {
+  if (bytes == 0) return;
+  const auto& api = detail::require_cuda_driver([&] { return "fill memory on cuda:" + std::to_string(device); });
+  const CudaContext& ctx = cuda_context(device);
+  ctx.make_current();
+  detail::cuda_check(api.memset_d8_async(detail::device_address(dst), value, bytes, ctx.stream), "cuMemsetD8Async",
+                     [&] { return "filling " + detail::bytes_text(bytes) + " on cuda:" + std::to_string(device); });
+}
+
+/// Waits until all of kiln's work on cuda:`device` is done.
+inline void synchronize_cuda(int device) { cuda_context(device).synchronize(); }
+
+}  // namespace kiln::runtime

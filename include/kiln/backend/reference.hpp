@@ -1,0 +1,824 @@
+#pragma once
+// The reference executor: a graph run primitive by primitive on the host, every intermediate
+// in its own 64-byte aligned buffer. It defines what every primitive means (PyTorch's
+// semantics); every fused kernel is tested against it, and it is the "eager" backend.
+//
+// Values are strided views: a node's value is a base pointer plus element strides. Pointwise
+// ops, reductions, Concat and Random write fresh contiguous buffers; Broadcast, Permute, Slice
+// and (where the layout allows) Reshape only restride their input, as PyTorch's eager views do;
+// Constant and Iota are stored once and broadcast with zero strides. Buffers are released
+// after their last use.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kiln/backend/executor.hpp"
+#include "kiln/core/philox.hpp"
+#include "kiln/core/stats.hpp"
+#include "kiln/ir/builder.hpp"
+#include "kiln/runtime/host_allocator.hpp"
+
+namespace kiln::backend {
+
+namespace detail {
+
+using ir::Op;
+using i64 = std::int64_t;
+
+// ---- element types --------------------------------------------------------------------------
+
+// The type values of a storage type are computed in: f16/bf16 in f32, bool as a 0/1 integer.
+template <class T> struct ComputeOf { using type = T; };
+template <> struct ComputeOf<bool> { using type = i64; };
+template <> struct ComputeOf<Half> { using type = float; };
+template <> struct ComputeOf<BFloat16> { using type = float; };
+template <class T> using compute_t = typename ComputeOf<T>::type;
+template <class T> inline constexpr bool floating_v = std::is_floating_point_v<compute_t<T>>;
+
+template <class T> inline compute_t<T> load(T v) { return static_cast<compute_t<T>>(v); }
+template <class T, class C> inline T store(C c) {
+  if constexpr (std::is_same_v<T, bool>) return c != 0;
+  else return static_cast<T>(c);
+}
+
+// Integer arithmetic wraps; done in unsigned because signed overflow is UB.
+template <class C> inline C wrap_add(C a, C b) {
+  using U = std::make_unsigned_t<C>;
+  return static_cast<C>(static_cast<U>(a) + static_cast<U>(b));
+}
+template <class C> inline C wrap_sub(C a, C b) {
+  using U = std::make_unsigned_t<C>;
+  return static_cast<C>(static_cast<U>(a) - static_cast<U>(b));
+}
+template <class C> inline C wrap_mul(C a, C b) {
+  using U = std::make_unsigned_t<C>;
+  return static_cast<C>(static_cast<U>(a) * static_cast<U>(b));
+}
+template <class C> inline C int_div(C a, C b) {
+  if (b == 0) return 0;
+  if (b == -1) return wrap_sub<C>(0, a);  // min / -1 overflows in hardware
+  return a / b;
+}
+template <class C> inline C int_pow(C base, C e) {
+  if (e < 0) {
+    if (base == 1) return 1;
+    if (base == -1) return (e & 1) ? -1 : 1;
+    return 0;
+  }
+  using U = std::make_unsigned_t<C>;
+  U result = 1, b = static_cast<U>(base);
+  while (e) {
+    if (e & 1) result = static_cast<U>(result * b);
+    b = static_cast<U>(b * b);
+    e >>= 1;
+  }
+  return static_cast<C>(result);
+}
+
+/// The value of `s` converted to `D` by kiln's (PyTorch's, on x86) rules.
+template <class D, class S> inline D cast_value(S s) {
+  if constexpr (std::is_same_v<D, S>) {
+    return s;
+  } else if constexpr (std::is_same_v<D, bool>) {
+    return load(s) != 0;  // NaN != 0, so NaN -> true
+  } else if constexpr (std::is_same_v<S, bool>) {
+    return static_cast<D>(static_cast<compute_t<D>>(s ? 1 : 0));
+  } else if constexpr (!floating_v<D>) {
+    if constexpr (floating_v<S>) {
+      double x = static_cast<double>(load(s));
+      // Only in-range values may be converted (else UB); the rest give what cvttsd2si gives.
+      bool ok = std::is_same_v<D, std::int32_t> ? (x > -2147483649.0 && x < 2147483648.0)
+                                                : (x >= -9223372036854775808.0 && x < 9223372036854775808.0);
+      return ok ? static_cast<D>(x) : std::numeric_limits<D>::min();
+    } else {
+      return static_cast<D>(s);  // integer narrowing wraps (defined since C++20)
+    }
+  } else {
+    return static_cast<D>(static_cast<compute_t<D>>(load(s)));
+  }
+}
+
+// ---- strided iteration ----------------------------------------------------------------------
+
+/// A node's value: element 0 and element strides; `owner` is set when the executor allocated it.
+struct Value {
+  char* data = nullptr;
+  Strides strides;
+  StoragePtr owner;
+};
+
+inline Value allocate(const Shape& shape, DType dtype) {
+  Value v;
+  v.owner = runtime::allocate_host(static_cast<std::size_t>(shape.numel()) * itemsize(dtype));
+  v.data = static_cast<char*>(v.owner->data);
+  v.strides = contiguous_strides(shape);
+  return v;
+}
+
+/// N operands walked together over one shape: size-1 dims dropped, dims that are contiguous
+/// for every operand merged (so a dense tensor is one flat loop).
+template <std::size_t N> struct Loop {
+  std::vector<i64> sizes;
+  std::vector<std::array<i64, N>> strides;
+};
+
+template <std::size_t N>
+inline Loop<N> make_loop(const Shape& shape, const std::array<const i64*, N>& st) {
+  Loop<N> l;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    std::array<i64, N> s;
+    for (std::size_t k = 0; k < N; ++k) s[k] = st[k][d];
+    if (!l.sizes.empty()) {
+      bool merge = true;
+      for (std::size_t k = 0; k < N; ++k) merge = merge && l.strides.back()[k] == s[k] * shape[d];
+      if (merge) {
+        l.sizes.back() *= shape[d];
+        l.strides.back() = s;
+        continue;
+      }
+    }
+    l.sizes.push_back(shape[d]);
+    l.strides.push_back(s);
+  }
+  return l;
+}
+
+/// Calls f(offsets, n, inner_strides) once per innermost row, rows in row-major order.
+template <std::size_t N, class F>
+inline void for_each_row(const Loop<N>& l, i64 numel, F&& f) {
+  if (numel == 0) return;
+  std::size_t r = l.sizes.size();
+  if (r == 0) {
+    f(std::array<i64, N>{}, i64{1}, std::array<i64, N>{});
+    return;
+  }
+  const i64 n = l.sizes[r - 1];
+  const std::array<i64, N> inner = l.strides[r - 1];
+  std::vector<i64> idx(r - 1, 0);
+  std::array<i64, N> off{};
+  const i64 rows = numel / n;
+  for (i64 row = 0; row < rows; ++row) {
+    f(off, n, inner);
+    for (std::size_t d = r - 1; d-- > 0;) {
+      for (std::size_t k = 0; k < N; ++k) off[k] += l.strides[d][k];
+      if (++idx[d] < l.sizes[d]) break;
+      for (std::size_t k = 0; k < N; ++k) off[k] -= l.strides[d][k] * l.sizes[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+template <class TO, class TA, class F>
+inline void map1(TO* o, const Strides& os, const TA* a, const Strides& as, const Shape& shape, F f) {
+  Loop<2> l = make_loop<2>(shape, {os.data(), as.data()});
+  for_each_row(l, shape.numel(), [&](const std::array<i64, 2>& off, i64 n, const std::array<i64, 2>& s) {
+    TO* __restrict po = o + off[0];
+    const TA* __restrict pa = a + off[1];
+    if (s[0] == 1 && s[1] == 1) {
+      for (i64 j = 0; j < n; ++j) po[j] = f(pa[j]);
+    } else if (s[1] == 0) {
+      const TO v = f(*pa);
+      for (i64 j = 0; j < n; ++j) po[j * s[0]] = v;
+    } else {
+      for (i64 j = 0; j < n; ++j) po[j * s[0]] = f(pa[j * s[1]]);
+    }
+  });
+}
+
+template <class TO, class TA, class TB, class F>
+inline void map2(TO* o, const Strides& os, const TA* a, const Strides& as, const TB* b, const Strides& bs,
+                 const Shape& shape, F f) {
+  Loop<3> l = make_loop<3>(shape, {os.data(), as.data(), bs.data()});
+  for_each_row(l, shape.numel(), [&](const std::array<i64, 3>& off, i64 n, const std::array<i64, 3>& s) {
+    TO* __restrict po = o + off[0];
+    const TA* __restrict pa = a + off[1];
+    const TB* __restrict pb = b + off[2];
+    if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
+      for (i64 j = 0; j < n; ++j) po[j] = f(pa[j], pb[j]);
+    } else if (s[0] == 1 && s[1] == 1 && s[2] == 0) {
+      const TB y = *pb;
+      for (i64 j = 0; j < n; ++j) po[j] = f(pa[j], y);
+    } else if (s[0] == 1 && s[1] == 0 && s[2] == 1) {
+      const TA x = *pa;
+      for (i64 j = 0; j < n; ++j) po[j] = f(x, pb[j]);
+    } else {
+      for (i64 j = 0; j < n; ++j) po[j * s[0]] = f(pa[j * s[1]], pb[j * s[2]]);
+    }
+  });
+}
+
+template <class T>
+inline void map_where(T* o, const Strides& os, const bool* c, const Strides& cs, const T* a, const Strides& as,
+                      const T* b, const Strides& bs, const Shape& shape) {
+  Loop<4> l = make_loop<4>(shape, {os.data(), cs.data(), as.data(), bs.data()});
+  for_each_row(l, shape.numel(), [&](const std::array<i64, 4>& off, i64 n, const std::array<i64, 4>& s) {
+    T* __restrict po = o + off[0];
+    const bool* __restrict pc = c + off[1];
+    const T* __restrict pa = a + off[2];
+    const T* __restrict pb = b + off[3];
+    if (s[0] == 1 && s[1] == 1 && s[2] == 1 && s[3] == 1) {
+      for (i64 j = 0; j < n; ++j) po[j] = pc[j] ? pa[j] : pb[j];
+    } else {
+      for (i64 j = 0; j < n; ++j) po[j * s[0]] = pc[j * s[1]] ? pa[j * s[2]] : pb[j * s[3]];
+    }
+  });
+}
+
+/// Copies `src` (any strides) into `dst` laid out with `dst_strides`.
+inline void copy_value(const Value& src, char* dst, const Strides& dst_strides, const Shape& shape, DType dtype) {
+  i64 n = shape.numel();
+  if (n == 0) return;
+  if (is_contiguous(shape, src.strides) && is_contiguous(shape, dst_strides)) {
+    std::memmove(dst, src.data, static_cast<std::size_t>(n) * itemsize(dtype));
+    return;
+  }
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    map1(reinterpret_cast<T*>(dst), dst_strides, reinterpret_cast<const T*>(src.data), src.strides, shape,
+         [](T x) { return x; });
+  });
+}
+
+inline Value materialize(const Value& v, const Shape& shape, DType dtype) {
+  Value out = allocate(shape, dtype);
+  copy_value(v, out.data, out.strides, shape, dtype);
+  return out;
+}
+
+/// [lowest, highest] byte addresses a strided region touches; empty when it has no elements.
+struct ByteRange {
+  const char* lo = nullptr;
+  const char* hi = nullptr;
+  bool empty = true;
+};
+inline ByteRange byte_range(const char* base, const Strides& strides, const Shape& shape, DType dtype) {
+  ByteRange r;
+  if (shape.numel() == 0) return r;
+  i64 lo = 0, hi = 0;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    i64 extent = (shape[d] - 1) * strides[d];
+    (extent < 0 ? lo : hi) += extent;
+  }
+  i64 sz = static_cast<i64>(itemsize(dtype));
+  r.lo = base + lo * sz;
+  r.hi = base + hi * sz + sz - 1;
+  r.empty = false;
+  return r;
+}
+inline bool overlaps(const ByteRange& a, const ByteRange& b) {
+  return !a.empty && !b.empty && a.lo <= b.hi && b.lo <= a.hi;
+}
+
+[[noreturn]] inline void unsupported(const ir::GraphNode& n, DType in) {
+  throw DTypeError(std::string("reference executor: ") + ir::op_name(n.op) + " is not defined for " + dtype_name(in) +
+                   " (shape " + n.shape.str() + "); cast to a floating dtype first");
+}
+
+// ---- pointwise ------------------------------------------------------------------------------
+
+template <class T, class F>
+inline void map_unary(const Value& a, Value& o, const Shape& shape, F f) {
+  using TO = std::decay_t<decltype(f(std::declval<T>()))>;
+  map1(reinterpret_cast<TO*>(o.data), o.strides, reinterpret_cast<const T*>(a.data), a.strides, shape, f);
+}
+
+template <class T>
+inline void exec_unary(const ir::GraphNode& n, DType in_dtype, const Value& a, Value& o) {
+  using C = compute_t<T>;
+  const Shape& shape = n.shape;
+  auto math = [&](auto f) {
+    if constexpr (floating_v<T>) map_unary<T>(a, o, shape, [f](T x) { return store<T>(f(load(x))); });
+    else unsupported(n, in_dtype);
+  };
+  auto same = [&](auto f) { map_unary<T>(a, o, shape, [f](T x) { return store<T>(f(load(x))); }); };
+  auto identity = [&] { map_unary<T>(a, o, shape, [](T x) { return x; }); };
+  switch (n.op) {
+    case Op::Neg:
+      if constexpr (floating_v<T>) return same([](C x) { return -x; });
+      else return same([](C x) { return wrap_sub<C>(0, x); });
+    case Op::Abs:
+      if constexpr (floating_v<T>) return same([](C x) { return std::fabs(x); });
+      else return same([](C x) { return x < 0 ? wrap_sub<C>(0, x) : x; });
+    case Op::Exp: return math([](auto x) { return std::exp(x); });
+    case Op::Exp2: return math([](auto x) { return std::exp2(x); });
+    case Op::Log: return math([](auto x) { return std::log(x); });
+    case Op::Log2: return math([](auto x) { return std::log2(x); });
+    case Op::Log1p: return math([](auto x) { return std::log1p(x); });
+    case Op::Expm1: return math([](auto x) { return std::expm1(x); });
+    case Op::Sqrt: return math([](auto x) { return std::sqrt(x); });
+    case Op::Rsqrt: return math([](auto x) { return decltype(x)(1) / std::sqrt(x); });
+    case Op::Sin: return math([](auto x) { return std::sin(x); });
+    case Op::Cos: return math([](auto x) { return std::cos(x); });
+    case Op::Tan: return math([](auto x) { return std::tan(x); });
+    case Op::Tanh: return math([](auto x) { return std::tanh(x); });
+    case Op::Erf: return math([](auto x) { return std::erf(x); });
+    case Op::Floor:
+      if constexpr (floating_v<T>) return same([](C x) { return std::floor(x); });
+      else return identity();
+    case Op::Ceil:
+      if constexpr (floating_v<T>) return same([](C x) { return std::ceil(x); });
+      else return identity();
+    case Op::Round:
+      // nearbyint in the default rounding mode: halves to even, as torch.round.
+      if constexpr (floating_v<T>) return same([](C x) { return std::nearbyint(x); });
+      else return identity();
+    case Op::Not: return map_unary<T>(a, o, shape, [](T x) -> bool { return load(x) == 0; });
+    case Op::IsNan:
+      return map_unary<T>(a, o, shape, [](T x) -> bool {
+        if constexpr (floating_v<T>) return std::isnan(load(x));
+        else return false;
+      });
+    case Op::IsInf:
+      return map_unary<T>(a, o, shape, [](T x) -> bool {
+        if constexpr (floating_v<T>) return std::isinf(load(x));
+        else return false;
+      });
+    case Op::Cast:
+      return visit_dtype(n.dtype, [&](auto out_tag) {
+        using D = decltype(out_tag);
+        map_unary<T>(a, o, shape, [](T x) { return cast_value<D>(x); });
+      });
+    default: break;
+  }
+  throw Error(std::string("reference executor: not a unary op: ") + ir::op_name(n.op));
+}
+
+template <class T>
+inline void exec_binary(const ir::GraphNode& n, const Value& a, const Value& b, Value& o) {
+  using C = compute_t<T>;
+  const Shape& shape = n.shape;
+  const T* pa = reinterpret_cast<const T*>(a.data);
+  const T* pb = reinterpret_cast<const T*>(b.data);
+  auto arith = [&](auto f) {
+    map2(reinterpret_cast<T*>(o.data), o.strides, pa, a.strides, pb, b.strides, shape,
+         [f](T x, T y) { return store<T>(f(load(x), load(y))); });
+  };
+  auto test = [&](auto f) {
+    map2(reinterpret_cast<bool*>(o.data), o.strides, pa, a.strides, pb, b.strides, shape,
+         [f](T x, T y) -> bool { return f(load(x), load(y)); });
+  };
+  constexpr bool fl = floating_v<T>;
+  switch (n.op) {
+    case Op::Add:
+      if constexpr (fl) return arith([](C x, C y) { return x + y; });
+      else return arith([](C x, C y) { return wrap_add(x, y); });
+    case Op::Sub:
+      if constexpr (fl) return arith([](C x, C y) { return x - y; });
+      else return arith([](C x, C y) { return wrap_sub(x, y); });
+    case Op::Mul:
+      if constexpr (fl) return arith([](C x, C y) { return x * y; });
+      else return arith([](C x, C y) { return wrap_mul(x, y); });
+    case Op::Div:
+      if constexpr (fl) return arith([](C x, C y) { return x / y; });
+      else return arith([](C x, C y) { return int_div(x, y); });
+    case Op::Pow:
+      if constexpr (fl) return arith([](C x, C y) { return std::pow(x, y); });
+      else return arith([](C x, C y) { return int_pow(x, y); });
+    case Op::Maximum:
+      if constexpr (fl) return arith([](C x, C y) { return x != x ? x : y != y ? y : (x < y ? y : x); });
+      else return arith([](C x, C y) { return x < y ? y : x; });
+    case Op::Minimum:
+      if constexpr (fl) return arith([](C x, C y) { return x != x ? x : y != y ? y : (y < x ? y : x); });
+      else return arith([](C x, C y) { return y < x ? y : x; });
+    case Op::Eq: return test([](C x, C y) { return x == y; });
+    case Op::Ne: return test([](C x, C y) { return x != y; });
+    case Op::Lt: return test([](C x, C y) { return x < y; });
+    case Op::Le: return test([](C x, C y) { return x <= y; });
+    case Op::Gt: return test([](C x, C y) { return x > y; });
+    case Op::Ge: return test([](C x, C y) { return x >= y; });
+    case Op::And: return test([](C x, C y) { return x != 0 && y != 0; });
+    case Op::Or: return test([](C x, C y) { return x != 0 || y != 0; });
+    default: break;
+  }
+  throw Error(std::string("reference executor: not a binary op: ") + ir::op_name(n.op));
+}
+
+// ---- reductions -----------------------------------------------------------------------------
+
+// Policies: Acc is the accumulator, step folds in element k (flat index within the reduced
+// axes), merge joins the accumulators of two parts (the first part holding lower indices).
+template <class T, bool IsProd> struct SumProd {
+  using Acc = std::conditional_t<floating_v<T>, double, std::uint64_t>;  // floats in double; ints wrap
+  using Out = T;
+  static Acc init() { return Acc(IsProd ? 1 : 0); }
+  static Acc step(Acc a, T x, i64) {
+    Acc v;
+    if constexpr (floating_v<T>) v = static_cast<double>(load(x));
+    else v = static_cast<std::uint64_t>(static_cast<i64>(load(x)));
+    return merge(a, v);
+  }
+  static Acc merge(Acc a, Acc b) {
+    if constexpr (IsProd) return a * b;
+    else return a + b;
+  }
+  static Out finish(Acc a) {
+    if constexpr (floating_v<T>) return store<T>(static_cast<compute_t<T>>(a));
+    else return store<T>(static_cast<compute_t<T>>(static_cast<i64>(a)));
+  }
+};
+
+template <class T, bool IsMax> struct Extreme {
+  using Acc = compute_t<T>;
+  using Out = T;
+  static Acc init() {
+    if constexpr (floating_v<T>) return IsMax ? -std::numeric_limits<Acc>::infinity() : std::numeric_limits<Acc>::infinity();
+    else return static_cast<Acc>(IsMax ? std::numeric_limits<T>::lowest() : std::numeric_limits<T>::max());
+  }
+  static Acc merge(Acc a, Acc x) {
+    if constexpr (floating_v<T>) {
+      if (x != x) return x;  // NaN propagates (and a NaN `a` is kept below: comparisons are false)
+    }
+    return (IsMax ? x > a : x < a) ? x : a;
+  }
+  static Acc step(Acc a, T x, i64) { return merge(a, load(x)); }
+  static Out finish(Acc a) { return store<T>(a); }
+};
+
+template <class T, bool IsMax> struct ArgExtreme {
+  struct Acc {
+    compute_t<T> val;
+    i64 idx;  // -1: nothing seen
+  };
+  using Out = std::int64_t;
+  static Acc init() { return Acc{compute_t<T>{}, -1}; }
+  // Whether b should replace a: the extreme wins, a NaN counts as the extreme, ties go to the
+  // lower index. Index-aware, so partial results may be merged in any grouping.
+  static bool better(const Acc& a, const Acc& b) {
+    if (b.idx < 0) return false;
+    if (a.idx < 0) return true;
+    if constexpr (floating_v<T>) {
+      bool an = a.val != a.val, bn = b.val != b.val;
+      if (an || bn) return an && bn ? b.idx < a.idx : bn;
+    }
+    if (IsMax ? b.val > a.val : b.val < a.val) return true;
+    return b.val == a.val && b.idx < a.idx;
+  }
+  static Acc merge(Acc a, Acc b) { return better(a, b) ? b : a; }
+  static Acc step(Acc a, T x, i64 k) { return merge(a, Acc{load(x), k}); }
+  static Out finish(Acc a) { return a.idx < 0 ? 0 : a.idx; }
+};
+
+// The reduced region of one output: `outer` positions (coalesced dims) times a strided run.
+// Summation is pairwise over runs and over positions, with double accumulators, so millions
+// of elements keep full float accuracy.
+template <class R, class T> struct Reduction {
+  using Acc = typename R::Acc;
+  static constexpr i64 kBlock = 128;
+  std::vector<i64> outer_sizes, outer_strides;
+  i64 n_run = 1, s_run = 0, n_outer = 1;
+
+  i64 offset_of(i64 q) const {
+    i64 off = 0;
+    for (std::size_t d = outer_sizes.size(); d-- > 0;) {
+      off += (q % outer_sizes[d]) * outer_strides[d];
+      q /= outer_sizes[d];
+    }
+    return off;
+  }
+
+  // Lanes w of a W-wide tile read p[j * s + w].
+  template <int W, bool Unit>
+  static void run(const T* p, i64 n, i64 s, i64 k0, Acc* res) {
+    const i64 st = Unit ? 1 : s;
+    if (n > kBlock) {
+      i64 half = (n / 2 + 7) / 8 * 8;
+      Acc l[W], r[W];
+      run<W, Unit>(p, half, s, k0, l);
+      run<W, Unit>(p + half * st, n - half, s, k0 + half, r);
+      for (int w = 0; w < W; ++w) res[w] = R::merge(l[w], r[w]);
+      return;
+    }
+    if constexpr (W == 1) {
+      // Eight independent partials let the compiler vectorise the block.
+      Acc part[8];
+      for (auto& x : part) x = R::init();
+      i64 j = 0;
+      for (; j + 8 <= n; j += 8)
+        for (int u = 0; u < 8; ++u) part[u] = R::step(part[u], p[(j + u) * st], k0 + j + u);
+      Acc tail = R::init();
+      for (; j < n; ++j) tail = R::step(tail, p[j * st], k0 + j);
+      Acc a = R::merge(R::merge(part[0], part[1]), R::merge(part[2], part[3]));
+      Acc b = R::merge(R::merge(part[4], part[5]), R::merge(part[6], part[7]));
+      res[0] = R::merge(R::merge(a, b), tail);
+    } else {
+      Acc acc[W];
+      for (auto& x : acc) x = R::init();
+      for (i64 j = 0; j < n; ++j) {
+        const T* row = p + j * st;
+        for (int w = 0; w < W; ++w) acc[w] = R::step(acc[w], row[w], k0 + j);
+      }
+      for (int w = 0; w < W; ++w) res[w] = acc[w];
+    }
+  }
+
+  template <int W>
+  void outer(const T* base, i64 lo, i64 hi, Acc* res) const {
+    if (hi - lo == 1) {
+      const T* p = base + offset_of(lo);
+      if (s_run == 1) run<W, true>(p, n_run, 1, lo * n_run, res);
+      else run<W, false>(p, n_run, s_run, lo * n_run, res);
+      return;
+    }
+    i64 mid = lo + (hi - lo) / 2;
+    Acc l[W], r[W];
+    outer<W>(base, lo, mid, l);
+    outer<W>(base, mid, hi, r);
+    for (int w = 0; w < W; ++w) res[w] = R::merge(l[w], r[w]);
+  }
+};
+
+template <class R, class T>
+inline void reduce_kernel(const ir::GraphNode& n, const Shape& in_shape, const Value& in, Value& o) {
+  using Out = typename R::Out;
+  using Acc = typename R::Acc;
+  constexpr int kLanes = 16;
+  const auto& axes = n.attrs.ints;
+  Shape kshape, rshape;
+  Strides kin, kout, rin;
+  for (std::size_t d = 0; d < in_shape.size(); ++d) {
+    if (std::find(axes.begin(), axes.end(), static_cast<i64>(d)) != axes.end()) {
+      rshape.push_back(in_shape[d]);
+      rin.push_back(in.strides[d]);
+    } else {
+      kshape.push_back(in_shape[d]);
+      kin.push_back(in.strides[d]);
+      kout.push_back(o.strides[d]);
+    }
+  }
+  if (kshape.numel() == 0) return;
+  const T* p = reinterpret_cast<const T*>(in.data);
+  Out* out = reinterpret_cast<Out*>(o.data);
+  if (rshape.numel() == 0) {
+    const Out v = R::finish(R::init());
+    std::fill(out, out + n.shape.numel(), v);
+    return;
+  }
+  Reduction<R, T> red;
+  Loop<1> rl = make_loop<1>(rshape, {rin.data()});
+  if (!rl.sizes.empty()) {
+    red.n_run = rl.sizes.back();
+    red.s_run = rl.strides.back()[0];
+    for (std::size_t d = 0; d + 1 < rl.sizes.size(); ++d) {
+      red.outer_sizes.push_back(rl.sizes[d]);
+      red.outer_strides.push_back(rl.strides[d][0]);
+      red.n_outer *= rl.sizes[d];
+    }
+  }
+  Loop<2> kl = make_loop<2>(kshape, {kin.data(), kout.data()});
+  for_each_row(kl, kshape.numel(), [&](const std::array<i64, 2>& off, i64 cnt, const std::array<i64, 2>& s) {
+    const T* pb = p + off[0];
+    Out* ob = out + off[1];
+    i64 j = 0;
+    // Reducing across rows of a dense tensor: walk kLanes neighbouring outputs together so
+    // every row read is a contiguous chunk rather than one element per cache line.
+    if (s[0] == 1 && red.s_run != 1) {
+      for (; j + kLanes <= cnt; j += kLanes) {
+        Acc acc[kLanes];
+        red.template outer<kLanes>(pb + j, 0, red.n_outer, acc);
+        for (int w = 0; w < kLanes; ++w) ob[(j + w) * s[1]] = R::finish(acc[w]);
+      }
+    }
+    for (; j < cnt; ++j) {
+      Acc acc[1];
+      red.template outer<1>(pb + j * s[0], 0, red.n_outer, acc);
+      ob[j * s[1]] = R::finish(acc[0]);
+    }
+  });
+}
+
+template <class T>
+inline void exec_reduce(const ir::GraphNode& n, const Shape& in_shape, const Value& in, Value& o) {
+  switch (n.op) {
+    case Op::ReduceSum: return reduce_kernel<SumProd<T, false>, T>(n, in_shape, in, o);
+    case Op::ReduceProd: return reduce_kernel<SumProd<T, true>, T>(n, in_shape, in, o);
+    case Op::ReduceMax: return reduce_kernel<Extreme<T, true>, T>(n, in_shape, in, o);
+    case Op::ReduceMin: return reduce_kernel<Extreme<T, false>, T>(n, in_shape, in, o);
+    case Op::ArgMax: return reduce_kernel<ArgExtreme<T, true>, T>(n, in_shape, in, o);
+    case Op::ArgMin: return reduce_kernel<ArgExtreme<T, false>, T>(n, in_shape, in, o);
+    default: break;
+  }
+  throw Error(std::string("reference executor: not a reduction: ") + ir::op_name(n.op));
+}
+
+// ---- leaves ---------------------------------------------------------------------------------
+
+inline Value exec_leaf(const ir::GraphNode& n) {
+  if (n.op == Op::Constant) {
+    // One element, broadcast with zero strides.
+    Value v = allocate(Shape{}, n.dtype);
+    v.strides.assign(n.shape.size(), 0);
+    visit_dtype(n.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      T x;
+      if constexpr (floating_v<T>) x = cast_value<T>(n.attrs.scalar);
+      else x = cast_value<T>(n.attrs.iscalar);
+      std::memcpy(v.data, &x, sizeof(T));
+    });
+    return v;
+  }
+  if (n.op == Op::Iota) {
+    // The values along the axis once; zero strides elsewhere.
+    const i64 axis = n.attrs.ints.at(0);
+    const i64 len = n.shape.at(static_cast<std::size_t>(axis));
+    Value v = allocate(Shape{len}, n.dtype);
+    v.strides.assign(n.shape.size(), 0);
+    v.strides[static_cast<std::size_t>(axis)] = 1;
+    visit_dtype(n.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      T* p = reinterpret_cast<T*>(v.data);
+      for (i64 j = 0; j < len; ++j) p[j] = cast_value<T>(j);
+    });
+    return v;
+  }
+  // Random: element with flat row-major index i uses Philox counter i.
+  if (!is_floating(n.dtype))
+    throw DTypeError(std::string("reference executor: random of dtype ") + dtype_name(n.dtype) + " (shape " +
+                     n.shape.str() + "): only floating dtypes");
+  const bool normal = !n.attrs.ints.empty() && n.attrs.ints[0] == 1;
+  const std::uint64_t seed = n.attrs.seed;
+  const i64 count = n.shape.numel();
+  Value v = allocate(n.shape, n.dtype);
+  auto fill = [&](auto* p, auto gen) {
+    for (i64 i = 0; i < count; ++i) p[i] = gen(static_cast<unsigned long long>(i));
+  };
+  switch (n.dtype) {
+    case DType::Float32:
+      if (normal) fill(reinterpret_cast<float*>(v.data), [&](unsigned long long i) { return philox::normal_f32(seed, i); });
+      else fill(reinterpret_cast<float*>(v.data), [&](unsigned long long i) { return philox::uniform_f32(seed, i); });
+      break;
+    case DType::Float64:
+      if (normal) fill(reinterpret_cast<double*>(v.data), [&](unsigned long long i) { return philox::normal_f64(seed, i); });
+      else fill(reinterpret_cast<double*>(v.data), [&](unsigned long long i) { return philox::uniform_f64(seed, i); });
+      break;
+    case DType::Float16:
+      if (normal) fill(reinterpret_cast<Half*>(v.data), [&](unsigned long long i) { return Half(philox::normal_f32(seed, i)); });
+      else fill(reinterpret_cast<Half*>(v.data), [&](unsigned long long i) { return Half(philox::uniform_f16(seed, i)); });
+      break;
+    default:  // BFloat16
+      if (normal) fill(reinterpret_cast<BFloat16*>(v.data), [&](unsigned long long i) { return BFloat16(philox::normal_f32(seed, i)); });
+      else fill(reinterpret_cast<BFloat16*>(v.data), [&](unsigned long long i) { return BFloat16(philox::uniform_bf16(seed, i)); });
+      break;
+  }
+  return v;
+}
+
+// ---- index maps -----------------------------------------------------------------------------
+
+inline Value exec_index_map(const ir::Graph& g, const ir::GraphNode& n, const std::vector<Value>& vals) {
+  const ir::GraphNode& src = g.nodes[static_cast<std::size_t>(n.inputs[0])];
+  const Value& a = vals[static_cast<std::size_t>(n.inputs[0])];
+  const i64 isz = static_cast<i64>(itemsize(n.dtype));
+  switch (n.op) {
+    case Op::Broadcast: {
+      Value v = a;
+      for (std::size_t d = 0; d < n.shape.size(); ++d)
+        if (src.shape[d] != n.shape[d]) v.strides[d] = 0;
+      return v;
+    }
+    case Op::Permute: {
+      Value v = a;
+      for (std::size_t d = 0; d < n.shape.size(); ++d) v.strides[d] = a.strides[static_cast<std::size_t>(n.attrs.ints[d])];
+      return v;
+    }
+    case Op::Slice: {
+      const auto axis = static_cast<std::size_t>(n.attrs.ints.at(0));
+      const i64 start = n.attrs.ints.at(1), step = n.attrs.ints.at(2);
+      Value v = a;
+      if (n.shape.numel() > 0) v.data += start * a.strides[axis] * isz;
+      v.strides[axis] = a.strides[axis] * step;
+      return v;
+    }
+    case Op::Reshape: {
+      if (auto st = ir::view_strides(src.shape, a.strides, n.shape)) {
+        Value v = a;
+        v.strides = std::move(*st);
+        return v;
+      }
+      Value v = materialize(a, src.shape, n.dtype);
+      v.strides = contiguous_strides(n.shape);
+      return v;
+    }
+    case Op::Concat: {
+      const auto axis = static_cast<std::size_t>(n.attrs.ints.at(0));
+      Value out = allocate(n.shape, n.dtype);
+      i64 pos = 0;
+      for (auto in : n.inputs) {
+        const ir::GraphNode& part = g.nodes[static_cast<std::size_t>(in)];
+        if (part.shape.numel() > 0)
+          copy_value(vals[static_cast<std::size_t>(in)], out.data + pos * out.strides[axis] * isz, out.strides, part.shape,
+                     n.dtype);
+        pos += part.shape[axis];
+      }
+      return out;
+    }
+    default: break;
+  }
+  throw Error(std::string("reference executor: not an index map: ") + ir::op_name(n.op));
+}
+
+inline Value exec_node(const ir::Graph& g, const ir::GraphNode& n, const std::vector<Value>& vals) {
+  auto in = [&](std::size_t k) -> const Value& { return vals[static_cast<std::size_t>(n.inputs[k])]; };
+  auto in_node = [&](std::size_t k) -> const ir::GraphNode& { return g.nodes[static_cast<std::size_t>(n.inputs[k])]; };
+  switch (ir::op_kind(n.op)) {
+    case ir::OpKind::Leaf: return exec_leaf(n);
+    case ir::OpKind::IndexMap: return exec_index_map(g, n, vals);
+    case ir::OpKind::Unary: {
+      Value o = allocate(n.shape, n.dtype);
+      DType dt = in_node(0).dtype;
+      visit_dtype(dt, [&](auto tag) { exec_unary<decltype(tag)>(n, dt, in(0), o); });
+      return o;
+    }
+    case ir::OpKind::Binary: {
+      Value o = allocate(n.shape, n.dtype);
+      visit_dtype(in_node(0).dtype, [&](auto tag) { exec_binary<decltype(tag)>(n, in(0), in(1), o); });
+      return o;
+    }
+    case ir::OpKind::Ternary: {
+      Value o = allocate(n.shape, n.dtype);
+      visit_dtype(n.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        map_where(reinterpret_cast<T*>(o.data), o.strides, reinterpret_cast<const bool*>(in(0).data), in(0).strides,
+                  reinterpret_cast<const T*>(in(1).data), in(1).strides, reinterpret_cast<const T*>(in(2).data),
+                  in(2).strides, n.shape);
+      });
+      return o;
+    }
+    case ir::OpKind::Reduce: {
+      Value o = allocate(n.shape, n.dtype);
+      visit_dtype(in_node(0).dtype, [&](auto tag) { exec_reduce<decltype(tag)>(n, in_node(0).shape, in(0), o); });
+      return o;
+    }
+  }
+  throw Error(std::string("reference executor: unknown op ") + ir::op_name(n.op));
+}
+
+}  // namespace detail
+
+/// Runs `g` primitive by primitive on the host: the semantic reference of every kiln backend.
+/// Leaves are read from args.inputs (leaf order), output i is written to args.outputs[i] with
+/// g.output_strides[i]. Counts one launch per primitive executed. Throws DeviceError unless
+/// the graph is on the CPU, DTypeError for a primitive on a dtype it is not defined for.
+inline void run_reference(const ir::Graph& g, const RunArgs& args) {
+  using namespace detail;
+  if (!g.device.is_cpu())
+    throw DeviceError("reference executor: the graph is on " + g.device.str() + "; it runs CPU graphs only");
+  if (args.outputs.size() != g.outputs.size() || g.output_strides.size() != g.outputs.size())
+    throw Error("reference executor: " + std::to_string(args.outputs.size()) + " output pointers for " +
+                std::to_string(g.outputs.size()) + " outputs");
+  const std::size_t count = g.nodes.size();
+  // Index of the last node reading each node (count for outputs), so buffers go early.
+  std::vector<std::size_t> last_use(count, 0);
+  for (std::size_t i = 0; i < count; ++i)
+    for (auto in : g.nodes[i].inputs) last_use[static_cast<std::size_t>(in)] = i;
+  for (auto o : g.outputs) last_use[static_cast<std::size_t>(o)] = count;
+
+  std::vector<Value> vals(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    const ir::GraphNode& n = g.nodes[i];
+    if (n.op == Op::Input) {
+      if (n.leaf < 0 || static_cast<std::size_t>(n.leaf) >= args.inputs.size())
+        throw Error("reference executor: no input pointer for leaf #" + std::to_string(n.leaf));
+      vals[i].data = const_cast<char*>(static_cast<const char*>(args.inputs[static_cast<std::size_t>(n.leaf)]));
+      vals[i].strides = n.strides;
+    } else {
+      vals[i] = exec_node(g, n, vals);
+      kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
+    }
+    for (auto in : n.inputs)
+      if (last_use[static_cast<std::size_t>(in)] == i) vals[static_cast<std::size_t>(in)] = Value{};
+    if (last_use[i] < i || (last_use[i] == 0 && i > 0 && n.op != Op::Input)) vals[i] = Value{};
+  }
+
+  // A value still pointing into a leaf's memory may overlap an output (x.assign(x.T)): copy
+  // those out before any output is written.
+  const std::size_t nout = g.outputs.size();
+  std::vector<ByteRange> dst(nout);
+  for (std::size_t k = 0; k < nout; ++k) {
+    const ir::GraphNode& n = g.nodes[static_cast<std::size_t>(g.outputs[k])];
+    dst[k] = byte_range(static_cast<const char*>(args.outputs[k]), g.output_strides[k], n.shape, n.dtype);
+  }
+  std::vector<Value> outs(nout);
+  for (std::size_t k = 0; k < nout; ++k) {
+    const std::size_t idx = static_cast<std::size_t>(g.outputs[k]);
+    const ir::GraphNode& n = g.nodes[idx];
+    outs[k] = vals[idx];
+    if (outs[k].owner) continue;
+    ByteRange src = byte_range(outs[k].data, outs[k].strides, n.shape, n.dtype);
+    bool alias = false;
+    for (std::size_t j = 0; j < nout; ++j) alias = alias || overlaps(src, dst[j]);
+    if (alias) outs[k] = materialize(outs[k], n.shape, n.dtype);
+  }
+  for (std::size_t k = 0; k < nout; ++k) {
+    const ir::GraphNode& n = g.nodes[static_cast<std::size_t>(g.outputs[k])];
+    copy_value(outs[k], static_cast<char*>(args.outputs[k]), g.output_strides[k], n.shape, n.dtype);
+  }
+}
+
+}  // namespace kiln::backend

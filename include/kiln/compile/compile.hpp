@@ -340,7 +340,66 @@ class Compiled {
   /// function is traced (and compiled) for these arguments.
   template <class... Args>
   auto operator()(Args&&... args) {
-    using Raw = std::remove_cvref_t<std::invoke_result_t<F&, Args...>>;
+    return call(prepare_arg(args)...);
+  }
+
+  /// Counters of this compiled function.
+  CompileStats stats() const {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    return state_->stats;
+  }
+
+  /// A printable report of what calling with `args` does: graphs, ops, breaks.
+  template <class... Args>
+  std::string explain(Args&&... args) {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    State& s = *state_;
+    std::ostringstream os;
+    detail::TraceSession session;
+    std::vector<Tensor> outs;
+    std::vector<std::string> graphs;
+    {
+      detail::TraceScope scope(session);
+      auto raw = s.fn(args...);
+      using Raw = std::remove_cvref_t<decltype(raw)>;
+      auto result = detail::Normalized<Raw>::from(raw);
+      detail::ResultCodec<detail::normalized_t<Raw>>::flatten(result, outs);
+    }
+    std::vector<ir::NodePtr> roots;
+    for (auto& t : outs)
+      if (t.defined() && !t.is_evaluated()) roots.push_back(t.node());
+    os << "kiln::explain: backend " << s.options.backend << ", mode " << s.options.mode << "\n";
+    os << "graph breaks: " << session.breaks.size() << "\n";
+    for (auto& b : session.breaks) os << "  - " << b << "\n";
+    if (!roots.empty()) {
+      ir::Captured c = ir::capture(roots, roots.front()->device);
+      std::size_t ops = 0;
+      for (auto& n : c.graph.nodes) ops += n.op != ir::Op::Input;
+      os << "graph after the last break: " << c.graph.nodes.size() << " nodes (" << ops << " ops, "
+         << c.leaves.size() << " inputs, " << c.graph.outputs.size() << " outputs)\n";
+      os << detail::explain_graph(c.graph);
+    } else {
+      os << "no tensor work after the last break\n";
+    }
+    return os.str();
+  }
+
+ private:
+  /// Expressions become evaluated Tensors; lazy tensors are evaluated (guards read layouts).
+  template <class T>
+  static auto prepare_arg(const T& a) {
+    if constexpr (TensorLike<T>) {
+      Tensor t(a);
+      if (t.defined() && !t.is_evaluated()) detail::evaluate({t.node()});
+      return t;
+    } else {
+      return a;
+    }
+  }
+
+  template <class... Args>
+  auto call(Args... args) {
+    using Raw = std::remove_cvref_t<std::invoke_result_t<F&, Args&...>>;
     using R = detail::normalized_t<Raw>;
     State& s = *state_;
     std::lock_guard<std::mutex> lock(s.mu);
@@ -392,48 +451,6 @@ class Compiled {
     return trace<R>(*entry, call, tensor_args, args...);
   }
 
-  /// Counters of this compiled function.
-  CompileStats stats() const {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    return state_->stats;
-  }
-
-  /// A printable report of what calling with `args` does: graphs, ops, breaks.
-  template <class... Args>
-  std::string explain(Args&&... args) {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    State& s = *state_;
-    std::ostringstream os;
-    detail::TraceSession session;
-    std::vector<Tensor> outs;
-    std::vector<std::string> graphs;
-    {
-      detail::TraceScope scope(session);
-      auto raw = s.fn(args...);
-      using Raw = std::remove_cvref_t<decltype(raw)>;
-      auto result = detail::Normalized<Raw>::from(raw);
-      detail::ResultCodec<detail::normalized_t<Raw>>::flatten(result, outs);
-    }
-    std::vector<ir::NodePtr> roots;
-    for (auto& t : outs)
-      if (t.defined() && !t.is_evaluated()) roots.push_back(t.node());
-    os << "kiln::explain: backend " << s.options.backend << ", mode " << s.options.mode << "\n";
-    os << "graph breaks: " << session.breaks.size() << "\n";
-    for (auto& b : session.breaks) os << "  - " << b << "\n";
-    if (!roots.empty()) {
-      ir::Captured c = ir::capture(roots, roots.front()->device);
-      std::size_t ops = 0;
-      for (auto& n : c.graph.nodes) ops += n.op != ir::Op::Input;
-      os << "graph after the last break: " << c.graph.nodes.size() << " nodes (" << ops << " ops, "
-         << c.leaves.size() << " inputs, " << c.graph.outputs.size() << " outputs)\n";
-      os << detail::explain_graph(c.graph);
-    } else {
-      os << "no tensor work after the last break\n";
-    }
-    return os.str();
-  }
-
- private:
   struct State {
     State(F f, CompileOptions o) : fn(std::move(f)), options(std::move(o)) {}
     F fn;

@@ -85,6 +85,13 @@ inline bool log_enabled(LogChannel channel) { return (detail::log_state().mask &
 /// Switches channels on from code, with the KILN_LOGS syntax ("" switches all off).
 inline void set_logs(std::string_view spec) { detail::log_state().mask = detail::parse_log_channels(spec); }
 
+/// Sends log lines to `out` (default: KILN_LOGS_OUT or stderr); the caller keeps it open.
+inline void set_log_output(std::FILE* out) {
+  auto& s = detail::log_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.out = out ? out : stderr;
+}
+
 /// Writes one line "[kiln:channel] message" when the channel is on.
 inline void log(LogChannel channel, std::string_view message) {
   if (!log_enabled(channel)) return;

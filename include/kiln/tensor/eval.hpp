@@ -7,8 +7,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "kiln/backend/executor.hpp"
-#include "kiln/backend/reference.hpp"
+#include "kiln/backend/dispatch.hpp"
 #include "kiln/core/env.hpp"
 #include "kiln/core/log.hpp"
 #include "kiln/core/stats.hpp"
@@ -40,27 +39,22 @@ inline Backend& backend_mode() {
   return mode;
 }
 
-inline StoragePtr allocate(std::size_t bytes, Device device) {
-  if (device.is_cpu()) return runtime::allocate_host(bytes);
-  throw DeviceError("cannot allocate on " + device.str() + ": the CUDA backend is not available in this build");
-}
+inline StoragePtr allocate(std::size_t bytes, Device device) { return backend::allocate(bytes, device); }
 
 /// Runs a captured graph with the executor `mode` selects.
 inline void run_graph_with(const ir::Graph& g, const backend::RunArgs& args, Backend mode) {
   if (log_enabled(LogChannel::graph)) log(LogChannel::graph, "evaluating graph\n" + g.str());
-  if (!g.device.is_cpu()) throw DeviceError("no executor for device " + g.device.str());
-  (void)mode;
-  backend::run_reference(g, args);
+  backend::run(g, args, mode);
 }
 
 /// Runs a captured graph with the executor set_backend / KILN_BACKEND selects.
 inline void run_graph(const ir::Graph& g, const backend::RunArgs& args) { run_graph_with(g, args, backend_mode()); }
 
 /// How the selected executor would run `g` (its kernels), as text.
-inline std::string explain_graph(const ir::Graph& g) { return g.str(); }
+inline std::string explain_graph(const ir::Graph& g) { return backend::explain(g, backend_mode()); }
 
 /// Drops every compiled kernel and plan the executors keep in memory.
-inline void clear_kernel_caches() {}
+inline void clear_kernel_caches() { backend::clear_caches(); }
 
 inline const void* leaf_pointer(const ir::Node& n) {
   return static_cast<const char*>(n.buffer->storage->data) + n.buffer->offset * static_cast<std::int64_t>(itemsize(n.dtype));
@@ -140,13 +134,28 @@ inline void evaluate_into(const ir::NodePtr& value, const ir::NodePtr& destinati
   counters().graphs++;
 }
 
+/// A new row-major copy of a realized node on its own device.
+inline ir::NodePtr contiguous_copy(const ir::NodePtr& node) {
+  ir::Captured c = ir::capture({node}, node->device);  // the output is the leaf itself: a copy
+  StoragePtr st = allocate(static_cast<std::size_t>(node->numel()) * itemsize(node->dtype), node->device);
+  backend::RunArgs args;
+  for (auto& leaf : c.leaves) args.inputs.push_back(leaf_pointer(*leaf));
+  args.outputs.push_back(st->data);
+  run_graph(c.graph, args);
+  return ir::input(ir::BufferView{st, 0, contiguous_strides(node->shape)}, node->shape, node->dtype, node->device);
+}
+
 /// Copies an evaluated node's elements, row-major, into `out` on the host.
 inline void copy_to_host_contiguous(const ir::NodePtr& node, void* out) {
-  if (!node->device.is_cpu()) throw DeviceError("copy to host from " + node->device.str() + " is not available in this build");
-  const ir::BufferView& b = *node->buffer;
   std::size_t es = itemsize(node->dtype);
   std::int64_t n = node->numel();
   if (n == 0) return;
+  if (!node->device.is_cpu()) {
+    ir::NodePtr src = kiln::is_contiguous(node->shape, node->buffer->strides) ? node : contiguous_copy(node);
+    backend::copy_bytes(out, Device::cpu(), leaf_pointer(*src), src->device, static_cast<std::size_t>(n) * es);
+    return;
+  }
+  const ir::BufferView& b = *node->buffer;
   const char* base = static_cast<const char*>(b.storage->data) + b.offset * static_cast<std::int64_t>(es);
   if (kiln::is_contiguous(node->shape, b.strides)) {
     std::memcpy(out, base, static_cast<std::size_t>(n) * es);
@@ -226,7 +235,13 @@ inline Tensor Tensor::to(DType dtype) const { checked();
 
 inline Tensor Tensor::to(Device device) const {
   if (device == this->device()) return *this;
-  throw DeviceError("to(" + device.str() + "): the CUDA backend is not available in this build");
+  eval();
+  ir::NodePtr src = node_;
+  if (!kiln::is_contiguous(shape(), src->buffer->strides)) src = detail::contiguous_copy(src);
+  std::size_t bytes = static_cast<std::size_t>(numel()) * itemsize(dtype());
+  StoragePtr st = detail::allocate(bytes, device);
+  backend::copy_bytes(st->data, device, detail::leaf_pointer(*src), src->device, bytes);
+  return Tensor(ir::input(ir::BufferView{st, 0, contiguous_strides(shape())}, shape(), dtype(), device));
 }
 
 template <class E>

@@ -2,8 +2,11 @@
 // Cubins and loaded CUDA modules, cached. A cubin is looked up in memory, then on disk, and only
 // then compiled by NVRTC; its key is the full text of everything that decides its bytes (the
 // source, the in-memory headers, the NVRTC version, the architecture, the options and kiln's
-// version), so a hit can never be stale. Loaded modules are kept per device for the life of the
-// process (unloading one while a kernel from it may still be queued is never worth the risk).
+// version), so a hit can never be stale. NVRTC's version and architectures come from a probe
+// record in the disk cache while the library file is unchanged, so a process whose kernels are
+// all on disk never pays the tens of milliseconds that loading NVRTC costs. Loaded modules are
+// kept per device for the life of the process (unloading one while a kernel from it may still
+// be queued is never worth the risk).
 #include <sys/stat.h>
 
 #include <chrono>
@@ -197,16 +200,17 @@ class CudaModuleCache {
   std::string get_cubin(const std::string& source, const std::string& arch, const std::vector<std::string>& options = {},
                         const CudaHeaders& headers = {}, const std::string& name = "kiln_kernel.cu") {
     std::string key = cubin_key(source, arch, options, headers);
-    const std::string id = detail::hex64(kiln::detail::hash_string(key));
+    // The short id only names the entry in logs: made when a log line needs it.
+    auto id = [&] { return detail::hex64(kiln::detail::hash_string(key)); };
     bool created = false;
     auto cubin = cubins_.get_or_create(
         key,
         [&]() -> std::shared_ptr<const std::string> {
           if (log_enabled(LogChannel::output_code))
-            log(LogChannel::output_code, "CUDA source " + name + " [" + id + "] for " + arch + ":\n" + source);
+            log(LogChannel::output_code, "CUDA source " + name + " [" + id() + "] for " + arch + ":\n" + source);
           if (auto hit = disk_->load(key, ".cubin"); hit && detail::looks_like_cubin(*hit)) {
             kiln::detail::counters().disk_hits++;
-            log(LogChannel::cache, "cubin disk hit " + id + " (" + name + ", " + arch + ", " +
+            log(LogChannel::cache, "cubin disk hit " + id() + " (" + name + ", " + arch + ", " +
                                        std::to_string(hit->size()) + " bytes)");
             return std::make_shared<const std::string>(std::move(*hit));
           }
@@ -216,20 +220,21 @@ class CudaModuleCache {
           kiln::detail::counters().compiles++;
           char ms_text[32];
           std::snprintf(ms_text, sizeof ms_text, "%.1f", ms);
-          log(LogChannel::cache, "cubin compiled " + id + " (" + name + ", " + arch + ", " +
+          log(LogChannel::cache, "cubin compiled " + id() + " (" + name + ", " + arch + ", " +
                                      std::to_string(bytes.size()) + " bytes) by NVRTC in " + ms_text + " ms");
           // A probe record that named another NVRTC than the one that compiled (a library
           // replaced in a way the record could not see) must not put this cubin under its key.
           if (nvrtc_version() == nvrtc_identity().version) disk_->store(key, ".cubin", bytes);
           else
-            log(LogChannel::cache, "cubin " + id + " not stored: NVRTC is " + nvrtc_version() + ", the key says " +
+            log(LogChannel::cache, "cubin " + id() + " not stored: NVRTC is " + nvrtc_version() + ", the key says " +
                                        nvrtc_identity().version);
           return std::make_shared<const std::string>(std::move(bytes));
         },
         &created);
     if (!created) {
       kiln::detail::counters().memory_hits++;
-      log(LogChannel::cache, "cubin memory hit " + id + " (" + name + ", " + arch + ")");
+      if (log_enabled(LogChannel::cache))
+        log(LogChannel::cache, "cubin memory hit " + id() + " (" + name + ", " + arch + ")");
     }
     return *cubin;
   }

@@ -1,0 +1,1133 @@
+#pragma once
+// C++/OpenMP code generation: a scheduled graph -> one translation unit holding one
+// `extern "C"` entry per kernel. Sizes and strides are baked in as constants. The outer loop
+// of a kernel is parallel (`omp parallel for`, only when the work is large enough to pay for
+// the team); inner loops are contiguous `omp simd` loops whose reductions are split across
+// lanes (and accumulate floats in double), so GCC vectorises them without -ffast-math: NaN,
+// Inf and signed zeros behave as in the reference executor (backend/reference.hpp), whose
+// semantics every expression below reproduces.
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kiln/core/error.hpp"
+#include "kiln/core/half.hpp"
+#include "kiln/core/philox.hpp"
+#include "kiln/ir/graph.hpp"
+#include "kiln/sched/index.hpp"
+#include "kiln/sched/schedule.hpp"
+
+#if __has_include("kiln/codegen/cpu_math.hpp")
+#include "kiln/codegen/cpu_math.hpp"
+#define KILN_HAVE_CPU_MATH 1
+#endif
+
+namespace kiln::codegen {
+
+/// Generated source for one graph.
+struct CppSource {
+  std::string source;                ///< the whole translation unit
+  std::vector<std::string> entries;  ///< exported symbol of each kernel, in schedule order
+};
+
+/// The calling convention of every generated kernel: `args` holds the graph's leaf pointers
+/// (leaf order), then its output pointers, then the temporaries; `nthreads` sizes the
+/// OpenMP team of parallel loops.
+using CpuKernelFn = void (*)(void* const* args, int nthreads);
+
+namespace detail {
+
+/// Source text of the transcendental functions pasted into generated kernels; tests may
+/// replace it (set to non-empty) while kCpuMathSource is not available.
+inline std::string& cpu_math_override() {
+  static std::string text;
+  return text;
+}
+
+inline std::string cpu_math_source() {
+  if (!cpu_math_override().empty()) return cpu_math_override();
+#ifdef KILN_HAVE_CPU_MATH
+  return kCpuMathSource;
+#else
+  return {};
+#endif
+}
+
+using sched::i64;
+using sched::IndexExpr;
+using sched::Index;
+using ir::Op;
+
+/// C type values of `t` are computed in.
+inline const char* ctype(DType t) {
+  switch (t) {
+    case DType::Bool: return "bool";
+    case DType::Int32: return "int";
+    case DType::Int64: return "long long";
+    case DType::Float64: return "double";
+    default: return "float";
+  }
+}
+
+/// C type values of `t` are stored as.
+inline const char* stype(DType t) {
+  switch (t) {
+    case DType::Bool: return "unsigned char";
+    case DType::Int32: return "int";
+    case DType::Int64: return "long long";
+    case DType::Float16:
+    case DType::BFloat16: return "unsigned short";
+    case DType::Float32: return "float";
+    case DType::Float64: return "double";
+  }
+  return "?";
+}
+
+inline std::string hex_double(double v) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, std::fabs(v), std::chars_format::hex);
+  return std::string(std::signbit(v) ? "-0x" : "0x") + std::string(buf, r.ptr);
+}
+
+/// Exact C literal of a floating value in compute type `c` (float or double).
+inline std::string float_literal(double v, bool is_double) {
+  if (std::isnan(v)) return is_double ? "__builtin_nan(\"\")" : "__builtin_nanf(\"\")";
+  if (std::isinf(v)) return std::string(v < 0 ? "-" : "") + (is_double ? "__builtin_inf()" : "__builtin_inff()");
+  if (is_double) return "(" + hex_double(v) + ")";
+  return "(" + hex_double(static_cast<double>(static_cast<float>(v))) + "f)";
+}
+
+inline std::string int_literal(i64 v, DType t) {
+  if (t == DType::Bool) return v ? "true" : "false";
+  if (t == DType::Int32) return "((int)" + std::to_string(static_cast<std::int32_t>(static_cast<std::uint32_t>(v))) + ")";
+  if (v == std::numeric_limits<i64>::min()) return "(-9223372036854775807LL - 1)";
+  return "(" + std::to_string(v) + "LL)";
+}
+
+/// The value of constant `v` (as the reference casts it) in dtype `t`, as a literal of ctype(t).
+inline std::string constant_literal(const ir::GraphNode& n) {
+  DType t = n.dtype;
+  if (is_floating(t)) {
+    double v = n.attrs.scalar;
+    if (t == DType::Float16) v = static_cast<float>(Half(static_cast<float>(v)));
+    else if (t == DType::BFloat16) v = static_cast<float>(BFloat16(static_cast<float>(v)));
+    return float_literal(v, t == DType::Float64);
+  }
+  return int_literal(n.attrs.iscalar, t);
+}
+
+/// What a translation unit needs in its prelude.
+struct Needs {
+  bool half = false, bf16 = false, ints = false, math = false, philox = false;
+};
+
+// Helpers every generated unit may use. Integer arithmetic wraps (through unsigned, since
+// signed overflow is UB); integer division by 0 gives 0 and by -1 negates, as the reference.
+inline constexpr const char* kIntHelpers = R"(
+static inline int kiln_idiv_i32(int a, int b) {
+  int q = a / ((b == 0) | (b == -1) ? 1 : b);
+  return b == 0 ? 0 : b == -1 ? (int)(0u - (unsigned)a) : q;
+}
+static inline long long kiln_idiv_i64(long long a, long long b) {
+  long long q = a / ((b == 0) | (b == -1) ? 1 : b);
+  return b == 0 ? 0 : b == -1 ? (long long)(0ull - (unsigned long long)a) : q;
+}
+static inline long long kiln_ipow_i64(long long base, long long e) {
+  if (e < 0) return base == 1 ? 1 : base == -1 ? ((e & 1) ? -1 : 1) : 0;
+  unsigned long long r = 1, b = (unsigned long long)base;
+  while (e) { if (e & 1) r *= b; b *= b; e >>= 1; }
+  return (long long)r;
+}
+static inline int kiln_ipow_i32(int base, int e) {
+  if (e < 0) return base == 1 ? 1 : base == -1 ? ((e & 1) ? -1 : 1) : 0;
+  unsigned r = 1, b = (unsigned)base;
+  while (e) { if (e & 1) r *= b; b *= b; e >>= 1; }
+  return (int)r;
+}
+static inline int kiln_f2i32(double x) { return (x > -2147483649.0 && x < 2147483648.0) ? (int)x : (-2147483647 - 1); }
+static inline long long kiln_f2i64(double x) {
+  return (x >= -9223372036854775808.0 && x < 9223372036854775808.0) ? (long long)x : (-9223372036854775807LL - 1);
+}
+)";
+
+// IEEE binary16 and bfloat16 <-> float, bit for bit as kiln/core/half.hpp, written with
+// selects only so that loops converting them vectorise.
+inline constexpr const char* kHalfHelpers = R"(
+static inline unsigned short kiln_f2h(float f) {
+  unsigned int x; __builtin_memcpy(&x, &f, 4);
+  unsigned int sign = (x >> 16) & 0x8000u, mag = x & 0x7fffffffu;
+  unsigned int naninf = 0x7c00u | (mag > 0x7f800000u ? (0x200u | ((mag >> 13) & 0x3ffu)) : 0u);
+  float sf; __builtin_memcpy(&sf, &mag, 4); sf = sf + 0.5f;
+  unsigned int sub; __builtin_memcpy(&sub, &sf, 4); sub -= 0x3f000000u;
+  unsigned int norm = (mag + 0xc8000fffu + ((mag >> 13) & 1u)) >> 13;
+  unsigned int r = mag >= 0x7f800000u ? naninf : mag >= 0x477ff000u ? 0x7c00u : mag < 0x38800000u ? sub : norm;
+  return (unsigned short)(sign | r);
+}
+static inline float kiln_h2f(unsigned short h) {
+  unsigned int sign = (unsigned int)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  float sv = (float)m * 5.9604644775390625e-08f;
+  unsigned int sb; __builtin_memcpy(&sb, &sv, 4);
+  unsigned int bits = e == 0x1fu ? (sign | 0x7f800000u | (m << 13)) : e == 0 ? (sign | sb) : (sign | ((e + 112u) << 23) | (m << 13));
+  float r; __builtin_memcpy(&r, &bits, 4);
+  return r;
+}
+static inline float kiln_rh(float f) { return kiln_h2f(kiln_f2h(f)); }
+)";
+
+inline constexpr const char* kBf16Helpers = R"(
+static inline unsigned short kiln_f2b(float f) {
+  unsigned int x; __builtin_memcpy(&x, &f, 4);
+  unsigned int r = (x & 0x7fffffffu) > 0x7f800000u ? ((x >> 16) | 0x40u) : ((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+  return (unsigned short)r;
+}
+static inline float kiln_b2f(unsigned short b) { unsigned int x = (unsigned int)b << 16; float r; __builtin_memcpy(&r, &x, 4); return r; }
+static inline float kiln_rb(float f) { return kiln_b2f(kiln_f2b(f)); }
+)";
+
+/// Writes one kernel's function.
+class KernelWriter {
+ public:
+  KernelWriter(const ir::Graph& g, const sched::Schedule& s, int kid, Needs& needs)
+      : g_(g), s_(s), k_(s.kernels[static_cast<std::size_t>(kid)]), kid_(kid), needs_(needs) {
+    const auto& p = k_.loops;
+    group_of_.assign(k_.space.size(), -1);
+    for (std::size_t gi = 0; gi < p.groups.size(); ++gi)
+      for (int d : p.groups[gi]) group_of_[static_cast<std::size_t>(d)] = static_cast<int>(gi);
+  }
+
+  std::string write(const std::string& name) {
+    scopes_.push_back(Scope{});
+    if (k_.kind == sched::KernelKind::Pointwise) pointwise();
+    else if (k_.loops.chunks > 1) reduce_split();
+    else reduce_tiles();
+    std::string out = "extern \"C\" void " + name + "(void* const* args, int nth) {\n";
+    out += "  (void)nth;\n";
+    for (auto& d : decls_) out += "  " + d + "\n";
+    out += scopes_[0].code;
+    out += "}\n";
+    return out;
+  }
+
+ private:
+  struct Val {
+    std::string expr;
+    int scope = 0;
+  };
+  struct Scope {
+    std::string code;
+    std::unordered_map<std::string, Val> memo;
+    std::uint64_t dims = 0;
+    std::string header;
+  };
+  struct Binding {
+    std::string text;
+    std::uint64_t dims = 0;
+    int min_scope = 0;
+  };
+
+  const ir::GraphNode& node(int i) const { return g_.nodes[static_cast<std::size_t>(i)]; }
+
+  // ---- scopes ----------------------------------------------------------------------------
+
+  int top() const { return static_cast<int>(scopes_.size()) - 1; }
+  void line(const std::string& text) { line_at(top(), text); }
+  void line_at(int scope, const std::string& text) {
+    scopes_[static_cast<std::size_t>(scope)].code += std::string(2 * static_cast<std::size_t>(scope + 1), ' ') + text + "\n";
+  }
+  /// Opens a block (`header` is e.g. a for statement, `pragma` a line above it) that defines
+  /// the loop variables of `dims`.
+  void open(const std::string& pragma, const std::string& header, std::uint64_t dims) {
+    std::string h;
+    if (!pragma.empty()) h += std::string(2 * static_cast<std::size_t>(top() + 1), ' ') + pragma + "\n";
+    h += std::string(2 * static_cast<std::size_t>(top() + 1), ' ') + header + " {\n";
+    Scope sc;
+    sc.dims = dims;
+    sc.header = h;
+    scopes_.push_back(std::move(sc));
+  }
+  void close() {
+    Scope sc = std::move(scopes_.back());
+    scopes_.pop_back();
+    Scope& parent = scopes_.back();
+    parent.code += sc.header + sc.code + std::string(2 * static_cast<std::size_t>(top() + 1), ' ') + "}\n";
+  }
+  /// Innermost open scope defining a variable in `mask` (0: the function body).
+  int scope_for(std::uint64_t mask) const {
+    if (!mask) return 0;
+    for (int i = top(); i > 0; --i)
+      if (scopes_[static_cast<std::size_t>(i)].dims & mask) return i;
+    throw Error("kiln codegen: index uses a loop variable that is not in scope (internal error)");
+  }
+  std::string fresh(const char* prefix) { return prefix + std::to_string(counter_++); }
+
+  std::uint64_t group_mask(int gi) const {
+    std::uint64_t m = 0;
+    for (int d : k_.loops.groups[static_cast<std::size_t>(gi)]) m |= std::uint64_t(1) << d;
+    return m;
+  }
+  i64 extent(int gi) const {
+    i64 e = 1;
+    for (int d : k_.loops.groups[static_cast<std::size_t>(gi)]) e *= k_.space[static_cast<std::size_t>(d)];
+    return e;
+  }
+  std::string var(int gi) const { return sched::loop_var(k_.loops.groups[static_cast<std::size_t>(gi)].back()); }
+
+  /// C text of an index expression in the kernel's (coalesced) loop variables.
+  std::string render(const IndexExpr& e) const {
+    if (!e.affine()) return "(" + e.text + ")";
+    std::string s;
+    // A merged group is walked by one variable (that of its last dim); every affine function
+    // the scheduler saw scales consistently across the group, so its last coefficient says all.
+    for (std::size_t gi = 0; gi < k_.loops.groups.size(); ++gi) {
+      const auto& grp = k_.loops.groups[gi];
+      i64 c = e.at(static_cast<std::size_t>(grp.back()));
+      i64 expect = c;
+      for (std::size_t j = grp.size() - 1; j-- > 0;) {
+        expect *= k_.space[static_cast<std::size_t>(grp[j + 1])];
+        if (e.at(static_cast<std::size_t>(grp[j])) != expect)
+          throw Error("kiln codegen: index not affine in merged loop dims (internal error)");
+      }
+      if (c == 0) continue;
+      s += (s.empty() ? "" : " + ") + (c == 1 ? std::string() : "(" + std::to_string(c) + "LL)*") + var(static_cast<int>(gi));
+    }
+    if (e.constant != 0 || s.empty()) s += (s.empty() ? "" : " + ") + std::string("(") + std::to_string(e.constant) + "LL)";
+    return "(" + s + ")";
+  }
+
+  // ---- buffers -----------------------------------------------------------------------------
+
+  std::string pointer(sched::Location::Kind kind, int index, DType dt, bool write) {
+    std::string name;
+    std::size_t slot;
+    if (kind == sched::Location::Output) {
+      name = "out" + std::to_string(index);
+      slot = g_.num_leaves() + static_cast<std::size_t>(index);
+    } else {
+      name = "tmp" + std::to_string(index);
+      slot = g_.num_leaves() + g_.outputs.size() + static_cast<std::size_t>(index);
+    }
+    declare(name, dt, slot, write);
+    return name;
+  }
+  std::string leaf_pointer(const ir::GraphNode& n) {
+    std::string name = "in" + std::to_string(n.leaf);
+    declare(name, n.dtype, static_cast<std::size_t>(n.leaf), false);
+    return name;
+  }
+  void declare(const std::string& name, DType dt, std::size_t slot, bool write) {
+    if (declared_.count(name)) return;
+    declared_[name] = true;
+    std::string t = stype(dt);
+    // Outputs may alias inputs only element for element (the front end's rule), which keeps
+    // __restrict's promise for every loop below (each element is read before it is written).
+    decls_.push_back(std::string(write ? "" : "const ") + t + "* __restrict " + name + " = (" + (write ? "" : "const ") + t +
+                     "*)args[" + std::to_string(slot) + "];");
+  }
+  std::string load(const std::string& ptr, const std::string& off, DType dt) {
+    std::string e = ptr + "[" + off + "]";
+    switch (dt) {
+      case DType::Bool: return "(" + e + " != 0)";
+      case DType::Float16: needs_.half = true; return "kiln_h2f(" + e + ")";
+      case DType::BFloat16: needs_.bf16 = true; return "kiln_b2f(" + e + ")";
+      default: return e;
+    }
+  }
+  std::string to_storage(const std::string& v, DType dt) {
+    switch (dt) {
+      case DType::Bool: return "(unsigned char)(" + v + ")";
+      case DType::Float16: needs_.half = true; return "kiln_f2h(" + v + ")";
+      case DType::BFloat16: needs_.bf16 = true; return "kiln_f2b(" + v + ")";
+      default: return v;
+    }
+  }
+  /// Rounds an f32 result to the precision of a 16-bit dtype (the reference rounds every op).
+  std::string round16(const std::string& v, DType dt) {
+    if (dt == DType::Float16) {
+      needs_.half = true;
+      return "kiln_rh(" + v + ")";
+    }
+    if (dt == DType::BFloat16) {
+      needs_.bf16 = true;
+      return "kiln_rb(" + v + ")";
+    }
+    return v;
+  }
+
+  // ---- values ------------------------------------------------------------------------------
+
+  Val emit(int scope, const std::string& key, DType dt, const std::string& expr) {
+    std::string name = fresh("v");
+    line_at(scope, "const " + std::string(ctype(dt)) + " " + name + " = " + expr + ";");
+    Val v{name, scope};
+    scopes_[static_cast<std::size_t>(scope)].memo[key] = v;
+    return v;
+  }
+
+  /// The value of `id` at `idx`, computed inline (or read from memory / a register when the
+  /// schedule says so), placed in the outermost scope where everything it uses is defined.
+  Val value(int id, const Index& idx) {
+    const std::string key = std::to_string(id) + "|" + sched::index_key(idx);
+    for (int s = top(); s >= 0; --s) {
+      auto& memo = scopes_[static_cast<std::size_t>(s)].memo;
+      auto it = memo.find(key);
+      if (it != memo.end()) return it->second;
+    }
+    const ir::GraphNode& n = node(id);
+    auto idx_scope = [&]() {
+      std::uint64_t m = 0;
+      for (auto& e : idx) m |= e.dep_mask();
+      return scope_for(m);
+    };
+    switch (ir::op_kind(n.op)) {
+      case ir::OpKind::Leaf: {
+        if (n.op == Op::Input) {
+          IndexExpr off = sched::strided_offset(idx, n.strides, n.shape);
+          return emit(scope_for(off.dep_mask()), key, n.dtype, load(leaf_pointer(n), render(off), n.dtype));
+        }
+        if (n.op == Op::Constant) return Val{constant_literal(n), 0};
+        if (n.op == Op::Iota) {
+          const IndexExpr& e = idx[static_cast<std::size_t>(n.attrs.ints.at(0))];
+          return emit(scope_for(e.dep_mask()), key, n.dtype, cast_from_i64(render(e), n.dtype));
+        }
+        return emit(idx_scope(), key, n.dtype, random_expr(n, idx));
+      }
+      case ir::OpKind::Reduce: {
+        if (s_.owner[static_cast<std::size_t>(id)] == kid_) {
+          auto it = bound_.find(id);
+          if (it == bound_.end()) throw Error("kiln codegen: reduction used before its pass (internal error)");
+          int sc = std::max(it->second.min_scope, scope_for(it->second.dims));
+          return Val{it->second.text, sc};
+        }
+        const sched::Location& loc = s_.location[static_cast<std::size_t>(id)];
+        if (loc.kind == sched::Location::None) throw Error("kiln codegen: a reduction read from memory has no buffer (internal error)");
+        IndexExpr off = sched::strided_offset(idx, loc.strides, n.shape);
+        return emit(scope_for(off.dep_mask()), key, n.dtype,
+                    load(pointer(loc.kind, loc.index, n.dtype, false), render(off), n.dtype));
+      }
+      case ir::OpKind::IndexMap: {
+        if (n.op != Op::Concat) {
+          Val v = value(n.inputs[0], sched::input_index(g_, n, 0, idx, k_.space));
+          scopes_[static_cast<std::size_t>(v.scope)].memo[key] = v;
+          return v;
+        }
+        // Every piece is loaded at a clamped (valid) index, then the right one is selected:
+        // no branches in the loop.
+        const auto axis = static_cast<std::size_t>(n.attrs.ints.at(0));
+        std::string pos = render(idx[axis]);
+        std::vector<Val> parts;
+        std::vector<i64> ends;
+        i64 off = 0;
+        int sc = scope_for(idx[axis].dep_mask());
+        for (std::size_t k = 0; k < n.inputs.size(); ++k) {
+          i64 len = node(n.inputs[k]).shape[axis];
+          off += len;
+          if (len == 0) continue;
+          parts.push_back(value(n.inputs[k], sched::input_index(g_, n, k, idx, k_.space)));
+          ends.push_back(off);
+          sc = std::max(sc, parts.back().scope);
+        }
+        std::string e = parts.back().expr;
+        for (std::size_t k = parts.size() - 1; k-- > 0;) e = "(" + pos + " < " + std::to_string(ends[k]) + "LL ? " + parts[k].expr + " : " + e + ")";
+        return emit(sc, key, n.dtype, e);
+      }
+      default: break;
+    }
+    // Pointwise: inputs at the same index.
+    std::vector<Val> in;
+    int sc = 0;
+    for (auto i : n.inputs) {
+      in.push_back(value(i, idx));
+      sc = std::max(sc, in.back().scope);
+    }
+    return emit(sc, key, n.dtype, pointwise_expr(n, in));
+  }
+
+  std::string cast_from_i64(const std::string& v, DType t) {
+    switch (t) {
+      case DType::Bool: return "(" + v + " != 0)";
+      case DType::Int32: return "(int)" + v;
+      case DType::Int64: return v;
+      case DType::Float64: return "(double)" + v;
+      case DType::Float32: return "(float)" + v;
+      default: return round16("(float)" + v, t);
+    }
+  }
+
+  std::string random_expr(const ir::GraphNode& n, const Index& idx) {
+    needs_.philox = true;
+    if (!is_floating(n.dtype))
+      throw DTypeError(std::string("kiln codegen: random of dtype ") + dtype_name(n.dtype) + " (shape " + n.shape.str() +
+                       "): only floating dtypes");
+    const bool normal = !n.attrs.ints.empty() && n.attrs.ints[0] == 1;
+    std::string args = "(unsigned long long)" + std::to_string(n.attrs.seed) + "ULL, (unsigned long long)" +
+                       render(sched::flat_index(idx, n.shape));
+    std::string ns = "kiln::philox::";
+    switch (n.dtype) {
+      case DType::Float32: return ns + (normal ? "normal_f32(" : "uniform_f32(") + args + ")";
+      case DType::Float64: return ns + (normal ? "normal_f64(" : "uniform_f64(") + args + ")";
+      case DType::Float16: return normal ? round16(ns + "normal_f32(" + args + ")", n.dtype) : ns + "uniform_f16(" + args + ")";
+      default: return normal ? round16(ns + "normal_f32(" + args + ")", n.dtype) : ns + "uniform_bf16(" + args + ")";
+    }
+  }
+
+  [[noreturn]] void unsupported(const ir::GraphNode& n, DType in) const {
+    throw DTypeError(std::string("kiln codegen: ") + ir::op_name(n.op) + " is not defined for " + dtype_name(in) +
+                     " (shape " + n.shape.str() + "); cast to a floating dtype first");
+  }
+
+  std::string math(const char* fn, const std::string& a, DType t) {
+    needs_.math = true;
+    return std::string("kiln_") + fn + (t == DType::Float64 ? "_f64(" : "_f32(") + a + ")";
+  }
+
+  std::string cast_expr(const std::string& a, DType from, DType to) {
+    if (from == to) return a;
+    if (to == DType::Bool) return "(" + a + " != 0)";
+    if (from == DType::Bool) return is_floating(to) ? std::string(ctype(to)) + "(" + a + " ? 1 : 0)" : "(" + std::string(ctype(to)) + ")(" + a + " ? 1 : 0)";
+    if (is_integral(to)) {
+      if (is_floating(from)) {
+        needs_.ints = true;
+        return std::string(to == DType::Int32 ? "kiln_f2i32" : "kiln_f2i64") + "((double)" + a + ")";
+      }
+      return "(" + std::string(ctype(to)) + ")" + a;  // integer narrowing wraps
+    }
+    // To a floating dtype.
+    std::string c = "(" + std::string(ctype(to)) + ")" + a;
+    return round16(c, to);
+  }
+
+  std::string pointwise_expr(const ir::GraphNode& n, const std::vector<Val>& in) {
+    const DType t = n.dtype;
+    const DType it = node(n.inputs[0]).dtype;
+    const std::string a = in[0].expr;
+    const std::string b = in.size() > 1 ? in[1].expr : std::string();
+    const bool fl = is_floating(it);
+    const bool dbl = it == DType::Float64;
+    // Integer arithmetic wraps; bool arithmetic is done on 0/1 integers, as the reference does.
+    auto wrap = [&](const char* op) {
+      if (it == DType::Bool) return "((long long)" + a + " " + op + " (long long)" + b + " != 0)";
+      std::string u = it == DType::Int32 ? "unsigned" : "unsigned long long";
+      return "(" + std::string(ctype(it)) + ")((" + u + ")" + a + " " + op + " (" + u + ")" + b + ")";
+    };
+    auto fmath = [&](const char* fn) {
+      if (!fl) unsupported(n, it);
+      return round16(math(fn, a, it), t);
+    };
+    switch (n.op) {
+      case Op::Neg:
+        if (fl) return "(-" + a + ")";
+        if (it == DType::Bool) return a;
+        return it == DType::Int32 ? "(int)(0u - (unsigned)" + a + ")" : "(long long)(0ull - (unsigned long long)" + a + ")";
+      case Op::Abs:
+        if (fl) return std::string(dbl ? "__builtin_fabs(" : "__builtin_fabsf(") + a + ")";
+        if (it == DType::Bool) return a;
+        return "(" + a + " < 0 ? " + (it == DType::Int32 ? "(int)(0u - (unsigned)" + a + ")" : "(long long)(0ull - (unsigned long long)" + a + ")") + " : " + a + ")";
+      case Op::Exp: return fmath("exp");
+      case Op::Exp2: return fmath("exp2");
+      case Op::Log: return fmath("log");
+      case Op::Log2: return fmath("log2");
+      case Op::Log1p: return fmath("log1p");
+      case Op::Expm1: return fmath("expm1");
+      case Op::Sin: return fmath("sin");
+      case Op::Cos: return fmath("cos");
+      case Op::Tan: return fmath("tan");
+      case Op::Tanh: return fmath("tanh");
+      case Op::Erf: return fmath("erf");
+      case Op::Sqrt:
+        if (!fl) unsupported(n, it);
+        return round16(std::string(dbl ? "__builtin_sqrt(" : "__builtin_sqrtf(") + a + ")", t);
+      case Op::Rsqrt:
+        if (!fl) unsupported(n, it);
+        return round16(std::string(dbl ? "(1.0 / __builtin_sqrt(" : "(1.0f / __builtin_sqrtf(") + a + "))", t);
+      case Op::Floor:
+        return fl ? std::string(dbl ? "__builtin_floor(" : "__builtin_floorf(") + a + ")" : a;
+      case Op::Ceil:
+        return fl ? std::string(dbl ? "__builtin_ceil(" : "__builtin_ceilf(") + a + ")" : a;
+      case Op::Round:
+        // nearbyint in the default rounding mode: halves to even, as torch.round.
+        return fl ? std::string(dbl ? "__builtin_nearbyint(" : "__builtin_nearbyintf(") + a + ")" : a;
+      case Op::Not: return "(" + a + " == 0)";
+      case Op::IsNan: return fl ? "(" + a + " != " + a + ")" : "false";
+      case Op::IsInf:
+        return fl ? "(" + std::string(dbl ? "__builtin_fabs(" : "__builtin_fabsf(") + a + ") == " + (dbl ? "__builtin_inf()" : "__builtin_inff()") + ")" : "false";
+      case Op::Cast: return cast_expr(a, it, t);
+      case Op::Add: return fl ? round16("(" + a + " + " + b + ")", t) : wrap("+");
+      case Op::Sub: return fl ? round16("(" + a + " - " + b + ")", t) : wrap("-");
+      case Op::Mul: return fl ? round16("(" + a + " * " + b + ")", t) : wrap("*");
+      case Op::Div:
+        if (fl) return round16("(" + a + " / " + b + ")", t);
+        needs_.ints = true;
+        if (it == DType::Bool) return "(kiln_idiv_i64((long long)" + a + ", (long long)" + b + ") != 0)";
+        return std::string(it == DType::Int32 ? "kiln_idiv_i32(" : "kiln_idiv_i64(") + a + ", " + b + ")";
+      case Op::Pow:
+        if (fl) return round16(std::string(dbl ? "__builtin_pow(" : "__builtin_powf(") + a + ", " + b + ")", t);
+        needs_.ints = true;
+        if (it == DType::Bool) return "(kiln_ipow_i64((long long)" + a + ", (long long)" + b + ") != 0)";
+        return std::string(it == DType::Int32 ? "kiln_ipow_i32(" : "kiln_ipow_i64(") + a + ", " + b + ")";
+      case Op::Maximum:
+        if (fl) return "(" + a + " != " + a + " ? " + a + " : " + b + " != " + b + " ? " + b + " : (" + a + " < " + b + " ? " + b + " : " + a + "))";
+        return "(" + a + " < " + b + " ? " + b + " : " + a + ")";
+      case Op::Minimum:
+        if (fl) return "(" + a + " != " + a + " ? " + a + " : " + b + " != " + b + " ? " + b + " : (" + b + " < " + a + " ? " + b + " : " + a + "))";
+        return "(" + b + " < " + a + " ? " + b + " : " + a + ")";
+      case Op::Eq: return "(" + a + " == " + b + ")";
+      case Op::Ne: return "(" + a + " != " + b + ")";
+      case Op::Lt: return "(" + a + " < " + b + ")";
+      case Op::Le: return "(" + a + " <= " + b + ")";
+      case Op::Gt: return "(" + a + " > " + b + ")";
+      case Op::Ge: return "(" + a + " >= " + b + ")";
+      case Op::And: return "((" + a + " != 0) & (" + b + " != 0))";
+      case Op::Or: return "((" + a + " != 0) | (" + b + " != 0))";
+      case Op::Where: return "(" + a + " ? " + b + " : " + in[2].expr + ")";
+      default: break;
+    }
+    throw Error(std::string("kiln codegen: no code for op ") + ir::op_name(n.op));
+  }
+
+  // ---- stores ------------------------------------------------------------------------------
+
+  void store(const sched::Store& st, const Index& idx) {
+    const ir::GraphNode& n = node(st.node);
+    Val v = value(st.node, idx);
+    for (auto& t : st.targets) {
+      IndexExpr off = sched::strided_offset(idx, t.strides, n.shape);
+      std::string p = pointer(t.kind, t.index, n.dtype, true);
+      line(p + "[" + render(off) + "] = " + to_storage(v.expr, n.dtype) + ";");
+    }
+  }
+
+  // ---- pointwise kernels -------------------------------------------------------------------
+
+  void pointwise() {
+    const auto& p = k_.loops;
+    std::vector<int> order = p.order;
+    const std::string team = " num_threads(nth)";
+    if (order.empty()) {
+      for (auto& st : k_.stores) store(st, sched::identity_index(k_.space));
+      return;
+    }
+    // Outer loops: merge the outermost while it is too short to share among threads.
+    std::vector<int> outer(order.begin(), order.end() - 1);
+    int inner = order.back();
+    if (outer.empty()) {
+      std::string pragma = p.parallel ? "#pragma omp parallel for simd schedule(simd:static)" + team : "#pragma omp simd";
+      open(pragma, "for (long long " + var(inner) + " = 0; " + var(inner) + " < " + std::to_string(extent(inner)) + "LL; ++" + var(inner) + ")",
+           group_mask(inner));
+    } else {
+      std::size_t lead = 1;
+      i64 lead_extent = extent(outer[0]);
+      while (p.parallel && lead < outer.size() && lead_extent < 16) lead_extent *= extent(outer[lead++]);
+      std::string pragma = p.parallel ? "#pragma omp parallel for schedule(static)" + team : "";
+      if (lead == 1) {
+        open(pragma, "for (long long " + var(outer[0]) + " = 0; " + var(outer[0]) + " < " + std::to_string(extent(outer[0])) + "LL; ++" + var(outer[0]) + ")",
+             group_mask(outer[0]));
+      } else {
+        std::uint64_t m = 0;
+        for (std::size_t j = 0; j < lead; ++j) m |= group_mask(outer[j]);
+        open(pragma, "for (long long t = 0; t < " + std::to_string(lead_extent) + "LL; ++t)", m);
+        decode("t", std::vector<int>(outer.begin(), outer.begin() + static_cast<long>(lead)));
+      }
+      for (std::size_t j = lead; j < outer.size(); ++j)
+        open("", "for (long long " + var(outer[j]) + " = 0; " + var(outer[j]) + " < " + std::to_string(extent(outer[j])) + "LL; ++" + var(outer[j]) + ")",
+             group_mask(outer[j]));
+      open("#pragma omp simd", "for (long long " + var(inner) + " = 0; " + var(inner) + " < " + std::to_string(extent(inner)) + "LL; ++" + var(inner) + ")",
+           group_mask(inner));
+    }
+    for (auto& st : k_.stores) store(st, sched::identity_index(k_.space));
+    while (top() > 0) close();
+  }
+
+  /// Defines the variables of `groups` (outer to inner) from the flat position `t`.
+  void decode(const std::string& t, const std::vector<int>& groups) {
+    i64 below = 1;
+    std::vector<std::string> lines;
+    for (std::size_t j = groups.size(); j-- > 0;) {
+      int gi = groups[j];
+      std::string e = t;
+      if (below != 1) e = "(" + e + " / " + std::to_string(below) + "LL)";
+      if (j != 0) e = "(" + e + " % " + std::to_string(extent(gi)) + "LL)";
+      lines.push_back("const long long " + var(gi) + " = " + e + ";");
+      below *= extent(gi);
+    }
+    for (auto it = lines.rbegin(); it != lines.rend(); ++it) line(*it);
+  }
+
+  // ---- reductions ----------------------------------------------------------------------------
+
+  struct Red {
+    int node;
+    Op op;
+    DType in, out;
+    bool fl;       // floating input
+    std::string acc_t;
+    bool flag = false, arg = false;
+    std::string init;
+    std::string name;  // accumulator base name
+  };
+
+  Red red_info(int id) {
+    const ir::GraphNode& n = node(id);
+    Red r;
+    r.node = id;
+    r.op = n.op;
+    r.in = node(n.inputs[0]).dtype;
+    r.out = n.dtype;
+    r.fl = is_floating(r.in);
+    r.name = "a" + std::to_string(id);
+    switch (n.op) {
+      case Op::ReduceSum:
+      case Op::ReduceProd:
+        r.acc_t = r.fl ? "double" : "unsigned long long";
+        r.init = n.op == Op::ReduceSum ? (r.fl ? "0.0" : "0ull") : (r.fl ? "1.0" : "1ull");
+        break;
+      case Op::ReduceMax:
+      case Op::ReduceMin: {
+        bool mx = n.op == Op::ReduceMax;
+        if (r.fl) {
+          r.acc_t = ctype(r.in);
+          r.flag = true;
+          r.init = std::string(mx ? "-" : "") + (r.in == DType::Float64 ? "__builtin_inf()" : "__builtin_inff()");
+        } else if (r.in == DType::Bool) {
+          r.acc_t = "long long";
+          r.init = mx ? "0LL" : "1LL";
+        } else {
+          r.acc_t = ctype(r.in);
+          r.init = r.in == DType::Int32 ? (mx ? "(-2147483647 - 1)" : "2147483647") : (mx ? "(-9223372036854775807LL - 1)" : "9223372036854775807LL");
+        }
+        break;
+      }
+      default:  // ArgMax, ArgMin
+        r.acc_t = r.in == DType::Bool ? "long long" : ctype(r.in);
+        r.arg = true;
+        r.init = "0";
+        break;
+    }
+    return r;
+  }
+  bool is_max(const Red& r) const { return r.op == Op::ReduceMax || r.op == Op::ArgMax; }
+
+  /// OpenMP reduction clauses for the scalar accumulators of `r`.
+  std::string clause(const Red& r) const {
+    switch (r.op) {
+      case Op::ReduceSum: return " reduction(+:" + r.name + ")";
+      case Op::ReduceProd: return " reduction(*:" + r.name + ")";
+      case Op::ReduceMax: return " reduction(max:" + r.name + ")" + (r.flag ? " reduction(|:f" + r.name + ")" : "");
+      case Op::ReduceMin: return " reduction(min:" + r.name + ")" + (r.flag ? " reduction(|:f" + r.name + ")" : "");
+      default: return "";
+    }
+  }
+
+  void declare_acc(const Red& r, const std::string& lanes) {
+    std::string arr = lanes.empty() ? "" : "[" + lanes + "]";
+    if (lanes.empty()) {
+      line(r.acc_t + " " + r.name + " = " + r.init + ";");
+      if (r.flag) line("int f" + r.name + " = 0;");
+      if (r.arg) line("long long x" + r.name + " = -1;");
+    } else {
+      line(r.acc_t + " " + r.name + arr + ";");
+      if (r.arg) line("long long x" + r.name + arr + ";");
+      line("for (long long kk = 0; kk < kn; ++kk) { " + r.name + "[kk] = " + r.init + (r.arg ? "; x" + r.name + "[kk] = -1" : "") + "; }");
+    }
+  }
+
+  /// Folds value `v` (flat position `k` along the reduced dims, for arg reductions) into
+  /// accumulator `a` (an lvalue; `x` its index, `f` its NaN flag or "" for sticky NaN).
+  std::string step(const Red& r, const std::string& a, const std::string& x, const std::string& f, const std::string& v,
+                   const std::string& k) const {
+    switch (r.op) {
+      case Op::ReduceSum:
+        return a + " += " + (r.fl ? "(double)" + v : "(unsigned long long)(long long)" + v) + ";";
+      case Op::ReduceProd:
+        return a + " *= " + (r.fl ? "(double)" + v : "(unsigned long long)(long long)" + v) + ";";
+      case Op::ReduceMax:
+      case Op::ReduceMin: {
+        const char* cmp = r.op == Op::ReduceMax ? " > " : " < ";
+        std::string vv = r.in == DType::Bool ? "(long long)" + v : v;
+        if (!r.fl) return a + " = " + vv + cmp + a + " ? " + vv + " : " + a + ";";
+        if (!f.empty()) return a + " = " + v + cmp + a + " ? " + v + " : " + a + "; " + f + " |= (" + v + " != " + v + ");";
+        // NaN sticks: once `a` is NaN every comparison is false.
+        return a + " = (" + v + cmp + a + " || " + v + " != " + v + ") ? " + v + " : " + a + ";";
+      }
+      default: {
+        std::string vv = r.in == DType::Bool ? "(long long)" + v : v;
+        return "{ " + r.acc_t + " cv = " + vv + "; long long ck = " + k + "; if (" + take(r, a, x, "cv", "ck") + ") { " + a + " = cv; " + x + " = ck; } }";
+      }
+    }
+  }
+
+  /// Whether candidate (cv, ck) replaces (a, x) in an arg reduction (the reference's rule: the
+  /// extreme wins, NaN counts as the extreme, ties go to the lower index).
+  std::string take(const Red& r, const std::string& a, const std::string& x, const std::string& cv, const std::string& ck) const {
+    const char* cmp = is_max(r) ? " > " : " < ";
+    std::string plain = "(" + cv + cmp + a + " || (" + cv + " == " + a + " && " + ck + " < " + x + "))";
+    if (r.fl) {
+      std::string an = "(" + a + " != " + a + ")", bn = "(" + cv + " != " + cv + ")";
+      plain = "((" + an + " || " + bn + ") ? ((" + an + " && " + bn + ") ? " + ck + " < " + x + " : " + bn + ") : " + plain + ")";
+    }
+    return "(" + ck + " >= 0 && (" + x + " < 0 || " + plain + "))";
+  }
+
+  /// The reduction's result in ctype(out) from accumulator `a` (flag `f` or "").
+  std::string finish(const Red& r, const std::string& a, const std::string& x, const std::string& f) {
+    switch (r.op) {
+      case Op::ReduceSum:
+      case Op::ReduceProd:
+        if (r.fl) return round16("(" + std::string(ctype(r.out)) + ")" + a, r.out);
+        if (r.out == DType::Bool) return "(" + a + " != 0)";
+        return "(" + std::string(ctype(r.out)) + ")(long long)" + a;
+      case Op::ReduceMax:
+      case Op::ReduceMin:
+        if (r.out == DType::Bool) return "(" + a + " != 0)";
+        if (r.fl && !f.empty()) return "(" + f + " ? " + (r.in == DType::Float64 ? "__builtin_nan(\"\")" : "__builtin_nanf(\"\")") + " : " + a + ")";
+        return a;
+      default: return "(" + x + " < 0 ? 0LL : " + x + ")";
+    }
+  }
+
+  /// The position of the current element along the reduced dims, row-major (arg reductions).
+  std::string reduced_position() const {
+    IndexExpr f = sched::ix_const(0);
+    i64 mult = 1;
+    for (std::size_t d = k_.space.size(); d-- > 0;) {
+      if (!k_.reduced[d] || k_.space[d] == 1) continue;
+      f = sched::ix_add(f, sched::ix_scale(sched::ix_var(static_cast<int>(d), static_cast<int>(k_.space.size())), mult));
+      mult *= k_.space[d];
+    }
+    return render(f);
+  }
+  /// The position of the current row among all rows, row-major (arg final reductions).
+  std::string row_position() const {
+    Shape rs = k_.row_shape();
+    IndexExpr f = sched::flat_index(sched::identity_index(rs), rs);
+    if (f.affine()) f.coeff.resize(k_.space.size(), 0);
+    return render(f);
+  }
+
+  std::vector<Red> phase_reds(int p) {
+    std::vector<Red> v;
+    for (std::size_t j = 0; j < k_.reductions.size(); ++j)
+      if (k_.phase[j] == p) v.push_back(red_info(k_.reductions[j]));
+    return v;
+  }
+
+  /// Opens the loops over the reduced groups (the first limited to [lo, hi) when given) and,
+  /// for the column strategy, the vectorised loop over the block. Returns how many it opened.
+  int open_reduced_loops(const std::vector<Red>& reds, const std::string& lo, const std::string& hi) {
+    const auto& p = k_.loops;
+    int opened = 0;
+    bool simd_ok = true;
+    std::string clauses;
+    for (auto& r : reds) {
+      if (r.arg) simd_ok = false;
+      clauses += clause(r);
+    }
+    for (std::size_t j = 0; j < p.red_groups.size(); ++j) {
+      int gi = p.red_groups[j];
+      std::string a = j == 0 && !lo.empty() ? lo : "0LL";
+      std::string b = j == 0 && !hi.empty() ? hi : std::to_string(extent(gi)) + "LL";
+      bool innermost = j + 1 == p.red_groups.size() && !p.column;
+      std::string pragma = innermost && simd_ok ? "#pragma omp simd" + clauses : "";
+      open(pragma, "for (long long " + var(gi) + " = " + a + "; " + var(gi) + " < " + b + "; ++" + var(gi) + ")", group_mask(gi));
+      ++opened;
+    }
+    if (p.column) {
+      open(simd_ok ? "#pragma omp simd" : "", "for (long long kk = 0; kk < kn; ++kk)", group_mask(p.vec_group));
+      line("const long long " + var(p.vec_group) + " = k0 + kk;");
+      ++opened;
+    }
+    return opened;
+  }
+
+  /// The body of pass `pass`: folds the reductions of this phase, writes its full stores.
+  void pass_body(const std::vector<Red>& reds, int pass) {
+    const auto& p = k_.loops;
+    Index id = sched::identity_index(k_.space);
+    bool need_pos = false;
+    for (auto& r : reds) need_pos = need_pos || r.arg;
+    std::string pos = need_pos ? reduced_position() : "0";
+    for (auto& r : reds) {
+      Val v = value(node(r.node).inputs[0], id);
+      if (p.column) line(step(r, r.name + "[kk]", "x" + r.name + "[kk]", "", v.expr, pos));
+      else line(step(r, r.name, "x" + r.name, r.flag ? "f" + r.name : "", v.expr, pos));
+    }
+    for (auto& st : k_.stores)
+      if (st.level == sched::Level::Full && st.pass == pass) store(st, id);
+  }
+
+  /// Column strategy: k0 (block start) and kn (block length) of tile t.
+  void block_vars(const std::string& t) {
+    const auto& p = k_.loops;
+    const i64 ki = extent(p.vec_group);
+    line("const long long k0 = (" + t + " % " + std::to_string(p.blocks) + "LL) * " + std::to_string(p.block) + "LL;");
+    line("const long long kn = " + std::to_string(ki) + "LL - k0 < " + std::to_string(p.block) + "LL ? " + std::to_string(ki) + "LL - k0 : " + std::to_string(p.block) + "LL;");
+  }
+  void tile_vars(const std::string& t) {
+    const auto& p = k_.loops;
+    if (p.column) {
+      decode("(" + t + " / " + std::to_string(p.blocks) + "LL)", p.kept_groups);
+      block_vars(t);
+    } else {
+      decode(t, p.kept_groups);
+    }
+  }
+  std::uint64_t kept_mask() const {
+    std::uint64_t m = 0;
+    for (int gi : k_.loops.kept_groups) m |= group_mask(gi);
+    return m;
+  }
+
+  void row_stores() {
+    const auto& p = k_.loops;
+    bool any = false;
+    for (auto& st : k_.stores) any = any || st.level == sched::Level::Row;
+    if (!any) return;
+    if (p.column) {
+      open("", "for (long long kk = 0; kk < kn; ++kk)", group_mask(p.vec_group));
+      line("const long long " + var(p.vec_group) + " = k0 + kk;");
+    }
+    for (auto& st : k_.stores)
+      if (st.level == sched::Level::Row) store(st, sched::detail::level_index(k_, st.level, node(st.node).shape));
+    if (p.column) close();
+  }
+
+  std::string acc_array(const std::string& type, const std::string& name, i64 count) {
+    std::string bytes = std::to_string(std::max<i64>(1, count)) + "LL * (long long)sizeof(" + type + ")";
+    line(type + "* __restrict " + name + " = (" + type + "*)__builtin_malloc(" + bytes + ");");
+    frees_.push_back(name);
+    return name;
+  }
+  void free_arrays() {
+    for (auto& f : frees_) line("__builtin_free(" + f + ");");
+    frees_.clear();
+  }
+
+  /// Finals: per-tile partials written inside the tile scope (the value of the final's input at
+  /// the current row, or folded over the block), combined in tile order afterwards.
+  void finals_partial(const std::vector<Red>& fins, const std::string& t) {
+    const auto& p = k_.loops;
+    Index ri = sched::identity_index(k_.row_shape());
+    for (auto& r : fins) {
+      const std::string id = std::to_string(r.node);
+      const std::string pv = "fp" + id, px = "fx" + id, a = "fa" + id, x = "fax" + id, f = "faf" + id;
+      // Unique names, no braces: values hoisted into this scope must stay visible after it.
+      line(r.acc_t + " " + a + " = " + r.init + "; long long " + x + " = -1; int " + f + " = 0; (void)" + x + "; (void)" + f + ";");
+      if (p.column) {
+        open("", "for (long long kk = 0; kk < kn; ++kk)", group_mask(p.vec_group));
+        line("const long long " + var(p.vec_group) + " = k0 + kk;");
+      }
+      Val v = value(node(r.node).inputs[0], ri);
+      line(step(r, a, x, r.flag ? f : "", v.expr, r.arg ? row_position() : "0"));
+      if (p.column) close();
+      line(pv + "[" + t + "] = " + (r.flag ? f + " ? " + nan_of(r) + " : " + a : a) + ";");
+      if (r.arg) line(px + "[" + t + "] = " + x + ";");
+    }
+  }
+  std::string nan_of(const Red& r) const { return r.in == DType::Float64 ? "__builtin_nan(\"\")" : "__builtin_nanf(\"\")"; }
+
+  /// Merges partial (pv, px) into (a, x): the combine step of split and final reductions.
+  std::string merge(const Red& r, const std::string& a, const std::string& x, const std::string& pv, const std::string& px) const {
+    switch (r.op) {
+      case Op::ReduceSum: return a + " += " + pv + ";";
+      case Op::ReduceProd: return a + " *= " + pv + ";";
+      case Op::ReduceMax:
+      case Op::ReduceMin: {
+        const char* cmp = r.op == Op::ReduceMax ? " > " : " < ";
+        if (!r.fl) return a + " = " + pv + cmp + a + " ? " + pv + " : " + a + ";";
+        return a + " = (" + pv + cmp + a + " || " + pv + " != " + pv + ") ? " + pv + " : " + a + ";";
+      }
+      default: return "if (" + take(r, a, x, pv, px) + ") { " + a + " = " + pv + "; " + x + " = " + px + "; }";
+    }
+  }
+
+  void declare_final_partials(const std::vector<Red>& fins, i64 tiles) {
+    for (auto& r : fins) {
+      acc_array(r.acc_t, "fp" + std::to_string(r.node), tiles);
+      if (r.arg) acc_array("long long", "fx" + std::to_string(r.node), tiles);
+    }
+  }
+  /// Combines final partials in tile order and binds the finals; then the final stores.
+  void finals_combine(const std::vector<Red>& fins, i64 tiles) {
+    for (auto& r : fins) {
+      std::string a = "fin" + std::to_string(r.node), x = "finx" + std::to_string(r.node);
+      line(r.acc_t + " " + a + " = " + r.init + "; long long " + x + " = -1; (void)" + x + ";");
+      line("for (long long t = 0; t < " + std::to_string(tiles) + "LL; ++t) { " +
+           merge(r, a, x, "fp" + std::to_string(r.node) + "[t]", r.arg ? "fx" + std::to_string(r.node) + "[t]" : "0") + " }");
+      std::string res = "r" + std::to_string(r.node);
+      line("const " + std::string(ctype(r.out)) + " " + res + " = " + finish(r, a, x, "") + ";");
+      bound_[r.node] = Binding{res, 0, 0};
+    }
+    for (auto& st : k_.stores)
+      if (st.level == sched::Level::Final) store(st, sched::detail::zero_index(node(st.node).shape));
+  }
+
+  std::vector<Red> final_reds() {
+    std::vector<Red> v;
+    for (int f : k_.finals) v.push_back(red_info(f));
+    return v;
+  }
+
+  /// Reduction kernels whose tiles each cover whole rows: every pass of a row runs back to back
+  /// in one tile (the row stays in cache between passes).
+  void reduce_tiles() {
+    const auto& p = k_.loops;
+    const i64 tiles = p.tiles();
+    std::vector<Red> fins = final_reds();
+    declare_final_partials(fins, tiles);
+    open(p.parallel ? "#pragma omp parallel for schedule(static) num_threads(nth)" : "",
+         "for (long long t = 0; t < " + std::to_string(tiles) + "LL; ++t)", kept_mask());
+    tile_vars("t");
+    for (int pass = 1; pass <= k_.passes; ++pass) {
+      std::vector<Red> reds = phase_reds(pass);
+      for (auto& r : reds) declare_acc(r, p.column ? std::to_string(p.block) : "");
+      int opened = open_reduced_loops(reds, "", "");
+      pass_body(reds, pass);
+      for (int j = 0; j < opened; ++j) close();
+      for (auto& r : reds) {
+        std::string res = "r" + std::to_string(r.node);
+        if (p.column) {
+          line(std::string(ctype(r.out)) + " " + res + "[" + std::to_string(p.block) + "];");
+          line("for (long long kk = 0; kk < kn; ++kk) " + res + "[kk] = " + finish(r, r.name + "[kk]", "x" + r.name + "[kk]", "") + ";");
+          bound_[r.node] = Binding{res + "[kk]", group_mask(p.vec_group), 1};
+        } else {
+          line("const " + std::string(ctype(r.out)) + " " + res + " = " + finish(r, r.name, "x" + r.name, r.flag ? "f" + r.name : "") + ";");
+          bound_[r.node] = Binding{res, 0, 1};
+        }
+      }
+    }
+    row_stores();
+    finals_partial(fins, "t");
+    close();
+    finals_combine(fins, tiles);
+    free_arrays();
+  }
+
+  /// Reduction kernels with few rows: each pass is split into chunks along the outer reduced
+  /// loop, computed in parallel, and the chunks' partials are combined in a fixed order.
+  void reduce_split() {
+    const auto& p = k_.loops;
+    const i64 tiles = p.tiles();
+    const i64 chunks = p.chunks;
+    const i64 lanes = p.column ? p.block : 1;
+    const i64 e0 = extent(p.red_groups.front());
+    const std::string team = p.parallel ? "#pragma omp parallel for schedule(static) num_threads(nth)" : "";
+    std::vector<Red> fins = final_reds();
+    auto lane = [&](const std::string& base) { return p.column ? base + " * " + std::to_string(lanes) + "LL + kk" : base; };
+    for (int pass = 1; pass <= k_.passes; ++pass) {
+      std::vector<Red> reds = phase_reds(pass);
+      for (auto& r : reds) {
+        acc_array(r.acc_t, "pp" + std::to_string(r.node), tiles * chunks * lanes);
+        if (r.arg) acc_array("long long", "px" + std::to_string(r.node), tiles * chunks * lanes);
+      }
+      open(team, "for (long long u = 0; u < " + std::to_string(tiles * chunks) + "LL; ++u)", kept_mask());
+      line("const long long t = u / " + std::to_string(chunks) + "LL, ch = u % " + std::to_string(chunks) + "LL;");
+      tile_vars("t");
+      line("const long long lo = ch * " + std::to_string(p.chunk_len) + "LL;");
+      line("const long long hi = lo + " + std::to_string(p.chunk_len) + "LL < " + std::to_string(e0) + "LL ? lo + " +
+           std::to_string(p.chunk_len) + "LL : " + std::to_string(e0) + "LL;");
+      for (auto& r : reds) declare_acc(r, p.column ? std::to_string(p.block) : "");
+      int opened = open_reduced_loops(reds, "lo", "hi");
+      pass_body(reds, pass);
+      for (int j = 0; j < opened; ++j) close();
+      for (auto& r : reds) {
+        std::string pv = "pp" + std::to_string(r.node), px = "px" + std::to_string(r.node);
+        if (p.column) {
+          line("for (long long kk = 0; kk < kn; ++kk) { " + pv + "[" + lane("u") + "] = " + r.name + "[kk];" +
+               (r.arg ? " " + px + "[" + lane("u") + "] = x" + r.name + "[kk];" : "") + " }");
+        } else {
+          line(pv + "[u] = " + (r.flag ? "f" + r.name + " ? " + nan_of(r) + " : " + r.name : r.name) + ";");
+          if (r.arg) line(px + "[u] = x" + r.name + ";");
+        }
+      }
+      close();
+      // Combine the chunks of every row in order.
+      for (auto& r : reds) {
+        std::string res = "rr" + std::to_string(r.node);
+        acc_array(ctype(r.out), res, tiles * lanes);
+        open("", "for (long long t = 0; t < " + std::to_string(tiles) + "LL; ++t)", 0);
+        if (p.column) {
+          block_vars("t");
+          open("", "for (long long kk = 0; kk < kn; ++kk)", 0);
+        }
+        line(r.acc_t + " a = " + r.init + "; long long x = -1; (void)x;");
+        std::string at = "(t * " + std::to_string(chunks) + "LL + c)";
+        line("for (long long c = 0; c < " + std::to_string(chunks) + "LL; ++c) { " +
+             merge(r, "a", "x", "pp" + std::to_string(r.node) + "[" + lane(at) + "]", r.arg ? "px" + std::to_string(r.node) + "[" + lane(at) + "]" : "0") + " }");
+        line(res + "[" + lane("t") + "] = " + finish(r, "a", "x", "") + ";");
+        if (p.column) close();
+        close();
+        bound_[r.node] = Binding{res + "[" + lane("t") + "]", p.column ? group_mask(p.vec_group) : 0, 1};
+      }
+    }
+    // Row-level stores and finals, one tile at a time (there are few tiles).
+    open("", "for (long long t = 0; t < " + std::to_string(tiles) + "LL; ++t)", kept_mask());
+    tile_vars("t");
+    row_stores();
+    close();
+    if (!fins.empty()) {
+      declare_final_partials(fins, tiles);
+      open("", "for (long long t = 0; t < " + std::to_string(tiles) + "LL; ++t)", kept_mask());
+      tile_vars("t");
+      finals_partial(fins, "t");
+      close();
+    }
+    finals_combine(fins, tiles);
+    free_arrays();
+  }
+
+  const ir::Graph& g_;
+  const sched::Schedule& s_;
+  const sched::Kernel& k_;
+  int kid_;
+  Needs& needs_;
+  std::vector<int> group_of_;
+  std::vector<Scope> scopes_;
+  std::unordered_map<int, Binding> bound_;
+  std::unordered_map<std::string, bool> declared_;
+  std::vector<std::string> decls_;
+  std::vector<std::string> frees_;
+  int counter_ = 0;
+};
+
+}  // namespace detail
+
+/// C++/OpenMP source for every kernel of `s` (a schedule of `g`) in one translation unit.
+/// Kernel i is exported as `<prefix>_<i>`. Throws DTypeError for a primitive on a dtype it is
+/// not defined for (as the reference executor does), Error when the math prelude is missing.
+inline CppSource generate_cpp(const ir::Graph& g, const sched::Schedule& s, const std::string& prefix) {
+  detail::Needs needs;
+  CppSource out;
+  std::string body;
+  for (std::size_t k = 0; k < s.kernels.size(); ++k) {
+    std::string name = prefix + "_" + std::to_string(k);
+    detail::KernelWriter w(g, s, static_cast<int>(k), needs);
+    body += w.write(name);
+    out.entries.push_back(std::move(name));
+  }
+  std::string& src = out.source;
+  src = "// kiln generated CPU kernels\n";
+  // Lets GCC if-convert selects whose arms hold floating-point arithmetic (trapping math only
+  // concerns floating-point exception flags, which kiln never reads; values are unchanged).
+  src += "#pragma GCC optimize(\"no-trapping-math\")\n";
+  src += "static inline long long kiln_iclamp(long long x, long long hi) { return x < 0 ? 0 : x > hi ? hi : x; }\n";
+  if (needs.ints) src += detail::kIntHelpers;
+  if (needs.half) src += detail::kHalfHelpers;
+  if (needs.bf16) src += detail::kBf16Helpers;
+  if (needs.math) {
+    std::string m = detail::cpu_math_source();
+    if (m.empty()) throw Error("kiln codegen: the CPU math prelude (kiln/codegen/cpu_math.hpp) is not available");
+    src += m;
+    src += "\n";
+  }
+  if (needs.philox) {
+    src += philox::kPhiloxSource;
+    src += "\n";
+  }
+  src += body;
+  return out;
+}
+
+}  // namespace kiln::codegen

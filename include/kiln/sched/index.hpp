@@ -1,0 +1,317 @@
+#pragma once
+// Index arithmetic of fused kernels. Inside a kernel every value is computed at an index that
+// is a function of the kernel's loop indices i_0..i_{r-1} (one per dimension of its iteration
+// space). Index maps (broadcast, permute, slice, reshape, concat) become arithmetic on those
+// functions instead of copies. Most of them stay affine (sum c_d * i_d + k), which is what
+// lets the scheduler prove that a reference reads "the current row" of a reduction, merge
+// loop dimensions and find the unit-stride dimension; what is not affine (a reshape that
+// splits an index unevenly, concat's clamped pieces) is carried as opaque C text.
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/core/error.hpp"
+#include "kiln/core/shape.hpp"
+#include "kiln/ir/graph.hpp"
+
+namespace kiln::sched {
+
+using i64 = std::int64_t;
+
+/// Most loop dimensions a kernel may have (opaque expressions track their dims in a bit mask).
+inline constexpr int kMaxRank = 64;
+
+/// One integer index as a function of the kernel's loop indices: affine
+/// (sum coeff[d] * i_d + constant) or, when `text` is set, an opaque C expression.
+struct IndexExpr {
+  std::vector<i64> coeff;  ///< one per kernel dimension (affine only)
+  i64 constant = 0;        ///< affine only
+  std::string text;        ///< opaque: C expression over the loop variables i<d>
+  std::uint64_t deps = 0;  ///< opaque: the kernel dimensions the text reads
+
+  bool affine() const { return text.empty(); }
+  bool is_constant() const {
+    if (!affine()) return false;
+    for (auto c : coeff)
+      if (c != 0) return false;
+    return true;
+  }
+  /// Kernel dimensions the value depends on.
+  std::uint64_t dep_mask() const {
+    if (!affine()) return deps;
+    std::uint64_t m = 0;
+    for (std::size_t d = 0; d < coeff.size(); ++d)
+      if (coeff[d] != 0) m |= std::uint64_t(1) << d;
+    return m;
+  }
+  i64 at(std::size_t d) const { return d < coeff.size() ? coeff[d] : 0; }
+  /// A string that identifies the expression (memo keys).
+  std::string key() const {
+    if (!affine()) return "o" + text;
+    std::string k = "a";
+    for (std::size_t d = 0; d < coeff.size(); ++d)
+      if (coeff[d] != 0) k += std::to_string(d) + "*" + std::to_string(coeff[d]) + ",";
+    return k + std::to_string(constant);
+  }
+  friend bool operator==(const IndexExpr& a, const IndexExpr& b) { return a.key() == b.key(); }
+};
+
+/// An index into a node: one expression per dimension of the node's shape.
+using Index = std::vector<IndexExpr>;
+
+inline std::string index_key(const Index& idx) {
+  std::string k;
+  for (auto& e : idx) k += e.key() + ";";
+  return k;
+}
+
+inline IndexExpr ix_const(i64 k) {
+  IndexExpr e;
+  e.constant = k;
+  return e;
+}
+
+inline IndexExpr ix_var(int d, int rank) {
+  IndexExpr e;
+  e.coeff.assign(static_cast<std::size_t>(rank), 0);
+  e.coeff[static_cast<std::size_t>(d)] = 1;
+  return e;
+}
+
+/// The loop variable of kernel dimension d, as generated code names it.
+inline std::string loop_var(int d) { return "i" + std::to_string(d); }
+
+/// C text of an affine expression with every dimension named by its own loop variable.
+inline std::string affine_text(const IndexExpr& e) {
+  std::string s;
+  for (std::size_t d = 0; d < e.coeff.size(); ++d) {
+    i64 c = e.coeff[d];
+    if (c == 0) continue;
+    if (!s.empty()) s += c < 0 ? " - " : " + ";
+    else if (c < 0) s += "-";
+    i64 a = c < 0 ? -c : c;
+    if (a != 1) s += std::to_string(a) + "LL*";
+    s += loop_var(static_cast<int>(d));
+  }
+  if (e.constant != 0 || s.empty()) {
+    if (!s.empty()) s += e.constant < 0 ? " - " : " + ";
+    else if (e.constant < 0) s += "-";
+    s += std::to_string(e.constant < 0 ? -e.constant : e.constant) + "LL";
+  }
+  return s;
+}
+
+/// C text of any index expression, loop variables named per dimension.
+inline std::string ix_text(const IndexExpr& e) { return e.affine() ? "(" + affine_text(e) + ")" : "(" + e.text + ")"; }
+
+inline IndexExpr ix_opaque(std::string text, std::uint64_t deps) {
+  IndexExpr e;
+  e.text = std::move(text);
+  e.deps = deps;
+  return e;
+}
+
+inline IndexExpr ix_add(const IndexExpr& a, const IndexExpr& b) {
+  if (a.affine() && b.affine()) {
+    IndexExpr r;
+    r.coeff.assign(std::max(a.coeff.size(), b.coeff.size()), 0);
+    for (std::size_t d = 0; d < r.coeff.size(); ++d) r.coeff[d] = a.at(d) + b.at(d);
+    r.constant = a.constant + b.constant;
+    return r;
+  }
+  return ix_opaque(ix_text(a) + " + " + ix_text(b), a.dep_mask() | b.dep_mask());
+}
+
+inline IndexExpr ix_scale(const IndexExpr& a, i64 k) {
+  if (a.affine()) {
+    IndexExpr r = a;
+    for (auto& c : r.coeff) c *= k;
+    r.constant *= k;
+    return r;
+  }
+  if (k == 1) return a;
+  return ix_opaque(std::to_string(k) + "LL*" + ix_text(a), a.deps);
+}
+
+inline IndexExpr ix_add_const(const IndexExpr& a, i64 k) { return ix_add(a, ix_const(k)); }
+
+/// (e / p, e % p) for an index e >= 0 and p > 0, affine when that is exact: the terms whose
+/// coefficients are multiples of p form the quotient and the rest (which must stay below p
+/// over the whole iteration space `space`) the remainder. Otherwise opaque division.
+inline std::pair<IndexExpr, IndexExpr> ix_divmod(const IndexExpr& e, i64 p, const Shape& space) {
+  if (p == 1) return {e, ix_const(0)};
+  if (e.affine()) {
+    IndexExpr q, r;
+    q.coeff.assign(e.coeff.size(), 0);
+    r.coeff.assign(e.coeff.size(), 0);
+    bool ok = e.constant >= 0;
+    i64 low_max = e.constant % p;
+    q.constant = e.constant / p;
+    r.constant = e.constant % p;
+    for (std::size_t d = 0; d < e.coeff.size() && ok; ++d) {
+      i64 c = e.coeff[d];
+      if (c == 0) continue;
+      if (c < 0) ok = false;
+      else if (c % p == 0) q.coeff[d] = c / p;
+      else {
+        r.coeff[d] = c;
+        i64 ext = d < space.size() ? space[d] : 1;
+        low_max += c * (ext > 0 ? ext - 1 : 0);
+      }
+    }
+    if (ok && low_max < p) return {q, r};
+  }
+  std::string t = ix_text(e);
+  std::uint64_t m = e.dep_mask();
+  return {ix_opaque(t + " / " + std::to_string(p) + "LL", m), ix_opaque(t + " % " + std::to_string(p) + "LL", m)};
+}
+
+/// Zero for every dimension of size 1 (its only index), so equal positions compare equal.
+inline void normalize(Index& idx, const Shape& shape) {
+  for (std::size_t d = 0; d < idx.size(); ++d)
+    if (shape[d] == 1) idx[d] = ix_const(0);
+}
+
+/// The identity index of a kernel of rank r (dimension d read by loop variable d).
+inline Index identity_index(const Shape& space) {
+  Index idx;
+  const int r = static_cast<int>(space.size());
+  for (int d = 0; d < r; ++d) idx.push_back(ix_var(d, r));
+  normalize(idx, space);
+  return idx;
+}
+
+/// Row-major flat offset of `idx` in `shape` (sum idx[d] * contiguous stride[d]).
+inline IndexExpr flat_index(const Index& idx, const Shape& shape) {
+  Strides st = contiguous_strides(shape);
+  IndexExpr f = ix_const(0);
+  for (std::size_t d = 0; d < idx.size(); ++d)
+    if (shape[d] != 1) f = ix_add(f, ix_scale(idx[d], st[d]));
+  return f;
+}
+
+/// Splits a flat row-major position `f` (0 <= f < shape.numel()) into an index of `shape`.
+inline Index unflatten(const IndexExpr& f, const Shape& shape, const Shape& space) {
+  Index out(shape.size(), ix_const(0));
+  if (shape.numel() == 0) return out;
+  Strides st = contiguous_strides(shape);
+  // Peel dimensions outermost first: rest < numel of the dims left, so each quotient is
+  // already below its dimension's size and needs no modulo.
+  IndexExpr rest = f;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    auto [q, r] = ix_divmod(rest, st[d], space);
+    out[d] = q;
+    rest = r;
+  }
+  return out;
+}
+
+/// Offset functional of a strided access: sum idx[d] * strides[d].
+inline IndexExpr strided_offset(const Index& idx, const Strides& strides, const Shape& shape) {
+  IndexExpr f = ix_const(0);
+  for (std::size_t d = 0; d < idx.size(); ++d)
+    if (shape[d] != 1 && strides[d] != 0) f = ix_add(f, ix_scale(idx[d], strides[d]));
+  return f;
+}
+
+// ---- index maps: the index of an input given the index of the output --------------------
+
+/// Broadcast: size-1 dimensions of the input read index 0.
+inline Index map_broadcast(const Index& idx, const Shape& in_shape) {
+  Index r = idx;
+  normalize(r, in_shape);
+  return r;
+}
+
+/// Permute: output dim i is input dim perm[i].
+inline Index map_permute(const Index& idx, const std::vector<i64>& perm, const Shape& in_shape) {
+  Index r(idx.size(), ix_const(0));
+  for (std::size_t i = 0; i < perm.size(); ++i) r[static_cast<std::size_t>(perm[i])] = idx[i];
+  normalize(r, in_shape);
+  return r;
+}
+
+/// Slice {axis, start, step}.
+inline Index map_slice(const Index& idx, const std::vector<i64>& attrs, const Shape& in_shape) {
+  Index r = idx;
+  auto axis = static_cast<std::size_t>(attrs.at(0));
+  r[axis] = ix_add_const(ix_scale(idx[axis], attrs.at(2)), attrs.at(1));
+  normalize(r, in_shape);
+  return r;
+}
+
+/// Reshape: dimensions are matched in groups of equal size (size-1 dims dropped) so that a
+/// reshape that only merges or splits neighbours evenly stays affine.
+inline Index map_reshape(const Index& idx, const Shape& out_shape, const Shape& in_shape, const Shape& space) {
+  Index r(in_shape.size(), ix_const(0));
+  if (in_shape.numel() == 0) return r;
+  std::vector<std::size_t> od, id;
+  for (std::size_t d = 0; d < out_shape.size(); ++d)
+    if (out_shape[d] != 1) od.push_back(d);
+  for (std::size_t d = 0; d < in_shape.size(); ++d)
+    if (in_shape[d] != 1) id.push_back(d);
+  std::size_t a = 0, b = 0;
+  while (a < od.size() && b < id.size()) {
+    std::size_t a0 = a, b0 = b;
+    i64 pa = out_shape[od[a++]], pb = in_shape[id[b++]];
+    while (pa != pb) {
+      if (pa < pb) pa *= out_shape[od[a++]];
+      else pb *= in_shape[id[b++]];
+    }
+    // Flat position inside the group, then split over the input dims of the group.
+    IndexExpr f = ix_const(0);
+    i64 mult = 1;
+    for (std::size_t k = a; k-- > a0;) {
+      f = ix_add(f, ix_scale(idx[od[k]], mult));
+      mult *= out_shape[od[k]];
+    }
+    if (b - b0 == 1) {
+      r[id[b0]] = f;
+      continue;
+    }
+    Shape sub;
+    for (std::size_t k = b0; k < b; ++k) sub.push_back(in_shape[id[k]]);
+    Index parts = unflatten(f, sub, space);
+    for (std::size_t k = b0; k < b; ++k) r[id[k]] = parts[k - b0];
+  }
+  return r;
+}
+
+/// Concat piece k: the index into input k, clamped into range so that every piece can be
+/// loaded unconditionally (the kernel then selects the right one without branches).
+inline Index map_concat_piece(const Index& idx, std::size_t axis, i64 offset, i64 size, const Shape& in_shape) {
+  Index r = idx;
+  if (size <= 1) {
+    r[axis] = ix_const(0);
+  } else {
+    IndexExpr shifted = ix_add_const(idx[axis], -offset);
+    r[axis] = ix_opaque("kiln_iclamp(" + ix_text(shifted) + ", " + std::to_string(size - 1) + "LL)", shifted.dep_mask());
+  }
+  normalize(r, in_shape);
+  return r;
+}
+
+/// The index at which `node`'s input `k` is read when `node` is evaluated at `idx` (index
+/// maps only; pointwise ops read their inputs at the same index).
+inline Index input_index(const ir::Graph& g, const ir::GraphNode& n, std::size_t k, const Index& idx, const Shape& space) {
+  const ir::GraphNode& in = g.nodes[static_cast<std::size_t>(n.inputs[k])];
+  switch (n.op) {
+    case ir::Op::Broadcast: return map_broadcast(idx, in.shape);
+    case ir::Op::Permute: return map_permute(idx, n.attrs.ints, in.shape);
+    case ir::Op::Slice: return map_slice(idx, n.attrs.ints, in.shape);
+    case ir::Op::Reshape: return map_reshape(idx, n.shape, in.shape, space);
+    case ir::Op::Concat: {
+      auto axis = static_cast<std::size_t>(n.attrs.ints.at(0));
+      i64 offset = 0;
+      for (std::size_t j = 0; j < k; ++j) offset += g.nodes[static_cast<std::size_t>(n.inputs[j])].shape[axis];
+      return map_concat_piece(idx, axis, offset, in.shape[axis], in.shape);
+    }
+    default: return idx;
+  }
+}
+
+}  // namespace kiln::sched

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "kiln/backend/cpu_jit.hpp"
 #include "kiln/backend/executor.hpp"
 #include "kiln/backend/reference.hpp"
 #include "kiln/runtime/host_allocator.hpp"
@@ -27,20 +28,31 @@ inline void copy_bytes(void* dst, Device dst_device, const void* src, Device src
   throw DeviceError("copy from " + src_device.str() + " to " + dst_device.str() + ": this build has no CUDA executor");
 }
 
+/// True when CPU graphs run as fused, compiled kernels under `mode`: Jit and Auto need a host
+/// compiler (without one, Auto falls back to the reference executor after one warning).
+inline bool cpu_uses_jit(Mode mode) {
+  if (mode == Mode::Eager) return false;
+  if (mode == Mode::Jit) return true;
+  return cpu_jit_available();
+}
+
 /// Runs `g` with the executor `mode` selects for its device.
 inline void run(const ir::Graph& g, const RunArgs& args, Mode mode) {
   if (!g.device.is_cpu()) throw DeviceError("no executor for device " + g.device.str());
-  (void)mode;
-  run_reference(g, args);
+  if (cpu_uses_jit(mode)) run_cpu_jit(g, args);
+  else run_reference(g, args);
 }
 
 /// How `g` would be run (its kernels), as text.
 inline std::string explain(const ir::Graph& g, Mode mode) {
-  (void)mode;
+  if (g.device.is_cpu() && cpu_uses_jit(mode)) return "CPU JIT kernels:\n" + explain_schedule(g);
   return "reference executor: one launch per primitive\n" + g.str();
 }
 
 /// Drops every compiled plan and kernel the executors keep in memory.
-inline void clear_caches() {}
+inline void clear_caches() {
+  detail::CpuPlanCache::instance().clear();
+  runtime::CpuModuleCache::instance().clear();
+}
 
 }  // namespace kiln::backend

@@ -133,3 +133,217 @@ TEST_CASE("cpu jit: WORKLOADS.md workloads at IR level, fused == reference, kern
     expect(run_both({decomp::gelu(X, false), decomp::silu(X)}), 1);
   }
 }
+
+TEST_CASE("cpu jit: layouts (strided, transposed, sliced, broadcast leaves; strided outputs; lazy index maps)") {
+  const std::int64_t R = 48, C = 40;
+  SUBCASE("transposed and sliced leaves, pointwise and reductions") {
+    NodePtr t = input({R, C}, f32, 30, {1, R}, R * C);                 // a [C, R] buffer viewed transposed
+    NodePtr s = input({R, C}, f32, 31, {2 * C + 3, 2}, 2 * C * R + 3 * R + 2, 5);  // every other column, padded rows
+    expect(run_both({add(t, s), red(Op::ReduceSum, t, {1}), red(Op::ReduceMax, s, {0})}), 2);  // add joins a reduction
+  }
+  SUBCASE("broadcast leaf (zero strides) and scalar leaf") {
+    NodePtr b = input({R, C}, f32, 32, {0, 1}, C);
+    NodePtr one = input({}, f32, 33);
+    NodePtr y = mul(b, ir::broadcast(ir::reshape(one, {1, 1}), {R, C}));
+    expect(run_both({y, red(Op::ReduceSum, y, {0, 1})}), 1);
+  }
+  SUBCASE("outputs written with strides (assign into a transposed view)") {
+    NodePtr x = input({R, C}, f32, 34), y = input({R, C}, f32, 35);
+    expect(run_both({add(x, y), red(Op::ReduceSum, x, {1})}, {Strides{1, R}, Strides{2, 1}}), 1);
+  }
+  SUBCASE("lazy permute, slice, reshape (even and uneven splits), concat") {
+    NodePtr x = input({R, C}, f32, 36), y = input({C, R}, f32, 37);
+    NodePtr p = ir::permute(add(x, cst(1.0, x)), {1, 0});                       // [C, R]
+    NodePtr sl = ir::slice(mul(y, y), 1, 3, 10, 4);                               // [C, 10]
+    NodePtr flat = ir::reshape(p, Shape{C * R});                                  // merge after permute
+    NodePtr split = ir::reshape(add(flat, cst(2.0, flat)), Shape{R, C});          // uneven: [C*R] -> [R, C]
+    NodePtr odd = ir::reshape(ir::permute(un(Op::Neg, x), {1, 0}), Shape{8, 5, 48});  // C*R = 1920 = 8*5*48
+    NodePtr cat0 = ir::concat({p, un(Op::Abs, y), ir::slice(p, 1, 0, 10, 1)}, 1);
+    NodePtr cat1 = ir::concat({add(x, x), ir::slice(mul(x, x), 0, 5, 7, 1)}, 0);
+    expect(run_both({p, sl, split, odd, cat0, cat1}), 6);  // six shapes
+  }
+  SUBCASE("reductions over several and middle axes, kept dims") {
+    NodePtr z = input({6, 10, 12}, f32, 38);
+    expect(run_both({red(Op::ReduceSum, z, {0, 2}), red(Op::ReduceSum, z, {1}), red(Op::ReduceMax, z, {0, 1}),
+                     red(Op::ReduceMin, z, {2}), red(Op::ReduceSum, z, {0, 1, 2})}),
+           5);
+  }
+}
+
+TEST_CASE("cpu jit: dtypes") {
+  const Shape sh{12, 20};
+  SUBCASE("f16 and bf16 are computed in f32 and rounded per op") {
+    for (DType dt : {f16, bf16}) {
+      NodePtr a = input(sh, dt, 40), b = input(sh, dt, 41);
+      NodePtr y = add(mul(a, b), div(un(Op::Exp, a), add(un(Op::Abs, b), cst(1.0, b))));
+      NodePtr z = un(Op::Sqrt, un(Op::Abs, sub(a, b)));
+      expect(run_both({y, z, red(Op::ReduceSum, y, {1}), red(Op::ReduceMax, a, {0}), ir::cast(y, f32), ir::cast(a, i32)}), 2);
+    }
+  }
+  SUBCASE("f64") {
+    NodePtr a = input(sh, f64, 42), b = input(sh, f64, 43);
+    NodePtr y = add(un(Op::Tanh, a), mul(un(Op::Log1p, un(Op::Abs, b)), un(Op::Erf, a)));
+    expect(run_both({y, red(Op::ReduceSum, y, {1}), red(Op::ReduceProd, add(cst(1.0, a), mul(cst(0.01, a), a)), {0})}), 2);
+  }
+  SUBCASE("int32, int64: wrapping arithmetic, division, pow, reductions") {
+    for (DType dt : {i32, i64}) {
+      NodePtr a = input(sh, dt, 44), b = input(sh, dt, 45);
+      NodePtr big = mul(a, cst(dt == i32 ? 2147483000.0 : 9.2e18, a));
+      expect(run_both({add(mul(a, b), big), div(a, b), ir::binary(Op::Pow, a, un(Op::Abs, b)), un(Op::Neg, a), un(Op::Abs, a),
+                       ir::binary(Op::Maximum, a, b), red(Op::ReduceSum, a, {1}), red(Op::ReduceProd, b, {0}),
+                       red(Op::ReduceMin, a, {1}), red(Op::ArgMax, b, {1}), red(Op::ArgMin, a, {0}), ir::cast(a, f32),
+                       ir::cast(a, dt == i32 ? i64 : i32), ir::binary(Op::Lt, a, b)}),
+             2);
+    }
+  }
+  SUBCASE("bool: logic, arithmetic on 0/1, reductions, casts") {
+    NodePtr a = input(sh, bool_, 46), b = input(sh, bool_, 47);
+    expect(run_both({ir::binary(Op::And, a, b), ir::binary(Op::Or, a, un(Op::Not, b)), add(a, b), mul(a, b), sub(a, b),
+                     red(Op::ReduceSum, a, {1}), red(Op::ReduceMax, a, {0}), red(Op::ReduceMin, b, {1}), red(Op::ArgMax, a, {1}),
+                     ir::cast(a, f32), ir::cast(a, i64), ir::where(a, input(sh, f32, 48), input(sh, f32, 49))}),
+           2);
+  }
+  SUBCASE("casts between every pair") {
+    NodePtr a = input(sh, f32, 50, {}, -1, 0, 100.0);
+    std::vector<NodePtr> outs;
+    for (DType from : {bool_, i32, i64, f16, bf16, f32, f64}) {
+      NodePtr src = ir::cast(a, from);
+      for (DType to : {bool_, i32, i64, f16, bf16, f32, f64}) outs.push_back(ir::cast(src, to));
+    }
+    expect(run_both(outs), 1);
+  }
+  SUBCASE("a primitive on a dtype it is not defined for throws DTypeError") {
+    NodePtr a = input(sh, i32, 51);
+    ir::Captured c = ir::capture({un(Op::Exp, a)}, cpu());
+    Outputs o = make_outputs(c.graph, 0);
+    CHECK_THROWS_AS(backend::run_cpu_jit(c.graph, args_for(c, o)), DTypeError);
+  }
+}
+
+TEST_CASE("cpu jit: NaN, Inf and signed zeros behave as in the reference") {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> va = {1.f, -0.f, 0.f, nan, inf, -inf, 2.5f, -2.5f, 0.5f, -0.5f, 3.f, nan, 1.5f, -1.5f, 7.f, -7.f};
+  std::vector<float> vb = {nan, 0.f, -0.f, 1.f, -inf, inf, 0.f, -0.f, 2.f, 2.f, 3.f, 4.f, -1.f, 1.f, 0.f, -0.f};
+  NodePtr a = input_values<float>({4, 4}, va), b = input_values<float>({4, 4}, vb);
+  expect(run_both({ir::binary(Op::Maximum, a, b), ir::binary(Op::Minimum, a, b), div(a, b), un(Op::Floor, a), un(Op::Ceil, a),
+                   un(Op::Round, a), un(Op::Neg, a), un(Op::Abs, a), un(Op::Sqrt, a), un(Op::Rsqrt, a), un(Op::Exp, a),
+                   un(Op::Log, a), un(Op::IsNan, a), un(Op::IsInf, b), ir::cast(a, i32), ir::cast(a, bool_),
+                   ir::binary(Op::Pow, a, b), mul(a, b)}),
+         1);
+  expect(run_both({red(Op::ReduceMax, a, {1}), red(Op::ReduceMin, a, {0}), red(Op::ArgMax, a, {1}), red(Op::ArgMin, a, {0}),
+                   red(Op::ReduceSum, b, {1}), red(Op::ReduceProd, a, {0})}),
+         2);
+}
+
+TEST_CASE("cpu jit: leaves, generators, size 0, outputs that are inputs") {
+  SUBCASE("iota, random (every float dtype, both distributions), constants") {
+    std::vector<NodePtr> outs;
+    for (DType dt : {f16, bf16, f32, f64}) {
+      outs.push_back(ir::random({9, 13}, 1234, 0, dt, cpu()));
+      outs.push_back(ir::random({9, 13}, 99, 1, dt, cpu()));
+      outs.push_back(ir::iota({9, 13}, 1, dt, cpu()));
+    }
+    outs.push_back(ir::iota({9, 13}, 0, i64, cpu()));
+    outs.push_back(ir::constant(-0.0, f32, {9, 13}, cpu()));
+    outs.push_back(ir::constant_int(-7, i32, {9, 13}, cpu()));
+    expect(run_both(outs), 1);
+  }
+  SUBCASE("size-0 tensors and reductions over empty axes") {
+    NodePtr e = input({0, 5}, f32, 60);
+    expect(run_both({add(e, e), red(Op::ReduceSum, e, {0}), red(Op::ReduceSum, e, {1}), red(Op::ReduceProd, e, {0})}), 2);
+  }
+  SUBCASE("an input and a constant as outputs, one node output twice") {
+    NodePtr x = input({7, 3}, f32, 61, {1, 7}, 21);
+    NodePtr y = add(x, x);
+    expect(run_both({x, y, y, ir::constant(3.0, f64, {2}, cpu())}), 2);
+  }
+}
+
+TEST_CASE("cpu jit: parallel, split and column paths on larger shapes") {
+  SUBCASE("parallel pointwise and row kernel") {
+    NodePtr X = input({256, 320}, f32, 70);
+    expect(run_both({decomp::softmax(X, 1), add(X, cst(1.0, X))}), 1);
+  }
+  SUBCASE("full reduction split into chunks (sum, max with NaN free data, argmax)") {
+    NodePtr x = input({1 << 17}, f32, 71);
+    expect(run_both({red(Op::ReduceSum, x, {0}), red(Op::ReduceMax, x, {0}), red(Op::ArgMin, x, {0})}), 1);
+  }
+  SUBCASE("few long rows: row softmax split into chunks") {
+    NodePtr X = input({3, 40000}, f32, 72);
+    expect(run_both({decomp::softmax(X, 1), red(Op::ArgMax, X, {1})}), 1);
+  }
+  SUBCASE("column sum of a tall narrow matrix: split over rows, combined in order") {
+    NodePtr X = input({40000, 3}, f32, 73);
+    expect(run_both({red(Op::ReduceSum, X, {0}), red(Op::ReduceMax, X, {0})}), 1);
+  }
+  SUBCASE("softmax over axis 0: column strategy with several passes") {
+    NodePtr X = input({300, 200}, f32, 74);
+    expect(run_both({decomp::softmax(X, 0), decomp::layer_norm(ir::permute(X, {1, 0}), nullptr, nullptr, 1e-5)}), 2);
+  }
+  SUBCASE("accurate float sums over many elements") {
+    NodePtr x = input({1 << 20}, f32, 75);
+    expect(run_both({red(Op::ReduceSum, add(x, cst(3.0, x)), {0})}, {}, 0.05), 1);
+  }
+}
+
+TEST_CASE("cpu jit: fusion boundaries") {
+  const std::int64_t S = 32;
+  SUBCASE("a reduction read at other rows is materialised and read by a second kernel") {
+    NodePtr x = input({S, S}, f32, 80);
+    NodePtr rs = red(Op::ReduceSum, x, {1});                          // [S, 1]
+    NodePtr t = ir::permute(ir::broadcast(rs, {S, S}), {1, 0});        // row i reads rs[j]
+    expect(run_both({red(Op::ReduceSum, mul(x, t), {1})}), 2);
+  }
+  SUBCASE("a reduction output also read by another kernel comes from the output buffer") {
+    NodePtr x = input({S, S}, f32, 81);
+    NodePtr rs = red(Op::ReduceSum, x, {1});
+    NodePtr cs = red(Op::ReduceSum, div(x, ir::broadcast(rs, {S, S})), {0});
+    expect(run_both({rs, cs}), 2);
+  }
+  SUBCASE("siblings of one shape share a kernel; other shapes get their own") {
+    NodePtr x = input({S, S}, f32, 82), v = input({S}, f32, 83);
+    expect(run_both({mul(x, cst(2.0, x)), add(x, cst(1.0, x))}), 1);
+    expect(run_both({mul(x, cst(2.0, x)), add(v, v)}), 2);
+  }
+  SUBCASE("row and column reductions of one input: two kernels, both exact") {
+    NodePtr x = input({S, 3 * S}, f32, 84);
+    NodePtr y = div(x, mul(ir::broadcast(red(Op::ReduceSum, x, {1}), x->shape), ir::broadcast(red(Op::ReduceMax, x, {0}), x->shape)));
+    expect(run_both({y}), 2);
+  }
+}
+
+TEST_CASE("cpu jit: plan cache and threads") {
+  NodePtr x = input({16, 16}, f32, 90);
+  NodePtr y = add(mul(x, x), cst(0.25, x));
+  ir::Captured c = ir::capture({y}, cpu());
+  Outputs o = make_outputs(c.graph, 0);
+  backend::run_cpu_jit(c.graph, args_for(c, o));
+  auto before = stats();
+  std::size_t plans = backend::detail::CpuPlanCache::instance().size();
+  backend::run_cpu_jit(c.graph, args_for(c, o));
+  CHECK(stats().compiles == before.compiles);
+  CHECK(stats().memory_hits == before.memory_hits);  // a plan hit does not even ask the module cache
+  CHECK(stats().launches == before.launches + 1);
+  CHECK(backend::detail::CpuPlanCache::instance().size() == plans);
+  CHECK(backend::explain_schedule(c.graph).find("kernel 0: pointwise") != std::string::npos);
+
+  // Threads racing for one new graph all get correct results.
+  NodePtr z = input({64, 64}, f32, 91);
+  NodePtr w = decomp::log_softmax(mul(z, cst(1.5, z)), 1);
+  ir::Captured cz = ir::capture({w}, cpu());
+  Outputs ref = make_outputs(cz.graph, 0);
+  backend::run_reference(cz.graph, args_for(cz, ref));
+  std::atomic<int> bad{0};
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 4; ++i)
+    ts.emplace_back([&] {
+      Outputs mine = make_outputs(cz.graph, 0);
+      backend::run_cpu_jit(cz.graph, args_for(cz, mine));
+      const float* a = static_cast<const float*>(mine.pointers[0]);
+      const float* b = static_cast<const float*>(ref.pointers[0]);
+      for (int k = 0; k < 64 * 64; ++k)
+        if (std::fabs(a[k] - b[k]) > 1e-5f * (1 + std::fabs(b[k]))) bad++;
+    });
+  for (auto& t : ts) t.join();
+  CHECK(bad == 0);
+}

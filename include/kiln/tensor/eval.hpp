@@ -119,10 +119,18 @@ inline void evaluate_into(const ir::NodePtr& value, const ir::NodePtr& destinati
     if (!pointwise_only || leaf->buffer->offset != dst.offset || leaf->buffer->strides != dst.strides) unsafe_alias = true;
   }
   if (aliased && unsafe_alias) {
-    // Compute into a temporary first, then copy: the graph reads what it overwrites.
-    Tensor tmp(value);
-    evaluate({tmp.node()});
-    evaluate_into(tmp.node(), destination);
+    // Compute into a fresh temporary first, then copy: the graph reads what it overwrites.
+    // The captured graph itself is run into new memory: `value` may be a realized view of the
+    // destination (x.assign(transpose(x))), which evaluating would leave where it is.
+    StoragePtr st = allocate(static_cast<std::size_t>(value->numel()) * itemsize(value->dtype), destination->device);
+    backend::RunArgs targs;
+    for (auto& leaf : c.leaves) targs.inputs.push_back(leaf_pointer(*leaf));
+    targs.outputs.push_back(st->data);
+    run_graph(c.graph, targs);
+    counters().graphs++;
+    evaluate_into(ir::input(ir::BufferView{st, 0, contiguous_strides(value->shape)}, value->shape, value->dtype,
+                            destination->device),
+                  destination);
     return;
   }
   c.graph.output_strides[0] = dst.strides;

@@ -1,0 +1,1746 @@
+#pragma once
+// CUDA code generation: a scheduled graph -> one CUDA translation unit (for NVRTC) holding one
+// `extern "C" __global__` kernel per kernel of the schedule. The kernel grouping and the index
+// algebra are the scheduler's (kiln/sched), exactly as for the CPU; only the mapping of the
+// loops onto the GPU differs:
+//
+//  * pointwise kernels: one thread per VEC consecutive elements of the unit-stride loop group,
+//    grid-stride over the rest; VEC = 16 bytes of the narrowest vectorisable access, so every
+//    contiguous load and store is one 16-byte transaction per thread (a scalar tail covers what
+//    the vectors leave over);
+//  * row reductions: a warp (short rows) or a block per row; the row is read once into
+//    registers (or shared memory for long rows) when later passes need it again, reductions are
+//    folded per thread, then across the warp with shuffles and across warps through shared
+//    memory; few long rows are split over many blocks whose partials the last block combines;
+//  * column reductions: each thread owns VEC neighbouring columns (coalesced along the
+//    contiguous axis) and a share of the rows; shares are combined in shared memory, and when
+//    there are few columns the rows are split over blocks whose partials the last block of each
+//    column tile combines;
+//  * reductions over all rows of a row kernel ("finals", e.g. cross_entropy's mean) fold
+//    per-block partials that the last block combines.
+// Every combination runs in a fixed order for a given grid, and the grid depends only on the
+// device (its multiprocessor count), so results are deterministic. Values are computed as the
+// reference executor (kiln/backend/reference.hpp) defines them: f16/bf16 are loaded and stored
+// as 16-bit and computed in f32, rounded once per op; sums accumulate in double (floats) or
+// wrap in 64 bits (integers); CUDA's standard-accuracy math functions (no fast-math).
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kiln/codegen/cuda_prelude.hpp"
+#include "kiln/core/error.hpp"
+#include "kiln/core/half.hpp"
+#include "kiln/core/philox.hpp"
+#include "kiln/ir/graph.hpp"
+#include "kiln/sched/index.hpp"
+#include "kiln/sched/schedule.hpp"
+
+namespace kiln::codegen {
+
+/// What code generation needs to know about the GPU: the architecture, and the sizes that set
+/// grids, block counts and shared memory.
+struct CudaTarget {
+  int cc_major = 9, cc_minor = 0;
+  int sm_count = 132;
+  int max_threads_per_sm = 2048;
+  int max_shared_per_block_optin = 227 * 1024;  ///< bytes a block may use after opting in
+  int max_shared_per_sm = 228 * 1024;
+
+  /// "sm_90".
+  std::string arch() const { return "sm_" + std::to_string(cc_major) + std::to_string(cc_minor); }
+  /// An H100/H200 (132 multiprocessors).
+  static CudaTarget sm90() { return CudaTarget{}; }
+  /// An A100 (108 multiprocessors, 163 KiB of shared memory per block).
+  static CudaTarget sm80() { return CudaTarget{8, 0, 108, 2048, 163 * 1024, 164 * 1024}; }
+};
+
+/// Which buffers of a run are 16-byte aligned (vector loads and stores need it). Empty vectors
+/// mean "all aligned".
+struct CudaAlignment {
+  std::vector<char> inputs;   ///< per leaf, in leaf order
+  std::vector<char> outputs;  ///< per output
+  bool input(int leaf) const { return inputs.empty() || inputs[static_cast<std::size_t>(leaf)]; }
+  bool output(int index) const { return outputs.empty() || outputs[static_cast<std::size_t>(index)]; }
+};
+
+/// How one generated kernel is launched.
+struct CudaKernelInfo {
+  std::string name;            ///< `extern "C"` symbol
+  unsigned grid = 1;           ///< blocks (x)
+  unsigned block = 1;          ///< threads per block (x)
+  unsigned shared_bytes = 0;   ///< dynamic shared memory
+  std::string strategy;        ///< one line for logs and explain
+};
+
+/// A generated unit: the source and its kernels in launch order. Every kernel takes one
+/// argument, a struct of `num_args` pointers: the graph's leaves (leaf order), its outputs,
+/// the schedule's temporaries, then a scratch buffer of `scratch_bytes` (cross-block partials;
+/// null when 0).
+struct CudaSource {
+  std::string source;
+  std::vector<CudaKernelInfo> kernels;
+  std::size_t num_args = 0;
+  std::size_t scratch_bytes = 0;
+};
+
+namespace cuda_detail {
+
+using ir::Op;
+using sched::i64;
+using sched::Index;
+using sched::IndexExpr;
+
+/// C type values of `t` are computed in.
+inline const char* ctype(DType t) {
+  switch (t) {
+    case DType::Bool: return "bool";
+    case DType::Int32: return "int";
+    case DType::Int64: return "long long";
+    case DType::Float64: return "double";
+    default: return "float";
+  }
+}
+
+/// C type values of `t` are stored as.
+inline const char* stype(DType t) {
+  switch (t) {
+    case DType::Bool: return "unsigned char";
+    case DType::Int32: return "int";
+    case DType::Int64: return "long long";
+    case DType::Float16:
+    case DType::BFloat16: return "unsigned short";
+    case DType::Float32: return "float";
+    case DType::Float64: return "double";
+  }
+  return "?";
+}
+
+inline std::string hex_double(double v) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, std::fabs(v), std::chars_format::hex);
+  return std::string(std::signbit(v) ? "-0x" : "0x") + std::string(buf, r.ptr);
+}
+
+/// Exact literal of a floating value as float or double.
+inline std::string float_literal(double v, bool is_double) {
+  if (std::isnan(v)) return is_double ? "KILN_NAN_D" : "KILN_NAN_F";
+  if (std::isinf(v)) return std::string(v < 0 ? "(-" : "(") + (is_double ? "KILN_INF_D)" : "KILN_INF_F)");
+  if (is_double) return "(" + hex_double(v) + ")";
+  return "(" + hex_double(static_cast<double>(static_cast<float>(v))) + "f)";
+}
+
+inline std::string int_literal(i64 v, DType t) {
+  if (t == DType::Bool) return v ? "true" : "false";
+  if (t == DType::Int32) return "((int)" + std::to_string(static_cast<std::int32_t>(static_cast<std::uint32_t>(v))) + ")";
+  if (v == std::numeric_limits<i64>::min()) return "(-9223372036854775807LL - 1)";
+  return "(" + std::to_string(v) + "LL)";
+}
+
+/// The constant's value as the reference casts it, as a literal of ctype(dtype).
+inline std::string constant_literal(const ir::GraphNode& n) {
+  DType t = n.dtype;
+  if (is_floating(t)) {
+    double v = n.attrs.scalar;
+    if (t == DType::Float16) v = static_cast<float>(Half(static_cast<float>(v)));
+    else if (t == DType::BFloat16) v = static_cast<float>(BFloat16(static_cast<float>(v)));
+    return float_literal(v, t == DType::Float64);
+  }
+  return int_literal(n.attrs.iscalar, t);
+}
+
+/// What a unit needs in its prelude.
+struct Needs {
+  bool half = false, bf16 = false, ints = false, philox = false;
+};
+
+/// One reduction as generated code sees it.
+struct Red {
+  int node = -1;
+  Op op = Op::ReduceSum;
+  DType in = DType::Float32, out = DType::Float32;
+  bool fl = false;    ///< floating input
+  bool arg = false;   ///< ArgMax / ArgMin: (value, index) pairs
+  std::string acc_t;  ///< accumulator type
+  std::string init;   ///< identity of the combination
+};
+
+inline Red red_info(const ir::Graph& g, int id) {
+  const ir::GraphNode& n = g.nodes[static_cast<std::size_t>(id)];
+  Red r;
+  r.node = id;
+  r.op = n.op;
+  r.in = g.nodes[static_cast<std::size_t>(n.inputs[0])].dtype;
+  r.out = n.dtype;
+  r.fl = is_floating(r.in);
+  switch (n.op) {
+    case Op::ReduceSum:
+    case Op::ReduceProd:
+      r.acc_t = r.fl ? "double" : "unsigned long long";
+      r.init = n.op == Op::ReduceSum ? (r.fl ? "0.0" : "0ull") : (r.fl ? "1.0" : "1ull");
+      break;
+    case Op::ReduceMax:
+    case Op::ReduceMin: {
+      bool mx = n.op == Op::ReduceMax;
+      if (r.fl) {
+        r.acc_t = ctype(r.in);
+        r.init = std::string(mx ? "(-" : "(") + (r.in == DType::Float64 ? "KILN_INF_D)" : "KILN_INF_F)");
+      } else if (r.in == DType::Bool) {
+        r.acc_t = "long long";
+        r.init = mx ? "0LL" : "1LL";
+      } else {
+        r.acc_t = ctype(r.in);
+        r.init = r.in == DType::Int32 ? (mx ? "(-2147483647 - 1)" : "2147483647")
+                                      : (mx ? "(-9223372036854775807LL - 1)" : "9223372036854775807LL");
+      }
+      break;
+    }
+    default:  // ArgMax, ArgMin
+      r.acc_t = r.in == DType::Bool ? "long long" : ctype(r.in);
+      r.arg = true;
+      r.init = r.in == DType::Bool ? "0LL" : std::string("(") + ctype(r.in) + ")0";
+      break;
+  }
+  return r;
+}
+
+inline bool is_max(const Red& r) { return r.op == Op::ReduceMax || r.op == Op::ArgMax; }
+
+/// Whether candidate (cv, ck) replaces (a, x) in an arg reduction (the reference's rule: the
+/// extreme wins, NaN counts as the extreme, ties go to the lower index; index-aware, so
+/// partial results may be combined in any grouping).
+inline std::string take(const Red& r, const std::string& a, const std::string& x, const std::string& cv, const std::string& ck) {
+  const char* cmp = is_max(r) ? " > " : " < ";
+  std::string plain = "(" + cv + cmp + a + " || (" + cv + " == " + a + " && " + ck + " < " + x + "))";
+  if (r.fl) {
+    std::string an = "(" + a + " != " + a + ")", bn = "(" + cv + " != " + cv + ")";
+    plain = "((" + an + " || " + bn + ") ? ((" + an + " && " + bn + ") ? " + ck + " < " + x + " : " + bn + ") : " + plain + ")";
+  }
+  return "(" + ck + " >= 0 && (" + x + " < 0 || " + plain + "))";
+}
+
+/// Folds value `v` (at flat position `k` along the reduced dims, for arg reductions) into the
+/// accumulator `a` (`x` its index). NaN sticks in max/min: once `a` is NaN no comparison is true.
+inline std::string step(const Red& r, const std::string& a, const std::string& x, const std::string& v, const std::string& k) {
+  switch (r.op) {
+    case Op::ReduceSum: return a + " += " + (r.fl ? "(double)" + v : "(unsigned long long)(long long)" + v) + ";";
+    case Op::ReduceProd: return a + " *= " + (r.fl ? "(double)" + v : "(unsigned long long)(long long)" + v) + ";";
+    case Op::ReduceMax:
+    case Op::ReduceMin: {
+      const char* cmp = r.op == Op::ReduceMax ? " > " : " < ";
+      if (!r.fl) {
+        std::string vv = r.in == DType::Bool ? "(long long)" + v : v;
+        return "{ const " + r.acc_t + " cv = " + vv + "; " + a + " = cv" + cmp + a + " ? cv : " + a + "; }";
+      }
+      return "{ const " + r.acc_t + " cv = " + v + "; " + a + " = (cv" + cmp + a + " || cv != cv) ? cv : " + a + "; }";
+    }
+    default: {
+      std::string vv = r.in == DType::Bool ? "(long long)" + v : v;
+      return "{ const " + r.acc_t + " cv = " + vv + "; const long long ck = " + k + "; if (" + take(r, a, x, "cv", "ck") +
+             ") { " + a + " = cv; " + x + " = ck; } }";
+    }
+  }
+}
+
+/// Merges partial (pv, px) into (a, x).
+inline std::string merge(const Red& r, const std::string& a, const std::string& x, const std::string& pv, const std::string& px) {
+  switch (r.op) {
+    case Op::ReduceSum: return a + " += " + pv + ";";
+    case Op::ReduceProd: return a + " *= " + pv + ";";
+    case Op::ReduceMax:
+    case Op::ReduceMin: {
+      const char* cmp = r.op == Op::ReduceMax ? " > " : " < ";
+      if (!r.fl) return "{ const " + r.acc_t + " cv = " + pv + "; " + a + " = cv" + cmp + a + " ? cv : " + a + "; }";
+      return "{ const " + r.acc_t + " cv = " + pv + "; " + a + " = (cv" + cmp + a + " || cv != cv) ? cv : " + a + "; }";
+    }
+    default:
+      return "{ const " + r.acc_t + " cv = " + pv + "; const long long ck = " + px + "; if (" + take(r, a, x, "cv", "ck") +
+             ") { " + a + " = cv; " + x + " = ck; } }";
+  }
+}
+
+/// Type of a chunk of `bytes` bytes (a whole vector access, or one 16-byte piece of it).
+inline const char* chunk_type(std::size_t bytes) {
+  switch (bytes) {
+    case 16: return "uint4";
+    case 8: return "uint2";
+    case 4: return "unsigned int";
+    case 2: return "unsigned short";
+    default: return "unsigned char";
+  }
+}
+
+inline const char* word_name(std::size_t chunk_bytes, std::size_t word) {
+  static const char* xyzw[] = {".x", ".y", ".z", ".w"};
+  if (chunk_bytes >= 8) return xyzw[word];
+  return "";
+}
+
+/// Writes one kernel.
+class Writer {
+ public:
+  Writer(const ir::Graph& g, const sched::Schedule& s, int kid, const CudaTarget& target, const CudaAlignment& align,
+         Needs& needs, std::size_t scratch_offset)
+      : g_(g), s_(s), k_(s.kernels[static_cast<std::size_t>(kid)]), kid_(kid), t_(target), al_(align), needs_(needs),
+        scratch_offset_(scratch_offset) {
+    leaves_ = g.num_leaves();
+    nargs_ = leaves_ + g.outputs.size() + s.temps.size() + 1;
+    i64_ = needs_64bit();
+    it_ = i64_ ? "long long" : "int";
+  }
+
+  /// The kernel's source (after the unit's prelude) and its launch; `scratch` receives the
+  /// bytes of scratch this kernel uses (at the offset given to the constructor).
+  CudaKernelInfo write(const std::string& name, std::string& code, std::size_t& scratch) {
+    info_.name = name;
+    scopes_.push_back(Scope{});
+    if (k_.kind == sched::KernelKind::Pointwise) pointwise();
+    else if (k_.loops.column) columns();
+    else if (use_split()) split_rows();
+    else rows();
+    while (scopes_.size() > 1) close();
+    std::string out;
+    if (!globals_.empty()) out += globals_;
+    out += "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(info_.block) + ") " + name +
+           "(const kiln_args a) {\n";
+    for (auto& d : decls_) out += "  " + d + "\n";
+    out += scopes_[0].code;
+    out += "}\n";
+    code = out;
+    scratch = scratch_bytes_;
+    return info_;
+  }
+
+ private:
+  // ---- scopes -------------------------------------------------------------------------------
+  struct Val {
+    std::string expr;
+    int scope = 0;
+    bool lane = false;  ///< differs between the lanes of a vector
+  };
+  struct Scope {
+    std::string code;
+    std::unordered_map<std::string, Val> memo;
+    std::uint64_t dims = 0;
+    std::string header;
+  };
+  struct Binding {
+    std::vector<std::string> text;  ///< one per lane, or one for all
+    std::uint64_t dims = 0;
+    int min_scope = 0;
+  };
+
+  const ir::GraphNode& node(int i) const { return g_.nodes[static_cast<std::size_t>(i)]; }
+  int top() const { return static_cast<int>(scopes_.size()) - 1; }
+  std::string indent(int scope) const { return std::string(2 * static_cast<std::size_t>(scope + 1), ' '); }
+  void line(const std::string& text) { line_at(top(), text); }
+  void line_at(int scope, const std::string& text) { scopes_[static_cast<std::size_t>(scope)].code += indent(scope) + text + "\n"; }
+  /// Opens a block (`header` e.g. a for or if statement) that defines the variables of `dims`.
+  void open(const std::string& header, std::uint64_t dims = 0, const std::string& pragma = "") {
+    std::string h;
+    if (!pragma.empty()) h += indent(top()) + pragma + "\n";
+    h += indent(top()) + header + " {\n";
+    Scope sc;
+    sc.dims = dims;
+    sc.header = h;
+    scopes_.push_back(std::move(sc));
+  }
+  void close() {
+    Scope sc = std::move(scopes_.back());
+    scopes_.pop_back();
+    scopes_.back().code += sc.header + sc.code + indent(top()) + "}\n";
+  }
+  /// Innermost open scope defining a variable of `mask` (0: the kernel's body).
+  int scope_for(std::uint64_t mask) const {
+    if (!mask) return 0;
+    for (int i = top(); i > 0; --i)
+      if (scopes_[static_cast<std::size_t>(i)].dims & mask) return i;
+    throw Error("kiln CUDA codegen: index uses a loop variable that is not in scope (internal error)");
+  }
+  std::string fresh(const char* prefix) { return prefix + std::to_string(counter_++); }
+
+  // ---- loop groups --------------------------------------------------------------------------
+  int ngroups() const { return static_cast<int>(k_.loops.groups.size()); }
+  std::uint64_t group_mask(int gi) const {
+    std::uint64_t m = 0;
+    for (int d : k_.loops.groups[static_cast<std::size_t>(gi)]) m |= std::uint64_t(1) << d;
+    return m;
+  }
+  i64 extent(int gi) const {
+    i64 e = 1;
+    for (int d : k_.loops.groups[static_cast<std::size_t>(gi)]) e *= k_.space[static_cast<std::size_t>(d)];
+    return e;
+  }
+  int last_dim(int gi) const { return k_.loops.groups[static_cast<std::size_t>(gi)].back(); }
+  std::string var(int gi) const { return sched::loop_var(last_dim(gi)); }
+  std::uint64_t groups_mask(const std::vector<int>& gs) const {
+    std::uint64_t m = 0;
+    for (int gi : gs) m |= group_mask(gi);
+    return m;
+  }
+
+  /// An index literal in the kernel's index type.
+  std::string lit(i64 v) const { return i64_ ? std::to_string(v) + "LL" : std::to_string(v); }
+
+  /// C text of an index expression, the vector group's variable advanced by `lane`.
+  std::string render(const IndexExpr& e, int lane = 0) const {
+    if (!e.affine()) return "(" + e.text + ")";
+    std::string s;
+    i64 constant = e.constant;
+    for (int gi = 0; gi < ngroups(); ++gi) {
+      const auto& grp = k_.loops.groups[static_cast<std::size_t>(gi)];
+      i64 c = e.at(static_cast<std::size_t>(grp.back()));
+      // A merged group is walked by one variable; every affine function the scheduler saw
+      // scales consistently across it, so its last coefficient says all.
+      i64 expect = c;
+      for (std::size_t j = grp.size() - 1; j-- > 0;) {
+        expect *= k_.space[static_cast<std::size_t>(grp[j + 1])];
+        if (e.at(static_cast<std::size_t>(grp[j])) != expect)
+          throw Error("kiln CUDA codegen: index not affine in merged loop dims (internal error)");
+      }
+      if (c == 0) continue;
+      if (gi == vec_group_ && lane > 0) constant += c * lane;
+      s += (s.empty() ? "" : " + ") + (c == 1 ? std::string() : "(" + lit(c) + ")*") + var(gi);
+    }
+    if (constant != 0 || s.empty()) s += (s.empty() ? "" : " + ") + std::string("(") + lit(constant) + ")";
+    return "(" + s + ")";
+  }
+
+  /// Whether the value of `e` differs between the lanes of a vector.
+  bool lane_dep(const IndexExpr& e) const { return vec_ > 1 && (e.dep_mask() & vec_mask_) != 0; }
+
+  // ---- index width ----------------------------------------------------------------------------
+  static i64 span(const Shape& shape, const Strides& strides) {
+    i64 s = 1;
+    for (std::size_t d = 0; d < shape.size(); ++d)
+      if (shape[d] > 1) s += (shape[d] - 1) * (strides[d] < 0 ? -strides[d] : strides[d]);
+    return s;
+  }
+  /// 64-bit index math unless every size and offset of the graph stays far below 2^31 (the
+  /// margin covers grid strides and vector lanes).
+  bool needs_64bit() const {
+    const i64 lim = i64(1) << 30;
+    for (auto& n : g_.nodes) {
+      if (n.shape.numel() >= lim) return true;
+      if (n.op == Op::Input && span(n.shape, n.strides) >= lim) return true;
+    }
+    for (std::size_t o = 0; o < g_.outputs.size(); ++o)
+      if (span(node(g_.outputs[o]).shape, g_.output_strides[o]) >= lim) return true;
+    return k_.space.numel() >= lim;
+  }
+
+  // ---- buffers --------------------------------------------------------------------------------
+  void declare(const std::string& name, DType dt, std::size_t slot, bool write) {
+    if (!declared_.insert(name).second) return;
+    std::string t = stype(dt);
+    // Outputs alias inputs only element for element (the front end's rule); every element is
+    // read before it is written by the same thread, which keeps __restrict__'s promise.
+    decls_.push_back(std::string(write ? "" : "const ") + t + "* __restrict__ " + name + " = (" + (write ? "" : "const ") + t +
+                     "*)a.p[" + std::to_string(slot) + "];");
+  }
+  std::string leaf_pointer(const ir::GraphNode& n) {
+    std::string name = "in" + std::to_string(n.leaf);
+    declare(name, n.dtype, static_cast<std::size_t>(n.leaf), false);
+    return name;
+  }
+  std::string location_pointer(const sched::Location& loc, DType dt, bool write) {
+    std::string name;
+    std::size_t slot;
+    if (loc.kind == sched::Location::Output) {
+      name = "out" + std::to_string(loc.index);
+      slot = leaves_ + static_cast<std::size_t>(loc.index);
+    } else {
+      name = "tmp" + std::to_string(loc.index);
+      slot = leaves_ + g_.outputs.size() + static_cast<std::size_t>(loc.index);
+    }
+    // Outputs and temporaries are declared writable whether this kernel writes or reads them
+    // (a kernel never does both to one buffer).
+    (void)write;
+    declare(name, dt, slot, true);
+    return name;
+  }
+  bool location_aligned(const sched::Location& loc) const {
+    return loc.kind != sched::Location::Output || al_.output(loc.index);
+  }
+  /// Scratch memory for this kernel: `count` elements of `type`; returns the pointer's name.
+  std::string scratch_array(const std::string& type, i64 count, std::size_t elem_bytes) {
+    scratch_bytes_ = (scratch_bytes_ + 15) / 16 * 16;
+    std::string name = fresh("kiln_sp");
+    decls_.push_back(type + "* __restrict__ " + name + " = (" + type + "*)((char*)a.p[" + std::to_string(nargs_ - 1) + "] + " +
+                     std::to_string(scratch_offset_ + scratch_bytes_) + ");");
+    scratch_bytes_ += static_cast<std::size_t>(std::max<i64>(1, count)) * elem_bytes;
+    return name;
+  }
+  static std::size_t acc_bytes(const std::string& acc_t) { return acc_t == "float" || acc_t == "int" ? 4 : 8; }
+
+  // ---- loads and stores ---------------------------------------------------------------------
+  /// Whether an access at offset `off` can move VEC lanes as one vector (or, without lanes, be
+  /// kept as one element).
+  bool vector_ok(const IndexExpr& off, bool aligned) const {
+    if (!off.affine()) return false;
+    if (!lane_dep(off)) return true;
+    if (!aligned || off.at(static_cast<std::size_t>(vec_dim_)) != 1) return false;
+    for (int gi = 0; gi < ngroups(); ++gi)
+      if (gi != vec_group_ && off.at(static_cast<std::size_t>(last_dim(gi))) % vec_ != 0) return false;
+    return off.constant % vec_ == 0;
+  }
+
+  struct Chunks {
+    std::vector<std::string> text;  ///< one expression per chunk
+    std::size_t chunk_bytes = 0;
+  };
+
+  /// Chunk texts of a vector (or one-element) access; loads them (or takes them from the row
+  /// cache) at scope `sc`.
+  Chunks load_chunks(const std::string& ptr, DType dt, const IndexExpr& off, const std::string& ckey, int sc) {
+    const std::size_t sz = itemsize(dt);
+    const std::size_t n_el = lane_dep(off) ? static_cast<std::size_t>(vec_) : 1;
+    const std::size_t bytes = n_el * sz;
+    Chunks c;
+    c.chunk_bytes = std::min<std::size_t>(bytes, 16);
+    const std::size_t nch = bytes >= 16 ? bytes / 16 : 1;
+    const std::size_t per = c.chunk_bytes / sz;
+    const char* ct = chunk_type(c.chunk_bytes);
+    auto cache = cache_.find(ckey);
+    if (cache != cache_.end()) {
+      CacheSlot& cs = cache->second;
+      for (std::size_t j = 0; j < nch; ++j) c.text.push_back(cache_ref(cs, j));
+      if (!cs.loaded) {
+        cs.loaded = true;
+        for (std::size_t j = 0; j < nch; ++j)
+          line_at(sc, c.text[j] + " = *(const " + ct + "*)(" + ptr + " + " + render(off) + (j ? " + " + lit(static_cast<i64>(j * per)) : "") + ");");
+      }
+      return c;
+    }
+    std::string mkey = "V|" + ckey;
+    for (int s = top(); s >= 0; --s) {
+      auto it = scopes_[static_cast<std::size_t>(s)].memo.find(mkey);
+      if (it != scopes_[static_cast<std::size_t>(s)].memo.end()) {
+        for (std::size_t j = 0; j < nch; ++j) c.text.push_back(it->second.expr + "_" + std::to_string(j));
+        return c;
+      }
+    }
+    std::string name = fresh("w");
+    for (std::size_t j = 0; j < nch; ++j) {
+      line_at(sc, "const " + std::string(ct) + " " + name + "_" + std::to_string(j) + " = *(const " + ct + "*)(" + ptr + " + " +
+                      render(off) + (j ? " + " + lit(static_cast<i64>(j * per)) : "") + ");");
+      c.text.push_back(name + "_" + std::to_string(j));
+    }
+    scopes_[static_cast<std::size_t>(sc)].memo[mkey] = Val{name, sc, true};
+    return c;
+  }
+
+  /// The bits of element `lane` of a chunked access, as an unsigned integer of the item's size.
+  static std::string extract_bits(const Chunks& c, std::size_t sz, int lane) {
+    std::size_t b = static_cast<std::size_t>(lane) * sz;
+    std::size_t ci = c.chunk_bytes >= 16 ? b / 16 : 0;
+    std::size_t bb = c.chunk_bytes >= 16 ? b % 16 : b;
+    const std::string& ch = c.text[ci];
+    auto word = [&](std::size_t w) { return ch + word_name(c.chunk_bytes, w); };
+    switch (sz) {
+      case 8: return "(((unsigned long long)" + word(bb / 4 + 1) + " << 32) | (unsigned long long)" + word(bb / 4) + ")";
+      case 4: return word(bb / 4);
+      case 2:
+        if (c.chunk_bytes == 2) return ch;
+        return "(unsigned short)(" + word(bb / 4) + ((bb % 4) ? " >> 16" : "") + ")";
+      default:
+        if (c.chunk_bytes == 1) return ch;
+        return "(unsigned char)(" + word(bb / 4) + ((bb % 4) ? " >> " + std::to_string(8 * (bb % 4)) : "") + ")";
+    }
+  }
+  std::string from_bits(const std::string& bits, DType dt) {
+    switch (dt) {
+      case DType::Bool: return "(" + bits + " != 0)";
+      case DType::Int32: return "(int)" + bits;
+      case DType::Int64: return "(long long)" + bits;
+      case DType::Float16: needs_.half = true; return "kiln_h2f(" + bits + ")";
+      case DType::BFloat16: needs_.bf16 = true; return "kiln_b2f(" + bits + ")";
+      case DType::Float32: return "__uint_as_float(" + bits + ")";
+      case DType::Float64: return "__longlong_as_double((long long)" + bits + ")";
+    }
+    return bits;
+  }
+  std::string scalar_load(const std::string& ptr, const std::string& off, DType dt) {
+    std::string e = ptr + "[" + off + "]";
+    switch (dt) {
+      case DType::Bool: return "(" + e + " != 0)";
+      case DType::Float16: needs_.half = true; return "kiln_h2f(" + e + ")";
+      case DType::BFloat16: needs_.bf16 = true; return "kiln_b2f(" + e + ")";
+      default: return e;
+    }
+  }
+  std::string to_storage(const std::string& v, DType dt) {
+    switch (dt) {
+      case DType::Bool: return "(unsigned char)(" + v + ")";
+      case DType::Float16: needs_.half = true; return "kiln_f2h(" + v + ")";
+      case DType::BFloat16: needs_.bf16 = true; return "kiln_f2b(" + v + ")";
+      default: return v;
+    }
+  }
+  /// The value's bits as an unsigned integer of its item size (for vector stores).
+  std::string to_bits(const std::string& v, DType dt) {
+    switch (dt) {
+      case DType::Bool: return "(unsigned int)(" + v + " ? 1u : 0u)";
+      case DType::Int32: return "(unsigned int)" + v;
+      case DType::Int64: return "(unsigned long long)" + v;
+      case DType::Float16: needs_.half = true; return "(unsigned int)kiln_f2h(" + v + ")";
+      case DType::BFloat16: needs_.bf16 = true; return "(unsigned int)kiln_f2b(" + v + ")";
+      case DType::Float32: return "__float_as_uint(" + v + ")";
+      case DType::Float64: return "(unsigned long long)__double_as_longlong(" + v + ")";
+    }
+    return v;
+  }
+  std::string round16(const std::string& v, DType dt) {
+    if (dt == DType::Float16) {
+      needs_.half = true;
+      return "kiln_rh(" + v + ")";
+    }
+    if (dt == DType::BFloat16) {
+      needs_.bf16 = true;
+      return "kiln_rb(" + v + ")";
+    }
+    return v;
+  }
+
+  /// Reads element `off` of `ptr` for lane `lane`: from a vector (or the row cache) when the
+  /// access allows, else one element.
+  Val load_access(const std::string& ptr, DType dt, const IndexExpr& off, bool aligned, const std::string& ckey,
+                  const std::string& key, int lane) {
+    const bool ld = lane_dep(off);
+    const int sc = scope_for(off.dep_mask());
+    if ((ld || cache_.count(ckey)) && vector_ok(off, aligned)) {
+      Chunks c = load_chunks(ptr, dt, off, ckey, sc);
+      return emit(sc, key, ld, lane, dt, from_bits(extract_bits(c, itemsize(dt), ld ? lane : 0), dt));
+    }
+    return emit(sc, key, ld, lane, dt, scalar_load(ptr, render(off, ld ? lane : 0), dt));
+  }
+
+  /// Writes the value of store `st` at `idx` to each of its targets, all lanes.
+  void store(const sched::Store& st, const Index& idx) {
+    const ir::GraphNode& n = node(st.node);
+    const int lanes = vec_ > 1 ? vec_ : 1;
+    if (!store_guard_.empty()) open("if (" + store_guard_ + ")");
+    for (auto& t : st.targets) {
+      IndexExpr off = sched::strided_offset(idx, t.strides, n.shape);
+      std::string p = location_pointer(t, n.dtype, true);
+      const bool ld = lane_dep(off);
+      if (ld && vector_ok(off, location_aligned(t))) {
+        const std::size_t sz = itemsize(n.dtype);
+        const std::size_t bytes = static_cast<std::size_t>(vec_) * sz;
+        const std::size_t cb = std::min<std::size_t>(bytes, 16);
+        const std::size_t nch = bytes >= 16 ? bytes / 16 : 1;
+        std::vector<std::string> bits;
+        for (int j = 0; j < lanes; ++j) {
+          Val v = value(st.node, idx, j);
+          std::string b = fresh("b");
+          line(std::string(sz == 8 ? "const unsigned long long " : "const unsigned int ") + b + " = " + to_bits(v.expr, n.dtype) + ";");
+          bits.push_back(b);
+        }
+        const std::size_t per_chunk = cb / sz;
+        for (std::size_t c = 0; c < nch; ++c) {
+          std::vector<std::string> words(std::max<std::size_t>(1, cb / 4), "");
+          for (std::size_t e = 0; e < per_chunk; ++e) {
+            const std::string& b = bits[c * per_chunk + e];
+            std::size_t byte = e * sz;
+            if (sz == 8) {
+              words[byte / 4] = "(unsigned int)" + b;
+              words[byte / 4 + 1] = "(unsigned int)(" + b + " >> 32)";
+            } else {
+              std::string part = (byte % 4) ? "(" + b + " << " + std::to_string(8 * (byte % 4)) + ")" : b;
+              std::string& w = words[byte / 4];
+              w = w.empty() ? part : w + " | " + part;
+            }
+          }
+          std::string ct = chunk_type(cb);
+          std::string target = "*(" + ct + "*)(" + p + " + " + render(off) + (c ? " + " + lit(static_cast<i64>(c * per_chunk)) : "") + ")";
+          std::string val;
+          if (cb == 16) val = "make_uint4(" + words[0] + ", " + words[1] + ", " + words[2] + ", " + words[3] + ")";
+          else if (cb == 8) val = "make_uint2(" + words[0] + ", " + words[1] + ")";
+          else val = "(" + ct + ")(" + words[0] + ")";
+          line(target + " = " + val + ";");
+        }
+        continue;
+      }
+      for (int j = 0; j < (ld ? lanes : 1); ++j) {
+        Val v = value(st.node, idx, j);
+        line(p + "[" + render(off, j) + "] = " + to_storage(v.expr, n.dtype) + ";");
+      }
+    }
+    if (!store_guard_.empty()) close();
+  }
+
+  // ---- values ---------------------------------------------------------------------------------
+  Val emit(int scope, const std::string& key, bool lane_dependent, int lane, DType dt, const std::string& expr) {
+    std::string name = fresh("v");
+    line_at(scope, "const " + std::string(ctype(dt)) + " " + name + " = " + expr + ";");
+    Val v{name, scope, lane_dependent};
+    scopes_[static_cast<std::size_t>(scope)].memo[key + (lane_dependent ? "|" + std::to_string(lane) : "|*")] = v;
+    return v;
+  }
+  const Val* find(const std::string& key) const {
+    for (int s = top(); s >= 0; --s) {
+      auto& memo = scopes_[static_cast<std::size_t>(s)].memo;
+      auto it = memo.find(key);
+      if (it != memo.end()) return &it->second;
+    }
+    return nullptr;
+  }
+  void remember(const std::string& key, const Val& v, int lane) {
+    scopes_[static_cast<std::size_t>(v.scope)].memo[key + (v.lane ? "|" + std::to_string(lane) : "|*")] = v;
+  }
+
+  /// The value of node `id` at `idx` for lane `lane`: computed inline, read from memory, a
+  /// register or the row cache, placed in the outermost scope where everything it uses exists.
+  Val value(int id, const Index& idx, int lane) {
+    const std::string key = std::to_string(id) + "|" + sched::index_key(idx);
+    if (const Val* v = find(key + "|*")) return *v;
+    if (const Val* v = find(key + "|" + std::to_string(lane))) return *v;
+    const ir::GraphNode& n = node(id);
+    switch (ir::op_kind(n.op)) {
+      case ir::OpKind::Leaf: {
+        if (n.op == Op::Input) {
+          IndexExpr off = sched::strided_offset(idx, n.strides, n.shape);
+          return load_access(leaf_pointer(n), n.dtype, off, al_.input(n.leaf), "L" + std::to_string(id) + "|" + off.key(), key,
+                             lane);
+        }
+        if (n.op == Op::Constant) return Val{constant_literal(n), 0, false};
+        if (n.op == Op::Iota) {
+          const IndexExpr& e = idx[static_cast<std::size_t>(n.attrs.ints.at(0))];
+          bool ld = lane_dep(e);
+          return emit(scope_for(e.dep_mask()), key, ld, lane, n.dtype, cast_from_index(render(e, ld ? lane : 0), n.dtype));
+        }
+        IndexExpr flat = sched::flat_index(idx, n.shape);
+        bool ld = lane_dep(flat);
+        return emit(scope_for(flat.dep_mask()), key, ld, lane, n.dtype, random_expr(n, render(flat, ld ? lane : 0)));
+      }
+      case ir::OpKind::Reduce: {
+        if (s_.owner[static_cast<std::size_t>(id)] == kid_) {
+          auto it = bound_.find(id);
+          if (it == bound_.end()) throw Error("kiln CUDA codegen: reduction used before its pass (internal error)");
+          const Binding& b = it->second;
+          int sc = std::max(b.min_scope, scope_for(b.dims));
+          bool ld = b.text.size() > 1;
+          return Val{b.text[ld ? static_cast<std::size_t>(lane) : 0], sc, ld};
+        }
+        const sched::Location& loc = s_.location[static_cast<std::size_t>(id)];
+        if (loc.kind == sched::Location::None)
+          throw Error("kiln CUDA codegen: a reduction read from memory has no buffer (internal error)");
+        IndexExpr off = sched::strided_offset(idx, loc.strides, n.shape);
+        return load_access(location_pointer(loc, n.dtype, false), n.dtype, off, location_aligned(loc),
+                           "R" + std::to_string(id) + "|" + off.key(), key, lane);
+      }
+      case ir::OpKind::IndexMap: {
+        if (n.op != Op::Concat) {
+          Val v = value(n.inputs[0], sched::input_index(g_, n, 0, idx, k_.space), lane);
+          remember(key, v, lane);
+          return v;
+        }
+        // Every piece is read at a clamped (valid) index, then the right one is selected.
+        const auto axis = static_cast<std::size_t>(n.attrs.ints.at(0));
+        const bool pos_ld = lane_dep(idx[axis]);
+        std::string pos = render(idx[axis], pos_ld ? lane : 0);
+        std::vector<Val> parts;
+        std::vector<i64> ends;
+        i64 off = 0;
+        int sc = scope_for(idx[axis].dep_mask());
+        bool ld = pos_ld;
+        for (std::size_t k = 0; k < n.inputs.size(); ++k) {
+          i64 len = node(n.inputs[k]).shape[axis];
+          off += len;
+          if (len == 0) continue;
+          parts.push_back(value(n.inputs[k], sched::input_index(g_, n, k, idx, k_.space), lane));
+          ends.push_back(off);
+          sc = std::max(sc, parts.back().scope);
+          ld = ld || parts.back().lane;
+        }
+        std::string e = parts.back().expr;
+        for (std::size_t k = parts.size() - 1; k-- > 0;)
+          e = "(" + pos + " < " + lit(ends[k]) + " ? " + parts[k].expr + " : " + e + ")";
+        return emit(sc, key, ld, lane, n.dtype, e);
+      }
+      default: break;
+    }
+    std::vector<Val> in;
+    int sc = 0;
+    bool ld = false;
+    for (auto i : n.inputs) {
+      in.push_back(value(i, idx, lane));
+      sc = std::max(sc, in.back().scope);
+      ld = ld || in.back().lane;
+    }
+    return emit(sc, key, ld, lane, n.dtype, pointwise_expr(n, in));
+  }
+
+  std::string cast_from_index(const std::string& v, DType t) {
+    switch (t) {
+      case DType::Bool: return "(" + v + " != 0)";
+      case DType::Int32: return "(int)" + v;
+      case DType::Int64: return "(long long)" + v;
+      case DType::Float64: return "(double)" + v;
+      case DType::Float32: return "(float)" + v;
+      default: return round16("(float)" + v, t);
+    }
+  }
+
+  std::string random_expr(const ir::GraphNode& n, const std::string& flat) {
+    needs_.philox = true;
+    if (!is_floating(n.dtype))
+      throw DTypeError(std::string("kiln CUDA codegen: random of dtype ") + dtype_name(n.dtype) + " (shape " + n.shape.str() +
+                       "): only floating dtypes");
+    const bool normal = !n.attrs.ints.empty() && n.attrs.ints[0] == 1;
+    std::string args = "(unsigned long long)" + std::to_string(n.attrs.seed) + "ULL, (unsigned long long)" + flat;
+    std::string ns = "kiln::philox::";
+    switch (n.dtype) {
+      case DType::Float32: return ns + (normal ? "normal_f32(" : "uniform_f32(") + args + ")";
+      case DType::Float64: return ns + (normal ? "normal_f64(" : "uniform_f64(") + args + ")";
+      case DType::Float16: return normal ? round16(ns + "normal_f32(" + args + ")", n.dtype) : ns + "uniform_f16(" + args + ")";
+      default: return normal ? round16(ns + "normal_f32(" + args + ")", n.dtype) : ns + "uniform_bf16(" + args + ")";
+    }
+  }
+
+  [[noreturn]] void unsupported(const ir::GraphNode& n, DType in) const {
+    throw DTypeError(std::string("kiln CUDA codegen: ") + ir::op_name(n.op) + " is not defined for " + dtype_name(in) +
+                     " (shape " + n.shape.str() + "); cast to a floating dtype first");
+  }
+
+  std::string cast_expr(const std::string& a, DType from, DType to) {
+    if (from == to) return a;
+    if (to == DType::Bool) return "(" + a + " != 0)";
+    if (from == DType::Bool)
+      return is_floating(to) ? round16(std::string("(") + ctype(to) + ")(" + a + " ? 1 : 0)", to)
+                             : "(" + std::string(ctype(to)) + ")(" + a + " ? 1 : 0)";
+    if (is_integral(to)) {
+      if (is_floating(from)) {
+        needs_.ints = true;
+        return std::string(to == DType::Int32 ? "kiln_f2i32" : "kiln_f2i64") + "((double)" + a + ")";
+      }
+      return "(" + std::string(ctype(to)) + ")" + a;  // integer narrowing wraps
+    }
+    return round16("(" + std::string(ctype(to)) + ")" + a, to);
+  }
+
+  std::string pointwise_expr(const ir::GraphNode& n, const std::vector<Val>& in) {
+    const DType t = n.dtype;
+    const DType it = node(n.inputs[0]).dtype;
+    const std::string a = in[0].expr;
+    const std::string b = in.size() > 1 ? in[1].expr : std::string();
+    const bool fl = is_floating(it);
+    const bool dbl = it == DType::Float64;
+    auto wrap = [&](const char* op) {
+      if (it == DType::Bool) return "((long long)" + a + " " + op + " (long long)" + b + " != 0)";
+      std::string u = it == DType::Int32 ? "unsigned" : "unsigned long long";
+      return "(" + std::string(ctype(it)) + ")((" + u + ")" + a + " " + op + " (" + u + ")" + b + ")";
+    };
+    auto fmath = [&](const char* fn) {
+      if (!fl) unsupported(n, it);
+      return round16(std::string(fn) + (dbl ? "(" : "f(") + a + ")", t);
+    };
+    const char* inf = dbl ? "KILN_INF_D" : "KILN_INF_F";
+    switch (n.op) {
+      case Op::Neg:
+        if (fl) return "(-" + a + ")";
+        if (it == DType::Bool) return a;
+        return it == DType::Int32 ? "(int)(0u - (unsigned)" + a + ")" : "(long long)(0ull - (unsigned long long)" + a + ")";
+      case Op::Abs:
+        if (fl) return std::string(dbl ? "fabs(" : "fabsf(") + a + ")";
+        if (it == DType::Bool) return a;
+        return "(" + a + " < 0 ? " +
+               (it == DType::Int32 ? "(int)(0u - (unsigned)" + a + ")" : "(long long)(0ull - (unsigned long long)" + a + ")") +
+               " : " + a + ")";
+      case Op::Exp: return fmath("exp");
+      case Op::Exp2: return fmath("exp2");
+      case Op::Log: return fmath("log");
+      case Op::Log2: return fmath("log2");
+      case Op::Log1p: return fmath("log1p");
+      case Op::Expm1: return fmath("expm1");
+      case Op::Sin: return fmath("sin");
+      case Op::Cos: return fmath("cos");
+      case Op::Tan: return fmath("tan");
+      case Op::Tanh: return fmath("tanh");
+      case Op::Erf: return fmath("erf");
+      case Op::Sqrt: return fmath("sqrt");
+      case Op::Rsqrt:
+        if (!fl) unsupported(n, it);
+        // 1/sqrt(x) with two correctly rounded steps, as the reference (rsqrtf is approximate).
+        return round16(std::string(dbl ? "(1.0 / sqrt(" : "(1.0f / sqrtf(") + a + "))", t);
+      case Op::Floor: return fl ? std::string(dbl ? "floor(" : "floorf(") + a + ")" : a;
+      case Op::Ceil: return fl ? std::string(dbl ? "ceil(" : "ceilf(") + a + ")" : a;
+      case Op::Round: return fl ? std::string(dbl ? "rint(" : "rintf(") + a + ")" : a;  // halves to even
+      case Op::Not: return "(" + a + " == 0)";
+      case Op::IsNan: return fl ? "(" + a + " != " + a + ")" : "false";
+      case Op::IsInf: return fl ? "(" + std::string(dbl ? "fabs(" : "fabsf(") + a + ") == " + inf + ")" : "false";
+      case Op::Cast: return cast_expr(a, it, t);
+      case Op::Add: return fl ? round16("(" + a + " + " + b + ")", t) : wrap("+");
+      case Op::Sub: return fl ? round16("(" + a + " - " + b + ")", t) : wrap("-");
+      case Op::Mul: return fl ? round16("(" + a + " * " + b + ")", t) : wrap("*");
+      case Op::Div:
+        if (fl) return round16("(" + a + " / " + b + ")", t);
+        needs_.ints = true;
+        if (it == DType::Bool) return "(kiln_idiv_i64((long long)" + a + ", (long long)" + b + ") != 0)";
+        return std::string(it == DType::Int32 ? "kiln_idiv_i32(" : "kiln_idiv_i64(") + a + ", " + b + ")";
+      case Op::Pow:
+        if (fl) return round16(std::string(dbl ? "pow(" : "powf(") + a + ", " + b + ")", t);
+        needs_.ints = true;
+        if (it == DType::Bool) return "(kiln_ipow_i64((long long)" + a + ", (long long)" + b + ") != 0)";
+        return std::string(it == DType::Int32 ? "kiln_ipow_i32(" : "kiln_ipow_i64(") + a + ", " + b + ")";
+      case Op::Maximum:
+        if (fl) return "(" + a + " != " + a + " ? " + a + " : " + b + " != " + b + " ? " + b + " : (" + a + " < " + b + " ? " + b + " : " + a + "))";
+        return "(" + a + " < " + b + " ? " + b + " : " + a + ")";
+      case Op::Minimum:
+        if (fl) return "(" + a + " != " + a + " ? " + a + " : " + b + " != " + b + " ? " + b + " : (" + b + " < " + a + " ? " + b + " : " + a + "))";
+        return "(" + b + " < " + a + " ? " + b + " : " + a + ")";
+      case Op::Eq: return "(" + a + " == " + b + ")";
+      case Op::Ne: return "(" + a + " != " + b + ")";
+      case Op::Lt: return "(" + a + " < " + b + ")";
+      case Op::Le: return "(" + a + " <= " + b + ")";
+      case Op::Gt: return "(" + a + " > " + b + ")";
+      case Op::Ge: return "(" + a + " >= " + b + ")";
+      case Op::And: return "((" + a + " != 0) & (" + b + " != 0))";
+      case Op::Or: return "((" + a + " != 0) | (" + b + " != 0))";
+      case Op::Where: return "(" + a + " ? " + b + " : " + in[2].expr + ")";
+      default: break;
+    }
+    throw Error(std::string("kiln CUDA codegen: no code for op ") + ir::op_name(n.op));
+  }
+
+  // ---- analysis -------------------------------------------------------------------------------
+  /// Every memory access of the kernel (leaf reads, reductions read from memory, stores) and
+  /// the dims read by opaque index expressions.
+  struct Access {
+    IndexExpr off;
+    std::size_t itemsize;
+  };
+  void collect(std::vector<Access>& acc, std::uint64_t& opaque) const {
+    auto visit = [&](int root, const Index& idx) {
+      sched::detail::Visitor v;
+      v.leaf = [&](int n, const Index& i) {
+        const ir::GraphNode& nn = node(n);
+        acc.push_back({sched::strided_offset(i, nn.strides, nn.shape), itemsize(nn.dtype)});
+      };
+      v.reduction = [&](int q, const Index& i) {
+        if (s_.owner[static_cast<std::size_t>(q)] == kid_) return;
+        const ir::GraphNode& nn = node(q);
+        acc.push_back({sched::strided_offset(i, s_.location[static_cast<std::size_t>(q)].strides, nn.shape), itemsize(nn.dtype)});
+      };
+      std::unordered_set<std::string> seen;
+      sched::detail::walk(g_, root, idx, k_.space, v, seen);
+      opaque |= v.opaque;
+    };
+    Index id = sched::identity_index(k_.space);
+    for (int r : k_.reductions) visit(node(r).inputs[0], id);
+    for (int f : k_.finals) visit(node(f).inputs[0], sched::identity_index(k_.row_shape()));
+    for (auto& st : k_.stores) {
+      const ir::GraphNode& nn = node(st.node);
+      Index idx = sched::detail::level_index(k_, st.level, nn.shape);
+      if (!ir::is_reduction(nn.op)) visit(st.node, idx);
+      for (auto& t : st.targets) acc.push_back({sched::strided_offset(idx, t.strides, nn.shape), itemsize(nn.dtype)});
+    }
+  }
+
+  /// Lanes per thread along group `gi`: 16 bytes of the narrowest access that walks it with
+  /// unit stride (at most 8 lanes), 1 when none does or an opaque index depends on it.
+  int choose_vec(int gi, bool need_divisible) const {
+    if (gi < 0) return 1;
+    std::vector<Access> acc;
+    std::uint64_t opaque = 0;
+    collect(acc, opaque);
+    if (opaque & group_mask(gi)) return 1;
+    const std::size_t d = static_cast<std::size_t>(last_dim(gi));
+    std::size_t narrow = 0;
+    for (auto& a : acc)
+      if (a.off.affine() && a.off.at(d) == 1 && (narrow == 0 || a.itemsize < narrow)) narrow = a.itemsize;
+    if (narrow == 0) return 1;
+    int v = static_cast<int>(std::min<std::size_t>(8, 16 / narrow));
+    if (need_divisible)
+      while (v > 1 && extent(gi) % v != 0) v /= 2;
+    return std::max(1, v);
+  }
+
+  void set_vec(int gi, int v) {
+    vec_group_ = v > 1 ? gi : -1;
+    vec_ = v;
+    vec_dim_ = gi >= 0 ? last_dim(gi) : -1;
+    vec_mask_ = gi >= 0 && v > 1 ? group_mask(gi) : 0;
+  }
+
+  /// Defines the variables of `groups` (outer to inner) from the flat position `t` (`lanes`
+  /// consecutive positions of the innermost group per step).
+  void decode(const std::string& t, const std::vector<int>& groups, int lanes = 1) {
+    std::vector<std::string> lines;
+    std::string rest = t;
+    for (std::size_t j = groups.size(); j-- > 0;) {
+      int gi = groups[j];
+      i64 e = extent(gi);
+      bool inner = j + 1 == groups.size();
+      i64 step = inner ? lanes : 1;
+      i64 count = e / step;
+      std::string val = j == 0 ? rest : "(" + rest + " % " + lit(count) + ")";
+      if (step != 1) val = val + " * " + lit(step);
+      lines.push_back("const " + it_ + " " + var(gi) + " = " + val + ";");
+      if (j > 0) rest = "(" + rest + " / " + lit(count) + ")";
+    }
+    for (auto it = lines.rbegin(); it != lines.rend(); ++it) line(*it);
+  }
+
+  // ---- pointwise kernels ----------------------------------------------------------------------
+  void pointwise() {
+    const auto& p = k_.loops;
+    const int block = 256;
+    info_.block = block;
+    const i64 numel = k_.space.numel();
+    if (p.order.empty()) {
+      info_.grid = 1;
+      info_.strategy = "pointwise, one element";
+      open("if (blockIdx.x == 0 && threadIdx.x == 0)");
+      for (auto& st : k_.stores) store(st, sched::identity_index(k_.space));
+      close();
+      return;
+    }
+    const int inner = p.order.back();
+    const bool single = p.order.size() == 1;
+    int v = choose_vec(inner, !single);
+    set_vec(inner, v);
+    const i64 nvec = numel / v;
+    const i64 tail = numel - nvec * v;
+    const i64 per_sm = t_.max_threads_per_sm / block;
+    info_.grid = static_cast<unsigned>(std::max<i64>(1, std::min<i64>((nvec + block - 1) / block, t_.sm_count * per_sm)));
+    info_.strategy = "pointwise, " + std::to_string(v) + " lane(s) per thread, grid " + std::to_string(info_.grid) + "x" +
+                     std::to_string(block);
+    if (nvec > 0) {
+      open("for (" + it_ + " t = (" + it_ + ")blockIdx.x * " + lit(block) + " + threadIdx.x; t < " + lit(nvec) + "; t += (" + it_ +
+               ")gridDim.x * " + lit(block) + ")",
+           groups_mask(p.order));
+      decode("t", p.order, v);
+      for (auto& st : k_.stores) store(st, sched::identity_index(k_.space));
+      close();
+    }
+    if (tail > 0) {
+      // The elements the vectors leave over, one per thread of the first block.
+      set_vec(inner, 1);
+      open("if (blockIdx.x == 0 && threadIdx.x < " + std::to_string(tail) + ")", groups_mask(p.order));
+      line("const " + it_ + " " + var(inner) + " = " + lit(nvec * v) + " + (" + it_ + ")threadIdx.x;");
+      for (auto& st : k_.stores) store(st, sched::identity_index(k_.space));
+      close();
+    }
+  }
+
+  // ---- reductions: shared pieces --------------------------------------------------------------
+  std::vector<Red> phase_reds(int p) const {
+    std::vector<Red> v;
+    for (std::size_t j = 0; j < k_.reductions.size(); ++j)
+      if (k_.phase[j] == p) v.push_back(red_info(g_, k_.reductions[j]));
+    return v;
+  }
+  std::vector<Red> final_reds() const {
+    std::vector<Red> v;
+    for (int f : k_.finals) v.push_back(red_info(g_, f));
+    return v;
+  }
+  static std::string acc_name(const Red& r, const std::string& suffix = "") { return "a" + std::to_string(r.node) + suffix; }
+  static std::string idx_name(const Red& r, const std::string& suffix = "") { return "x" + std::to_string(r.node) + suffix; }
+  void declare_acc(const Red& r, const std::string& suffix = "") {
+    line(r.acc_t + " " + acc_name(r, suffix) + " = " + r.init + ";");
+    if (r.arg) line("long long " + idx_name(r, suffix) + " = -1;");
+  }
+  std::string finish(const Red& r, const std::string& a, const std::string& x) {
+    switch (r.op) {
+      case Op::ReduceSum:
+      case Op::ReduceProd:
+        if (r.fl) return round16("(" + std::string(ctype(r.out)) + ")" + a, r.out);
+        if (r.out == DType::Bool) return "(" + a + " != 0)";
+        return "(" + std::string(ctype(r.out)) + ")(long long)" + a;
+      case Op::ReduceMax:
+      case Op::ReduceMin:
+        if (r.out == DType::Bool) return "(" + a + " != 0)";
+        return a;
+      default: return "(" + x + " < 0 ? 0LL : " + x + ")";
+    }
+  }
+  /// The position of the element along the reduced dims, row-major (arg reductions).
+  std::string reduced_position(int lane) const {
+    IndexExpr f = sched::ix_const(0);
+    i64 mult = 1;
+    for (std::size_t d = k_.space.size(); d-- > 0;) {
+      if (!k_.reduced[d] || k_.space[d] == 1) continue;
+      f = sched::ix_add(f, sched::ix_scale(sched::ix_var(static_cast<int>(d), static_cast<int>(k_.space.size())), mult));
+      mult *= k_.space[d];
+    }
+    return "(long long)" + render(f, lane);
+  }
+  /// The position of the current row among all rows, row-major (arg finals).
+  std::string row_position(int lane) const {
+    Shape rs = k_.row_shape();
+    IndexExpr f = sched::flat_index(sched::identity_index(rs), rs);
+    if (f.affine()) f.coeff.resize(k_.space.size(), 0);
+    return "(long long)" + render(f, lane);
+  }
+
+  /// Folds every lane's value of the inputs of `reds` into accumulators (`per_lane`: one
+  /// accumulator per lane, for columns), then writes the Full stores of `pass`.
+  void fold_body(const std::vector<Red>& reds, int pass, bool per_lane) {
+    Index id = sched::identity_index(k_.space);
+    const int lanes = vec_ > 1 ? vec_ : 1;
+    for (auto& r : reds) {
+      for (int j = 0; j < lanes; ++j) {
+        Val v = value(node(r.node).inputs[0], id, j);
+        std::string sfx = per_lane ? "_" + std::to_string(j) : "";
+        line(step(r, acc_name(r, sfx), idx_name(r, sfx), v.expr, r.arg ? reduced_position(j) : "0"));
+      }
+    }
+    for (auto& st : k_.stores)
+      if (st.level == sched::Level::Full && st.pass == pass) store(st, id);
+  }
+
+  /// Butterfly over the 32 lanes of each warp (every lane ends with the warp's combination).
+  void warp_reduce(const std::vector<Red>& reds, const std::string& sfx = "") {
+    if (reds.empty()) return;
+    open("for (int o = 16; o > 0; o >>= 1)", 0, "#pragma unroll");
+    for (auto& r : reds) {
+      std::string a = acc_name(r, sfx), x = idx_name(r, sfx);
+      line("{ const " + r.acc_t + " pv = __shfl_xor_sync(0xffffffffu, " + a + ", o);" +
+           (r.arg ? " const long long px = __shfl_xor_sync(0xffffffffu, " + x + ", o);" : "") + " " +
+           merge(r, a, x, "pv", r.arg ? "px" : "0") + " }");
+    }
+    close();
+  }
+
+  /// Combines accumulators across the `threads` threads (a multiple of 32, one row) starting
+  /// at thread 0 of the block; every thread ends with the result.
+  void block_reduce(const std::vector<Red>& reds, int threads, const std::string& sfx = "") {
+    warp_reduce(reds, sfx);
+    if (threads <= 32 || reds.empty()) return;
+    const int warps = threads / 32;
+    for (auto& r : reds) {
+      std::string sm = "kiln_w" + std::to_string(r.node) + sfx;
+      shared_decl(r.acc_t, sm, 32);
+      if (r.arg) shared_decl("long long", sm + "x", 32);
+    }
+    open("if ((threadIdx.x & 31) == 0)");
+    for (auto& r : reds) {
+      std::string sm = "kiln_w" + std::to_string(r.node) + sfx;
+      line(sm + "[threadIdx.x >> 5] = " + acc_name(r, sfx) + ";");
+      if (r.arg) line(sm + "x[threadIdx.x >> 5] = " + idx_name(r, sfx) + ";");
+    }
+    close();
+    line("__syncthreads();");
+    for (auto& r : reds) {
+      std::string sm = "kiln_w" + std::to_string(r.node) + sfx;
+      std::string a = acc_name(r, sfx), x = idx_name(r, sfx);
+      line(a + " = " + sm + "[0];");
+      if (r.arg) line(x + " = " + sm + "x[0];");
+      line("for (int w = 1; w < " + std::to_string(warps) + "; ++w) " +
+           merge(r, a, x, sm + "[w]", r.arg ? sm + "x[w]" : "0"));
+    }
+    line("__syncthreads();");
+  }
+
+  void shared_decl(const std::string& type, const std::string& name, i64 count) {
+    if (!declared_.insert(name).second) return;
+    decls_.push_back("__shared__ " + type + " " + name + "[" + std::to_string(std::max<i64>(1, count)) + "];");
+  }
+
+  /// The kernel's self-resetting arrival counters (module globals, zero at load).
+  std::string counters(i64 count) {
+    std::string name = "kiln_cnt_" + info_.name;
+    globals_ += "__device__ unsigned int " + name + "[" + std::to_string(std::max<i64>(1, count)) + "];\n";
+    return name;
+  }
+
+  /// Publishes this unit's final partials, and in the unit that arrives last combines every
+  /// unit's partials in unit order and writes the Final stores. `fins` accumulators are in
+  /// thread 0; `units` is the number of units; `unit` names this block's unit.
+  void finals_epilogue(const std::vector<Red>& fins, i64 units, const std::string& unit, const std::string& counter) {
+    if (fins.empty() && !has_level(sched::Level::Final)) return;
+    std::vector<std::string> pv, px;
+    for (auto& r : fins) {
+      pv.push_back(scratch_array(r.acc_t, units, acc_bytes(r.acc_t)));
+      px.push_back(r.arg ? scratch_array("long long", units, 8) : "");
+    }
+    shared_decl("unsigned int", "kiln_last", 1);
+    open("if (threadIdx.x == 0)");
+    for (std::size_t i = 0; i < fins.size(); ++i) {
+      line(pv[i] + "[" + unit + "] = " + acc_name(fins[i], "f") + ";");
+      if (fins[i].arg) line(px[i] + "[" + unit + "] = " + idx_name(fins[i], "f") + ";");
+    }
+    line("__threadfence();");
+    line("kiln_last[0] = atomicAdd(&" + counter + ", 1u) == " + std::to_string(units - 1) + "u;");
+    close();
+    line("__syncthreads();");
+    open("if (kiln_last[0])");
+    line("__threadfence();");
+    for (auto& r : fins) declare_acc(r, "g");
+    open("for (" + it_ + " u = threadIdx.x; u < " + lit(units) + "; u += " + lit(info_.block) + ")");
+    for (std::size_t i = 0; i < fins.size(); ++i) {
+      const Red& r = fins[i];
+      line(merge(r, acc_name(r, "g"), idx_name(r, "g"), "((volatile " + r.acc_t + "*)" + pv[i] + ")[u]",
+                 r.arg ? "((volatile long long*)" + px[i] + ")[u]" : "0"));
+    }
+    close();
+    block_reduce(fins, static_cast<int>(info_.block), "g");
+    for (auto& r : fins) {
+      std::string res = "r" + std::to_string(r.node);
+      line("const " + std::string(ctype(r.out)) + " " + res + " = " + finish(r, acc_name(r, "g"), idx_name(r, "g")) + ";");
+      bound_[r.node] = Binding{{res}, 0, top()};
+    }
+    open("if (threadIdx.x == 0)");
+    for (auto& st : k_.stores)
+      if (st.level == sched::Level::Final) store(st, sched::detail::zero_index(node(st.node).shape));
+    line(counter + " = 0u;");
+    close();
+    close();
+  }
+  bool has_level(sched::Level l) const {
+    for (auto& st : k_.stores)
+      if (st.level == l) return true;
+    return false;
+  }
+
+  /// Row-level stores of the current row (every value is at hand in every thread).
+  void row_stores() {
+    for (auto& st : k_.stores)
+      if (st.level == sched::Level::Row) store(st, sched::detail::level_index(k_, st.level, node(st.node).shape));
+  }
+
+  /// Folds the current row's value of each final's input into its accumulator.
+  void fold_finals(const std::vector<Red>& fins, int lanes) {
+    Index ri = sched::identity_index(k_.row_shape());
+    for (int j = 0; j < lanes; ++j)
+      for (auto& r : fins) {
+        Val v = value(node(r.node).inputs[0], ri, j);
+        line(step(r, acc_name(r, "f"), idx_name(r, "f"), v.expr, r.arg ? row_position(j) : "0"));
+      }
+  }
+
+  // ---- row reductions -------------------------------------------------------------------------
+  i64 reduced_extent() const {
+    i64 r = 1;
+    for (int gi : k_.loops.red_groups) r *= extent(gi);
+    return r;
+  }
+
+  /// Few long rows, one phase, nothing per element to store: split every row over blocks.
+  bool use_split() const {
+    const auto& p = k_.loops;
+    if (p.red_groups.empty() || k_.phases > 1 || k_.passes > 1 || has_level(sched::Level::Full)) return false;
+    const i64 rows = p.rows, r = reduced_extent();
+    // Fewer rows than multiprocessors: one block per row would leave most of the GPU idle.
+    return r >= 8192 && rows >= 1 && rows < t_.sm_count;
+  }
+
+  struct CacheSlot {
+    std::string name;
+    std::size_t nch = 1;
+    std::string type;
+    bool shared = false;
+    bool loaded = false;
+  };
+  std::string cache_ref(const CacheSlot& cs, std::size_t chunk) const {
+    if (cs.shared)
+      return cs.name + "[((" + slot_var_ + ") * " + std::to_string(info_.block) + " + threadIdx.x) * " + std::to_string(cs.nch) +
+             " + " + std::to_string(chunk) + "]";
+    return cs.name + "[(" + slot_var_ + ") * " + std::to_string(cs.nch) + " + " + std::to_string(chunk) + "]";
+  }
+
+  /// Leaf reads along the row that more than one pass needs: kept on chip after the first.
+  std::map<std::string, std::pair<int, std::size_t>> multi_pass_reads() const {
+    std::map<std::string, std::set<int>> passes;
+    std::map<std::string, std::pair<int, std::size_t>> info;  // key -> (node, bytes per slot)
+    const std::uint64_t red_mask = groups_mask(k_.loops.red_groups);
+    Index id = sched::identity_index(k_.space);
+    for (int pass = 1; pass <= k_.passes; ++pass) {
+      std::vector<int> roots;
+      for (std::size_t j = 0; j < k_.reductions.size(); ++j)
+        if (k_.phase[j] == pass) roots.push_back(node(k_.reductions[j]).inputs[0]);
+      for (auto& st : k_.stores)
+        if (st.level == sched::Level::Full && st.pass == pass) roots.push_back(st.node);
+      for (int root : roots) {
+        sched::detail::Visitor v;
+        v.leaf = [&](int n, const Index& i) {
+          const ir::GraphNode& nn = node(n);
+          IndexExpr off = sched::strided_offset(i, nn.strides, nn.shape);
+          if (!(off.dep_mask() & red_mask) || !vector_ok(off, al_.input(nn.leaf))) return;
+          std::string key = "L" + std::to_string(n) + "|" + off.key();
+          passes[key].insert(pass);
+          info[key] = {n, itemsize(nn.dtype) * static_cast<std::size_t>(lane_dep(off) ? vec_ : 1)};
+        };
+        std::unordered_set<std::string> seen;
+        sched::detail::walk(g_, root, id, k_.space, v, seen);
+      }
+    }
+    std::map<std::string, std::pair<int, std::size_t>> out;
+    for (auto& [key, ps] : passes)
+      if (ps.size() > 1) out[key] = info[key];
+    return out;
+  }
+
+  void rows() {
+    const auto& p = k_.loops;
+    const i64 rows = p.rows;
+    const i64 R = reduced_extent();
+    const int inner = p.red_groups.empty() ? -1 : p.red_groups.back();
+    set_vec(inner, choose_vec(inner, true));
+    const int V = vec_;
+    // Threads per row: a warp for short rows, else enough threads for about 4 vectors each.
+    int T = 32;
+    if (R > 32 * V * 8) {
+      i64 want = (R + V * 4 - 1) / (V * 4);
+      T = 64;
+      while (T < 1024 && T < want) T *= 2;
+    }
+    row_threads_ = T;
+    const i64 E = R == 0 ? 0 : (R + static_cast<i64>(T) * V - 1) / (static_cast<i64>(T) * V);
+    const bool guard = R % (static_cast<i64>(T) * V) != 0;
+    const int rpb = T == 32 ? static_cast<int>(std::max<i64>(1, std::min<i64>(8, rows))) : 1;
+    info_.block = static_cast<unsigned>(T * rpb);
+    // The row cache: registers when small, else shared memory, else none (re-read).
+    auto reads = multi_pass_reads();
+    std::size_t slot_bytes = 0;
+    for (auto& [key, info] : reads) slot_bytes += (info.second + 15) / 16 * 16;
+    const i64 reg_words = E * static_cast<i64>(slot_bytes) / 4;
+    const i64 row_bytes = E * static_cast<i64>(slot_bytes) * T * rpb;
+    int mode = 0;  // 0 none, 1 registers, 2 shared memory
+    if (!reads.empty() && E > 0) {
+      const i64 reg_limit = std::min<i64>(32, 65536 / (T * rpb) - 40);
+      if (reg_words <= reg_limit) mode = 1;
+      else if (row_bytes <= t_.max_shared_per_block_optin - 8192) mode = 2;
+    }
+    std::size_t dyn = 0;
+    if (mode == 2) {
+      dyn = static_cast<std::size_t>(row_bytes);
+      line("KILN_EXTERN_SMEM(kiln_dsm);");
+    }
+    const i64 smem_per_block = static_cast<i64>(dyn) + 4096;
+    i64 per_sm = std::min<i64>(32, t_.max_threads_per_sm / info_.block);
+    per_sm = std::max<i64>(1, std::min<i64>(per_sm, t_.max_shared_per_sm / smem_per_block));
+    info_.grid = static_cast<unsigned>(std::max<i64>(1, std::min<i64>((rows + rpb - 1) / rpb, t_.sm_count * per_sm)));
+    info_.shared_bytes = static_cast<unsigned>(dyn);
+    info_.strategy = "row reduction, " + std::to_string(T) + " thread(s) per row, " + std::to_string(V) + " lane(s), " +
+                     std::to_string(E) + " slot(s), row " +
+                     (mode == 1 ? "cached in registers" : mode == 2 ? "cached in shared memory" : "read per pass") + ", grid " +
+                     std::to_string(info_.grid) + "x" + std::to_string(info_.block);
+
+    line("const int tid = " + std::string(rpb > 1 ? "threadIdx.x & 31" : "threadIdx.x") + ";");
+    std::vector<Red> fins = final_reds();
+    for (auto& r : fins) declare_acc(r, "f");
+    const std::string rowv = rpb > 1 ? "(" + it_ + ")blockIdx.x * " + lit(rpb) + " + (threadIdx.x >> 5)" : "(" + it_ + ")blockIdx.x";
+    open("for (" + it_ + " row = " + rowv + "; row < " + lit(rows) + "; row += (" + it_ + ")gridDim.x * " + lit(rpb) + ")",
+         groups_mask(p.kept_groups));
+    decode("row", p.kept_groups);
+    const int row_scope = top();
+    // Declare the cache.
+    slot_var_ = "s";
+    std::size_t dsm_off = 0;
+    for (auto& [key, info] : reads) {
+      if (mode == 0) break;
+      CacheSlot cs;
+      std::size_t cb = std::min<std::size_t>(info.second, 16);
+      cs.nch = info.second >= 16 ? info.second / 16 : 1;
+      cs.type = chunk_type(cb);
+      cs.name = fresh("kc");
+      if (mode == 1) {
+        line(cs.type + " " + cs.name + "[" + std::to_string(E * static_cast<i64>(cs.nch)) + "];");
+      } else {
+        cs.shared = true;
+        // Each thread reads back only what it wrote: no barrier needed.
+        dsm_off = (dsm_off + 15) / 16 * 16;
+        line(cs.type + "* " + cs.name + " = (" + cs.type + "*)(kiln_dsm + " + std::to_string(dsm_off) + ");");
+        dsm_off += static_cast<std::size_t>(E) * info_.block * cs.nch * cb;
+      }
+      cache_[key] = cs;
+    }
+    for (int pass = 1; pass <= k_.passes; ++pass) {
+      std::vector<Red> reds = phase_reds(pass);
+      for (auto& r : reds) declare_acc(r);
+      std::string pragma = mode == 1 ? "#pragma unroll" : "#pragma unroll 4";
+      if (E > 0) {
+        open("for (int s = 0; s < " + std::to_string(E) + "; ++s)", 0, pragma);
+        line("const " + it_ + " pos = ((" + it_ + ")s * " + lit(T) + " + tid) * " + lit(V) + ";");
+        open(guard ? "if (pos < " + lit(R) + ")" : "", groups_mask(p.red_groups));
+        decode("pos", p.red_groups);
+        fold_body(reds, pass, false);
+        close();
+        close();
+      }
+      block_reduce(reds, T);
+      for (auto& r : reds) {
+        std::string res = "r" + std::to_string(r.node);
+        line_at(row_scope, "const " + std::string(ctype(r.out)) + " " + res + " = " + finish(r, acc_name(r), idx_name(r)) + ";");
+        bound_[r.node] = Binding{{res}, 0, row_scope};
+      }
+    }
+    if (has_level(sched::Level::Row) || !fins.empty()) {
+      open("if (tid == 0)");
+      row_stores();
+      fold_finals(fins, 1);
+      close();
+    }
+    close();
+    // Finals: thread 0 of each warp holds its rows' partial; warp partials combine in order.
+    if (!fins.empty() || has_level(sched::Level::Final)) {
+      if (rpb > 1) {
+        for (auto& r : fins) {
+          shared_decl(r.acc_t, "kiln_fw" + std::to_string(r.node), rpb);
+          if (r.arg) shared_decl("long long", "kiln_fwx" + std::to_string(r.node), rpb);
+        }
+        open("if (tid == 0)");
+        for (auto& r : fins) {
+          line("kiln_fw" + std::to_string(r.node) + "[threadIdx.x >> 5] = " + acc_name(r, "f") + ";");
+          if (r.arg) line("kiln_fwx" + std::to_string(r.node) + "[threadIdx.x >> 5] = " + idx_name(r, "f") + ";");
+        }
+        close();
+        line("__syncthreads();");
+        open("if (threadIdx.x == 0)");
+        for (auto& r : fins)
+          line("for (int w = 1; w < " + std::to_string(rpb) + "; ++w) " +
+               merge(r, acc_name(r, "f"), idx_name(r, "f"), "kiln_fw" + std::to_string(r.node) + "[w]",
+                     r.arg ? "kiln_fwx" + std::to_string(r.node) + "[w]" : "0"));
+        close();
+      }
+      finals_epilogue(fins, info_.grid, "blockIdx.x", counters(1) + "[0]");
+    }
+  }
+
+  /// Few long rows: each row is split into chunks, one per block; the last block to finish
+  /// combines every row's chunks in order, then writes the row values and the finals.
+  void split_rows() {
+    const auto& p = k_.loops;
+    const i64 rows = p.rows;
+    const i64 R = reduced_extent();
+    const int inner = p.red_groups.back();
+    set_vec(inner, choose_vec(inner, true));
+    const int V = vec_;
+    const int T = 256;
+    info_.block = T;
+    const i64 target = static_cast<i64>(t_.sm_count) * (t_.max_threads_per_sm / T);
+    i64 splits = std::max<i64>(1, target / std::max<i64>(1, rows));
+    // Every chunk holds whole vectors and at least a few per thread.
+    splits = std::max<i64>(1, std::min<i64>(splits, R / (static_cast<i64>(T) * V * 4)));
+    i64 chunk = (R + splits - 1) / splits;
+    chunk = (chunk + V - 1) / V * V;
+    splits = (R + chunk - 1) / chunk;
+    const i64 blocks = rows * splits;
+    info_.grid = static_cast<unsigned>(blocks);
+    info_.strategy = "split row reduction, " + std::to_string(splits) + " block(s) per row of " + std::to_string(R) + ", " +
+                     std::to_string(V) + " lane(s), grid " + std::to_string(blocks) + "x" + std::to_string(T);
+    row_threads_ = T;
+    std::vector<Red> reds = phase_reds(1), fins = final_reds();
+    std::vector<std::string> pv, px;
+    for (auto& r : reds) {
+      pv.push_back(scratch_array(r.acc_t, blocks, acc_bytes(r.acc_t)));
+      px.push_back(r.arg ? scratch_array("long long", blocks, 8) : "");
+    }
+    line("const int tid = threadIdx.x;");
+    open("", groups_mask(p.kept_groups));
+    line("const " + it_ + " row = (" + it_ + ")blockIdx.x / " + lit(splits) + ";");
+    line("const " + it_ + " lo = ((" + it_ + ")blockIdx.x % " + lit(splits) + ") * " + lit(chunk) + ";");
+    line("const " + it_ + " hi = lo + " + lit(chunk) + " < " + lit(R) + " ? lo + " + lit(chunk) + " : " + lit(R) + ";");
+    decode("row", p.kept_groups);
+    for (auto& r : reds) declare_acc(r);
+    // Four vectors in flight per thread and iteration.
+    open("for (" + it_ + " base = lo + (" + it_ + ")tid * " + lit(V) + "; base < hi; base += " + lit(4 * T * V) + ")");
+    open("for (int u = 0; u < 4; ++u)", 0, "#pragma unroll");
+    line("const " + it_ + " pos = base + (" + it_ + ")u * " + lit(T * V) + ";");
+    open("if (pos < hi)", groups_mask(p.red_groups));
+    decode("pos", p.red_groups);
+    fold_body(reds, 1, false);
+    close();
+    close();
+    close();
+    block_reduce(reds, T);
+    open("if (tid == 0)");
+    for (std::size_t i = 0; i < reds.size(); ++i) {
+      line(pv[i] + "[blockIdx.x] = " + acc_name(reds[i]) + ";");
+      if (reds[i].arg) line(px[i] + "[blockIdx.x] = " + idx_name(reds[i]) + ";");
+    }
+    close();
+    close();
+    // The last block.
+    std::string counter = counters(1) + "[0]";
+    shared_decl("unsigned int", "kiln_last", 1);
+    open("if (threadIdx.x == 0)");
+    line("__threadfence();");
+    line("kiln_last[0] = atomicAdd(&" + counter + ", 1u) == " + std::to_string(blocks - 1) + "u;");
+    close();
+    line("__syncthreads();");
+    open("if (kiln_last[0])");
+    line("__threadfence();");
+    for (auto& r : fins) declare_acc(r, "f");
+    open("for (" + it_ + " row = 0; row < " + lit(rows) + "; ++row)", groups_mask(p.kept_groups));
+    decode("row", p.kept_groups);
+    const int row_scope = top();
+    set_vec(-1, 1);
+    for (auto& r : reds) declare_acc(r);
+    open("for (" + it_ + " u = tid; u < " + lit(splits) + "; u += " + lit(T) + ")");
+    for (std::size_t i = 0; i < reds.size(); ++i) {
+      const Red& r = reds[i];
+      line(merge(r, acc_name(r), idx_name(r), "((volatile " + r.acc_t + "*)" + pv[i] + ")[row * " + lit(splits) + " + u]",
+                 r.arg ? "((volatile long long*)" + px[i] + ")[row * " + lit(splits) + " + u]" : "0"));
+    }
+    close();
+    block_reduce(reds, T);
+    for (auto& r : reds) {
+      std::string res = "r" + std::to_string(r.node);
+      line_at(row_scope, "const " + std::string(ctype(r.out)) + " " + res + " = " + finish(r, acc_name(r), idx_name(r)) + ";");
+      bound_[r.node] = Binding{{res}, 0, row_scope};
+    }
+    open("if (tid == 0)");
+    row_stores();
+    fold_finals(fins, 1);
+    close();
+    close();
+    if (!fins.empty() || has_level(sched::Level::Final)) {
+      for (auto& r : fins) {
+        std::string res = "r" + std::to_string(r.node);
+        line("const " + std::string(ctype(r.out)) + " " + res + " = " + finish(r, acc_name(r, "f"), idx_name(r, "f")) + ";");
+        bound_[r.node] = Binding{{res}, 0, top()};
+      }
+      open("if (tid == 0)");
+      for (auto& st : k_.stores)
+        if (st.level == sched::Level::Final) store(st, sched::detail::zero_index(node(st.node).shape));
+      close();
+    }
+    line("if (tid == 0) " + counter + " = 0u;");
+    close();
+  }
+
+  // ---- column reductions ----------------------------------------------------------------------
+  void columns() {
+    const auto& p = k_.loops;
+    const int cg = p.vec_group;
+    const i64 C = extent(cg);
+    set_vec(cg, choose_vec(cg, true));
+    const int V = vec_;
+    const i64 R = reduced_extent();
+    i64 outer = 1;
+    for (int gi : p.kept_groups) outer *= extent(gi);
+    const i64 cvecs = (C + V - 1) / V;
+    int BX = 32;
+    while (BX > 1 && BX / 2 >= cvecs) BX /= 2;
+    const int BY = 256 / BX;
+    const i64 ct = (cvecs + BX - 1) / BX;  // column tiles per outer row
+    const i64 tiles = outer * ct;
+    const i64 target = static_cast<i64>(t_.sm_count) * (t_.max_threads_per_sm / 256);
+    i64 splits = 1;
+    const bool single_pass = k_.phases <= 1 && k_.passes <= 1 && !has_level(sched::Level::Full);
+    if (single_pass && tiles > 0 && tiles < target) splits = std::max<i64>(1, std::min<i64>((target + tiles - 1) / tiles, R / (BY * 8)));
+    i64 rchunk = splits > 1 ? (R + splits - 1) / splits : R;
+    if (splits > 1) splits = (R + rchunk - 1) / rchunk;
+    info_.block = 256;
+    const i64 units = std::max<i64>(1, tiles);  // an empty space still writes its finals
+    info_.grid = static_cast<unsigned>(units * splits);
+    info_.strategy = "column reduction, " + std::to_string(BX) + "x" + std::to_string(BY) + " threads, " + std::to_string(V) +
+                     " column(s) per thread, " + std::to_string(splits) + " split(s) of the " + std::to_string(R) +
+                     " reduced rows, grid " + std::to_string(info_.grid) + "x256";
+    line("const int tx = threadIdx.x % " + std::to_string(BX) + ", ty = threadIdx.x / " + std::to_string(BX) + ";");
+    line("const " + it_ + " tile = (" + it_ + ")blockIdx.x / " + lit(splits) + ";");
+    line("const " + it_ + " cb = (tile % " + lit(ct) + ") * " + lit(BX * V) + " + (" + it_ + ")tx * " + lit(V) + ";");
+    line("const bool cvalid = cb < " + lit(C) + ";");
+    std::vector<Red> fins = final_reds();
+    for (auto& r : fins) declare_acc(r, "f");
+    std::uint64_t kept_dims = groups_mask(p.kept_groups) | group_mask(cg);
+    open(tiles == 0 ? "if (false)" : "", kept_dims);
+    decode("(tile / " + lit(ct) + ")", p.kept_groups);
+    // Threads past the last column compute a copy of the last vector (valid addresses) and
+    // neither store nor fold it.
+    line("const " + it_ + " " + var(cg) + " = cb < " + lit(C - V) + " ? cb : " + lit(C - V) + ";");
+    const int tile_scope = top();
+    const std::string lo = splits > 1 ? "((" + it_ + ")blockIdx.x % " + lit(splits) + ") * " + lit(rchunk) : lit(0);
+    line("const " + it_ + " rlo = " + lo + ";");
+    line("const " + it_ + " rhi = rlo + " + lit(rchunk) + " < " + lit(R) + " ? rlo + " + lit(rchunk) + " : " + lit(R) + ";");
+    std::string counter;
+    for (int pass = 1; pass <= k_.passes; ++pass) {
+      std::vector<Red> reds = phase_reds(pass);
+      for (auto& r : reds)
+        for (int j = 0; j < V; ++j) declare_acc(r, "_" + std::to_string(j));
+      open("for (" + it_ + " rr = rlo + ty; rr < rhi; rr += " + lit(BY) + ")", groups_mask(p.red_groups), "#pragma unroll 4");
+      decode("rr", p.red_groups);
+      store_guard_ = "cvalid";
+      fold_body(reds, pass, true);
+      store_guard_.clear();
+      close();
+      if (reds.empty()) continue;
+      // Combine the BY shares of each column in order through shared memory.
+      for (auto& r : reds) {
+        shared_decl(r.acc_t, "kiln_c" + std::to_string(r.node), 256 * V);
+        if (r.arg) shared_decl("long long", "kiln_cx" + std::to_string(r.node), 256 * V);
+        for (int j = 0; j < V; ++j) {
+          std::string slot = "[threadIdx.x * " + std::to_string(V) + " + " + std::to_string(j) + "]";
+          line("kiln_c" + std::to_string(r.node) + slot + " = " + acc_name(r, "_" + std::to_string(j)) + ";");
+          if (r.arg) line("kiln_cx" + std::to_string(r.node) + slot + " = " + idx_name(r, "_" + std::to_string(j)) + ";");
+        }
+      }
+      line("__syncthreads();");
+      open("if (ty == 0)");
+      for (auto& r : reds)
+        for (int j = 0; j < V; ++j) {
+          std::string sfx = "_" + std::to_string(j);
+          std::string at = "[(y * " + std::to_string(BX) + " + tx) * " + std::to_string(V) + " + " + std::to_string(j) + "]";
+          line("for (int y = 1; y < " + std::to_string(BY) + "; ++y) " +
+               merge(r, acc_name(r, sfx), idx_name(r, sfx), "kiln_c" + std::to_string(r.node) + at,
+                     r.arg ? "kiln_cx" + std::to_string(r.node) + at : "0"));
+        }
+      close();
+      if (splits > 1) {
+        // Publish this block's partials; the last block of the tile combines them.
+        std::vector<std::string> pv, px;
+        for (auto& r : reds) {
+          pv.push_back(scratch_array(r.acc_t, tiles * splits * BX * V, acc_bytes(r.acc_t)));
+          px.push_back(r.arg ? scratch_array("long long", tiles * splits * BX * V, 8) : "");
+        }
+        const std::string at = "(((" + it_ + ")blockIdx.x) * " + lit(BX * V) + " + tx * " + lit(V) + " + ";
+        open("if (ty == 0)");
+        for (std::size_t i = 0; i < reds.size(); ++i)
+          for (int j = 0; j < V; ++j) {
+            std::string sfx = "_" + std::to_string(j);
+            line(pv[i] + "[" + at + std::to_string(j) + ")] = " + acc_name(reds[i], sfx) + ";");
+            if (reds[i].arg) line(px[i] + "[" + at + std::to_string(j) + ")] = " + idx_name(reds[i], sfx) + ";");
+          }
+        close();
+        counter = counters(tiles + 1);
+        shared_decl("unsigned int", "kiln_last", 1);
+        open("if (threadIdx.x == 0)");
+        line("__threadfence();");
+        line("kiln_last[0] = atomicAdd(&" + counter + "[tile], 1u) == " + std::to_string(splits - 1) + "u;");
+        close();
+        line("__syncthreads();");
+        line("if (!kiln_last[0]) return;");
+        line("__threadfence();");
+        line("if (threadIdx.x == 0) " + counter + "[tile] = 0u;");
+        open("if (ty == 0)");
+        for (std::size_t i = 0; i < reds.size(); ++i) {
+          const Red& r = reds[i];
+          for (int j = 0; j < V; ++j) {
+            std::string sfx = "_" + std::to_string(j);
+            line(acc_name(r, sfx) + " = " + r.init + ";" + (r.arg ? " " + idx_name(r, sfx) + " = -1;" : ""));
+            std::string at2 = "[(tile * " + lit(splits) + " + q) * " + lit(BX * V) + " + tx * " + lit(V) + " + " + std::to_string(j) + "]";
+            line("for (" + it_ + " q = 0; q < " + lit(splits) + "; ++q) " +
+                 merge(r, acc_name(r, sfx), idx_name(r, sfx), "((volatile " + r.acc_t + "*)" + pv[i] + ")" + at2,
+                       r.arg ? "((volatile long long*)" + px[i] + ")" + at2 : "0"));
+          }
+        }
+        close();
+      }
+      // Hand each column's result to every thread of the column.
+      for (auto& r : reds)
+        for (int j = 0; j < V; ++j) {
+          std::string slot = "[tx * " + std::to_string(V) + " + " + std::to_string(j) + "]";
+          line("if (ty == 0) kiln_c" + std::to_string(r.node) + slot + " = " + acc_name(r, "_" + std::to_string(j)) + ";");
+          if (r.arg) line("if (ty == 0) kiln_cx" + std::to_string(r.node) + slot + " = " + idx_name(r, "_" + std::to_string(j)) + ";");
+        }
+      line("__syncthreads();");
+      for (auto& r : reds) {
+        Binding b;
+        b.min_scope = tile_scope;
+        b.dims = group_mask(cg);
+        for (int j = 0; j < V; ++j) {
+          std::string slot = "[tx * " + std::to_string(V) + " + " + std::to_string(j) + "]";
+          std::string res = "r" + std::to_string(r.node) + "_" + std::to_string(j);
+          std::string a = "kiln_c" + std::to_string(r.node) + slot, x = r.arg ? "kiln_cx" + std::to_string(r.node) + slot : "";
+          line_at(tile_scope, "const " + std::string(ctype(r.out)) + " " + res + " = " + finish(r, a, x) + ";");
+          b.text.push_back(res);
+        }
+        if (V == 1) b.dims = group_mask(cg);
+        bound_[r.node] = b;
+      }
+      line("__syncthreads();");
+    }
+    if (has_level(sched::Level::Row) || !fins.empty()) {
+      // cb and C are multiples of V: a valid thread's lanes are all valid columns.
+      open("if (ty == 0 && cvalid)");
+      row_stores();
+      fold_finals(fins, V);
+      close();
+    }
+    close();
+    if (!fins.empty() || has_level(sched::Level::Final)) {
+      // Row 0 of the block holds the tile's partials per column thread: combine them in
+      // column order within warp 0 (threads of other rows hold the identity).
+      if (BX < 32) {
+        open("if (ty != 0)");
+        for (auto& r : fins) line(acc_name(r, "f") + " = " + r.init + ";" + (r.arg ? " " + idx_name(r, "f") + " = -1;" : ""));
+        close();
+      }
+      open("if (threadIdx.x < 32)");
+      warp_reduce(fins, "f");
+      close();
+      if (counter.empty()) counter = counters(tiles + 1);
+      finals_epilogue(fins, units, "tile", counter + "[" + std::to_string(tiles) + "]");
+    }
+  }
+
+  // ---- state ----------------------------------------------------------------------------------
+  const ir::Graph& g_;
+  const sched::Schedule& s_;
+  const sched::Kernel& k_;
+  int kid_;
+  const CudaTarget& t_;
+  const CudaAlignment& al_;
+  Needs& needs_;
+  std::size_t scratch_offset_;
+  std::size_t scratch_bytes_ = 0;
+  std::size_t leaves_ = 0, nargs_ = 0;
+  bool i64_ = false;
+  std::string it_;
+  int vec_group_ = -1, vec_ = 1, vec_dim_ = -1;
+  std::uint64_t vec_mask_ = 0;
+  int row_threads_ = 32;
+  std::string store_guard_;  ///< condition every store is written under ("" none)
+  std::string slot_var_ = "s";
+  std::map<std::string, CacheSlot> cache_;
+  std::vector<Scope> scopes_;
+  std::unordered_map<int, Binding> bound_;
+  std::set<std::string> declared_;
+  std::vector<std::string> decls_;
+  std::string globals_;
+  int counter_ = 0;
+  CudaKernelInfo info_;
+};
+
+}  // namespace cuda_detail
+
+/// The argument count of every kernel generated for `g` and `s` (see CudaSource).
+inline std::size_t cuda_num_args(const ir::Graph& g, const sched::Schedule& s) {
+  return g.num_leaves() + g.outputs.size() + s.temps.size() + 1;
+}
+
+/// CUDA source for every kernel of `s` (a schedule of `g`) in one unit, for `target`; kernel i
+/// is `<prefix>_<i>`. `align` says which leaves and outputs are 16-byte aligned (vector access
+/// needs it). Throws DTypeError for a primitive on a dtype it is not defined for.
+inline CudaSource generate_cuda(const ir::Graph& g, const sched::Schedule& s, const std::string& prefix,
+                                const CudaTarget& target = CudaTarget::sm90(), const CudaAlignment& align = {}) {
+  cuda_detail::Needs needs;
+  CudaSource out;
+  out.num_args = cuda_num_args(g, s);
+  std::string body;
+  for (std::size_t k = 0; k < s.kernels.size(); ++k) {
+    std::string name = prefix + "_" + std::to_string(k);
+    cuda_detail::Writer w(g, s, static_cast<int>(k), target, align, needs, out.scratch_bytes);
+    std::string code;
+    std::size_t scratch = 0;
+    out.kernels.push_back(w.write(name, code, scratch));
+    out.scratch_bytes += (scratch + 15) / 16 * 16;
+    body += code;
+  }
+  std::string& src = out.source;
+  src = "// kiln generated CUDA kernels\n";
+  src += "#ifndef KILN_EXTERN_SMEM\n#define KILN_EXTERN_SMEM(name) extern __shared__ __align__(16) unsigned char name[]\n#endif\n";
+  src += "struct kiln_args { void* p[" + std::to_string(out.num_args) + "]; };\n";
+  src += cuda_detail::kCudaBase;
+  if (needs.half) src += cuda_detail::kCudaHalf;
+  if (needs.bf16) src += cuda_detail::kCudaBf16;
+  if (needs.ints) src += cuda_detail::kCudaInts;
+  if (needs.philox) {
+    src += philox::kPhiloxSource;
+    src += "\n";
+  }
+  src += body;
+  return out;
+}
+
+}  // namespace kiln::codegen

@@ -1,0 +1,255 @@
+#pragma once
+// A CUDA emulator for the generated kernels, so their logic (indexing, vector lanes, warp
+// shuffles, block reductions, the last-block combination of partials) is tested against the
+// reference executor on machines without a GPU. The generated unit is compiled by the host C++
+// compiler behind a prelude that defines CUDA's built-ins: every CUDA thread of a block is a
+// fiber (ucontext) with its own stack; __syncthreads and the warp shuffles are real barriers
+// over the block's or the warp's fibers, which run until they block, highest thread first (so
+// a missing barrier shows as a wrong result). Blocks run one after another, in order.
+// Numerics differ from a GPU only where the host's libm differs from CUDA's math library.
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/backend/executor.hpp"
+#include "kiln/codegen/cuda.hpp"
+#include "kiln/core/stats.hpp"
+#include "kiln/runtime/cpu_module.hpp"
+#include "kiln/runtime/host_allocator.hpp"
+#include "kiln/sched/schedule.hpp"
+
+namespace kiln_cuda_emu {
+
+inline constexpr const char* kPrelude = R"EMU(
+#include <ucontext.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(x)
+#define __shared__ static
+#define KILN_EXTERN_SMEM(name) unsigned char* name = ::kiln_emu::dynamic_smem()
+struct uint4 { unsigned int x, y, z, w; };
+struct uint2 { unsigned int x, y; };
+struct kiln_dim3 { unsigned int x, y, z; };
+static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { uint4 r = {a, b, c, d}; return r; }
+static inline uint2 make_uint2(unsigned a, unsigned b) { uint2 r = {a, b}; return r; }
+static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+static inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); return f; }
+static inline unsigned __float_as_uint(float f) { unsigned i; memcpy(&i, &f, 4); return i; }
+static inline int __float_as_int(float f) { int i; memcpy(&i, &f, 4); return i; }
+static inline double __longlong_as_double(long long i) { double d; memcpy(&d, &i, 8); return d; }
+static inline long long __double_as_longlong(double d) { long long i; memcpy(&i, &d, 8); return i; }
+static inline void __threadfence() {}
+static inline unsigned atomicAdd(unsigned* p, unsigned v) { unsigned old = *p; *p = old + v; return old; }
+
+namespace kiln_emu {
+struct Fiber {
+  ucontext_t ctx;
+  unsigned tid = 0;
+  int state = 0;  // 0 runnable, 1 block barrier, 2 warp barrier, 3 done
+  std::vector<char> stack;
+};
+struct Block {
+  kiln_dim3 block_idx, block_dim, grid_dim;
+  std::vector<Fiber> fibers;
+  ucontext_t main;
+  int cur = -1;
+  unsigned live = 0, at_block = 0;
+  std::vector<unsigned> at_warp, warp_live;
+  std::vector<unsigned long long> slots;  // 32 per warp
+  std::vector<unsigned char> smem;
+  void (*body)(void*) = nullptr;
+  void* arg = nullptr;
+};
+static Block* g_block = nullptr;
+static inline Block& blk() { return *g_block; }
+static inline Fiber& me() { return g_block->fibers[(size_t)g_block->cur]; }
+static inline unsigned char* dynamic_smem() { return g_block->smem.data(); }
+static inline kiln_dim3 thread_idx() { kiln_dim3 d = {me().tid, 0, 0}; return d; }
+static inline void yield() { swapcontext(&me().ctx, &blk().main); }
+static inline void block_barrier() {
+  Block& b = blk();
+  me().state = 1;
+  if (++b.at_block == b.live) {
+    for (auto& f : b.fibers) if (f.state == 1) f.state = 0;
+    b.at_block = 0;
+  }
+  yield();
+}
+static inline void warp_barrier() {
+  Block& b = blk();
+  unsigned w = me().tid / 32;
+  me().state = 2;
+  if (++b.at_warp[w] == b.warp_live[w]) {
+    for (auto& f : b.fibers) if (f.state == 2 && f.tid / 32 == w) f.state = 0;
+    b.at_warp[w] = 0;
+  }
+  yield();
+}
+template <class T> static inline T shfl(T v, unsigned src_lane) {
+  Block& b = blk();
+  unsigned tid = me().tid, w = tid / 32;
+  unsigned long long bits = 0;
+  memcpy(&bits, &v, sizeof(T));
+  b.slots[tid] = bits;
+  warp_barrier();
+  unsigned long long got = b.slots[w * 32 + (src_lane & 31)];
+  warp_barrier();
+  T r;
+  memcpy(&r, &got, sizeof(T));
+  return r;
+}
+static void trampoline(unsigned lo, unsigned hi) {
+  (void)lo; (void)hi;
+  Block& b = blk();
+  b.body(b.arg);
+  me().state = 3;
+  Block& bb = blk();
+  unsigned w = me().tid / 32;
+  bb.live--;
+  bb.warp_live[w]--;
+  // A thread that leaves may complete a barrier the others wait at.
+  if (bb.live > 0 && bb.at_block == bb.live) {
+    for (auto& f : bb.fibers) if (f.state == 1) f.state = 0;
+    bb.at_block = 0;
+  }
+  if (bb.warp_live[w] > 0 && bb.at_warp[w] == bb.warp_live[w]) {
+    for (auto& f : bb.fibers) if (f.state == 2 && f.tid / 32 == w) f.state = 0;
+    bb.at_warp[w] = 0;
+  }
+  setcontext(&bb.main);
+}
+static inline void run_grid(unsigned grid, unsigned block, unsigned smem_bytes, void (*body)(void*), void* arg) {
+  static Block b;
+  b.fibers.resize(block);
+  for (auto& f : b.fibers) if (f.stack.size() < 256 * 1024) f.stack.resize(256 * 1024);
+  b.grid_dim = {grid, 1, 1};
+  b.block_dim = {block, 1, 1};
+  b.body = body;
+  b.arg = arg;
+  g_block = &b;
+  for (unsigned bx = 0; bx < grid; ++bx) {
+    b.block_idx = {bx, 0, 0};
+    b.smem.assign(smem_bytes + 16, 0xCD);
+    b.live = block;
+    b.at_block = 0;
+    unsigned warps = (block + 31) / 32;
+    b.at_warp.assign(warps, 0);
+    b.warp_live.assign(warps, 0);
+    b.slots.assign(warps * 32, 0);
+    for (unsigned t = 0; t < block; ++t) {
+      Fiber& f = b.fibers[t];
+      f.tid = t;
+      f.state = 0;
+      b.warp_live[t / 32]++;
+      getcontext(&f.ctx);
+      f.ctx.uc_stack.ss_sp = f.stack.data();
+      f.ctx.uc_stack.ss_size = f.stack.size();
+      f.ctx.uc_link = nullptr;
+      makecontext(&f.ctx, (void (*)())trampoline, 2, 0u, 0u);
+    }
+    for (;;) {
+      bool any = false, progress = false;
+      for (int t = (int)block - 1; t >= 0; --t) {
+        Fiber& f = b.fibers[(size_t)t];
+        if (f.state == 3) continue;
+        any = true;
+        if (f.state != 0) continue;
+        b.cur = t;
+        swapcontext(&b.main, &f.ctx);
+        progress = true;
+      }
+      if (!any) break;
+      if (!progress) { fprintf(stderr, "kiln CUDA emulator: deadlock in block %u (threads wait at barriers that cannot complete)\n", bx); abort(); }
+    }
+  }
+  g_block = nullptr;
+}
+}  // namespace kiln_emu
+#define threadIdx (::kiln_emu::thread_idx())
+#define blockIdx (::kiln_emu::blk().block_idx)
+#define blockDim (::kiln_emu::blk().block_dim)
+#define gridDim (::kiln_emu::blk().grid_dim)
+#define __syncthreads() ::kiln_emu::block_barrier()
+template <class T> static inline T __shfl_xor_sync(unsigned, T v, int m) { return ::kiln_emu::shfl(v, (::kiln_emu::me().tid & 31) ^ (unsigned)m); }
+template <class T> static inline T __shfl_sync(unsigned, T v, int src) { return ::kiln_emu::shfl(v, (unsigned)src); }
+)EMU";
+
+/// A generated unit built for the emulator.
+struct Module {
+  std::shared_ptr<kiln::runtime::SharedLibrary> library;
+  using Launch = void (*)(const char*, unsigned, unsigned, unsigned, void**);
+  Launch launch = nullptr;
+};
+
+/// Compiles `src` under the emulator (through the CPU module cache: memory, disk, compiler).
+inline Module load(const kiln::codegen::CudaSource& src) {
+  std::string unit = kPrelude;
+  unit += src.source;
+  unit += "\nstruct kiln_emu_call { void (*fn)(kiln_args); kiln_args a; };\n";
+  unit += "static void kiln_emu_body(void* p) { kiln_emu_call* c = (kiln_emu_call*)p; c->fn(c->a); }\n";
+  unit += "extern \"C\" void kiln_emu_launch(const char* name, unsigned grid, unsigned block, unsigned smem, void** args) {\n";
+  unit += "  kiln_emu_call c; c.fn = nullptr; memcpy(c.a.p, args, sizeof c.a.p);\n";
+  for (auto& k : src.kernels) unit += "  if (!strcmp(name, \"" + k.name + "\")) c.fn = " + k.name + ";\n";
+  unit += "  if (!c.fn) { fprintf(stderr, \"no kernel %s\\n\", name); abort(); }\n";
+  unit += "  ::kiln_emu::run_grid(grid, block, smem, kiln_emu_body, &c);\n}\n";
+  Module m;
+  m.library = kiln::runtime::CpuModuleCache::instance().get(unit);
+  m.launch = reinterpret_cast<Module::Launch>(m.library->symbol("kiln_emu_launch"));
+  return m;
+}
+
+/// A small GPU: few multiprocessors keep grids (and emulation time) small while every
+/// multi-block path still runs.
+inline kiln::codegen::CudaTarget small_target() {
+  kiln::codegen::CudaTarget t = kiln::codegen::CudaTarget::sm90();
+  t.sm_count = 3;
+  return t;
+}
+
+/// What one emulated run did.
+struct RunInfo {
+  kiln::codegen::CudaSource source;
+  std::string schedule;
+};
+
+/// Runs `g` over host buffers as run_cuda would on a GPU: schedule, generate (alignment taken
+/// from the actual pointers), build, launch every kernel in order. Counts launches.
+inline RunInfo run(const kiln::ir::Graph& g, const kiln::backend::RunArgs& args,
+                   const kiln::codegen::CudaTarget& target = small_target()) {
+  using namespace kiln;
+  RunInfo info;
+  sched::Schedule s = sched::schedule(g);
+  info.schedule = s.str(g);
+  codegen::CudaAlignment al;
+  for (auto p : args.inputs) al.inputs.push_back(reinterpret_cast<std::uintptr_t>(p) % 16 == 0);
+  for (auto p : args.outputs) al.outputs.push_back(reinterpret_cast<std::uintptr_t>(p) % 16 == 0);
+  info.source = codegen::generate_cuda(g, s, "kemu", target, al);
+  Module m = load(info.source);
+  std::vector<void*> argv;
+  for (auto p : args.inputs) argv.push_back(const_cast<void*>(p));
+  for (auto p : args.outputs) argv.push_back(p);
+  std::vector<StoragePtr> keep;
+  for (auto& t : s.temps) {
+    keep.push_back(runtime::allocate_host(static_cast<std::size_t>(std::max<std::int64_t>(1, t.shape.numel())) * itemsize(t.dtype)));
+    std::memset(keep.back()->data, 0xCD, keep.back()->bytes);
+    argv.push_back(keep.back()->data);
+  }
+  keep.push_back(runtime::allocate_host(std::max<std::size_t>(16, info.source.scratch_bytes)));
+  std::memset(keep.back()->data, 0xCD, keep.back()->bytes);
+  argv.push_back(keep.back()->data);
+  for (auto& k : info.source.kernels) {
+    m.launch(k.name.c_str(), k.grid, k.block, k.shared_bytes, argv.data());
+    kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
+  }
+  return info;
+}
+
+}  // namespace kiln_cuda_emu

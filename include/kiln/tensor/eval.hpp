@@ -252,9 +252,30 @@ inline Tensor Tensor::to(Device device) const {
   return Tensor(ir::input(ir::BufferView{st, 0, contiguous_strides(shape())}, shape(), dtype(), device));
 }
 
+namespace detail {
+template <class E>
+bool typed_assign(const E& value, const ir::NodePtr& dest);
+
+inline bool broadcasts_to(const SmallShape& from, const Shape& to) {
+  if (from.rank > to.size()) return false;
+  for (std::size_t i = 0; i < from.rank; ++i) {
+    std::int64_t d = from.dims[from.rank - 1 - i];
+    if (d != 1 && d != to[to.size() - 1 - i]) return false;
+  }
+  return true;
+}
+}  // namespace detail
+
 template <class E>
   requires TensorLike<E>
 Tensor& Tensor::assign(const E& value) {
+  // Typed expressions over evaluated tensors: the cached fast path (no graph building).
+  if constexpr (!std::is_same_v<E, Tensor>) {
+    if (!detail::active_trace && node_ && node_->realized() && value.out_device == device() &&
+        detail::broadcasts_to(value.out_shape, shape()) && !detail::has_self_overlap(shape(), node_->buffer->strides) &&
+        detail::typed_assign(value, node_))
+      return *this;
+  }
   Tensor v = detail::to_tensor(value.derived());
   // Writing into existing memory is a side effect a compiled replay could not repeat.
   detail::before_data_read("assign()", std::source_location::current());
@@ -288,3 +309,6 @@ Tensor& Tensor::assign(S value) {
 }
 
 }  // namespace kiln
+
+// The typed fast path of assign() (defined after everything it uses).
+#include "kiln/tensor/typed_eval.hpp"

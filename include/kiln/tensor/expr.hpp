@@ -79,7 +79,7 @@ struct ResultType {
   }
 };
 
-inline std::string fn_name(Fn f) {
+inline const char* fn_name(Fn f) {
   static const char* names[] = {"neg", "abs", "exp", "exp2", "log", "log2", "log1p", "expm1", "sqrt", "rsqrt",
                                 "sin", "cos", "tan", "tanh", "erf", "floor", "ceil", "round", "logical_not",
                                 "isnan", "isinf", "sigmoid", "relu", "gelu", "gelu(tanh)", "silu", "add", "sub",
@@ -106,7 +106,7 @@ inline DType unary_result(Fn f, DType in) {
   if (f == Fn::Not || f == Fn::IsNan || f == Fn::IsInf) return DType::Bool;
   if (is_float_fn(f)) return is_floating(in) ? in : kDefaultFloat;
   if (in == DType::Bool && (f == Fn::Neg || f == Fn::Floor || f == Fn::Ceil || f == Fn::Round || f == Fn::Relu))
-    throw DTypeError(fn_name(f) + ": not supported for bool tensors");
+    throw DTypeError(std::string(fn_name(f)) + ": not supported for bool tensors");
   return in;
 }
 
@@ -123,7 +123,7 @@ inline BinaryTypes binary_result(Fn f, DType common, DType a, DType b) {
     return {t, t};
   }
   if (common == DType::Bool && (f == Fn::Sub || f == Fn::Pow))
-    throw DTypeError(fn_name(f) + ": not supported for bool tensors (" + dtype_name(a) + ", " + dtype_name(b) + ")");
+    throw DTypeError(std::string(fn_name(f)) + ": not supported for bool tensors (" + dtype_name(a) + ", " + dtype_name(b) + ")");
   return {common, common};
 }
 
@@ -230,8 +230,8 @@ inline SmallShape broadcast_small(const SmallShape& a, const SmallShape& b, cons
   return out;
 }
 
-inline void check_same_device(Device a, Device b, const std::string& op) {
-  if (a != b) throw DeviceError(op + ": expected all tensors on one device, got " + a.str() + " and " + b.str());
+inline void check_same_device(Device a, Device b, const char* op) {
+  if (a != b) throw DeviceError(std::string(op) + ": expected all tensors on one device, got " + a.str() + " and " + b.str());
 }
 
 /// The graph node of operand `e`, cast to `dtype` and broadcast to `shape`.
@@ -269,6 +269,10 @@ struct UnaryExpr : Expr<UnaryExpr<F, A>> {
   detail::OperandInfo info() const {
     return {out_dtype, out_shape.rank == 0 ? detail::Tier::ZeroDim : detail::Tier::Dim};
   }
+  template <class V>
+  void for_each_child(V&& v) const {
+    v(a);
+  }
   ir::NodePtr build() const {
     DType in = detail::info_of(a).dtype;
     DType operand = (F == Fn::Not || F == Fn::IsNan || F == Fn::IsInf) ? in : out_dtype;
@@ -292,15 +296,15 @@ struct BinaryExpr : Expr<BinaryExpr<F, A, B>> {
 
   BinaryExpr(const A& x, const B& y) : a(x), b(y) {
     static_assert(!(detail::is_scalar_expr<A>::value && detail::is_scalar_expr<B>::value));
-    std::string name = detail::fn_name(F);
+    const char* name = detail::fn_name(F);
     if constexpr (detail::is_scalar_expr<A>::value) {
-      out_shape = detail::shape_of(b, name.c_str());
+      out_shape = detail::shape_of(b, name);
       out_device = detail::device_of(b);
     } else if constexpr (detail::is_scalar_expr<B>::value) {
-      out_shape = detail::shape_of(a, name.c_str());
+      out_shape = detail::shape_of(a, name);
       out_device = detail::device_of(a);
     } else {
-      out_shape = detail::broadcast_small(detail::shape_of(a, name.c_str()), detail::shape_of(b, name.c_str()), name.c_str());
+      out_shape = detail::broadcast_small(detail::shape_of(a, name), detail::shape_of(b, name), name);
       out_device = detail::device_of(a);
       detail::check_same_device(out_device, detail::device_of(b), name);
     }
@@ -314,6 +318,11 @@ struct BinaryExpr : Expr<BinaryExpr<F, A, B>> {
   }
   detail::OperandInfo info() const {
     return {out_dtype, out_shape.rank == 0 ? detail::Tier::ZeroDim : detail::Tier::Dim};
+  }
+  template <class V>
+  void for_each_child(V&& v) const {
+    v(a);
+    v(b);
   }
   ir::NodePtr build() const {
     ir::NodePtr x = detail::operand_node(a, operand_dtype, out_shape, out_device);
@@ -355,6 +364,12 @@ struct WhereExpr : Expr<WhereExpr<C, A, B>> {
   }
   detail::OperandInfo info() const {
     return {out_dtype, out_shape.rank == 0 ? detail::Tier::ZeroDim : detail::Tier::Dim};
+  }
+  template <class V>
+  void for_each_child(V&& v) const {
+    v(c);
+    v(a);
+    v(b);
   }
   ir::NodePtr build() const {
     ir::NodePtr cn = detail::operand_node(c, DType::Bool, out_shape, out_device);

@@ -707,6 +707,7 @@ inline void reset() {
     reg.clearers.swap(keep);
   }
   for (auto& c : live) (*c)();
+  detail::typed_cache_generation().fetch_add(1);
   detail::clear_kernel_caches();
 }
 

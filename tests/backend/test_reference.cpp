@@ -610,9 +610,10 @@ TEST_CASE_TEMPLATE("reductions over every axis subset of a 3-d tensor", T, float
 }
 
 TEST_CASE_TEMPLATE("reductions of transposed and wide inputs (tiled and pairwise paths)", T, float, double, std::int64_t) {
-  // [37, 40] dense: axis 0 reduces across rows (16 outputs at a time plus a remainder);
-  // [300, 3] axis 0 is a strided run longer than one pairwise block; then transposed views.
-  for (Shape shape : {Shape{37, 40}, Shape{300, 3}, Shape{2, 150, 3}}) {
+  // [37, 40] dense: axis 0 reduces across rows (outputs side by side); [3, 2100] axis 0 in
+  // tiles of 1024 outputs plus a remainder; [300, 3] axis 0 is a strided run longer than one
+  // pairwise block; then transposed views.
+  for (Shape shape : {Shape{37, 40}, Shape{3, 2100}, Shape{300, 3}, Shape{2, 150, 3}}) {
     std::vector<double> v(static_cast<std::size_t>(shape.numel()));
     for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>((i * 7919) % 101) - 50.0;
     auto x = leaf<T>(v, shape);
@@ -651,6 +652,21 @@ TEST_CASE("reductions: NaN propagates, argmax takes the first NaN, ties take the
   auto l = leaf<float>(longv, {1000});
   CHECK(run1<std::int64_t>(ir::reduce(Op::ArgMax, l, {0}))[0] == 997);
   CHECK(std::isnan(run1<float>(ir::reduce(Op::ReduceMax, l, {0}))[0]));
+  // The extreme equal to the accumulators' start value, ties across the eight partials of a
+  // block and across pairwise halves.
+  CHECK(run1<std::int64_t>(ir::reduce(Op::ArgMax, leaf<float>({-kInf, -kInf, -kInf}, {3}), {0}))[0] == 0);
+  CHECK(run1<std::int64_t>(ir::reduce(Op::ArgMin, leaf<double>({kInf, kInf}, {2}), {0}))[0] == 0);
+  CHECK(run1<std::int64_t>(ir::reduce(Op::ArgMax, leaf<float>({-kInf, -kInf, kNaN, kNaN}, {4}), {0}))[0] == 2);
+  CHECK(run1<std::int64_t>(ir::reduce(Op::ArgMin, leaf<float>({kInf, 7, kInf, 7}, {4}), {0}))[0] == 1);
+  const auto lo = std::numeric_limits<std::int32_t>::min();
+  CHECK(run1<std::int64_t>(ir::reduce(Op::ArgMax, leaf_raw<std::int32_t>({lo, lo, lo}, {3}, {1}), {0}))[0] == 0);
+  CHECK(run1<std::int64_t>(ir::reduce(Op::ArgMin, leaf_raw<std::int32_t>({3, lo, 2, lo}, {4}, {1}), {0}))[0] == 1);
+  std::vector<double> ties(1000, 1.0);
+  ties[13] = ties[130] = ties[700] = 4.0;  // partials 5, 2 and 4; the last in the second half
+  CHECK(run1<std::int64_t>(ir::reduce(Op::ArgMax, leaf<double>(ties, {1000}), {0}))[0] == 13);
+  CHECK(run1<std::int64_t>(ir::reduce(Op::ArgMin, leaf<double>(ties, {1000}), {0}))[0] == 0);
+  ties[13] = 1.0;
+  CHECK(run1<std::int64_t>(ir::reduce(Op::ArgMax, leaf<double>(ties, {1000}), {0}))[0] == 130);
   // Signed zero: a sum of -0.0s is -0.0 only if the start value does not force +0; PyTorch's
   // sum starts at +0 too, so -0 + -0 + 0 = +0 either way.
   CHECK(!std::signbit(run1<float>(ir::reduce(Op::ReduceSum, leaf<float>({-0.0, 0.0}, {2}), {0}))[0]));
@@ -791,6 +807,39 @@ TEST_CASE("one launch per primitive; shared nodes and several outputs") {
     CHECK(xv[i] == i + 1.0);
   }
   CHECK(mv == Vec<double>{2 * std::exp(2.0), 2 * std::exp(4.0)});
+}
+
+TEST_CASE("outputs computed in place with any strides: random, concat, reductions") {
+  auto rnd = ir::random({3, 4}, 9, 0, DType::Float32, kCpu);
+  auto cat = ir::concat({opaque(leaf<float>({1, 2, 3, 4}, {2, 2})), opaque(leaf<float>({5, 6}, {2, 1}))}, 1);
+  auto sum = ir::reduce(Op::ReduceSum, leaf<float>({1, 2, 3, 4, 5, 6}, {2, 3}), {1});
+  auto empty = ir::reduce(Op::ReduceMax, leaf<float>({}, {3, 0}), {1});
+  Run r = run_graph({rnd, cat, sum, empty}, {{1, 3}, {1, 2}, {2, 1}, {1, 1}}, {12, 6, 4, 3});
+  auto flat = run1<float>(ir::random({3, 4}, 9, 0, DType::Float32, kCpu));
+  auto cm = read<float>(r.outputs[0], 12);
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 4; ++j) CHECK(cm[i + 3 * j] == flat[i * 4 + j]);  // counter = logical index
+  CHECK(read<float>(r.outputs[1], 6) == Vec<float>{1, 3, 2, 4, 5, 6});
+  auto sv = read<float>(r.outputs[2], 4);
+  CHECK(sv[0] == 6.0f);
+  CHECK(sv[2] == 15.0f);
+  CHECK(read<float>(r.outputs[3], 3) == Vec<float>(3, -std::numeric_limits<float>::infinity()));
+}
+
+TEST_CASE("an output overlapping a leaf it reads is computed before it is written") {
+  Vec<float> data(16);
+  for (int i = 0; i < 16; ++i) data[i] = static_cast<float>(i);
+  auto x = leaf_raw<float>(data, {4, 4}, {1, 4});  // the transpose of the buffer
+  auto y = ir::binary(Op::Add, x, ir::constant(0.5, DType::Float32, {4, 4}, kCpu));
+  ir::Captured c = ir::capture({y}, kCpu);
+  backend::RunArgs args;
+  void* buf = x->buffer->storage->data;
+  args.inputs.push_back(buf);
+  args.outputs.push_back(buf);
+  backend::run_reference(c.graph, args);
+  const float* out = static_cast<const float*>(buf);
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j) CHECK(out[i * 4 + j] == static_cast<float>(j * 4 + i) + 0.5f);
 }
 
 TEST_CASE("an output overlapping an input it reads is written correctly (in-place transpose)") {

@@ -442,12 +442,13 @@ template <class T, bool IsMax> struct Extreme {
 };
 
 template <class T, bool IsMax> struct ArgExtreme {
+  using C = compute_t<T>;
   struct Acc {
-    compute_t<T> val;
-    i64 idx;  // -1: nothing seen
+    C val;
+    i64 idx;  // -1: nothing better than the initial value seen (then index 0 is the answer)
   };
   using Out = std::int64_t;
-  static Acc init() { return Acc{compute_t<T>{}, -1}; }
+  static Acc init() { return Acc{Extreme<T, IsMax>::init(), -1}; }
   // Whether b should replace a: the extreme wins, a NaN counts as the extreme, ties go to the
   // lower index. Index-aware, so partial results may be merged in any grouping.
   static bool better(const Acc& a, const Acc& b) {
@@ -461,7 +462,15 @@ template <class T, bool IsMax> struct ArgExtreme {
     return b.val == a.val && b.idx < a.idx;
   }
   static Acc merge(Acc a, Acc b) { return better(a, b) ? b : a; }
-  static Acc step(Acc a, T x, i64 k) { return merge(a, Acc{load(x), k}); }
+  // One accumulator sees its elements in increasing k, so on a tie (or a second NaN) the one
+  // it holds is the first.
+  static Acc step(Acc a, T x, i64 k) {
+    const C v = load(x);
+    if constexpr (floating_v<T>) {
+      if (v != v) return a.val != a.val ? a : Acc{v, k};
+    }
+    return (IsMax ? v > a.val : v < a.val) ? Acc{v, k} : a;
+  }
   static Out finish(Acc a) { return a.idx < 0 ? 0 : a.idx; }
 };
 
@@ -483,54 +492,64 @@ template <class R, class T> struct Reduction {
     return off;
   }
 
-  // Lanes w of a W-wide tile read p[j * s + w].
-  template <int W, bool Unit>
-  static void run(const T* p, i64 n, i64 s, i64 k0, Acc* res) {
+  // One output: the run p[0], p[s], ... (n elements, flat indices from k0).
+  template <bool Unit>
+  static Acc run(const T* p, i64 n, i64 s, i64 k0) {
     const i64 st = Unit ? 1 : s;
     if (n > kBlock) {
       i64 half = (n / 2 + 7) / 8 * 8;
-      Acc l[W], r[W];
-      run<W, Unit>(p, half, s, k0, l);
-      run<W, Unit>(p + half * st, n - half, s, k0 + half, r);
-      for (int w = 0; w < W; ++w) res[w] = R::merge(l[w], r[w]);
+      Acc l = run<Unit>(p, half, s, k0);
+      return R::merge(l, run<Unit>(p + half * st, n - half, s, k0 + half));
+    }
+    // Eight independent partials let the compiler vectorise the block.
+    Acc part[8];
+    for (auto& x : part) x = R::init();
+    i64 j = 0;
+    for (; j + 8 <= n; j += 8)
+      for (int u = 0; u < 8; ++u) part[u] = R::step(part[u], p[(j + u) * st], k0 + j + u);
+    Acc tail = R::init();
+    for (; j < n; ++j) tail = R::step(tail, p[j * st], k0 + j);
+    Acc a = R::merge(R::merge(part[0], part[1]), R::merge(part[2], part[3]));
+    Acc b = R::merge(R::merge(part[4], part[5]), R::merge(part[6], part[7]));
+    return R::merge(R::merge(a, b), tail);
+  }
+
+  Acc outer(const T* base, i64 lo, i64 hi) const {
+    if (hi - lo == 1) {
+      const T* p = base + offset_of(lo);
+      return s_run == 1 ? run<true>(p, n_run, 1, lo * n_run) : run<false>(p, n_run, s_run, lo * n_run);
+    }
+    i64 mid = lo + (hi - lo) / 2;
+    Acc l = outer(base, lo, mid);
+    return R::merge(l, outer(base, mid, hi));
+  }
+
+  // `w` neighbouring outputs at once: lane l reads p[j * s + l], so each row of the reduced
+  // run is one contiguous chunk (reductions across the rows of a dense tensor).
+  static void run_wide(const T* p, i64 n, i64 s, i64 k0, i64 w, Acc* res) {
+    if (n > kBlock) {
+      i64 half = (n / 2 + 7) / 8 * 8;
+      std::vector<Acc> r(static_cast<std::size_t>(w));
+      run_wide(p, half, s, k0, w, res);
+      run_wide(p + half * s, n - half, s, k0 + half, w, r.data());
+      for (i64 l = 0; l < w; ++l) res[l] = R::merge(res[l], r[static_cast<std::size_t>(l)]);
       return;
     }
-    if constexpr (W == 1) {
-      // Eight independent partials let the compiler vectorise the block.
-      Acc part[8];
-      for (auto& x : part) x = R::init();
-      i64 j = 0;
-      for (; j + 8 <= n; j += 8)
-        for (int u = 0; u < 8; ++u) part[u] = R::step(part[u], p[(j + u) * st], k0 + j + u);
-      Acc tail = R::init();
-      for (; j < n; ++j) tail = R::step(tail, p[j * st], k0 + j);
-      Acc a = R::merge(R::merge(part[0], part[1]), R::merge(part[2], part[3]));
-      Acc b = R::merge(R::merge(part[4], part[5]), R::merge(part[6], part[7]));
-      res[0] = R::merge(R::merge(a, b), tail);
-    } else {
-      Acc acc[W];
-      for (auto& x : acc) x = R::init();
-      for (i64 j = 0; j < n; ++j) {
-        const T* row = p + j * st;
-        for (int w = 0; w < W; ++w) acc[w] = R::step(acc[w], row[w], k0 + j);
-      }
-      for (int w = 0; w < W; ++w) res[w] = acc[w];
+    for (i64 l = 0; l < w; ++l) res[l] = R::init();
+    for (i64 j = 0; j < n; ++j) {
+      const T* __restrict row = p + j * s;
+      const i64 k = k0 + j;
+      for (i64 l = 0; l < w; ++l) res[l] = R::step(res[l], row[l], k);
     }
   }
 
-  template <int W>
-  void outer(const T* base, i64 lo, i64 hi, Acc* res) const {
-    if (hi - lo == 1) {
-      const T* p = base + offset_of(lo);
-      if (s_run == 1) run<W, true>(p, n_run, 1, lo * n_run, res);
-      else run<W, false>(p, n_run, s_run, lo * n_run, res);
-      return;
-    }
+  void outer_wide(const T* base, i64 lo, i64 hi, i64 w, Acc* res) const {
+    if (hi - lo == 1) return run_wide(base + offset_of(lo), n_run, s_run, lo * n_run, w, res);
     i64 mid = lo + (hi - lo) / 2;
-    Acc l[W], r[W];
-    outer<W>(base, lo, mid, l);
-    outer<W>(base, mid, hi, r);
-    for (int w = 0; w < W; ++w) res[w] = R::merge(l[w], r[w]);
+    std::vector<Acc> r(static_cast<std::size_t>(w));
+    outer_wide(base, lo, mid, w, res);
+    outer_wide(base, mid, hi, w, r.data());
+    for (i64 l = 0; l < w; ++l) res[l] = R::merge(res[l], r[static_cast<std::size_t>(l)]);
   }
 };
 
@@ -538,7 +557,7 @@ template <class R, class T>
 inline void reduce_kernel(const ir::GraphNode& n, const Shape& in_shape, const Value& in, Value& o) {
   using Out = typename R::Out;
   using Acc = typename R::Acc;
-  constexpr int kLanes = 16;
+  constexpr i64 kTile = 1024;  // outputs reduced together on the wide path (accumulators stay in L1)
   const auto& axes = n.attrs.ints;
   Shape kshape, rshape;
   Strides kin, kout, rin;
@@ -555,9 +574,12 @@ inline void reduce_kernel(const ir::GraphNode& n, const Shape& in_shape, const V
   if (kshape.numel() == 0) return;
   const T* p = reinterpret_cast<const T*>(in.data);
   Out* out = reinterpret_cast<Out*>(o.data);
+  Loop<2> kl = make_loop<2>(kshape, {kin.data(), kout.data()});
   if (rshape.numel() == 0) {
     const Out v = R::finish(R::init());
-    std::fill(out, out + n.shape.numel(), v);
+    for_each_row(kl, kshape.numel(), [&](const std::array<i64, 2>& off, i64 cnt, const std::array<i64, 2>& s) {
+      for (i64 j = 0; j < cnt; ++j) out[off[1] + j * s[1]] = v;
+    });
     return;
   }
   Reduction<R, T> red;
@@ -571,25 +593,20 @@ inline void reduce_kernel(const ir::GraphNode& n, const Shape& in_shape, const V
       red.n_outer *= rl.sizes[d];
     }
   }
-  Loop<2> kl = make_loop<2>(kshape, {kin.data(), kout.data()});
   for_each_row(kl, kshape.numel(), [&](const std::array<i64, 2>& off, i64 cnt, const std::array<i64, 2>& s) {
     const T* pb = p + off[0];
     Out* ob = out + off[1];
-    i64 j = 0;
-    // Reducing across rows of a dense tensor: walk kLanes neighbouring outputs together so
-    // every row read is a contiguous chunk rather than one element per cache line.
-    if (s[0] == 1 && red.s_run != 1) {
-      for (; j + kLanes <= cnt; j += kLanes) {
-        Acc acc[kLanes];
-        red.template outer<kLanes>(pb + j, 0, red.n_outer, acc);
-        for (int w = 0; w < kLanes; ++w) ob[(j + w) * s[1]] = R::finish(acc[w]);
+    if (s[0] == 1 && red.s_run != 1 && cnt > 1) {
+      // Reducing across rows: read rows, not columns (one element per cache line and page).
+      std::vector<Acc> acc(static_cast<std::size_t>(std::min(cnt, kTile)));
+      for (i64 j = 0; j < cnt; j += kTile) {
+        const i64 w = std::min(kTile, cnt - j);
+        red.outer_wide(pb + j, 0, red.n_outer, w, acc.data());
+        for (i64 l = 0; l < w; ++l) ob[(j + l) * s[1]] = R::finish(acc[static_cast<std::size_t>(l)]);
       }
+      return;
     }
-    for (; j < cnt; ++j) {
-      Acc acc[1];
-      red.template outer<1>(pb + j * s[0], 0, red.n_outer, acc);
-      ob[j * s[1]] = R::finish(acc[0]);
-    }
+    for (i64 j = 0; j < cnt; ++j) ob[j * s[1]] = R::finish(red.outer(pb + j * s[0], 0, red.n_outer));
   });
 }
 
@@ -609,7 +626,8 @@ inline void exec_reduce(const ir::GraphNode& n, const Shape& in_shape, const Val
 
 // ---- leaves ---------------------------------------------------------------------------------
 
-inline Value exec_leaf(const ir::GraphNode& n) {
+// `into`, when given, is where the node's value goes (an output buffer, any strides).
+inline Value exec_leaf(const ir::GraphNode& n, const Value* into) {
   if (n.op == Op::Constant) {
     // One element, broadcast with zero strides.
     Value v = allocate(Shape{}, n.dtype);
@@ -644,9 +662,20 @@ inline Value exec_leaf(const ir::GraphNode& n) {
   const bool normal = !n.attrs.ints.empty() && n.attrs.ints[0] == 1;
   const std::uint64_t seed = n.attrs.seed;
   const i64 count = n.shape.numel();
-  Value v = allocate(n.shape, n.dtype);
-  auto fill = [&](auto* p, auto gen) {
-    for (i64 i = 0; i < count; ++i) p[i] = gen(static_cast<unsigned long long>(i));
+  Value v = into ? *into : allocate(n.shape, n.dtype);
+  // Rows come in row-major order, so a running counter is the flat index.
+  Loop<1> l = make_loop<1>(n.shape, {v.strides.data()});
+  auto fill = [&](auto* base, auto gen) {
+    unsigned long long i = 0;
+    for_each_row(l, count, [&](const std::array<i64, 1>& off, i64 len, const std::array<i64, 1>& s) {
+      auto* p = base + off[0];
+      if (s[0] == 1) {
+        for (i64 j = 0; j < len; ++j) p[j] = gen(i + static_cast<unsigned long long>(j));
+      } else {
+        for (i64 j = 0; j < len; ++j) p[j * s[0]] = gen(i + static_cast<unsigned long long>(j));
+      }
+      i += static_cast<unsigned long long>(len);
+    });
   };
   switch (n.dtype) {
     case DType::Float32:
@@ -671,7 +700,7 @@ inline Value exec_leaf(const ir::GraphNode& n) {
 
 // ---- index maps -----------------------------------------------------------------------------
 
-inline Value exec_index_map(const ir::Graph& g, const ir::GraphNode& n, const std::vector<Value>& vals) {
+inline Value exec_index_map(const ir::Graph& g, const ir::GraphNode& n, const std::vector<Value>& vals, const Value* into) {
   const ir::GraphNode& src = g.nodes[static_cast<std::size_t>(n.inputs[0])];
   const Value& a = vals[static_cast<std::size_t>(n.inputs[0])];
   const i64 isz = static_cast<i64>(itemsize(n.dtype));
@@ -707,7 +736,7 @@ inline Value exec_index_map(const ir::Graph& g, const ir::GraphNode& n, const st
     }
     case Op::Concat: {
       const auto axis = static_cast<std::size_t>(n.attrs.ints.at(0));
-      Value out = allocate(n.shape, n.dtype);
+      Value out = into ? *into : allocate(n.shape, n.dtype);
       i64 pos = 0;
       for (auto in : n.inputs) {
         const ir::GraphNode& part = g.nodes[static_cast<std::size_t>(in)];
@@ -723,25 +752,25 @@ inline Value exec_index_map(const ir::Graph& g, const ir::GraphNode& n, const st
   throw Error(std::string("reference executor: not an index map: ") + ir::op_name(n.op));
 }
 
-inline Value exec_node(const ir::Graph& g, const ir::GraphNode& n, const std::vector<Value>& vals) {
+inline Value exec_node(const ir::Graph& g, const ir::GraphNode& n, const std::vector<Value>& vals, const Value* into) {
   auto in = [&](std::size_t k) -> const Value& { return vals[static_cast<std::size_t>(n.inputs[k])]; };
   auto in_node = [&](std::size_t k) -> const ir::GraphNode& { return g.nodes[static_cast<std::size_t>(n.inputs[k])]; };
   switch (ir::op_kind(n.op)) {
-    case ir::OpKind::Leaf: return exec_leaf(n);
-    case ir::OpKind::IndexMap: return exec_index_map(g, n, vals);
+    case ir::OpKind::Leaf: return exec_leaf(n, into);
+    case ir::OpKind::IndexMap: return exec_index_map(g, n, vals, into);
     case ir::OpKind::Unary: {
-      Value o = allocate(n.shape, n.dtype);
+      Value o = into ? *into : allocate(n.shape, n.dtype);
       DType dt = in_node(0).dtype;
       visit_dtype(dt, [&](auto tag) { exec_unary<decltype(tag)>(n, dt, in(0), o); });
       return o;
     }
     case ir::OpKind::Binary: {
-      Value o = allocate(n.shape, n.dtype);
+      Value o = into ? *into : allocate(n.shape, n.dtype);
       visit_dtype(in_node(0).dtype, [&](auto tag) { exec_binary<decltype(tag)>(n, in(0), in(1), o); });
       return o;
     }
     case ir::OpKind::Ternary: {
-      Value o = allocate(n.shape, n.dtype);
+      Value o = into ? *into : allocate(n.shape, n.dtype);
       visit_dtype(n.dtype, [&](auto tag) {
         using T = decltype(tag);
         map_where(reinterpret_cast<T*>(o.data), o.strides, reinterpret_cast<const bool*>(in(0).data), in(0).strides,
@@ -751,7 +780,7 @@ inline Value exec_node(const ir::Graph& g, const ir::GraphNode& n, const std::ve
       return o;
     }
     case ir::OpKind::Reduce: {
-      Value o = allocate(n.shape, n.dtype);
+      Value o = into ? *into : allocate(n.shape, n.dtype);
       visit_dtype(in_node(0).dtype, [&](auto tag) { exec_reduce<decltype(tag)>(n, in_node(0).shape, in(0), o); });
       return o;
     }
@@ -773,40 +802,67 @@ inline void run_reference(const ir::Graph& g, const RunArgs& args) {
     throw Error("reference executor: " + std::to_string(args.outputs.size()) + " output pointers for " +
                 std::to_string(g.outputs.size()) + " outputs");
   const std::size_t count = g.nodes.size();
+  const std::size_t nout = g.outputs.size();
   // Index of the last node reading each node (count for outputs), so buffers go early.
   std::vector<std::size_t> last_use(count, 0);
   for (std::size_t i = 0; i < count; ++i)
     for (auto in : g.nodes[i].inputs) last_use[static_cast<std::size_t>(in)] = i;
   for (auto o : g.outputs) last_use[static_cast<std::size_t>(o)] = count;
 
-  std::vector<Value> vals(count);
-  for (std::size_t i = 0; i < count; ++i) {
-    const ir::GraphNode& n = g.nodes[i];
-    if (n.op == Op::Input) {
-      if (n.leaf < 0 || static_cast<std::size_t>(n.leaf) >= args.inputs.size())
-        throw Error("reference executor: no input pointer for leaf #" + std::to_string(n.leaf));
-      vals[i].data = const_cast<char*>(static_cast<const char*>(args.inputs[static_cast<std::size_t>(n.leaf)]));
-      vals[i].strides = n.strides;
-    } else {
-      vals[i] = exec_node(g, n, vals);
-      kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
-    }
-    for (auto in : n.inputs)
-      if (last_use[static_cast<std::size_t>(in)] == i) vals[static_cast<std::size_t>(in)] = Value{};
-    if (last_use[i] < i || (last_use[i] == 0 && i > 0 && n.op != Op::Input)) vals[i] = Value{};
+  std::vector<ByteRange> leaf_ranges;
+  for (const ir::GraphNode& n : g.nodes) {
+    if (n.op != Op::Input) continue;
+    if (n.leaf < 0 || static_cast<std::size_t>(n.leaf) >= args.inputs.size())
+      throw Error("reference executor: no input pointer for leaf #" + std::to_string(n.leaf));
+    leaf_ranges.push_back(byte_range(static_cast<const char*>(args.inputs[static_cast<std::size_t>(n.leaf)]), n.strides,
+                                     n.shape, n.dtype));
   }
-
-  // A value still pointing into a leaf's memory may overlap an output (x.assign(x.T)): copy
-  // those out before any output is written.
-  const std::size_t nout = g.outputs.size();
   std::vector<ByteRange> dst(nout);
   for (std::size_t k = 0; k < nout; ++k) {
     const ir::GraphNode& n = g.nodes[static_cast<std::size_t>(g.outputs[k])];
     dst[k] = byte_range(static_cast<const char*>(args.outputs[k]), g.output_strides[k], n.shape, n.dtype);
   }
+  // A node that computes an output writes it in place (saving a copy of the result) when that
+  // memory is no leaf's and no other output's. Views and zero-stride leaves are copied at the end.
+  std::vector<std::ptrdiff_t> direct(count, -1);
+  for (std::size_t k = 0; k < nout; ++k) {
+    const std::size_t idx = static_cast<std::size_t>(g.outputs[k]);
+    const Op op = g.nodes[idx].op;
+    if (direct[idx] >= 0 || op == Op::Input || op == Op::Constant || op == Op::Iota ||
+        (ir::is_index_map(op) && op != Op::Concat))
+      continue;
+    bool free = true;
+    for (auto& r : leaf_ranges) free = free && !overlaps(dst[k], r);
+    for (std::size_t j = 0; j < nout; ++j) free = free && (j == k || !overlaps(dst[k], dst[j]));
+    if (free) direct[idx] = static_cast<std::ptrdiff_t>(k);
+  }
+
+  std::vector<Value> vals(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    const ir::GraphNode& n = g.nodes[i];
+    if (n.op == Op::Input) {
+      vals[i].data = const_cast<char*>(static_cast<const char*>(args.inputs[static_cast<std::size_t>(n.leaf)]));
+      vals[i].strides = n.strides;
+    } else {
+      Value into;
+      if (direct[i] >= 0) {
+        into.data = static_cast<char*>(args.outputs[static_cast<std::size_t>(direct[i])]);
+        into.strides = g.output_strides[static_cast<std::size_t>(direct[i])];
+      }
+      vals[i] = exec_node(g, n, vals, direct[i] >= 0 ? &into : nullptr);
+      kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
+    }
+    for (auto in : n.inputs)
+      if (last_use[static_cast<std::size_t>(in)] == i) vals[static_cast<std::size_t>(in)] = Value{};
+    if (last_use[i] <= i) vals[i] = Value{};  // read by nothing
+  }
+
+  // A value still pointing into a leaf's memory may overlap an output (x.assign(x.T)): copy
+  // those out before any output is written.
   std::vector<Value> outs(nout);
   for (std::size_t k = 0; k < nout; ++k) {
     const std::size_t idx = static_cast<std::size_t>(g.outputs[k]);
+    if (direct[idx] == static_cast<std::ptrdiff_t>(k)) continue;
     const ir::GraphNode& n = g.nodes[idx];
     outs[k] = vals[idx];
     if (outs[k].owner) continue;
@@ -816,7 +872,9 @@ inline void run_reference(const ir::Graph& g, const RunArgs& args) {
     if (alias) outs[k] = materialize(outs[k], n.shape, n.dtype);
   }
   for (std::size_t k = 0; k < nout; ++k) {
-    const ir::GraphNode& n = g.nodes[static_cast<std::size_t>(g.outputs[k])];
+    const std::size_t idx = static_cast<std::size_t>(g.outputs[k]);
+    if (direct[idx] == static_cast<std::ptrdiff_t>(k)) continue;
+    const ir::GraphNode& n = g.nodes[idx];
     copy_value(outs[k], static_cast<char*>(args.outputs[k]), g.output_strides[k], n.shape, n.dtype);
   }
 }

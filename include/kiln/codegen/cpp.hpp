@@ -12,6 +12,7 @@
 #include <limits>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "kiln/core/error.hpp"
@@ -200,6 +201,15 @@ class KernelWriter {
   }
 
   std::string write(const std::string& name) {
+    if (k_.kind == sched::KernelKind::Reduce && k_.loops.chunks == 1 && !k_.loops.column && k_.passes > 1 && !analysis_) {
+      // A dry run finds the expensive values that a later pass would recompute.
+      Needs scratch;
+      KernelWriter dry(g_, s_, kid_, scratch);
+      dry.analysis_ = true;
+      dry.write(name);
+      stash_ = std::move(dry.stash_);
+      plan_stash();
+    }
     scopes_.push_back(Scope{});
     if (k_.kind == sched::KernelKind::Pointwise) pointwise();
     else if (k_.loops.chunks > 1) reduce_split();
@@ -376,6 +386,62 @@ class KernelWriter {
       auto it = memo.find(key);
       if (it != memo.end()) return it->second;
     }
+    if (pass_ > 0) {
+      auto it = computed_in_.find(key);
+      if (it != computed_in_.end() && it->second < pass_) {
+        if (analysis_) {
+          if (cost(id) >= kStashCost) stash_.insert(key);
+          return Val{"0", top()};
+        }
+        auto sn = stash_names_.find(key);
+        if (sn != stash_names_.end()) return emit(top(), key, node(id).dtype, sn->second + "[" + stash_pos_ + "]");
+      }
+    }
+    Val v = compute(id, idx, key);
+    if (pass_ > 0 && v.scope >= 2 && computed_in_.emplace(key, pass_).second && !analysis_) {
+      auto sn = stash_names_.find(key);
+      if (sn != stash_names_.end()) line(sn->second + "[" + stash_pos_ + "] = " + v.expr + ";");
+    }
+    return v;
+  }
+
+  /// Rough cost of computing `id` inline (transcendental functions dominate).
+  int cost(int id) {
+    auto it = cost_.find(id);
+    if (it != cost_.end()) return it->second;
+    const ir::GraphNode& n = node(id);
+    int c = 0;
+    switch (n.op) {
+      case Op::Exp: case Op::Exp2: case Op::Log: case Op::Log2: case Op::Log1p: case Op::Expm1: case Op::Sin:
+      case Op::Cos: case Op::Tan: case Op::Tanh: case Op::Erf: case Op::Pow: c = 20; break;
+      case Op::Div: case Op::Sqrt: case Op::Rsqrt: c = 4; break;
+      case Op::Input: case Op::Constant: case Op::Iota: c = 0; break;
+      default: c = ir::is_reduction(n.op) ? 0 : 1;
+    }
+    if (!ir::is_reduction(n.op))
+      for (auto i : n.inputs) c = std::min(1 << 20, c + cost(i));
+    cost_[id] = c;
+    return c;
+  }
+
+  /// Names the stash arrays (one row of each stashed value, per thread) within a budget.
+  void plan_stash() {
+    i64 row = 1;
+    for (int gi : k_.loops.red_groups) row *= extent(gi);
+    i64 total = 0;
+    for (auto& key : stash_) {
+      int id = std::stoi(key.substr(0, key.find('|')));
+      DType dt = node(id).dtype;
+      i64 bytes = row * static_cast<i64>(is_floating(dt) && dt != DType::Float64 ? 4 : dt == DType::Float64 || dt == DType::Int64 ? 8 : 4);
+      if (row > kStashMaxRow || total + bytes > kStashBudget) continue;
+      total += bytes;
+      std::string name = "stash" + std::to_string(stash_names_.size());
+      stash_names_[key] = name;
+      stash_decls_.push_back(std::string(ctype(dt)) + " " + name + "[" + std::to_string(row) + "];");
+    }
+  }
+
+  Val compute(int id, const Index& idx, const std::string& key) {
     const ir::GraphNode& n = node(id);
     auto idx_scope = [&]() {
       std::uint64_t m = 0;
@@ -980,11 +1046,15 @@ class KernelWriter {
     open(p.parallel ? "#pragma omp parallel for schedule(static) num_threads(nth)" : "",
          "for (long long t = 0; t < " + std::to_string(tiles) + "LL; ++t)", kept_mask());
     tile_vars("t");
+    for (auto& d : stash_decls_) line(d);
+    if (!stash_names_.empty() || analysis_) stash_pos_ = reduced_position();
     for (int pass = 1; pass <= k_.passes; ++pass) {
       std::vector<Red> reds = phase_reds(pass);
       for (auto& r : reds) declare_acc(r, p.column ? std::to_string(p.block) : "");
       int opened = open_reduced_loops(reds, "", "");
+      pass_ = p.column ? 0 : pass;
       pass_body(reds, pass);
+      pass_ = 0;
       for (int j = 0; j < opened; ++j) close();
       for (auto& r : reds) {
         std::string res = "r" + std::to_string(r.node);
@@ -1090,6 +1160,19 @@ class KernelWriter {
   std::vector<std::string> decls_;
   std::vector<std::string> frees_;
   int counter_ = 0;
+  // Row cache of reduction kernels: values computed in one pass and needed again in a later
+  // one are kept in a per-thread row buffer when recomputing them costs more than a load.
+  static constexpr int kStashCost = 10;
+  static constexpr i64 kStashMaxRow = 16384;
+  static constexpr i64 kStashBudget = 256 * 1024;
+  bool analysis_ = false;
+  int pass_ = 0;
+  std::string stash_pos_;
+  std::unordered_map<std::string, int> computed_in_;
+  std::unordered_set<std::string> stash_;
+  std::unordered_map<std::string, std::string> stash_names_;
+  std::vector<std::string> stash_decls_;
+  std::unordered_map<int, int> cost_;
 };
 
 }  // namespace detail

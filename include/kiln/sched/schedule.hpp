@@ -751,17 +751,11 @@ inline void Scheduler::plan_loops(Schedule& s, int kid) const {
   p.rows = 1;
   for (int gi : p.kept_groups) p.rows *= extent(gi);
   if (p.column) {
+    // Long blocks: each row of the block is one contiguous run that the prefetchers stream
+    // (short runs at a large stride cost DRAM efficiency); the accumulators (double) stay in
+    // L1/L2. Parallelism then comes from the rows (or from chunks of the reduced dim, below).
     const i64 ki = extent(p.vec_group);
-    i64 kb;
-    if (p.rows >= 8) {
-      kb = ki <= 1024 ? ki : 512;
-    } else {
-      i64 want = (8 + p.rows - 1) / p.rows;
-      kb = (ki + want - 1) / want;
-      kb = std::min<i64>(1024, std::max<i64>(16, (kb + 15) / 16 * 16));
-      kb = std::min(kb, ki);
-    }
-    p.block = std::max<i64>(1, kb);
+    p.block = std::max<i64>(1, std::min<i64>(ki, 4096));
     p.blocks = ki == 0 ? 0 : (ki + p.block - 1) / p.block;
   }
   // Few tiles: split the outer reduced loop into chunks whose partial results are combined in

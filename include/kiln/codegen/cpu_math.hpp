@@ -49,21 +49,36 @@ static inline float kiln_f32_exp_poly(float r) {
   return p;
 }
 
-static inline float kiln_exp_f32(float x) {
-  /* Outside [-104, 89] the result is 0 or inf; clamping keeps the scale factors in range. */
-  float xc = kiln_f32_sel(x > 89.0f, 89.0f, x);
-  xc = kiln_f32_sel(xc < -104.0f, -104.0f, xc);
+/* exp for x in [-104, 89] (callers clamp; NaN propagates). n in [-150, 128]: the result is
+   scaled by 2^(n/2) twice so that both factors are normal and only the second product rounds,
+   which gives gradual underflow and overflow to inf. */
+static inline float kiln_f32_exp_clamped(float xc) {
   const float shift = 0x1.8p23f;
   float t = __builtin_fmaf(xc, 0x1.715476p+0f, shift);
   float n = t - shift;
   float r = __builtin_fmaf(n, -0x1.62e430p-1f, xc); /* exact */
   r = __builtin_fmaf(n, 0x1.05c610p-29f, r);
   float y = 1.0f + __builtin_fmaf(r * r, kiln_f32_exp_poly(r), r);
-  /* n in [-150, 128]: scale by 2^(n/2) twice so that both factors are normal; the second
-     product rounds once, which gives gradual underflow and overflow to inf. */
   int ni = (int)(kiln_f32_bits(t) - kiln_f32_bits(shift));
   int n1 = ni >> 1;
   return y * kiln_f32_pow2i(n1) * kiln_f32_pow2i(ni - n1);
+}
+
+/* exp for x in [-87, 88], where the result is normal: one scale factor. */
+static inline float kiln_f32_exp_normal(float x) {
+  const float shift = 0x1.8p23f;
+  float t = __builtin_fmaf(x, 0x1.715476p+0f, shift);
+  float n = t - shift;
+  float r = __builtin_fmaf(n, -0x1.62e430p-1f, x);
+  r = __builtin_fmaf(n, 0x1.05c610p-29f, r);
+  float y = 1.0f + __builtin_fmaf(r * r, kiln_f32_exp_poly(r), r);
+  return y * kiln_f32_pow2i((int)(kiln_f32_bits(t) - kiln_f32_bits(shift)));
+}
+
+static inline float kiln_exp_f32(float x) {
+  /* Outside [-104, 89] the result is 0 or inf; clamping keeps the scale factors in range. */
+  float xc = kiln_f32_sel(x > 89.0f, 89.0f, x);
+  return kiln_f32_exp_clamped(kiln_f32_sel(xc < -104.0f, -104.0f, xc));
 }
 
 static inline float kiln_exp2_f32(float x) {
@@ -189,7 +204,8 @@ static inline float kiln_tanh_f32(float x) {
 static inline float kiln_sigmoid_f32(float x) {
   /* 1/(1+exp(-x)) for x >= 0 and exp(x)/(1+exp(x)) below, so that exp never overflows and the
      tail below -88 keeps its (subnormal) value instead of flushing to 0. */
-  float e = kiln_exp_f32(-kiln_f32_abs(x));
+  float na = -kiln_f32_abs(x);
+  float e = kiln_f32_exp_clamped(kiln_f32_sel(na < -104.0f, -104.0f, na));
   return kiln_f32_sel(x >= 0.0f, 1.0f, e) / (1.0f + e);
 }
 
@@ -218,7 +234,7 @@ static inline float kiln_erf_f32(float x) {
   p = __builtin_fmaf(p, t, -0x1.e34608p-1f);
   p = __builtin_fmaf(p, t, -0x1.569252p+2f);
   p = __builtin_fmaf(p, t, -0x1.f3a2dcp+2f);
-  float yl = 1.0f - kiln_exp_f32(p);
+  float yl = 1.0f - kiln_f32_exp_normal(p); /* p in [-17.5, -1.8] */
   float y = kiln_f32_sel(a < 1.0f, ys, yl);
   return kiln_f32_from_bits(kiln_f32_bits(y) | (kiln_f32_bits(x) & 0x80000000u));
 }

@@ -85,6 +85,23 @@ class MathLib {
         line += 4;
       }
     }
+    // Compositions as the code generator will emit them: results consumed by more arithmetic
+    // (the case where `?:` selects stopped GCC from vectorising), nested calls, a chain.
+    if (with_f32) {
+      const std::pair<const char*, const char*> composites[] = {
+          {"gelu", "float v = x[i]; y[i] = 0.5f * v * (1.0f + kiln_tanh_f32(0.7978845608f * (v + 0.044715f * v * v * v)));"},
+          {"softmax_exp", "y[i] = kiln_exp_f32(x[i] - 3.0f) * 0.25f;"},
+          {"log_sigmoid", "y[i] = kiln_log_f32(x[i]) * 0.5f + kiln_sigmoid_f32(x[i]) - kiln_erf_f32(x[i]);"},
+          {"sin_chain", "float v = x[i]; for (int k = 0; k < 4; ++k) v = kiln_sin_f32(v) * 1.01f + 0.5f; y[i] = v;"},
+      };
+      for (const auto& [name, body] : composites) {
+        src << "extern \"C\" void kiln_test_composite_" << name
+            << "(const float* x, float* y, long n) {\n#pragma omp simd\n";
+        loop_lines_.push_back({std::string("composite_") + name + "_f32", line + 2});
+        src << "  for (long i = 0; i < n; ++i) { " << body << " }\n}\n";
+        line += 4;
+      }
+    }
     std::ofstream(dir_ / "math.cpp") << src.str();
     gcc_ = compiler_is_gcc();
     std::string cmd = shell_quote(compiler()) + " -std=c++17 -O3 -march=native -fPIC -shared -fopenmp-simd " +

@@ -1,11 +1,22 @@
 // The whole consumer program of tests/consume/*: it only has to compile against kiln's
-// headers, link with what kiln::kiln brings, and compute something.
-#include <kiln/core/dtype.hpp>
+// headers, link with what kiln::kiln brings, and compute something through the public API.
+#include <kiln/core/version.hpp>
+#include <kiln/kiln.hpp>
 
 #include <cstdio>
+#include <cstring>
 
 int main() {
-  const kiln::DType t = kiln::promote_types(kiln::i32, kiln::f32);
-  std::printf("kiln consumer: promote_types(i32, f32) = %s\n", kiln::dtype_name(t));
-  return t == kiln::f32 ? 0 : 1;
+  using namespace kiln;
+  Tensor one = full({1}, 1.0);
+  const float two = sum(one + one).item<float>();
+  std::printf("kiln %s consumer: 1 + 1 = %g\n", version_string, two);
+#ifdef KILN_EXPECTED_VERSION
+  // The headers found must be the ones of the package CMake found.
+  if (std::strcmp(version_string, KILN_EXPECTED_VERSION) != 0) {
+    std::printf("headers say %s, package says %s\n", version_string, KILN_EXPECTED_VERSION);
+    return 1;
+  }
+#endif
+  return two == 2.0f ? 0 : 1;
 }

@@ -347,3 +347,16 @@ TEST_CASE("cpu jit: plan cache and threads") {
   for (auto& t : ts) t.join();
   CHECK(bad == 0);
 }
+
+TEST_CASE("cpu jit: an expensive value needed by several kernels is computed once") {
+  NodePtr x = input({48, 64}, f32, 100);
+  NodePtr t = un(Op::Tanh, mul(un(Op::Exp, x), cst(0.5, x)));  // costly: recomputing it would repeat two transcendental calls
+  Check c = run_both({red(Op::ReduceSum, t, {1}), red(Op::ReduceSum, t, {0})});
+  expect(c, 2);
+  CHECK(c.schedule.find("temp 0") != std::string::npos);
+  // Cheap pointwise work of leaves is recomputed instead: no temporary.
+  NodePtr u = add(mul(x, x), cst(1.0, x));
+  Check d = run_both({red(Op::ReduceSum, u, {1}), red(Op::ReduceSum, u, {0})});
+  expect(d, 2);
+  CHECK(d.schedule.find("temp") == std::string::npos);
+}

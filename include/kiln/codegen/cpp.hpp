@@ -448,6 +448,12 @@ class KernelWriter {
       for (auto& e : idx) m |= e.dep_mask();
       return scope_for(m);
     };
+    const sched::Location& stored = s_.location[static_cast<std::size_t>(id)];
+    if (!ir::is_reduction(n.op) && stored.kind != sched::Location::None && s_.owner[static_cast<std::size_t>(id)] != kid_) {
+      // Computed once by an earlier kernel (the scheduler found it too costly to recompute).
+      IndexExpr off = sched::strided_offset(idx, stored.strides, n.shape);
+      return emit(scope_for(off.dep_mask()), key, n.dtype, load(pointer(stored.kind, stored.index, n.dtype, false), render(off), n.dtype));
+    }
     switch (ir::op_kind(n.op)) {
       case ir::OpKind::Leaf: {
         if (n.op == Op::Input) {

@@ -3,8 +3,9 @@
 //
 // Every value that is cheap to recompute (leaves, pointwise ops, casts, index maps, iota,
 // random) is computed inside the loops of whichever kernel needs it, at the index that kernel
-// needs it at; nothing is materialised between them. Only reductions and the graph's outputs
-// anchor kernels. The scheduler starts with one kernel per anchor and merges kernels while the
+// needs it at; nothing is materialised between them. Only reductions, the graph's outputs and
+// costly pointwise values needed by several kernels (computed once, into memory) anchor
+// kernels. The scheduler starts with one kernel per anchor and merges kernels while the
 // result stays legal (every in-kernel reference to a reduction reads the row being computed,
 // and the kernel graph stays acyclic), in this order of benefit:
 //   1. a reduction into the reduction over the same rows that consumes it (softmax's max then
@@ -13,7 +14,8 @@
 //      reduction (cross_entropy's mean over rows);
 //   3. pointwise outputs that use a reduction's result into its kernel (the row kernel);
 //   4. reductions over the same rows and axes, side by side (horizontal);
-//   5. pointwise outputs of the reduction's shape that read its inputs (siblings);
+//   5. pointwise outputs of the reduction's shape that read its inputs (siblings) or that it
+//      reads (a value stored because several kernels need it);
 //   6. pointwise outputs of one shape, side by side (horizontal).
 // See docs/fusion.md for the rules and why.
 #include <algorithm>
@@ -140,7 +142,9 @@ namespace detail {
 /// Callbacks of `walk`: what an inline computation rooted at some node reads.
 struct Visitor {
   std::function<void(int, const Index&)> leaf;       ///< an Input read at an index
-  std::function<void(int, const Index&)> reduction;  ///< a reduction's value read at an index
+  std::function<void(int, const Index&)> reduction;  ///< a boundary's value (reduction, stored node) read at an index
+  std::function<bool(int)> boundary;                 ///< nodes not computed inline (default: reductions)
+  std::function<void(int)> visit;                    ///< every node computed inline
   std::function<void(int, const Index&)> index_use;  ///< Iota / Random / Concat: the index itself is used
   std::uint64_t opaque = 0;                          ///< dims read by opaque index expressions
 };
@@ -157,10 +161,11 @@ inline void walk(const ir::Graph& g, int node, const Index& idx, const Shape& sp
     if (v.leaf) v.leaf(node, idx);
     return;
   }
-  if (ir::is_reduction(n.op)) {
+  if (v.boundary ? v.boundary(node) : ir::is_reduction(n.op)) {
     if (v.reduction) v.reduction(node, idx);
     return;
   }
+  if (v.visit) v.visit(node);
   if (n.op == ir::Op::Iota || n.op == ir::Op::Random || n.op == ir::Op::Concat)
     if (v.index_use) v.index_use(node, idx);
   for (std::size_t k = 0; k < n.inputs.size(); ++k)
@@ -192,6 +197,13 @@ inline Index row_index(const Shape& shape, const Shape& row_shape, const Shape& 
 }
 
 inline Index zero_index(const Shape& shape) { return Index(shape.size(), ix_const(0)); }
+
+/// Whether kernel `k` reads node `n`'s value from memory rather than computing it: reductions
+/// always (their own kernel holds them in registers), stored values of other kernels.
+inline bool reads_memory(const Schedule& s, int n, int k, const ir::Graph& g) {
+  if (ir::is_reduction(g.nodes[static_cast<std::size_t>(n)].op)) return true;
+  return s.location[static_cast<std::size_t>(n)].kind != Location::None && s.owner[static_cast<std::size_t>(n)] != k;
+}
 
 /// A kernel being formed.
 struct Draft {
@@ -227,14 +239,28 @@ class Scheduler {
 
   Schedule run() {
     const std::size_t count = g_.nodes.size();
-    owner_.assign(count, -1);
     outputs_of_.assign(count, {});
     for (std::size_t k = 0; k < g_.outputs.size(); ++k) outputs_of_[static_cast<std::size_t>(g_.outputs[k])].push_back(static_cast<int>(k));
+    forced_.assign(count, 0);
+    // Second round only when the first inlined an expensive value into several kernels: then
+    // that value is computed once, into memory, and the grouping is redone around it.
+    for (int round = 0; round < 2; ++round) {
+      group();
+      if (round == 1 || !force_shared_expensive()) break;
+    }
+    return finish();
+  }
+
+ private:
+  void group() {
+    const std::size_t count = g_.nodes.size();
+    owner_.assign(count, -1);
+    drafts_.clear();
     // One draft per anchor, in node order.
     for (std::size_t i = 0; i < count; ++i) {
       const ir::GraphNode& n = g_.nodes[i];
       bool red = ir::is_reduction(n.op);
-      if (!red && outputs_of_[i].empty()) continue;
+      if (!red && outputs_of_[i].empty() && !forced_[i]) continue;
       Draft d;
       if (red) {
         const ir::GraphNode& in = node(n.inputs[0]);
@@ -256,10 +282,82 @@ class Scheduler {
       commit(static_cast<int>(k), drafts_[k], a);
     }
     merge_all();
-    return finish();
   }
 
- private:
+  /// Whether `n` is read from memory by kernels other than `self` (the draft owning it).
+  template <class OwnerOf>
+  bool is_boundary(int n, int self, OwnerOf&& owner_of) const {
+    return ir::is_reduction(node(n).op) || (forced_[static_cast<std::size_t>(n)] && owner_of(n) != self);
+  }
+
+  /// Rough cost of recomputing `id` inline, down to leaves and boundaries.
+  int cost(int id, std::vector<int>& memo) const {
+    if (memo[static_cast<std::size_t>(id)] >= 0) return memo[static_cast<std::size_t>(id)];
+    const ir::GraphNode& n = node(id);
+    int c;
+    switch (n.op) {
+      case ir::Op::Exp: case ir::Op::Exp2: case ir::Op::Log: case ir::Op::Log2: case ir::Op::Log1p: case ir::Op::Expm1:
+      case ir::Op::Sin: case ir::Op::Cos: case ir::Op::Tan: case ir::Op::Tanh: case ir::Op::Erf: case ir::Op::Pow: c = 20; break;
+      case ir::Op::Div: case ir::Op::Sqrt: case ir::Op::Rsqrt: c = 4; break;
+      default: c = ir::op_kind(n.op) == ir::OpKind::Leaf || ir::is_index_map(n.op) ? 0 : 1;
+    }
+    if (!ir::is_reduction(n.op) && !forced_[static_cast<std::size_t>(id)])
+      for (auto i : n.inputs) c = std::min(1 << 20, c + cost(i, memo));
+    memo[static_cast<std::size_t>(id)] = c;
+    return c;
+  }
+
+  /// Marks for materialisation the pointwise values that several kernels recompute and that
+  /// are not cheap (a few arithmetic ops of leaves are cheaper to recompute than to store and
+  /// load). Returns whether it marked any.
+  bool force_shared_expensive() {
+    const std::size_t count = g_.nodes.size();
+    std::vector<std::set<int>> kernels_of(count);
+    for (std::size_t k = 0; k < drafts_.size(); ++k) {
+      const Draft& d = drafts_[k];
+      if (!d.alive) continue;
+      const int self = static_cast<int>(k);
+      auto owner_of = [&](int n) { return owner_[static_cast<std::size_t>(n)]; };
+      Visitor v;
+      v.boundary = [&](int n) { return is_boundary(n, self, owner_of); };
+      v.visit = [&](int n) { kernels_of[static_cast<std::size_t>(n)].insert(self); };
+      std::unordered_set<std::string> seen;
+      const Shape rows = d.reduce ? d.row_shape() : d.space;
+      for (int r : d.regular) walk(g_, node(r).inputs[0], identity_index(d.space), d.space, v, seen);
+      for (int f : d.finals) walk(g_, node(f).inputs[0], identity_index(rows), d.space, v, seen);
+      for (std::size_t j = 0; j < d.roots.size(); ++j) {
+        const Shape& sh = node(d.roots[j]).shape;
+        Index idx = !d.reduce || d.level_of[j] == Level::Full ? identity_index(d.space)
+                    : d.level_of[j] == Level::Row              ? row_index(sh, rows, d.space)
+                                                               : zero_index(sh);
+        walk(g_, d.roots[j], idx, d.space, v, seen);
+      }
+    }
+    std::vector<int> memo(count, -1);
+    std::vector<char> covered(count, 0);
+    bool any = false;
+    // Highest first, so that a marked value covers the values it is computed from.
+    for (std::size_t i = count; i-- > 0;) {
+      const ir::GraphNode& n = node(static_cast<int>(i));
+      if (covered[i] || kernels_of[i].size() < 2 || !ir::is_pointwise(n.op) || forced_[i] || cost(static_cast<int>(i), memo) < kCheapCost)
+        continue;
+      forced_[i] = 1;
+      any = true;
+      std::vector<int> stack(n.inputs.begin(), n.inputs.end());
+      while (!stack.empty()) {
+        int x = stack.back();
+        stack.pop_back();
+        if (covered[static_cast<std::size_t>(x)] || ir::is_reduction(node(x).op)) continue;
+        covered[static_cast<std::size_t>(x)] = 1;
+        for (auto y : node(x).inputs) stack.push_back(y);
+      }
+    }
+    return any;
+  }
+
+  /// Values cheaper than this are recomputed by every kernel that needs them.
+  static constexpr int kCheapCost = 10;
+
   struct Analysis {
     bool ok = true;
     std::set<int> deps, leaves, external;
@@ -287,7 +385,7 @@ class Scheduler {
     // Records a reference to reduction q; `ctx`: 0 regular input, 1 final input, 2 root of a level.
     auto on_red = [&](int q, const Index& idx, int ctx, Level level, int* need_phase) {
       int o = owner_of(q);
-      if (o != self) {
+      if (o != self || !ir::is_reduction(node(q).op)) {
         a.deps.insert(o);
         a.external.insert(q);
         return;
@@ -306,6 +404,7 @@ class Scheduler {
 
     auto visit = [&](int root, const Index& idx, int ctx, Level level, int* need_phase) {
       Visitor v;
+      v.boundary = [&](int n) { return is_boundary(n, self, owner_of); };
       v.leaf = [&](int n, const Index&) { a.leaves.insert(n); };
       v.reduction = [&](int q, const Index& qi) { on_red(q, qi, ctx, level, need_phase); };
       std::unordered_set<std::string> seen;
@@ -372,6 +471,7 @@ class Scheduler {
     if (d.finals.empty()) return false;
     bool found = false;
     Visitor v;
+    v.boundary = [&](int n) { return is_boundary(n, self, owner_of); };
     v.reduction = [&](int q, const Index&) { found = found || (owner_of(q) == self && contains(d.finals, q)); };
     std::unordered_set<std::string> seen;
     walk(g_, root, zero_index(node(root).shape), d.space, v, seen);
@@ -507,9 +607,10 @@ class Scheduler {
       if (apply([&](const Draft& a, const Draft& b, int, int) { return a.reduce && b.reduce && same_rows(a, b); },
                 Merge::Union))
         continue;
-      // 5. Pointwise outputs shaped like the rows that read the same inputs.
-      if (apply([&](const Draft& a, const Draft& b, int, int) {
-            return a.reduce && !b.reduce && b.space == a.space && shares_leaf(a, b);
+      // 5. Pointwise values shaped like the rows that read the same inputs, or that the
+      //    reduction reads (a value stored for several kernels is computed by one of them).
+      if (apply([&](const Draft& a, const Draft& b, int, int ib) {
+            return a.reduce && !b.reduce && b.space == a.space && (shares_leaf(a, b) || a.deps.count(ib));
           }, Merge::Union))
         continue;
       // 6. Pointwise outputs of one shape.
@@ -526,6 +627,7 @@ class Scheduler {
   const ir::Graph& g_;
   std::vector<Draft> drafts_;
   std::vector<int> owner_;
+  std::vector<char> forced_;  ///< pointwise values computed once, into memory
   std::vector<std::vector<int>> outputs_of_;
 };
 
@@ -610,6 +712,7 @@ inline Schedule Scheduler::finish() {
     k.passes = std::max(1, k.phases);
     for (std::size_t j = 0; j < d.roots.size(); ++j) {
       Store st{d.roots[j], d.level_of[j], 1, targets_of(d.roots[j])};
+      if (st.targets.empty()) continue;  // a stored value all of whose readers ended up in this kernel
       if (st.level == Level::Full && k.kind == KernelKind::Reduce) {
         // Written in the pass after the last reduction it uses, possibly an extra one.
         st.pass = d.root_phase[j] + 1;
@@ -660,6 +763,7 @@ inline void Scheduler::plan_loops(Schedule& s, int kid) const {
   };
   auto visit = [&](int root, const Index& idx, double weight) {
     Visitor v;
+    v.boundary = [&](int n) { return reads_memory(s, n, kid, g_); };
     v.leaf = [&](int n, const Index& i) {
       const ir::GraphNode& nn = node(n);
       add(strided_offset(i, nn.strides, nn.shape), weight * static_cast<double>(itemsize(nn.dtype)));

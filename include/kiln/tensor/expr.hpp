@@ -101,12 +101,13 @@ constexpr bool is_float_fn(Fn f) {
 constexpr bool is_compare_fn(Fn f) { return f >= Fn::Eq && f <= Fn::Ge; }
 constexpr bool is_logical_fn(Fn f) { return f == Fn::And || f == Fn::Or || f == Fn::Not; }
 
-/// Output dtype of unary `f` on `in`; throws DTypeError for unsupported combinations.
-inline DType unary_result(Fn f, DType in) {
+/// Output dtype of unary `f` on `in` (of `shape`, for the message); throws DTypeError for
+/// unsupported combinations.
+inline DType unary_result(Fn f, DType in, const SmallShape& shape) {
   if (f == Fn::Not || f == Fn::IsNan || f == Fn::IsInf) return DType::Bool;
   if (is_float_fn(f)) return is_floating(in) ? in : kDefaultFloat;
   if (in == DType::Bool && (f == Fn::Neg || f == Fn::Floor || f == Fn::Ceil || f == Fn::Round || f == Fn::Relu))
-    throw DTypeError(std::string(fn_name(f)) + ": not supported for bool tensors");
+    throw DTypeError(std::string(fn_name(f)) + ": not supported for bool tensors, got bool" + shape.to_shape().str());
   return in;
 }
 
@@ -115,7 +116,7 @@ struct BinaryTypes {
   DType operand;
   DType out;
 };
-inline BinaryTypes binary_result(Fn f, DType common, DType a, DType b) {
+inline BinaryTypes binary_result(Fn f, DType common, DType a, DType b, const SmallShape& shape) {
   if (f == Fn::And || f == Fn::Or) return {DType::Bool, DType::Bool};
   if (is_compare_fn(f)) return {common, DType::Bool};
   if (f == Fn::Div) {
@@ -123,7 +124,8 @@ inline BinaryTypes binary_result(Fn f, DType common, DType a, DType b) {
     return {t, t};
   }
   if (common == DType::Bool && (f == Fn::Sub || f == Fn::Pow))
-    throw DTypeError(std::string(fn_name(f)) + ": not supported for bool tensors (" + dtype_name(a) + ", " + dtype_name(b) + ")");
+    throw DTypeError(std::string(fn_name(f)) + ": not supported for bool tensors (" + dtype_name(a) + ", " + dtype_name(b) +
+                     "; shape " + shape.to_shape().str() + ")");
   return {common, common};
 }
 
@@ -217,14 +219,22 @@ template <class E> constexpr std::uint64_t struct_key() {
   else return E::kStructKey;
 }
 
-inline SmallShape broadcast_small(const SmallShape& a, const SmallShape& b, const char* op) {
+[[noreturn]] inline void broadcast_failed(const SmallShape& a, const SmallShape& b, const char* op, DType ta, DType tb,
+                                         std::size_t dim, std::int64_t da, std::int64_t db) {
+  throw ShapeError(std::string(op) + ": shapes " + dtype_name(ta) + a.to_shape().str() + " and " + dtype_name(tb) +
+                   b.to_shape().str() + " cannot be broadcast (dimension " + std::to_string(dim) + ": " +
+                   std::to_string(da) + " vs " + std::to_string(db) + ")");
+}
+
+/// NumPy broadcast of two operand shapes (dtypes `ta`, `tb` only name them in the error).
+inline SmallShape broadcast_small(const SmallShape& a, const SmallShape& b, const char* op, DType ta, DType tb) {
   std::size_t n = std::max(a.rank, b.rank);
   SmallShape out;
   out.rank = static_cast<std::uint8_t>(n);
   for (std::size_t i = 0; i < n; ++i) {
     std::int64_t da = i < n - a.rank ? 1 : a.dims[i - (n - a.rank)];
     std::int64_t db = i < n - b.rank ? 1 : b.dims[i - (n - b.rank)];
-    if (da != db && da != 1 && db != 1) broadcast_shapes(a.to_shape(), b.to_shape(), op);  // throws the message
+    if (da != db && da != 1 && db != 1) broadcast_failed(a, b, op, ta, tb, i, da, db);
     out.dims[i] = da == 1 ? db : da;
   }
   return out;
@@ -264,7 +274,7 @@ struct UnaryExpr : Expr<UnaryExpr<F, A>> {
     const char* name = "unary";
     out_shape = detail::shape_of(a, name);
     out_device = detail::device_of(a);
-    out_dtype = detail::unary_result(F, detail::info_of(a).dtype);
+    out_dtype = detail::unary_result(F, detail::info_of(a).dtype, out_shape);
   }
   detail::OperandInfo info() const {
     return {out_dtype, out_shape.rank == 0 ? detail::Tier::ZeroDim : detail::Tier::Dim};
@@ -304,7 +314,8 @@ struct BinaryExpr : Expr<BinaryExpr<F, A, B>> {
       out_shape = detail::shape_of(a, name);
       out_device = detail::device_of(a);
     } else {
-      out_shape = detail::broadcast_small(detail::shape_of(a, name), detail::shape_of(b, name), name);
+      out_shape = detail::broadcast_small(detail::shape_of(a, name), detail::shape_of(b, name), name,
+                                          detail::info_of(a).dtype, detail::info_of(b).dtype);
       out_device = detail::device_of(a);
       detail::check_same_device(out_device, detail::device_of(b), name);
     }
@@ -312,7 +323,7 @@ struct BinaryExpr : Expr<BinaryExpr<F, A, B>> {
     auto ia = detail::info_of(a), ib = detail::info_of(b);
     rt.add(ia);
     rt.add(ib);
-    auto types = detail::binary_result(F, rt.result(), ia.dtype, ib.dtype);
+    auto types = detail::binary_result(F, rt.result(), ia.dtype, ib.dtype, out_shape);
     operand_dtype = types.operand;
     out_dtype = types.out;
   }
@@ -346,15 +357,18 @@ struct WhereExpr : Expr<WhereExpr<C, A, B>> {
 
   WhereExpr(const C& cond, const A& x, const B& y) : c(cond), a(x), b(y) {
     if (detail::info_of(c).dtype != DType::Bool)
-      throw DTypeError(std::string("where: condition must be bool, got ") + dtype_name(detail::info_of(c).dtype));
+      throw DTypeError(std::string("where: condition must be bool, got ") + dtype_name(detail::info_of(c).dtype) +
+                       detail::shape_of(c, "where").to_shape().str());
     out_shape = detail::shape_of(c, "where");
     out_device = detail::device_of(c);
     if constexpr (!detail::is_scalar_expr<A>::value) {
-      out_shape = detail::broadcast_small(out_shape, detail::shape_of(a, "where"), "where");
+      out_shape = detail::broadcast_small(out_shape, detail::shape_of(a, "where"), "where", DType::Bool,
+                                          detail::info_of(a).dtype);
       detail::check_same_device(out_device, detail::device_of(a), "where");
     }
     if constexpr (!detail::is_scalar_expr<B>::value) {
-      out_shape = detail::broadcast_small(out_shape, detail::shape_of(b, "where"), "where");
+      out_shape = detail::broadcast_small(out_shape, detail::shape_of(b, "where"), "where", detail::info_of(a).dtype,
+                                          detail::info_of(b).dtype);
       detail::check_same_device(out_device, detail::device_of(b), "where");
     }
     detail::ResultType rt;

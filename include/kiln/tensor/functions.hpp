@@ -24,8 +24,19 @@ Tensor to_tensor(const E& e) {
 
 inline std::string describe(const Tensor& t) { return std::string(dtype_name(t.dtype())) + t.shape().str(); }
 
-/// Normalized, sorted, unique axes; `{}` means all. Throws ShapeError naming `op`.
-inline std::vector<std::int64_t> reduce_axes(const Axes& axes, const Shape& shape, const char* op) {
+/// Maps a possibly negative axis of `t` into [0, rank) (0 and -1 for a 0-dim tensor) or throws
+/// ShapeError naming `op`, the axis, t's shape and dtype.
+inline std::int64_t tensor_axis(std::int64_t axis, const Tensor& t, const char* op) {
+  std::int64_t rank = t.dim(), r = rank == 0 ? 1 : rank;
+  if (axis < -r || axis >= r)
+    throw ShapeError(std::string(op) + ": axis " + std::to_string(axis) + " is out of range for " + describe(t) +
+                     " (rank " + std::to_string(rank) + ")");
+  return axis < 0 ? axis + r : axis;
+}
+
+/// Normalized, sorted, unique axes of `t`; `{}` means all. Throws ShapeError naming `op`.
+inline std::vector<std::int64_t> reduce_axes(const Axes& axes, const Tensor& t, const char* op) {
+  const Shape& shape = t.shape();
   std::int64_t rank = static_cast<std::int64_t>(shape.size());
   std::vector<std::int64_t> out;
   if (axes.axes.empty()) {
@@ -33,10 +44,10 @@ inline std::vector<std::int64_t> reduce_axes(const Axes& axes, const Shape& shap
     return out;
   }
   for (auto a : axes.axes) {
-    std::int64_t n = normalize_axis(a, rank, op, shape);
+    std::int64_t n = tensor_axis(a, t, op);
     if (rank == 0) continue;  // axis 0/-1 of a 0-dim tensor: nothing to reduce
     if (std::find(out.begin(), out.end(), n) != out.end())
-      throw ShapeError(std::string(op) + ": axis " + std::to_string(a) + " appears twice for shape " + shape.str());
+      throw ShapeError(std::string(op) + ": axis " + std::to_string(a) + " appears twice for " + describe(t));
     out.push_back(n);
   }
   std::sort(out.begin(), out.end());
@@ -83,7 +94,7 @@ template <class E>
   requires TensorLike<E>
 Tensor sum(const E& x, const Axes& axes = {}, bool keepdim = false) {
   Tensor t = detail::to_tensor(x);
-  auto ax = detail::reduce_axes(axes, t.shape(), "sum");
+  auto ax = detail::reduce_axes(axes, t, "sum");
   ir::NodePtr n = t.node();
   if (!is_floating(n->dtype)) n = ir::cast(n, DType::Int64);
   return detail::finish_reduce(ir::reduce(ir::Op::ReduceSum, n, ax), t.shape(), ax, keepdim);
@@ -94,7 +105,7 @@ template <class E>
   requires TensorLike<E>
 Tensor prod(const E& x, const Axes& axes = {}, bool keepdim = false) {
   Tensor t = detail::to_tensor(x);
-  auto ax = detail::reduce_axes(axes, t.shape(), "prod");
+  auto ax = detail::reduce_axes(axes, t, "prod");
   ir::NodePtr n = t.node();
   if (!is_floating(n->dtype)) n = ir::cast(n, DType::Int64);
   return detail::finish_reduce(ir::reduce(ir::Op::ReduceProd, n, ax), t.shape(), ax, keepdim);
@@ -106,7 +117,7 @@ template <class E>
 Tensor mean(const E& x, const Axes& axes = {}, bool keepdim = false) {
   Tensor t = detail::to_tensor(x);
   detail::require_float(t, "mean");
-  auto ax = detail::reduce_axes(axes, t.shape(), "mean");
+  auto ax = detail::reduce_axes(axes, t, "mean");
   return detail::finish_reduce(decomp::mean_keep(t.node(), ax), t.shape(), ax, keepdim);
 }
 
@@ -115,7 +126,7 @@ template <class E>
   requires TensorLike<E>
 Tensor max(const E& x, const Axes& axes = {}, bool keepdim = false) {
   Tensor t = detail::to_tensor(x);
-  auto ax = detail::reduce_axes(axes, t.shape(), "max");
+  auto ax = detail::reduce_axes(axes, t, "max");
   detail::require_nonempty_reduction(t, ax, "max");
   return detail::finish_reduce(ir::reduce(ir::Op::ReduceMax, t.node(), ax), t.shape(), ax, keepdim);
 }
@@ -125,7 +136,7 @@ template <class E>
   requires TensorLike<E>
 Tensor min(const E& x, const Axes& axes = {}, bool keepdim = false) {
   Tensor t = detail::to_tensor(x);
-  auto ax = detail::reduce_axes(axes, t.shape(), "min");
+  auto ax = detail::reduce_axes(axes, t, "min");
   detail::require_nonempty_reduction(t, ax, "min");
   return detail::finish_reduce(ir::reduce(ir::Op::ReduceMin, t.node(), ax), t.shape(), ax, keepdim);
 }
@@ -137,14 +148,14 @@ Tensor arg_reduce(const E& x, const Axes& axes, bool keepdim, ir::Op op, const c
   if (axes.axes.size() > 1)
     throw ShapeError(std::string(name) + ": expects one axis or none, got " + std::to_string(axes.axes.size()) +
                      " for input " + describe(t));
-  if (t.dtype() == DType::Bool) throw DTypeError(std::string(name) + ": not supported for bool tensors");
+  if (t.dtype() == DType::Bool) throw DTypeError(std::string(name) + ": not supported for bool tensors, got " + describe(t));
   if (axes.axes.empty()) {  // over the flattened tensor
     if (t.numel() == 0) throw ShapeError(std::string(name) + ": cannot reduce an empty tensor " + describe(t));
     ir::NodePtr flat = ir::reshape(t.node(), Shape{t.numel()});
     ir::NodePtr r = ir::reduce(op, flat, {0});
     return Tensor(ir::reshape(r, keepdim ? Shape(t.shape().size(), 1) : Shape{}));
   }
-  auto ax = detail::reduce_axes(axes, t.shape(), name);
+  auto ax = detail::reduce_axes(axes, t, name);
   detail::require_nonempty_reduction(t, ax, name);
   if (ax.empty()) return Tensor(ir::constant_int(0, DType::Int64, t.shape(), t.device()));  // 0-dim input
   return detail::finish_reduce(ir::reduce(op, t.node(), ax), t.shape(), ax, keepdim);
@@ -171,7 +182,7 @@ template <class E>
 Tensor var(const E& x, const Axes& axes = {}, bool keepdim = false, double correction = 1.0) {
   Tensor t = detail::to_tensor(x);
   detail::require_float(t, "var");
-  auto ax = detail::reduce_axes(axes, t.shape(), "var");
+  auto ax = detail::reduce_axes(axes, t, "var");
   return detail::finish_reduce(decomp::var_keep(t.node(), ax, correction), t.shape(), ax, keepdim);
 }
 
@@ -180,7 +191,7 @@ template <class E>
   requires TensorLike<E>
 Tensor logsumexp(const E& x, const Axes& axes = {}, bool keepdim = false) {
   Tensor t = detail::to_tensor(x);
-  auto ax = detail::reduce_axes(axes, t.shape(), "logsumexp");
+  auto ax = detail::reduce_axes(axes, t, "logsumexp");
   ir::NodePtr n = is_floating(t.dtype()) ? t.node() : ir::cast(t.node(), kDefaultFloat);
   return detail::finish_reduce(decomp::logsumexp_keep(n, ax), t.shape(), ax, keepdim);
 }
@@ -226,7 +237,7 @@ Tensor permute(const E& x, const std::vector<std::int64_t>& dims) {
   std::vector<std::int64_t> p(dims.size());
   std::vector<bool> seen(dims.size(), false);
   for (std::size_t i = 0; i < dims.size(); ++i) {
-    p[i] = normalize_axis(dims[i], r, "permute", t.shape());
+    p[i] = detail::tensor_axis(dims[i], t, "permute");
     if (seen[p[i]]) throw ShapeError("permute: repeated dim " + std::to_string(dims[i]) + " for shape " + t.shape().str());
     seen[p[i]] = true;
   }
@@ -239,8 +250,8 @@ template <class E>
 Tensor transpose(const E& x, std::int64_t dim0, std::int64_t dim1) {
   Tensor t = detail::to_tensor(x);
   if (t.dim() == 0) return t;
-  std::int64_t a = normalize_axis(dim0, t.dim(), "transpose", t.shape());
-  std::int64_t b = normalize_axis(dim1, t.dim(), "transpose", t.shape());
+  std::int64_t a = detail::tensor_axis(dim0, t, "transpose");
+  std::int64_t b = detail::tensor_axis(dim1, t, "transpose");
   std::vector<std::int64_t> p(t.dim());
   for (std::int64_t i = 0; i < t.dim(); ++i) p[i] = i;
   std::swap(p[a], p[b]);
@@ -278,10 +289,10 @@ template <class E>
 Tensor squeeze(const E& x, std::int64_t dim) {
   Tensor t = detail::to_tensor(x);
   if (t.dim() == 0) {
-    normalize_axis(dim, 0, "squeeze", t.shape());
+    detail::tensor_axis(dim, t, "squeeze");
     return t;
   }
-  std::int64_t d = normalize_axis(dim, t.dim(), "squeeze", t.shape());
+  std::int64_t d = detail::tensor_axis(dim, t, "squeeze");
   if (t.shape()[d] != 1) return t;
   Shape s = t.shape();
   s.erase(s.begin() + d);
@@ -310,7 +321,7 @@ template <class E>
 Tensor slice(const E& x, std::int64_t axis, std::int64_t start, std::int64_t stop, std::int64_t step = 1) {
   Tensor t = detail::to_tensor(x);
   if (t.dim() == 0) throw ShapeError("slice: cannot slice a 0-dim tensor");
-  std::int64_t a = normalize_axis(axis, t.dim(), "slice", t.shape());
+  std::int64_t a = detail::tensor_axis(axis, t, "slice");
   if (step <= 0) throw ShapeError("slice: step must be positive, got " + std::to_string(step));
   std::int64_t n = t.shape()[a];
   auto clampi = [n](std::int64_t v) {
@@ -327,7 +338,7 @@ inline Tensor concat(const std::vector<Tensor>& xs, std::int64_t axis = 0) {
   if (xs.empty()) throw ShapeError("concat: expected a non-empty list of tensors");
   const Tensor& first = detail::to_tensor(xs[0]);
   if (first.dim() == 0) throw ShapeError("concat: zero-dimensional tensors cannot be concatenated");
-  std::int64_t a = normalize_axis(axis, first.dim(), "concat", first.shape());
+  std::int64_t a = detail::tensor_axis(axis, first, "concat");
   DType dt = first.dtype();
   for (auto& x : xs) {
     detail::to_tensor(x);
@@ -353,7 +364,7 @@ template <class E>
   requires TensorLike<E>
 Tensor softmax(const E& x, std::int64_t axis = -1) {
   Tensor t = detail::to_tensor(x);
-  std::int64_t a = t.dim() == 0 ? 0 : normalize_axis(axis, t.dim(), "softmax", t.shape());
+  std::int64_t a = t.dim() == 0 ? 0 : detail::tensor_axis(axis, t, "softmax");
   ir::NodePtr n = is_floating(t.dtype()) ? t.node() : ir::cast(t.node(), kDefaultFloat);
   if (t.dim() == 0) n = ir::reshape(n, Shape{1});
   ir::NodePtr r = decomp::softmax(n, a);
@@ -365,7 +376,7 @@ template <class E>
   requires TensorLike<E>
 Tensor log_softmax(const E& x, std::int64_t axis = -1) {
   Tensor t = detail::to_tensor(x);
-  std::int64_t a = t.dim() == 0 ? 0 : normalize_axis(axis, t.dim(), "log_softmax", t.shape());
+  std::int64_t a = t.dim() == 0 ? 0 : detail::tensor_axis(axis, t, "log_softmax");
   ir::NodePtr n = is_floating(t.dtype()) ? t.node() : ir::cast(t.node(), kDefaultFloat);
   if (t.dim() == 0) n = ir::reshape(n, Shape{1});
   ir::NodePtr r = decomp::log_softmax(n, a);

@@ -79,6 +79,7 @@ struct LoopPlan {
   i64 chunks = 1;               ///< pieces of red_groups[0] combined in a fixed order afterwards
   i64 chunk_len = 0;            ///< elements of red_groups[0] per chunk
   bool parallel = false;        ///< enough work for an OpenMP team
+  std::uint64_t opaque = 0;     ///< dims read by opaque (non-affine) index expressions
 
   i64 tiles() const { return rows * blocks; }
 };
@@ -793,6 +794,7 @@ inline void Scheduler::plan_loops(Schedule& s, int kid) const {
     for (auto& t : st.targets) add(strided_offset(idx, t.strides, nn.shape), w * static_cast<double>(itemsize(nn.dtype)));
   }
 
+  p.opaque = opaque;
   // Coalesce neighbouring dims (of one kind) wherever every function sees them as one.
   p.groups.clear();
   for (int d = 0; d < rank; ++d) {

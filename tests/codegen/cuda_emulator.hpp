@@ -7,6 +7,7 @@
 // over the block's or the warp's fibers, which run until they block, highest thread first (so
 // a missing barrier shows as a wrong result). Blocks run one after another, in order.
 // Numerics differ from a GPU only where the host's libm differs from CUDA's math library.
+#include <algorithm>  // before kiln/ir/graph.hpp, which uses std::find
 #include <cstring>
 #include <memory>
 #include <string>
@@ -129,7 +130,7 @@ static void trampoline(unsigned lo, unsigned hi) {
 static inline void run_grid(unsigned grid, unsigned block, unsigned smem_bytes, void (*body)(void*), void* arg) {
   static Block b;
   b.fibers.resize(block);
-  for (auto& f : b.fibers) if (f.stack.size() < 256 * 1024) f.stack.resize(256 * 1024);
+  for (auto& f : b.fibers) if (f.stack.size() < 64 * 1024) f.stack.resize(64 * 1024);
   b.grid_dim = {grid, 1, 1};
   b.block_dim = {block, 1, 1};
   b.body = body;

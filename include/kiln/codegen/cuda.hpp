@@ -52,13 +52,15 @@ struct CudaTarget {
   int max_threads_per_sm = 2048;
   int max_shared_per_block_optin = 227 * 1024;  ///< bytes a block may use after opting in
   int max_shared_per_sm = 228 * 1024;
+  bool index64 = false;  ///< 64-bit index math even where 32 bits suffice (tests use it)
+  int pointwise_unroll = 2;  ///< elements (vectors) per thread and loop step of light pointwise kernels
 
   /// "sm_90".
   std::string arch() const { return "sm_" + std::to_string(cc_major) + std::to_string(cc_minor); }
   /// An H100/H200 (132 multiprocessors).
   static CudaTarget sm90() { return CudaTarget{}; }
   /// An A100 (108 multiprocessors, 163 KiB of shared memory per block).
-  static CudaTarget sm80() { return CudaTarget{8, 0, 108, 2048, 163 * 1024, 164 * 1024}; }
+  static CudaTarget sm80() { return CudaTarget{8, 0, 108, 2048, 163 * 1024, 164 * 1024, false, 2}; }
 };
 
 /// Which buffers of a run are 16-byte aligned (vector loads and stores need it). Empty vectors
@@ -169,6 +171,9 @@ struct Red {
   bool arg = false;   ///< ArgMax / ArgMin: (value, index) pairs
   std::string acc_t;  ///< accumulator type
   std::string init;   ///< identity of the combination
+  /// A max whose phase-next sum of exp(input - max) is folded in the same pass ("online
+  /// softmax": the sum is rescaled whenever the max grows); the sum's node, else -1.
+  int online_sum = -1;
 };
 
 inline Red red_info(const ir::Graph& g, int id) {
@@ -265,6 +270,26 @@ inline std::string merge(const Red& r, const std::string& a, const std::string& 
   }
 }
 
+/// Online max-and-sum-of-exp: folds `v` into max `m` and sum `s` (double), the sum kept
+/// relative to the current max. Terms exp(-inf - -inf) are skipped (they are 0 once a finite
+/// value arrives; an all -inf row is made NaN at the end, as the reference computes it).
+inline std::string online_step(const Red& r, const std::string& m, const std::string& s, const std::string& v) {
+  const bool dbl = r.in == DType::Float64;
+  const std::string t = r.acc_t, ex = dbl ? "exp(" : "expf(", ninf = dbl ? "(-KILN_INF_D)" : "(-KILN_INF_F)";
+  return "{ const " + t + " cv = " + v + "; const " + t + " nm = (cv > " + m + " || cv != cv) ? cv : " + m + "; if (nm != " + m +
+         ") { " + s + " *= (double)" + ex + m + " - nm); " + m + " = nm; } " + s + " += (cv == " + ninf + " && " + m + " == " +
+         ninf + ") ? 0.0 : (double)" + ex + "cv - " + m + "); }";
+}
+
+/// Merges online partial (pm, ps) into (m, s).
+inline std::string online_merge(const Red& r, const std::string& m, const std::string& s, const std::string& pm, const std::string& ps) {
+  const bool dbl = r.in == DType::Float64;
+  const std::string t = r.acc_t, ex = dbl ? "exp(" : "expf(";
+  return "{ const " + t + " qm = " + pm + "; const double qs = " + ps + "; const " + t + " nm = (qm > " + m + " || qm != qm) ? qm : " +
+         m + "; " + s + " = (" + m + " == nm ? " + s + " : " + s + " * (double)" + ex + m + " - nm)) + (qm == nm ? qs : qs * (double)" +
+         ex + "qm - nm)); " + m + " = nm; }";
+}
+
 /// Type of a chunk of `bytes` bytes (a whole vector access, or one 16-byte piece of it).
 inline const char* chunk_type(std::size_t bytes) {
   switch (bytes) {
@@ -291,7 +316,7 @@ class Writer {
         scratch_offset_(scratch_offset) {
     leaves_ = g.num_leaves();
     nargs_ = leaves_ + g.outputs.size() + s.temps.size() + 1;
-    i64_ = needs_64bit();
+    i64_ = target.index64 || needs_64bit();
     it_ = i64_ ? "long long" : "int";
   }
 
@@ -1012,13 +1037,34 @@ class Writer {
     info_.grid = static_cast<unsigned>(std::max<i64>(1, std::min<i64>((nvec + block - 1) / block, t_.sm_count * per_sm)));
     info_.strategy = "pointwise, " + std::to_string(v) + " lane(s) per thread, grid " + std::to_string(info_.grid) + "x" +
                      std::to_string(block);
+    const int unroll = heavy_ops() > 4 ? 1 : std::max(1, t_.pointwise_unroll);
+    if (unroll > 1) info_.strategy += ", " + std::to_string(unroll) + " steps per iteration";
     if (nvec > 0) {
-      open("for (" + it_ + " t = (" + it_ + ")blockIdx.x * " + lit(block) + " + threadIdx.x; t < " + lit(nvec) + "; t += (" + it_ +
-               ")gridDim.x * " + lit(block) + ")",
-           groups_mask(p.order));
-      decode("t", p.order, v);
-      for (auto& st : k_.stores) store(st, sched::identity_index(k_.space));
-      close();
+      auto body = [&](const std::string& t) {
+        open("", groups_mask(p.order));
+        decode(t, p.order, v);
+        for (auto& st : k_.stores) store(st, sched::identity_index(k_.space));
+        close();
+      };
+      line(it_ + " t = (" + it_ + ")blockIdx.x * " + lit(block) + " + threadIdx.x;");
+      line("const " + it_ + " G = (" + it_ + ")gridDim.x * " + lit(block) + ";");
+      if (unroll > 1) {
+        // Whole steps without bounds checks, so the loads of every element are in flight at once.
+        open("for (; t + " + lit(unroll - 1) + " * G < " + lit(nvec) + "; t += " + lit(unroll) + " * G)");
+        for (int u = 0; u < unroll; ++u) {
+          std::string tu = "tu" + std::to_string(u);
+          line("const " + it_ + " " + tu + " = t + " + lit(u) + " * G;");
+          body(tu);
+        }
+        close();
+        open("for (; t < " + lit(nvec) + "; t += G)");
+        body("t");
+        close();
+      } else {
+        open("for (; t < " + lit(nvec) + "; t += G)");
+        body("t");
+        close();
+      }
     }
     if (tail > 0) {
       // The elements the vectors leave over, one per thread of the first block.
@@ -1028,6 +1074,25 @@ class Writer {
       for (auto& st : k_.stores) store(st, sched::identity_index(k_.space));
       close();
     }
+  }
+
+  /// Transcendental functions a pointwise kernel evaluates per element (heavy bodies are not
+  /// unrolled: they are bound by arithmetic, and code size costs compile time).
+  int heavy_ops() const {
+    std::set<int> seen;
+    std::vector<int> todo;
+    for (auto& st : k_.stores) todo.push_back(st.node);
+    int heavy = 0;
+    while (!todo.empty()) {
+      int n = todo.back();
+      todo.pop_back();
+      if (!seen.insert(n).second) continue;
+      const ir::GraphNode& nn = node(n);
+      if ((nn.op >= Op::Exp && nn.op <= Op::Erf) || nn.op == Op::Pow || nn.op == Op::Random) ++heavy;
+      if (nn.op == Op::Input || ir::is_reduction(nn.op)) continue;
+      for (int i : nn.inputs) todo.push_back(i);
+    }
+    return heavy;
   }
 
   // ---- reductions: shared pieces --------------------------------------------------------------
@@ -1047,6 +1112,13 @@ class Writer {
   void declare_acc(const Red& r, const std::string& suffix = "") {
     line(r.acc_t + " " + acc_name(r, suffix) + " = " + r.init + ";");
     if (r.arg) line("long long " + idx_name(r, suffix) + " = -1;");
+    if (r.online_sum >= 0) line("double " + sum_name(r, suffix) + " = 0.0;");
+  }
+  static std::string sum_name(const Red& r, const std::string& suffix = "") { return "a" + std::to_string(r.online_sum) + suffix; }
+  /// Merges partial (pv, px[, ps]) into the accumulators of `r` (suffix `sfx`).
+  std::string merge_acc(const Red& r, const std::string& sfx, const std::string& pv, const std::string& px, const std::string& ps) {
+    if (r.online_sum >= 0) return online_merge(r, acc_name(r, sfx), sum_name(r, sfx), pv, ps);
+    return merge(r, acc_name(r, sfx), idx_name(r, sfx), pv, px);
   }
   std::string finish(const Red& r, const std::string& a, const std::string& x) {
     switch (r.op) {
@@ -1090,7 +1162,8 @@ class Writer {
       for (int j = 0; j < lanes; ++j) {
         Val v = value(node(r.node).inputs[0], id, j);
         std::string sfx = per_lane ? "_" + std::to_string(j) : "";
-        line(step(r, acc_name(r, sfx), idx_name(r, sfx), v.expr, r.arg ? reduced_position(j) : "0"));
+        if (r.online_sum >= 0) line(online_step(r, acc_name(r, sfx), sum_name(r, sfx), v.expr));
+        else line(step(r, acc_name(r, sfx), idx_name(r, sfx), v.expr, r.arg ? reduced_position(j) : "0"));
       }
     }
     for (auto& st : k_.stores)
@@ -1104,38 +1177,53 @@ class Writer {
     for (auto& r : reds) {
       std::string a = acc_name(r, sfx), x = idx_name(r, sfx);
       line("{ const " + r.acc_t + " pv = __shfl_xor_sync(0xffffffffu, " + a + ", o);" +
-           (r.arg ? " const long long px = __shfl_xor_sync(0xffffffffu, " + x + ", o);" : "") + " " +
-           merge(r, a, x, "pv", r.arg ? "px" : "0") + " }");
+           (r.arg ? " const long long px = __shfl_xor_sync(0xffffffffu, " + x + ", o);" : "") +
+           (r.online_sum >= 0 ? " const double ps = __shfl_xor_sync(0xffffffffu, " + sum_name(r, sfx) + ", o);" : "") + " " +
+           merge_acc(r, sfx, "pv", r.arg ? "px" : "0", "ps") + " }");
     }
     close();
   }
 
   /// Combines accumulators across the `threads` threads (a multiple of 32, one row) starting
-  /// at thread 0 of the block; every thread ends with the result.
+  /// at thread 0 of the block; every thread ends with the result. The warps' partials meet in
+  /// shared memory; every thread folds them in warp order (few warps), or every warp reads
+  /// them into its lanes and reduces them with a second butterfly (many warps).
   void block_reduce(const std::vector<Red>& reds, int threads, const std::string& sfx = "") {
     warp_reduce(reds, sfx);
     if (threads <= 32 || reds.empty()) return;
     const int warps = threads / 32;
+    auto sm = [&](const Red& r, const char* part) { return "kiln_w" + std::to_string(r.node) + part + sfx; };
     for (auto& r : reds) {
-      std::string sm = "kiln_w" + std::to_string(r.node) + sfx;
-      shared_decl(r.acc_t, sm, 32);
-      if (r.arg) shared_decl("long long", sm + "x", 32);
+      shared_decl(r.acc_t, sm(r, ""), 32);
+      if (r.arg) shared_decl("long long", sm(r, "x"), 32);
+      if (r.online_sum >= 0) shared_decl("double", sm(r, "s"), 32);
     }
     open("if ((threadIdx.x & 31) == 0)");
     for (auto& r : reds) {
-      std::string sm = "kiln_w" + std::to_string(r.node) + sfx;
-      line(sm + "[threadIdx.x >> 5] = " + acc_name(r, sfx) + ";");
-      if (r.arg) line(sm + "x[threadIdx.x >> 5] = " + idx_name(r, sfx) + ";");
+      line(sm(r, "") + "[threadIdx.x >> 5] = " + acc_name(r, sfx) + ";");
+      if (r.arg) line(sm(r, "x") + "[threadIdx.x >> 5] = " + idx_name(r, sfx) + ";");
+      if (r.online_sum >= 0) line(sm(r, "s") + "[threadIdx.x >> 5] = " + sum_name(r, sfx) + ";");
     }
     close();
     line("__syncthreads();");
-    for (auto& r : reds) {
-      std::string sm = "kiln_w" + std::to_string(r.node) + sfx;
-      std::string a = acc_name(r, sfx), x = idx_name(r, sfx);
-      line(a + " = " + sm + "[0];");
-      if (r.arg) line(x + " = " + sm + "x[0];");
-      line("for (int w = 1; w < " + std::to_string(warps) + "; ++w) " +
-           merge(r, a, x, sm + "[w]", r.arg ? sm + "x[w]" : "0"));
+    if (warps <= 8) {
+      for (auto& r : reds) {
+        line(acc_name(r, sfx) + " = " + sm(r, "") + "[0];");
+        if (r.arg) line(idx_name(r, sfx) + " = " + sm(r, "x") + "[0];");
+        if (r.online_sum >= 0) line(sum_name(r, sfx) + " = " + sm(r, "s") + "[0];");
+        line("for (int w = 1; w < " + std::to_string(warps) + "; ++w) " +
+             merge_acc(r, sfx, sm(r, "") + "[w]", r.arg ? sm(r, "x") + "[w]" : "0", sm(r, "s") + "[w]"));
+      }
+    } else {
+      open("");
+      line("const int lane = threadIdx.x & 31;");
+      for (auto& r : reds) {
+        line(acc_name(r, sfx) + " = lane < " + std::to_string(warps) + " ? " + sm(r, "") + "[lane] : " + r.init + ";");
+        if (r.arg) line(idx_name(r, sfx) + " = lane < " + std::to_string(warps) + " ? " + sm(r, "x") + "[lane] : -1;");
+        if (r.online_sum >= 0) line(sum_name(r, sfx) + " = lane < " + std::to_string(warps) + " ? " + sm(r, "s") + "[lane] : 0.0;");
+      }
+      warp_reduce(reds, sfx);
+      close();
     }
     line("__syncthreads();");
   }
@@ -1279,6 +1367,33 @@ class Writer {
     return out;
   }
 
+  /// The sum of phase p+1 that folds into phase p's max in one pass (online softmax), or -1:
+  /// phase p+1 is exactly sum(exp(A - broadcast(max(A)))) with the max in phase p, and pass p+1
+  /// stores nothing.
+  int online_sum_of(int p, int& max_node) const {
+    std::vector<int> next;
+    for (std::size_t j = 0; j < k_.reductions.size(); ++j)
+      if (k_.phase[j] == p + 1) next.push_back(k_.reductions[j]);
+    if (next.size() != 1) return -1;
+    for (auto& st : k_.stores)
+      if (st.level == sched::Level::Full && st.pass == p + 1) return -1;
+    const ir::GraphNode& sum = node(next[0]);
+    if (sum.op != Op::ReduceSum) return -1;
+    const ir::GraphNode& e = node(sum.inputs[0]);
+    if (e.op != Op::Exp || (e.dtype != DType::Float32 && e.dtype != DType::Float64)) return -1;
+    const ir::GraphNode& d = node(e.inputs[0]);
+    if (d.op != Op::Sub) return -1;
+    const ir::GraphNode& b = node(d.inputs[1]);
+    if (b.op != Op::Broadcast) return -1;
+    const int m = b.inputs[0];
+    const ir::GraphNode& mx = node(m);
+    if (mx.op != Op::ReduceMax || mx.inputs[0] != d.inputs[0] || s_.owner[static_cast<std::size_t>(m)] != kid_) return -1;
+    for (std::size_t j = 0; j < k_.reductions.size(); ++j)
+      if (k_.reductions[j] == m && k_.phase[j] != p) return -1;
+    max_node = m;
+    return next[0];
+  }
+
   void rows() {
     const auto& p = k_.loops;
     const i64 rows = p.rows;
@@ -1354,8 +1469,26 @@ class Writer {
       }
       cache_[key] = cs;
     }
+    // A row that is not in registers is read once less when softmax's max and sum of exp
+    // share a pass.
+    std::map<int, std::pair<int, int>> online;  // phase -> (max node, sum node)
+    std::set<int> skip;
+    if (mode != 1)
+      for (int ph = 1; ph < k_.phases; ++ph) {
+        int m = -1, sum = online_sum_of(ph, m);
+        if (sum >= 0 && !skip.count(ph)) {
+          online[ph] = {m, sum};
+          skip.insert(ph + 1);
+        }
+      }
+    if (!online.empty()) info_.strategy += ", online max and sum of exp";
     for (int pass = 1; pass <= k_.passes; ++pass) {
+      if (skip.count(pass)) continue;
       std::vector<Red> reds = phase_reds(pass);
+      auto on = online.find(pass);
+      if (on != online.end())
+        for (auto& r : reds)
+          if (r.node == on->second.first) r.online_sum = on->second.second;
       for (auto& r : reds) declare_acc(r);
       std::string pragma = mode == 1 ? "#pragma unroll" : "#pragma unroll 4";
       if (E > 0) {
@@ -1372,6 +1505,18 @@ class Writer {
         std::string res = "r" + std::to_string(r.node);
         line_at(row_scope, "const " + std::string(ctype(r.out)) + " " + res + " = " + finish(r, acc_name(r), idx_name(r)) + ";");
         bound_[r.node] = Binding{{res}, 0, row_scope};
+        if (r.online_sum >= 0) {
+          // Every term of an all -inf row is exp(-inf - -inf) = NaN in the reference.
+          const ir::GraphNode& sn = node(r.online_sum);
+          const bool dbl = r.in == DType::Float64;
+          std::string sres = "r" + std::to_string(r.online_sum);
+          std::string sv = round16("(" + std::string(ctype(sn.dtype)) + ")" + sum_name(r), sn.dtype);
+          if (R > 0)
+            sv = "(" + acc_name(r) + " == " + (dbl ? "(-KILN_INF_D)" : "(-KILN_INF_F)") + " ? " + (dbl ? "KILN_NAN_D" : "KILN_NAN_F") +
+                 " : " + sv + ")";
+          line_at(row_scope, "const " + std::string(ctype(sn.dtype)) + " " + sres + " = " + sv + ";");
+          bound_[r.online_sum] = Binding{{sres}, 0, row_scope};
+        }
       }
     }
     if (has_level(sched::Level::Row) || !fins.empty()) {
@@ -1538,7 +1683,9 @@ class Writer {
                      " column(s) per thread, " + std::to_string(splits) + " split(s) of the " + std::to_string(R) +
                      " reduced rows, grid " + std::to_string(info_.grid) + "x256";
     line("const int tx = threadIdx.x % " + std::to_string(BX) + ", ty = threadIdx.x / " + std::to_string(BX) + ";");
-    line("const " + it_ + " tile = (" + it_ + ")blockIdx.x / " + lit(splits) + ";");
+    // Blocks of one split of every tile are neighbours: blocks running together read whole
+    // rows (long contiguous runs), which DRAM serves best.
+    line("const " + it_ + " tile = (" + it_ + ")blockIdx.x % " + lit(units) + ";");
     line("const " + it_ + " cb = (tile % " + lit(ct) + ") * " + lit(BX * V) + " + (" + it_ + ")tx * " + lit(V) + ";");
     line("const bool cvalid = cb < " + lit(C) + ";");
     std::vector<Red> fins = final_reds();
@@ -1550,7 +1697,7 @@ class Writer {
     // neither store nor fold it.
     line("const " + it_ + " " + var(cg) + " = cb < " + lit(C - V) + " ? cb : " + lit(C - V) + ";");
     const int tile_scope = top();
-    const std::string lo = splits > 1 ? "((" + it_ + ")blockIdx.x % " + lit(splits) + ") * " + lit(rchunk) : lit(0);
+    const std::string lo = splits > 1 ? "((" + it_ + ")blockIdx.x / " + lit(units) + ") * " + lit(rchunk) : lit(0);
     line("const " + it_ + " rlo = " + lo + ";");
     line("const " + it_ + " rhi = rlo + " + lit(rchunk) + " < " + lit(R) + " ? rlo + " + lit(rchunk) + " : " + lit(R) + ";");
     std::string counter;
@@ -1618,7 +1765,7 @@ class Writer {
           for (int j = 0; j < V; ++j) {
             std::string sfx = "_" + std::to_string(j);
             line(acc_name(r, sfx) + " = " + r.init + ";" + (r.arg ? " " + idx_name(r, sfx) + " = -1;" : ""));
-            std::string at2 = "[(tile * " + lit(splits) + " + q) * " + lit(BX * V) + " + tx * " + lit(V) + " + " + std::to_string(j) + "]";
+            std::string at2 = "[(q * " + lit(units) + " + tile) * " + lit(BX * V) + " + tx * " + lit(V) + " + " + std::to_string(j) + "]";
             line("for (" + it_ + " q = 0; q < " + lit(splits) + "; ++q) " +
                  merge(r, acc_name(r, sfx), idx_name(r, sfx), "((volatile " + r.acc_t + "*)" + pv[i] + ")" + at2,
                        r.arg ? "((volatile long long*)" + px[i] + ")" + at2 : "0"));

@@ -1,0 +1,198 @@
+// CUDA code generation without a GPU: every WORKLOADS.md workload and every op x dtype is
+// generated and compiled by NVRTC to a cubin for sm_90 and sm_80; the launch strategies at the
+// GPU shapes of WORKLOADS.md are checked; and the generated kernels run in a host emulator of
+// CUDA (tests/codegen/cuda_emulator.hpp) against the reference executor.
+#include <doctest/doctest.h>
+
+#include "cuda_emulator.hpp"
+#include "cuda_test_util.hpp"
+#include "kiln/runtime/nvrtc.hpp"
+
+using namespace kiln_cuda_test;
+
+namespace {
+
+bool have_nvrtc() {
+  if (runtime::nvrtc_available()) return true;
+  MESSAGE("NVRTC not found, CUDA compile tests skipped: " << runtime::nvrtc_unavailable_reason());
+  return false;
+}
+
+bool have_host_compiler() {
+  if (runtime::CpuModuleCache::instance().compiler()) return true;
+  MESSAGE("no host C++ compiler, emulated CUDA tests skipped");
+  return false;
+}
+
+/// Generates the unit of `roots` and compiles it for sm_90 and sm_80.
+void compile_both(const std::string& name, const std::vector<NodePtr>& roots, const std::vector<Strides>& out_strides = {}) {
+  ir::Captured c = capture(roots, out_strides);
+  sched::Schedule s = sched::schedule(c.graph);
+  for (auto target : {codegen::CudaTarget::sm90(), codegen::CudaTarget::sm80()}) {
+    codegen::CudaSource src = codegen::generate_cuda(c.graph, s, "kiln_test", target);
+    CHECK(src.kernels.size() == s.kernels.size());
+    std::string cubin;
+    try {
+      cubin = runtime::compile_cuda_to_cubin(src.source, name + ".cu", target.arch());
+    } catch (const CompileError& e) {
+      FAIL_CHECK(name << " for " << target.arch() << ": " << e.what());
+      continue;
+    }
+    CHECK_MESSAGE(cubin.size() > 4, name);
+    CHECK_MESSAGE(cubin.compare(0, 4, "\x7f" "ELF") == 0, name);  // a cubin, not PTX
+  }
+}
+
+/// Runs `roots` in the emulator and with the reference executor; "" when they agree.
+std::string emulate(const std::vector<NodePtr>& roots, const std::vector<Strides>& out_strides = {}, bool index64 = false,
+                    double tol_scale = 1.0, std::uint64_t* kernels = nullptr) {
+  ir::Captured c = capture(roots, out_strides);
+  Outputs got = make_outputs(c.graph, 0xAB), want = make_outputs(c.graph, 0xAB);
+  backend::run_reference(c.graph, args_for(c, want));
+  codegen::CudaTarget t = kiln_cuda_emu::small_target();
+  t.index64 = index64;
+  auto before = stats().launches;
+  kiln_cuda_emu::RunInfo info = kiln_cuda_emu::run(c.graph, args_for(c, got), t);
+  if (kernels) *kernels = stats().launches - before;
+  std::string m = compare(c.graph, got.pointers, want.pointers, tol_scale);
+  if (!m.empty()) m += "\n" + c.graph.str() + info.schedule;
+  return m;
+}
+
+/// A leaf of any size without memory behind it: code generation never reads leaves.
+NodePtr shape_only(const Shape& shape, DType dt) {
+  auto st = std::make_shared<Storage>();
+  return ir::input(ir::BufferView{st, 0, contiguous_strides(shape)}, shape, dt, Device::cpu());
+}
+
+/// The strategy line of each kernel of the workload at `M` x `K` on an H200.
+std::vector<std::string> strategies(const std::vector<NodePtr>& roots) {
+  ir::Captured c = capture(roots);
+  sched::Schedule s = sched::schedule(c.graph);
+  codegen::CudaSource src = codegen::generate_cuda(c.graph, s, "kiln_test", codegen::CudaTarget::sm90());
+  std::vector<std::string> out;
+  for (auto& k : src.kernels) out.push_back(k.strategy);
+  return out;
+}
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("cuda codegen: every WORKLOADS.md workload compiles with NVRTC for sm_90 and sm_80") {
+  if (!have_nvrtc()) return;
+  for (auto& w : workloads()) {
+    SUBCASE(w.id) { compile_both(w.id, w.build(64, 256)); }
+  }
+}
+
+TEST_CASE("cuda codegen: every op x dtype and every layout compiles with NVRTC for sm_90 and sm_80") {
+  if (!have_nvrtc()) return;
+  for (auto& c : op_cases()) {
+    SUBCASE(c.name.c_str()) { compile_both(c.name, c.build(), c.out_strides); }
+  }
+  for (auto& c : layout_cases()) {
+    SUBCASE(c.name.c_str()) { compile_both(c.name, c.build(), c.out_strides); }
+  }
+}
+
+TEST_CASE("cuda codegen: float-only primitives on integers are DTypeErrors, as in the reference") {
+  NodePtr x = input({4, 4}, i32, 1);
+  for (Op op : {Op::Exp, Op::Log, Op::Sqrt, Op::Rsqrt, Op::Tanh, Op::Erf}) {
+    ir::Captured c = capture({un(op, x)});
+    sched::Schedule s = sched::schedule(c.graph);
+    CHECK_THROWS_AS(codegen::generate_cuda(c.graph, s, "k"), DTypeError);
+  }
+  ir::Captured c = capture({ir::random({4}, 1, 0, i32, Device::cpu())});
+  CHECK_THROWS_AS(codegen::generate_cuda(c.graph, sched::schedule(c.graph), "k"), DTypeError);
+}
+
+TEST_CASE("cuda codegen: launch strategies at the GPU shapes of WORKLOADS.md (H200)") {
+  const std::int64_t M = 16384, K = 4096, N = std::int64_t(1) << 26;
+  // Pointwise: 16-byte vectors (4 f32 lanes), one kernel.
+  {
+    NodePtr x = shape_only({N}, f32), y = shape_only({N}, f32);
+    auto s = strategies({add(mul(cst(2.0, x), x), y)});
+    REQUIRE(s.size() == 1);
+    CHECK(has(s[0], "pointwise, 4 lane(s)"));
+  }
+  {
+    NodePtr X = shape_only({M, K}, f32), mu = shape_only({M, 1}, f32), sc = shape_only({K}, f32), b = shape_only({K}, f32);
+    auto s = strategies({add(mul(sub(X, ir::broadcast(mu, X->shape)), expand(sc, X->shape)), expand(b, X->shape))});
+    REQUIRE(s.size() == 1);
+    CHECK(has(s[0], "pointwise, 4 lane(s)"));
+  }
+  // R1: one long row split over many blocks.
+  {
+    NodePtr x = shape_only({N}, f32);
+    auto s = strategies({ir::reshape(red(Op::ReduceSum, mul(x, x), {0}), Shape{})});
+    REQUIRE(s.size() == 1);
+    CHECK(has(s[0], "split row reduction"));
+  }
+  // R2: rows; R3: columns split over blocks.
+  {
+    NodePtr X = shape_only({M, K}, f32);
+    auto s2 = strategies({ir::reshape(red(Op::ReduceSum, X, {1}), Shape{M})});
+    REQUIRE(s2.size() == 1);
+    CHECK(has(s2[0], "row reduction, 256 thread(s) per row, 4 lane(s)"));
+    auto s3 = strategies({ir::reshape(red(Op::ReduceSum, X, {0}), Shape{K})});
+    REQUIRE(s3.size() == 1);
+    CHECK(has(s3[0], "column reduction"));
+    CHECK_FALSE(has(s3[0], " 1 split(s)"));
+  }
+  // N1, N3, N4: the row is read once into registers; N2: a warp per short row; N5: 8 bf16 lanes.
+  {
+    NodePtr X = shape_only({M, K}, f32), w = shape_only({K}, f32), b = shape_only({K}, f32);
+    for (auto& roots : {std::vector<NodePtr>{decomp::softmax(X, 1)}, std::vector<NodePtr>{decomp::layer_norm(X, w, b, 1e-5)},
+                        std::vector<NodePtr>{decomp::rms_norm(X, w, 1e-6)}}) {
+      auto s = strategies(roots);
+      REQUIRE(s.size() == 1);
+      CHECK(has(s[0], "cached in registers"));
+    }
+    auto s2 = strategies({decomp::softmax(shape_only({65536, 1024}, f32), 1)});
+    REQUIRE(s2.size() == 1);
+    CHECK(has(s2[0], "32 thread(s) per row"));
+    CHECK(has(s2[0], "cached in registers"));
+    auto s5 = strategies({decomp::softmax(shape_only({M, K}, bf16), 1)});
+    REQUIRE(s5.size() == 1);
+    CHECK(has(s5[0], "8 lane(s)"));
+    CHECK(has(s5[0], "cached in registers"));
+  }
+  // N6: 128 KiB rows stay on chip in shared memory; the mean over rows is a final.
+  {
+    NodePtr logits = shape_only({8192, 32768}, f32), t = shape_only({8192}, i64);
+    auto s = strategies({decomp::cross_entropy(logits, t, -100)});
+    REQUIRE(s.size() == 1);
+    CHECK(has(s[0], "cached in shared memory"));
+  }
+}
+
+TEST_CASE("cuda emulator: WORKLOADS.md workloads run as the reference executor computes them") {
+  if (!have_host_compiler()) return;
+  for (auto& w : workloads()) {
+    SUBCASE(w.id) {
+      for (auto [m, k] : {std::pair<std::int64_t, std::int64_t>{37, 256}, {3, 1000}}) {
+        std::uint64_t kernels = 0;
+        std::string r = emulate(w.build(m, k), {}, false, 1.0, &kernels);
+        CHECK_MESSAGE(r.empty(), w.id << " " << m << "x" << k << ": " << r);
+        CHECK(kernels == 1);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda emulator: every op x dtype and every layout runs as the reference executor computes it") {
+  if (!have_host_compiler()) return;
+  for (auto& c : op_cases()) {
+    SUBCASE(c.name.c_str()) {
+      std::string r = emulate(c.build(), c.out_strides, c.index64, c.tol_scale);
+      CHECK_MESSAGE(r.empty(), c.name << ": " << r);
+    }
+  }
+  for (auto& c : layout_cases()) {
+    SUBCASE(c.name.c_str()) {
+      std::string r = emulate(c.build(), c.out_strides, c.index64, c.tol_scale);
+      CHECK_MESSAGE(r.empty(), c.name << ": " << r);
+    }
+  }
+}

@@ -326,6 +326,13 @@ TEST_CASE("cpu jit: plan cache and threads") {
   CHECK(stats().launches == before.launches + 1);
   CHECK(backend::detail::CpuPlanCache::instance().size() == plans);
   CHECK(backend::explain_schedule(c.graph).find("kernel 0: pointwise") != std::string::npos);
+  // A kept plan runs without the lookup and is the cached one.
+  backend::CpuPlanPtr plan = backend::cpu_plan(c.graph);
+  CHECK(plan == backend::cpu_plan(c.graph));
+  Outputs o2 = make_outputs(c.graph, 0);
+  backend::run_cpu_plan(*plan, args_for(c, o2));
+  CHECK(std::memcmp(o.pointers[0], o2.pointers[0], 16 * 16 * sizeof(float)) == 0);
+  CHECK(stats().launches == before.launches + 2);
 
   // Threads racing for one new graph all get correct results.
   NodePtr z = input({64, 64}, f32, 91);

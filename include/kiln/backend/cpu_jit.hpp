@@ -136,34 +136,59 @@ inline bool cpu_jit_available() { return runtime::CpuModuleCache::instance().com
 /// then what it reduces and stores.
 inline std::string explain_schedule(const ir::Graph& g) { return sched::explain_schedule(g); }
 
+/// The compiled plan of `g`'s structure (schedule + loaded kernels), built on first use and
+/// cached in-process; callers that evaluate one structure repeatedly may keep it and call
+/// run_cpu_plan, skipping the lookup.
+using CpuPlanPtr = std::shared_ptr<const detail::CpuPlan>;
+inline CpuPlanPtr cpu_plan(const ir::Graph& g) {
+  if (!g.device.is_cpu()) throw DeviceError("CPU JIT: the graph is on " + g.device.str() + "; it runs CPU graphs only");
+  return detail::CpuPlanCache::instance().get(g);
+}
+
+/// Launches `plan`'s kernels over `args` (laid out as for run_cpu_jit on the plan's graph).
+inline void run_cpu_plan(const detail::CpuPlan& plan, const RunArgs& args) {
+  const ir::Graph& g = plan.graph;
+  if (args.outputs.size() != g.outputs.size())
+    throw Error("CPU JIT: " + std::to_string(args.outputs.size()) + " output pointers for " + std::to_string(g.outputs.size()) +
+                " outputs");
+  const std::size_t leaves = g.num_leaves();
+  if (args.inputs.size() < leaves)
+    throw Error("CPU JIT: " + std::to_string(args.inputs.size()) + " input pointers for " + std::to_string(leaves) + " leaves");
+  const std::size_t total = leaves + args.outputs.size() + plan.temp_bytes.size();
+  void* small[32];
+  std::vector<void*> big;
+  void** argv = small;
+  if (total > 32) {
+    big.resize(total);
+    argv = big.data();
+  }
+  for (std::size_t i = 0; i < leaves; ++i) argv[i] = const_cast<void*>(args.inputs[i]);
+  for (std::size_t i = 0; i < args.outputs.size(); ++i) argv[leaves + i] = args.outputs[i];
+  std::vector<StoragePtr> temps;
+  if (!plan.temp_bytes.empty()) {
+    temps.reserve(plan.temp_bytes.size());
+    for (std::size_t i = 0; i < plan.temp_bytes.size(); ++i) {
+      temps.push_back(runtime::allocate_host(plan.temp_bytes[i]));
+      argv[leaves + args.outputs.size() + i] = temps.back()->data;
+    }
+  }
+  const int threads = detail::cpu_threads();
+  for (auto fn : plan.kernels) {
+    fn(argv, threads);
+    kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
 /// Runs `g` as fused, generated and compiled kernels: leaves are read from args.inputs, output
 /// i is written to args.outputs[i] with g.output_strides[i]. Counts one launch per kernel.
 /// Throws CompileError when a kernel cannot be built, DTypeError for a primitive on a dtype it
 /// is not defined for, DeviceError unless the graph is on the CPU.
 inline void run_cpu_jit(const ir::Graph& g, const RunArgs& args) {
-  if (!g.device.is_cpu()) throw DeviceError("CPU JIT: the graph is on " + g.device.str() + "; it runs CPU graphs only");
   if (args.outputs.size() != g.outputs.size() || g.output_strides.size() != g.outputs.size())
     throw Error("CPU JIT: " + std::to_string(args.outputs.size()) + " output pointers for " + std::to_string(g.outputs.size()) +
                 " outputs");
-  if (args.inputs.size() < g.num_leaves())
-    throw Error("CPU JIT: " + std::to_string(args.inputs.size()) + " input pointers for " + std::to_string(g.num_leaves()) +
-                " leaves");
-  std::shared_ptr<const detail::CpuPlan> plan = detail::CpuPlanCache::instance().get(g);
-  const std::size_t leaves = g.num_leaves();
-  std::vector<void*> argv(leaves + args.outputs.size() + plan->temp_bytes.size());
-  for (std::size_t i = 0; i < leaves; ++i) argv[i] = const_cast<void*>(args.inputs[i]);
-  for (std::size_t i = 0; i < args.outputs.size(); ++i) argv[leaves + i] = args.outputs[i];
-  std::vector<StoragePtr> temps;
-  temps.reserve(plan->temp_bytes.size());
-  for (std::size_t i = 0; i < plan->temp_bytes.size(); ++i) {
-    temps.push_back(runtime::allocate_host(plan->temp_bytes[i]));
-    argv[leaves + args.outputs.size() + i] = temps.back()->data;
-  }
-  const int threads = detail::cpu_threads();
-  for (auto fn : plan->kernels) {
-    fn(argv.data(), threads);
-    kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
-  }
+  CpuPlanPtr plan = cpu_plan(g);
+  run_cpu_plan(*plan, args);
 }
 
 }  // namespace kiln::backend

@@ -57,7 +57,7 @@ inline bool same_graph(const ir::Graph& a, const ir::Graph& b) {
   return true;
 }
 
-inline std::string hex_key(std::uint64_t k) {
+inline std::string cuda_hex(std::uint64_t k) {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(k));
   return buf;
@@ -92,10 +92,10 @@ inline std::shared_ptr<const CudaPlan> build_cuda_plan(const ir::Graph& g, const
   runtime::CudaContext& ctx = runtime::cuda_context(g.device.index);
   plan->schedule = sched::schedule(g);
   if (log_enabled(LogChannel::schedule))
-    log(LogChannel::schedule, "graph " + hex_key(g.key) + " on " + g.device.str() + ": " +
+    log(LogChannel::schedule, "graph " + cuda_hex(g.key) + " on " + g.device.str() + ": " +
                                   std::to_string(plan->schedule.kernels.size()) + " kernel(s)\n" + plan->schedule.str(g));
   // The name carries the alignment class, so the two variants of one graph differ in source.
-  std::string prefix = "kiln_" + hex_key(g.key) + "_" + hex_key(alignment_hash(al)).substr(0, 4);
+  std::string prefix = "kiln_" + cuda_hex(g.key) + "_" + cuda_hex(alignment_hash(al)).substr(0, 4);
   codegen::CudaSource src = codegen::generate_cuda(g, plan->schedule, prefix, cuda_target(ctx), al);
   auto& cache = runtime::CudaModuleCache::instance();
   for (auto& k : src.kernels) {
@@ -183,7 +183,7 @@ inline std::string explain_cuda(const ir::Graph& g) {
   std::string out = s.str(g);
   codegen::CudaTarget t;
   if (cuda_available() && g.device.is_cuda()) t = detail::cuda_target(runtime::cuda_context(g.device.index));
-  codegen::CudaSource src = codegen::generate_cuda(g, s, "kiln_" + detail::hex_key(g.key), t);
+  codegen::CudaSource src = codegen::generate_cuda(g, s, "kiln_" + detail::cuda_hex(g.key), t);
   for (std::size_t k = 0; k < src.kernels.size(); ++k) out += "cuda kernel " + std::to_string(k) + ": " + src.kernels[k].strategy + "\n";
   return out;
 }

@@ -5,8 +5,10 @@
 #include <string>
 
 #include "kiln/backend/cpu_jit.hpp"
+#include "kiln/backend/cuda.hpp"
 #include "kiln/backend/executor.hpp"
 #include "kiln/backend/reference.hpp"
+#include "kiln/runtime/cuda_memory.hpp"
 #include "kiln/runtime/host_allocator.hpp"
 
 namespace kiln::backend {
@@ -14,8 +16,9 @@ namespace kiln::backend {
 /// A new buffer of `bytes` on `device`.
 inline StoragePtr allocate(std::size_t bytes, Device device) {
   if (device.is_cpu()) return runtime::allocate_host(bytes);
-  throw DeviceError("cannot allocate " + std::to_string(bytes) + " bytes on " + device.str() +
-                    ": this build has no CUDA executor");
+  // Stream-ordered, from the device's pool; a DeviceError says why when CUDA is unavailable.
+  if (device.is_cuda()) return runtime::allocate_cuda(bytes, device.index);
+  throw DeviceError("cannot allocate " + std::to_string(bytes) + " bytes on " + device.str() + ": unknown device");
 }
 
 /// Copies `bytes` between any two devices (blocking).
@@ -25,7 +28,20 @@ inline void copy_bytes(void* dst, Device dst_device, const void* src, Device src
     std::memcpy(dst, src, bytes);
     return;
   }
-  throw DeviceError("copy from " + src_device.str() + " to " + dst_device.str() + ": this build has no CUDA executor");
+  // CUDA copies run in order on the device's stream (after every kernel queued there);
+  // reading back to the host waits for them.
+  if (src_device.is_cpu() && dst_device.is_cuda()) return runtime::copy_host_to_device(dst, src, bytes, dst_device.index);
+  if (src_device.is_cuda() && dst_device.is_cpu()) return runtime::copy_device_to_host(dst, src, bytes, src_device.index);
+  if (src_device.is_cuda() && dst_device.is_cuda()) {
+    if (src_device.index == dst_device.index) return runtime::copy_device_to_device(dst, src, bytes, src_device.index);
+    // Between two GPUs: staged through the host.
+    StoragePtr staging = runtime::allocate_host(bytes);
+    runtime::copy_device_to_host(staging->data, src, bytes, src_device.index);
+    runtime::copy_host_to_device(dst, staging->data, bytes, dst_device.index);
+    runtime::synchronize_cuda(dst_device.index);
+    return;
+  }
+  throw DeviceError("copy from " + src_device.str() + " to " + dst_device.str() + ": unknown device");
 }
 
 /// True when CPU graphs run as fused, compiled kernels under `mode`: Jit and Auto need a host
@@ -38,6 +54,8 @@ inline bool cpu_uses_jit(Mode mode) {
 
 /// Runs `g` with the executor `mode` selects for its device.
 inline void run(const ir::Graph& g, const RunArgs& args, Mode mode) {
+  // CUDA graphs always run as fused kernels (the reference executor reads host memory).
+  if (g.device.is_cuda()) return run_cuda(g, args);
   if (!g.device.is_cpu()) throw DeviceError("no executor for device " + g.device.str());
   if (cpu_uses_jit(mode)) run_cpu_jit(g, args);
   else run_reference(g, args);
@@ -45,6 +63,7 @@ inline void run(const ir::Graph& g, const RunArgs& args, Mode mode) {
 
 /// How `g` would be run (its kernels), as text.
 inline std::string explain(const ir::Graph& g, Mode mode) {
+  if (g.device.is_cuda()) return "CUDA kernels:\n" + explain_cuda(g);
   if (g.device.is_cpu() && cpu_uses_jit(mode)) return "CPU JIT kernels:\n" + explain_schedule(g);
   return "reference executor: one launch per primitive\n" + g.str();
 }
@@ -52,6 +71,7 @@ inline std::string explain(const ir::Graph& g, Mode mode) {
 /// Drops every compiled plan and kernel the executors keep in memory.
 inline void clear_caches() {
   detail::CpuPlanCache::instance().clear();
+  clear_cuda_plans();
   runtime::CpuModuleCache::instance().clear();
 }
 

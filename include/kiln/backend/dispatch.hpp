@@ -61,6 +61,25 @@ inline void run(const ir::Graph& g, const RunArgs& args, Mode mode) {
   else run_reference(g, args);
 }
 
+/// A graph bound once to the executor `mode` selects, for callers that run one structure many
+/// times (the typed fast path of assign, kiln::compile's replays): a run skips the plan lookup.
+class PreparedGraph {
+ public:
+  PreparedGraph(ir::Graph g, Mode mode) : graph_(std::move(g)), mode_(mode) {
+    if (graph_.device.is_cpu() && cpu_uses_jit(mode_)) cpu_plan_ = cpu_plan(graph_);
+  }
+  void run(const RunArgs& args) const {
+    if (cpu_plan_) run_cpu_plan(*cpu_plan_, args);
+    else backend::run(graph_, args, mode_);
+  }
+  const ir::Graph& graph() const { return graph_; }
+
+ private:
+  ir::Graph graph_;
+  Mode mode_;
+  CpuPlanPtr cpu_plan_;  // CUDA plans also depend on the buffers' alignment: run_cuda looks them up
+};
+
 /// How `g` would be run (its kernels), as text.
 inline std::string explain(const ir::Graph& g, Mode mode) {
   if (g.device.is_cuda()) return "CUDA kernels:\n" + explain_cuda(g);

@@ -65,11 +65,14 @@ struct BackendRegistry {
   std::mutex mu;
   std::map<std::string, BackendFactory> factories;
   BackendRegistry() {
-    factories["kiln"] = [](const ir::Graph&, const CompileOptions&) -> GraphRunner {
-      return [](const ir::Graph& g, const backend::RunArgs& a) { run_graph_with(g, a, Backend::Auto); };
+    // The graph is bound to its executor once; a replay only launches.
+    factories["kiln"] = [](const ir::Graph& g, const CompileOptions&) -> GraphRunner {
+      auto prepared = std::make_shared<backend::PreparedGraph>(g, Backend::Auto);
+      return [prepared](const ir::Graph&, const backend::RunArgs& a) { prepared->run(a); };
     };
-    factories["trace"] = [](const ir::Graph&, const CompileOptions&) -> GraphRunner {
-      return [](const ir::Graph& g, const backend::RunArgs& a) { run_graph_with(g, a, Backend::Eager); };
+    factories["trace"] = [](const ir::Graph& g, const CompileOptions&) -> GraphRunner {
+      auto prepared = std::make_shared<backend::PreparedGraph>(g, Backend::Eager);
+      return [prepared](const ir::Graph&, const backend::RunArgs& a) { prepared->run(a); };
     };
     // "eager" never captures: it is handled by the caller (the function runs op by op).
     factories["eager"] = factories["trace"];

@@ -76,7 +76,7 @@ void collect_leaves(const E& e, TypedLeaves& out) {
 struct TypedEntry {
   std::vector<std::int64_t> words;
   std::uint64_t generation = 0;
-  ir::Graph graph;
+  std::shared_ptr<backend::PreparedGraph> prepared;
   std::vector<std::int32_t> leaf_source;  ///< per graph leaf: which expression tensor leaf it is
 };
 
@@ -141,14 +141,15 @@ bool typed_assign(const E& value, const ir::NodePtr& dest) {
     }
     c.graph.output_strides[0] = dst.strides;
     c.graph.rehash();
-    e.graph = std::move(c.graph);
+    if (log_enabled(LogChannel::graph)) log(LogChannel::graph, "evaluating graph\n" + c.graph.str());
+    e.prepared = std::make_shared<backend::PreparedGraph>(std::move(c.graph), backend_mode());
     entry = &cache.emplace(key, std::move(e))->second;
   }
   backend::RunArgs args;
   args.inputs.reserve(entry->leaf_source.size());
   for (auto src : entry->leaf_source) args.inputs.push_back(leaf_pointer(*L.tensors[src]));
   args.outputs.push_back(static_cast<char*>(dst.storage->data) + dst.offset * static_cast<std::int64_t>(itemsize(dest->dtype)));
-  run_graph(entry->graph, args);
+  entry->prepared->run(args);
   counters().graphs++;
   return true;
 }

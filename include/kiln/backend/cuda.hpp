@@ -63,9 +63,25 @@ inline std::string cuda_hex(std::uint64_t k) {
   return buf;
 }
 
+/// Overrides of the code generator's tuning knobs (0: the default); for benchmarks that
+/// compare variants (plans made before a change keep their variant: clear_cuda_plans()).
+struct CudaTuning {
+  int pointwise_unroll = 0;
+  int row_vectors_per_thread = 0;
+  int split_blocks_per_sm = 0;
+};
+inline CudaTuning& cuda_tuning() {
+  static CudaTuning t;
+  return t;
+}
+
 /// What code generation needs to know about cuda:`device`.
 inline codegen::CudaTarget cuda_target(const runtime::CudaContext& ctx) {
   codegen::CudaTarget t;
+  const CudaTuning& tune = cuda_tuning();
+  if (tune.pointwise_unroll > 0) t.pointwise_unroll = tune.pointwise_unroll;
+  if (tune.row_vectors_per_thread > 0) t.row_vectors_per_thread = tune.row_vectors_per_thread;
+  if (tune.split_blocks_per_sm > 0) t.split_blocks_per_sm = tune.split_blocks_per_sm;
   t.cc_major = ctx.cc_major;
   t.cc_minor = ctx.cc_minor;
   t.sm_count = ctx.sm_count;

@@ -53,14 +53,24 @@ struct CudaTarget {
   int max_shared_per_block_optin = 227 * 1024;  ///< bytes a block may use after opting in
   int max_shared_per_sm = 228 * 1024;
   bool index64 = false;  ///< 64-bit index math even where 32 bits suffice (tests use it)
-  int pointwise_unroll = 2;  ///< elements (vectors) per thread and loop step of light pointwise kernels
+  // Tuning (the defaults were measured on an H200; bench/bench_gpu.cpp sweeps them).
+  int pointwise_unroll = 2;        ///< vectors per thread and loop step of light pointwise kernels
+  int row_vectors_per_thread = 4;  ///< sets the threads per row of row reductions
+  int split_blocks_per_sm = 8;     ///< blocks per multiprocessor when rows or columns are split
 
   /// "sm_90".
   std::string arch() const { return "sm_" + std::to_string(cc_major) + std::to_string(cc_minor); }
   /// An H100/H200 (132 multiprocessors).
   static CudaTarget sm90() { return CudaTarget{}; }
   /// An A100 (108 multiprocessors, 163 KiB of shared memory per block).
-  static CudaTarget sm80() { return CudaTarget{8, 0, 108, 2048, 163 * 1024, 164 * 1024, false, 2}; }
+  static CudaTarget sm80() {
+    CudaTarget t;
+    t.cc_major = 8;
+    t.sm_count = 108;
+    t.max_shared_per_block_optin = 163 * 1024;
+    t.max_shared_per_sm = 164 * 1024;
+    return t;
+  }
 };
 
 /// Which buffers of a run are 16-byte aligned (vector loads and stores need it). Empty vectors
@@ -1033,11 +1043,13 @@ class Writer {
     set_vec(inner, v);
     const i64 nvec = numel / v;
     const i64 tail = numel - nvec * v;
-    const i64 per_sm = t_.max_threads_per_sm / block;
-    info_.grid = static_cast<unsigned>(std::max<i64>(1, std::min<i64>((nvec + block - 1) / block, t_.sm_count * per_sm)));
+    const int unroll = heavy_ops() > 4 ? 1 : std::max(1, t_.pointwise_unroll);
+    // Each thread takes `unroll` vectors and leaves (the hardware balances blocks across the
+    // GPU); only very large tensors loop, over at most 256 blocks' worth per multiprocessor.
+    const i64 per_block = static_cast<i64>(block) * unroll;
+    info_.grid = static_cast<unsigned>(std::max<i64>(1, std::min<i64>((nvec + per_block - 1) / per_block, t_.sm_count * i64(256))));
     info_.strategy = "pointwise, " + std::to_string(v) + " lane(s) per thread, grid " + std::to_string(info_.grid) + "x" +
                      std::to_string(block);
-    const int unroll = heavy_ops() > 4 ? 1 : std::max(1, t_.pointwise_unroll);
     if (unroll > 1) info_.strategy += ", " + std::to_string(unroll) + " steps per iteration";
     if (nvec > 0) {
       auto body = [&](const std::string& t) {
@@ -1403,8 +1415,9 @@ class Writer {
     const int V = vec_;
     // Threads per row: a warp for short rows, else enough threads for about 4 vectors each.
     int T = 32;
+    const i64 vpt = std::max(1, t_.row_vectors_per_thread);
     if (R > 32 * V * 8) {
-      i64 want = (R + V * 4 - 1) / (V * 4);
+      i64 want = (R + V * vpt - 1) / (V * vpt);
       T = 64;
       while (T < 1024 && T < want) T *= 2;
     }
@@ -1430,10 +1443,9 @@ class Writer {
       dyn = static_cast<std::size_t>(row_bytes);
       line("KILN_EXTERN_SMEM(kiln_dsm);");
     }
-    const i64 smem_per_block = static_cast<i64>(dyn) + 4096;
-    i64 per_sm = std::min<i64>(32, t_.max_threads_per_sm / info_.block);
-    per_sm = std::max<i64>(1, std::min<i64>(per_sm, t_.max_shared_per_sm / smem_per_block));
-    info_.grid = static_cast<unsigned>(std::max<i64>(1, std::min<i64>((rows + rpb - 1) / rpb, t_.sm_count * per_sm)));
+    // One row (a warp's rows) per block: blocks that loop over many rows would run in uneven
+    // waves whenever fewer fit on the GPU at once than the grid holds.
+    info_.grid = static_cast<unsigned>(std::max<i64>(1, std::min<i64>((rows + rpb - 1) / rpb, i64(1) << 30)));
     info_.shared_bytes = static_cast<unsigned>(dyn);
     info_.strategy = "row reduction, " + std::to_string(T) + " thread(s) per row, " + std::to_string(V) + " lane(s), " +
                      std::to_string(E) + " slot(s), row " +
@@ -1562,7 +1574,7 @@ class Writer {
     const int V = vec_;
     const int T = 256;
     info_.block = T;
-    const i64 target = static_cast<i64>(t_.sm_count) * (t_.max_threads_per_sm / T);
+    const i64 target = static_cast<i64>(t_.sm_count) * std::max(1, t_.split_blocks_per_sm);
     i64 splits = std::max<i64>(1, target / std::max<i64>(1, rows));
     // Every chunk holds whole vectors and at least a few per thread.
     splits = std::max<i64>(1, std::min<i64>(splits, R / (static_cast<i64>(T) * V * 4)));
@@ -1670,7 +1682,7 @@ class Writer {
     const int BY = 256 / BX;
     const i64 ct = (cvecs + BX - 1) / BX;  // column tiles per outer row
     const i64 tiles = outer * ct;
-    const i64 target = static_cast<i64>(t_.sm_count) * (t_.max_threads_per_sm / 256);
+    const i64 target = static_cast<i64>(t_.sm_count) * std::max(1, t_.split_blocks_per_sm);
     i64 splits = 1;
     const bool single_pass = k_.phases <= 1 && k_.passes <= 1 && !has_level(sched::Level::Full);
     if (single_pass && tiles > 0 && tiles < target) splits = std::max<i64>(1, std::min<i64>((target + tiles - 1) / tiles, R / (BY * 8)));

@@ -1,0 +1,442 @@
+// The GPU workloads of ../shared/WORKLOADS.md at their GPU shapes, run by the CUDA executor and
+// timed with CUDA events (UseManualTime): each reports ms, GB/s (WORKLOADS.md's bytes column)
+// and the ratio to the device-to-device copy bandwidth measured in the same process. Also: the
+// first NVRTC compile of one fused kernel, a disk-cache hit in a new process, and the host time
+// of a cached launch (executor and typed expression). Builds without the CUDA headers; every
+// benchmark skips with the reason when there is no usable GPU.
+//
+// Extra flags (before Google Benchmark's): --variants also times tuning variants of the code
+// generator (pointwise unroll, threads per row, blocks per multiprocessor when splitting).
+#include <benchmark/benchmark.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kiln/backend/cuda.hpp"
+#include "kiln/decomp/decompose.hpp"
+#include "kiln/kiln.hpp"
+#include "kiln/runtime/cuda_memory.hpp"
+
+namespace {
+
+using namespace kiln;
+using ir::NodePtr;
+using ir::Op;
+
+const Device kDev = Device::cuda(0);
+
+std::string unavailable() {
+  if (!cuda_available()) return "no usable GPU: " + cuda_unavailable_reason();
+  if (!runtime::nvrtc_available()) return "NVRTC unavailable: " + runtime::nvrtc_unavailable_reason();
+  return {};
+}
+
+bool skip_without_gpu(benchmark::State& state) {
+  std::string why = unavailable();
+  if (why.empty()) return false;
+  state.SkipWithError(why.c_str());
+  for (auto _ : state) {
+  }
+  return true;
+}
+
+// ---- device data --------------------------------------------------------------------------
+
+/// Runs `root` (a graph on the GPU) into a new buffer: how the benchmark makes its inputs.
+NodePtr realize(const NodePtr& root) {
+  ir::Captured c = ir::capture({root}, kDev);
+  StoragePtr st = runtime::allocate_cuda(static_cast<std::size_t>(root->numel()) * itemsize(root->dtype), 0);
+  backend::RunArgs args;
+  for (auto& leaf : c.leaves)
+    args.inputs.push_back(static_cast<char*>(leaf->buffer->storage->data) + leaf->buffer->offset * static_cast<std::int64_t>(itemsize(leaf->dtype)));
+  args.outputs.push_back(st->data);
+  backend::run_cuda(c.graph, args);
+  return ir::input(ir::BufferView{st, 0, contiguous_strides(root->shape)}, root->shape, root->dtype, kDev);
+}
+
+/// A device leaf of normal values times `scale` (Philox, generated on the GPU).
+NodePtr normal(const Shape& shape, DType dt, std::uint64_t seed, double scale = 1.0) {
+  NodePtr r = ir::random(shape, seed, 1, f32, kDev);
+  if (scale != 1.0) r = ir::binary(Op::Mul, r, ir::constant(scale, f32, shape, kDev));
+  if (dt != f32) r = ir::cast(r, dt);
+  return realize(r);
+}
+
+NodePtr cst(double v, const NodePtr& like) { return ir::constant(v, like->dtype, like->shape, kDev); }
+NodePtr add(const NodePtr& a, const NodePtr& b) { return ir::binary(Op::Add, a, b); }
+NodePtr sub(const NodePtr& a, const NodePtr& b) { return ir::binary(Op::Sub, a, b); }
+NodePtr mul(const NodePtr& a, const NodePtr& b) { return ir::binary(Op::Mul, a, b); }
+NodePtr div(const NodePtr& a, const NodePtr& b) { return ir::binary(Op::Div, a, b); }
+NodePtr red(Op op, const NodePtr& a, std::vector<std::int64_t> axes) { return ir::reduce(op, a, std::move(axes)); }
+
+// ---- workloads ----------------------------------------------------------------------------
+
+struct Workload {
+  const char* id;
+  double bytes;  ///< least traffic (WORKLOADS.md)
+  std::function<std::vector<NodePtr>()> build;
+};
+
+constexpr std::int64_t kN = std::int64_t(1) << 26, kM = 16384, kK = 4096;
+
+std::vector<Workload> workloads() {
+  std::vector<Workload> w;
+  w.push_back({"P1", 3.0 * kN * 4, [] {
+                 NodePtr x = normal({kN}, f32, 1), y = normal({kN}, f32, 2);
+                 return std::vector<NodePtr>{add(mul(cst(2.0, x), x), y)};
+               }});
+  w.push_back({"P2", 2.0 * kN * 4, [] {
+                 NodePtr x = normal({kN}, f32, 3);
+                 NodePtr cube = mul(mul(x, x), x);
+                 NodePtr inner = mul(cst(0.7978845608028654, x), add(x, mul(cst(0.044715, x), cube)));
+                 return std::vector<NodePtr>{mul(mul(cst(0.5, x), x), add(cst(1.0, x), ir::unary(Op::Tanh, inner)))};
+               }});
+  w.push_back({"P3", 2.0 * kN * 4, [] {
+                 NodePtr x = normal({kN}, f32, 4);
+                 for (int i = 0; i < 16; ++i) x = add(mul(ir::unary(Op::Sin, x), cst(1.01, x)), cst(0.5, x));
+                 return std::vector<NodePtr>{x};
+               }});
+  w.push_back({"P4", 2.0 * kM * kK * 4, [] {
+                 NodePtr X = normal({kM, kK}, f32, 5), mu = normal({kM, 1}, f32, 6), s = normal({kK}, f32, 7), b = normal({kK}, f32, 8);
+                 return std::vector<NodePtr>{add(mul(sub(X, ir::broadcast(mu, X->shape)), decomp::expand(s, X->shape)), decomp::expand(b, X->shape))};
+               }});
+  w.push_back({"R1", 1.0 * kN * 4, [] {
+                 NodePtr x = normal({kN}, f32, 9);
+                 return std::vector<NodePtr>{ir::reshape(red(Op::ReduceSum, mul(x, x), {0}), Shape{})};
+               }});
+  w.push_back({"R2", 1.0 * kM * kK * 4, [] { return std::vector<NodePtr>{ir::reshape(red(Op::ReduceSum, normal({kM, kK}, f32, 10), {1}), Shape{kM})}; }});
+  w.push_back({"R3", 1.0 * kM * kK * 4, [] { return std::vector<NodePtr>{ir::reshape(red(Op::ReduceSum, normal({kM, kK}, f32, 11), {0}), Shape{kK})}; }});
+  w.push_back({"N1", 2.0 * kM * kK * 4, [] { return std::vector<NodePtr>{decomp::softmax(normal({kM, kK}, f32, 12, 3.0), 1)}; }});
+  w.push_back({"N2", 2.0 * 65536 * 1024 * 4, [] { return std::vector<NodePtr>{decomp::softmax(normal({65536, 1024}, f32, 13, 3.0), 1)}; }});
+  w.push_back({"N3", 2.0 * kM * kK * 4, [] {
+                 NodePtr X = normal({kM, kK}, f32, 14), wt = normal({kK}, f32, 15), b = normal({kK}, f32, 16);
+                 return std::vector<NodePtr>{decomp::layer_norm(X, wt, b, 1e-5)};
+               }});
+  w.push_back({"N4", 2.0 * kM * kK * 4, [] {
+                 NodePtr X = normal({kM, kK}, f32, 17), wt = normal({kK}, f32, 18);
+                 NodePtr ms = div(red(Op::ReduceSum, mul(X, X), {1}), ir::constant(static_cast<double>(kK), f32, {kM, 1}, kDev));
+                 NodePtr rs = ir::unary(Op::Rsqrt, add(ms, cst(1e-6, ms)));
+                 return std::vector<NodePtr>{mul(mul(X, ir::broadcast(rs, X->shape)), decomp::expand(wt, X->shape))};
+               }});
+  w.push_back({"N5", 2.0 * kM * kK * 2, [] { return std::vector<NodePtr>{decomp::softmax(normal({kM, kK}, bf16, 19, 3.0), 1)}; }});
+  w.push_back({"N6", 1.0 * 8192 * 32768 * 4, [] {
+                 NodePtr logits = normal({8192, 32768}, f32, 20, 2.0);
+                 NodePtr u = ir::random({8192}, 21, 0, f32, kDev);
+                 NodePtr t = realize(ir::cast(mul(u, ir::constant(32768.0, f32, {8192}, kDev)), i64));
+                 return std::vector<NodePtr>{decomp::cross_entropy(logits, t, -100)};
+               }});
+  return w;
+}
+
+// ---- timing -------------------------------------------------------------------------------
+
+/// A workload's graph bound to device buffers, ready to run.
+struct Bound {
+  ir::Captured captured;
+  backend::RunArgs args;
+  std::vector<StoragePtr> outputs;
+};
+
+Bound bind_graph(const std::vector<NodePtr>& roots) {
+  Bound b;
+  b.captured = ir::capture(roots, kDev);
+  for (auto& leaf : b.captured.leaves)
+    b.args.inputs.push_back(static_cast<char*>(leaf->buffer->storage->data) + leaf->buffer->offset * static_cast<std::int64_t>(itemsize(leaf->dtype)));
+  for (auto& r : roots) {
+    b.outputs.push_back(runtime::allocate_cuda(static_cast<std::size_t>(r->numel()) * itemsize(r->dtype), 0));
+    b.args.outputs.push_back(b.outputs.back()->data);
+  }
+  return b;
+}
+
+/// Median milliseconds of one run, from CUDA events around batches of `reps` runs.
+double time_ms(const std::function<void()>& run, int batches = 15, int reps = 10) {
+  const auto& ctx = runtime::cuda_context(0);
+  run();  // compile, warm up
+  runtime::synchronize_cuda(0);
+  std::vector<double> ms;
+  for (int b = 0; b < batches; ++b) {
+    runtime::CudaEvent start(ctx), stop(ctx);
+    start.record();
+    for (int r = 0; r < reps; ++r) run();
+    stop.record();
+    stop.synchronize();
+    ms.push_back(stop.elapsed_ms_since(start) / reps);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+/// Device-to-device copy bandwidth (bytes read + written per second), measured once.
+double copy_gbps() {
+  static double gbps = [] {
+    const std::size_t bytes = std::size_t(1) << 30;
+    StoragePtr a = runtime::allocate_cuda(bytes, 0), b = runtime::allocate_cuda(bytes, 0);
+    runtime::fill_device_bytes(a->data, 1, bytes, 0);
+    double ms = time_ms([&] { runtime::copy_device_to_device(b->data, a->data, bytes, 0); }, 15, 5);
+    return 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
+  }();
+  return gbps;
+}
+
+struct Result {
+  double ms = 0, gbps = 0, ratio = 0;
+  std::string strategy;
+};
+std::map<std::string, Result>& results() {
+  static std::map<std::string, Result> r;
+  return r;
+}
+
+void run_workload(benchmark::State& state, const Workload& w, const std::string& label) {
+  if (skip_without_gpu(state)) return;
+  Bound b = bind_graph(w.build());
+  auto run = [&] { backend::run_cuda(b.captured.graph, b.args); };
+  run();
+  runtime::synchronize_cuda(0);
+  const double copy = copy_gbps();
+  std::vector<double> all;
+  for (auto _ : state) {
+    double ms = time_ms(run, 3, 10);
+    all.push_back(ms);
+    state.SetIterationTime(ms * 1e-3);
+  }
+  std::sort(all.begin(), all.end());
+  Result r;
+  r.ms = all[all.size() / 2];
+  r.gbps = w.bytes / (r.ms * 1e-3) / 1e9;
+  r.ratio = r.gbps / copy;
+  std::string explain = backend::explain_cuda(b.captured.graph);
+  auto pos = explain.find("cuda kernel");
+  r.strategy = pos == std::string::npos ? "" : explain.substr(pos);
+  while (!r.strategy.empty() && r.strategy.back() == '\n') r.strategy.pop_back();
+  results()[label] = r;
+  state.counters["ms"] = r.ms;
+  state.counters["GB/s"] = r.gbps;
+  state.counters["ratio_to_copy"] = r.ratio;
+  state.counters["copy_GB/s"] = copy;
+}
+
+void BM_copy(benchmark::State& state) {
+  if (skip_without_gpu(state)) return;
+  const std::size_t bytes = std::size_t(1) << 30;
+  StoragePtr a = runtime::allocate_cuda(bytes, 0), b = runtime::allocate_cuda(bytes, 0);
+  for (auto _ : state) {
+    double ms = time_ms([&] { runtime::copy_device_to_device(b->data, a->data, bytes, 0); }, 3, 5);
+    state.SetIterationTime(ms * 1e-3);
+  }
+  state.counters["GB/s"] = copy_gbps();
+}
+
+// ---- compile and launch costs -------------------------------------------------------------
+
+/// A softmax graph on a small device tensor whose scale constant `c` makes its source new.
+Bound softmax_graph(double c) {
+  NodePtr x = normal({64, 1024}, f32, 30);
+  return bind_graph({decomp::softmax(mul(x, cst(c, x)), 1)});
+}
+
+/// First build of a plan for a never-seen kernel: code generation, NVRTC (a cubin for the
+/// device's architecture), module load. Each iteration compiles a new source.
+void BM_first_compile(benchmark::State& state) {
+  if (skip_without_gpu(state)) return;
+  static int serial = 0;
+  const double salt = static_cast<double>(::getpid() % 100000) * 1e-7;
+  std::vector<double> ms;
+  for (auto _ : state) {
+    Bound b = softmax_graph(1.0 + salt + 1e-9 * ++serial);
+    auto t0 = std::chrono::steady_clock::now();
+    backend::run_cuda(b.captured.graph, b.args);
+    double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    runtime::synchronize_cuda(0);
+    ms.push_back(t);
+    state.SetIterationTime(t * 1e-3);
+  }
+  std::sort(ms.begin(), ms.end());
+  results()["first compile (softmax), ms"] = Result{ms[ms.size() / 2], 0, 0, ""};
+  state.counters["median_ms"] = ms[ms.size() / 2];
+}
+
+/// A new process that builds the plan of a kernel already on disk: reads its cubin back.
+void BM_disk_hit_new_process(benchmark::State& state) {
+  if (skip_without_gpu(state)) return;
+  {
+    Bound b = softmax_graph(0.5);  // the child's kernel, compiled (and stored) here first
+    backend::run_cuda(b.captured.graph, b.args);
+    runtime::synchronize_cuda(0);
+  }
+  std::vector<double> ms;
+  for (auto _ : state) {
+    char exe[4096];
+    ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) {
+      state.SkipWithError("cannot find the benchmark's executable");
+      return;
+    }
+    exe[n] = 0;
+    std::string run = std::string("KILN_BENCH_CHILD=disk_hit '") + exe + "' 2>&1";
+    std::FILE* p = ::popen(run.c_str(), "r");
+    double t = -1;
+    char line[512];
+    while (p && std::fgets(line, sizeof line, p))
+      if (std::sscanf(line, "disk_hit_ms=%lf", &t) == 1) break;
+    if (p) ::pclose(p);
+    if (t < 0) {
+      state.SkipWithError("the child process reported no time");
+      return;
+    }
+    ms.push_back(t);
+    state.SetIterationTime(t * 1e-3);
+  }
+  std::sort(ms.begin(), ms.end());
+  results()["disk-cache hit in a new process, ms"] = Result{ms[ms.size() / 2], 0, 0, ""};
+  state.counters["median_ms"] = ms[ms.size() / 2];
+}
+
+/// In the child: CUDA is set up first (context, pool), then the plan of the parent's kernel
+/// is built and run once; prints the milliseconds of that first run.
+int child_disk_hit() {
+  if (!unavailable().empty()) return 1;
+  runtime::cuda_context(0);
+  Bound b = softmax_graph(0.5);
+  runtime::synchronize_cuda(0);
+  Stats before = stats();
+  auto t0 = std::chrono::steady_clock::now();
+  backend::run_cuda(b.captured.graph, b.args);
+  double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  runtime::synchronize_cuda(0);
+  Stats after = stats();
+  std::printf("disk_hit_ms=%.3f compiles=%llu disk_hits=%llu\n", t, static_cast<unsigned long long>(after.compiles - before.compiles),
+              static_cast<unsigned long long>(after.disk_hits - before.disk_hits));
+  return 0;
+}
+
+/// Host time of one launch of a cached plan through the executor (16 elements).
+void BM_cached_launch_executor(benchmark::State& state) {
+  if (skip_without_gpu(state)) return;
+  NodePtr x = normal({16}, f32, 31), y = normal({16}, f32, 32);
+  Bound b = bind_graph({add(mul(cst(2.0, x), x), y)});
+  backend::run_cuda(b.captured.graph, b.args);
+  runtime::synchronize_cuda(0);
+  std::vector<double> us;
+  for (auto _ : state) {
+    const int reps = 200;
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) backend::run_cuda(b.captured.graph, b.args);
+    double t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
+    runtime::synchronize_cuda(0);
+    us.push_back(t);
+    state.SetIterationTime(t * 1e-6);
+  }
+  std::sort(us.begin(), us.end());
+  results()["cached launch host time (run_cuda), us"] = Result{us[us.size() / 2], 0, 0, ""};
+  state.counters["median_us"] = us[us.size() / 2];
+}
+
+/// Host time of one cached launch from a typed expression: y.assign(2 * x + z) on 16 elements.
+void BM_cached_launch_typed(benchmark::State& state) {
+  if (skip_without_gpu(state)) return;
+  try {
+    Tensor x = randn({16}, 33, f32, kDev), z = randn({16}, 34, f32, kDev), y = zeros({16}, f32, kDev);
+    y.assign(x * 2.0f + z);
+    runtime::synchronize_cuda(0);
+    std::vector<double> us;
+    for (auto _ : state) {
+      const int reps = 200;
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < reps; ++i) y.assign(x * 2.0f + z);
+      double t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
+      runtime::synchronize_cuda(0);
+      us.push_back(t);
+      state.SetIterationTime(t * 1e-6);
+    }
+    std::sort(us.begin(), us.end());
+    results()["cached launch host time (typed assign), us"] = Result{us[us.size() / 2], 0, 0, ""};
+    state.counters["median_us"] = us[us.size() / 2];
+  } catch (const Error& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+void register_all(bool variants) {
+  benchmark::RegisterBenchmark("BM_copy", BM_copy)->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
+  static std::vector<Workload> ws = workloads();
+  for (auto& w : ws)
+    benchmark::RegisterBenchmark((std::string("BM_") + w.id).c_str(), [&w](benchmark::State& s) { run_workload(s, w, w.id); })
+        ->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
+  if (variants) {
+    struct V {
+      const char* name;
+      std::vector<const char*> ids;
+      int backend::detail::CudaTuning::*knob;
+      std::vector<int> values;
+    };
+    static std::vector<V> vs = {
+        {"pointwise_unroll", {"P1", "P2", "P4"}, &backend::detail::CudaTuning::pointwise_unroll, {1, 4}},
+        {"row_vectors_per_thread", {"R2", "N1", "N3", "N5", "N6"}, &backend::detail::CudaTuning::row_vectors_per_thread, {2, 8}},
+        {"split_blocks_per_sm", {"R1", "R3"}, &backend::detail::CudaTuning::split_blocks_per_sm, {4, 16}},
+    };
+    for (auto& v : vs)
+      for (int value : v.values)
+        for (const char* id : v.ids)
+          for (auto& w : ws)
+            if (std::string(w.id) == id) {
+              std::string label = std::string(id) + " " + v.name + "=" + std::to_string(value);
+              benchmark::RegisterBenchmark(("BM_" + label).c_str(), [&w, &v, value, label](benchmark::State& s) {
+                backend::detail::CudaTuning saved = backend::detail::cuda_tuning();
+                backend::detail::cuda_tuning().*(v.knob) = value;
+                backend::clear_cuda_plans();
+                run_workload(s, w, label);
+                backend::detail::cuda_tuning() = saved;
+                backend::clear_cuda_plans();
+              })->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
+            }
+  }
+  benchmark::RegisterBenchmark("BM_first_compile", BM_first_compile)->UseManualTime()->Iterations(7)->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("BM_disk_hit_new_process", BM_disk_hit_new_process)->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("BM_cached_launch_executor", BM_cached_launch_executor)->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("BM_cached_launch_typed", BM_cached_launch_typed)->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+}
+
+void print_summary() {
+  if (results().empty()) return;
+  std::printf("\n%-34s %10s %10s %8s  %s\n", "workload", "ms", "GB/s", "/copy", "kernel");
+  for (auto& [name, r] : results()) {
+    if (r.gbps > 0)
+      std::printf("%-34s %10.4f %10.1f %8.3f  %s\n", name.c_str(), r.ms, r.gbps, r.ratio, r.strategy.c_str());
+    else
+      std::printf("%-34s %10.3f\n", name.c_str(), r.ms);
+  }
+  if (unavailable().empty()) {
+    const auto& ctx = runtime::cuda_context(0);
+    std::printf("device: %s (%s, %d SMs), driver CUDA %s, NVRTC %s, copy %.1f GB/s\n", ctx.name.c_str(), ctx.arch().c_str(),
+                ctx.sm_count, runtime::cuda_driver_version().c_str(), runtime::nvrtc_version().c_str(), copy_gbps());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (const char* child = std::getenv("KILN_BENCH_CHILD"); child && std::string(child) == "disk_hit") return child_disk_hit();
+  bool variants = false;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::string(argv[i]) == "--variants") variants = true;
+    else args.push_back(argv[i]);
+  }
+  int n = static_cast<int>(args.size());
+  benchmark::Initialize(&n, args.data());
+  register_all(variants);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  print_summary();
+  return 0;
+}

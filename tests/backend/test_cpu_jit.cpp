@@ -280,6 +280,10 @@ TEST_CASE("cpu jit: parallel, split and column paths on larger shapes") {
     NodePtr X = input({300, 200}, f32, 74);
     expect(run_both({decomp::softmax(X, 0), decomp::layer_norm(ir::permute(X, {1, 0}), nullptr, nullptr, 1e-5)}), 2);
   }
+  SUBCASE("wide column blocks with a partial last block, split over rows, several passes") {
+    NodePtr X = input({24, 5000}, f32, 76);
+    expect(run_both({decomp::softmax(X, 0), red(Op::ArgMax, X, {0})}), 1);
+  }
   SUBCASE("accurate float sums over many elements") {
     NodePtr x = input({1 << 20}, f32, 75);
     expect(run_both({red(Op::ReduceSum, add(x, cst(3.0, x)), {0})}, {}, 0.05), 1);

@@ -380,9 +380,11 @@ void register_all(bool variants) {
       std::vector<int> values;
     };
     static std::vector<V> vs = {
-        {"pointwise_unroll", {"P1", "P2", "P4"}, &backend::detail::CudaTuning::pointwise_unroll, {1, 4}},
-        {"row_vectors_per_thread", {"R2", "N1", "N3", "N5", "N6"}, &backend::detail::CudaTuning::row_vectors_per_thread, {2, 8}},
-        {"split_blocks_per_sm", {"R1", "R3"}, &backend::detail::CudaTuning::split_blocks_per_sm, {4, 16}},
+        {"row_cache_shared", {"N6"}, &backend::detail::CudaTuning::row_cache_shared, {-1}},
+        {"reciprocal_div", {"N1", "N5"}, &backend::detail::CudaTuning::reciprocal_div, {-1}},
+        {"pointwise_unroll_heavy", {"P3"}, &backend::detail::CudaTuning::pointwise_unroll_heavy, {2}},
+        {"split_blocks_per_sm", {"R3"}, &backend::detail::CudaTuning::split_blocks_per_sm, {4}},
+        {"row_vectors_per_thread", {"N5"}, &backend::detail::CudaTuning::row_vectors_per_thread, {2}},
     };
     for (auto& v : vs)
       for (int value : v.values)

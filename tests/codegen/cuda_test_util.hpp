@@ -316,6 +316,11 @@ inline std::vector<Case> layout_cases() {
                  NodePtr a = un(Op::Exp, input({5, 3}, f32, 12)), b = input({5, 34}, f32, 13), c = input({5, 1}, f32, 14);
                  return std::vector<NodePtr>{ir::concat({a, b, c}, 1)};
                }});
+  v.push_back({"concat along the outer axis of lazy pieces (clamped index beside vector lanes)", [] {
+                 NodePtr src = input({2, 3, 4}, f32, 42);
+                 NodePtr lazy = add(mul(src, cst(2.0, src)), cst(1.0, src));
+                 return std::vector<NodePtr>{ir::concat({lazy, ir::slice(lazy, 0, 1, 1, 1)}, 0)};
+               }});
   v.push_back({"uneven reshape (opaque index)", [] {
                  NodePtr r = ir::reshape(un(Op::Exp, input({6, 10}, f32, 15)), {4, 15});
                  return std::vector<NodePtr>{add(r, input({4, 15}, f32, 16)), red(Op::ReduceSum, r, {1})};

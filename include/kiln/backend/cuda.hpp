@@ -69,6 +69,9 @@ struct CudaTuning {
   int pointwise_unroll = 0;
   int row_vectors_per_thread = 0;
   int split_blocks_per_sm = 0;
+  int pointwise_unroll_heavy = 0;
+  int row_cache_shared = 0;  ///< 1 on, -1 off
+  int reciprocal_div = 0;    ///< 1 on, -1 off
 };
 inline CudaTuning& cuda_tuning() {
   static CudaTuning t;
@@ -82,6 +85,9 @@ inline codegen::CudaTarget cuda_target(const runtime::CudaContext& ctx) {
   if (tune.pointwise_unroll > 0) t.pointwise_unroll = tune.pointwise_unroll;
   if (tune.row_vectors_per_thread > 0) t.row_vectors_per_thread = tune.row_vectors_per_thread;
   if (tune.split_blocks_per_sm > 0) t.split_blocks_per_sm = tune.split_blocks_per_sm;
+  if (tune.pointwise_unroll_heavy > 0) t.pointwise_unroll_heavy = tune.pointwise_unroll_heavy;
+  if (tune.row_cache_shared != 0) t.row_cache_shared = tune.row_cache_shared > 0;
+  if (tune.reciprocal_div != 0) t.reciprocal_div = tune.reciprocal_div > 0;
   t.cc_major = ctx.cc_major;
   t.cc_minor = ctx.cc_minor;
   t.sm_count = ctx.sm_count;
@@ -177,11 +183,13 @@ class CudaPlanCache {
   std::unordered_multimap<std::uint64_t, std::shared_ptr<const CudaPlan>> plans_;
 };
 
-inline codegen::CudaAlignment alignment_of(const RunArgs& args) {
-  codegen::CudaAlignment al;
-  al.inputs.reserve(args.inputs.size());
+/// The alignment class of a run's buffers, in a per-thread object reused by every call (a
+/// cached launch allocates nothing).
+inline const codegen::CudaAlignment& alignment_of(const RunArgs& args) {
+  thread_local codegen::CudaAlignment al;
+  al.inputs.clear();
+  al.outputs.clear();
   for (auto p : args.inputs) al.inputs.push_back(aligned16(p));
-  al.outputs.reserve(args.outputs.size());
   for (auto p : args.outputs) al.outputs.push_back(aligned16(p));
   return al;
 }

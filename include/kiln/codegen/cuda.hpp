@@ -24,6 +24,7 @@
 // as 16-bit and computed in f32, rounded once per op; sums accumulate in double (floats) or
 // wrap in 64 bits (integers); CUDA's standard-accuracy math functions (no fast-math).
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -57,6 +58,9 @@ struct CudaTarget {
   int pointwise_unroll = 2;        ///< vectors per thread and loop step of light pointwise kernels
   int row_vectors_per_thread = 4;  ///< sets the threads per row of row reductions
   int split_blocks_per_sm = 8;     ///< blocks per multiprocessor when rows or columns are split
+  int pointwise_unroll_heavy = 1;  ///< the same for pointwise kernels heavy in transcendental functions
+  bool row_cache_shared = true;    ///< rows too long for registers stay in shared memory (else: re-read, from L2)
+  bool reciprocal_div = true;      ///< x / d with d loop-invariant (f32): x * (1 / d), exact division when 1/d is not normal
 
   /// "sm_90".
   std::string arch() const { return "sm_" + std::to_string(cc_major) + std::to_string(cc_minor); }
@@ -425,7 +429,22 @@ class Writer {
 
   /// C text of an index expression, the vector group's variable advanced by `lane`.
   std::string render(const IndexExpr& e, int lane = 0) const {
-    if (!e.affine()) return "(" + e.text + ")";
+    if (!e.affine()) {
+      if (lane <= 0 || vec_group_ < 0 || !(e.deps & vec_mask_)) return "(" + e.text + ")";
+      // Opaque text names loop variables i<d>; lane j reads the vector group's variable + j.
+      std::string out, v = sched::loop_var(vec_dim_);
+      const std::string& t = e.text;
+      auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+      for (std::size_t i = 0; i < t.size();) {
+        if (t.compare(i, v.size(), v) == 0 && (i == 0 || !ident(t[i - 1])) && (i + v.size() == t.size() || !ident(t[i + v.size()]))) {
+          out += "(" + v + " + " + std::to_string(lane) + ")";
+          i += v.size();
+        } else {
+          out += t[i++];
+        }
+      }
+      return "(" + out + ")";
+    }
     std::string s;
     i64 constant = e.constant;
     for (int gi = 0; gi < ngroups(); ++gi) {
@@ -812,6 +831,20 @@ class Writer {
     return emit(sc, key, ld, lane, n.dtype, pointwise_expr(n, in));
   }
 
+  /// 1/d (f32) and whether it is a normal number, computed once where d is.
+  std::string reciprocal(const Val& d) {
+    const std::string key = "RCP|" + d.expr;
+    for (int s = top(); s >= 0; --s) {
+      auto it = scopes_[static_cast<std::size_t>(s)].memo.find(key);
+      if (it != scopes_[static_cast<std::size_t>(s)].memo.end()) return it->second.expr;
+    }
+    std::string rc = fresh("rc");
+    line_at(d.scope, "const float " + rc + " = 1.0f / " + d.expr + ";");
+    line_at(d.scope, "const bool " + rc + "_ok = fabsf(" + rc + ") >= 0x1p-126f && fabsf(" + rc + ") <= 0x1p+126f;");
+    scopes_[static_cast<std::size_t>(d.scope)].memo[key] = Val{rc, d.scope, d.lane};
+    return rc;
+  }
+
   std::string cast_from_index(const std::string& v, DType t) {
     switch (t) {
       case DType::Bool: return "(" + v + " != 0)";
@@ -915,6 +948,13 @@ class Writer {
       case Op::Sub: return fl ? round16("(" + a + " - " + b + ")", t) : wrap("-");
       case Op::Mul: return fl ? round16("(" + a + " * " + b + ")", t) : wrap("*");
       case Op::Div:
+        if (fl && !dbl && t_.reciprocal_div && in[1].scope < in[0].scope) {
+          // A divisor computed outside the loop (softmax's row sum): one division per row and a
+          // multiply per element, within 1.5 ulp of the quotient. Where 1/d is not a normal
+          // number (d = 0, Inf, NaN, huge or tiny) the exact division runs instead.
+          std::string rc = reciprocal(in[1]);
+          return round16("(" + rc + "_ok ? " + a + " * " + rc + " : " + a + " / " + b + ")", t);
+        }
         if (fl) return round16("(" + a + " / " + b + ")", t);
         needs_.ints = true;
         if (it == DType::Bool) return "(kiln_idiv_i64((long long)" + a + ", (long long)" + b + ") != 0)";
@@ -1043,7 +1083,7 @@ class Writer {
     set_vec(inner, v);
     const i64 nvec = numel / v;
     const i64 tail = numel - nvec * v;
-    const int unroll = heavy_ops() > 4 ? 1 : std::max(1, t_.pointwise_unroll);
+    const int unroll = std::max(1, heavy_ops() > 4 ? t_.pointwise_unroll_heavy : t_.pointwise_unroll);
     // Each thread takes `unroll` vectors and leaves (the hardware balances blocks across the
     // GPU); only very large tensors loop, over at most 256 blocks' worth per multiprocessor.
     const i64 per_block = static_cast<i64>(block) * unroll;
@@ -1167,10 +1207,58 @@ class Writer {
 
   /// Folds every lane's value of the inputs of `reds` into accumulators (`per_lane`: one
   /// accumulator per lane, for columns), then writes the Full stores of `pass`.
+  /// Whether every term of a float sum is >= 0 (or NaN) by construction: then the lanes of a
+  /// vector may be added in f32 first (pairwise: a few ulp of a sum of like-signed terms)
+  /// before the double accumulator, one conversion per vector instead of per element.
+  bool nonnegative(int id) const {
+    const ir::GraphNode& n = node(id);
+    switch (n.op) {
+      case Op::Exp:
+      case Op::Exp2:
+      case Op::Abs:
+      case Op::Sqrt: return true;
+      case Op::Mul: return n.inputs[0] == n.inputs[1];
+      default: return false;
+    }
+  }
+  static std::string pairwise(std::vector<std::string> v) {
+    while (v.size() > 1) {
+      std::vector<std::string> next;
+      for (std::size_t i = 0; i + 1 < v.size(); i += 2) next.push_back("(" + v[i] + " + " + v[i + 1] + ")");
+      if (v.size() % 2) next.push_back(v.back());
+      v = std::move(next);
+    }
+    return v[0];
+  }
+  /// Online max and sum of exp over the lanes of one vector: the vector's max first, so the
+  /// running max (and the rescale of the sum) changes at most once per vector.
+  static std::string online_step_vector(const Red& r, const std::string& m, const std::string& s, const std::vector<std::string>& v) {
+    const bool dbl = r.in == DType::Float64;
+    const std::string t = r.acc_t, ex = dbl ? "exp(" : "expf(", ninf = dbl ? "(-KILN_INF_D)" : "(-KILN_INF_F)";
+    std::string out = "{ " + t + " vm = " + v[0] + "; ";
+    for (std::size_t j = 1; j < v.size(); ++j) out += "vm = (" + v[j] + " > vm || " + v[j] + " != " + v[j] + ") ? " + v[j] + " : vm; ";
+    out += "const " + t + " nm = (vm > " + m + " || vm != vm) ? vm : " + m + "; if (nm != " + m + ") { " + s + " *= (double)" + ex +
+           m + " - nm); " + m + " = nm; } ";
+    std::vector<std::string> terms;
+    for (auto& x : v) terms.push_back(ex + x + " - " + m + ")");
+    // Each term is at most 1 (or NaN): added in the compute type first. While the max is
+    // still -inf every value so far is -inf and contributes nothing.
+    out += "if (" + m + " != " + ninf + ") " + s + " += (double)" + pairwise(terms) + "; }";
+    return out;
+  }
+
   void fold_body(const std::vector<Red>& reds, int pass, bool per_lane) {
     Index id = sched::identity_index(k_.space);
     const int lanes = vec_ > 1 ? vec_ : 1;
     for (auto& r : reds) {
+      if (!per_lane && lanes > 1 && (r.online_sum >= 0 || (r.op == Op::ReduceSum && r.fl && r.in != DType::Float64 &&
+                                                            nonnegative(node(r.node).inputs[0])))) {
+        std::vector<std::string> vals;
+        for (int j = 0; j < lanes; ++j) vals.push_back(value(node(r.node).inputs[0], id, j).expr);
+        if (r.online_sum >= 0) line(online_step_vector(r, acc_name(r), sum_name(r), vals));
+        else line(acc_name(r) + " += (double)" + pairwise(vals) + ";");
+        continue;
+      }
       for (int j = 0; j < lanes; ++j) {
         Val v = value(node(r.node).inputs[0], id, j);
         std::string sfx = per_lane ? "_" + std::to_string(j) : "";
@@ -1275,7 +1363,7 @@ class Writer {
     open("if (kiln_last[0])");
     line("__threadfence();");
     for (auto& r : fins) declare_acc(r, "g");
-    open("for (" + it_ + " u = threadIdx.x; u < " + lit(units) + "; u += " + lit(info_.block) + ")");
+    open("for (" + it_ + " u = threadIdx.x; u < " + lit(units) + "; u += " + lit(info_.block) + ")", 0, "#pragma unroll 1");
     for (std::size_t i = 0; i < fins.size(); ++i) {
       const Red& r = fins[i];
       line(merge(r, acc_name(r, "g"), idx_name(r, "g"), "((volatile " + r.acc_t + "*)" + pv[i] + ")[u]",
@@ -1436,7 +1524,7 @@ class Writer {
     if (!reads.empty() && E > 0) {
       const i64 reg_limit = std::min<i64>(32, 65536 / (T * rpb) - 40);
       if (reg_words <= reg_limit) mode = 1;
-      else if (row_bytes <= t_.max_shared_per_block_optin - 8192) mode = 2;
+      else if (t_.row_cache_shared && row_bytes <= t_.max_shared_per_block_optin - 8192) mode = 2;
     }
     std::size_t dyn = 0;
     if (mode == 2) {
@@ -1633,7 +1721,7 @@ class Writer {
     const int row_scope = top();
     set_vec(-1, 1);
     for (auto& r : reds) declare_acc(r);
-    open("for (" + it_ + " u = tid; u < " + lit(splits) + "; u += " + lit(T) + ")");
+    open("for (" + it_ + " u = tid; u < " + lit(splits) + "; u += " + lit(T) + ")", 0, "#pragma unroll 1");
     for (std::size_t i = 0; i < reds.size(); ++i) {
       const Red& r = reds[i];
       line(merge(r, acc_name(r), idx_name(r), "((volatile " + r.acc_t + "*)" + pv[i] + ")[row * " + lit(splits) + " + u]",
@@ -1740,6 +1828,7 @@ class Writer {
         for (int j = 0; j < V; ++j) {
           std::string sfx = "_" + std::to_string(j);
           std::string at = "[(y * " + std::to_string(BX) + " + tx) * " + std::to_string(V) + " + " + std::to_string(j) + "]";
+          line("#pragma unroll 1");
           line("for (int y = 1; y < " + std::to_string(BY) + "; ++y) " +
                merge(r, acc_name(r, sfx), idx_name(r, sfx), "kiln_c" + std::to_string(r.node) + at,
                      r.arg ? "kiln_cx" + std::to_string(r.node) + at : "0"));
@@ -1777,6 +1866,7 @@ class Writer {
           for (int j = 0; j < V; ++j) {
             std::string sfx = "_" + std::to_string(j);
             line(acc_name(r, sfx) + " = " + r.init + ";" + (r.arg ? " " + idx_name(r, sfx) + " = -1;" : ""));
+            line("#pragma unroll 1");
             std::string at2 = "[(q * " + lit(units) + " + tile) * " + lit(BX * V) + " + tx * " + lit(V) + " + " + std::to_string(j) + "]";
             line("for (" + it_ + " q = 0; q < " + lit(splits) + "; ++q) " +
                  merge(r, acc_name(r, sfx), idx_name(r, sfx), "((volatile " + r.acc_t + "*)" + pv[i] + ")" + at2,

@@ -1,6 +1,7 @@
 #pragma once
 // The executor seam: memory, copies and graph execution for every device, chosen here so the
 // front end never names a device-specific executor.
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -52,10 +53,92 @@ inline bool cpu_uses_jit(Mode mode) {
   return cpu_jit_available();
 }
 
+/// Runs `g` one primitive at a time, each as a graph of its own on `run_one`, every
+/// intermediate materialised on the graph's device: the eager executor of devices whose
+/// kernels are generated (the reference executor only reads host memory).
+template <class RunOne>
+void run_op_by_op(const ir::Graph& g, const RunArgs& args, RunOne&& run_one) {
+  struct Value {
+    const void* data = nullptr;
+    Strides strides;
+  };
+  std::vector<Value> values(g.nodes.size());
+  std::vector<StoragePtr> keep;
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const ir::GraphNode& n = g.nodes[i];
+    if (n.op == ir::Op::Input) {
+      values[i] = {args.inputs[static_cast<std::size_t>(n.leaf)], n.strides};
+      continue;
+    }
+    ir::Graph one;
+    one.device = g.device;
+    RunArgs a;
+    ir::GraphNode op = n;
+    op.inputs.clear();
+    for (auto in : n.inputs) {
+      auto found = std::find(n.inputs.begin(), n.inputs.end(), in);
+      std::int32_t first = static_cast<std::int32_t>(found - n.inputs.begin());
+      if (first < static_cast<std::int32_t>(op.inputs.size())) {  // an input used twice is one leaf
+        op.inputs.push_back(op.inputs[first]);
+        continue;
+      }
+      ir::GraphNode leaf;
+      leaf.op = ir::Op::Input;
+      leaf.dtype = g.nodes[in].dtype;
+      leaf.shape = g.nodes[in].shape;
+      leaf.strides = values[in].strides;
+      leaf.leaf = static_cast<std::int32_t>(a.inputs.size());
+      a.inputs.push_back(values[in].data);
+      op.inputs.push_back(static_cast<std::int32_t>(one.nodes.size()));
+      one.nodes.push_back(std::move(leaf));
+    }
+    one.nodes.push_back(op);
+    one.outputs.push_back(static_cast<std::int32_t>(one.nodes.size() - 1));
+    // A graph output is written in place; everything else into a new row-major buffer.
+    auto out = std::find(g.outputs.begin(), g.outputs.end(), static_cast<std::int32_t>(i));
+    if (out != g.outputs.end()) {
+      std::size_t k = static_cast<std::size_t>(out - g.outputs.begin());
+      one.output_strides.push_back(g.output_strides[k]);
+      a.outputs.push_back(args.outputs[k]);
+    } else {
+      one.output_strides.push_back(contiguous_strides(n.shape));
+      keep.push_back(allocate(static_cast<std::size_t>(n.shape.numel()) * itemsize(n.dtype), g.device));
+      a.outputs.push_back(keep.back()->data);
+    }
+    one.rehash();
+    run_one(one, a);
+    values[i] = {a.outputs[0], one.output_strides[0]};
+  }
+  // Outputs that are leaves, or that appear twice, still need their copy.
+  for (std::size_t k = 0; k < g.outputs.size(); ++k) {
+    std::int32_t o = g.outputs[k];
+    if (values[o].data == args.outputs[k]) continue;
+    ir::Graph copy;
+    copy.device = g.device;
+    ir::GraphNode leaf;
+    leaf.op = ir::Op::Input;
+    leaf.dtype = g.nodes[o].dtype;
+    leaf.shape = g.nodes[o].shape;
+    leaf.strides = values[o].strides;
+    leaf.leaf = 0;
+    copy.nodes.push_back(std::move(leaf));
+    copy.outputs.push_back(0);
+    copy.output_strides.push_back(g.output_strides[k]);
+    copy.rehash();
+    RunArgs a;
+    a.inputs.push_back(values[o].data);
+    a.outputs.push_back(args.outputs[k]);
+    run_one(copy, a);
+  }
+}
+
 /// Runs `g` with the executor `mode` selects for its device.
 inline void run(const ir::Graph& g, const RunArgs& args, Mode mode) {
-  // CUDA graphs always run as fused kernels (the reference executor reads host memory).
-  if (g.device.is_cuda()) return run_cuda(g, args);
+  // CUDA graphs run as generated kernels: fused, or one primitive at a time in eager mode.
+  if (g.device.is_cuda()) {
+    if (mode == Mode::Eager) return run_op_by_op(g, args, [](const ir::Graph& one, const RunArgs& a) { run_cuda(one, a); });
+    return run_cuda(g, args);
+  }
   if (!g.device.is_cpu()) throw DeviceError("no executor for device " + g.device.str());
   if (cpu_uses_jit(mode)) run_cpu_jit(g, args);
   else run_reference(g, args);

@@ -105,6 +105,9 @@ constexpr bool is_logical_fn(Fn f) { return f == Fn::And || f == Fn::Or || f == 
 /// unsupported combinations.
 inline DType unary_result(Fn f, DType in, const SmallShape& shape) {
   if (f == Fn::Not || f == Fn::IsNan || f == Fn::IsInf) return DType::Bool;
+  if ((f == Fn::Gelu || f == Fn::GeluTanh || f == Fn::Silu) && !is_floating(in))  // as PyTorch
+    throw DTypeError(std::string(fn_name(f)) + ": expected a floating point tensor, got " + dtype_name(in) +
+                     shape.to_shape().str());
   if (is_float_fn(f)) return is_floating(in) ? in : kDefaultFloat;
   if (in == DType::Bool && (f == Fn::Neg || f == Fn::Floor || f == Fn::Ceil || f == Fn::Round || f == Fn::Relu))
     throw DTypeError(std::string(fn_name(f)) + ": not supported for bool tensors, got bool" + shape.to_shape().str());

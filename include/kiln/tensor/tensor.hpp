@@ -20,6 +20,10 @@ namespace kiln {
 template <class Derived>
 struct Expr {
   const Derived& derived() const { return static_cast<const Derived&>(*this); }
+  /// Shape, dtype and device of the expression's result (known without evaluating).
+  Shape shape() const { return derived().out_shape.to_shape(); }
+  DType dtype() const { return derived().out_dtype; }
+  Device device() const { return derived().out_device; }
 };
 
 class Tensor;

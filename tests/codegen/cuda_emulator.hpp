@@ -212,6 +212,9 @@ inline Module load(const kiln::codegen::CudaSource& src) {
 inline kiln::codegen::CudaTarget small_target() {
   kiln::codegen::CudaTarget t = kiln::codegen::CudaTarget::sm90();
   t.sm_count = 3;
+  // The non-default paths too: long rows kept in shared memory, reciprocal division.
+  t.row_cache_shared = true;
+  t.reciprocal_div = true;
   return t;
 }
 

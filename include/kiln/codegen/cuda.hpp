@@ -54,13 +54,18 @@ struct CudaTarget {
   int max_shared_per_block_optin = 227 * 1024;  ///< bytes a block may use after opting in
   int max_shared_per_sm = 228 * 1024;
   bool index64 = false;  ///< 64-bit index math even where 32 bits suffice (tests use it)
-  // Tuning (the defaults were measured on an H200; bench/bench_gpu.cpp sweeps them).
+  // Tuning: the defaults are the variants measured best on an H200 (bench_gpu --variants;
+  // docs/performance-gpu.md has the figures).
   int pointwise_unroll = 2;        ///< vectors per thread and loop step of light pointwise kernels
   int row_vectors_per_thread = 4;  ///< sets the threads per row of row reductions
-  int split_blocks_per_sm = 8;     ///< blocks per multiprocessor when rows or columns are split
+  int split_blocks_per_sm = 4;     ///< blocks per multiprocessor when rows or columns are split
   int pointwise_unroll_heavy = 1;  ///< the same for pointwise kernels heavy in transcendental functions
-  bool row_cache_shared = true;    ///< rows too long for registers stay in shared memory (else: re-read, from L2)
-  bool reciprocal_div = true;      ///< x / d with d loop-invariant (f32): x * (1 / d), exact division when 1/d is not normal
+  /// Rows too long for registers stay in shared memory (one row per multiprocessor at a time),
+  /// else they are re-read per pass, mostly from L2 (two rows per multiprocessor overlap).
+  bool row_cache_shared = false;
+  /// x / d with d loop-invariant (f32): x * (1 / d), the exact division where 1/d is not a
+  /// normal number. Off: it bought nothing on an H200 and its select doubles compile time.
+  bool reciprocal_div = false;
 
   /// "sm_90".
   std::string arch() const { return "sm_" + std::to_string(cc_major) + std::to_string(cc_minor); }

@@ -195,3 +195,24 @@ TEST_CASE("sched: index arithmetic") {
     CHECK(b[1].is_constant());
   }
 }
+
+TEST_CASE("sched: a costly value read by two kernels is stored once, by the first") {
+  NodePtr x = leaf({48, 64});
+  NodePtr t = ir::unary(Op::Tanh, bin(Op::Mul, ir::unary(Op::Exp, x), cst(0.5, x)));
+  auto r = plan({red(Op::ReduceSum, t, {1}), red(Op::ReduceSum, t, {0})});
+  REQUIRE(r.s.kernels.size() == 2);
+  REQUIRE(r.s.temps.size() == 1);
+  const int tn = r.s.temps[0].node;
+  CHECK(r.c.graph.nodes[static_cast<std::size_t>(tn)].op == Op::Tanh);
+  CHECK(r.s.owner[static_cast<std::size_t>(tn)] == 0);
+  CHECK(r.s.kernels[1].after == std::vector<int>{0});
+  // Large graphs schedule quickly: a 2000-op chain with 40 row reductions is one kernel.
+  NodePtr v = leaf({64, 128});
+  for (int i = 0; i < 2000; ++i) {
+    v = bin(Op::Add, bin(Op::Mul, v, cst(1.0001, v)), cst(0.001, v));
+    if (i % 50 == 49) v = bin(Op::Sub, v, ir::broadcast(red(Op::ReduceMax, v, {1}), v->shape));
+  }
+  auto big = plan({v});
+  CHECK(big.s.kernels.size() == 1);
+  CHECK(big.s.kernels[0].phases == 40);
+}

@@ -50,13 +50,35 @@ struct IndexExpr {
   i64 at(std::size_t d) const { return d < coeff.size() ? coeff[d] : 0; }
   /// A string that identifies the expression (memo keys).
   std::string key() const {
-    if (!affine()) return "o" + text;
-    std::string k = "a";
-    for (std::size_t d = 0; d < coeff.size(); ++d)
-      if (coeff[d] != 0) k += std::to_string(d) + "*" + std::to_string(coeff[d]) + ",";
-    return k + std::to_string(constant);
+    std::string k;
+    append_key(k);
+    return k;
   }
-  friend bool operator==(const IndexExpr& a, const IndexExpr& b) { return a.key() == b.key(); }
+  /// Appends the key (raw bytes: built often, in memo keys, so no decimal formatting).
+  void append_key(std::string& k) const {
+    if (!affine()) {
+      k += 'o';
+      k += text;
+      k += '\0';
+      return;
+    }
+    k += 'a';
+    for (std::size_t d = 0; d < coeff.size(); ++d) {
+      if (coeff[d] == 0) continue;
+      k += static_cast<char>(d);
+      k.append(reinterpret_cast<const char*>(&coeff[d]), sizeof(i64));
+    }
+    k += '\xff';
+    k.append(reinterpret_cast<const char*>(&constant), sizeof(i64));
+  }
+  friend bool operator==(const IndexExpr& a, const IndexExpr& b) {
+    if (a.affine() != b.affine()) return false;
+    if (!a.affine()) return a.text == b.text;
+    if (a.constant != b.constant) return false;
+    for (std::size_t d = 0; d < std::max(a.coeff.size(), b.coeff.size()); ++d)
+      if (a.at(d) != b.at(d)) return false;
+    return true;
+  }
 };
 
 /// An index into a node: one expression per dimension of the node's shape.
@@ -64,7 +86,7 @@ using Index = std::vector<IndexExpr>;
 
 inline std::string index_key(const Index& idx) {
   std::string k;
-  for (auto& e : idx) k += e.key() + ";";
+  for (auto& e : idx) e.append_key(k);
   return k;
 }
 

@@ -23,6 +23,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -257,6 +258,7 @@ class Scheduler {
     const std::size_t count = g_.nodes.size();
     owner_.assign(count, -1);
     drafts_.clear();
+    summaries_.clear();  // walks stop at stored values, which changed
     // One draft per anchor, in node order.
     for (std::size_t i = 0; i < count; ++i) {
       const ir::GraphNode& n = g_.nodes[i];
@@ -403,13 +405,23 @@ class Scheduler {
       if (need_phase) *need_phase = std::max(*need_phase, phase[static_cast<std::size_t>(q)]);
     };
 
-    auto visit = [&](int root, const Index& idx, int ctx, Level level, int* need_phase) {
-      Visitor v;
-      v.boundary = [&](int n) { return is_boundary(n, self, owner_of); };
-      v.leaf = [&](int n, const Index&) { a.leaves.insert(n); };
-      v.reduction = [&](int q, const Index& qi) { on_red(q, qi, ctx, level, need_phase); };
-      std::unordered_set<std::string> seen;
-      walk(g_, root, idx, space, v, seen);
+    // The references of one item (cached walks), following values this kernel stores itself
+    // (computed inline here) into their own references.
+    std::unordered_set<std::string> expanded;
+    std::function<void(const Summary&, int, Level, int*)> process = [&](const Summary& sm, int ctx, Level level, int* need_phase) {
+      for (int l : sm.leaves) a.leaves.insert(l);
+      for (auto& [q, qi] : sm.refs) {
+        if (!ir::is_reduction(node(q).op) && owner_of(q) == self) {
+          if (expanded.insert(std::to_string(q) + "|" + index_key(qi)).second) process(summary(q, qi, space, true), ctx, level, need_phase);
+          continue;
+        }
+        on_red(q, qi, ctx, level, need_phase);
+      }
+    };
+    // `own`: the item is a value this kernel computes and stores (a root), not a read of it.
+    auto visit = [&](int root, const Index& idx, int ctx, Level level, int* need_phase, bool own = false) {
+      expanded.clear();
+      process(summary(root, idx, space, own), ctx, level, need_phase);
     };
 
     for (int r : regular) {
@@ -458,7 +470,7 @@ class Scheduler {
         return fail(a);
       }
       int need = 0;
-      visit(r, idx, 2, level, &need);
+      visit(r, idx, 2, level, &need, true);
       if (!a.ok) return a;
       a.level_of.push_back(level);
       a.root_phase.push_back(need);
@@ -470,13 +482,48 @@ class Scheduler {
   template <class OwnerOf>
   bool uses_finals(const Draft& d, int root, OwnerOf&& owner_of, int self) const {
     if (d.finals.empty()) return false;
-    bool found = false;
+    std::unordered_set<std::string> expanded;
+    std::function<bool(const Summary&)> scan = [&](const Summary& sm) {
+      for (auto& [q, qi] : sm.refs) {
+        if (owner_of(q) != self) continue;
+        if (contains(d.finals, q)) return true;
+        if (!ir::is_reduction(node(q).op) && expanded.insert(std::to_string(q) + "|" + index_key(qi)).second &&
+            scan(summary(q, qi, d.space, true)))
+          return true;
+      }
+      return false;
+    };
+    return scan(summary(root, zero_index(node(root).shape), d.space, true));
+  }
+
+  /// What the inline computation of `root` at `idx` reads: its boundaries (reductions and
+  /// stored values, with the index each is read at) and its leaves. With `own`, a stored value
+  /// at the root is computed (its own kernel) rather than read. Cached: merge checks ask for
+  /// the same walks again and again.
+  struct Summary {
+    std::vector<std::pair<int, Index>> refs;
+    std::vector<int> leaves;
+  };
+  const Summary& summary(int root, const Index& idx, const Shape& space, bool own) const {
+    std::string key = std::to_string(root) + (own ? "|o" : "|r") + index_key(idx) + "|" + space.str();
+    auto it = summaries_.find(key);
+    if (it != summaries_.end()) return it->second;
+    Summary sm;
     Visitor v;
-    v.boundary = [&](int n) { return is_boundary(n, self, owner_of); };
-    v.reduction = [&](int q, const Index&) { found = found || (owner_of(q) == self && contains(d.finals, q)); };
+    v.boundary = [&](int n) { return ir::is_reduction(node(n).op) || forced_[static_cast<std::size_t>(n)]; };
+    v.leaf = [&](int n, const Index&) { sm.leaves.push_back(n); };
+    v.reduction = [&](int q, const Index& qi) { sm.refs.push_back({q, qi}); };
     std::unordered_set<std::string> seen;
-    walk(g_, root, zero_index(node(root).shape), d.space, v, seen);
-    return found;
+    const ir::GraphNode& rn = node(root);
+    if (own && forced_[static_cast<std::size_t>(root)] && !ir::is_reduction(rn.op)) {
+      // A stored value's own computation: walk from its inputs (pointwise: same index).
+      for (auto in : rn.inputs) walk(g_, in, idx, space, v, seen);
+    } else {
+      walk(g_, root, idx, space, v, seen);
+    }
+    std::sort(sm.leaves.begin(), sm.leaves.end());
+    sm.leaves.erase(std::unique(sm.leaves.begin(), sm.leaves.end()), sm.leaves.end());
+    return summaries_.emplace(std::move(key), std::move(sm)).first->second;
   }
 
   static Analysis fail(Analysis& a) {
@@ -573,18 +620,19 @@ class Scheduler {
     return false;
   }
 
-  /// Tries one rule over all pairs; returns whether something merged.
+  /// Applies one rule over all pairs in one sweep; returns whether something merged (the
+  /// caller then starts again from the first rule).
   template <class Pred>
   bool apply(Pred&& pred, Merge how) {
+    bool merged = false;
     for (std::size_t b = 0; b < drafts_.size(); ++b) {
-      if (!drafts_[b].alive) continue;
-      for (std::size_t a = 0; a < drafts_.size(); ++a) {
-        if (a == b || !drafts_[a].alive || !drafts_[b].alive) continue;
+      for (std::size_t a = 0; a < drafts_.size() && drafts_[b].alive; ++a) {
+        if (a == b || !drafts_[a].alive) continue;
         if (!pred(drafts_[a], drafts_[b], static_cast<int>(a), static_cast<int>(b))) continue;
-        if (try_merge(static_cast<int>(a), static_cast<int>(b), how)) return true;
+        if (try_merge(static_cast<int>(a), static_cast<int>(b), how)) merged = true;
       }
     }
-    return false;
+    return merged;
   }
 
   void merge_all() {
@@ -629,6 +677,7 @@ class Scheduler {
   std::vector<Draft> drafts_;
   std::vector<int> owner_;
   std::vector<char> forced_;  ///< pointwise values computed once, into memory
+  mutable std::unordered_map<std::string, Summary> summaries_;
   std::vector<std::vector<int>> outputs_of_;
 };
 

@@ -6,13 +6,26 @@
 //
 //   bench_cpu --benchmark_out=cpu.json --benchmark_out_format=json
 //   KILN_NUM_THREADS=2 taskset -c 0,1 bench_cpu      # the 2-core setting of WORKLOADS.md
+//
+// Beside them: Eigen Tensor peers (2-thread ThreadPoolDevice), the user's loop
+// `Tensor z = 2.0f * x + y; z.eval();`, the dispatch cost of cached expressions on 16 elements
+// (assign and kiln::compile), the cold compile of one fused kernel, and a disk-cache hit in a
+// new process (bench_cpu_process, spawned from here). Unless KILN_CACHE_DIR is set, the run
+// uses a fresh cache directory, so no figure depends on what an earlier run left on disk.
+#define EIGEN_USE_THREADS
 #include <benchmark/benchmark.h>
+#include <unistd.h>
+
+#include <unsupported/Eigen/CXX11/Tensor>
 #include <kiln/core/version.hpp>
 #include <kiln/kiln.hpp>
 #include <sched.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -194,11 +207,275 @@ void BM_workload(benchmark::State& state, const Workload& w, Backend backend) {
   set_backend(saved);
 }
 
+
+// ---- Eigen Tensor peers -------------------------------------------------------------------
+
+using EVec = Eigen::Tensor<float, 1, Eigen::RowMajor>;
+using EMat = Eigen::Tensor<float, 2, Eigen::RowMajor>;
+using EIdx = Eigen::Index;
+
+int eigen_threads() { return copy_threads(); }
+
+/// Fills an Eigen tensor from a kiln tensor (same values as kiln's inputs of that workload).
+template <class ET>
+void fill_from(ET& dst, const Tensor& src) {
+  const std::vector<float> v = src.to_vector<float>();
+  std::memcpy(dst.data(), v.data(), sizeof(float) * std::min<std::size_t>(v.size(), static_cast<std::size_t>(dst.size())));
+}
+
+struct EigenWorkload {
+  const char* id;
+  double bytes;
+  // Sets up inputs/outputs and returns the body of one iteration (writes into a preallocated
+  // output, as an Eigen user would: Eigen has no lazily allocated results).
+  std::function<std::function<void(Eigen::ThreadPoolDevice&)>()> make;
+};
+
+const std::vector<EigenWorkload>& eigen_workloads() {
+  static const std::vector<EigenWorkload> w = {
+      {"P1_2x_plus_y", 3.0 * kN * 4,
+       [] {
+         auto x = std::make_shared<EVec>(kN), y = std::make_shared<EVec>(kN), z = std::make_shared<EVec>(kN);
+         fill_from(*x, randn({kN}, 1));
+         fill_from(*y, randn({kN}, 2));
+         return std::function<void(Eigen::ThreadPoolDevice&)>(
+             [x, y, z](Eigen::ThreadPoolDevice& d) { z->device(d) = 2.0f * *x + *y; });
+       }},
+      {"P2_gelu_tanh_8ops", 2.0 * kN * 4,
+       [] {
+         auto x = std::make_shared<EVec>(kN), z = std::make_shared<EVec>(kN);
+         fill_from(*x, randn({kN}, 1));
+         return std::function<void(Eigen::ThreadPoolDevice&)>([x, z](Eigen::ThreadPoolDevice& d) {
+           const EVec& v = *x;
+           z->device(d) = 0.5f * v * (1.0f + (0.7978845608f * (v + 0.044715f * (v * v * v))).tanh());
+         });
+       }},
+      {"P4_broadcast_affine", 2.0 * kM * kK * 4,
+       [] {
+         auto X = std::make_shared<EMat>(kM, kK), Z = std::make_shared<EMat>(kM, kK);
+         auto mu = std::make_shared<EMat>(kM, 1), s = std::make_shared<EMat>(1, kK), b = std::make_shared<EMat>(1, kK);
+         fill_from(*X, randn({kM, kK}, 1));
+         fill_from(*mu, randn({kM, 1}, 2));
+         fill_from(*s, rand({kK}, 3));
+         fill_from(*b, randn({kK}, 4));
+         return std::function<void(Eigen::ThreadPoolDevice&)>([=](Eigen::ThreadPoolDevice& d) {
+           const std::array<EIdx, 2> along_k{1, kK}, along_m{kM, 1};
+           Z->device(d) = (*X - mu->broadcast(along_k)) * s->broadcast(along_m) + b->broadcast(along_m);
+         });
+       }},
+      {"R2_row_sum", 1.0 * kM * kK * 4,
+       [] {
+         auto X = std::make_shared<EMat>(kM, kK);
+         auto r = std::make_shared<EVec>(kM);
+         fill_from(*X, randn({kM, kK}, 1));
+         return std::function<void(Eigen::ThreadPoolDevice&)>([=](Eigen::ThreadPoolDevice& d) {
+           const std::array<EIdx, 1> dim1{1};
+           r->device(d) = X->sum(dim1);
+         });
+       }},
+      {"N1_softmax", 2.0 * kM * kK * 4,
+       [] {
+         // Softmax as Eigen users (and Eigen's own tests) write it: max, exp of the shifted
+         // input, row sums, divide; four separate evaluations.
+         auto X = std::make_shared<EMat>(kM, kK), E = std::make_shared<EMat>(kM, kK);
+         auto m = std::make_shared<EMat>(kM, 1), s = std::make_shared<EMat>(kM, 1);
+         fill_from(*X, randn({kM, kK}, 1));
+         return std::function<void(Eigen::ThreadPoolDevice&)>([=](Eigen::ThreadPoolDevice& d) {
+           const std::array<EIdx, 1> dim1{1};
+           const std::array<EIdx, 2> col{kM, 1}, along_k{1, kK};
+           m->device(d) = X->maximum(dim1).reshape(col);
+           E->device(d) = (*X - m->broadcast(along_k)).exp();
+           s->device(d) = E->sum(dim1).reshape(col);
+           E->device(d) = *E / s->broadcast(along_k);
+         });
+       }},
+      {"N3_layer_norm", 2.0 * kM * kK * 4,
+       [] {
+         auto X = std::make_shared<EMat>(kM, kK), Z = std::make_shared<EMat>(kM, kK);
+         auto mean = std::make_shared<EMat>(kM, 1), rstd = std::make_shared<EMat>(kM, 1);
+         auto w = std::make_shared<EMat>(1, kK), b = std::make_shared<EMat>(1, kK);
+         fill_from(*X, randn({kM, kK}, 1));
+         fill_from(*w, rand({kK}, 2));
+         fill_from(*b, randn({kK}, 3));
+         return std::function<void(Eigen::ThreadPoolDevice&)>([=](Eigen::ThreadPoolDevice& d) {
+           const std::array<EIdx, 1> dim1{1};
+           const std::array<EIdx, 2> col{kM, 1}, along_k{1, kK}, along_m{kM, 1};
+           mean->device(d) = X->mean(dim1).reshape(col);
+           // Centred values first (into the output), then the variance from them: two-pass,
+           // as kiln's layer_norm is.
+           Z->device(d) = *X - mean->broadcast(along_k);
+           rstd->device(d) = (Z->square().mean(dim1).reshape(col) + 1e-5f).rsqrt();
+           Z->device(d) = *Z * rstd->broadcast(along_k) * w->broadcast(along_m) + b->broadcast(along_m);
+         });
+       }},
+  };
+  return w;
+}
+
+void BM_eigen(benchmark::State& state, const EigenWorkload& w) {
+  Eigen::ThreadPool pool(eigen_threads());
+  Eigen::ThreadPoolDevice device(&pool, eigen_threads());
+  auto body = w.make();
+  body(device);  // warm-up: touches the output pages
+  const auto t0 = Clock::now();
+  for (auto _ : state) {
+    body(device);
+    benchmark::ClobberMemory();
+  }
+  const double seconds = seconds_since(t0);
+  state.counters["threads"] = eigen_threads();
+  report_bytes(state, w.bytes, seconds);
+}
+
+// ---- the user's loop, dispatch overhead, compile times --------------------------------------
+
+/// `Tensor z = 2.0f * x + y; z.eval();` exactly as a user writes it: a new result each time.
+void BM_user_loop(benchmark::State& state) {
+  set_backend(Backend::Jit);
+  Tensor x = randn({kN}, 1), y = randn({kN}, 2);
+  x.eval();
+  y.eval();
+  {
+    Tensor z = 2.0f * x + y;
+    z.eval();
+  }
+  const auto t0 = Clock::now();
+  for (auto _ : state) {
+    Tensor z = 2.0f * x + y;
+    z.eval();
+  }
+  report_bytes(state, 3.0 * kN * 4, seconds_since(t0));
+}
+
+/// Host cost of a cached typed expression on 16 elements: `z.assign(2.0f * x + y)`.
+void BM_dispatch_assign_16(benchmark::State& state) {
+  set_backend(Backend::Jit);
+  Tensor x = randn({16}, 1), y = randn({16}, 2), z = zeros({16});
+  x.eval();
+  y.eval();
+  z.eval();
+  z.assign(2.0f * x + y);
+  const Stats before = stats();
+  for (auto _ : state) {
+    z.assign(2.0f * x + y);
+    benchmark::ClobberMemory();
+  }
+  const Stats after = stats();
+  state.counters["compiles"] = static_cast<double>(after.compiles - before.compiles);
+  state.counters["launches_per_call"] =
+      static_cast<double>(after.launches - before.launches) / static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
+}
+
+/// The same through kiln::compile: a compiled function called on 16-element tensors.
+void BM_dispatch_compile_16(benchmark::State& state) {
+  set_backend(Backend::Jit);
+  Tensor x = randn({16}, 1), y = randn({16}, 2);
+  x.eval();
+  y.eval();
+  auto f = kiln::compile([](const Tensor& a, const Tensor& b) { return 2.0f * a + b; });
+  {
+    Tensor r = f(x, y);
+    r.eval();
+  }
+  const Stats before = stats();
+  for (auto _ : state) {
+    Tensor r = f(x, y);
+    r.eval();
+  }
+  const Stats after = stats();
+  state.counters["compiles"] = static_cast<double>(after.compiles - before.compiles);
+  state.counters["traces"] = static_cast<double>(f.stats().traces);
+}
+
+/// Cold compile of one fused kernel: every iteration builds a structure no cache holds (a new
+/// constant, and the in-memory caches cleared) and evaluates it once.
+void BM_cold_compile(benchmark::State& state) {
+  set_backend(Backend::Jit);
+  Tensor x = randn({4096}, 1), y = randn({4096}, 2);
+  x.eval();
+  y.eval();
+  static int counter = 0;
+  const Stats before = stats();
+  for (auto _ : state) {
+    state.PauseTiming();
+    kiln::reset();  // the public way to drop every in-memory kernel and compiled entry
+    const float c = 1.0f + 1e-3f * static_cast<float>(++counter) + 1e-7f * static_cast<float>(getpid() % 1000);
+    state.ResumeTiming();
+    Tensor z = (c * x + y) * sin(x);
+    z.eval();
+  }
+  const Stats after = stats();
+  state.counters["compiles_per_iter"] = static_cast<double>(after.compiles - before.compiles) /
+                                        static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
+  state.counters["disk_hits"] = static_cast<double>(after.disk_hits - before.disk_hits);
+}
+
+std::string g_self_dir;  // the directory of this executable (bench_cpu_process lies beside it)
+
+/// Runs `command`, returns its stdout.
+std::string run_command(const std::string& command) {
+  std::string out;
+  if (FILE* p = popen(command.c_str(), "r")) {
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, p)) out += buf;
+    pclose(p);
+  }
+  return out;
+}
+
+double field(const std::string& line, const std::string& key) {
+  const auto at = line.find(key + "=");
+  return at == std::string::npos ? -1.0 : std::atof(line.c_str() + at + key.size() + 1);
+}
+
+/// A disk-cache hit in a new process: bench_cpu_process with a warm KILN_CACHE_DIR. Wall time
+/// is the whole process (start-up included); first_eval_ms the first eval() inside it.
+void BM_disk_hit_new_process(benchmark::State& state) {
+  const std::string helper = g_self_dir + "/bench_cpu_process";
+  if (access(helper.c_str(), X_OK) != 0) {
+    state.SkipWithError(("missing " + helper).c_str());
+    return;
+  }
+  char tmpl[] = "/tmp/kiln_bench_disk_XXXXXX";
+  if (!mkdtemp(tmpl)) {
+    state.SkipWithError("mkdtemp failed");
+    return;
+  }
+  const std::string cmd = "KILN_CACHE_DIR=" + std::string(tmpl) + " " + helper;
+  const std::string cold = run_command(cmd);  // compiles and stores the kernel
+  state.counters["cold_first_eval_ms"] = field(cold, "first_eval_ms");
+  std::vector<double> evals;
+  double disk_hits = 0, compiles = 0;
+  for (auto _ : state) {
+    const std::string warm = run_command(cmd);
+    evals.push_back(field(warm, "first_eval_ms"));
+    disk_hits += field(warm, "disk_hits");
+    compiles += field(warm, "compiles");
+  }
+  std::sort(evals.begin(), evals.end());
+  if (!evals.empty()) state.counters["first_eval_ms_median"] = evals[evals.size() / 2];
+  state.counters["disk_hits_per_run"] = disk_hits / static_cast<double>(std::max<std::size_t>(1, evals.size()));
+  state.counters["compiles_per_run"] = compiles / static_cast<double>(std::max<std::size_t>(1, evals.size()));
+  std::filesystem::remove_all(tmpl);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+
+  g_self_dir = std::filesystem::canonical("/proc/self/exe").parent_path().string();
+  // A fresh disk cache for this run (removed at exit) unless the caller chose one.
+  std::string fresh_cache;
+  if (!std::getenv("KILN_CACHE_DIR")) {
+    char tmpl[] = "/tmp/kiln_bench_cache_XXXXXX";
+    if (mkdtemp(tmpl)) {
+      fresh_cache = tmpl;
+      setenv("KILN_CACHE_DIR", tmpl, 1);
+    }
+  }
+  benchmark::AddCustomContext("eigen_threads", std::to_string(eigen_threads()));
 
   g_copy_bytes_per_second = measure_copy_bandwidth();
   benchmark::AddCustomContext("copy_GB_per_s", std::to_string(g_copy_bytes_per_second / 1e9));
@@ -214,7 +491,17 @@ int main(int argc, char** argv) {
           ->Unit(w.bytes > 0 ? benchmark::kMillisecond : benchmark::kMicrosecond);
     }
   }
+  for (const EigenWorkload& w : eigen_workloads())
+    benchmark::RegisterBenchmark((std::string(w.id) + "/eigen").c_str(), BM_eigen, w)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("user_loop_2x_plus_y", BM_user_loop)->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("dispatch_assign_16", BM_dispatch_assign_16)->UseRealTime()->Unit(benchmark::kNanosecond);
+  benchmark::RegisterBenchmark("dispatch_compile_16", BM_dispatch_compile_16)->UseRealTime()->Unit(benchmark::kNanosecond);
+  benchmark::RegisterBenchmark("cold_compile_fused", BM_cold_compile)->UseRealTime()->Iterations(5)->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("disk_hit_new_process", BM_disk_hit_new_process)->UseRealTime()->Iterations(9)->Unit(benchmark::kMillisecond);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
+  if (!fresh_cache.empty()) std::filesystem::remove_all(fresh_cache);
   return 0;
 }

@@ -21,27 +21,6 @@ using namespace kiln;
 using ir::NodePtr;
 using ir::Op;
 
-/// Until kiln/codegen/cpu_math.hpp carries every function, the tests fill the gaps with the
-/// compiler's builtins (scalar libm calls: correct, just not vectorised).
-inline void ensure_math_prelude() {
-  static bool done = [] {
-    std::string src = codegen::detail::cpu_math_source();
-    const char* names[] = {"exp", "exp2", "expm1", "log", "log2", "log1p", "tanh", "erf", "sin", "cos", "tan"};
-    std::string extra;
-    for (const char* n : names) {
-      for (int dbl = 0; dbl < 2; ++dbl) {
-        std::string fn = std::string("kiln_") + n + (dbl ? "_f64" : "_f32");
-        if (src.find(fn + "(") != std::string::npos) continue;
-        extra += std::string("static inline ") + (dbl ? "double " : "float ") + fn + "(" + (dbl ? "double" : "float") +
-                 " x) { return __builtin_" + n + (dbl ? "" : "f") + "(x); }\n";
-      }
-    }
-    if (!extra.empty()) codegen::detail::cpu_math_override() = src + "\n" + extra;
-    return true;
-  }();
-  (void)done;
-}
-
 inline Device cpu() { return Device::cpu(); }
 
 /// A realized leaf of `shape` and `dtype` filled with values from `seed` (normal floats,
@@ -160,7 +139,6 @@ inline double as_double(const void* base, std::int64_t off, DType dt) {
 /// Runs `roots` (captured together) through run_cpu_jit and run_reference and compares.
 /// `out_strides` (optional, per output) makes the outputs strided views.
 inline Check run_both(const std::vector<NodePtr>& roots, std::vector<Strides> out_strides = {}, double tol_scale = 1.0) {
-  ensure_math_prelude();
   ir::Captured c = ir::capture(roots, cpu());
   if (!out_strides.empty()) {
     for (std::size_t k = 0; k < out_strides.size(); ++k)

@@ -15,6 +15,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "kiln/codegen/cpu_math.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/half.hpp"
 #include "kiln/core/philox.hpp"
@@ -22,10 +23,6 @@
 #include "kiln/sched/index.hpp"
 #include "kiln/sched/schedule.hpp"
 
-#if __has_include("kiln/codegen/cpu_math.hpp")
-#include "kiln/codegen/cpu_math.hpp"
-#define KILN_HAVE_CPU_MATH 1
-#endif
 
 namespace kiln::codegen {
 
@@ -41,22 +38,6 @@ struct CppSource {
 using CpuKernelFn = void (*)(void* const* args, int nthreads);
 
 namespace detail {
-
-/// Source text of the transcendental functions pasted into generated kernels; tests may
-/// replace it (set to non-empty) while kCpuMathSource is not available.
-inline std::string& cpu_math_override() {
-  static std::string text;
-  return text;
-}
-
-inline std::string cpu_math_source() {
-  if (!cpu_math_override().empty()) return cpu_math_override();
-#ifdef KILN_HAVE_CPU_MATH
-  return kCpuMathSource;
-#else
-  return {};
-#endif
-}
 
 using sched::i64;
 using sched::IndexExpr;
@@ -1185,7 +1166,7 @@ class KernelWriter {
 
 /// C++/OpenMP source for every kernel of `s` (a schedule of `g`) in one translation unit.
 /// Kernel i is exported as `<prefix>_<i>`. Throws DTypeError for a primitive on a dtype it is
-/// not defined for (as the reference executor does), Error when the math prelude is missing.
+/// not defined for (as the reference executor does).
 inline CppSource generate_cpp(const ir::Graph& g, const sched::Schedule& s, const std::string& prefix) {
   detail::Needs needs;
   CppSource out;
@@ -1206,9 +1187,7 @@ inline CppSource generate_cpp(const ir::Graph& g, const sched::Schedule& s, cons
   if (needs.half) src += detail::kHalfHelpers;
   if (needs.bf16) src += detail::kBf16Helpers;
   if (needs.math) {
-    std::string m = detail::cpu_math_source();
-    if (m.empty()) throw Error("kiln codegen: the CPU math prelude (kiln/codegen/cpu_math.hpp) is not available");
-    src += m;
+    src += kCpuMathSource;
     src += "\n";
   }
   if (needs.philox) {

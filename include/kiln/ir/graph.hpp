@@ -3,6 +3,7 @@
 // topologically ordered array that later stages (schedule, codegen, executors) read. Realized
 // nodes become Input leaves whose data pointers are bound at run time, so one Graph (and every
 // kernel made from it) serves any tensors of the same structure.
+#include <algorithm>
 #include <sstream>
 #include <string>
 #include <unordered_map>

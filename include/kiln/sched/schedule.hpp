@@ -922,7 +922,9 @@ inline void Scheduler::plan_loops(Schedule& s, int kid) const {
     const i64 tiles = p.tiles();
     if (p.parallel && tiles > 0 && tiles < 8 && e0 > 1) {
       i64 want = (16 + tiles - 1) / tiles;
-      i64 by_work = std::max<i64>(1, numel / tiles / 4096);
+      // Each chunk initialises, writes and later combines one partial per lane of its block:
+      // it must carry enough elements to pay for that.
+      i64 by_work = std::max<i64>(1, numel / tiles / std::max<i64>(4096, 32 * p.block));
       i64 ch = std::min({e0, want, by_work});
       if (ch > 1) {
         p.chunk_len = (e0 + ch - 1) / ch;

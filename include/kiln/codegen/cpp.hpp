@@ -174,12 +174,7 @@ static inline float kiln_rb(float f) { return kiln_b2f(kiln_f2b(f)); }
 class KernelWriter {
  public:
   KernelWriter(const ir::Graph& g, const sched::Schedule& s, int kid, Needs& needs)
-      : g_(g), s_(s), k_(s.kernels[static_cast<std::size_t>(kid)]), kid_(kid), needs_(needs) {
-    const auto& p = k_.loops;
-    group_of_.assign(k_.space.size(), -1);
-    for (std::size_t gi = 0; gi < p.groups.size(); ++gi)
-      for (int d : p.groups[gi]) group_of_[static_cast<std::size_t>(d)] = static_cast<int>(gi);
-  }
+      : g_(g), s_(s), k_(s.kernels[static_cast<std::size_t>(kid)]), kid_(kid), needs_(needs) {}
 
   std::string write(const std::string& name) {
     if (k_.kind == sched::KernelKind::Reduce && k_.loops.chunks == 1 && !k_.loops.column && k_.passes > 1 && !analysis_) {
@@ -1140,7 +1135,6 @@ class KernelWriter {
   const sched::Kernel& k_;
   int kid_;
   Needs& needs_;
-  std::vector<int> group_of_;
   std::vector<Scope> scopes_;
   std::unordered_map<int, Binding> bound_;
   std::unordered_map<std::string, bool> declared_;

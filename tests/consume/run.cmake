@@ -12,7 +12,7 @@ endforeach()
 function(run_step what)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "consume.${MODE}: ${what} failed (${rc})")
+    message(FATAL_ERROR "consume/${MODE}: ${what} failed (${rc})")
   endif()
 endfunction()
 

@@ -104,8 +104,34 @@ inline std::string constant_literal(const ir::GraphNode& n) {
 
 /// What a translation unit needs in its prelude.
 struct Needs {
-  bool half = false, bf16 = false, ints = false, math = false, philox = false;
+  bool half = false, bf16 = false, ints = false, math = false, philox = false, stream = false;
 };
+
+// Writes a finished row to memory with non-temporal stores where the target has them: a large
+// output is not read again soon, so writing it around the cache saves the read-for-ownership
+// of every line (a third of the traffic of a read-once, write-once kernel) and keeps the
+// cache for the rows being reduced. The tail and unaligned head go through memcpy.
+inline constexpr const char* kStreamHelpers = R"(
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+static inline void kiln_stream_row(void* dst, const void* src, long long bytes) {
+  unsigned char* d = (unsigned char*)dst;
+  const unsigned char* s = (const unsigned char*)src;
+#if defined(__AVX__)
+  long long head = (long long)((32u - ((unsigned long long)d & 31u)) & 31u);
+  if (head > bytes) head = bytes;
+  __builtin_memcpy(d, s, (unsigned long)head);
+  long long i = head;
+  for (; i + 32 <= bytes; i += 32)
+    _mm256_stream_si256((__m256i*)(d + i), _mm256_loadu_si256((const __m256i*)(s + i)));
+  __builtin_memcpy(d + i, s + i, (unsigned long)(bytes - i));
+  _mm_sfence();
+#else
+  __builtin_memcpy(d, s, (unsigned long)bytes);
+#endif
+}
+)";
 
 // Helpers every generated unit may use. Integer arithmetic wraps (through unsigned, since
 // signed overflow is UB); integer division by 0 gives 0 and by -1 negates, as the reference.
@@ -413,7 +439,8 @@ class KernelWriter {
       total += bytes;
       std::string name = "stash" + std::to_string(stash_names_.size());
       stash_names_[key] = name;
-      stash_decls_.push_back(std::string(ctype(dt)) + " " + name + "[" + std::to_string(row) + "];");
+      stash_decls_.push_back("alignas(64) " + std::string(ctype(dt)) + " " + name + "[" + std::to_string(row) + "];");
+      stash_types_.emplace_back(name, ctype(dt));
     }
   }
 
@@ -644,8 +671,61 @@ class KernelWriter {
     for (auto& t : st.targets) {
       IndexExpr off = sched::strided_offset(idx, t.strides, n.shape);
       std::string p = pointer(t.kind, t.index, n.dtype, true);
+      if (streaming_ && streamable(t, n, off)) {
+        // Into a row buffer, written out after the row's last pass (flush_streams).
+        std::string buf = "srow" + std::to_string(stream_count_++);
+        std::string reuse = pass_ == k_.passes ? free_stash(stype(n.dtype)) : "";
+        if (!reuse.empty())
+          // Stashes are dead after the last pass reads them, and each element is read before
+          // the same position is written: the row buffer can be a stash (less cache traffic).
+          line_at(tile_scope_, std::string(stype(n.dtype)) + "* " + buf + " = " + reuse + ";");
+        else
+          line_at(tile_scope_, std::string("alignas(64) ") + stype(n.dtype) + " " + buf + "[" + std::to_string(row_length()) + "];");
+        line(buf + "[" + stash_pos_ + "] = " + to_storage(v.expr, n.dtype) + ";");
+        IndexExpr base = off;
+        for (int d : k_.loops.groups[static_cast<std::size_t>(k_.loops.red_groups.front())]) base.coeff[static_cast<std::size_t>(d)] = 0;
+        streams_.push_back(Stream{buf, "&" + p + "[" + render(base) + "]", row_length() * static_cast<i64>(itemsize(n.dtype))});
+        continue;
+      }
       line(p + "[" + render(off) + "] = " + to_storage(v.expr, n.dtype) + ";");
     }
+  }
+
+  i64 row_length() const {
+    i64 row = 1;
+    for (int gi : k_.loops.red_groups) row *= extent(gi);
+    return row;
+  }
+  /// Whether a full store of a row kernel goes through a row buffer and non-temporal stores:
+  /// the output is large (it will not stay in cache anyway), the row is contiguous in it and
+  /// the buffer is small enough for the stack.
+  bool streamable(const sched::Location& t, const ir::GraphNode& n, const IndexExpr& off) const {
+    const auto& p = k_.loops;
+    if (t.kind != sched::Location::Output || !off.affine() || p.column || p.red_groups.size() != 1) return false;
+    const i64 elem = static_cast<i64>(itemsize(n.dtype));
+    const i64 row = row_length();
+    if (row * elem > kStreamMaxRowBytes || row * elem < 256 || n.shape.numel() * elem < kStreamMinBytes) return false;
+    const auto& dims = p.groups[static_cast<std::size_t>(p.red_groups.front())];
+    i64 expect = 1;
+    for (auto it = dims.rbegin(); it != dims.rend(); ++it) {
+      if (off.at(static_cast<std::size_t>(*it)) != expect) return false;
+      expect *= k_.space[static_cast<std::size_t>(*it)];
+    }
+    return true;
+  }
+  /// A stash of element type `type` not yet used as a row buffer ("" when none).
+  std::string free_stash(const std::string& type) {
+    for (auto& [name, t] : stash_types_)
+      if (t == type && !stash_reused_.count(name)) {
+        stash_reused_.insert(name);
+        return name;
+      }
+    return "";
+  }
+  void flush_streams() {
+    for (auto& st : streams_) line("kiln_stream_row(" + st.dst + ", " + st.buf + ", " + std::to_string(st.bytes) + "LL);");
+    if (!streams_.empty()) needs_.stream = true;
+    streams_.clear();
   }
 
   // ---- pointwise kernels -------------------------------------------------------------------
@@ -715,7 +795,13 @@ class KernelWriter {
     bool flag = false, arg = false;
     std::string init;
     std::string name;  // accumulator base name
+    /// Blocked sums: the float accumulator of the current block ("" when not blocked). A
+    /// 32-bit lane adds at most kSumBlock / lanes values before the block's sum is folded into
+    /// the double accumulator, so the error stays that of a short sum while the vector loop
+    /// runs at float width (a double accumulator costs two conversions and two adds per vector).
+    std::string sub;
   };
+  static constexpr i64 kSumBlock = 1024;
 
   Red red_info(int id) {
     const ir::GraphNode& n = node(id);
@@ -761,7 +847,7 @@ class KernelWriter {
   /// OpenMP reduction clauses for the scalar accumulators of `r`.
   std::string clause(const Red& r) const {
     switch (r.op) {
-      case Op::ReduceSum: return " reduction(+:" + r.name + ")";
+      case Op::ReduceSum: return " reduction(+:" + (r.sub.empty() ? r.name : r.sub) + ")";
       case Op::ReduceProd: return " reduction(*:" + r.name + ")";
       case Op::ReduceMax: return " reduction(max:" + r.name + ")" + (r.flag ? " reduction(|:f" + r.name + ")" : "");
       case Op::ReduceMin: return " reduction(min:" + r.name + ")" + (r.flag ? " reduction(|:f" + r.name + ")" : "");
@@ -788,6 +874,7 @@ class KernelWriter {
                    const std::string& k) const {
     switch (r.op) {
       case Op::ReduceSum:
+        if (!r.sub.empty()) return r.sub + " += (float)" + v + ";";
         return a + " += " + (r.fl ? "(double)" + v : "(unsigned long long)(long long)" + v) + ";";
       case Op::ReduceProd:
         return a + " *= " + (r.fl ? "(double)" + v : "(unsigned long long)(long long)" + v) + ";";
@@ -862,15 +949,32 @@ class KernelWriter {
     return v;
   }
 
+  /// Whether the sums among `reds` are blocked (see Red::sub): row strategy, one reduced loop
+  /// long enough to have several blocks, floating inputs narrower than double.
+  bool block_sums(std::vector<Red>& reds) {
+    const auto& p = k_.loops;
+    if (p.column || p.red_groups.size() != 1 || extent(p.red_groups.front()) <= kSumBlock) return false;
+    bool any = false;
+    for (auto& r : reds) {
+      if (r.op != Op::ReduceSum || !r.fl || r.in == DType::Float64) continue;
+      r.sub = "s" + r.name;
+      any = true;
+    }
+    return any;
+  }
+
   /// Opens the loops over the reduced groups (the first limited to [lo, hi) when given) and,
-  /// for the column strategy, the vectorised loop over the block. Returns how many it opened.
+  /// for the column strategy, the vectorised loop over the block. With blocked sums the single
+  /// reduced loop is split into a loop over blocks and the vectorised loop within a block.
+  /// Returns how many scopes it opened; close them with close_reduced_loops.
   int open_reduced_loops(const std::vector<Red>& reds, const std::string& lo, const std::string& hi) {
     const auto& p = k_.loops;
     int opened = 0;
-    bool simd_ok = true;
+    bool simd_ok = true, blocked = false;
     std::string clauses;
     for (auto& r : reds) {
       if (r.arg) simd_ok = false;
+      blocked = blocked || !r.sub.empty();
       clauses += clause(r);
     }
     for (std::size_t j = 0; j < p.red_groups.size(); ++j) {
@@ -878,6 +982,16 @@ class KernelWriter {
       std::string a = j == 0 && !lo.empty() ? lo : "0LL";
       std::string b = j == 0 && !hi.empty() ? hi : std::to_string(extent(gi)) + "LL";
       bool innermost = j + 1 == p.red_groups.size() && !p.column;
+      if (innermost && blocked) {
+        const std::string len = std::to_string(kSumBlock) + "LL";
+        open("", "for (long long bb = " + a + "; bb < " + b + "; bb += " + len + ")", 0);
+        ++opened;
+        for (auto& r : reds)
+          if (!r.sub.empty()) line("float " + r.sub + " = 0.0f;");
+        line("const long long be = bb + " + len + " < " + b + " ? bb + " + len + " : " + b + ";");
+        a = "bb";
+        b = "be";
+      }
       std::string pragma = innermost && simd_ok ? "#pragma omp simd" + clauses : "";
       open(pragma, "for (long long " + var(gi) + " = " + a + "; " + var(gi) + " < " + b + "; ++" + var(gi) + ")", group_mask(gi));
       ++opened;
@@ -888,6 +1002,14 @@ class KernelWriter {
       ++opened;
     }
     return opened;
+  }
+  /// Closes what open_reduced_loops opened, folding each block's float sums into their
+  /// accumulators between the vectorised loop and the loop over blocks.
+  void close_reduced_loops(const std::vector<Red>& reds, int opened) {
+    close();
+    for (auto& r : reds)
+      if (!r.sub.empty()) line(r.name + " += (double)" + r.sub + ";");
+    for (int j = 1; j < opened; ++j) close();
   }
 
   /// The body of pass `pass`: folds the reductions of this phase, writes its full stores.
@@ -1028,16 +1150,21 @@ class KernelWriter {
     open(p.parallel ? "#pragma omp parallel for schedule(static) num_threads(nth)" : "",
          "for (long long t = 0; t < " + std::to_string(tiles) + "LL; ++t)", kept_mask());
     tile_vars("t");
+    tile_scope_ = top();
     for (auto& d : stash_decls_) line(d);
-    if (!stash_names_.empty() || analysis_) stash_pos_ = reduced_position();
+    if (!stash_names_.empty() || analysis_ || !p.column) stash_pos_ = reduced_position();
     for (int pass = 1; pass <= k_.passes; ++pass) {
       std::vector<Red> reds = phase_reds(pass);
+      block_sums(reds);
       for (auto& r : reds) declare_acc(r, p.column ? std::to_string(p.block) : "");
       int opened = open_reduced_loops(reds, "", "");
       pass_ = p.column ? 0 : pass;
+      streaming_ = !analysis_ && !p.column && stash_pos_.size() > 0;
       pass_body(reds, pass);
+      streaming_ = false;
       pass_ = 0;
-      for (int j = 0; j < opened; ++j) close();
+      close_reduced_loops(reds, opened);
+      flush_streams();
       for (auto& r : reds) {
         std::string res = "r" + std::to_string(r.node);
         if (p.column) {
@@ -1083,7 +1210,7 @@ class KernelWriter {
       for (auto& r : reds) declare_acc(r, p.column ? std::to_string(p.block) : "");
       int opened = open_reduced_loops(reds, "lo", "hi");
       pass_body(reds, pass);
-      for (int j = 0; j < opened; ++j) close();
+      close_reduced_loops(reds, opened);
       for (auto& r : reds) {
         std::string pv = "pp" + std::to_string(r.node), px = "px" + std::to_string(r.node);
         if (p.column) {
@@ -1143,6 +1270,17 @@ class KernelWriter {
   int counter_ = 0;
   // Row cache of reduction kernels: values computed in one pass and needed again in a later
   // one are kept in a per-thread row buffer when recomputing them costs more than a load.
+  struct Stream {
+    std::string buf, dst;
+    i64 bytes;
+  };
+  bool streaming_ = false;
+  int tile_scope_ = 0, stream_count_ = 0;
+  std::vector<Stream> streams_;
+  /// Outputs at least this large are streamed (well past the 2-core machine's L2 and a fair
+  /// share of the L3: a consumer would find little of it in cache).
+  static constexpr i64 kStreamMinBytes = 16 << 20;
+  static constexpr i64 kStreamMaxRowBytes = 64 << 10;
   static constexpr int kStashCost = 10;
   static constexpr i64 kStashMaxRow = 16384;
   static constexpr i64 kStashBudget = 256 * 1024;
@@ -1153,6 +1291,8 @@ class KernelWriter {
   std::unordered_set<std::string> stash_;
   std::unordered_map<std::string, std::string> stash_names_;
   std::vector<std::string> stash_decls_;
+  std::vector<std::pair<std::string, std::string>> stash_types_;  // name, element type
+  std::unordered_set<std::string> stash_reused_;
   std::unordered_map<int, int> cost_;
 };
 
@@ -1184,6 +1324,7 @@ inline CppSource generate_cpp(const ir::Graph& g, const sched::Schedule& s, cons
     src += kCpuMathSource;
     src += "\n";
   }
+  if (needs.stream) src += detail::kStreamHelpers;
   if (needs.philox) {
     src += philox::kPhiloxSource;
     src += "\n";

@@ -112,7 +112,11 @@ inline NodePtr softmax(const NodePtr& x, std::int64_t axis) {
   return in_compute_dtype(x, [&](const NodePtr& v) {
     NodePtr m = expand(ir::reduce(Op::ReduceMax, v, {axis}), v->shape);
     NodePtr e = ir::unary(Op::Exp, sub(v, m));
-    return div(e, expand(ir::reduce(Op::ReduceSum, e, {axis}), v->shape));
+    // Multiplied by the reciprocal of the row's sum, as ATen's kernels do: one division per
+    // row instead of one per element. The sum is in [1, K] (the maximum contributes exp(0)),
+    // so the reciprocal is always normal and the result is within an ulp of the quotient.
+    NodePtr sum = ir::reduce(Op::ReduceSum, e, {axis});
+    return mul(e, expand(div(scalar_like(1.0, sum), sum), v->shape));
   });
 }
 

@@ -1,8 +1,10 @@
 #pragma once
 // C++/OpenMP code generation: a scheduled graph -> one translation unit holding one
 // `extern "C"` entry per kernel. Sizes and strides are baked in as constants. The outer loop
-// of a kernel is parallel (`omp parallel for`, only when the work is large enough to pay for
-// the team); inner loops are contiguous `omp simd` loops whose reductions are split across
+// of a kernel is shared among an OpenMP team (only when the work is large enough to pay for
+// the team). Each kernel's body is a static function with orphaned worksharing (`omp for`,
+// `omp single` for serial combine steps): its own entry wraps it in a parallel region, and
+// the optional graph entry calls every body inside one region. Inner loops are contiguous `omp simd` loops whose reductions are split across
 // lanes (and accumulate floats in double), so GCC vectorises them without -ffast-math: NaN,
 // Inf and signed zeros behave as in the reference executor (backend/reference.hpp), whose
 // semantics every expression below reproduces.
@@ -30,6 +32,14 @@ namespace kiln::codegen {
 struct CppSource {
   std::string source;                ///< the whole translation unit
   std::vector<std::string> entries;  ///< exported symbol of each kernel, in schedule order
+  std::string graph_entry;           ///< exported symbol running every kernel in order (when asked for)
+};
+
+/// What generate_cpp writes besides the per-kernel entries.
+struct CppOptions {
+  /// Also export `<prefix>_graph` (a CpuKernelFn): every kernel in schedule order inside one
+  /// OpenMP parallel region, with a barrier between kernels ("reduce-overhead" on the CPU).
+  bool graph_entry = false;
 };
 
 /// The calling convention of every generated kernel: `args` holds the graph's leaf pointers
@@ -212,16 +222,53 @@ class KernelWriter {
       stash_ = std::move(dry.stash_);
       plan_stash();
     }
+    ws_ = k_.loops.parallel;
     scopes_.push_back(Scope{});
     if (k_.kind == sched::KernelKind::Pointwise) pointwise();
     else if (k_.loops.chunks > 1) reduce_split();
     else reduce_tiles();
-    std::string out = "extern \"C\" void " + name + "(void* const* args, int nth) {\n";
-    out += "  (void)nth;\n";
+    end_serial();
+    body_name_ = name + "_body";
+    // The body's worksharing is orphaned: it runs inside whatever team calls it, so one body
+    // serves both the kernel's own entry (a parallel region of its own) and the graph entry
+    // (one region for every kernel). Its last construct skips its barrier: the caller's
+    // barrier (the end of the region, or the one between kernels) follows at once.
+    std::string& code = scopes_[0].code;
+    if (ws_ && last_ws_pos_ != std::string::npos && last_ws_end_ == code.size())
+      code.insert(code.find('\n', last_ws_pos_), " nowait");
+    std::string out = "static void " + body_name_ + "(void* const* args, void* const* scratch) {\n";
+    out += "  (void)scratch;\n";
     for (auto& d : decls_) out += "  " + d + "\n";
-    out += scopes_[0].code;
+    // A single-threaded kernel runs on one thread of the team; the others go on to the barrier.
+    if (ws_) out += code;
+    else out += "  #pragma omp single nowait\n  {\n" + code + "  }\n";
+    out += "}\n";
+    out += "extern \"C\" void " + name + "(void* const* args, int nth) {\n";
+    out += "  (void)nth;\n";
+    out += scratch_alloc("scratch");
+    if (ws_) out += "  #pragma omp parallel num_threads(nth)\n";
+    out += "  " + body_name_ + "(args, scratch);\n";
+    out += scratch_free("scratch");
     out += "}\n";
     return out;
+  }
+
+  /// The body function written by write() (call it as `body(args, scratch)`).
+  const std::string& body_name() const { return body_name_; }
+  /// True when the body shares its loops among the calling team (else one thread runs it).
+  bool worksharing() const { return ws_; }
+  /// Declares and allocates the kernel's scratch arrays as `void* <var>[...]` (C text).
+  std::string scratch_alloc(const std::string& var) const {
+    if (arrays_.empty()) return "  void* const* " + var + " = 0;\n";
+    std::string s = "  void* " + var + "[" + std::to_string(arrays_.size()) + "];\n";
+    for (std::size_t i = 0; i < arrays_.size(); ++i)
+      s += "  " + var + "[" + std::to_string(i) + "] = __builtin_malloc(" + arrays_[i] + ");\n";
+    return s;
+  }
+  std::string scratch_free(const std::string& var) const {
+    std::string s;
+    for (std::size_t i = 0; i < arrays_.size(); ++i) s += "  __builtin_free(" + var + "[" + std::to_string(i) + "]);\n";
+    return s;
   }
 
  private:
@@ -265,7 +312,37 @@ class KernelWriter {
     Scope sc = std::move(scopes_.back());
     scopes_.pop_back();
     Scope& parent = scopes_.back();
+    const bool ws = scopes_.size() == 1 && sc.header.find("#pragma omp for") != std::string::npos;
+    if (ws) last_ws_pos_ = parent.code.size();
     parent.code += sc.header + sc.code + std::string(2 * static_cast<std::size_t>(top() + 1), ' ') + "}\n";
+    if (ws) last_ws_end_ = parent.code.size();
+  }
+  /// The pragma of a loop shared among the team (empty when the kernel runs single-threaded).
+  std::string shared_loop(const std::string& clauses) {
+    if (!ws_) return "";
+    end_serial();
+    return "#pragma omp for" + clauses;
+  }
+  /// Starts (or continues) a part of a worksharing kernel that one thread runs (combining
+  /// partials, final stores). Values hoisted to the body's scope in here are private to that
+  /// thread, so they are forgotten when the part ends.
+  void begin_serial() {
+    if (!ws_ || serial_open_) return;
+    last_ws_pos_ = scopes_[0].code.size();
+    line_at(0, "#pragma omp single");
+    line_at(0, "{");
+    serial_open_ = true;
+    serial_memo_.clear();
+    for (auto& [k, v] : scopes_[0].memo) serial_memo_.push_back(k);
+  }
+  void end_serial() {
+    if (!serial_open_) return;
+    line_at(0, "}");
+    last_ws_end_ = scopes_[0].code.size();
+    serial_open_ = false;
+    auto& memo = scopes_[0].memo;
+    std::unordered_set<std::string> keep(serial_memo_.begin(), serial_memo_.end());
+    for (auto it = memo.begin(); it != memo.end();) it = keep.count(it->first) ? std::next(it) : memo.erase(it);
   }
   /// Innermost open scope defining a variable in `mask` (0: the function body).
   int scope_for(std::uint64_t mask) const {
@@ -733,8 +810,8 @@ class KernelWriter {
   void pointwise() {
     const auto& p = k_.loops;
     std::vector<int> order = p.order;
-    const std::string team = " num_threads(nth)";
     if (order.empty()) {
+      begin_serial();
       for (auto& st : k_.stores) store(st, sched::identity_index(k_.space));
       return;
     }
@@ -742,14 +819,14 @@ class KernelWriter {
     std::vector<int> outer(order.begin(), order.end() - 1);
     int inner = order.back();
     if (outer.empty()) {
-      std::string pragma = p.parallel ? "#pragma omp parallel for simd schedule(simd:static)" + team : "#pragma omp simd";
+      std::string pragma = p.parallel ? shared_loop(" simd schedule(simd:static)") : "#pragma omp simd";
       open(pragma, "for (long long " + var(inner) + " = 0; " + var(inner) + " < " + std::to_string(extent(inner)) + "LL; ++" + var(inner) + ")",
            group_mask(inner));
     } else {
       std::size_t lead = 1;
       i64 lead_extent = extent(outer[0]);
       while (p.parallel && lead < outer.size() && lead_extent < 16) lead_extent *= extent(outer[lead++]);
-      std::string pragma = p.parallel ? "#pragma omp parallel for schedule(static)" + team : "";
+      std::string pragma = p.parallel ? shared_loop(" schedule(static)") : "";
       if (lead == 1) {
         open(pragma, "for (long long " + var(outer[0]) + " = 0; " + var(outer[0]) + " < " + std::to_string(extent(outer[0])) + "LL; ++" + var(outer[0]) + ")",
              group_mask(outer[0]));
@@ -1006,6 +1083,7 @@ class KernelWriter {
   /// Closes what open_reduced_loops opened, folding each block's float sums into their
   /// accumulators between the vectorised loop and the loop over blocks.
   void close_reduced_loops(const std::vector<Red>& reds, int opened) {
+    if (opened == 0) return;  // nothing reduced (rows of one element): nothing blocked either
     close();
     for (auto& r : reds)
       if (!r.sub.empty()) line(r.name + " += (double)" + r.sub + ";");
@@ -1064,15 +1142,12 @@ class KernelWriter {
     if (p.column) close();
   }
 
+  /// A scratch array shared by the team: allocated by the caller of the body (before the
+  /// parallel region), so every thread sees the same one.
   std::string acc_array(const std::string& type, const std::string& name, i64 count) {
-    std::string bytes = std::to_string(std::max<i64>(1, count)) + "LL * (long long)sizeof(" + type + ")";
-    line(type + "* __restrict " + name + " = (" + type + "*)__builtin_malloc(" + bytes + ");");
-    frees_.push_back(name);
+    arrays_.push_back(std::to_string(std::max<i64>(1, count)) + "LL * (long long)sizeof(" + type + ")");
+    decls_.push_back(type + "* __restrict " + name + " = (" + type + "*)scratch[" + std::to_string(arrays_.size() - 1) + "];");
     return name;
-  }
-  void free_arrays() {
-    for (auto& f : frees_) line("__builtin_free(" + f + ");");
-    frees_.clear();
   }
 
   /// Finals: per-tile partials written inside the tile scope (the value of the final's input at
@@ -1128,7 +1203,7 @@ class KernelWriter {
            merge(r, a, x, "fp" + std::to_string(r.node) + "[t]", r.arg ? "fx" + std::to_string(r.node) + "[t]" : "0") + " }");
       std::string res = "r" + std::to_string(r.node);
       line("const " + std::string(ctype(r.out)) + " " + res + " = " + finish(r, a, x, "") + ";");
-      bound_[r.node] = Binding{res, 0, 0};
+      bound_[r.node] = Binding{res, 0, top()};
     }
     for (auto& st : k_.stores)
       if (st.level == sched::Level::Final) store(st, sched::detail::zero_index(node(st.node).shape));
@@ -1147,7 +1222,7 @@ class KernelWriter {
     const i64 tiles = p.tiles();
     std::vector<Red> fins = final_reds();
     declare_final_partials(fins, tiles);
-    open(p.parallel ? "#pragma omp parallel for schedule(static) num_threads(nth)" : "",
+    open(shared_loop(" schedule(static)"),
          "for (long long t = 0; t < " + std::to_string(tiles) + "LL; ++t)", kept_mask());
     tile_vars("t");
     tile_scope_ = top();
@@ -1180,8 +1255,8 @@ class KernelWriter {
     row_stores();
     finals_partial(fins, "t");
     close();
+    if (!fins.empty()) begin_serial();
     finals_combine(fins, tiles);
-    free_arrays();
   }
 
   /// Reduction kernels with few rows: each pass is split into chunks along the outer reduced
@@ -1192,7 +1267,6 @@ class KernelWriter {
     const i64 chunks = p.chunks;
     const i64 lanes = p.column ? p.block : 1;
     const i64 e0 = extent(p.red_groups.front());
-    const std::string team = p.parallel ? "#pragma omp parallel for schedule(static) num_threads(nth)" : "";
     std::vector<Red> fins = final_reds();
     auto lane = [&](const std::string& base) { return p.column ? base + " * " + std::to_string(lanes) + "LL + kk" : base; };
     for (int pass = 1; pass <= k_.passes; ++pass) {
@@ -1201,7 +1275,7 @@ class KernelWriter {
         acc_array(r.acc_t, "pp" + std::to_string(r.node), tiles * chunks * lanes);
         if (r.arg) acc_array("long long", "px" + std::to_string(r.node), tiles * chunks * lanes);
       }
-      open(team, "for (long long u = 0; u < " + std::to_string(tiles * chunks) + "LL; ++u)", kept_mask());
+      open(shared_loop(" schedule(static)"), "for (long long u = 0; u < " + std::to_string(tiles * chunks) + "LL; ++u)", kept_mask());
       line("const long long t = u / " + std::to_string(chunks) + "LL, ch = u % " + std::to_string(chunks) + "LL;");
       tile_vars("t");
       line("const long long lo = ch * " + std::to_string(p.chunk_len) + "LL;");
@@ -1223,6 +1297,7 @@ class KernelWriter {
       }
       close();
       // Combine the chunks of every row in order.
+      begin_serial();
       for (auto& r : reds) {
         std::string res = "rr" + std::to_string(r.node);
         acc_array(ctype(r.out), res, tiles * lanes);
@@ -1254,7 +1329,6 @@ class KernelWriter {
       close();
     }
     finals_combine(fins, tiles);
-    free_arrays();
   }
 
   const ir::Graph& g_;
@@ -1266,7 +1340,11 @@ class KernelWriter {
   std::unordered_map<int, Binding> bound_;
   std::unordered_map<std::string, bool> declared_;
   std::vector<std::string> decls_;
-  std::vector<std::string> frees_;
+  std::vector<std::string> arrays_;  // byte counts (C text) of the scratch arrays
+  bool ws_ = false, serial_open_ = false;
+  std::vector<std::string> serial_memo_;
+  std::size_t last_ws_pos_ = std::string::npos, last_ws_end_ = 0;
+  std::string body_name_;
   int counter_ = 0;
   // Row cache of reduction kernels: values computed in one pass and needed again in a later
   // one are kept in a per-thread row buffer when recomputing them costs more than a load.
@@ -1299,17 +1377,41 @@ class KernelWriter {
 }  // namespace detail
 
 /// C++/OpenMP source for every kernel of `s` (a schedule of `g`) in one translation unit.
-/// Kernel i is exported as `<prefix>_<i>`. Throws DTypeError for a primitive on a dtype it is
+/// Kernel i is exported as `<prefix>_<i>` (and, with options.graph_entry, the whole graph as
+/// `<prefix>_graph`). Throws DTypeError for a primitive on a dtype it is
 /// not defined for (as the reference executor does).
-inline CppSource generate_cpp(const ir::Graph& g, const sched::Schedule& s, const std::string& prefix) {
+inline CppSource generate_cpp(const ir::Graph& g, const sched::Schedule& s, const std::string& prefix,
+                              const CppOptions& options = {}) {
   detail::Needs needs;
   CppSource out;
   std::string body;
+  std::string graph_alloc, graph_calls, serial_calls, graph_free;
+  bool any_ws = false;
   for (std::size_t k = 0; k < s.kernels.size(); ++k) {
     std::string name = prefix + "_" + std::to_string(k);
     detail::KernelWriter w(g, s, static_cast<int>(k), needs);
     body += w.write(name);
     out.entries.push_back(std::move(name));
+    const std::string var = "s" + std::to_string(k);
+    graph_alloc += w.scratch_alloc(var);
+    graph_free += w.scratch_free(var);
+    // The barrier between kernels: a later kernel may read what this one wrote.
+    if (k > 0) graph_calls += "    #pragma omp barrier\n";
+    graph_calls += "    " + w.body_name() + "(args, " + var + ");\n";
+    serial_calls += "    " + w.body_name() + "(args, " + var + ");\n";
+    any_ws = any_ws || w.worksharing();
+  }
+  if (options.graph_entry) {
+    out.graph_entry = prefix + "_graph";
+    // One parallel region for the whole graph, when any kernel shares its loops; otherwise
+    // the kernels simply run one after another on the calling thread.
+    body += "extern \"C\" void " + out.graph_entry + "(void* const* args, int nth) {\n  (void)nth;\n" + graph_alloc;
+    if (any_ws) {
+      body += "  #pragma omp parallel num_threads(nth)\n  {\n" + graph_calls + "  }\n";
+    } else {
+      body += "  {\n" + serial_calls + "  }\n";
+    }
+    body += graph_free + "}\n";
   }
   std::string& src = out.source;
   src = "// kiln generated CPU kernels\n";

@@ -40,11 +40,15 @@ struct CppOptions {
   /// Also export `<prefix>_graph` (a CpuKernelFn): every kernel in schedule order inside one
   /// OpenMP parallel region, with a barrier between kernels ("reduce-overhead" on the CPU).
   bool graph_entry = false;
+  /// When >= 0, only that kernel is written (a variant of one kernel, e.g. another chunking,
+  /// compiled on its own); entries then holds its one symbol.
+  int only_kernel = -1;
 };
 
 /// The calling convention of every generated kernel: `args` holds the graph's leaf pointers
-/// (leaf order), then its output pointers, then the temporaries; `nthreads` sizes the
-/// OpenMP team of parallel loops.
+/// (leaf order), then its output pointers, then the temporaries, then (schedules with a
+/// symbolic size) a `const long long*` to that size; `nthreads` sizes the OpenMP team of
+/// parallel loops.
 using CpuKernelFn = void (*)(void* const* args, int nthreads);
 
 namespace detail {
@@ -210,7 +214,12 @@ static inline float kiln_rb(float f) { return kiln_b2f(kiln_f2b(f)); }
 class KernelWriter {
  public:
   KernelWriter(const ir::Graph& g, const sched::Schedule& s, int kid, Needs& needs)
-      : g_(g), s_(s), k_(s.kernels[static_cast<std::size_t>(kid)]), kid_(kid), needs_(needs) {}
+      : g_(g), s_(s), k_(s.kernels[static_cast<std::size_t>(kid)]), kid_(kid), needs_(needs),
+        sym_(s.symbolic != 0 && !k_.space.empty() && k_.space[0] == s.symbolic) {
+    std::string why;
+    if (!sched::symbolic_kernel(s, static_cast<std::size_t>(kid), &why))
+      throw Error("kiln codegen: no symbolic-size code for " + why);
+  }
 
   std::string write(const std::string& name) {
     if (k_.kind == sched::KernelKind::Reduce && k_.loops.chunks == 1 && !k_.loops.column && k_.passes > 1 && !analysis_) {
@@ -223,6 +232,7 @@ class KernelWriter {
       plan_stash();
     }
     ws_ = k_.loops.parallel;
+    if (sym_) decls_.push_back("const long long " + std::string(kSizeVar) + " = *(const long long*)args[" + std::to_string(size_slot()) + "];");
     scopes_.push_back(Scope{});
     if (k_.kind == sched::KernelKind::Pointwise) pointwise();
     else if (k_.loops.chunks > 1) reduce_split();
@@ -246,7 +256,8 @@ class KernelWriter {
     out += "extern \"C\" void " + name + "(void* const* args, int nth) {\n";
     out += "  (void)nth;\n";
     out += scratch_alloc("scratch");
-    if (ws_) out += "  #pragma omp parallel num_threads(nth)\n";
+    // A symbolic size: whether a team pays is known only at launch.
+    if (ws_) out += "  #pragma omp parallel num_threads(nth)" + team_if() + "\n";
     out += "  " + body_name_ + "(args, scratch);\n";
     out += scratch_free("scratch");
     out += "}\n";
@@ -362,6 +373,41 @@ class KernelWriter {
     i64 e = 1;
     for (int d : k_.loops.groups[static_cast<std::size_t>(gi)]) e *= k_.space[static_cast<std::size_t>(d)];
     return e;
+  }
+  // ---- symbolic sizes: the leading dim of the space, read at launch -----------------------
+
+  static constexpr const char* kSizeVar = "kiln_s0";
+  /// The args slot of the symbolic size: after leaves, outputs and temps.
+  std::size_t size_slot() const { return g_.num_leaves() + g_.outputs.size() + s_.temps.size(); }
+  /// C text of a product of the space's dims `dims` (the symbolic one as kSizeVar).
+  std::string product_text(const std::vector<int>& dims) const {
+    i64 e = 1;
+    bool sym = false;
+    for (int d : dims) {
+      if (sym_ && d == 0) sym = true;
+      else e *= k_.space[static_cast<std::size_t>(d)];
+    }
+    if (!sym) return std::to_string(e) + "LL";
+    return e == 1 ? std::string(kSizeVar) : "(" + std::string(kSizeVar) + " * " + std::to_string(e) + "LL)";
+  }
+  /// C text of a group's extent.
+  std::string extent_text(int gi) const { return product_text(k_.loops.groups[static_cast<std::size_t>(gi)]); }
+  /// C text of the product of groups' extents.
+  std::string extents_text(const std::vector<int>& groups) const {
+    std::vector<int> dims;
+    for (int gi : groups)
+      for (int d : k_.loops.groups[static_cast<std::size_t>(gi)]) dims.push_back(d);
+    return product_text(dims);
+  }
+  /// The `if` clause of a symbolic kernel's team: as plan_loops decides for static sizes.
+  std::string team_if() const {
+    if (!sym_) return "";
+    std::vector<int> all(k_.space.size());
+    for (std::size_t d = 0; d < all.size(); ++d) all[d] = static_cast<int>(d);
+    std::string work = product_text(all);
+    const std::string var = kSizeVar;
+    work.replace(work.find(var), var.size(), "*(const long long*)args[" + std::to_string(size_slot()) + "]");
+    return " if(" + work + " >= " + std::to_string(sched::kParallelThreshold) + "LL)";
   }
   std::string var(int gi) const { return sched::loop_var(k_.loops.groups[static_cast<std::size_t>(gi)].back()); }
 
@@ -778,7 +824,8 @@ class KernelWriter {
   /// the buffer is small enough for the stack.
   bool streamable(const sched::Location& t, const ir::GraphNode& n, const IndexExpr& off) const {
     const auto& p = k_.loops;
-    if (t.kind != sched::Location::Output || !off.affine() || p.column || p.red_groups.size() != 1) return false;
+    // Symbolic sizes: how large the output is is known only at launch; rows are written directly.
+    if (sym_ || t.kind != sched::Location::Output || !off.affine() || p.column || p.red_groups.size() != 1) return false;
     const i64 elem = static_cast<i64>(itemsize(n.dtype));
     const i64 row = row_length();
     if (row * elem > kStreamMaxRowBytes || row * elem < 256 || n.shape.numel() * elem < kStreamMinBytes) return false;
@@ -820,7 +867,7 @@ class KernelWriter {
     int inner = order.back();
     if (outer.empty()) {
       std::string pragma = p.parallel ? shared_loop(" simd schedule(simd:static)") : "#pragma omp simd";
-      open(pragma, "for (long long " + var(inner) + " = 0; " + var(inner) + " < " + std::to_string(extent(inner)) + "LL; ++" + var(inner) + ")",
+      open(pragma, "for (long long " + var(inner) + " = 0; " + var(inner) + " < " + extent_text(inner) + "; ++" + var(inner) + ")",
            group_mask(inner));
     } else {
       std::size_t lead = 1;
@@ -828,18 +875,18 @@ class KernelWriter {
       while (p.parallel && lead < outer.size() && lead_extent < 16) lead_extent *= extent(outer[lead++]);
       std::string pragma = p.parallel ? shared_loop(" schedule(static)") : "";
       if (lead == 1) {
-        open(pragma, "for (long long " + var(outer[0]) + " = 0; " + var(outer[0]) + " < " + std::to_string(extent(outer[0])) + "LL; ++" + var(outer[0]) + ")",
+        open(pragma, "for (long long " + var(outer[0]) + " = 0; " + var(outer[0]) + " < " + extent_text(outer[0]) + "; ++" + var(outer[0]) + ")",
              group_mask(outer[0]));
       } else {
         std::uint64_t m = 0;
         for (std::size_t j = 0; j < lead; ++j) m |= group_mask(outer[j]);
-        open(pragma, "for (long long t = 0; t < " + std::to_string(lead_extent) + "LL; ++t)", m);
+        open(pragma, "for (long long t = 0; t < " + extents_text(std::vector<int>(outer.begin(), outer.begin() + static_cast<long>(lead))) + "; ++t)", m);
         decode("t", std::vector<int>(outer.begin(), outer.begin() + static_cast<long>(lead)));
       }
       for (std::size_t j = lead; j < outer.size(); ++j)
-        open("", "for (long long " + var(outer[j]) + " = 0; " + var(outer[j]) + " < " + std::to_string(extent(outer[j])) + "LL; ++" + var(outer[j]) + ")",
+        open("", "for (long long " + var(outer[j]) + " = 0; " + var(outer[j]) + " < " + extent_text(outer[j]) + "; ++" + var(outer[j]) + ")",
              group_mask(outer[j]));
-      open("#pragma omp simd", "for (long long " + var(inner) + " = 0; " + var(inner) + " < " + std::to_string(extent(inner)) + "LL; ++" + var(inner) + ")",
+      open("#pragma omp simd", "for (long long " + var(inner) + " = 0; " + var(inner) + " < " + extent_text(inner) + "; ++" + var(inner) + ")",
            group_mask(inner));
     }
     for (auto& st : k_.stores) store(st, sched::identity_index(k_.space));
@@ -848,15 +895,16 @@ class KernelWriter {
 
   /// Defines the variables of `groups` (outer to inner) from the flat position `t`.
   void decode(const std::string& t, const std::vector<int>& groups) {
-    i64 below = 1;
+    std::vector<int> below;
     std::vector<std::string> lines;
     for (std::size_t j = groups.size(); j-- > 0;) {
       int gi = groups[j];
       std::string e = t;
-      if (below != 1) e = "(" + e + " / " + std::to_string(below) + "LL)";
-      if (j != 0) e = "(" + e + " % " + std::to_string(extent(gi)) + "LL)";
+      std::string b = extents_text(below);
+      if (b != "1LL") e = "(" + e + " / " + b + ")";
+      if (j != 0) e = "(" + e + " % " + extent_text(gi) + ")";
       lines.push_back("const long long " + var(gi) + " = " + e + ";");
-      below *= extent(gi);
+      below.push_back(gi);
     }
     for (auto it = lines.rbegin(); it != lines.rend(); ++it) line(*it);
   }
@@ -1223,7 +1271,7 @@ class KernelWriter {
     std::vector<Red> fins = final_reds();
     declare_final_partials(fins, tiles);
     open(shared_loop(" schedule(static)"),
-         "for (long long t = 0; t < " + std::to_string(tiles) + "LL; ++t)", kept_mask());
+         "for (long long t = 0; t < " + (sym_ ? extents_text(p.kept_groups) : std::to_string(tiles) + "LL") + "; ++t)", kept_mask());
     tile_vars("t");
     tile_scope_ = top();
     for (auto& d : stash_decls_) line(d);
@@ -1336,6 +1384,7 @@ class KernelWriter {
   const sched::Kernel& k_;
   int kid_;
   Needs& needs_;
+  bool sym_ = false;  // the space's leading dim is the schedule's symbolic size
   std::vector<Scope> scopes_;
   std::unordered_map<int, Binding> bound_;
   std::unordered_map<std::string, bool> declared_;
@@ -1388,6 +1437,7 @@ inline CppSource generate_cpp(const ir::Graph& g, const sched::Schedule& s, cons
   std::string graph_alloc, graph_calls, serial_calls, graph_free;
   bool any_ws = false;
   for (std::size_t k = 0; k < s.kernels.size(); ++k) {
+    if (options.only_kernel >= 0 && static_cast<int>(k) != options.only_kernel) continue;
     std::string name = prefix + "_" + std::to_string(k);
     detail::KernelWriter w(g, s, static_cast<int>(k), needs);
     body += w.write(name);
@@ -1401,7 +1451,7 @@ inline CppSource generate_cpp(const ir::Graph& g, const sched::Schedule& s, cons
     serial_calls += "    " + w.body_name() + "(args, " + var + ");\n";
     any_ws = any_ws || w.worksharing();
   }
-  if (options.graph_entry) {
+  if (options.graph_entry && options.only_kernel < 0) {
     out.graph_entry = prefix + "_graph";
     // One parallel region for the whole graph, when any kernel shares its loops; otherwise
     // the kernels simply run one after another on the calling thread.

@@ -157,19 +157,27 @@ inline NodePtr rms_norm(const NodePtr& x, const NodePtr& weight, double eps) {
 
 /// Mean negative log-likelihood of `targets` (Int64 [N]) under softmax(logits [N, C]);
 /// targets equal to `ignore_index` do not count (PyTorch's default -100).
+///
+/// logp[target] = (x[target] - max) - log(sum(exp(x - max))), with x[target] picked by a sum of
+/// where(class == target, x, 0) over the row: every row reduction then reads only the logits
+/// (the pick and the max share a pass, and with the online max/sum of exp the row is read
+/// once), instead of a third pass over log_softmax's output. Ignored rows contribute 0 through
+/// `where`, so they are skipped as in ATen (their logits, even NaN, do not count).
 inline NodePtr cross_entropy(const NodePtr& logits, const NodePtr& targets, std::int64_t ignore_index) {
   return in_compute_dtype(logits, [&](const NodePtr& v) {
     const Shape& s = v->shape;  // [N, C]
-    NodePtr logp = log_softmax(v, 1);
+    NodePtr m = ir::reduce(Op::ReduceMax, v, {1});  // [N,1]
+    NodePtr lse = ir::unary(Op::Log, ir::reduce(Op::ReduceSum, ir::unary(Op::Exp, sub(v, expand(m, s))), {1}));
     NodePtr classes = ir::iota(s, 1, DType::Int64, v->device);
     NodePtr t = expand(ir::reshape(targets, Shape{s[0], 1}), s);
     NodePtr onehot = ir::binary(Op::Eq, classes, t);
-    NodePtr picked = ir::reduce(Op::ReduceSum, ir::where(onehot, logp, scalar_like(0.0, logp)), {1});  // [N,1]
+    NodePtr picked_x = ir::reduce(Op::ReduceSum, ir::where(onehot, v, scalar_like(0.0, v)), {1});  // [N,1]
+    NodePtr picked = sub(sub(picked_x, m), lse);
     NodePtr tn = ir::reshape(targets, Shape{s[0], 1});
     NodePtr valid = ir::binary(Op::Ne, tn, ir::constant_int(ignore_index, DType::Int64, tn->shape, v->device));
-    NodePtr validf = ir::cast(valid, v->dtype);
-    NodePtr total = ir::reduce(Op::ReduceSum, ir::unary(Op::Neg, mul(picked, validf)), {0});  // [1,1]
-    NodePtr count = ir::reduce(Op::ReduceSum, validf, {0});
+    NodePtr loss = ir::where(valid, ir::unary(Op::Neg, picked), scalar_like(0.0, picked));
+    NodePtr total = ir::reduce(Op::ReduceSum, loss, {0});  // [1,1]
+    NodePtr count = ir::reduce(Op::ReduceSum, ir::cast(valid, v->dtype), {0});
     return ir::reshape(div(total, count), Shape{});
   });
 }

@@ -3,6 +3,7 @@
 // front end never names a device-specific executor.
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 #include "kiln/backend/cpu_jit.hpp"
@@ -146,21 +147,38 @@ inline void run(const ir::Graph& g, const RunArgs& args, Mode mode) {
 
 /// A graph bound once to the executor `mode` selects, for callers that run one structure many
 /// times (the typed fast path of assign, kiln::compile's replays): a run skips the plan lookup.
+/// `launch` picks how CPU kernels launch (kiln::compile's modes; CUDA graphs ignore it here).
 class PreparedGraph {
  public:
-  PreparedGraph(ir::Graph g, Mode mode) : graph_(std::move(g)), mode_(mode) {
-    if (graph_.device.is_cpu() && cpu_uses_jit(mode_)) cpu_plan_ = cpu_plan(graph_);
+  PreparedGraph(ir::Graph g, Mode mode, CpuLaunchOptions launch = {}) : graph_(std::move(g)), mode_(mode), launch_(launch) {
+    if (graph_.device.is_cpu() && cpu_uses_jit(mode_)) cpu_plan_ = cpu_plan(graph_, launch_);
   }
   void run(const RunArgs& args) const {
-    if (cpu_plan_) run_cpu_plan(*cpu_plan_, args);
-    else backend::run(graph_, args, mode_);
+    if (!cpu_plan_) return backend::run(graph_, args, mode_);
+    if (!launch_.autotune) return run_cpu_plan(*cpu_plan_, args);
+    // Autotuned plans are settled by their first run (timed on these buffers, or the stored
+    // choice was loaded when the plan was built); the plan pointer changes once, under the lock.
+    CpuPlanPtr plan;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!cpu_plan_->tuned) cpu_plan_ = tune_cpu_plan(*cpu_plan_, args);
+      plan = cpu_plan_;
+    }
+    run_cpu_plan(*plan, args);
   }
   const ir::Graph& graph() const { return graph_; }
+  /// The CPU plan in use (null unless the graph runs on the CPU JIT).
+  CpuPlanPtr cpu_plan_in_use() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cpu_plan_;
+  }
 
  private:
   ir::Graph graph_;
   Mode mode_;
-  CpuPlanPtr cpu_plan_;  // CUDA plans also depend on the buffers' alignment: run_cuda looks them up
+  CpuLaunchOptions launch_;
+  mutable std::mutex mu_;
+  mutable CpuPlanPtr cpu_plan_;  // CUDA plans also depend on the buffers' alignment: run_cuda looks them up
 };
 
 /// How `g` would be run (its kernels), as text.
@@ -173,6 +191,7 @@ inline std::string explain(const ir::Graph& g, Mode mode) {
 /// Drops every compiled plan and kernel the executors keep in memory.
 inline void clear_caches() {
   detail::CpuPlanCache::instance().clear();
+  runtime::clear_autotune_memory();
   clear_cuda_plans();
   runtime::CpuModuleCache::instance().clear();
 }

@@ -61,13 +61,24 @@ using BackendFactory = std::function<GraphRunner(const ir::Graph&, const Compile
 
 namespace detail {
 
+/// What a mode means for CPU kernels: "reduce-overhead" runs the graph through one entry (one
+/// parallel region); "max-autotune" tunes each kernel and also times that entry against them;
+/// "max-autotune-no-cudagraphs" tunes each kernel only.
+inline backend::CpuLaunchOptions cpu_launch_options(const std::string& mode) {
+  backend::CpuLaunchOptions o;
+  o.graph_entry = mode == "reduce-overhead";
+  o.autotune = mode == "max-autotune" || mode == "max-autotune-no-cudagraphs";
+  o.autotune_graph = mode == "max-autotune";
+  return o;
+}
+
 struct BackendRegistry {
   std::mutex mu;
   std::map<std::string, BackendFactory> factories;
   BackendRegistry() {
     // The graph is bound to its executor once; a replay only launches.
-    factories["kiln"] = [](const ir::Graph& g, const CompileOptions&) -> GraphRunner {
-      auto prepared = std::make_shared<backend::PreparedGraph>(g, Backend::Auto);
+    factories["kiln"] = [](const ir::Graph& g, const CompileOptions& o) -> GraphRunner {
+      auto prepared = std::make_shared<backend::PreparedGraph>(g, Backend::Auto, cpu_launch_options(o.mode));
       return [prepared](const ir::Graph&, const backend::RunArgs& a) { prepared->run(a); };
     };
     factories["trace"] = [](const ir::Graph& g, const CompileOptions&) -> GraphRunner {

@@ -22,7 +22,9 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/backend/cpu_symbolic.hpp"
 #include "kiln/backend/reference.hpp"
+#include "kiln/compile/symbolic.hpp"
 #include "kiln/core/log.hpp"
 #include "kiln/tensor/creation.hpp"
 #include "kiln/tensor/eval.hpp"
@@ -250,6 +252,7 @@ struct ResultSource {
   std::int64_t offset = 0;   ///< ArgView: element offset relative to the argument's
   Strides strides;           ///< ArgView
   Shape shape;               ///< ArgView
+  bool whole = false;        ///< ArgView of the whole argument: takes its shape and strides on replay
   Tensor constant;           ///< Constant
 };
 
@@ -266,6 +269,10 @@ struct Entry {
   bool rerun = false;   ///< had graph breaks: the function runs on every call
   bool dynamic = false;
   std::vector<std::pair<std::vector<GuardItem>, std::shared_ptr<Replay>>> replays;  ///< per concrete guard
+  /// Dynamic entries: the first replay and its graph's symbolic sizes, from which a call with
+  /// new sizes gets its graph without re-tracing (null: it re-traces).
+  std::shared_ptr<Replay> base;
+  std::shared_ptr<SymbolicGraph> symbolic;
 };
 
 /// Collects graph breaks while a function is being traced.
@@ -429,7 +436,12 @@ class Compiled {
       if (e->rerun) return rerun<R>(args...);
       for (auto& [g, replay] : e->replays)
         if (matches(g, call)) return replay_call<R>(*replay, tensor_args);
-      // A dynamic entry meets new sizes: trace again for this shape (kernels keyed without them).
+      // A dynamic entry meets new sizes: its graph follows them without running the function
+      // (symbolic sizes); when some size cannot follow, it is traced again for these sizes.
+      if (auto r = derive_replay(*e, call, tensor_args)) {
+        e->replays.emplace_back(call, r);
+        return replay_call<R>(*r, tensor_args);
+      }
       return trace<R>(*e, call, tensor_args, args...);
     }
 
@@ -451,15 +463,18 @@ class Compiled {
     if (!s.entries.empty()) {
       s.stats.recompiles++;
       const auto& last = s.entries.back()->guard;
-      log(LogChannel::recompiles, "recompiling: " + first_failure(last, call));
       // Automatic dynamic: a size that changed becomes symbolic.
       if (!s.options.dynamic.has_value()) mark_changed_sizes_dynamic(*entry, last);
+      std::string why = "recompiling: " + first_failure(last, call);
+      if (!s.options.dynamic.has_value() && entry->dynamic) why += "; now symbolic: " + dynamic_dims_text(entry->guard);
+      log(LogChannel::recompiles, why);
     }
     if (s.options.dynamic.value_or(false)) mark_all_sizes_dynamic(*entry);
     s.entries.push_back(entry);
     if (log_enabled(LogChannel::guards)) {
       std::string g = "new guard entry:";
       for (std::size_t i = 0; i < call.size(); ++i) g += "\n  arg " + std::to_string(i) + ": " + entry->guard[i].describe();
+      if (entry->dynamic) g += "\n  symbolic: " + dynamic_dims_text(entry->guard) + " (sizes 0 and 1 stay distinct)";
       log(LogChannel::guards, g);
     }
     return trace<R>(*entry, call, tensor_args, args...);
@@ -593,7 +608,11 @@ class Compiled {
       for (auto& n : replay->graph.nodes) ops += n.op != ir::Op::Input;
       log(LogChannel::graph, "compiling new graph: " + std::to_string(ops) + " ops\n" + replay->graph.str());
     }
-    replay->runner = s.factory(replay->graph, s.options);
+    if (entry.dynamic && !entry.base) {
+      entry.base = replay;
+      make_symbolic(entry, call, tensor_args);
+    }
+    replay->runner = make_runner(entry, replay->graph, tensor_args);
     entry.replays.emplace_back(call, replay);
     return replay_call<R>(*replay, tensor_args);
   }
@@ -622,6 +641,7 @@ class Compiled {
           src.offset = t.node()->buffer->offset - tensor_args[a]->node()->buffer->offset;
           src.strides = t.node()->buffer->strides;
           src.shape = t.shape();
+          src.whole = src.offset == 0 && src.shape == tensor_args[a]->shape() && src.strides == tensor_args[a]->strides();
         } else {
           src.kind = detail::ResultSource::Kind::Constant;
           src.constant = t;
@@ -643,6 +663,160 @@ class Compiled {
       else ls.constant = leaf;
       r.leaves.push_back(std::move(ls));
     }
+  }
+
+  /// "arg 0 dim 0, arg 1 dim 0": the dims an entry's guard leaves symbolic (sizes of 2 or more).
+  static std::string dynamic_dims_text(const std::vector<detail::GuardItem>& guard) {
+    std::string t;
+    for (std::size_t i = 0; i < guard.size(); ++i)
+      for (std::size_t d = 0; d < guard[i].dynamic_dims.size(); ++d)
+        if (guard[i].dynamic_dims[d] && guard[i].shape[d] >= 2)
+          t += (t.empty() ? "" : ", ") + std::string("arg ") + std::to_string(i) + " dim " + std::to_string(d);
+    return t.empty() ? std::string("none (every dynamic size is 0 or 1)") : t;
+  }
+
+  /// Guard index of each tensor argument (tensor_args skips the numbers).
+  static std::vector<std::size_t> tensor_guard_index(const std::vector<detail::GuardItem>& call) {
+    std::vector<std::size_t> v;
+    for (std::size_t i = 0; i < call.size(); ++i)
+      if (call[i].kind != detail::GuardItem::Kind::Number) v.push_back(i);
+    return v;
+  }
+
+  /// Infers the symbolic sizes of a dynamic entry's first graph (entry.base); on failure the
+  /// entry re-traces for new sizes, and the recompiles log says why.
+  void make_symbolic(detail::Entry& entry, const std::vector<detail::GuardItem>& call,
+                     const std::vector<const Tensor*>& tensor_args) {
+    const detail::Replay& r = *entry.base;
+    const auto gi = tensor_guard_index(call);
+    std::vector<detail::ArgDims> dims(tensor_args.size());
+    std::vector<bool> symbolic_arg(tensor_args.size(), false);
+    for (std::size_t k = 0; k < tensor_args.size(); ++k) {
+      const auto& g = entry.guard[gi[k]];
+      dims[k].shape = g.shape;
+      dims[k].strides = g.strides;
+      dims[k].dynamic.assign(g.shape.size(), false);
+      for (std::size_t d = 0; d < g.dynamic_dims.size(); ++d) {
+        dims[k].dynamic[d] = g.dynamic_dims[d];
+        symbolic_arg[k] = symbolic_arg[k] || (g.dynamic_dims[d] && g.shape[d] >= 2);
+      }
+    }
+    std::string why;
+    auto fail = [&](const std::string& reason) {
+      log(LogChannel::recompiles, "dynamic entry: new sizes will re-trace: " + reason);
+    };
+    for (auto& res : r.results)
+      if (res.kind == detail::ResultSource::Kind::ArgView && symbolic_arg[static_cast<std::size_t>(res.index)] && !res.whole)
+        return fail("a result is a view of part of argument " + std::to_string(gi[static_cast<std::size_t>(res.index)]));
+    if (r.graph.outputs.empty()) {
+      entry.symbolic = std::make_shared<detail::SymbolicGraph>();
+      return;
+    }
+    std::vector<detail::SymbolicGraph::LeafView> leaves;
+    for (std::size_t l = 0; l < r.leaves.size(); ++l) {
+      const auto& ls = r.leaves[l];
+      detail::SymbolicGraph::LeafView v;
+      if (ls.arg >= 0) {
+        const ir::GraphNode* leaf = nullptr;
+        for (auto& nd : r.graph.nodes)
+          if (nd.op == ir::Op::Input && nd.leaf == static_cast<std::int32_t>(l)) leaf = &nd;
+        if (!leaf) return fail("internal: leaf " + std::to_string(l) + " has no node");
+        const std::size_t a = static_cast<std::size_t>(ls.arg);
+        v = detail::leaf_view(ls.arg, dims[a], leaf->shape, leaf->strides, ls.offset);
+        // A view that baked a dynamic size (a flattening view, a slice): a call that changes
+        // that size re-traces (symbol_values says why).
+      }
+      leaves.push_back(std::move(v));
+    }
+    auto sg = detail::infer_symbolic(r.graph, leaves, dims, why);
+    if (!sg) return fail(why);
+    for (auto& sym : sg->symbols) sym.label = static_cast<int>(gi[static_cast<std::size_t>(sym.arg)]);
+    // Kernels read the leading size at launch only where it is dim 0 of contiguous arguments
+    // (then no stride depends on it).
+    for (auto& sym : sg->symbols)
+      if (sg->leading >= 0 && sg->cls[static_cast<std::size_t>(&sym - sg->symbols.data())] == sg->leading) {
+        const Tensor& t = *tensor_args[static_cast<std::size_t>(sym.arg)];
+        if (sym.dim != 0 || !is_contiguous(t.shape(), t.strides())) sg->leading = -1;
+      }
+    entry.symbolic = std::make_shared<detail::SymbolicGraph>(std::move(*sg));
+  }
+
+  /// The replay of a dynamic entry for new sizes: the first graph with its sizes re-derived,
+  /// run by symbolic kernels or by kernels compiled for these sizes. Null: trace again.
+  std::shared_ptr<detail::Replay> derive_replay(detail::Entry& e, const std::vector<detail::GuardItem>& call,
+                                                const std::vector<const Tensor*>& tensor_args) {
+    if (!e.symbolic || !e.base) return nullptr;
+    auto r = std::make_shared<detail::Replay>(*e.base);
+    if (!r->graph.outputs.empty()) {
+      std::vector<Shape> shapes;
+      std::vector<Strides> strides;
+      for (auto* t : tensor_args) {
+        shapes.push_back(t->defined() ? t->shape() : Shape{});
+        strides.push_back(t->defined() ? t->strides() : Strides{});
+      }
+      const detail::SymbolicGraph& sg = *e.symbolic;
+      std::string why;
+      auto values = detail::symbol_values(sg, shapes, strides, why);
+      if (!values) {
+        log(LogChannel::recompiles, "dynamic entry: re-tracing: " + why);
+        return nullptr;
+      }
+      r->graph = detail::instantiate(sg, *values, strides);
+      r->runner = make_runner(e, r->graph, tensor_args);
+    }
+    if (log_enabled(LogChannel::guards)) {
+      std::string t = "dynamic entry replays its graph for new sizes (no trace):";
+      for (std::size_t i = 0; i < call.size(); ++i)
+        if (call[i].kind == detail::GuardItem::Kind::Tensor) t += " arg " + std::to_string(i) + " " + call[i].shape.str();
+      log(LogChannel::guards, t + "; symbolic: " + dynamic_dims_text(e.guard));
+    }
+    return r;
+  }
+
+  /// What runs `graph` (a graph of entry `e`).
+  /// The kernels of a dynamic entry read its leading symbolic size at launch (one compile for
+  /// every size) where they can: the "kiln" backend in the default mode on the CPU JIT. Other
+  /// backends, modes and devices (CUDA) get kernels compiled for each size.
+  GraphRunner make_runner(detail::Entry& e, const ir::Graph& graph, const std::vector<const Tensor*>& tensor_args) {
+    State& s = *state_;
+    if (auto r = symbolic_runner(e, graph, tensor_args)) return r;
+    return s.factory(graph, s.options);
+  }
+
+  GraphRunner symbolic_runner(detail::Entry& e, const ir::Graph& graph, const std::vector<const Tensor*>& tensor_args) {
+    State& s = *state_;
+    if (!e.symbolic || e.symbolic->leading < 0 || graph.outputs.empty()) return nullptr;
+    auto specialised = [&](const std::string& why) -> GraphRunner {
+      log(LogChannel::recompiles, "dynamic entry: kernels compiled for these sizes (symbolic " +
+                                      e.symbolic->name_of(e.symbolic->leading) + " not read at launch): " + why);
+      return nullptr;
+    };
+    if (s.options.backend != "kiln") return nullptr;  // user backends receive each concrete graph
+    if (!graph.device.is_cpu()) return specialised("CUDA kernels are specialised per size");
+    if (s.options.mode != "default") return specialised("mode " + s.options.mode + " tunes kernels per size");
+    if (!backend::cpu_uses_jit(Backend::Auto)) return nullptr;
+    const detail::SymbolicGraph& sg = *e.symbolic;
+    for (auto& nd : graph.nodes)
+      for (auto d : nd.shape)
+        if (d >= backend::kSymbolicPlaceholder && d <= backend::kSymbolicPlaceholder + 30)
+          return specialised("a size of " + std::to_string(d) + " is reserved for symbolic kernels");
+    std::vector<Shape> shapes;
+    std::vector<Strides> strides;
+    for (auto* t : tensor_args) {
+      shapes.push_back(t->defined() ? t->shape() : Shape{});
+      strides.push_back(t->defined() ? t->strides() : Strides{});
+    }
+    std::string why;
+    auto values = detail::symbol_values(sg, shapes, strides, why);
+    if (!values) return nullptr;
+    ir::Graph canonical = detail::canonical_graph(sg, *values, strides, backend::kSymbolicPlaceholder);
+    auto plan = backend::cpu_symbolic_plan(canonical, why);
+    if (!plan) return specialised(why);
+    std::size_t probe = 0;
+    while (sg.dims[probe].empty() || sg.dims[probe][0].sym != sg.leading) ++probe;
+    return [plan, probe](const ir::Graph& g, const backend::RunArgs& a) {
+      backend::run_cpu_symbolic(*plan, a, g.nodes[probe].shape[0]);
+    };
   }
 
   template <class R>
@@ -678,8 +852,10 @@ class Compiled {
         }
         case detail::ResultSource::Kind::ArgView: {
           const ir::Node& n = *tensor_args[src.index]->node();
-          results[i] = Tensor(ir::input(ir::BufferView{n.buffer->storage, n.buffer->offset + src.offset, src.strides},
-                                        src.shape, n.dtype, n.device));
+          if (src.whole) results[i] = Tensor(ir::input(*n.buffer, n.shape, n.dtype, n.device));
+          else
+            results[i] = Tensor(ir::input(ir::BufferView{n.buffer->storage, n.buffer->offset + src.offset, src.strides},
+                                          src.shape, n.dtype, n.device));
           break;
         }
         case detail::ResultSource::Kind::Constant:
@@ -723,6 +899,7 @@ inline void reset() {
   for (auto& c : live) (*c)();
   detail::typed_cache_generation().fetch_add(1);
   detail::clear_kernel_caches();
+  backend::clear_symbolic_plans();
 }
 
 }  // namespace kiln

@@ -122,6 +122,9 @@ struct Schedule {
   std::vector<Temp> temps;
   std::vector<int> owner;          ///< per node: the kernel computing it (reductions, stored nodes), else -1
   std::vector<Location> location;  ///< per node: memory other kernels read it from, else None
+  /// A symbolic leading size: dims of this (placeholder) size are read at launch (kiln::compile's
+  /// dynamic shapes); 0 when every size is static. See symbolic_kernel().
+  i64 symbolic = 0;
 
   /// One line per kernel: kind, iteration space, what it computes and stores.
   std::string str(const ir::Graph& g) const;
@@ -129,6 +132,18 @@ struct Schedule {
 
 /// Groups `g` into kernels (see the header comment for the rules).
 inline Schedule schedule(const ir::Graph& g);
+
+/// Schedules `g` whose dims of size `placeholder` stand for one symbolic size, read at launch
+/// (kiln::compile's dynamic shapes). Decisions that depend on that size are made so that they
+/// hold for every size: the kernels are marked parallel and the code generator decides at run
+/// time whether a team pays; reductions are not split into chunks.
+inline Schedule schedule(const ir::Graph& g, i64 placeholder);
+
+/// Whether kernel `k` of `s` can read its symbolic size at launch: pointwise kernels, and
+/// reductions over rows (row strategy, no chunks, no final cross-row reduction), where the
+/// symbolic size is the leading dim of the iteration space, and not a reduced one. `why` says
+/// what fails. Kernels without the symbolic size always can.
+inline bool symbolic_kernel(const Schedule& s, std::size_t k, std::string* why = nullptr);
 
 /// The kernel grouping of `g` as text (what KILN_LOGS=schedule prints).
 inline std::string explain_schedule(const ir::Graph& g);
@@ -237,7 +252,7 @@ struct Draft {
 
 class Scheduler {
  public:
-  explicit Scheduler(const ir::Graph& g) : g_(g) {}
+  explicit Scheduler(const ir::Graph& g, i64 symbolic = 0) : g_(g), symbolic_(symbolic) {}
 
   Schedule run() {
     const std::size_t count = g_.nodes.size();
@@ -674,6 +689,7 @@ class Scheduler {
   void plan_loops(Schedule& s, int k) const;
 
   const ir::Graph& g_;
+  i64 symbolic_ = 0;  // placeholder of the symbolic leading size (0: none)
   std::vector<Draft> drafts_;
   std::vector<int> owner_;
   std::vector<char> forced_;  ///< pointwise values computed once, into memory
@@ -882,7 +898,9 @@ inline void Scheduler::plan_loops(Schedule& s, int kid) const {
     }
   }
   const i64 numel = space.numel();
-  p.parallel = numel >= kParallelThreshold;
+  const bool symbolic = symbolic_ != 0 && std::find(space.begin(), space.end(), symbolic_) != space.end();
+  // A symbolic size: the generated code decides at launch (an `if` on its team).
+  p.parallel = numel >= kParallelThreshold || symbolic;
   if (k.kind == KernelKind::Pointwise) {
     for (int gi = 0; gi < ngroups; ++gi)
       if (gi != best) p.order.push_back(gi);
@@ -920,7 +938,7 @@ inline void Scheduler::plan_loops(Schedule& s, int kid) const {
     const i64 e0 = extent(p.red_groups.front());
     p.chunk_len = e0;
     const i64 tiles = p.tiles();
-    if (p.parallel && tiles > 0 && tiles < 8 && e0 > 1) {
+    if (p.parallel && !symbolic && tiles > 0 && tiles < 8 && e0 > 1) {
       i64 want = (16 + tiles - 1) / tiles;
       // Each chunk initialises, writes and later combines one partial per lane of its block:
       // it must carry enough elements to pay for that.
@@ -935,6 +953,11 @@ inline void Scheduler::plan_loops(Schedule& s, int kid) const {
 }
 
 inline Schedule schedule(const ir::Graph& g) { return Scheduler(g).run(); }
+inline Schedule schedule(const ir::Graph& g, i64 placeholder) {
+  Schedule s = Scheduler(g, placeholder).run();
+  s.symbolic = placeholder;
+  return s;
+}
 
 inline const char* level_name(Level l) {
   switch (l) {
@@ -948,6 +971,32 @@ inline const char* level_name(Level l) {
 }  // namespace detail
 
 inline Schedule schedule(const ir::Graph& g) { return detail::schedule(g); }
+inline Schedule schedule(const ir::Graph& g, i64 placeholder) { return detail::schedule(g, placeholder); }
+
+inline bool symbolic_kernel(const Schedule& s, std::size_t k, std::string* why) {
+  const Kernel& kk = s.kernels[k];
+  auto no = [&](const char* reason) {
+    if (why) *why = "kernel " + std::to_string(k) + " over " + kk.space.str() + ": " + reason;
+    return false;
+  };
+  if (s.symbolic == 0) return true;
+  bool uses = false;
+  for (std::size_t d = 0; d < kk.space.size(); ++d)
+    if (kk.space[d] == s.symbolic) {
+      if (d != 0) return no("the symbolic size is not its leading dim");
+      uses = true;
+    }
+  if (!uses) return true;
+  if (kk.kind == KernelKind::Pointwise) return true;
+  const LoopPlan& p = kk.loops;
+  if (kk.reduced.empty() || kk.reduced[0]) return no("it reduces over the symbolic size");
+  if (p.column) return no("column strategy");
+  if (p.chunks > 1) return no("split reduction");
+  if (!kk.finals.empty()) return no("a reduction over all rows");
+  if (p.kept_groups.empty() || p.groups[static_cast<std::size_t>(p.kept_groups.front())].front() != 0)
+    return no("the symbolic size is not the outermost kept loop");
+  return true;
+}
 
 inline std::string Schedule::str(const ir::Graph& g) const {
   std::ostringstream os;

@@ -1,0 +1,180 @@
+#pragma once
+// CPU kernels with a symbolic leading size (kiln::compile's dynamic shapes): one compile serves
+// every batch size. The graph comes with that size set to a placeholder; the scheduler and the
+// code generator treat dims of the placeholder size as read at launch (the last args slot
+// points at the size). The kernels are generated a second time from the graph at another
+// placeholder and must come out identical: a size that leaked into the code (a decision or a
+// constant that depends on it) would show there, and the graph then stays specialised per size.
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kiln/backend/cpu_jit.hpp"
+#include "kiln/backend/executor.hpp"
+#include "kiln/codegen/cpp.hpp"
+#include "kiln/core/stats.hpp"
+#include "kiln/runtime/cpu_module.hpp"
+#include "kiln/runtime/host_allocator.hpp"
+#include "kiln/sched/schedule.hpp"
+
+namespace kiln::backend {
+
+/// The placeholder a symbolic leading size has in the graphs given to cpu_symbolic_plan (large
+/// and odd, so that no static size is mistaken for it and no size-based choice is made small).
+inline constexpr std::int64_t kSymbolicPlaceholder = 1000003;
+
+namespace detail {
+
+/// Kernels of one graph structure whose leading size is read at launch.
+struct CpuSymbolicPlan {
+  ir::Graph graph;  ///< at kSymbolicPlaceholder
+  sched::Schedule schedule;
+  std::shared_ptr<runtime::SharedLibrary> library;
+  std::vector<codegen::CpuKernelFn> kernels;
+  /// Bytes of each temporary: `bytes`, times the size when `symbolic`.
+  struct TempSize {
+    std::size_t bytes = 0;
+    bool symbolic = false;
+  };
+  std::vector<TempSize> temps;
+};
+
+inline ir::Graph with_placeholder(const ir::Graph& g, std::int64_t from, std::int64_t to) {
+  ir::Graph h = g;
+  for (auto& n : h.nodes)
+    for (auto& d : n.shape)
+      if (d == from) d = to;
+  h.rehash();
+  return h;
+}
+
+/// The plan of `g`, or null with `why` (a kernel or a temporary the size cannot be read in).
+inline std::shared_ptr<const CpuSymbolicPlan> build_symbolic_plan(const ir::Graph& g, std::string& why) {
+  const std::int64_t p = kSymbolicPlaceholder;
+  auto plan = std::make_shared<CpuSymbolicPlan>();
+  plan->graph = g;
+  try {
+    plan->schedule = sched::schedule(g, p);
+    for (std::size_t k = 0; k < plan->schedule.kernels.size(); ++k)
+      if (!sched::symbolic_kernel(plan->schedule, k, &why)) return nullptr;
+    for (auto& t : plan->schedule.temps) {
+      CpuSymbolicPlan::TempSize ts;
+      ts.bytes = itemsize(t.dtype);
+      for (std::size_t d = 0; d < t.shape.size(); ++d) {
+        if (t.shape[d] == p && d == 0) ts.symbolic = true;
+        else if (t.shape[d] == p) {
+          why = "a temporary has the symbolic size as an inner dim";
+          return nullptr;
+        } else {
+          ts.bytes *= static_cast<std::size_t>(t.shape[d]);
+        }
+      }
+      plan->temps.push_back(ts);
+    }
+    const std::string prefix = "kiln_sym_" + hex_key(g.key);
+    codegen::CppSource src = codegen::generate_cpp(g, plan->schedule, prefix);
+    // The same structure at another placeholder must give the same code (see the header).
+    const std::int64_t q = p + 30;
+    ir::Graph h = with_placeholder(g, p, q);
+    codegen::CppSource other = codegen::generate_cpp(h, sched::schedule(h, q), prefix);
+    if (other.source != src.source) {
+      why = "the generated code depends on the size (it would be wrong for other sizes)";
+      return nullptr;
+    }
+    plan->library = runtime::CpuModuleCache::instance().get(src.source);
+    for (auto& name : src.entries)
+      plan->kernels.push_back(reinterpret_cast<codegen::CpuKernelFn>(plan->library->symbol(name.c_str())));
+  } catch (const CompileError&) {
+    throw;
+  } catch (const DTypeError&) {
+    throw;
+  } catch (const Error& e) {
+    why = e.what();
+    return nullptr;
+  }
+  return plan;
+}
+
+/// Symbolic plans by structure; a structure that cannot have one is remembered too (with why).
+class CpuSymbolicPlanCache {
+ public:
+  static CpuSymbolicPlanCache& instance() {
+    // Leaked on purpose, like the plan cache: plans hold kernels other threads may be running.
+    static CpuSymbolicPlanCache* cache = new CpuSymbolicPlanCache;
+    return *cache;
+  }
+  std::shared_ptr<const CpuSymbolicPlan> get(const ir::Graph& g, std::string& why) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto range = plans_.equal_range(g.key);
+      for (auto it = range.first; it != range.second; ++it)
+        if (same_structure(it->second.graph, g)) {
+          why = it->second.why;
+          return it->second.plan;
+        }
+    }
+    auto plan = build_symbolic_plan(g, why);
+    std::lock_guard<std::mutex> lock(mu_);
+    plans_.emplace(g.key, Slot{g, plan, why});
+    return plan;
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mu_);
+    plans_.clear();
+  }
+
+ private:
+  struct Slot {
+    ir::Graph graph;
+    std::shared_ptr<const CpuSymbolicPlan> plan;
+    std::string why;
+  };
+  std::mutex mu_;
+  std::unordered_multimap<std::uint64_t, Slot> plans_;
+};
+
+}  // namespace detail
+
+using CpuSymbolicPlanPtr = std::shared_ptr<const detail::CpuSymbolicPlan>;
+
+/// Kernels for `g`, a CPU graph whose dims of size kSymbolicPlaceholder stand for one leading
+/// size read at launch (its leaves of that size contiguous): built once per structure and
+/// cached. Null, with `why`, when some kernel cannot read the size at launch (the caller then
+/// compiles per size). Throws CompileError / DTypeError as run_cpu_jit does.
+inline CpuSymbolicPlanPtr cpu_symbolic_plan(const ir::Graph& g, std::string& why) {
+  if (!g.device.is_cpu()) throw DeviceError("CPU JIT: the graph is on " + g.device.str() + "; it runs CPU graphs only");
+  return detail::CpuSymbolicPlanCache::instance().get(g, why);
+}
+
+/// Launches `plan`'s kernels with the symbolic size `size` (>= 2) over `args` (laid out as for
+/// run_cpu_jit on the graph at that size).
+inline void run_cpu_symbolic(const detail::CpuSymbolicPlan& plan, const RunArgs& args, std::int64_t size) {
+  const std::size_t leaves = plan.graph.num_leaves();
+  if (args.outputs.size() != plan.graph.outputs.size() || args.inputs.size() < leaves)
+    throw Error("CPU JIT: " + std::to_string(args.inputs.size()) + " inputs and " + std::to_string(args.outputs.size()) +
+                " outputs for a graph of " + std::to_string(leaves) + " leaves and " + std::to_string(plan.graph.outputs.size()) +
+                " outputs");
+  std::vector<void*> argv(leaves + args.outputs.size() + plan.temps.size() + 1);
+  for (std::size_t i = 0; i < leaves; ++i) argv[i] = const_cast<void*>(args.inputs[i]);
+  for (std::size_t i = 0; i < args.outputs.size(); ++i) argv[leaves + i] = args.outputs[i];
+  std::vector<StoragePtr> temps;
+  for (std::size_t i = 0; i < plan.temps.size(); ++i) {
+    const auto& t = plan.temps[i];
+    temps.push_back(runtime::allocate_host(t.symbolic ? t.bytes * static_cast<std::size_t>(size) : t.bytes));
+    argv[leaves + args.outputs.size() + i] = temps.back()->data;
+  }
+  long long s = size;
+  argv.back() = &s;
+  const int threads = detail::cpu_threads();
+  for (auto fn : plan.kernels) {
+    fn(argv.data(), threads);
+    kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+/// Forgets every symbolic plan (kiln::reset()).
+inline void clear_symbolic_plans() { detail::CpuSymbolicPlanCache::instance().clear(); }
+
+}  // namespace kiln::backend

@@ -1,0 +1,197 @@
+// kiln::compile's `dynamic`: one trace for every size (symbolic sizes), and on the CPU one
+// kernel compile for every batch size (sizes read at launch).
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <kiln/kiln.hpp>
+
+using namespace kiln;
+
+namespace {
+
+Tensor rows(std::int64_t n, std::int64_t m, float scale = 1.0f) {
+  std::vector<float> v(static_cast<std::size_t>(n * m));
+  for (std::int64_t i = 0; i < n * m; ++i) v[static_cast<std::size_t>(i)] = scale * (static_cast<float>((i * 7) % 13) - 6.0f) / 4.0f;
+  return from_vector(v, {n, m}).eval();
+}
+
+void check_equal(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  REQUIRE(a.dtype() == b.dtype());
+  auto va = a.to_vector<double>(), vb = b.to_vector<double>();
+  for (std::size_t i = 0; i < va.size(); ++i) CHECK(va[i] == doctest::Approx(vb[i]).epsilon(1e-6));
+}
+
+struct LogCapture {
+  std::FILE* f = std::tmpfile();
+  explicit LogCapture(const char* channels) {
+    set_logs(channels);
+    set_log_output(f);
+  }
+  ~LogCapture() {
+    set_log_output(nullptr);
+    set_logs("");
+    std::fclose(f);
+  }
+  std::string text() {
+    std::fflush(f);
+    std::rewind(f);
+    std::string s;
+    char buf[4096];
+    std::size_t k;
+    while ((k = std::fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, k);
+    return s;
+  }
+};
+
+/// Evaluates `make()` with the reference executor: the expected values, without compiling any
+/// kernel (the counts below are the compiled function's own).
+template <class F>
+auto uncompiled(F make) {
+  Backend previous = get_backend();
+  set_backend(Backend::Eager);
+  auto r = make();
+  set_backend(previous);
+  return r;
+}
+
+// Kernels built or loaded (a kernel found on disk counts: the test cache may hold it already).
+std::uint64_t kernels_built() { return kiln::stats().compiles + kiln::stats().disk_hits; }
+
+Tensor pointwise_fn(const Tensor& x, const Tensor& w) { return relu(x * w + 1.0f) * 0.5f - x; }
+Tensor softmax_fn(const Tensor& x, const Tensor& w) { return softmax(x * w, -1); }
+Tensor sum_fn(const Tensor& x, const Tensor& w) { return sum(x * w, {-1}); }
+
+using RowFn = Tensor (*)(const Tensor&, const Tensor&);
+
+struct Counts {
+  std::uint64_t traces, recompiles, built;
+};
+
+Counts run_loop(RowFn fn, std::optional<bool> dynamic) {
+  kiln::reset();
+  CompileOptions opt;
+  opt.dynamic = dynamic;
+  auto f = kiln::compile(fn, opt);
+  Tensor w = reshape(rows(1, 64, 0.5f), {64}).eval();
+  // Only the compiled function's calls are counted (making the inputs may run kernels too).
+  std::uint64_t built = 0;
+  auto call = [&](const Tensor& x) {
+    const std::uint64_t before = kernels_built();
+    Tensor y = f(x, w);
+    built += kernels_built() - before;
+    check_equal(y, uncompiled([&] { Tensor t = fn(x, w); t.eval(); return t; }));
+  };
+  for (std::int64_t n : {3, 5, 7, 9}) call(rows(n, 64, 1.0f + static_cast<float>(n) / 8.0f));
+  const std::uint64_t first = built;
+  // Every size again: served by the same entries, nothing more built.
+  for (std::int64_t n : {9, 3, 7, 5}) call(rows(n, 64, 2.0f));
+  CHECK(built == first);
+  auto st = f.stats();
+  return {st.traces, st.recompiles, first};
+}
+
+}  // namespace
+
+TEST_CASE("dynamic: a loop over batch sizes traces and compiles as torch.compile's dynamic says") {
+  for (RowFn fn : {&pointwise_fn, &softmax_fn, &sum_fn}) {
+    CAPTURE(fn == &pointwise_fn ? "pointwise" : fn == &softmax_fn ? "softmax" : "sum");
+    SUBCASE("dynamic=false: one trace and one compile per size") {
+      Counts c = run_loop(fn, false);
+      CHECK(c.traces == 4);
+      CHECK(c.recompiles == 3);
+      CHECK(c.built >= 4);
+    }
+    SUBCASE("dynamic=true: one trace, no recompile, one kernel compile for every size") {
+      Counts c = run_loop(fn, true);
+      CHECK(c.traces == 1);
+      CHECK(c.recompiles == 0);
+      CHECK(c.built == 1);
+    }
+    SUBCASE("automatic: static first, then one symbolic recompile") {
+      Counts c = run_loop(fn, std::nullopt);
+      CHECK(c.traces == 2);
+      CHECK(c.recompiles == 1);
+      CHECK(c.built == 2);
+    }
+  }
+}
+
+TEST_CASE("dynamic: sizes 0, 1 and 2+ are distinct guards; each gives the uncompiled result") {
+  CompileOptions opt;
+  opt.dynamic = true;
+  auto f = kiln::compile(&softmax_fn, opt);
+  Tensor w = reshape(rows(1, 64, 0.5f), {64}).eval();
+  for (std::int64_t n : {4, 1, 0, 2, 1, 0, 6}) {
+    Tensor x = rows(n, 64);
+    check_equal(f(x, w), softmax_fn(x, w));
+  }
+  CHECK(f.stats().traces == 3);      // 2+, 1, 0
+  CHECK(f.stats().recompiles == 2);
+}
+
+TEST_CASE("dynamic: reshapes, reductions over the batch and several outputs follow the sizes without a trace") {
+  CompileOptions opt;
+  opt.dynamic = true;
+  auto fn = [](const Tensor& x, const Tensor& b) {
+    Tensor y = reshape(x, {x.shape()[0], 8, 8}) + reshape(b, {1, 8, 8});  // split the row
+    Tensor flat = reshape(y, {-1});                                           // batch * 64
+    return std::make_tuple(sum(y, {1}), flat * 2.0f, sum(x, {0}), layer_norm(x));
+  };
+  auto f = kiln::compile(fn, opt);
+  Tensor b = reshape(rows(1, 64, 0.25f), {64}).eval();
+  for (std::int64_t n : {2, 3, 5, 3}) {
+    Tensor x = rows(n, 64, static_cast<float>(n));
+    auto got = f(x, b);
+    auto want = fn(x, b);
+    check_equal(std::get<0>(got), std::get<0>(want));
+    check_equal(std::get<1>(got), std::get<1>(want));
+    check_equal(std::get<2>(got), std::get<2>(want));
+    check_equal(std::get<3>(got), std::get<3>(want));
+  }
+  CHECK(f.stats().traces == 1);
+  CHECK(f.stats().recompiles == 0);
+}
+
+TEST_CASE("dynamic: two arguments whose sizes were equal when traced and now differ re-trace") {
+  CompileOptions opt;
+  opt.dynamic = true;
+  auto fn = [](const Tensor& x, const Tensor& y) { return x * 2.0f + sum(y, {1}, true); };
+  auto f = kiln::compile(fn, opt);
+  check_equal(f(rows(4, 8), rows(4, 3)), fn(rows(4, 8), rows(4, 3)));
+  check_equal(f(rows(6, 8), rows(6, 5)), fn(rows(6, 8), rows(6, 5)));
+  CHECK(f.stats().traces == 1);
+  // x's and y's batches were one size: a call where they differ is an error of the function,
+  // raised by tracing it again (as the uncompiled function raises it).
+  CHECK_THROWS_AS(f(rows(6, 8), rows(5, 5)), ShapeError);
+  CHECK(f.stats().traces == 2);
+}
+
+TEST_CASE("dynamic: a size baked by the function re-traces for new sizes, and the log says why") {
+  LogCapture logs("recompiles");
+  CompileOptions opt;
+  opt.dynamic = true;
+  // The slice keeps 2 rows whatever the batch: the trace baked it, the graph cannot follow.
+  auto fn = [](const Tensor& x) { return slice(x, 0, 0, 2) * 3.0f; };
+  auto f = kiln::compile(fn, opt);
+  for (std::int64_t n : {4, 6, 8}) check_equal(f(rows(n, 16)), fn(rows(n, 16)));
+  CHECK(f.stats().traces == 3);
+  CHECK(f.stats().recompiles == 0);
+  CHECK(logs.text().find("dynamic entry: re-tracing: dim 0 of a tensor argument changed") != std::string::npos);
+}
+
+TEST_CASE("dynamic: recompiles and guards logs name the symbolic dims") {
+  LogCapture logs("recompiles,guards");
+  auto f = kiln::compile(&sum_fn);  // automatic
+  Tensor w = reshape(rows(1, 64), {64}).eval();
+  f(rows(3, 64), w);
+  f(rows(5, 64), w);
+  f(rows(7, 64), w);
+  std::string text = logs.text();
+  CHECK(text.find("now symbolic: arg 0 dim 0") != std::string::npos);
+  CHECK(text.find("symbolic: arg 0 dim 0 (sizes 0 and 1 stay distinct)") != std::string::npos);
+  CHECK(text.find("dynamic entry replays its graph for new sizes (no trace): arg 0 [7, 64]") != std::string::npos);
+}

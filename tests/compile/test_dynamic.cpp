@@ -195,3 +195,103 @@ TEST_CASE("dynamic: recompiles and guards logs name the symbolic dims") {
   CHECK(text.find("symbolic: arg 0 dim 0 (sizes 0 and 1 stay distinct)") != std::string::npos);
   CHECK(text.find("dynamic entry replays its graph for new sizes (no trace): arg 0 [7, 64]") != std::string::npos);
 }
+
+TEST_CASE("dynamic: one symbolic kernel serves small (one thread) and large (a team) batches") {
+  kiln::reset();
+  CompileOptions opt;
+  opt.dynamic = true;
+  auto fn = [](const Tensor& x, float a) { return softmax(x * a, -1) + sum(x, {-1}, true); };
+  auto f = kiln::compile(fn, opt);
+  std::uint64_t built = 0;
+  // 2 x 64 runs on one thread; 1500 x 64 elements pass the parallel threshold at launch.
+  for (std::int64_t n : {2, 1500, 37, 1500, 2}) {
+    Tensor x = rows(n, 64, 0.75f);
+    const std::uint64_t before = kernels_built();
+    Tensor y = f(x, 1.5f);
+    built += kernels_built() - before;
+    check_equal(y, uncompiled([&] { Tensor t = fn(x, 1.5f); t.eval(); return t; }));
+  }
+  CHECK(f.stats().traces == 1);
+  CHECK(built == 1);
+}
+
+TEST_CASE("dynamic: kernels that cannot read the size at launch are compiled per size, still without a trace") {
+  LogCapture logs("recompiles");
+  kiln::reset();
+  CompileOptions opt;
+  opt.dynamic = true;
+  auto fn = [](const Tensor& x) { return sum(x * 2.0f, {0}); };  // reduces over the batch
+  auto f = kiln::compile(fn, opt);
+  std::uint64_t built = 0;
+  for (std::int64_t n : {3, 5, 3}) {
+    Tensor x = rows(n, 16);
+    const std::uint64_t before = kernels_built();
+    Tensor y = f(x);
+    built += kernels_built() - before;
+    check_equal(y, uncompiled([&] { Tensor t = fn(x); t.eval(); return t; }));
+  }
+  CHECK(f.stats().traces == 1);
+  CHECK(built == 2);
+  CHECK(logs.text().find("dynamic entry: kernels compiled for these sizes (symbolic arg 0 dim 0 not read at launch)") !=
+        std::string::npos);
+}
+
+TEST_CASE("dynamic: a function returning C++ numbers re-traces for new sizes") {
+  CompileOptions opt;
+  opt.dynamic = true;
+  auto fn = [](const Tensor& x) { return std::make_tuple(x + 1.0f, x.shape()[0]); };
+  auto f = kiln::compile(fn, opt);
+  for (std::int64_t n : {3, 4, 5}) {
+    auto [y, count] = f(rows(n, 4));
+    CHECK(count == n);
+    check_equal(y, rows(n, 4) + 1.0f);
+  }
+  CHECK(f.stats().traces == 3);
+}
+
+TEST_CASE("dynamic: symbolic CPU code reads the size from its arguments and bakes no placeholder") {
+  // x[N, 64] * w[64] -> softmax over rows, at the placeholder size.
+  const std::int64_t p = backend::kSymbolicPlaceholder;
+  ir::Graph g;
+  ir::GraphNode x;
+  x.op = ir::Op::Input;
+  x.dtype = DType::Float32;
+  x.shape = Shape{p, 64};
+  x.strides = Strides{64, 1};
+  x.leaf = 0;
+  g.nodes.push_back(x);
+  ir::GraphNode e;
+  e.op = ir::Op::Exp;
+  e.dtype = DType::Float32;
+  e.shape = Shape{p, 64};
+  e.inputs = {0};
+  g.nodes.push_back(e);
+  ir::GraphNode r;
+  r.op = ir::Op::ReduceSum;
+  r.dtype = DType::Float32;
+  r.shape = Shape{p, 1};
+  r.attrs.ints = {1};
+  r.inputs = {1};
+  g.nodes.push_back(r);
+  g.outputs = {1, 2};
+  g.output_strides = {Strides{64, 1}, Strides{1, 1}};
+  g.rehash();
+  sched::Schedule s = sched::schedule(g, p);
+  for (std::size_t k = 0; k < s.kernels.size(); ++k) CHECK(sched::symbolic_kernel(s, k));
+  std::string src = codegen::generate_cpp(g, s, "k").source;
+  CHECK(src.find("kiln_s0") != std::string::npos);
+  CHECK(src.find(std::to_string(p)) == std::string::npos);
+  CHECK(src.find("if(") != std::string::npos);
+  // A reduction over the symbolic dim cannot read it at launch.
+  g.nodes[2].shape = Shape{1, 64};
+  g.nodes[2].attrs.ints = {0};
+  g.output_strides[1] = Strides{64, 1};
+  g.rehash();
+  sched::Schedule s2 = sched::schedule(g, p);
+  bool all = true;
+  std::string why;
+  for (std::size_t k = 0; k < s2.kernels.size(); ++k) all = all && sched::symbolic_kernel(s2, k, &why);
+  CHECK_FALSE(all);
+  CHECK(why.find("reduces over the symbolic size") != std::string::npos);
+  CHECK_THROWS_AS(codegen::generate_cpp(g, s2, "k"), Error);
+}

@@ -236,6 +236,15 @@ struct ResultCodec<std::pair<A, B>> {
   }
 };
 
+/// Whether a result of type R holds C++ numbers (they may have been computed from sizes, which
+/// a replay for new sizes cannot redo).
+template <class R>
+inline constexpr bool kHasNumbers = !std::is_same_v<R, Tensor>;
+template <class... Ts>
+inline constexpr bool kHasNumbers<std::tuple<Ts...>> = (kHasNumbers<Ts> || ...);
+template <class A, class B>
+inline constexpr bool kHasNumbers<std::pair<A, B>> = kHasNumbers<A> || kHasNumbers<B>;
+
 // ---- a traced graph and how to replay it -----------------------------------------------------
 
 /// Where a leaf's buffer comes from on replay.
@@ -439,6 +448,8 @@ class Compiled {
       // A dynamic entry meets new sizes: its graph follows them without running the function
       // (symbolic sizes); when some size cannot follow, it is traced again for these sizes.
       if (auto r = derive_replay(*e, call, tensor_args)) {
+        // A bounded memory of sizes seen (the first, the traced one, stays).
+        if (e->replays.size() >= kMaxReplays) e->replays.erase(e->replays.begin() + 1);
         e->replays.emplace_back(call, r);
         return replay_call<R>(*r, tensor_args);
       }
@@ -479,6 +490,8 @@ class Compiled {
     }
     return trace<R>(*entry, call, tensor_args, args...);
   }
+
+  static constexpr std::size_t kMaxReplays = 64;  // concrete sizes kept per dynamic entry
 
   struct State {
     State(F f, CompileOptions o) : fn(std::move(f)), options(std::move(o)) {}
@@ -610,7 +623,10 @@ class Compiled {
     }
     if (entry.dynamic && !entry.base) {
       entry.base = replay;
-      make_symbolic(entry, call, tensor_args);
+      if constexpr (detail::kHasNumbers<R>)
+        log(LogChannel::recompiles, "dynamic entry: new sizes will re-trace: the function returns C++ numbers");
+      else
+        make_symbolic(entry, call, tensor_args);
     }
     replay->runner = make_runner(entry, replay->graph, tensor_args);
     entry.replays.emplace_back(call, replay);

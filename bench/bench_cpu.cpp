@@ -387,6 +387,65 @@ void BM_dispatch_compile_16(benchmark::State& state) {
   state.counters["traces"] = static_cast<double>(f.stats().traces);
 }
 
+/// kiln::compile's modes on the CPU (bench/../docs/performance.md, "Modes"): a compiled
+/// graph called again and again, end to end (guard check, output allocation, launches), in
+/// `mode`. S1 is WORKLOADS.md's launch-bound chain (10 pointwise steps on 4096 elements, one
+/// fused kernel); "global_rms" (x * rsqrt(mean(x*x) + 1e-6) over 65536 elements) is a split
+/// reduction then a pointwise kernel, each large enough for a team, where reduce-overhead's
+/// single parallel region (one launch, a barrier instead of a second region) can pay.
+void BM_compiled_mode(benchmark::State& state, const std::string& graph, const std::string& mode) {
+  set_backend(Backend::Jit);
+  CompileOptions opt;
+  opt.mode = mode;
+  std::vector<Tensor> in;
+  std::function<Tensor(const Tensor&, const Tensor&)> fn;
+  if (graph == "S1") {
+    in = evaluated({randn({4096}, 1), rand({4096}, 2)});
+    fn = [](const Tensor& x0, const Tensor& y) {
+      Tensor x = x0;
+      for (int i = 0; i < 10; ++i) x = relu(x * y + 0.1f);
+      return x;
+    };
+  } else if (graph == "global_rms") {
+    in = evaluated({randn({65536}, 1), rand({65536}, 2)});
+    fn = [](const Tensor& x, const Tensor& w) -> Tensor { return x * rsqrt(mean(x * x) + 1e-6f) * w; };
+  } else {
+    in = evaluated({randn({16}, 1), randn({16}, 2)});
+    fn = [](const Tensor& a, const Tensor& b) { return 2.0f * a + b; };
+  }
+  auto f = kiln::compile(fn, opt);
+  for (int i = 0; i < 3; ++i) f(in[0], in[1]).eval();  // trace, compile (and tune) here
+  const Stats before = stats();
+  for (auto _ : state) {
+    Tensor r = f(in[0], in[1]);
+    r.eval();
+  }
+  const Stats after = stats();
+  state.counters["launches_per_call"] =
+      static_cast<double>(after.launches - before.launches) / static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
+  state.counters["traces"] = static_cast<double>(f.stats().traces);
+}
+
+/// A WORKLOADS.md workload through kiln::compile in `mode` (max-autotune must be at least as
+/// fast as default on each; its tuning happens in the warm-up call).
+void BM_workload_compiled(benchmark::State& state, const Workload& w, const std::string& mode) {
+  set_backend(Backend::Jit);
+  std::vector<Tensor> in = w.inputs();
+  while (in.size() < 4) in.push_back(zeros({1}).eval());
+  CompileOptions opt;
+  opt.mode = mode;
+  auto compute = w.compute;
+  auto f = kiln::compile(
+      [compute](const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d) { return compute({a, b, c, d}); }, opt);
+  f(in[0], in[1], in[2], in[3]).eval();
+  const auto t0 = Clock::now();
+  for (auto _ : state) {
+    Tensor r = f(in[0], in[1], in[2], in[3]);
+    r.eval();
+  }
+  if (w.bytes > 0) report_bytes(state, w.bytes, seconds_since(t0));
+}
+
 /// Cold compile of one fused kernel: every iteration builds a structure no cache holds (a new
 /// constant, and the in-memory caches cleared) and evaluates it once.
 void BM_cold_compile(benchmark::State& state) {
@@ -498,6 +557,16 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("user_loop_2x_plus_y", BM_user_loop)->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("dispatch_assign_16", BM_dispatch_assign_16)->UseRealTime()->Unit(benchmark::kNanosecond);
   benchmark::RegisterBenchmark("dispatch_compile_16", BM_dispatch_compile_16)->UseRealTime()->Unit(benchmark::kNanosecond);
+  for (const Workload& w : workloads())
+    for (const char* mode : {"default", "max-autotune"})
+      benchmark::RegisterBenchmark((std::string(w.id) + "/compiled_" + mode).c_str(), BM_workload_compiled, w, std::string(mode))
+          ->UseRealTime()
+          ->Unit(w.bytes > 0 ? benchmark::kMillisecond : benchmark::kMicrosecond);
+  for (const char* graph : {"S1", "global_rms", "call_16"})
+    for (const char* mode : {"default", "reduce-overhead", "max-autotune"})
+      benchmark::RegisterBenchmark((std::string("compiled_") + graph + "/" + mode).c_str(), BM_compiled_mode, std::string(graph), std::string(mode))
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("cold_compile_fused", BM_cold_compile)->UseRealTime()->Iterations(5)->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("disk_hit_new_process", BM_disk_hit_new_process)->UseRealTime()->Iterations(9)->Unit(benchmark::kMillisecond);
   benchmark::RunSpecifiedBenchmarks();

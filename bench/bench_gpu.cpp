@@ -366,6 +366,73 @@ void BM_cached_launch_typed(benchmark::State& state) {
   }
 }
 
+/// Host time of one cached kiln::compile call (guard check + launch of one kernel) on 16
+/// elements: issue 5's "compiled call" figure (torch.compile: 54 us).
+void BM_compiled_call(benchmark::State& state) {
+  if (skip_without_gpu(state)) return;
+  try {
+    Tensor x = randn({16}, 35, f32, kDev), w = randn({16}, 36, f32, kDev);
+    auto step = kiln::compile([](const Tensor& a, const Tensor& b) { return relu(a * b + 1.0f); });
+    Tensor y = step(x, w);
+    y.eval();
+    runtime::synchronize_cuda(0);
+    std::vector<double> us;
+    for (auto _ : state) {
+      const int reps = 200;
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < reps; ++i) {
+        Tensor r = step(x, w);
+        benchmark::DoNotOptimize(r);
+      }
+      double t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
+      runtime::synchronize_cuda(0);
+      us.push_back(t);
+      state.SetIterationTime(t * 1e-6);
+    }
+    std::sort(us.begin(), us.end());
+    results()["compiled call host time, us"] = Result{us[us.size() / 2], 0, 0, ""};
+    state.counters["median_us"] = us[us.size() / 2];
+  } catch (const Error& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+/// S1 of WORKLOADS.md: 10 x `x = relu(x*y + 0.1)` on 4096 elements, compiled, end to end
+/// (call + synchronise) per call, in the mode given by the benchmark's argument.
+void BM_S1_compiled(benchmark::State& state, const char* mode) {
+  if (skip_without_gpu(state)) return;
+  try {
+    Tensor x = randn({4096}, 37, f32, kDev), y = randn({4096}, 38, f32, kDev);
+    CompileOptions opt;
+    opt.mode = mode;
+    auto f = kiln::compile([](Tensor a, const Tensor& b) {
+      for (int i = 0; i < 10; ++i) a = relu(a * b + 0.1f);
+      return a;
+    }, opt);
+    Tensor r0 = f(x, y);
+    r0.eval();
+    runtime::synchronize_cuda(0);
+    std::vector<double> us;
+    for (auto _ : state) {
+      const int reps = 200;
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < reps; ++i) {
+        Tensor r = f(x, y);
+        r.eval();
+        runtime::synchronize_cuda(0);
+      }
+      double t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
+      us.push_back(t);
+      state.SetIterationTime(t * 1e-6);
+    }
+    std::sort(us.begin(), us.end());
+    results()[std::string("S1 compiled (") + mode + ") end to end, us"] = Result{us[us.size() / 2], 0, 0, ""};
+    state.counters["median_us"] = us[us.size() / 2];
+  } catch (const Error& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
 void register_all(bool variants) {
   benchmark::RegisterBenchmark("BM_copy", BM_copy)->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
   static std::vector<Workload> ws = workloads();
@@ -383,8 +450,12 @@ void register_all(bool variants) {
         {"row_cache_shared", {"N6"}, &backend::detail::CudaTuning::row_cache_shared, {-1}},
         {"reciprocal_div", {"N1", "N5"}, &backend::detail::CudaTuning::reciprocal_div, {-1}},
         {"pointwise_unroll_heavy", {"P3"}, &backend::detail::CudaTuning::pointwise_unroll_heavy, {2}},
-        {"split_blocks_per_sm", {"R3"}, &backend::detail::CudaTuning::split_blocks_per_sm, {4}},
-        {"row_vectors_per_thread", {"N5"}, &backend::detail::CudaTuning::row_vectors_per_thread, {2}},
+        {"pointwise_lanes_heavy", {"P3"}, &backend::detail::CudaTuning::pointwise_lanes_heavy, {1, 2}},
+        {"pointwise_unroll", {"P1", "P2"}, &backend::detail::CudaTuning::pointwise_unroll, {1, 4}},
+        {"split_blocks_per_sm", {"R3"}, &backend::detail::CudaTuning::split_blocks_per_sm, {2, 8}},
+        {"column_vectors_per_thread", {"R3"}, &backend::detail::CudaTuning::column_vectors_per_thread, {2}},
+        {"column_unroll", {"R3"}, &backend::detail::CudaTuning::column_unroll, {8}},
+        {"row_vectors_per_thread", {"N5"}, &backend::detail::CudaTuning::row_vectors_per_thread, {2, 8}},
     };
     for (auto& v : vs)
       for (int value : v.values)
@@ -406,6 +477,10 @@ void register_all(bool variants) {
   benchmark::RegisterBenchmark("BM_disk_hit_new_process", BM_disk_hit_new_process)->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("BM_cached_launch_executor", BM_cached_launch_executor)->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("BM_cached_launch_typed", BM_cached_launch_typed)->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("BM_compiled_call", BM_compiled_call)->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+  for (const char* mode : {"default", "reduce-overhead"})
+    benchmark::RegisterBenchmark((std::string("BM_S1_compiled/") + mode).c_str(), [mode](benchmark::State& s) { BM_S1_compiled(s, mode); })
+        ->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
 }
 
 void print_summary() {

@@ -72,6 +72,9 @@ struct CudaTuning {
   int pointwise_unroll_heavy = 0;
   int row_cache_shared = 0;  ///< 1 on, -1 off
   int reciprocal_div = 0;    ///< 1 on, -1 off
+  int column_vectors_per_thread = 0;
+  int column_unroll = 0;
+  int pointwise_lanes_heavy = 0;
 };
 inline CudaTuning& cuda_tuning() {
   static CudaTuning t;
@@ -88,6 +91,9 @@ inline codegen::CudaTarget cuda_target(const runtime::CudaContext& ctx) {
   if (tune.pointwise_unroll_heavy > 0) t.pointwise_unroll_heavy = tune.pointwise_unroll_heavy;
   if (tune.row_cache_shared != 0) t.row_cache_shared = tune.row_cache_shared > 0;
   if (tune.reciprocal_div != 0) t.reciprocal_div = tune.reciprocal_div > 0;
+  if (tune.column_vectors_per_thread > 0) t.column_vectors_per_thread = tune.column_vectors_per_thread;
+  if (tune.column_unroll > 0) t.column_unroll = tune.column_unroll;
+  if (tune.pointwise_lanes_heavy > 0) t.pointwise_lanes_heavy = tune.pointwise_lanes_heavy;
   t.cc_major = ctx.cc_major;
   t.cc_minor = ctx.cc_minor;
   t.sm_count = ctx.sm_count;

@@ -28,11 +28,13 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "kiln/codegen/cuda_prelude.hpp"
@@ -60,6 +62,9 @@ struct CudaTarget {
   int row_vectors_per_thread = 4;  ///< sets the threads per row of row reductions
   int split_blocks_per_sm = 4;     ///< blocks per multiprocessor when rows or columns are split
   int pointwise_unroll_heavy = 1;  ///< the same for pointwise kernels heavy in transcendental functions
+  int pointwise_lanes_heavy = 0;  ///< at most this many lanes per thread in heavy pointwise kernels (0: by the loads)
+  int column_vectors_per_thread = 1;  ///< 16-byte vectors per thread across the columns of column reductions
+  int column_unroll = 4;              ///< rows in flight per thread in column reductions
   /// Rows too long for registers stay in shared memory (one row per multiprocessor at a time),
   /// else they are re-read per pass, mostly from L2 (two rows per multiprocessor overlap).
   bool row_cache_shared = false;
@@ -696,7 +701,7 @@ class Writer {
         const std::size_t nch = bytes >= 16 ? bytes / 16 : 1;
         std::vector<std::string> bits;
         for (int j = 0; j < lanes; ++j) {
-          Val v = value(st.node, idx, j);
+          Val v = stored_value(st.node, idx, j);
           std::string b = fresh("b");
           line(std::string(sz == 8 ? "const unsigned long long " : "const unsigned int ") + b + " = " + to_bits(v.expr, n.dtype) + ";");
           bits.push_back(b);
@@ -727,11 +732,21 @@ class Writer {
         continue;
       }
       for (int j = 0; j < (ld ? lanes : 1); ++j) {
-        Val v = value(st.node, idx, j);
+        Val v = stored_value(st.node, idx, j);
         line(p + "[" + render(off, j) + "] = " + to_storage(v.expr, n.dtype) + ";");
       }
     }
     if (!store_guard_.empty()) close();
+  }
+
+  /// The value a store converts to its storage type. A cast from f32 to f16/bf16 is already
+  /// that conversion: storing the f32 input gives the same bits (f2b(b2f(f2b(x))) == f2b(x))
+  /// without rounding twice.
+  Val stored_value(int id, const Index& idx, int lane) {
+    const ir::GraphNode& n = node(id);
+    if (n.op == Op::Cast && (n.dtype == DType::Float16 || n.dtype == DType::BFloat16) && node(n.inputs[0]).dtype == DType::Float32)
+      return value(n.inputs[0], idx, lane);
+    return value(id, idx, lane);
   }
 
   // ---- values ---------------------------------------------------------------------------------
@@ -825,6 +840,10 @@ class Writer {
       }
       default: break;
     }
+    auto cached = vcache_.find(key);
+    if (cached != vcache_.end() && cached->second.pass > 0 && cached->second.pass < cur_pass_)
+      // Computed by an earlier pass of this row and kept in registers.
+      return emit(top(), key, vec_ > 1, lane, n.dtype, cached->second.name + "[" + value_slot(lane) + "]");
     std::vector<Val> in;
     int sc = 0;
     bool ld = false;
@@ -833,7 +852,46 @@ class Writer {
       sc = std::max(sc, in.back().scope);
       ld = ld || in.back().lane;
     }
-    return emit(sc, key, ld, lane, n.dtype, pointwise_expr(n, in));
+    Val v = emit(sc, key, ld, lane, n.dtype, pointwise_expr(n, in));
+    if (cached != vcache_.end() && cur_pass_ > 0 && loop_scope_ >= 0 && v.scope >= loop_scope_ &&
+        (cached->second.pass == 0 || cached->second.pass == cur_pass_)) {
+      line_at(v.scope, cached->second.name + "[" + value_slot(lane) + "] = " + v.expr + ";");
+      cached->second.pass = cur_pass_;
+    }
+    return v;
+  }
+
+  /// Register slot of the current position's lane in a row's value cache.
+  std::string value_slot(int lane) const { return "(" + slot_var_ + ") * " + std::to_string(vec_) + " + " + std::to_string(lane); }
+
+  /// Transcendental values along the row that more than one pass computes (softmax's
+  /// exp(x - max): the sum's pass and the output's pass): kept in registers after the first.
+  std::map<std::string, int> multi_pass_values() const {
+    std::map<std::string, std::set<int>> passes;
+    std::map<std::string, int> nodes;
+    Index id = sched::identity_index(k_.space);
+    for (int pass = 1; pass <= k_.passes; ++pass) {
+      std::unordered_set<std::string> seen;
+      std::function<void(int, const Index&)> walk = [&](int nid, const Index& idx) {
+        const std::string key = std::to_string(nid) + "|" + sched::index_key(idx);
+        if (!seen.insert(key).second) return;
+        const ir::GraphNode& n = node(nid);
+        if (ir::op_kind(n.op) == ir::OpKind::Leaf || ir::op_kind(n.op) == ir::OpKind::Reduce || ir::op_kind(n.op) == ir::OpKind::IndexMap) return;
+        if (((n.op >= Op::Exp && n.op <= Op::Erf) || n.op == Op::Pow) && n.dtype == DType::Float32) {
+          passes[key].insert(pass);
+          nodes[key] = nid;
+        }
+        for (std::size_t k = 0; k < n.inputs.size(); ++k) walk(n.inputs[k], sched::input_index(g_, n, k, idx, k_.space));
+      };
+      for (std::size_t j = 0; j < k_.reductions.size(); ++j)
+        if (k_.phase[j] == pass) walk(node(k_.reductions[j]).inputs[0], id);
+      for (auto& st : k_.stores)
+        if (st.level == sched::Level::Full && st.pass == pass) walk(st.node, id);
+    }
+    std::map<std::string, int> out;
+    for (auto& [key, ps] : passes)
+      if (ps.size() > 1) out[key] = nodes[key];
+    return out;
   }
 
   /// 1/d (f32) and whether it is a normal number, computed once where d is.
@@ -1084,11 +1142,13 @@ class Writer {
     }
     const int inner = p.order.back();
     const bool single = p.order.size() == 1;
+    const bool heavy = heavy_ops() > 4;
     int v = choose_vec(inner, !single);
+    if (heavy && t_.pointwise_lanes_heavy > 0) v = std::min(v, t_.pointwise_lanes_heavy);
     set_vec(inner, v);
     const i64 nvec = numel / v;
     const i64 tail = numel - nvec * v;
-    const int unroll = std::max(1, heavy_ops() > 4 ? t_.pointwise_unroll_heavy : t_.pointwise_unroll);
+    const int unroll = std::max(1, heavy ? t_.pointwise_unroll_heavy : t_.pointwise_unroll);
     // Each thread takes `unroll` vectors and leaves (the hardware balances blocks across the
     // GPU); only very large tensors loop, over at most 256 blocks' worth per multiprocessor.
     const i64 per_block = static_cast<i64>(block) * unroll;
@@ -1531,6 +1591,15 @@ class Writer {
       if (reg_words <= reg_limit) mode = 1;
       else if (t_.row_cache_shared && row_bytes <= t_.max_shared_per_block_optin - 8192) mode = 2;
     }
+    // Values more than one pass computes, kept in registers beside a register-cached row when
+    // the budget allows (at most 64 words per thread in all).
+    std::map<std::string, int> values;
+    if (mode == 1) {
+      values = multi_pass_values();
+      const i64 value_words = E * V * static_cast<i64>(values.size());
+      const i64 limit = std::min<i64>(64, 65536 / (T * rpb) - 40);
+      if (values.empty() || reg_words + value_words > limit) values.clear();
+    }
     std::size_t dyn = 0;
     if (mode == 2) {
       dyn = static_cast<std::size_t>(row_bytes);
@@ -1574,6 +1643,14 @@ class Writer {
       }
       cache_[key] = cs;
     }
+    vcache_.clear();
+    for (auto& [key, nid] : values) {
+      (void)nid;
+      std::string name = fresh("kv");
+      line("float " + name + "[" + std::to_string(E * V) + "];");
+      vcache_[key] = ValueSlot{name, 0};
+    }
+    if (!vcache_.empty()) info_.strategy += ", " + std::to_string(vcache_.size()) + " value(s) kept in registers between passes";
     // A row that is not in registers is read once less when softmax's max and sum of exp
     // share a pass.
     std::map<int, std::pair<int, int>> online;  // phase -> (max node, sum node)
@@ -1601,7 +1678,11 @@ class Writer {
         line("const " + it_ + " pos = ((" + it_ + ")s * " + lit(T) + " + tid) * " + lit(V) + ";");
         open(guard ? "if (pos < " + lit(R) + ")" : "", groups_mask(p.red_groups));
         decode("pos", p.red_groups);
+        cur_pass_ = pass;
+        loop_scope_ = top();
         fold_body(reds, pass, false);
+        cur_pass_ = 0;
+        loop_scope_ = -1;
         close();
         close();
       }
@@ -1764,7 +1845,10 @@ class Writer {
     const auto& p = k_.loops;
     const int cg = p.vec_group;
     const i64 C = extent(cg);
-    set_vec(cg, choose_vec(cg, true));
+    int v0 = choose_vec(cg, true);
+    if (v0 > 1 && t_.column_vectors_per_thread > 1 && extent(cg) % (v0 * t_.column_vectors_per_thread) == 0)
+      v0 *= t_.column_vectors_per_thread;  // several 16-byte chunks per thread: longer runs per row
+    set_vec(cg, v0);
     const int V = vec_;
     const i64 R = reduced_extent();
     i64 outer = 1;
@@ -1778,7 +1862,9 @@ class Writer {
     const i64 target = static_cast<i64>(t_.sm_count) * std::max(1, t_.split_blocks_per_sm);
     i64 splits = 1;
     const bool single_pass = k_.phases <= 1 && k_.passes <= 1 && !has_level(sched::Level::Full);
-    if (single_pass && tiles > 0 && tiles < target) splits = std::max<i64>(1, std::min<i64>((target + tiles - 1) / tiles, R / (BY * 8)));
+    // Rounded down: every block of the grid runs in the first wave (a 17th split of 32 tiles
+    // on 528 block slots would leave a second wave of 16 blocks).
+    if (single_pass && tiles > 0 && tiles < target) splits = std::max<i64>(1, std::min<i64>(target / tiles, R / (BY * 8)));
     i64 rchunk = splits > 1 ? (R + splits - 1) / splits : R;
     if (splits > 1) splits = (R + rchunk - 1) / rchunk;
     info_.block = 256;
@@ -1810,7 +1896,8 @@ class Writer {
       std::vector<Red> reds = phase_reds(pass);
       for (auto& r : reds)
         for (int j = 0; j < V; ++j) declare_acc(r, "_" + std::to_string(j));
-      open("for (" + it_ + " rr = rlo + ty; rr < rhi; rr += " + lit(BY) + ")", groups_mask(p.red_groups), "#pragma unroll 4");
+      open("for (" + it_ + " rr = rlo + ty; rr < rhi; rr += " + lit(BY) + ")", groups_mask(p.red_groups),
+           "#pragma unroll " + std::to_string(std::max(1, t_.column_unroll)));
       decode("rr", p.red_groups);
       store_guard_ = "cvalid";
       fold_body(reds, pass, true);
@@ -1947,6 +2034,13 @@ class Writer {
   std::string store_guard_;  ///< condition every store is written under ("" none)
   std::string slot_var_ = "s";
   std::map<std::string, CacheSlot> cache_;
+  struct ValueSlot {
+    std::string name;
+    int pass = 0;  ///< the pass that stores it (0: not yet)
+  };
+  std::map<std::string, ValueSlot> vcache_;  ///< value key -> register array (row kernels)
+  int cur_pass_ = 0;                         ///< pass whose body is being written (row kernels)
+  int loop_scope_ = -1;                      ///< scope of the per-position body
   std::vector<Scope> scopes_;
   std::unordered_map<int, Binding> bound_;
   std::set<std::string> declared_;

@@ -1345,7 +1345,7 @@ class KernelWriter {
       }
       close();
       // Combine the chunks of every row in order.
-      begin_serial();
+      if (!reds.empty()) begin_serial();
       for (auto& r : reds) {
         std::string res = "rr" + std::to_string(r.node);
         acc_array(ctype(r.out), res, tiles * lanes);
@@ -1365,10 +1365,16 @@ class KernelWriter {
       }
     }
     // Row-level stores and finals, one tile at a time (there are few tiles).
-    open("", "for (long long t = 0; t < " + std::to_string(tiles) + "LL; ++t)", kept_mask());
-    tile_vars("t");
-    row_stores();
-    close();
+    bool any_row = false;
+    for (auto& st : k_.stores) any_row = any_row || st.level == sched::Level::Row;
+    if (any_row) {
+      begin_serial();
+      open("", "for (long long t = 0; t < " + std::to_string(tiles) + "LL; ++t)", kept_mask());
+      tile_vars("t");
+      row_stores();
+      close();
+    }
+    if (!fins.empty()) begin_serial();
     if (!fins.empty()) {
       declare_final_partials(fins, tiles);
       open("", "for (long long t = 0; t < " + std::to_string(tiles) + "LL; ++t)", kept_mask());

@@ -32,7 +32,7 @@ struct AutotuneStats {
 /// How much timing one choice may cost.
 struct AutotuneBudget {
   int max_reps = 5;             ///< timed runs per candidate (after one warm-up run)
-  double seconds = 0.05;        ///< rough wall-time budget for all candidates of one choice
+  double seconds = 0.1;         ///< rough wall-time budget for all candidates of one choice (at least 3 runs each)
   double keep_default_margin = 0.03;  ///< another candidate must beat the default by this fraction
 };
 
@@ -133,16 +133,20 @@ inline double time_candidate(const std::function<void()>& run, int reps) {
 }
 
 /// Index of the fastest of `candidates`; candidate 0 is the default configuration and is kept
-/// unless another beats it by budget.keep_default_margin (timing noise must not make a tuned
-/// kernel slower than the default). `times`, when given, receives each candidate's seconds.
+/// unless another beats it by budget.keep_default_margin twice: once in the round over all
+/// candidates and again in a confirming round of the two alone (timing noise, a page fault or
+/// another process must not make a tuned kernel slower than the default). `times`, when
+/// given, receives each candidate's seconds from the first round.
 inline std::size_t pick_fastest(const std::vector<std::function<void()>>& candidates, const AutotuneBudget& budget = {},
                                 std::vector<double>* times = nullptr) {
   if (candidates.empty()) return 0;
   detail::autotune_counters().tunings.fetch_add(1, std::memory_order_relaxed);
-  // The default's first run sizes the repetitions so that all candidates fit the budget.
+  // An untimed run first: the buffers' first touch (page faults) must not count against the
+  // default. Its timed run then sizes the repetitions so that all candidates fit the budget.
+  candidates[0]();
   double first = time_candidate(candidates[0], 1);
-  const double per_candidate = budget.seconds / static_cast<double>(candidates.size());
-  const int reps = std::clamp(static_cast<int>(per_candidate / std::max(first, 1e-7)) - 1, 1, budget.max_reps);
+  const double per_candidate = budget.seconds / static_cast<double>(candidates.size() + 2);
+  const int reps = std::clamp(static_cast<int>(per_candidate / std::max(first, 1e-7)) - 1, 2, std::max(2, budget.max_reps));
   std::vector<double> t(candidates.size());
   t[0] = std::min(first, time_candidate(candidates[0], reps));
   std::size_t best = 0;
@@ -151,6 +155,11 @@ inline std::size_t pick_fastest(const std::vector<std::function<void()>>& candid
     if (t[i] < t[best] && t[i] < t[0] * (1.0 - budget.keep_default_margin)) best = i;
   }
   if (times) *times = t;
+  if (best != 0) {
+    const double again_best = time_candidate(candidates[best], reps);
+    const double again_default = time_candidate(candidates[0], reps);
+    if (!(again_best < again_default * (1.0 - budget.keep_default_margin))) best = 0;
+  }
   return best;
 }
 

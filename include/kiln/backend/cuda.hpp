@@ -22,6 +22,7 @@
 #include "kiln/core/stats.hpp"
 #include "kiln/ir/graph.hpp"
 #include "kiln/runtime/cuda_driver.hpp"
+#include "kiln/runtime/cuda_graph.hpp"
 #include "kiln/runtime/cuda_memory.hpp"
 #include "kiln/runtime/cuda_module.hpp"
 #include "kiln/sched/schedule.hpp"
@@ -39,9 +40,31 @@ struct CudaPlan {
   std::vector<runtime::cu::CUfunction> functions;
   std::vector<std::size_t> temp_bytes;
   std::size_t num_args = 0;
+  std::size_t leaves = 0;  ///< graph.num_leaves(), counted once
   StoragePtr scratch;  ///< cross-block partials; reused by every run (runs are ordered on the stream)
   int device = 0;
+  /// The alignment class as bits (inputs, then outputs), for callers that bind plans
+  /// (PreparedGraph); meaningful only when mask_ok (at most 64 buffers).
+  std::uint64_t alignment_mask = 0;
+  bool mask_ok = false;
+  /// Temporaries of one run, laid out in one block: byte offset of each (256-byte aligned).
+  std::vector<std::size_t> temp_offsets;
+  std::size_t temp_total = 0;
 };
+
+/// The alignment bits of a run's buffers; false when there are more than 64 of them.
+inline bool alignment_mask_of(const std::vector<const void*>& inputs, std::size_t num_inputs,
+                              const std::vector<void*>& outputs, std::uint64_t& mask) {
+  if (num_inputs + outputs.size() > 64) return false;
+  std::uint64_t m = 0;
+  std::size_t bit = 0;
+  for (std::size_t i = 0; i < num_inputs; ++i, ++bit)
+    if ((reinterpret_cast<std::uintptr_t>(inputs[i]) & 15u) == 0) m |= std::uint64_t(1) << bit;
+  for (std::size_t i = 0; i < outputs.size(); ++i, ++bit)
+    if ((reinterpret_cast<std::uintptr_t>(outputs[i]) & 15u) == 0) m |= std::uint64_t(1) << bit;
+  mask = m;
+  return true;
+}
 
 inline bool same_graph(const ir::Graph& a, const ir::Graph& b) {
   if (a.key != b.key || a.device != b.device || a.outputs != b.outputs || a.output_strides != b.output_strides ||
@@ -75,6 +98,9 @@ struct CudaTuning {
   int column_vectors_per_thread = 0;
   int column_unroll = 0;
   int pointwise_lanes_heavy = 0;
+  int row_unroll_uncached = 0;
+  int row_vectors_per_thread_uncached = 0;
+  int column_split_interleave = 0;  ///< 1 on, -1 off
 };
 inline CudaTuning& cuda_tuning() {
   static CudaTuning t;
@@ -94,6 +120,9 @@ inline codegen::CudaTarget cuda_target(const runtime::CudaContext& ctx) {
   if (tune.column_vectors_per_thread > 0) t.column_vectors_per_thread = tune.column_vectors_per_thread;
   if (tune.column_unroll > 0) t.column_unroll = tune.column_unroll;
   if (tune.pointwise_lanes_heavy > 0) t.pointwise_lanes_heavy = tune.pointwise_lanes_heavy;
+  if (tune.row_unroll_uncached > 0) t.row_unroll_uncached = tune.row_unroll_uncached;
+  if (tune.row_vectors_per_thread_uncached > 0) t.row_vectors_per_thread_uncached = tune.row_vectors_per_thread_uncached;
+  if (tune.column_split_interleave != 0) t.column_split_interleave = tune.column_split_interleave > 0;
   t.cc_major = ctx.cc_major;
   t.cc_minor = ctx.cc_minor;
   t.sm_count = ctx.sm_count;
@@ -117,6 +146,7 @@ inline std::shared_ptr<const CudaPlan> build_cuda_plan(const ir::Graph& g, const
   plan->graph = g;
   plan->alignment = al;
   plan->device = g.device.index;
+  plan->leaves = g.num_leaves();
   runtime::CudaContext& ctx = runtime::cuda_context(g.device.index);
   plan->schedule = sched::schedule(g);
   if (log_enabled(LogChannel::schedule))
@@ -134,8 +164,17 @@ inline std::shared_ptr<const CudaPlan> build_cuda_plan(const ir::Graph& g, const
   }
   plan->kernels = src.kernels;
   plan->num_args = src.num_args;
-  for (auto& t : plan->schedule.temps)
+  for (auto& t : plan->schedule.temps) {
     plan->temp_bytes.push_back(static_cast<std::size_t>(t.shape.numel()) * itemsize(t.dtype));
+    plan->temp_offsets.push_back(plan->temp_total);
+    plan->temp_total += (plan->temp_bytes.back() + 255) / 256 * 256;
+  }
+  if (al.inputs.size() + al.outputs.size() <= 64) {
+    plan->mask_ok = true;
+    std::size_t bit = 0;
+    for (char c : al.inputs) plan->alignment_mask |= std::uint64_t(c != 0) << bit++;
+    for (char c : al.outputs) plan->alignment_mask |= std::uint64_t(c != 0) << bit++;
+  }
   if (src.scratch_bytes > 0) plan->scratch = runtime::allocate_cuda(src.scratch_bytes, g.device.index);
   return plan;
 }
@@ -155,6 +194,11 @@ class CudaPlanCache {
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto range = plans_.equal_range(key);
+      // A caller that passes a plan's own graph (the object itself) needs no structural check.
+      for (auto it = range.first; it != range.second; ++it)
+        if (&it->second->graph == &g && it->second->alignment.inputs == al.inputs &&
+            it->second->alignment.outputs == al.outputs)
+          return it->second;
       for (auto it = range.first; it != range.second; ++it)
         if (it->second->alignment.inputs == al.inputs && it->second->alignment.outputs == al.outputs &&
             same_graph(it->second->graph, g))
@@ -218,6 +262,74 @@ inline std::string explain_cuda(const ir::Graph& g) {
   return out;
 }
 
+namespace detail {
+
+/// Throws what run_cuda throws for a graph that is not a CUDA graph, CUDA being unavailable,
+/// or pointer counts that do not fit the graph.
+inline void check_cuda_run(const ir::Graph& g, const RunArgs& args, std::size_t leaves) {
+  if (!g.device.is_cuda()) [[unlikely]]
+    throw DeviceError("CUDA executor: the graph is on " + g.device.str() + "; it runs CUDA graphs only");
+  if (!cuda_available()) [[unlikely]]
+    throw DeviceError("CUDA executor: cannot run a graph on " + g.device.str() + ": CUDA is unavailable: " + cuda_unavailable_reason());
+  if (args.outputs.size() != g.outputs.size() || g.output_strides.size() != g.outputs.size()) [[unlikely]]
+    throw Error("CUDA executor: " + std::to_string(args.outputs.size()) + " output pointers for " +
+                std::to_string(g.outputs.size()) + " outputs");
+  if (args.inputs.size() < leaves) [[unlikely]]
+    throw Error("CUDA executor: " + std::to_string(args.inputs.size()) + " input pointers for " +
+                std::to_string(leaves) + " leaves");
+}
+
+/// Queues `plan`'s kernels on `stream`: leaves read from inputs[0..leaves), outputs written to
+/// outputs, temporaries at `temps` + plan.temp_offsets. Counts one launch per kernel queued on
+/// kiln's stream (captured kernels run later, counted by their replays). Used
+/// for plain runs (kiln's stream) and for CUDA graph capture (the capture stream).
+inline void enqueue_cuda_plan(const CudaPlan& plan, const runtime::CudaContext& ctx, const void* const* inputs,
+                              std::size_t leaves, void* const* outputs, std::size_t num_outputs, char* temps,
+                              runtime::cu::CUstream stream) {
+  // The kernels' single argument: a struct of pointers, passed by value.
+  void* small[16];
+  std::vector<void*> big;
+  void** argv = small;
+  if (plan.num_args > 16) {
+    big.resize(plan.num_args);
+    argv = big.data();
+  }
+  for (std::size_t i = 0; i < leaves; ++i) argv[i] = const_cast<void*>(inputs[i]);
+  for (std::size_t i = 0; i < num_outputs; ++i) argv[leaves + i] = outputs[i];
+  for (std::size_t i = 0; i < plan.temp_offsets.size(); ++i) argv[leaves + num_outputs + i] = temps + plan.temp_offsets[i];
+  argv[plan.num_args - 1] = plan.scratch ? plan.scratch->data : nullptr;
+  void* params[] = {argv};
+  const auto& api = runtime::detail::cuda_driver_state().api;
+  ctx.make_current();
+  for (std::size_t k = 0; k < plan.functions.size(); ++k) {
+    const codegen::CudaKernelInfo& info = plan.kernels[k];
+    if (stream == ctx.stream) {
+      runtime::launch_kernel(ctx, plan.functions[k], {info.grid, 1, 1}, {info.block, 1, 1}, info.shared_bytes, params);
+    } else {
+      runtime::detail::cuda_check(api.launch_kernel(plan.functions[k], info.grid, 1, 1, info.block, 1, 1,
+                                                    info.shared_bytes, stream, params, nullptr),
+                                  "cuLaunchKernel", [&] {
+                                    return "on cuda:" + std::to_string(ctx.index) + " while capturing a CUDA graph (grid " +
+                                           std::to_string(info.grid) + ", block " + std::to_string(info.block) + ")";
+                                  });
+    }
+    if (stream == ctx.stream) kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+/// Runs a plan on kiln's stream of its device with the buffers of `args` (already checked).
+inline void run_cuda_plan(const CudaPlan& plan, const RunArgs& args) {
+  const runtime::CudaContext& ctx = runtime::cuda_context(plan.device);
+  // Temporaries: one block from the device's memory pool per run, given back in stream order
+  // once the kernels using it are done (when `temps` is released on return).
+  StoragePtr temps;
+  if (!plan.temp_offsets.empty()) temps = runtime::allocate_cuda(plan.temp_total, plan.device);
+  enqueue_cuda_plan(plan, ctx, args.inputs.data(), plan.leaves, args.outputs.data(), args.outputs.size(),
+                    temps ? static_cast<char*>(temps->data) : nullptr, ctx.stream);
+}
+
+}  // namespace detail
+
 /// Runs `g` on its CUDA device as fused, generated kernels: leaves are read from args.inputs
 /// (device pointers), output i is written to args.outputs[i] with g.output_strides[i]. Returns
 /// once the kernels are queued on the device's stream. Counts one launch per kernel. Throws
@@ -225,44 +337,268 @@ inline std::string explain_cuda(const ir::Graph& g) {
 /// CompileError when a kernel does not compile, DTypeError for a primitive on a dtype it is
 /// not defined for.
 inline void run_cuda(const ir::Graph& g, const RunArgs& args) {
-  if (!g.device.is_cuda()) throw DeviceError("CUDA executor: the graph is on " + g.device.str() + "; it runs CUDA graphs only");
-  if (!cuda_available())
-    throw DeviceError("CUDA executor: cannot run a graph on " + g.device.str() + ": CUDA is unavailable: " + cuda_unavailable_reason());
-  if (args.outputs.size() != g.outputs.size() || g.output_strides.size() != g.outputs.size())
-    throw Error("CUDA executor: " + std::to_string(args.outputs.size()) + " output pointers for " +
-                std::to_string(g.outputs.size()) + " outputs");
-  if (args.inputs.size() < g.num_leaves())
-    throw Error("CUDA executor: " + std::to_string(args.inputs.size()) + " input pointers for " +
-                std::to_string(g.num_leaves()) + " leaves");
+  detail::check_cuda_run(g, args, g.num_leaves());
   std::shared_ptr<const detail::CudaPlan> plan = detail::CudaPlanCache::instance().get(g, detail::alignment_of(args));
-  const runtime::CudaContext& ctx = runtime::cuda_context(plan->device);
-  const std::size_t leaves = g.num_leaves();
-  // The kernels' single argument: a struct of pointers, passed by value.
-  void* small[16];
-  std::vector<void*> big;
-  void** argv = small;
-  if (plan->num_args > 16) {
-    big.resize(plan->num_args);
-    argv = big.data();
-  }
-  for (std::size_t i = 0; i < leaves; ++i) argv[i] = const_cast<void*>(args.inputs[i]);
-  for (std::size_t i = 0; i < args.outputs.size(); ++i) argv[leaves + i] = args.outputs[i];
-  // Temporaries come from the device's memory pool and go back to it in stream order once
-  // the kernels using them are done (their Storage is released when this function returns).
-  std::vector<StoragePtr> temps;
-  temps.reserve(plan->temp_bytes.size());
-  for (std::size_t i = 0; i < plan->temp_bytes.size(); ++i) {
-    temps.push_back(runtime::allocate_cuda(plan->temp_bytes[i], plan->device));
-    argv[leaves + args.outputs.size() + i] = temps.back()->data;
-  }
-  argv[plan->num_args - 1] = plan->scratch ? plan->scratch->data : nullptr;
-  void* params[] = {argv};
-  for (std::size_t k = 0; k < plan->functions.size(); ++k) {
-    const codegen::CudaKernelInfo& info = plan->kernels[k];
-    runtime::launch_kernel(ctx, plan->functions[k], {info.grid, 1, 1}, {info.block, 1, 1}, info.shared_bytes, params);
-    kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
-  }
+  detail::run_cuda_plan(*plan, args);
 }
+
+/// Counters of one CudaGraphRunner.
+struct CudaGraphStats {
+  std::uint64_t captures = 0;     ///< graphs captured (new instances and re-captures)
+  std::uint64_t replays = 0;      ///< runs served by one cuGraphLaunch
+  std::uint64_t input_copies = 0; ///< inputs copied into static buffers
+  std::uint64_t plain_runs = 0;   ///< runs launched kernel by kernel (no CUDA graphs, or every instance busy)
+  std::size_t instances = 0;      ///< captured instances held now
+};
+
+/// "reduce-overhead" on CUDA: one graph's launches captured once into a CUDA graph and
+/// replayed with one cuGraphLaunch (runtime/cuda_graph.hpp).
+///
+/// Outputs: an instance writes into static output buffers that it owns, and a run hands those
+/// buffers out as the results (no copy), as torch's CUDA graphs do. Unlike torch, a result is
+/// never overwritten while it is alive: an instance is replayed only when nobody else holds
+/// its output buffers (their Storage's use count); otherwise another instance is used or
+/// captured (up to `max_instances`, so `y = f(x)` in a loop alternates between two), and
+/// past that the run launches the kernels plainly into fresh buffers. Raw pointers taken from
+/// a result (data_ptr) do not keep it alive: copy a result that must outlive the Tensor.
+///
+/// Inputs: an instance reads each input where it was when captured. A run whose input sits
+/// elsewhere makes that input static: the instance is captured again reading a buffer of its
+/// own, and every later run copies the input there first (cuMemcpyDtoDAsync, in stream order);
+/// inputs that stay put (weights, the same tensor every call) cost nothing. Temporaries live in
+/// the instance; cross-block scratch belongs to the plan (all runs are ordered on one stream).
+///
+/// Without the driver's CUDA graph entry points every run launches the kernels plainly, after
+/// one log line (KILN_LOGS=perf).
+class CudaGraphRunner {
+ public:
+  explicit CudaGraphRunner(ir::Graph g, std::size_t max_instances = 2)
+      : graph_(std::move(g)), max_instances_(std::max<std::size_t>(1, max_instances)) {
+    if (!graph_.device.is_cuda())
+      throw DeviceError("CUDA graph runner: the graph is on " + graph_.device.str() + "; it runs CUDA graphs only");
+    leaves_ = graph_.num_leaves();
+    leaf_lead_.assign(leaves_, 0);
+    leaf_span_.assign(leaves_, 0);
+    for (auto& n : graph_.nodes) {
+      if (n.op != ir::Op::Input) continue;
+      auto [lead, span] = extent(n.shape, n.strides, itemsize(n.dtype));
+      leaf_lead_[static_cast<std::size_t>(n.leaf)] = lead;
+      leaf_span_[static_cast<std::size_t>(n.leaf)] = span;
+    }
+    for (std::size_t o = 0; o < graph_.outputs.size(); ++o) {
+      const ir::GraphNode& n = graph_.nodes[static_cast<std::size_t>(graph_.outputs[o])];
+      auto [lead, span] = extent(n.shape, graph_.output_strides[o], itemsize(n.dtype));
+      if (lead != 0) throw Error("CUDA graph runner: output " + std::to_string(o) + " has negative strides");
+      output_span_.push_back(span);
+    }
+    varying_.assign(leaves_, false);
+  }
+  CudaGraphRunner(const CudaGraphRunner&) = delete;
+  CudaGraphRunner& operator=(const CudaGraphRunner&) = delete;
+
+  const ir::Graph& graph() const { return graph_; }
+
+  /// Runs the graph on `inputs` (device pointers, leaf order, offsets applied). `outputs`
+  /// receives one Storage per graph output holding it at offset 0 with
+  /// graph().output_strides[i]: an instance's static buffer (see the class comment) or a fresh
+  /// one. Returns once the work is queued on the device's stream. Throws as run_cuda does.
+  void run(const std::vector<const void*>& inputs, std::vector<StoragePtr>& outputs) {
+    RunArgs probe;
+    outputs.resize(graph_.outputs.size());
+    if (inputs.size() < leaves_) {
+      probe.inputs = inputs;
+      probe.outputs.resize(graph_.outputs.size());
+      detail::check_cuda_run(graph_, probe, leaves_);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!use_graphs()) return run_plain(inputs, outputs);
+    Instance* pick = nullptr;
+    Instance* recapture = nullptr;
+    for (auto& inst : instances_) {
+      if (!free(*inst)) continue;
+      if (reads_in_place(*inst, inputs)) {
+        pick = inst.get();
+        break;
+      }
+      if (!recapture) recapture = inst.get();
+    }
+    if (!pick) {
+      // Inputs that moved are copied from now on, in every instance captured from here.
+      mark_varying(inputs);
+      if (recapture) {
+        pick = recapture;
+      } else if (instances_.size() < max_instances_) {
+        instances_.push_back(std::make_unique<Instance>());
+        pick = instances_.back().get();
+      } else {
+        if (!warned_busy_) {
+          log(LogChannel::perf, "CUDA graph of graph " + detail::cuda_hex(graph_.key) + ": all " +
+                                    std::to_string(instances_.size()) +
+                                    " instances' outputs are still held; running the kernels plainly into new buffers");
+          warned_busy_ = true;
+        }
+        return run_plain(inputs, outputs);
+      }
+      capture(*pick, inputs);
+    }
+    const runtime::CudaContext& ctx = runtime::cuda_context(graph_.device.index);
+    const auto& api = runtime::detail::cuda_driver_state().api;
+    for (std::size_t i = 0; i < leaves_; ++i) {
+      if (!pick->static_inputs[i] || leaf_span_[i] == 0) continue;
+      ctx.make_current();
+      runtime::detail::cuda_check(
+          api.memcpy_dtod_async(runtime::detail::device_address(pick->static_inputs[i]->data),
+                                runtime::detail::device_address(static_cast<const char*>(inputs[i]) - leaf_lead_[i]),
+                                leaf_span_[i], ctx.stream),
+          "cuMemcpyDtoDAsync", [&] { return "copying input " + std::to_string(i) + " into a CUDA graph's static buffer"; });
+      ++stats_.input_copies;
+    }
+    pick->exec->launch();
+    ++stats_.replays;
+    // The launch counter counts kernels queued on the device (a capture queues none).
+    kiln::detail::counters().launches.fetch_add(pick->plan->functions.size(), std::memory_order_relaxed);
+    for (std::size_t o = 0; o < outputs.size(); ++o) outputs[o] = pick->outputs[o];
+  }
+
+  /// Runs the graph and copies its results into args.outputs (written with the graph's
+  /// output strides): for callers that own the output buffers.
+  void run_into(const RunArgs& args) {
+    detail::check_cuda_run(graph_, args, leaves_);
+    std::vector<StoragePtr> outs;
+    run(args.inputs, outs);
+    const int device = graph_.device.index;
+    for (std::size_t o = 0; o < outs.size(); ++o)
+      runtime::copy_device_to_device(args.outputs[o], outs[o]->data, output_span_[o], device);
+  }
+
+  CudaGraphStats stats() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    CudaGraphStats s = stats_;
+    s.instances = instances_.size();
+    return s;
+  }
+
+ private:
+  struct Instance {
+    std::shared_ptr<const detail::CudaPlan> plan;
+    std::vector<const void*> captured_inputs;  ///< where the graph reads input i
+    std::vector<StoragePtr> static_inputs;     ///< non-null: input i is copied here first (at lead bytes before the read)
+    std::vector<StoragePtr> outputs;
+    StoragePtr temps;
+    std::unique_ptr<runtime::CudaGraph> exec;
+  };
+
+  /// Bytes before the first element (negative strides) and bytes spanned, of a strided view.
+  static std::pair<std::size_t, std::size_t> extent(const Shape& shape, const Strides& strides, std::size_t item) {
+    std::int64_t lo = 0, hi = 0;
+    for (std::size_t d = 0; d < shape.size(); ++d) {
+      if (shape[d] == 0) return {0, 0};
+      const std::int64_t reach = (shape[d] - 1) * strides[d];
+      (reach < 0 ? lo : hi) += reach;
+    }
+    return {static_cast<std::size_t>(-lo) * item, static_cast<std::size_t>(hi - lo + 1) * item};
+  }
+
+  bool use_graphs() {
+    if (graphs_checked_) return graphs_ok_;
+    graphs_checked_ = true;
+    graphs_ok_ = runtime::cuda_graphs_available();
+    if (!graphs_ok_ && cuda_available())
+      log(LogChannel::perf, "reduce-overhead: CUDA graphs unavailable (" + runtime::cuda_graphs_unavailable_reason() +
+                                "); launching kernels one by one");
+    return graphs_ok_;
+  }
+
+  /// Nobody but this instance holds its outputs: a replay may overwrite them.
+  static bool free(const Instance& inst) {
+    for (auto& o : inst.outputs)
+      if (o.use_count() > 1) return false;
+    return true;
+  }
+
+  bool reads_in_place(const Instance& inst, const std::vector<const void*>& inputs) const {
+    for (std::size_t i = 0; i < leaves_; ++i)
+      if (!inst.static_inputs[i] && inst.captured_inputs[i] != inputs[i]) return false;
+    return true;
+  }
+
+  void mark_varying(const std::vector<const void*>& inputs) {
+    for (auto& inst : instances_)
+      for (std::size_t i = 0; i < leaves_; ++i)
+        if (!inst->static_inputs[i] && inst->captured_inputs[i] != inputs[i]) varying_[i] = true;
+  }
+
+  void capture(Instance& inst, const std::vector<const void*>& inputs) {
+    const int device = graph_.device.index;
+    const runtime::CudaContext& ctx = runtime::cuda_context(device);
+    // The instance's buffers are replaced; the old ones go back to the pool in stream order,
+    // after the replays that used them (an old executable graph is freed once it completes).
+    inst.exec.reset();
+    RunArgs bound;
+    inst.captured_inputs.assign(leaves_, nullptr);
+    inst.static_inputs.assign(leaves_, nullptr);
+    for (std::size_t i = 0; i < leaves_; ++i) {
+      if (varying_[i]) {
+        inst.static_inputs[i] = runtime::allocate_cuda(leaf_span_[i], device);
+        inst.captured_inputs[i] = static_cast<const char*>(inst.static_inputs[i]->data) + leaf_lead_[i];
+      } else {
+        inst.captured_inputs[i] = inputs[i];
+      }
+    }
+    bound.inputs = inst.captured_inputs;
+    inst.outputs.clear();
+    for (std::size_t o = 0; o < graph_.outputs.size(); ++o) {
+      inst.outputs.push_back(runtime::allocate_cuda(output_span_[o], device));
+      bound.outputs.push_back(inst.outputs.back()->data);
+    }
+    inst.plan = detail::CudaPlanCache::instance().get(graph_, detail::alignment_of(bound));
+    inst.temps = inst.plan->temp_offsets.empty() ? nullptr : runtime::allocate_cuda(inst.plan->temp_total, device);
+    char* temps = inst.temps ? static_cast<char*>(inst.temps->data) : nullptr;
+    const detail::CudaPlan& plan = *inst.plan;
+    inst.exec = runtime::CudaGraph::capture(ctx, [&](runtime::cu::CUstream stream) {
+      detail::enqueue_cuda_plan(plan, ctx, bound.inputs.data(), leaves_, bound.outputs.data(), bound.outputs.size(), temps,
+                                stream);
+    });
+    ++stats_.captures;
+    if (log_enabled(LogChannel::perf)) {
+      std::size_t copied = 0;
+      for (auto& st : inst.static_inputs) copied += st != nullptr;
+      log(LogChannel::perf, "CUDA graph captured for graph " + detail::cuda_hex(graph_.key) + ": " +
+                                std::to_string(plan.functions.size()) + " kernel(s), " + std::to_string(copied) + " of " +
+                                std::to_string(leaves_) + " input(s) copied into static buffers, " +
+                                std::to_string(instances_.size()) + " instance(s)");
+    }
+  }
+
+  void run_plain(const std::vector<const void*>& inputs, std::vector<StoragePtr>& outputs) {
+    RunArgs args;
+    args.inputs.assign(inputs.begin(), inputs.begin() + static_cast<std::ptrdiff_t>(leaves_));
+    for (std::size_t o = 0; o < graph_.outputs.size(); ++o) {
+      outputs[o] = runtime::allocate_cuda(output_span_[o], graph_.device.index);
+      args.outputs.push_back(outputs[o]->data);
+    }
+    run_cuda(graph_, args);
+    ++stats_.plain_runs;
+  }
+
+  ir::Graph graph_;
+  std::size_t max_instances_;
+  std::size_t leaves_ = 0;
+  std::vector<std::size_t> leaf_lead_, leaf_span_, output_span_;
+  std::vector<bool> varying_;
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<Instance>> instances_;
+  CudaGraphStats stats_;
+  bool graphs_checked_ = false, graphs_ok_ = false, warned_busy_ = false;
+};
+
+/// A GraphRunner-shaped callable around a CudaGraphRunner (kiln::compile's "kiln" backend in
+/// "reduce-overhead" on CUDA); called with caller-owned outputs it copies the results there,
+/// and kiln::compile's replays find it (std::function::target) to take the results as they are.
+struct CudaGraphRunFn {
+  std::shared_ptr<CudaGraphRunner> runner;
+  void operator()(const ir::Graph&, const RunArgs& args) const { runner->run_into(args); }
+};
 
 /// Drops every cached CUDA plan (the compiled modules stay loaded).
 inline void clear_cuda_plans() { detail::CudaPlanCache::instance().clear(); }

@@ -2,6 +2,8 @@
 // The executor seam: memory, copies and graph execution for every device, chosen here so the
 // front end never names a device-specific executor.
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -154,6 +156,7 @@ class PreparedGraph {
     if (graph_.device.is_cpu() && cpu_uses_jit(mode_)) cpu_plan_ = cpu_plan(graph_, launch_);
   }
   void run(const RunArgs& args) const {
+    if (graph_.device.is_cuda() && mode_ != Mode::Eager) return run_cuda_bound(args);
     if (!cpu_plan_) return backend::run(graph_, args, mode_);
     if (!launch_.autotune) return run_cpu_plan(*cpu_plan_, args);
     // Autotuned plans are settled by their first run (timed on these buffers, or the stored
@@ -174,11 +177,46 @@ class PreparedGraph {
   }
 
  private:
+  // CUDA plans depend on the buffers' alignment too, known only per run: a few are bound here
+  // (one per alignment class met), so a run reads the slots without a lock or a structural
+  // comparison; a miss asks the process-wide plan cache once, under mu_.
+  void run_cuda_bound(const RunArgs& args) const {
+    detail::check_cuda_run(graph_, args, cuda_leaves_);
+    std::uint64_t mask = 0;
+    if (!detail::alignment_mask_of(args.inputs, cuda_leaves_, args.outputs, mask)) return run_cuda(graph_, args);
+    for (const auto& slot : cuda_slots_) {
+      const detail::CudaPlan* p = slot.load(std::memory_order_acquire);
+      if (!p) break;
+      if (p->alignment_mask == mask) return detail::run_cuda_plan(*p, args);
+    }
+    RunArgs leaves_only;  // the alignment class of the leaves and outputs alone, as the slots key it
+    leaves_only.inputs.assign(args.inputs.begin(), args.inputs.begin() + static_cast<std::ptrdiff_t>(cuda_leaves_));
+    leaves_only.outputs = args.outputs;
+    std::shared_ptr<const detail::CudaPlan> plan = detail::CudaPlanCache::instance().get(graph_, detail::alignment_of(leaves_only));
+    {
+      // When every slot is taken, later runs of this class keep asking the plan cache.
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& slot : cuda_slots_) {
+        const detail::CudaPlan* p = slot.load(std::memory_order_acquire);
+        if (p && p->alignment_mask == mask) break;
+        if (!p) {
+          cuda_plans_.push_back(plan);
+          slot.store(plan.get(), std::memory_order_release);
+          break;
+        }
+      }
+    }
+    detail::run_cuda_plan(*plan, args);
+  }
+
   ir::Graph graph_;
   Mode mode_;
   CpuLaunchOptions launch_;
   mutable std::mutex mu_;
-  mutable CpuPlanPtr cpu_plan_;  // CUDA plans also depend on the buffers' alignment: run_cuda looks them up
+  mutable CpuPlanPtr cpu_plan_;
+  std::size_t cuda_leaves_ = graph_.num_leaves();
+  mutable std::array<std::atomic<const detail::CudaPlan*>, 4> cuda_slots_{};
+  mutable std::vector<std::shared_ptr<const detail::CudaPlan>> cuda_plans_;  // owns what the slots point to
 };
 
 /// How `g` would be run (its kernels), as text.

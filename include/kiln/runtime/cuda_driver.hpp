@@ -86,6 +86,7 @@ inline constexpr CUresult CUDA_ERROR_OUT_OF_MEMORY = 2;
 inline constexpr CUresult CUDA_ERROR_DEINITIALIZED = 4;
 inline constexpr CUresult CUDA_ERROR_NO_DEVICE = 100;
 inline constexpr unsigned CU_STREAM_DEFAULT = 0x0;
+inline constexpr unsigned CU_STREAM_NON_BLOCKING = 0x1;
 inline constexpr unsigned CU_EVENT_DEFAULT = 0x0;
 inline constexpr unsigned CU_EVENT_DISABLE_TIMING = 0x2;
 
@@ -154,6 +155,7 @@ struct CudaDriverState {
   CudaDriverApi api;
   int driver_version = 0;  ///< e.g. 12040 for CUDA 12.4
   int device_count = 0;
+  std::string graphs_missing;  ///< CUDA graph entry points the driver lacks (empty: all there)
   bool ok() const { return reason.empty() && handle != nullptr; }
 };
 
@@ -261,12 +263,20 @@ inline CudaDriverState load_cuda_driver(const std::string& path) {
   sym(a.event_destroy, {"cuEventDestroy_v2"});
   sym(a.get_error_name, {"cuGetErrorName"});
   sym(a.get_error_string, {"cuGetErrorString"});
-  sym(a.stream_begin_capture, {"cuStreamBeginCapture_v2"});
-  sym(a.stream_end_capture, {"cuStreamEndCapture"});
-  sym(a.graph_instantiate, {"cuGraphInstantiateWithFlags"});
-  sym(a.graph_launch, {"cuGraphLaunch"});
-  sym(a.graph_exec_destroy, {"cuGraphExecDestroy"});
-  sym(a.graph_destroy, {"cuGraphDestroy"});
+  // CUDA graphs are optional: without them, "reduce-overhead" launches kernels one by one
+  // (runtime/cuda_graph.hpp says why in its log line), and everything else works.
+  std::string graph_missing;
+  auto optional_sym = [&](auto& fn, const char* name) {
+    if (void* p = dlsym(h, name)) fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+    else graph_missing += std::string(graph_missing.empty() ? "" : ", ") + name;
+  };
+  optional_sym(a.stream_begin_capture, "cuStreamBeginCapture_v2");
+  optional_sym(a.stream_end_capture, "cuStreamEndCapture");
+  optional_sym(a.graph_instantiate, "cuGraphInstantiateWithFlags");
+  optional_sym(a.graph_launch, "cuGraphLaunch");
+  optional_sym(a.graph_exec_destroy, "cuGraphExecDestroy");
+  optional_sym(a.graph_destroy, "cuGraphDestroy");
+  s.graphs_missing = graph_missing;
   s.handle = h;
   if (!missing.empty()) {
     s.reason = "the CUDA driver '" + path + "' lacks " + missing +

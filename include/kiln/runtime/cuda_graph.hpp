@@ -1,0 +1,141 @@
+#pragma once
+// CUDA graphs through the driver API: a sequence of launches is captured once
+// (cuStreamBeginCapture / cuStreamEndCapture), instantiated (cuGraphInstantiateWithFlags) and
+// then replayed with one cuGraphLaunch, which costs the host about as much as one kernel
+// launch whatever the number of kernels. The entry points are optional (a driver may lack
+// them): cuda_graphs_available() says whether they are there.
+//
+// Capture happens on a private non-blocking stream per device, never on kiln's own stream:
+// while a stream is capturing, work that any thread puts on it is recorded instead of run, so
+// capturing on the shared stream would swallow other threads' copies and kernels. A replay
+// is launched on kiln's stream, in order with everything else kiln does on the device.
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kiln/core/error.hpp"
+#include "kiln/runtime/cuda_driver.hpp"
+
+namespace kiln::runtime {
+
+/// Process-wide CUDA graph counters (tests and benchmarks read them).
+struct CudaGraphCounters {
+  std::atomic<std::uint64_t> captures{0};  ///< graphs captured and instantiated
+  std::atomic<std::uint64_t> replays{0};   ///< cuGraphLaunch calls
+};
+inline CudaGraphCounters& cuda_graph_counters() {
+  static CudaGraphCounters c;
+  return c;
+}
+
+/// True when the driver is usable and has every CUDA graph entry point kiln uses.
+inline bool cuda_graphs_available() {
+  const auto& s = detail::cuda_driver_state();
+  return s.ok() && s.graphs_missing.empty();
+}
+
+/// Why CUDA graphs cannot be used (empty when they can).
+inline std::string cuda_graphs_unavailable_reason() {
+  const auto& s = detail::cuda_driver_state();
+  if (!s.ok()) return "CUDA is unavailable: " + s.reason;
+  if (!s.graphs_missing.empty()) return "the CUDA driver '" + s.path + "' lacks " + s.graphs_missing;
+  return {};
+}
+
+namespace detail {
+
+/// The private stream graphs are captured on, one per device, made on first use and kept for
+/// the life of the process (as kiln's own streams are). The mutex serialises captures on it.
+struct CaptureStreams {
+  std::mutex mu;
+  std::vector<cu::CUstream> streams;
+  std::vector<std::unique_ptr<std::mutex>> capture_mu;
+};
+inline CaptureStreams& capture_streams() {
+  static CaptureStreams* s = new CaptureStreams;  // never destroyed (see CudaContext)
+  return *s;
+}
+
+}  // namespace detail
+
+/// One captured and instantiated CUDA graph on one device. Destroying it while a replay is in
+/// flight is allowed: the driver frees an executing graph once it completes.
+class CudaGraph {
+ public:
+  /// Captures the work that `record(stream)` enqueues on `stream` into a graph and
+  /// instantiates it. `record` must enqueue only on the stream it is given, and must not
+  /// allocate in stream order or synchronise. Throws DeviceError when the driver lacks CUDA
+  /// graphs or a capture step fails (the capture is ended and discarded first).
+  template <class Record>
+  static std::unique_ptr<CudaGraph> capture(const CudaContext& ctx, Record&& record) {
+    const auto& api = detail::require_cuda_driver("capture a CUDA graph");
+    if (!cuda_graphs_available()) throw DeviceError("kiln: cannot capture a CUDA graph: " + cuda_graphs_unavailable_reason());
+    ctx.make_current();
+    const std::string where = "on cuda:" + std::to_string(ctx.index);
+    auto& cs = detail::capture_streams();
+    cu::CUstream stream = nullptr;
+    std::mutex* capture_mu = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(cs.mu);
+      const auto i = static_cast<std::size_t>(ctx.index);
+      if (cs.streams.size() <= i) {
+        cs.streams.resize(i + 1, nullptr);
+        cs.capture_mu.resize(i + 1);
+      }
+      if (!cs.streams[i]) {
+        // Non-blocking: a capturing stream that synchronised with the legacy default stream
+        // (another thread's cudaMemcpy) would invalidate the capture.
+        detail::cuda_check(api.stream_create(&cs.streams[i], cu::CU_STREAM_NON_BLOCKING), "cuStreamCreate", where);
+        cs.capture_mu[i] = std::make_unique<std::mutex>();
+      }
+      stream = cs.streams[i];
+      capture_mu = cs.capture_mu[i].get();
+    }
+    std::lock_guard<std::mutex> lock(*capture_mu);
+    // Thread-local mode: other threads may keep calling the driver while this one captures.
+    detail::cuda_check(api.stream_begin_capture(stream, cu::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+                       "cuStreamBeginCapture", where);
+    cu::CUgraph graph = nullptr;
+    try {
+      record(stream);
+    } catch (...) {
+      if (api.stream_end_capture(stream, &graph) == cu::CUDA_SUCCESS && graph) api.graph_destroy(graph);
+      throw;
+    }
+    detail::cuda_check(api.stream_end_capture(stream, &graph), "cuStreamEndCapture", where);
+    auto g = std::unique_ptr<CudaGraph>(new CudaGraph(ctx));
+    g->graph_ = graph;
+    detail::cuda_check(api.graph_instantiate(&g->exec_, graph, 0), "cuGraphInstantiateWithFlags", where);
+    cuda_graph_counters().captures.fetch_add(1, std::memory_order_relaxed);
+    return g;
+  }
+
+  ~CudaGraph() {
+    // A destructor cannot throw; a failed destroy leaks the graph (and at process teardown
+    // the driver answers CUDA_ERROR_DEINITIALIZED anyway).
+    const auto& api = detail::cuda_driver_state().api;
+    if (exec_ && api.graph_exec_destroy) api.graph_exec_destroy(exec_);
+    if (graph_ && api.graph_destroy) api.graph_destroy(graph_);
+  }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+
+  /// Replays the graph on the device's stream (kiln's stream), after the work queued there.
+  void launch() const {
+    ctx_->make_current();
+    detail::cuda_check(detail::cuda_driver_state().api.graph_launch(exec_, ctx_->stream), "cuGraphLaunch",
+                       [&] { return "on cuda:" + std::to_string(ctx_->index); });
+    cuda_graph_counters().replays.fetch_add(1, std::memory_order_relaxed);
+  }
+
+ private:
+  explicit CudaGraph(const CudaContext& ctx) : ctx_(&ctx) {}
+  const CudaContext* ctx_;
+  cu::CUgraph graph_ = nullptr;
+  cu::CUgraphExec exec_ = nullptr;
+};
+
+}  // namespace kiln::runtime

@@ -80,6 +80,10 @@ struct BackendRegistry {
   BackendRegistry() {
     // The graph is bound to its executor once; a replay only launches.
     factories["kiln"] = [](const ir::Graph& g, const CompileOptions& o) -> GraphRunner {
+      // reduce-overhead on CUDA: the graph's launches are captured into a CUDA graph and
+      // replayed (backend::CudaGraphRunner); replays take its static outputs as results.
+      if (g.device.is_cuda() && o.mode == "reduce-overhead" && !g.outputs.empty())
+        return backend::CudaGraphRunFn{std::make_shared<backend::CudaGraphRunner>(g)};
       auto prepared = std::make_shared<backend::PreparedGraph>(g, Backend::Auto, cpu_launch_options(o.mode));
       return [prepared](const ir::Graph&, const backend::RunArgs& a) { prepared->run(a); };
     };
@@ -138,6 +142,34 @@ struct GuardItem {
     }
     return true;
   }
+  /// matches(guard_of(t)) without building the call's guard (the cached call's hot path).
+  bool matches_value(const Tensor& t) const {
+    if (!t.defined() || !t.is_evaluated()) return matches(guard_of_tensor(t));
+    if (kind != Kind::Tensor) return false;
+    const ir::Node& n = *t.node();
+    if (dtype != n.dtype || device != n.device || shape.size() != n.shape.size()) return false;
+    const Strides& st = n.buffer->strides;
+    for (std::size_t d = 0; d < shape.size(); ++d) {
+      if (dynamic_dims.empty() || !dynamic_dims[d]) {
+        if (shape[d] != n.shape[d] || strides[d] != st[d]) return false;
+      } else {
+        auto cls = [](std::int64_t s) { return s < 2 ? s : 2; };
+        if (cls(shape[d]) != cls(n.shape[d])) return false;
+      }
+    }
+    if (!dynamic_dims.empty() && kiln::is_contiguous(shape, strides) != kiln::is_contiguous(n.shape, st)) return false;
+    return true;
+  }
+  template <class T>
+    requires Scalar<T>
+  bool matches_value(const T& v) const {
+    GuardItem g;
+    g.kind = Kind::Number;
+    g.number = static_cast<double>(v);
+    g.number_type = std::is_same_v<T, bool> ? 1 : std::is_integral_v<T> ? 2 : 3;
+    return matches(g);
+  }
+  static GuardItem guard_of_tensor(const Tensor& t);
   std::string describe() const {
     if (kind == Kind::Number) {
       std::ostringstream os;
@@ -161,6 +193,7 @@ inline GuardItem guard_of(const Tensor& t) {
   g.strides = t.strides();
   return g;
 }
+inline GuardItem GuardItem::guard_of_tensor(const Tensor& t) { return guard_of(t); }
 template <class T>
   requires Scalar<T>
 GuardItem guard_of(const T& v) {
@@ -271,6 +304,10 @@ struct Replay {
   std::vector<ResultSource> results;
   std::any traced_result;    ///< the function's result at trace time (its numbers are specialised)
   GraphRunner runner;
+  // Reused by every replay (calls hold the compiled function's lock), so a cached call
+  // allocates no pointer vectors; emptied of storages after each call.
+  backend::RunArgs args;
+  std::vector<StoragePtr> storages;
 };
 
 struct Entry {
@@ -433,12 +470,25 @@ class Compiled {
     using R = detail::normalized_t<Raw>;
     State& s = *state_;
     std::lock_guard<std::mutex> lock(s.mu);
-    std::vector<detail::GuardItem> call{detail::guard_of(args)...};
-    std::vector<const Tensor*> tensor_args;
+    if (s.options.backend == "eager") return run_uncompiled<R>(args...);
+    std::vector<const Tensor*>& tensor_args = s.tensor_args;  // reused: the lock is held
+    tensor_args.clear();
     (collect_tensor(args, tensor_args), ...);
 
-    if (s.options.backend == "eager") return run_uncompiled<R>(args...);
+    // The hot path: an entry and a replay whose guards match, checked against the arguments
+    // themselves (no guard objects built).
+    for (auto& e : s.entries) {
+      if (!matches_args(e->guard, args...)) continue;
+      if (e->rerun) break;
+      for (auto& [g, replay] : e->replays)
+        if (matches_args(g, args...)) {
+          s.stats.cache_hits++;
+          return replay_call<R>(*replay, tensor_args);
+        }
+      break;
+    }
 
+    std::vector<detail::GuardItem> call{detail::guard_of(args)...};
     for (auto& e : s.entries) {
       if (!matches(e->guard, call)) continue;
       s.stats.cache_hits++;
@@ -503,12 +553,20 @@ class Compiled {
     CompileStats stats;
     bool warned = false;
     std::shared_ptr<std::function<void()>> clearer;
+    std::vector<const Tensor*> tensor_args;  ///< the current call's tensors (reused under `mu`)
   };
 
   template <class T>
   static void collect_tensor(const T& v, std::vector<const Tensor*>& out) {
     if constexpr (std::is_same_v<std::remove_cvref_t<T>, Tensor>) out.push_back(&v);
     else static_assert(Scalar<T>, "kiln::compile: arguments must be Tensors or C++ numbers");
+  }
+
+  template <class... Args>
+  static bool matches_args(const std::vector<detail::GuardItem>& g, const Args&... args) {
+    if (g.size() != sizeof...(Args)) return false;
+    std::size_t i = 0;
+    return (g[i++].matches_value(args) && ...);
   }
 
   static bool matches(const std::vector<detail::GuardItem>& g, const std::vector<detail::GuardItem>& call) {
@@ -838,9 +896,18 @@ class Compiled {
   template <class R>
   static R replay_call(detail::Replay& r, const std::vector<const Tensor*>& tensor_args) {
     std::vector<Tensor> results(r.results.size());
-    std::vector<StoragePtr> storages;
+    std::vector<StoragePtr>& storages = r.storages;
+    storages.clear();
+    // The replay must not keep its results' buffers (a CUDA graph instance reuses its outputs
+    // only when no one else holds them), whatever happens below.
+    struct Release {
+      std::vector<StoragePtr>& v;
+      ~Release() { v.clear(); }
+    } release{storages};
     if (!r.graph.outputs.empty()) {
-      backend::RunArgs a;
+      backend::RunArgs& a = r.args;
+      a.inputs.clear();
+      a.outputs.clear();
       for (auto& leaf : r.leaves) {
         if (leaf.arg < 0) {
           a.inputs.push_back(detail::leaf_pointer(*leaf.constant));
@@ -850,12 +917,17 @@ class Compiled {
           a.inputs.push_back(static_cast<const char*>(n.buffer->storage->data) + off * static_cast<std::int64_t>(itemsize(n.dtype)));
         }
       }
-      for (auto out : r.graph.outputs) {
-        const ir::GraphNode& g = r.graph.nodes[out];
-        storages.push_back(detail::allocate(static_cast<std::size_t>(g.shape.numel()) * itemsize(g.dtype), r.graph.device));
-        a.outputs.push_back(storages.back()->data);
+      if (const auto* cuda_graph = r.runner.template target<backend::CudaGraphRunFn>()) {
+        // Results are the instance's static outputs (no copy, no allocation).
+        cuda_graph->runner->run(a.inputs, storages);
+      } else {
+        for (auto out : r.graph.outputs) {
+          const ir::GraphNode& g = r.graph.nodes[out];
+          storages.push_back(detail::allocate(static_cast<std::size_t>(g.shape.numel()) * itemsize(g.dtype), r.graph.device));
+          a.outputs.push_back(storages.back()->data);
+        }
+        r.runner(r.graph, a);
       }
-      r.runner(r.graph, a);
     }
     for (std::size_t i = 0; i < r.results.size(); ++i) {
       const auto& src = r.results[i];

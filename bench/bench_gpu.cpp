@@ -447,15 +447,11 @@ void register_all(bool variants) {
       std::vector<int> values;
     };
     static std::vector<V> vs = {
-        {"row_cache_shared", {"N6"}, &backend::detail::CudaTuning::row_cache_shared, {-1}},
-        {"reciprocal_div", {"N1", "N5"}, &backend::detail::CudaTuning::reciprocal_div, {-1}},
-        {"pointwise_unroll_heavy", {"P3"}, &backend::detail::CudaTuning::pointwise_unroll_heavy, {2}},
-        {"pointwise_lanes_heavy", {"P3"}, &backend::detail::CudaTuning::pointwise_lanes_heavy, {1, 2}},
-        {"pointwise_unroll", {"P1", "P2"}, &backend::detail::CudaTuning::pointwise_unroll, {1, 4}},
-        {"split_blocks_per_sm", {"R3"}, &backend::detail::CudaTuning::split_blocks_per_sm, {2, 8}},
-        {"column_vectors_per_thread", {"R3"}, &backend::detail::CudaTuning::column_vectors_per_thread, {2}},
+        {"pointwise_lanes_heavy", {"P3"}, &backend::detail::CudaTuning::pointwise_lanes_heavy, {1, 4}},
+        {"row_unroll_uncached", {"N6"}, &backend::detail::CudaTuning::row_unroll_uncached, {8, 32}},
+        {"row_vectors_per_thread_uncached", {"N6"}, &backend::detail::CudaTuning::row_vectors_per_thread_uncached, {4, 16, 64}},
+        {"column_split_interleave", {"R3"}, &backend::detail::CudaTuning::column_split_interleave, {1}},
         {"column_unroll", {"R3"}, &backend::detail::CudaTuning::column_unroll, {8}},
-        {"row_vectors_per_thread", {"N5"}, &backend::detail::CudaTuning::row_vectors_per_thread, {2, 8}},
     };
     for (auto& v : vs)
       for (int value : v.values)

@@ -231,6 +231,9 @@ inline void clear_caches() {
   detail::CpuPlanCache::instance().clear();
   runtime::clear_autotune_memory();
   clear_cuda_plans();
+  // The cubins held in memory too (a later use loads them from the disk cache); modules
+  // already loaded stay loaded, since launches in flight may still use them.
+  runtime::CudaModuleCache::instance().clear_memory();
   runtime::CpuModuleCache::instance().clear();
 }
 

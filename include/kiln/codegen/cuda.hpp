@@ -62,7 +62,13 @@ struct CudaTarget {
   int row_vectors_per_thread = 4;  ///< sets the threads per row of row reductions
   int split_blocks_per_sm = 4;     ///< blocks per multiprocessor when rows or columns are split
   int pointwise_unroll_heavy = 1;  ///< the same for pointwise kernels heavy in transcendental functions
-  int pointwise_lanes_heavy = 0;  ///< at most this many lanes per thread in heavy pointwise kernels (0: by the loads)
+  /// At most this many lanes per thread in pointwise kernels heavy in transcendental functions
+  /// (0: as many as 16-byte loads give). Two: P3 (16 sinf per element) 1.094 -> 0.905 ms on an
+  /// H200, fewer live registers per thread.
+  int pointwise_lanes_heavy = 2;
+  int row_unroll_uncached = 4;        ///< unroll of a row pass whose row is not cached on chip
+  int row_vectors_per_thread_uncached = 32;  ///< sets the threads per row of long rows not cached on chip
+  bool column_split_interleave = false;  ///< column splits take interleaved row groups
   int column_vectors_per_thread = 1;  ///< 16-byte vectors per thread across the columns of column reductions
   int column_unroll = 4;              ///< rows in flight per thread in column reductions
   /// Rows too long for registers stay in shared memory (one row per multiprocessor at a time),
@@ -1566,19 +1572,20 @@ class Writer {
     const int inner = p.red_groups.empty() ? -1 : p.red_groups.back();
     set_vec(inner, choose_vec(inner, true));
     const int V = vec_;
-    // Threads per row: a warp for short rows, else enough threads for about 4 vectors each.
-    int T = 32;
-    const i64 vpt = std::max(1, t_.row_vectors_per_thread);
-    if (R > 32 * V * 8) {
-      i64 want = (R + V * vpt - 1) / (V * vpt);
-      T = 64;
-      while (T < 1024 && T < want) T *= 2;
-    }
-    row_threads_ = T;
-    const i64 E = R == 0 ? 0 : (R + static_cast<i64>(T) * V - 1) / (static_cast<i64>(T) * V);
-    const bool guard = R % (static_cast<i64>(T) * V) != 0;
+    // Threads per row: a warp for short rows, else enough threads for about `vpt` vectors each.
+    auto threads_for = [&](int vectors_per_thread) {
+      const i64 vpt = std::max(1, vectors_per_thread);
+      int t = 32;
+      if (R > 32 * V * 8) {
+        i64 want = (R + V * vpt - 1) / (V * vpt);
+        t = 64;
+        while (t < 1024 && t < want) t *= 2;
+      }
+      return t;
+    };
+    int T = threads_for(t_.row_vectors_per_thread);
+    i64 E = R == 0 ? 0 : (R + static_cast<i64>(T) * V - 1) / (static_cast<i64>(T) * V);
     const int rpb = T == 32 ? static_cast<int>(std::max<i64>(1, std::min<i64>(8, rows))) : 1;
-    info_.block = static_cast<unsigned>(T * rpb);
     // The row cache: registers when small, else shared memory, else none (re-read).
     auto reads = multi_pass_reads();
     std::size_t slot_bytes = 0;
@@ -1591,6 +1598,16 @@ class Writer {
       if (reg_words <= reg_limit) mode = 1;
       else if (t_.row_cache_shared && row_bytes <= t_.max_shared_per_block_optin - 8192) mode = 2;
     }
+    if (mode == 0 && !reads.empty() && rpb == 1 && t_.row_vectors_per_thread_uncached > 0) {
+      // A long row that later passes re-read from L2: fewer threads per row with more vectors
+      // each keep several rows in flight per multiprocessor, so one row's block reduction
+      // overlaps another's loads (N6, 128 KiB rows: 1024 threads 0.41 x copy, 256 threads 0.76).
+      T = threads_for(t_.row_vectors_per_thread_uncached);
+      E = R == 0 ? 0 : (R + static_cast<i64>(T) * V - 1) / (static_cast<i64>(T) * V);
+    }
+    row_threads_ = T;
+    const bool guard = R % (static_cast<i64>(T) * V) != 0;
+    info_.block = static_cast<unsigned>(T * rpb);
     // Values more than one pass computes, kept in registers beside a register-cached row when
     // the budget allows (at most 64 words per thread in all).
     std::map<std::string, int> values;
@@ -1672,7 +1689,7 @@ class Writer {
         for (auto& r : reds)
           if (r.node == on->second.first) r.online_sum = on->second.second;
       for (auto& r : reds) declare_acc(r);
-      std::string pragma = mode == 1 ? "#pragma unroll" : "#pragma unroll 4";
+      std::string pragma = mode == 1 ? "#pragma unroll" : "#pragma unroll " + std::to_string(std::max(1, t_.row_unroll_uncached));
       if (E > 0) {
         open("for (int s = 0; s < " + std::to_string(E) + "; ++s)", 0, pragma);
         line("const " + it_ + " pos = ((" + it_ + ")s * " + lit(T) + " + tid) * " + lit(V) + ";");
@@ -1888,15 +1905,24 @@ class Writer {
     // neither store nor fold it.
     line("const " + it_ + " " + var(cg) + " = cb < " + lit(C - V) + " ? cb : " + lit(C - V) + ";");
     const int tile_scope = top();
-    const std::string lo = splits > 1 ? "((" + it_ + ")blockIdx.x / " + lit(units) + ") * " + lit(rchunk) : lit(0);
-    line("const " + it_ + " rlo = " + lo + ";");
-    line("const " + it_ + " rhi = rlo + " + lit(rchunk) + " < " + lit(R) + " ? rlo + " + lit(rchunk) + " : " + lit(R) + ";");
+    // Splits take contiguous runs of rows, or (interleaved) every splits-th group of BY rows,
+    // so that all blocks read rows close together.
+    const bool interleave = splits > 1 && t_.column_split_interleave;
+    const std::string split = "((" + it_ + ")blockIdx.x / " + lit(units) + ")";
+    const i64 step = interleave ? BY * splits : BY;
+    if (interleave) {
+      line("const " + it_ + " rlo = " + split + " * " + lit(BY) + ";");
+      line("const " + it_ + " rhi = " + lit(R) + ";");
+    } else {
+      line("const " + it_ + " rlo = " + (splits > 1 ? split + " * " + lit(rchunk) : lit(0)) + ";");
+      line("const " + it_ + " rhi = rlo + " + lit(rchunk) + " < " + lit(R) + " ? rlo + " + lit(rchunk) + " : " + lit(R) + ";");
+    }
     std::string counter;
     for (int pass = 1; pass <= k_.passes; ++pass) {
       std::vector<Red> reds = phase_reds(pass);
       for (auto& r : reds)
         for (int j = 0; j < V; ++j) declare_acc(r, "_" + std::to_string(j));
-      open("for (" + it_ + " rr = rlo + ty; rr < rhi; rr += " + lit(BY) + ")", groups_mask(p.red_groups),
+      open("for (" + it_ + " rr = rlo + ty; rr < rhi; rr += " + lit(step) + ")", groups_mask(p.red_groups),
            "#pragma unroll " + std::to_string(std::max(1, t_.column_unroll)));
       decode("rr", p.red_groups);
       store_guard_ = "cvalid";

@@ -248,6 +248,28 @@ TEST_CASE("cuda graph: a result kept across later calls keeps its value") {
   CHECK(max_rel_diff(kept[0], Tensor(xs[0] * 2.0f + 1.0f).eval()) <= 1e-6);
 }
 
+TEST_CASE("cuda graph: y = f(y) alternates between two instances, copying y into their static inputs") {
+  if (!have_gpu() || !have_graphs()) return;
+  auto graphed = kiln::compile([](const Tensor& a) -> Tensor { return a * 0.5f + 1.0f; }, reduce_overhead());
+  Tensor y0 = randn({4096}, 71, f32, kGpu);
+  y0.eval();
+  const std::vector<float> y0_before = y0.to_vector<float>();
+  Tensor y = y0, ref = y0;
+  const std::uint64_t c0 = captures(), r0 = replays();
+  for (int i = 0; i < 8; ++i) {
+    CAPTURE(i);
+    y = graphed(y);
+    ref = Tensor(ref * 0.5f + 1.0f).eval();
+    CHECK(max_rel_diff(y, ref) <= 1e-6);
+  }
+  // Call 1 captures instance A reading y0 in place; call 2 finds A's output held (it is the
+  // argument) and captures B with a static input; call 3 captures A again with a static
+  // input; from then on A and B take turns, each call a replay.
+  CHECK(captures() - c0 == 3);
+  CHECK(replays() - r0 == 8);
+  CHECK(y0.to_vector<float>() == y0_before);  // the first input is untouched
+}
+
 TEST_CASE("cuda graph: several outputs, numbers and views among the results") {
   if (!have_gpu() || !have_graphs()) return;
   auto fn = [](const Tensor& a, const Tensor& b) {

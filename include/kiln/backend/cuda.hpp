@@ -439,7 +439,17 @@ class CudaGraphRunner {
         }
         return run_plain(inputs, outputs);
       }
-      capture(*pick, inputs);
+      try {
+        capture(*pick, inputs);
+      } catch (...) {
+        // A half-made instance must never be replayed: it goes, with whatever it allocated.
+        for (auto it = instances_.begin(); it != instances_.end(); ++it)
+          if (it->get() == pick) {
+            instances_.erase(it);
+            break;
+          }
+        throw;
+      }
     }
     const runtime::CudaContext& ctx = runtime::cuda_context(graph_.device.index);
     const auto& api = runtime::detail::cuda_driver_state().api;

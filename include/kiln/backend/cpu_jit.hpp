@@ -370,6 +370,14 @@ inline CpuPlanPtr tune_cpu_plan(const detail::CpuPlan& plan, const RunArgs& args
   auto start = clock::now();
   auto tuned = std::make_shared<detail::CpuPlan>(plan);
   const ir::Graph& g = plan.graph;
+  // Another user of the same graph may have tuned it since this plan was built.
+  if (auto record = runtime::load_tuning(plan.tune_key)) {
+    detail::apply_tuning(*tuned, *record);
+    if (tuned->tuned) {
+      detail::CpuPlanCache::instance().replace(tuned);
+      return tuned;
+    }
+  }
   RunArgs priv;
   priv.inputs = args.inputs;
   std::vector<StoragePtr> outs;

@@ -301,19 +301,19 @@ inline void enqueue_cuda_plan(const CudaPlan& plan, const runtime::CudaContext& 
   void* params[] = {argv};
   const auto& api = runtime::detail::cuda_driver_state().api;
   ctx.make_current();
+  const bool capturing = stream != ctx.stream;
   for (std::size_t k = 0; k < plan.functions.size(); ++k) {
     const codegen::CudaKernelInfo& info = plan.kernels[k];
-    if (stream == ctx.stream) {
-      runtime::launch_kernel(ctx, plan.functions[k], {info.grid, 1, 1}, {info.block, 1, 1}, info.shared_bytes, params);
-    } else {
-      runtime::detail::cuda_check(api.launch_kernel(plan.functions[k], info.grid, 1, 1, info.block, 1, 1,
-                                                    info.shared_bytes, stream, params, nullptr),
-                                  "cuLaunchKernel", [&] {
-                                    return "on cuda:" + std::to_string(ctx.index) + " while capturing a CUDA graph (grid " +
-                                           std::to_string(info.grid) + ", block " + std::to_string(info.block) + ")";
-                                  });
-    }
-    if (stream == ctx.stream) kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
+    // The context was made current once above (runtime::launch_kernel would check it again
+    // per kernel); the message is runtime::launch_kernel's.
+    runtime::detail::cuda_check(
+        api.launch_kernel(plan.functions[k], info.grid, 1, 1, info.block, 1, 1, info.shared_bytes, stream, params, nullptr),
+        "cuLaunchKernel", [&] {
+          return "on cuda:" + std::to_string(ctx.index) + (capturing ? " while capturing a CUDA graph" : "") +
+                 " with grid (" + std::to_string(info.grid) + ",1,1) block (" + std::to_string(info.block) +
+                 ",1,1) and " + std::to_string(info.shared_bytes) + " bytes of dynamic shared memory";
+        });
+    if (!capturing) kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
   }
 }
 

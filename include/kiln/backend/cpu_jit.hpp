@@ -426,7 +426,7 @@ inline CpuPlanPtr tune_cpu_plan(const detail::CpuPlan& plan, const RunArgs& args
     choices[best].fn(argv, choices[best].threads);
     report += "\n  kernel " + std::to_string(k) + ": threads " + std::to_string(choices[best].threads) + ", chunks " +
               std::to_string(choices[best].chunks) + " (" + std::to_string(times[best] * 1e6) + " us; default " +
-              std::to_string(times[0] * 1e6) + " us, " + std::to_string(runs.size()) + " candidates)";
+              std::to_string(times[0] * 1e6) + " us, " + std::to_string(runs.size()) + " candidates, first round)";
   }
   bool graph = false;
   if (plan.options.autotune_graph && plan.graph_entry) {
@@ -439,7 +439,7 @@ inline CpuPlanPtr tune_cpu_plan(const detail::CpuPlan& plan, const RunArgs& args
     std::vector<double> times;
     graph = runtime::pick_fastest(runs, {}, &times) == 1;
     report += "\n  graph entry: " + std::string(graph ? "chosen" : "not chosen") + " (" + std::to_string(times[1] * 1e6) +
-              " us; kernels one by one " + std::to_string(times[0] * 1e6) + " us)";
+              " us; kernels one by one " + std::to_string(times[0] * 1e6) + " us, first round)";
   }
   if (graph) tuned->graph_fn = tuned->graph_entry;
   tuned->tuned = true;

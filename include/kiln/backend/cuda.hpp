@@ -5,13 +5,18 @@
 // (schedule, loaded kernels, launch shapes, a scratch buffer for cross-block partials) are
 // cached in-process by the graph's structural key plus the alignment of its buffers (vector
 // loads need 16-byte aligned pointers, known only at run time), so evaluating the same
-// structure again costs a hash lookup, a structural comparison and the launches. Launches are
+// structure again costs a hash lookup, a structural comparison and the launches; callers that
+// run one structure many times bind its plans instead (PreparedGraph). Launches are
 // asynchronous: work is ordered on the device's stream, and reading results back synchronises.
+// CudaGraphRunner (the end of this file) replays a graph's launches as one CUDA graph.
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "kiln/backend/executor.hpp"
@@ -513,7 +518,8 @@ class CudaGraphRunner {
     if (graphs_checked_) return graphs_ok_;
     graphs_checked_ = true;
     graphs_ok_ = runtime::cuda_graphs_available();
-    if (!graphs_ok_ && cuda_available())
+    static std::atomic<bool> told{false};  // one line per process, not per graph
+    if (!graphs_ok_ && cuda_available() && !told.exchange(true))
       log(LogChannel::perf, "reduce-overhead: CUDA graphs unavailable (" + runtime::cuda_graphs_unavailable_reason() +
                                 "); launching kernels one by one");
     return graphs_ok_;

@@ -91,6 +91,7 @@ class MathLib {
       const std::pair<const char*, const char*> composites[] = {
           {"gelu", "float v = x[i]; y[i] = 0.5f * v * (1.0f + kiln_tanh_f32(0.7978845608f * (v + 0.044715f * v * v * v)));"},
           {"softmax_exp", "y[i] = kiln_exp_f32(x[i] - 3.0f) * 0.25f;"},
+          {"exp_nonpos", "y[i] = kiln_exp_nonpos_f32(x[i]);"},
           {"log_sigmoid", "y[i] = kiln_log_f32(x[i]) * 0.5f + kiln_sigmoid_f32(x[i]) - kiln_erf_f32(x[i]);"},
           {"sin_chain", "float v = x[i]; for (int k = 0; k < 4; ++k) v = kiln_sin_f32(v) * 1.01f + 0.5f; y[i] = v;"},
       };
@@ -128,6 +129,9 @@ class MathLib {
   const std::string& log() const { return log_; }
   MapF32 f32(const std::string& fn) const { return reinterpret_cast<MapF32>(sym(fn + "_f32")); }
   MapF64 f64(const std::string& fn) const { return reinterpret_cast<MapF64>(sym(fn + "_f64")); }
+  MapF32 composite(const std::string& name) const {
+    return handle_ ? reinterpret_cast<MapF32>(::dlsym(handle_, ("kiln_test_composite_" + name).c_str())) : nullptr;
+  }
   std::string vec_report() const { return read_file(dir_ / "vec.txt"); }
   const std::vector<std::pair<std::string, int>>& loop_lines() const { return loop_lines_; }
 
@@ -394,6 +398,23 @@ TEST_CASE("float special values are libm's") {
   // Overflow edge: the largest float whose exp is finite.
   CHECK(std::isfinite(call_f32("exp", 88.72283f)));
   CHECK(std::isinf(call_f32("exp", 88.72284f)));
+}
+
+TEST_CASE("exp without the overflow clamp (softmax's x - max) equals exp for every x <= 0 and NaN") {
+  const MathLib& lib = plain_lib();
+  REQUIRE(lib.ok());
+  MapF32 nonpos = lib.composite("exp_nonpos");
+  REQUIRE(static_cast<bool>(nonpos));
+  std::vector<float> xs = {0.0f, -0.0f, -1e-30f, -0x1p-149f, -0.5f, -1.0f, -87.3f, -87.4f, -100.0f, -103.97f, -104.0f,
+                           -104.1f, -200.0f, -1e30f, -INFINITY, kNaN};
+  for (float x = -110.0f; x <= 0.0f; x += 0.0137f) xs.push_back(x);
+  std::vector<float> got(xs.size()), want(xs.size());
+  nonpos(xs.data(), got.data(), static_cast<long>(xs.size()));
+  lib.f32("exp")(xs.data(), want.data(), static_cast<long>(xs.size()));
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    INFO("x = " << xs[i] << ": " << got[i] << " vs " << want[i]);
+    CHECK(same_f32(got[i], want[i]));
+  }
 }
 
 TEST_CASE("float sin/cos/tan: large arguments stay bounded") {

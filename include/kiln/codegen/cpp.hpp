@@ -677,6 +677,17 @@ class KernelWriter {
                      " (shape " + n.shape.str() + "); cast to a floating dtype first");
   }
 
+  /// Whether node `id` is x - broadcast(max(x)) (softmax's shift): never above 0, so its exp
+  /// needs no overflow clamp. Float subtraction keeps x <= m as x - m <= 0.
+  bool nonpositive_shift(int id) const {
+    const ir::GraphNode& d = node(id);
+    if (d.op != Op::Sub) return false;
+    const ir::GraphNode& b = node(d.inputs[1]);
+    if (b.op != Op::Broadcast) return false;
+    const ir::GraphNode& m = node(b.inputs[0]);
+    return m.op == Op::ReduceMax && m.inputs[0] == d.inputs[0];
+  }
+
   std::string math(const char* fn, const std::string& a, DType t) {
     needs_.math = true;
     return std::string("kiln_") + fn + (t == DType::Float64 ? "_f64(" : "_f32(") + a + ")";
@@ -724,7 +735,9 @@ class KernelWriter {
         if (fl) return std::string(dbl ? "__builtin_fabs(" : "__builtin_fabsf(") + a + ")";
         if (it == DType::Bool) return a;
         return "(" + a + " < 0 ? " + (it == DType::Int32 ? "(int)(0u - (unsigned)" + a + ")" : "(long long)(0ull - (unsigned long long)" + a + ")") + " : " + a + ")";
-      case Op::Exp: return fmath("exp");
+      case Op::Exp:
+        if (it == DType::Float32 && nonpositive_shift(n.inputs[0])) return math("exp_nonpos", a, it);
+        return fmath("exp");
       case Op::Exp2: return fmath("exp2");
       case Op::Log: return fmath("log");
       case Op::Log2: return fmath("log2");

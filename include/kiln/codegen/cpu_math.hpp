@@ -81,6 +81,11 @@ static inline float kiln_exp_f32(float x) {
   return kiln_f32_exp_clamped(kiln_f32_sel(xc < -104.0f, -104.0f, xc));
 }
 
+/* exp for x <= 0 or NaN (softmax's x - max(x)): only the lower clamp is needed. */
+static inline float kiln_exp_nonpos_f32(float x) {
+  return kiln_f32_exp_clamped(kiln_f32_sel(x < -104.0f, -104.0f, x));
+}
+
 static inline float kiln_exp2_f32(float x) {
   float xc = kiln_f32_sel(x > 129.0f, 129.0f, x);
   xc = kiln_f32_sel(xc < -151.0f, -151.0f, xc);

@@ -367,3 +367,46 @@ TEST_CASE("cuda graph: the runner writes into caller-owned outputs; plain runs =
   few.outputs = ours.outputs;
   CHECK_THROWS_AS(fn(c.graph, few), Error);
 }
+
+TEST_CASE("cuda: PreparedGraph binds a plan per alignment class (more classes than slots too) == run_cuda") {
+  if (!have_gpu()) return;
+  const std::int64_t n = 1001;
+  Tensor a = randn({n}, 81, f32, kGpu), b = randn({n}, 82, f32, kGpu);
+  a.eval();
+  b.eval();
+  Tensor lazy = Tensor(a * b + 2.0f);
+  ir::Captured c = ir::capture({lazy.node()}, kGpu);
+  REQUIRE(c.leaves.size() == 2);
+  backend::PreparedGraph prepared(c.graph, backend::Mode::Auto);
+  const std::size_t bytes = static_cast<std::size_t>(n) * 4;
+  // Every buffer may start 16-byte aligned or one float past it: 2^3 classes, 4 slots.
+  StoragePtr in0 = runtime::allocate_cuda(bytes + 16, 0), in1 = runtime::allocate_cuda(bytes + 16, 0);
+  StoragePtr out = runtime::allocate_cuda(bytes + 16, 0), ref = runtime::allocate_cuda(bytes, 0);
+  for (int round = 0; round < 2; ++round) {
+    for (int cls = 0; cls < 8; ++cls) {
+      CAPTURE(round);
+      CAPTURE(cls);
+      char* p0 = static_cast<char*>(in0->data) + ((cls & 1) ? 4 : 0);
+      char* p1 = static_cast<char*>(in1->data) + ((cls & 2) ? 4 : 0);
+      char* po = static_cast<char*>(out->data) + ((cls & 4) ? 4 : 0);
+      runtime::copy_device_to_device(p0, detail::leaf_pointer(*c.leaves[0]), bytes, 0);
+      runtime::copy_device_to_device(p1, detail::leaf_pointer(*c.leaves[1]), bytes, 0);
+      backend::RunArgs args;
+      args.inputs = {p0, p1};
+      args.outputs = {po};
+      prepared.run(args);
+      backend::RunArgs plain;
+      plain.inputs = {detail::leaf_pointer(*c.leaves[0]), detail::leaf_pointer(*c.leaves[1])};
+      plain.outputs = {ref->data};
+      backend::run_cuda(c.graph, plain);
+      std::vector<float> got(static_cast<std::size_t>(n)), want(static_cast<std::size_t>(n));
+      runtime::copy_device_to_host(got.data(), po, bytes, 0);
+      runtime::copy_device_to_host(want.data(), ref->data, bytes, 0);
+      for (std::size_t i = 0; i < got.size(); ++i) CHECK(std::fabs(got[i] - want[i]) <= 1e-6f * (1.0f + std::fabs(want[i])));
+    }
+  }
+  // Too few pointers: the error run_cuda gives.
+  backend::RunArgs few;
+  few.outputs = {out->data};
+  CHECK_THROWS_AS(prepared.run(few), Error);
+}

@@ -172,6 +172,26 @@ TEST_CASE("modes: reduce-overhead equals default bit for bit on every workload, 
   }
 }
 
+TEST_CASE("modes: one kernel alone, a pointwise loop dealt round-robin (an autotune candidate)") {
+  if (!have_jit()) return;
+  Tensor x = randn({1 << 16}, 1);
+  x.eval();
+  Tensor r = x * 2.0f + 1.0f;
+  ir::Captured c = ir::capture({r.node()}, Device::cpu());
+  sched::Schedule s = sched::schedule(c.graph);
+  REQUIRE(s.kernels.size() == 1);
+  REQUIRE(s.kernels[0].loops.parallel);
+  codegen::CppOptions opt;
+  opt.only_kernel = 0;
+  opt.pointwise_pieces = 16;
+  codegen::CppSource src = codegen::generate_cpp(c.graph, s, "kiln_modes_rr", opt);
+  CHECK(src.entries == std::vector<std::string>{"kiln_modes_rr_0"});
+  CHECK(src.graph_entry.empty());
+  CHECK(src.source.find("schedule(simd:static, 4096)") != std::string::npos);
+  auto cands = backend::detail::chunk_candidates(s.kernels[0]);
+  CHECK(cands == std::vector<std::int64_t>{1, backend::detail::kPointwisePieces});
+}
+
 TEST_CASE("modes: autotune candidates always hold the default, which wins unless clearly beaten") {
   for (int n : {1, 2, 3, 8, 16, 64}) {
     auto t = backend::detail::thread_candidates(n);
@@ -209,7 +229,7 @@ struct PrivateDiskCache {
 };
 
 constexpr const char* kAutotuneChild = "KILN_TEST_AUTOTUNE_CHILD";
-const char* const kTuned[] = {"R1", "R3", "N1", "N6", "S1"};
+const char* const kTuned[] = {"P1", "R1", "R3", "N1", "N6", "S1"};
 
 }  // namespace
 

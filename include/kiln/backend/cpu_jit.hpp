@@ -271,26 +271,40 @@ inline std::int64_t span_elements(const Shape& shape, const Strides& strides) {
   return span;
 }
 
-/// Kernel `k` of `plan` compiled with `chunks` pieces of its split reduction, from a module of
-/// its own (the module cache and the disk cache serve it again later).
+/// Pieces a pointwise kernel's shared loop is dealt in by its round-robin candidate.
+inline constexpr std::int64_t kPointwisePieces = 16;
+
+/// Kernel `k` of `plan` compiled with `chunks` pieces of its split reduction (a pointwise
+/// kernel: its shared loop dealt round-robin in `chunks` pieces), from a module of its own
+/// (the module cache and the disk cache serve it again later).
 inline codegen::CpuKernelFn chunk_variant(const CpuPlan& plan, std::size_t k, std::int64_t chunks,
                                           std::vector<std::shared_ptr<runtime::SharedLibrary>>& keep) {
   sched::Schedule s = plan.schedule;
   sched::LoopPlan& p = s.kernels[k].loops;
-  std::int64_t e0 = 1;
-  for (int d : p.groups[static_cast<std::size_t>(p.red_groups.front())]) e0 *= s.kernels[k].space[static_cast<std::size_t>(d)];
-  p.chunk_len = (e0 + chunks - 1) / chunks;
-  p.chunks = (e0 + p.chunk_len - 1) / p.chunk_len;
   codegen::CppOptions copt;
   copt.only_kernel = static_cast<int>(k);
+  if (s.kernels[k].kind == sched::KernelKind::Pointwise) {
+    copt.pointwise_pieces = chunks;
+  } else {
+    std::int64_t e0 = 1;
+    for (int d : p.groups[static_cast<std::size_t>(p.red_groups.front())]) e0 *= s.kernels[k].space[static_cast<std::size_t>(d)];
+    p.chunk_len = (e0 + chunks - 1) / chunks;
+    p.chunks = (e0 + p.chunk_len - 1) / p.chunk_len;
+  }
   codegen::CppSource src = codegen::generate_cpp(plan.graph, s, "kiln_" + hex_key(plan.graph.key) + "_c" + std::to_string(chunks), copt);
   keep.push_back(runtime::CpuModuleCache::instance().get(src.source));
   return reinterpret_cast<codegen::CpuKernelFn>(keep.back()->symbol(src.entries.at(0).c_str()));
 }
 
-/// The chunk counts worth timing for split kernel `k`: the scheduler's x {1/2, 1, 2}.
+/// The chunk counts worth timing for kernel `k`: a split reduction's, the scheduler's x {1/2,
+/// 1, 2}; a parallel pointwise kernel's, one contiguous block per thread (1, the default) or
+/// kPointwisePieces dealt round-robin.
 inline std::vector<std::int64_t> chunk_candidates(const sched::Kernel& k) {
   std::vector<std::int64_t> c{k.loops.chunks};
+  if (k.kind == sched::KernelKind::Pointwise) {
+    if (k.loops.parallel && k.loops.chunks == 1) c.push_back(kPointwisePieces);
+    return c;
+  }
   if (k.loops.chunks <= 1 || k.loops.red_groups.empty()) return c;
   std::int64_t e0 = 1;
   for (int d : k.loops.groups[static_cast<std::size_t>(k.loops.red_groups.front())]) e0 *= k.space[static_cast<std::size_t>(d)];

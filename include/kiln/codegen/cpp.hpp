@@ -43,6 +43,10 @@ struct CppOptions {
   /// When >= 0, only that kernel is written (a variant of one kernel, e.g. another chunking,
   /// compiled on its own); entries then holds its one symbol.
   int only_kernel = -1;
+  /// With only_kernel, a pointwise kernel's shared loop is dealt round-robin in this many
+  /// pieces (`schedule(static, extent/pieces)`) instead of one contiguous block per thread
+  /// (0 or 1): an autotuning candidate.
+  std::int64_t pointwise_pieces = 0;
 };
 
 /// The calling convention of every generated kernel: `args` holds the graph's leaf pointers
@@ -327,6 +331,11 @@ class KernelWriter {
     if (ws) last_ws_pos_ = parent.code.size();
     parent.code += sc.header + sc.code + std::string(2 * static_cast<std::size_t>(top() + 1), ' ') + "}\n";
     if (ws) last_ws_end_ = parent.code.size();
+  }
+  /// The chunk clause of a pointwise loop of `extent` iterations dealt in pointwise_pieces_.
+  std::string piece(i64 extent) const {
+    if (pointwise_pieces_ <= 1 || sym_) return "";
+    return ", " + std::to_string(std::max<i64>(1, (extent + pointwise_pieces_ - 1) / pointwise_pieces_));
   }
   /// The pragma of a loop shared among the team (empty when the kernel runs single-threaded).
   std::string shared_loop(const std::string& clauses) {
@@ -879,14 +888,14 @@ class KernelWriter {
     std::vector<int> outer(order.begin(), order.end() - 1);
     int inner = order.back();
     if (outer.empty()) {
-      std::string pragma = p.parallel ? shared_loop(" simd schedule(simd:static)") : "#pragma omp simd";
+      std::string pragma = p.parallel ? shared_loop(" simd schedule(simd:static" + piece(extent(inner)) + ")") : "#pragma omp simd";
       open(pragma, "for (long long " + var(inner) + " = 0; " + var(inner) + " < " + extent_text(inner) + "; ++" + var(inner) + ")",
            group_mask(inner));
     } else {
       std::size_t lead = 1;
       i64 lead_extent = extent(outer[0]);
       while (p.parallel && lead < outer.size() && lead_extent < 16) lead_extent *= extent(outer[lead++]);
-      std::string pragma = p.parallel ? shared_loop(" schedule(static)") : "";
+      std::string pragma = p.parallel ? shared_loop(" schedule(static" + piece(lead_extent) + ")") : "";
       if (lead == 1) {
         open(pragma, "for (long long " + var(outer[0]) + " = 0; " + var(outer[0]) + " < " + extent_text(outer[0]) + "; ++" + var(outer[0]) + ")",
              group_mask(outer[0]));
@@ -1410,6 +1419,9 @@ class KernelWriter {
   std::vector<std::string> decls_;
   std::vector<std::string> arrays_;  // byte counts (C text) of the scratch arrays
   bool ws_ = false, serial_open_ = false;
+ public:
+  i64 pointwise_pieces_ = 0;  // CppOptions::pointwise_pieces, for this kernel
+ private:
   std::vector<std::string> serial_memo_;
   std::size_t last_ws_pos_ = std::string::npos, last_ws_end_ = 0;
   std::string body_name_;
@@ -1459,6 +1471,7 @@ inline CppSource generate_cpp(const ir::Graph& g, const sched::Schedule& s, cons
     if (options.only_kernel >= 0 && static_cast<int>(k) != options.only_kernel) continue;
     std::string name = prefix + "_" + std::to_string(k);
     detail::KernelWriter w(g, s, static_cast<int>(k), needs);
+    if (options.only_kernel >= 0) w.pointwise_pieces_ = options.pointwise_pieces;
     body += w.write(name);
     out.entries.push_back(std::move(name));
     const std::string var = "s" + std::to_string(k);

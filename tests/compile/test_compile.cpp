@@ -7,7 +7,11 @@
 
 #include <kiln/kiln.hpp>
 
+#include "../support/compile_util.hpp"
+
 using namespace kiln;
+using kiln::testing::check_equal;
+using kiln::testing::LogCapture;
 
 namespace {
 
@@ -16,35 +20,6 @@ Tensor seq(std::int64_t n, float scale = 1.0f, DType dt = f32) {
   for (std::int64_t i = 0; i < n; ++i) v[i] = scale * (static_cast<float>(i % 7) - 3.0f);
   return from_vector(v, {n}).to(dt).eval();
 }
-
-void check_equal(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  REQUIRE(a.dtype() == b.dtype());
-  auto va = a.to_vector<double>(), vb = b.to_vector<double>();
-  for (std::size_t i = 0; i < va.size(); ++i) CHECK(va[i] == doctest::Approx(vb[i]).epsilon(1e-6));
-}
-
-/// Captures log lines written while it lives.
-struct LogCapture {
-  std::FILE* f = std::tmpfile();
-  explicit LogCapture(const char* channels) {
-    set_logs(channels);
-    set_log_output(f);
-  }
-  ~LogCapture() {
-    set_log_output(nullptr);
-    set_logs("");
-    std::fclose(f);
-  }
-  std::string text() {
-    std::fflush(f);
-    std::rewind(f);
-    std::string s;
-    char buf[512];
-    while (std::fgets(buf, sizeof buf, f)) s += buf;
-    return s;
-  }
-};
 
 }  // namespace
 

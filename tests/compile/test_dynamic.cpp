@@ -9,9 +9,12 @@
 
 #include <kiln/kiln.hpp>
 
+#include "../support/compile_util.hpp"
 #include "../support/device.hpp"
 
 using namespace kiln;
+using kiln::testing::check_equal;
+using kiln::testing::LogCapture;
 
 namespace {
 
@@ -20,35 +23,6 @@ Tensor rows(std::int64_t n, std::int64_t m, float scale = 1.0f) {
   for (std::int64_t i = 0; i < n * m; ++i) v[static_cast<std::size_t>(i)] = scale * (static_cast<float>((i * 7) % 13) - 6.0f) / 4.0f;
   return from_vector(v, {n, m}).to(testing::device()).eval();
 }
-
-void check_equal(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  REQUIRE(a.dtype() == b.dtype());
-  auto va = a.to_vector<double>(), vb = b.to_vector<double>();
-  for (std::size_t i = 0; i < va.size(); ++i) CHECK(va[i] == doctest::Approx(vb[i]).epsilon(1e-6));
-}
-
-struct LogCapture {
-  std::FILE* f = std::tmpfile();
-  explicit LogCapture(const char* channels) {
-    set_logs(channels);
-    set_log_output(f);
-  }
-  ~LogCapture() {
-    set_log_output(nullptr);
-    set_logs("");
-    std::fclose(f);
-  }
-  std::string text() {
-    std::fflush(f);
-    std::rewind(f);
-    std::string s;
-    char buf[4096];
-    std::size_t k;
-    while ((k = std::fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, k);
-    return s;
-  }
-};
 
 /// Evaluates `make()` with the reference executor: the expected values, without compiling any
 /// kernel (the counts below are the compiled function's own).

@@ -319,6 +319,29 @@ int child_disk_hit() {
   return 0;
 }
 
+/// Times `call` in batches of 200 per benchmark iteration and records the median microseconds
+/// per call under `label`. `synchronize_each` waits for the GPU after every call (end-to-end
+/// time); otherwise only after each batch (host time: the calls return once queued).
+template <class Call>
+void time_calls_us(benchmark::State& state, const std::string& label, bool synchronize_each, Call call) {
+  std::vector<double> us;
+  for (auto _ : state) {
+    const int reps = 200;
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) {
+      call();
+      if (synchronize_each) runtime::synchronize_cuda(0);
+    }
+    double t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
+    runtime::synchronize_cuda(0);
+    us.push_back(t);
+    state.SetIterationTime(t * 1e-6);
+  }
+  std::sort(us.begin(), us.end());
+  results()[label] = Result{us[us.size() / 2], 0, 0, ""};
+  state.counters["median_us"] = us[us.size() / 2];
+}
+
 /// Host time of one launch of a cached plan through the executor (16 elements).
 void BM_cached_launch_executor(benchmark::State& state) {
   if (skip_without_gpu(state)) return;
@@ -326,19 +349,7 @@ void BM_cached_launch_executor(benchmark::State& state) {
   Bound b = bind_graph({add(mul(cst(2.0, x), x), y)});
   backend::run_cuda(b.captured.graph, b.args);
   runtime::synchronize_cuda(0);
-  std::vector<double> us;
-  for (auto _ : state) {
-    const int reps = 200;
-    auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < reps; ++i) backend::run_cuda(b.captured.graph, b.args);
-    double t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
-    runtime::synchronize_cuda(0);
-    us.push_back(t);
-    state.SetIterationTime(t * 1e-6);
-  }
-  std::sort(us.begin(), us.end());
-  results()["cached launch host time (run_cuda), us"] = Result{us[us.size() / 2], 0, 0, ""};
-  state.counters["median_us"] = us[us.size() / 2];
+  time_calls_us(state, "cached launch host time (run_cuda), us", false, [&] { backend::run_cuda(b.captured.graph, b.args); });
 }
 
 /// Host time of one cached launch from a typed expression: y.assign(2 * x + z) on 16 elements.
@@ -348,19 +359,7 @@ void BM_cached_launch_typed(benchmark::State& state) {
     Tensor x = randn({16}, 33, f32, kDev), z = randn({16}, 34, f32, kDev), y = zeros({16}, f32, kDev);
     y.assign(x * 2.0f + z);
     runtime::synchronize_cuda(0);
-    std::vector<double> us;
-    for (auto _ : state) {
-      const int reps = 200;
-      auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < reps; ++i) y.assign(x * 2.0f + z);
-      double t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
-      runtime::synchronize_cuda(0);
-      us.push_back(t);
-      state.SetIterationTime(t * 1e-6);
-    }
-    std::sort(us.begin(), us.end());
-    results()["cached launch host time (typed assign), us"] = Result{us[us.size() / 2], 0, 0, ""};
-    state.counters["median_us"] = us[us.size() / 2];
+    time_calls_us(state, "cached launch host time (typed assign), us", false, [&] { y.assign(x * 2.0f + z); });
   } catch (const Error& e) {
     state.SkipWithError(e.what());
   }
@@ -376,22 +375,10 @@ void BM_compiled_call(benchmark::State& state) {
     Tensor y = step(x, w);
     y.eval();
     runtime::synchronize_cuda(0);
-    std::vector<double> us;
-    for (auto _ : state) {
-      const int reps = 200;
-      auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < reps; ++i) {
-        Tensor r = step(x, w);
-        benchmark::DoNotOptimize(r);
-      }
-      double t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
-      runtime::synchronize_cuda(0);
-      us.push_back(t);
-      state.SetIterationTime(t * 1e-6);
-    }
-    std::sort(us.begin(), us.end());
-    results()["compiled call host time, us"] = Result{us[us.size() / 2], 0, 0, ""};
-    state.counters["median_us"] = us[us.size() / 2];
+    time_calls_us(state, "compiled call host time, us", false, [&] {
+      Tensor r = step(x, w);
+      benchmark::DoNotOptimize(r);
+    });
   } catch (const Error& e) {
     state.SkipWithError(e.what());
   }
@@ -412,22 +399,10 @@ void BM_S1_compiled(benchmark::State& state, const char* mode) {
     Tensor r0 = f(x, y);
     r0.eval();
     runtime::synchronize_cuda(0);
-    std::vector<double> us;
-    for (auto _ : state) {
-      const int reps = 200;
-      auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < reps; ++i) {
-        Tensor r = f(x, y);
-        r.eval();
-        runtime::synchronize_cuda(0);
-      }
-      double t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
-      us.push_back(t);
-      state.SetIterationTime(t * 1e-6);
-    }
-    std::sort(us.begin(), us.end());
-    results()[std::string("S1 compiled (") + mode + ") end to end, us"] = Result{us[us.size() / 2], 0, 0, ""};
-    state.counters["median_us"] = us[us.size() / 2];
+    time_calls_us(state, std::string("S1 compiled (") + mode + ") end to end, us", true, [&] {
+      Tensor r = f(x, y);
+      r.eval();
+    });
   } catch (const Error& e) {
     state.SkipWithError(e.what());
   }

@@ -16,6 +16,8 @@
 #include <kiln/backend/cuda.hpp>
 #include <kiln/runtime/cuda_graph.hpp>
 
+#include "../support/mode_workloads.hpp"
+
 using namespace kiln;
 
 namespace {
@@ -50,78 +52,12 @@ double max_rel_diff(const Tensor& a, const Tensor& b) {
   return worst;
 }
 
+using Workload = testing::ModeWorkload;
+
 /// The workloads of WORKLOADS.md at small sizes on cuda:0.
-struct Workload {
-  const char* id;
-  std::function<std::vector<Tensor>()> inputs;
-  std::function<Tensor(const std::vector<Tensor>&)> compute;
-};
+std::vector<Workload> workloads() { return testing::mode_workloads(kGpu, {1 << 14, 32, 512, 256, 1024}); }
 
-std::vector<Tensor> evaluated(std::vector<Tensor> ts) {
-  for (auto& t : ts) t.eval();
-  return ts;
-}
-
-std::vector<Workload> workloads() {
-  constexpr std::int64_t N = 1 << 14, M = 32, K = 512;
-  return {
-      {"P1", [] { return evaluated({randn({N}, 1, f32, kGpu), randn({N}, 2, f32, kGpu)}); },
-       [](const auto& in) -> Tensor { return 2.0f * in[0] + in[1]; }},
-      {"P2", [] { return evaluated({randn({N}, 1, f32, kGpu)}); },
-       [](const auto& in) -> Tensor {
-         const Tensor& x = in[0];
-         return 0.5f * x * (1.0f + tanh(0.7978845608f * (x + 0.044715f * (x * x * x))));
-       }},
-      {"P3", [] { return evaluated({randn({N}, 1, f32, kGpu)}); },
-       [](const auto& in) {
-         Tensor x = in[0];
-         for (int i = 0; i < 16; ++i) x = sin(x) * 1.01f + 0.5f;
-         return x;
-       }},
-      {"P4",
-       [] {
-         return evaluated({randn({M, K}, 1, f32, kGpu), randn({M, 1}, 2, f32, kGpu), rand({K}, 3, f32, kGpu),
-                           randn({K}, 4, f32, kGpu)});
-       },
-       [](const auto& in) -> Tensor { return (in[0] - in[1]) * in[2] + in[3]; }},
-      {"R1", [] { return evaluated({randn({N}, 1, f32, kGpu)}); }, [](const auto& in) { return sum(in[0] * in[0]); }},
-      {"R2", [] { return evaluated({randn({M, K}, 1, f32, kGpu)}); }, [](const auto& in) { return sum(in[0], {1}); }},
-      {"R3", [] { return evaluated({randn({M, K}, 1, f32, kGpu)}); }, [](const auto& in) { return sum(in[0], {0}); }},
-      {"N1", [] { return evaluated({randn({M, K}, 1, f32, kGpu)}); }, [](const auto& in) { return softmax(in[0], -1); }},
-      {"N2", [] { return evaluated({randn({256, 128}, 1, f32, kGpu)}); }, [](const auto& in) { return softmax(in[0], -1); }},
-      {"N3", [] { return evaluated({randn({M, K}, 1, f32, kGpu), rand({K}, 2, f32, kGpu), randn({K}, 3, f32, kGpu)}); },
-       [](const auto& in) { return layer_norm(in[0], in[1], in[2], 1e-5); }},
-      {"N4", [] { return evaluated({randn({M, K}, 1, f32, kGpu), rand({K}, 2, f32, kGpu)}); },
-       [](const auto& in) -> Tensor { return in[0] * rsqrt(mean(in[0] * in[0], {-1}, true) + 1e-6f) * in[1]; }},
-      {"N5", [] { return evaluated({randn({M, K}, 1, bf16, kGpu)}); }, [](const auto& in) { return softmax(in[0], -1); }},
-      {"N6",
-       [] {
-         const std::int64_t rows = 16, classes = 1024;
-         Tensor targets = Tensor(rand({rows}, 2, f64, kGpu) * static_cast<double>(classes)).to(i64);
-         return evaluated({randn({rows, classes}, 1, f32, kGpu), targets});
-       },
-       [](const auto& in) { return cross_entropy(in[0], in[1]); }},
-      {"S1", [] { return evaluated({randn({4096}, 1, f32, kGpu), rand({4096}, 2, f32, kGpu)}); },
-       [](const auto& in) {
-         Tensor x = in[0];
-         for (int i = 0; i < 10; ++i) x = relu(x * in[1] + 0.1f);
-         return x;
-       }},
-  };
-}
-
-/// The workload as a compiled function of four tensors (unused ones are not captured).
-auto compiled(const Workload& w, const char* mode) {
-  CompileOptions opt;
-  opt.mode = mode;
-  auto fn = w.compute;
-  return kiln::compile(
-      [fn](const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d) {
-        std::vector<Tensor> in{a, b, c, d};
-        return fn(in);
-      },
-      opt);
-}
+auto compiled(const Workload& w, const char* mode) { return testing::compiled_workload(w, mode); }
 
 CompileOptions reduce_overhead() {
   CompileOptions o;

@@ -17,64 +17,18 @@
 #include <kiln/kiln.hpp>
 #include <kiln/runtime/process.hpp>
 
+#include "../support/mode_workloads.hpp"
+
 using namespace kiln;
 
 namespace {
 
+using Workload = testing::ModeWorkload;
+
 /// The workloads of WORKLOADS.md at test sizes: each large enough for an OpenMP team
 /// (>= 32768 elements), several with more than one kernel, split reductions and finals.
-struct Workload {
-  const char* id;
-  std::function<std::vector<Tensor>()> inputs;
-  std::function<Tensor(const std::vector<Tensor>&)> compute;
-};
-
-std::vector<Tensor> evaluated(std::vector<Tensor> ts) {
-  for (auto& t : ts) t.eval();
-  return ts;
-}
-
 const std::vector<Workload>& workloads() {
-  constexpr std::int64_t N = 1 << 16, M = 64, K = 1024;
-  static const std::vector<Workload> w = {
-      {"P1", [] { return evaluated({randn({N}, 1), randn({N}, 2)}); }, [](const auto& in) -> Tensor { return 2.0f * in[0] + in[1]; }},
-      {"P2", [] { return evaluated({randn({N}, 1)}); },
-       [](const auto& in) -> Tensor {
-         const Tensor& x = in[0];
-         return 0.5f * x * (1.0f + tanh(0.7978845608f * (x + 0.044715f * (x * x * x))));
-       }},
-      {"P3", [] { return evaluated({randn({N}, 1)}); },
-       [](const auto& in) {
-         Tensor x = in[0];
-         for (int i = 0; i < 16; ++i) x = sin(x) * 1.01f + 0.5f;
-         return x;
-       }},
-      {"P4", [] { return evaluated({randn({M, K}, 1), randn({M, 1}, 2), rand({K}, 3), randn({K}, 4)}); },
-       [](const auto& in) -> Tensor { return (in[0] - in[1]) * in[2] + in[3]; }},
-      {"R1", [] { return evaluated({randn({N}, 1)}); }, [](const auto& in) { return sum(in[0] * in[0]); }},
-      {"R2", [] { return evaluated({randn({M, K}, 1)}); }, [](const auto& in) { return sum(in[0], {1}); }},
-      {"R3", [] { return evaluated({randn({M, K}, 1)}); }, [](const auto& in) { return sum(in[0], {0}); }},
-      {"N1", [] { return evaluated({randn({M, K}, 1)}); }, [](const auto& in) { return softmax(in[0], -1); }},
-      {"N2", [] { return evaluated({randn({512, 128}, 1)}); }, [](const auto& in) { return softmax(in[0], -1); }},
-      {"N3", [] { return evaluated({randn({M, K}, 1), rand({K}, 2), randn({K}, 3)}); },
-       [](const auto& in) { return layer_norm(in[0], in[1], in[2], 1e-5); }},
-      {"N4", [] { return evaluated({randn({M, K}, 1), rand({K}, 2)}); },
-       [](const auto& in) -> Tensor { return in[0] * rsqrt(mean(in[0] * in[0], {-1}, true) + 1e-6f) * in[1]; }},
-      {"N5", [] { return evaluated({randn({M, K}, 1, bf16)}); }, [](const auto& in) { return softmax(in[0], -1); }},
-      {"N6",
-       [] {
-         const std::int64_t rows = 16, classes = 4096;
-         Tensor targets = Tensor(rand({rows}, 2, f64) * static_cast<double>(classes)).to(i64);
-         return evaluated({randn({rows, classes}, 1), targets});
-       },
-       [](const auto& in) { return cross_entropy(in[0], in[1]); }},
-      {"S1", [] { return evaluated({randn({4096}, 1), rand({4096}, 2)}); },
-       [](const auto& in) {
-         Tensor x = in[0];
-         for (int i = 0; i < 10; ++i) x = relu(x * in[1] + 0.1f);
-         return x;
-       }},
-  };
+  static const std::vector<Workload> w = testing::mode_workloads(Device::cpu(), {1 << 16, 64, 1024, 512, 4096});
   return w;
 }
 
@@ -84,18 +38,7 @@ const Workload& workload(const std::string& id) {
   throw Error("no workload " + id);
 }
 
-/// The workload as a compiled function of four tensors (unused ones are not captured).
-auto compiled(const Workload& w, const char* mode) {
-  CompileOptions opt;
-  opt.mode = mode;
-  auto fn = w.compute;
-  return kiln::compile(
-      [fn](const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d) {
-        std::vector<Tensor> in{a, b, c, d};
-        return fn(in);
-      },
-      opt);
-}
+auto compiled(const Workload& w, const char* mode) { return testing::compiled_workload(w, mode); }
 
 struct Args {
   std::vector<Tensor> in;

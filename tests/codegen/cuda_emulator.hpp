@@ -188,6 +188,9 @@ struct Module {
   std::shared_ptr<kiln::runtime::SharedLibrary> library;
   using Launch = void (*)(const char*, unsigned, unsigned, unsigned, void**);
   Launch launch = nullptr;
+  /// Symbolic units (CudaSource::symbolic): the launch also passes the size `n`.
+  using LaunchN = void (*)(const char*, unsigned, unsigned, unsigned, void**, long long);
+  LaunchN launch_n = nullptr;
 };
 
 /// Compiles `src` under the emulator (through the CPU module cache: memory, disk, compiler).
@@ -201,10 +204,46 @@ inline Module load(const kiln::codegen::CudaSource& src) {
   for (auto& k : src.kernels) unit += "  if (!strcmp(name, \"" + k.name + "\")) c.fn = " + k.name + ";\n";
   unit += "  if (!c.fn) { fprintf(stderr, \"no kernel %s\\n\", name); abort(); }\n";
   unit += "  ::kiln_emu::run_grid(grid, block, smem, kiln_emu_body, &c);\n}\n";
+  if (src.symbolic) {
+    unit += "extern \"C\" void kiln_emu_launch_n(const char* name, unsigned grid, unsigned block, unsigned smem, void** args, long long n) {\n";
+    unit += "  kiln_emu_call c; c.fn = nullptr; memcpy(c.a.p, args, sizeof c.a.p); c.a.n = n;\n";
+    for (auto& k : src.kernels) unit += "  if (!strcmp(name, \"" + k.name + "\")) c.fn = " + k.name + ";\n";
+    unit += "  if (!c.fn) { fprintf(stderr, \"no kernel %s\\n\", name); abort(); }\n";
+    unit += "  ::kiln_emu::run_grid(grid, block, smem, kiln_emu_body, &c);\n}\n";
+  }
   Module m;
   m.library = kiln::runtime::CpuModuleCache::instance().get(unit);
   m.launch = reinterpret_cast<Module::Launch>(m.library->symbol("kiln_emu_launch"));
+  if (src.symbolic) m.launch_n = reinterpret_cast<Module::LaunchN>(m.library->symbol("kiln_emu_launch_n"));
   return m;
+}
+
+/// Runs the symbolic unit `src` (loaded as `m`; generated from schedule `s` of a graph at its
+/// placeholder, s.symbolic) over host buffers laid out for the graph at size `n`, as
+/// backend::run_cuda_symbolic does on a GPU: temporaries sized for `n`, each kernel's grid
+/// computed for `n` (CudaKernelInfo::grid_for), the size passed in the argument struct. Counts
+/// launches.
+inline void run_symbolic(const Module& m, const kiln::codegen::CudaSource& src, const kiln::sched::Schedule& s,
+                         const kiln::backend::RunArgs& args, std::int64_t n) {
+  using namespace kiln;
+  std::vector<void*> argv;
+  for (auto p : args.inputs) argv.push_back(const_cast<void*>(p));
+  for (auto p : args.outputs) argv.push_back(p);
+  std::vector<StoragePtr> keep;
+  for (auto& t : s.temps) {
+    std::size_t bytes = itemsize(t.dtype);
+    for (auto d : t.shape) bytes *= static_cast<std::size_t>(d == s.symbolic ? n : d);
+    keep.push_back(runtime::allocate_host(std::max<std::size_t>(1, bytes)));
+    std::memset(keep.back()->data, 0xCD, keep.back()->bytes);
+    argv.push_back(keep.back()->data);
+  }
+  keep.push_back(runtime::allocate_host(std::max<std::size_t>(16, src.scratch_bytes)));
+  std::memset(keep.back()->data, 0xCD, keep.back()->bytes);
+  argv.push_back(keep.back()->data);
+  for (auto& k : src.kernels) {
+    m.launch_n(k.name.c_str(), k.grid_for(n), k.block, k.shared_bytes, argv.data(), n);
+    kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 /// A small GPU: few multiprocessors keep grids (and emulation time) small while every

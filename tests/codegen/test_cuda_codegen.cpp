@@ -1,11 +1,13 @@
 // CUDA code generation without a GPU: every WORKLOADS.md workload and every op x dtype is
 // generated and compiled by NVRTC to a cubin for sm_90 and sm_80; the launch strategies at the
 // GPU shapes of WORKLOADS.md are checked; and the generated kernels run in a host emulator of
-// CUDA (tests/codegen/cuda_emulator.hpp) against the reference executor.
+// CUDA (tests/codegen/cuda_emulator.hpp) against the reference executor. Units with a symbolic
+// leading size (kiln::compile's dynamic shapes) are generated once and run at several sizes.
 #include <doctest/doctest.h>
 
 #include "cuda_emulator.hpp"
 #include "cuda_test_util.hpp"
+#include "kiln/backend/cuda_symbolic.hpp"
 #include "kiln/runtime/nvrtc.hpp"
 
 using namespace kiln_cuda_test;
@@ -195,6 +197,176 @@ TEST_CASE("cuda emulator: every op x dtype and every layout runs as the referenc
     SUBCASE(c.name.c_str()) {
       std::string r = emulate(c.build(), c.out_strides, c.index64, c.tol_scale);
       CHECK_MESSAGE(r.empty(), c.name << ": " << r);
+    }
+  }
+}
+
+// ---- symbolic sizes (kiln::compile's dynamic shapes) -----------------------------------------
+
+namespace {
+
+/// Makes a leaf of `shape` and dtype (seeded).
+using LeafFn = std::function<NodePtr(const Shape&, DType, unsigned)>;
+
+/// A graph whose leading size n is symbolic, buildable at any n.
+struct SymCase {
+  std::string name;
+  std::function<std::vector<NodePtr>(std::int64_t, const LeafFn&)> build;
+  std::size_t kernels = 1;                            ///< kernels of its schedule
+  std::vector<std::int64_t> sizes = {0, 1, 3, 7, 33, 300};  ///< emulated sizes
+};
+
+std::vector<SymCase> sym_cases() {
+  std::vector<SymCase> v;
+  v.push_back({"symbolic pointwise (a vector tail for odd sizes)", [](std::int64_t n, const LeafFn& leaf) {
+                 NodePtr x = leaf({n, 37}, f32, 1);
+                 return std::vector<NodePtr>{add(mul(x, cst(2.0, x)), un(Op::Sin, x))};
+               }});
+  v.push_back({"symbolic broadcast of a bias [K] over [n, K]", [](std::int64_t n, const LeafFn& leaf) {
+                 NodePtr X = leaf({n, 64}, f32, 2), b = leaf({64}, f32, 3);
+                 return std::vector<NodePtr>{add(X, expand(b, X->shape))};
+               }});
+  v.push_back({"symbolic softmax over the last axis (8 rows per block)", [](std::int64_t n, const LeafFn& leaf) {
+                 return std::vector<NodePtr>{decomp::softmax(leaf({n, 64}, f32, 4), 1)};
+               }});
+  v.push_back({"symbolic layer_norm", [](std::int64_t n, const LeafFn& leaf) {
+                 return std::vector<NodePtr>{decomp::layer_norm(leaf({n, 300}, f32, 5), leaf({300}, f32, 6), leaf({300}, f32, 7), 1e-5)};
+               }});
+  v.push_back({"symbolic rms_norm of long rows (a block per row)", [](std::int64_t n, const LeafFn& leaf) {
+                 return std::vector<NodePtr>{decomp::rms_norm(leaf({n, 2000}, f32, 8), leaf({2000}, f32, 9), 1e-6)};
+               }, 1, {0, 1, 3, 33}});
+  v.push_back({"symbolic row sums through a temporary into a 3-d pointwise", [](std::int64_t n, const LeafFn& leaf) {
+                 NodePtr X = leaf({n, 64}, f32, 10), Y = leaf({n, 4, 64}, f32, 11);
+                 NodePtr r = ir::reshape(red(Op::ReduceSum, X, {1}), {n, 1, 1});
+                 return std::vector<NodePtr>{add(ir::broadcast(r, Y->shape), Y)};
+               }, 2});
+  return v;
+}
+
+const LeafFn kShapeOnly = [](const Shape& shape, DType dt, unsigned) { return shape_only(shape, dt); };
+const LeafFn kData = [](const Shape& shape, DType dt, unsigned seed) { return input(shape, dt, seed); };
+
+/// The case's graph at the placeholder, its symbolic unit for `target` and its schedule.
+codegen::CudaSource sym_source(const SymCase& c, const codegen::CudaTarget& target, sched::Schedule& s) {
+  ir::Captured cap = capture(c.build(backend::kSymbolicPlaceholder, kShapeOnly));
+  std::string why;
+  auto src = backend::detail::cuda_symbolic_source(cap.graph, "kiln_sym", target, {}, s, why);
+  REQUIRE_MESSAGE(src.has_value(), c.name << ": " << why);
+  return *src;
+}
+
+}  // namespace
+
+TEST_CASE("cuda codegen: symbolic sizes: one unit for every size, identical at two placeholders, compiled by NVRTC") {
+  const std::int64_t p = backend::kSymbolicPlaceholder;
+  for (auto& c : sym_cases()) {
+    SUBCASE(c.name.c_str()) {
+      for (auto target : {codegen::CudaTarget::sm90(), codegen::CudaTarget::sm80()}) {
+        sched::Schedule s;
+        codegen::CudaSource src = sym_source(c, target, s);
+        CHECK(src.symbolic);
+        CHECK(has(src.source, "struct kiln_args { void* p[" + std::to_string(src.num_args) + "]; long long n; };"));
+        CHECK(has(src.source, "= a.n;"));
+        // No size of the placeholder's making in the code: at p + 30 it is the same unit.
+        CHECK_FALSE(has(src.source, std::to_string(p)));
+        ir::Graph h = backend::detail::with_placeholder(capture(c.build(p, kShapeOnly)).graph, p, p + 30);
+        codegen::CudaSource other = codegen::generate_cuda(h, sched::schedule(h, p + 30), "kiln_sym", target);
+        CHECK(other.source == src.source);
+        REQUIRE(src.kernels.size() == c.kernels);
+        for (auto& k : src.kernels) {
+          // Every kernel's grid follows the size (they all lead with it).
+          CHECK(k.grid == 0);
+          CHECK(k.grid_rule.units_per_size > 0);
+          CHECK(k.grid_for(0) == 1);
+          CHECK(k.grid_for(std::int64_t(1) << 40) == k.grid_rule.max_grid);  // clamped as the static choice is
+          CHECK(has(k.strategy, "<= " + std::to_string(k.grid_rule.max_grid)));
+        }
+        if (!have_nvrtc()) continue;
+        std::string cubin;
+        try {
+          cubin = runtime::compile_cuda_to_cubin(src.source, "sym.cu", target.arch());
+        } catch (const CompileError& e) {
+          FAIL_CHECK(c.name << " for " << target.arch() << ": " << e.what());
+          continue;
+        }
+        CHECK(cubin.compare(0, 4, "\x7f" "ELF") == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda codegen: symbolic sizes: the grid rule of pointwise kernels and row kernels") {
+  sched::Schedule s;
+  auto cases = sym_cases();
+  // Pointwise [n, 37] f32: n * 37 / 4 vectors, 2 per thread of 256 threads, at most 256 blocks per SM.
+  codegen::CudaSource pw = sym_source(cases[0], codegen::CudaTarget::sm90(), s);
+  const codegen::CudaGridRule& r = pw.kernels[0].grid_rule;
+  CHECK(r.units_per_size == 37);
+  CHECK(r.size_divisor == 4);
+  CHECK(r.units_per_block == 512);
+  CHECK(r.max_grid == 132 * 256);
+  CHECK(pw.kernels[0].grid_for(1) == 1);
+  CHECK(pw.kernels[0].grid_for(56) == 2);  // 518 vectors
+  CHECK(has(pw.kernels[0].strategy, "grid (ceil(n * 37 / 4 / 512) <= 33792)x256"));
+  // Softmax over 64 columns: a warp per row, 8 rows per block.
+  codegen::CudaSource sm = sym_source(cases[2], codegen::CudaTarget::sm90(), s);
+  CHECK(sm.kernels[0].block == 256);
+  CHECK(sm.kernels[0].grid_for(8) == 1);
+  CHECK(sm.kernels[0].grid_for(33) == 5);
+  CHECK(has(sm.kernels[0].strategy, "grid (ceil(n / 8) <= 1073741824)x256"));
+  // The 3-d pointwise of the temporary case: [n, 4, 64] elements.
+  codegen::CudaSource tmp = sym_source(cases[5], codegen::CudaTarget::sm90(), s);
+  REQUIRE(s.temps.size() == 1);
+  CHECK(s.temps[0].shape[0] == backend::kSymbolicPlaceholder);
+  CHECK(tmp.kernels[1].grid_rule.units_per_size == 256);
+}
+
+TEST_CASE("cuda codegen: symbolic sizes: reductions over the symbolic size are refused, saying why") {
+  const std::int64_t p = backend::kSymbolicPlaceholder;
+  struct Refused {
+    std::string name;
+    std::vector<NodePtr> roots;
+    std::string why;
+  };
+  NodePtr X = shape_only({p, 64}, f32), Y = shape_only({p, 3, 64}, f32);
+  for (auto& r : {Refused{"a column sum over the size", {red(Op::ReduceSum, X, {0})}, "reduces over the symbolic size"},
+                  Refused{"a sum over everything", {red(Op::ReduceSum, X, {0, 1})}, "reduces over the symbolic size"},
+                  Refused{"a middle axis beside the size (column strategy)", {red(Op::ReduceSum, Y, {1})}, "column strategy"}}) {
+    CAPTURE(r.name);
+    ir::Captured c = capture(r.roots);
+    sched::Schedule s;
+    std::string why;
+    CHECK_FALSE(backend::detail::cuda_symbolic_source(c.graph, "k", codegen::CudaTarget::sm90(), {}, s, why).has_value());
+    CHECK_MESSAGE(has(why, r.why), why);
+    sched::Schedule s2 = sched::schedule(c.graph, p);
+    try {
+      codegen::generate_cuda(c.graph, s2, "k");
+      FAIL_CHECK("generate_cuda accepted a kernel that cannot read the size at launch");
+    } catch (const Error& e) {
+      CHECK_MESSAGE(has(e.what(), "no symbolic-size code for"), e.what());
+      CHECK_MESSAGE(has(e.what(), r.why), e.what());
+    }
+  }
+}
+
+TEST_CASE("cuda emulator: one symbolic unit gives the reference executor's results at every size") {
+  if (!have_host_compiler()) return;
+  for (auto& c : sym_cases()) {
+    SUBCASE(c.name.c_str()) {
+      sched::Schedule s;
+      codegen::CudaSource src = sym_source(c, kiln_cuda_emu::small_target(), s);
+      kiln_cuda_emu::Module m = kiln_cuda_emu::load(src);
+      REQUIRE(static_cast<bool>(m.launch_n));
+      for (std::int64_t n : c.sizes) {
+        ir::Captured g = capture(c.build(n, kData));
+        Outputs got = make_outputs(g.graph, 0xAB), want = make_outputs(g.graph, 0xAB);
+        backend::run_reference(g.graph, args_for(g, want));
+        const auto before = stats().launches;
+        kiln_cuda_emu::run_symbolic(m, src, s, args_for(g, got), n);
+        CHECK(stats().launches - before == c.kernels);
+        std::string r = compare(g.graph, got.pointers, want.pointers);
+        CHECK_MESSAGE(r.empty(), c.name << ", n = " << n << ": " << r);
+      }
     }
   }
 }

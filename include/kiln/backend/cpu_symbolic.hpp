@@ -174,7 +174,8 @@ inline void run_cpu_symbolic(const detail::CpuSymbolicPlan& plan, const RunArgs&
   }
 }
 
-/// Forgets every symbolic plan (kiln::reset()).
-inline void clear_symbolic_plans() { detail::CpuSymbolicPlanCache::instance().clear(); }
+/// Forgets every CPU symbolic plan (clear_symbolic_plans(), in cuda_symbolic.hpp, forgets the
+/// CUDA ones too: kiln::reset()).
+inline void clear_cpu_symbolic_plans() { detail::CpuSymbolicPlanCache::instance().clear(); }
 
 }  // namespace kiln::backend

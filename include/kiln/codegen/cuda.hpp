@@ -102,24 +102,56 @@ struct CudaAlignment {
   bool output(int index) const { return outputs.empty() || outputs[static_cast<std::size_t>(index)]; }
 };
 
+/// The grid of a kernel whose work grows with a symbolic size n, read at launch (see
+/// CudaSource::symbolic): the kernel has units = floor(n * units_per_size / size_divisor) work
+/// units (vectors of a pointwise kernel, rows of a row reduction), and its grid is
+/// ceil(units / units_per_block) blocks, clamped to [1, max_grid] as the static choice is.
+struct CudaGridRule {
+  std::int64_t units_per_size = 0;  ///< 0: no rule, the grid is static (CudaKernelInfo::grid)
+  std::int64_t size_divisor = 1;
+  std::int64_t units_per_block = 1;
+  std::int64_t max_grid = 1;
+  /// The grid for size `n` (>= 0).
+  unsigned grid(std::int64_t n) const {
+    // n * units_per_size cannot overflow for any size a buffer can hold (units_per_size counts
+    // elements of one unit of the size, and n times it are addressed in 64 bits).
+    const std::int64_t units = n * units_per_size / size_divisor;
+    const std::int64_t g = (units + units_per_block - 1) / units_per_block;
+    return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>(g, max_grid)));
+  }
+};
+
 /// How one generated kernel is launched.
 struct CudaKernelInfo {
   std::string name;            ///< `extern "C"` symbol
-  unsigned grid = 1;           ///< blocks (x)
+  unsigned grid = 1;           ///< blocks (x); 0 when grid_rule sets it at launch
   unsigned block = 1;          ///< threads per block (x)
   unsigned shared_bytes = 0;   ///< dynamic shared memory
   std::string strategy;        ///< one line for logs and explain
+  /// Kernels over a symbolic size: how the grid follows the size (units_per_size 0: static).
+  CudaGridRule grid_rule;
+  /// The grid to launch with when the symbolic size is `n` (static kernels: `grid`).
+  unsigned grid_for(std::int64_t n) const { return grid_rule.units_per_size != 0 ? grid_rule.grid(n) : grid; }
 };
 
 /// A generated unit: the source and its kernels in launch order. Every kernel takes one
 /// argument, a struct of `num_args` pointers: the graph's leaves (leaf order), its outputs,
 /// the schedule's temporaries, then a scratch buffer of `scratch_bytes` (cross-block partials;
 /// null when 0).
+///
+/// A schedule with a symbolic size (sched::Schedule::symbolic, kiln::compile's dynamic
+/// shapes) makes a `symbolic` unit: the struct then has one more field after the pointers,
+/// `long long n`, the size at this launch (C layout: `struct { void* p[num_args]; long long
+/// n; }`, n at byte 8 * num_args). Kernels whose iteration space leads with that size read it
+/// for their loop bounds and index math (in 64-bit integers, whatever the size: no guard
+/// picks 32 bits at launch), and their grid follows it (CudaKernelInfo::grid_rule); the other
+/// kernels of the unit ignore it. One unit serves every size; sizes 0 and 1 are valid too.
 struct CudaSource {
   std::string source;
   std::vector<CudaKernelInfo> kernels;
   std::size_t num_args = 0;
   std::size_t scratch_bytes = 0;
+  bool symbolic = false;  ///< the argument struct ends with the size `n` (see above)
 };
 
 namespace cuda_detail {
@@ -346,8 +378,14 @@ class Writer {
         scratch_offset_(scratch_offset) {
     leaves_ = g.num_leaves();
     nargs_ = leaves_ + g.outputs.size() + s.temps.size() + 1;
-    i64_ = target.index64 || needs_64bit();
+    sym_ = s.symbolic != 0 && !k_.space.empty() && k_.space[0] == s.symbolic;
+    std::string why;
+    if (!sched::symbolic_kernel(s, static_cast<std::size_t>(kid), &why))
+      throw Error("kiln CUDA codegen: no symbolic-size code for " + why);
+    // A symbolic size can be anything at launch: 64-bit index math (see CudaSource).
+    i64_ = target.index64 || sym_ || needs_64bit();
     it_ = i64_ ? "long long" : "int";
+    if (sym_) decls_.push_back("const long long " + std::string(kSizeVar) + " = a.n;");
   }
 
   /// The kernel's source (after the unit's prelude) and its launch; `scratch` receives the
@@ -1101,8 +1139,9 @@ class Writer {
       if (a.off.affine() && a.off.at(d) == 1 && (narrow == 0 || a.itemsize < narrow)) narrow = a.itemsize;
     if (narrow == 0) return 1;
     int v = static_cast<int>(std::min<std::size_t>(8, 16 / narrow));
+    // A group with the symbolic size divides by v for every size when its other dims do.
     if (need_divisible)
-      while (v > 1 && extent(gi) % v != 0) v /= 2;
+      while (v > 1 && static_extent(gi) % v != 0) v /= 2;
     return std::max(1, v);
   }
 
@@ -1120,16 +1159,54 @@ class Writer {
     std::string rest = t;
     for (std::size_t j = groups.size(); j-- > 0;) {
       int gi = groups[j];
-      i64 e = extent(gi);
       bool inner = j + 1 == groups.size();
       i64 step = inner ? lanes : 1;
-      i64 count = e / step;
-      std::string val = j == 0 ? rest : "(" + rest + " % " + lit(count) + ")";
+      const std::string count = extent_text(gi, step);
+      std::string val = j == 0 ? rest : "(" + rest + " % " + count + ")";
       if (step != 1) val = val + " * " + lit(step);
       lines.push_back("const " + it_ + " " + var(gi) + " = " + val + ";");
-      if (j > 0) rest = "(" + rest + " / " + lit(count) + ")";
+      if (j > 0) rest = "(" + rest + " / " + count + ")";
     }
     for (auto it = lines.rbegin(); it != lines.rend(); ++it) line(*it);
+  }
+
+  // ---- a symbolic size: the leading dim of the space, read at launch --------------------------
+  /// The kernel's copy of the size (the argument struct's `n`).
+  static constexpr const char* kSizeVar = "kiln_n";
+  /// Whether group `gi` holds the symbolic dim (dim 0 of a symbolic kernel's space).
+  bool sym_group(int gi) const {
+    if (!sym_) return false;
+    for (int d : k_.loops.groups[static_cast<std::size_t>(gi)])
+      if (d == 0) return true;
+    return false;
+  }
+  /// The group's extent without the symbolic dim: its extent per unit of the size.
+  i64 static_extent(int gi) const {
+    i64 e = 1;
+    for (int d : k_.loops.groups[static_cast<std::size_t>(gi)])
+      if (!(sym_ && d == 0)) e *= k_.space[static_cast<std::size_t>(d)];
+    return e;
+  }
+  /// C text of the group's extent divided by `div` (which divides it for every size).
+  std::string extent_text(int gi, i64 div = 1) const {
+    if (!sym_group(gi)) return lit(extent(gi) / div);
+    const i64 e = static_extent(gi);
+    if (e % div == 0) return "(" + std::string(kSizeVar) + " * " + lit(e / div) + ")";
+    return "(" + std::string(kSizeVar) + " * " + lit(e) + " / " + lit(div) + ")";
+  }
+  /// The product of the space's dims other than the symbolic one (the work per unit of size).
+  i64 per_size(const std::vector<int>& groups) const {
+    i64 e = 1;
+    for (int gi : groups) e *= static_extent(gi);
+    return e;
+  }
+  /// "(ceil(n * 64 / 4 / 512) <= 1024)": a grid that follows the size n (logs).
+  static std::string rule_text(const CudaGridRule& r) {
+    std::string u = "n";
+    if (r.units_per_size != 1) u += " * " + std::to_string(r.units_per_size);
+    if (r.size_divisor != 1) u += " / " + std::to_string(r.size_divisor);
+    if (r.units_per_block != 1) u = "ceil(" + u + " / " + std::to_string(r.units_per_block) + ")";
+    return "(" + u + " <= " + std::to_string(r.max_grid) + ")";
   }
 
   // ---- pointwise kernels ----------------------------------------------------------------------
@@ -1158,11 +1235,22 @@ class Writer {
     // Each thread takes `unroll` vectors and leaves (the hardware balances blocks across the
     // GPU); only very large tensors loop, over at most 256 blocks' worth per multiprocessor.
     const i64 per_block = static_cast<i64>(block) * unroll;
-    info_.grid = static_cast<unsigned>(std::max<i64>(1, std::min<i64>((nvec + per_block - 1) / per_block, t_.sm_count * i64(256))));
-    info_.strategy = "pointwise, " + std::to_string(v) + " lane(s) per thread, grid " + std::to_string(info_.grid) + "x" +
-                     std::to_string(block);
+    // A symbolic size: the vectors, the tail and the grid follow the size read at launch.
+    const i64 per_n = sym_ ? per_size(p.order) : 0;
+    std::string nv = lit(nvec);
+    if (sym_) {
+      info_.grid = 0;
+      info_.grid_rule = CudaGridRule{per_n, v, per_block, t_.sm_count * i64(256)};
+      nv = "kiln_nv";
+      line("const long long kiln_nv = " + (per_n % v == 0 ? std::string(kSizeVar) + " * " + lit(per_n / v)
+                                                          : std::string(kSizeVar) + " * " + lit(per_n) + " / " + lit(v)) + ";");
+    } else {
+      info_.grid = static_cast<unsigned>(std::max<i64>(1, std::min<i64>((nvec + per_block - 1) / per_block, t_.sm_count * i64(256))));
+    }
+    info_.strategy = "pointwise, " + std::to_string(v) + " lane(s) per thread, grid " +
+                     (sym_ ? rule_text(info_.grid_rule) : std::to_string(info_.grid)) + "x" + std::to_string(block);
     if (unroll > 1) info_.strategy += ", " + std::to_string(unroll) + " steps per iteration";
-    if (nvec > 0) {
+    if (sym_ || nvec > 0) {
       auto body = [&](const std::string& t) {
         open("", groups_mask(p.order));
         decode(t, p.order, v);
@@ -1173,27 +1261,31 @@ class Writer {
       line("const " + it_ + " G = (" + it_ + ")gridDim.x * " + lit(block) + ";");
       if (unroll > 1) {
         // Whole steps without bounds checks, so the loads of every element are in flight at once.
-        open("for (; t + " + lit(unroll - 1) + " * G < " + lit(nvec) + "; t += " + lit(unroll) + " * G)");
+        open("for (; t + " + lit(unroll - 1) + " * G < " + nv + "; t += " + lit(unroll) + " * G)");
         for (int u = 0; u < unroll; ++u) {
           std::string tu = "tu" + std::to_string(u);
           line("const " + it_ + " " + tu + " = t + " + lit(u) + " * G;");
           body(tu);
         }
         close();
-        open("for (; t < " + lit(nvec) + "; t += G)");
+        open("for (; t < " + nv + "; t += G)");
         body("t");
         close();
       } else {
-        open("for (; t < " + lit(nvec) + "; t += G)");
+        open("for (; t < " + nv + "; t += G)");
         body("t");
         close();
       }
     }
-    if (tail > 0) {
+    // With a symbolic size, a tail is possible when the work per unit of size is not a whole
+    // number of vectors (then the space is one group: the tail's position is its variable).
+    if (sym_ ? per_n % v != 0 : tail > 0) {
       // The elements the vectors leave over, one per thread of the first block.
       set_vec(inner, 1);
-      open("if (blockIdx.x == 0 && threadIdx.x < " + std::to_string(tail) + ")", groups_mask(p.order));
-      line("const " + it_ + " " + var(inner) + " = " + lit(nvec * v) + " + (" + it_ + ")threadIdx.x;");
+      const std::string left = sym_ ? "(long long)threadIdx.x < " + std::string(kSizeVar) + " * " + lit(per_n) + " - " + nv + " * " + lit(v)
+                                    : "threadIdx.x < " + std::to_string(tail);
+      open("if (blockIdx.x == 0 && " + left + ")", groups_mask(p.order));
+      line("const " + it_ + " " + var(inner) + " = " + (sym_ ? nv + " * " + lit(v) : lit(nvec * v)) + " + (" + it_ + ")threadIdx.x;");
       for (auto& st : k_.stores) store(st, sched::identity_index(k_.space));
       close();
     }
@@ -1486,7 +1578,9 @@ class Writer {
   /// Few long rows, one phase, nothing per element to store: split every row over blocks.
   bool use_split() const {
     const auto& p = k_.loops;
-    if (p.red_groups.empty() || k_.phases > 1 || k_.passes > 1 || has_level(sched::Level::Full)) return false;
+    // A symbolic number of rows is not split (one code for every size; the scheduler does not
+    // split it either).
+    if (sym_ || p.red_groups.empty() || k_.phases > 1 || k_.passes > 1 || has_level(sched::Level::Full)) return false;
     const i64 rows = p.rows, r = reduced_extent();
     // Fewer rows than multiprocessors: one block per row would leave most of the GPU idle.
     return r >= 8192 && rows >= 1 && rows < t_.sm_count;
@@ -1585,7 +1679,8 @@ class Writer {
     };
     int T = threads_for(t_.row_vectors_per_thread);
     i64 E = R == 0 ? 0 : (R + static_cast<i64>(T) * V - 1) / (static_cast<i64>(T) * V);
-    const int rpb = T == 32 ? static_cast<int>(std::max<i64>(1, std::min<i64>(8, rows))) : 1;
+    // (A symbolic number of rows may be large: 8.)
+    const int rpb = T == 32 ? static_cast<int>(sym_ ? 8 : std::max<i64>(1, std::min<i64>(8, rows))) : 1;
     // The row cache: registers when small, else shared memory, else none (re-read).
     auto reads = multi_pass_reads();
     std::size_t slot_bytes = 0;
@@ -1624,18 +1719,27 @@ class Writer {
     }
     // One row (a warp's rows) per block: blocks that loop over many rows would run in uneven
     // waves whenever fewer fit on the GPU at once than the grid holds.
-    info_.grid = static_cast<unsigned>(std::max<i64>(1, std::min<i64>((rows + rpb - 1) / rpb, i64(1) << 30)));
+    // A symbolic size: the rows are n times the other kept dims, and the grid follows n.
+    std::string rows_text = lit(rows);
+    if (sym_) {
+      info_.grid = 0;
+      info_.grid_rule = CudaGridRule{per_size(p.kept_groups), 1, rpb, i64(1) << 30};
+      rows_text = "kiln_rows";
+      line("const long long kiln_rows = " + std::string(kSizeVar) + " * " + lit(per_size(p.kept_groups)) + ";");
+    } else {
+      info_.grid = static_cast<unsigned>(std::max<i64>(1, std::min<i64>((rows + rpb - 1) / rpb, i64(1) << 30)));
+    }
     info_.shared_bytes = static_cast<unsigned>(dyn);
     info_.strategy = "row reduction, " + std::to_string(T) + " thread(s) per row, " + std::to_string(V) + " lane(s), " +
                      std::to_string(E) + " slot(s), row " +
                      (mode == 1 ? "cached in registers" : mode == 2 ? "cached in shared memory" : "read per pass") + ", grid " +
-                     std::to_string(info_.grid) + "x" + std::to_string(info_.block);
+                     (sym_ ? rule_text(info_.grid_rule) : std::to_string(info_.grid)) + "x" + std::to_string(info_.block);
 
     line("const int tid = " + std::string(rpb > 1 ? "threadIdx.x & 31" : "threadIdx.x") + ";");
     std::vector<Red> fins = final_reds();
     for (auto& r : fins) declare_acc(r, "f");
     const std::string rowv = rpb > 1 ? "(" + it_ + ")blockIdx.x * " + lit(rpb) + " + (threadIdx.x >> 5)" : "(" + it_ + ")blockIdx.x";
-    open("for (" + it_ + " row = " + rowv + "; row < " + lit(rows) + "; row += (" + it_ + ")gridDim.x * " + lit(rpb) + ")",
+    open("for (" + it_ + " row = " + rowv + "; row < " + rows_text + "; row += (" + it_ + ")gridDim.x * " + lit(rpb) + ")",
          groups_mask(p.kept_groups));
     decode("row", p.kept_groups);
     const int row_scope = top();
@@ -2053,6 +2157,7 @@ class Writer {
   std::size_t scratch_bytes_ = 0;
   std::size_t leaves_ = 0, nargs_ = 0;
   bool i64_ = false;
+  bool sym_ = false;  ///< the space's leading dim is the schedule's symbolic size, read at launch
   std::string it_;
   int vec_group_ = -1, vec_ = 1, vec_dim_ = -1;
   std::uint64_t vec_mask_ = 0;
@@ -2075,6 +2180,11 @@ class Writer {
   int counter_ = 0;
   CudaKernelInfo info_;
 };
+
+/// The kernels' argument struct (see CudaSource).
+inline std::string args_struct(const CudaSource& unit) {
+  return "struct kiln_args { void* p[" + std::to_string(unit.num_args) + "];" + (unit.symbolic ? " long long n;" : "") + " };\n";
+}
 
 }  // namespace cuda_detail
 
@@ -2104,7 +2214,8 @@ inline CudaSource generate_cuda(const ir::Graph& g, const sched::Schedule& s, co
   std::string& src = out.source;
   src = "// kiln generated CUDA kernels\n";
   src += "#ifndef KILN_EXTERN_SMEM\n#define KILN_EXTERN_SMEM(name) extern __shared__ __align__(16) unsigned char name[]\n#endif\n";
-  src += "struct kiln_args { void* p[" + std::to_string(out.num_args) + "]; };\n";
+  out.symbolic = s.symbolic != 0;
+  src += cuda_detail::args_struct(out);
   src += cuda_detail::kCudaBase;
   if (needs.half) src += cuda_detail::kCudaHalf;
   if (needs.bf16) src += cuda_detail::kCudaBf16;

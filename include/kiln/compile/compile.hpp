@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kiln/backend/cpu_symbolic.hpp"
+#include "kiln/backend/cuda_symbolic.hpp"
 #include "kiln/backend/reference.hpp"
 #include "kiln/compile/symbolic.hpp"
 #include "kiln/core/log.hpp"
@@ -849,8 +850,8 @@ class Compiled {
 
   /// What runs `graph` (a graph of entry `e`).
   /// The kernels of a dynamic entry read its leading symbolic size at launch (one compile for
-  /// every size) where they can: the "kiln" backend in the default mode on the CPU JIT. Other
-  /// backends, modes and devices (CUDA) get kernels compiled for each size.
+  /// every size) where they can: the "kiln" backend in the default mode, on the CPU JIT and on
+  /// CUDA. Other backends and modes get kernels compiled for each size.
   GraphRunner make_runner(detail::Entry& e, const ir::Graph& graph, const std::vector<const Tensor*>& tensor_args) {
     State& s = *state_;
     if (auto r = symbolic_runner(e, graph, tensor_args)) return r;
@@ -866,9 +867,12 @@ class Compiled {
       return nullptr;
     };
     if (s.options.backend != "kiln") return nullptr;  // user backends receive each concrete graph
-    if (!graph.device.is_cpu()) return specialised("CUDA kernels are specialised per size");
-    if (s.options.mode != "default") return specialised("mode " + s.options.mode + " tunes kernels per size");
-    if (!backend::cpu_uses_jit(Backend::Auto)) return nullptr;
+    const bool cuda = graph.device.is_cuda();
+    if (!cuda && !graph.device.is_cpu()) return nullptr;
+    if (s.options.mode != "default")
+      return specialised(cuda && s.options.mode == "reduce-overhead" ? "mode reduce-overhead captures a CUDA graph per size"
+                                                                     : "mode " + s.options.mode + " tunes kernels per size");
+    if (cuda ? !backend::cuda_jit_available() : !backend::cpu_uses_jit(Backend::Auto)) return nullptr;
     const detail::SymbolicGraph& sg = *e.symbolic;
     for (auto& nd : graph.nodes)
       for (auto d : nd.shape)
@@ -884,10 +888,19 @@ class Compiled {
     auto values = detail::symbol_values(sg, shapes, strides, why);
     if (!values) return nullptr;
     ir::Graph canonical = detail::canonical_graph(sg, *values, strides, backend::kSymbolicPlaceholder);
-    auto plan = backend::cpu_symbolic_plan(canonical, why);
-    if (!plan) return specialised(why);
     std::size_t probe = 0;
     while (sg.dims[probe].empty() || sg.dims[probe][0].sym != sg.leading) ++probe;
+    if (cuda) {
+      // Kernels for 16-byte aligned buffers (fresh allocations are); other alignment classes
+      // get theirs at their first run, or the graph at its size where they cannot have them.
+      auto plan = backend::cuda_symbolic_plan(canonical, why);
+      if (!plan) return specialised(why);
+      return [plan, probe](const ir::Graph& g, const backend::RunArgs& a) {
+        if (!backend::run_cuda_symbolic(*plan, a, g.nodes[probe].shape[0])) backend::run_cuda(g, a);
+      };
+    }
+    auto plan = backend::cpu_symbolic_plan(canonical, why);
+    if (!plan) return specialised(why);
     return [plan, probe](const ir::Graph& g, const backend::RunArgs& a) {
       backend::run_cpu_symbolic(*plan, a, g.nodes[probe].shape[0]);
     };

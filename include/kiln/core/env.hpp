@@ -21,6 +21,7 @@ inline constexpr Setting kSettings[] = {
     {"KILN_BACKEND", "eager: run graphs op by op with the reference executor; jit (default when a compiler exists)"},
     {"KILN_NUM_THREADS", "CPU threads for kernels (default: hardware concurrency)"},
     {"KILN_LIBCUDA_PATH", "path of libcuda.so.1 (default: the dynamic loader's search)"},
+    {"KILN_CUDA_LAUNCH_GRAPHS", "0 launches CUDA kernels with cuLaunchKernel instead of per-plan launch graphs"},
     {"KILN_NVRTC_PATH", "path of libnvrtc.so (default: the dynamic loader's search, then /usr/local/cuda)"},
 };
 

@@ -47,6 +47,8 @@ using CUstream = CUstream_st*;
 using CUevent = CUevent_st*;
 using CUgraph = CUgraph_st*;
 using CUgraphExec = CUgraphExec_st*;
+struct CUgraphNode_st;
+using CUgraphNode = CUgraphNode_st*;
 using CUmemoryPool = CUmemPoolHandle_st*;
 
 enum CUdevice_attribute : int {
@@ -79,6 +81,19 @@ enum CUstreamCaptureMode : int {
   CU_STREAM_CAPTURE_MODE_GLOBAL = 0,
   CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
   CU_STREAM_CAPTURE_MODE_RELAXED = 2,
+};
+
+/// CUDA_KERNEL_NODE_PARAMS_v2 of <cuda.h> (CUDA 12.0+): one kernel launch as a graph node.
+/// `kern` and `ctx` stay null (the function and the current context are used).
+struct KernelNodeParams {
+  CUfunction func = nullptr;
+  unsigned grid_x = 1, grid_y = 1, grid_z = 1;
+  unsigned block_x = 1, block_y = 1, block_z = 1;
+  unsigned shared_bytes = 0;
+  void** kernel_params = nullptr;
+  void** extra = nullptr;
+  void* kern = nullptr;
+  CUcontext ctx = nullptr;
 };
 
 inline constexpr CUresult CUDA_SUCCESS = 0;
@@ -145,6 +160,12 @@ struct CudaDriverApi {
   CUresult (*graph_launch)(cu::CUgraphExec, cu::CUstream) = nullptr;           // cuGraphLaunch
   CUresult (*graph_exec_destroy)(cu::CUgraphExec) = nullptr;                   // cuGraphExecDestroy
   CUresult (*graph_destroy)(cu::CUgraph) = nullptr;                            // cuGraphDestroy
+  // Launch graphs (runtime/cuda_graph.hpp, CudaLaunchGraph): optional too.
+  CUresult (*graph_create)(cu::CUgraph*, unsigned) = nullptr;                   // cuGraphCreate
+  CUresult (*graph_add_kernel_node)(cu::CUgraphNode*, cu::CUgraph, const cu::CUgraphNode*, std::size_t,
+                                    const cu::KernelNodeParams*) = nullptr;    // cuGraphAddKernelNode_v2
+  CUresult (*graph_exec_kernel_node_set_params)(cu::CUgraphExec, cu::CUgraphNode,
+                                                const cu::KernelNodeParams*) = nullptr;  // cuGraphExecKernelNodeSetParams_v2
 };
 
 /// What loading the driver found: the API table, or why it is unusable.
@@ -156,6 +177,7 @@ struct CudaDriverState {
   int driver_version = 0;  ///< e.g. 12040 for CUDA 12.4
   int device_count = 0;
   std::string graphs_missing;  ///< CUDA graph entry points the driver lacks (empty: all there)
+  std::string launch_graphs_missing;  ///< the same for launch graphs (runtime::CudaLaunchGraph)
   bool ok() const { return reason.empty() && handle != nullptr; }
 };
 
@@ -277,6 +299,18 @@ inline CudaDriverState load_cuda_driver(const std::string& path) {
   optional_sym(a.graph_exec_destroy, "cuGraphExecDestroy");
   optional_sym(a.graph_destroy, "cuGraphDestroy");
   s.graphs_missing = graph_missing;
+  // Launch graphs need three more (the _v2 forms take KernelNodeParams as declared; they
+  // appeared in CUDA 12.0): without them kernels are launched one by one.
+  std::string launch_missing;
+  auto launch_sym = [&](auto& fn, const char* name) {
+    if (void* p = dlsym(h, name)) fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+    else launch_missing += std::string(launch_missing.empty() ? "" : ", ") + name;
+  };
+  launch_sym(a.graph_create, "cuGraphCreate");
+  launch_sym(a.graph_add_kernel_node, "cuGraphAddKernelNode_v2");
+  launch_sym(a.graph_exec_kernel_node_set_params, "cuGraphExecKernelNodeSetParams_v2");
+  s.launch_graphs_missing = graph_missing.empty() ? launch_missing
+                                                   : graph_missing + (launch_missing.empty() ? "" : ", " + launch_missing);
   s.handle = h;
   if (!missing.empty()) {
     s.reason = "the CUDA driver '" + path + "' lacks " + missing +

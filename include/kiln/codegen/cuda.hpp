@@ -40,6 +40,7 @@
 #include "kiln/codegen/cuda_prelude.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/half.hpp"
+#include "kiln/core/hash.hpp"
 #include "kiln/core/philox.hpp"
 #include "kiln/ir/graph.hpp"
 #include "kiln/sched/index.hpp"
@@ -128,6 +129,7 @@ struct CudaKernelInfo {
   unsigned block = 1;          ///< threads per block (x)
   unsigned shared_bytes = 0;   ///< dynamic shared memory
   std::string strategy;        ///< one line for logs and explain
+  std::uint64_t code_hash = 0;  ///< hash of the kernel's code (equal: the same kernel; autotune skips repeats)
   /// Kernels over a symbolic size: how the grid follows the size (units_per_size 0: static).
   CudaGridRule grid_rule;
   /// The grid to launch with when the symbolic size is `n` (static kernels: `grid`).
@@ -820,6 +822,14 @@ class Writer {
     if (const Val* v = find(key + "|*")) return *v;
     if (const Val* v = find(key + "|" + std::to_string(lane))) return *v;
     const ir::GraphNode& n = node(id);
+    // A value another kernel stored (an output or a temporary that this kernel reads, not only
+    // a reduction) is loaded, as the schedule ordered this kernel after that one to do.
+    if (!ir::is_reduction(n.op) && ir::op_kind(n.op) != ir::OpKind::Leaf && sched::detail::reads_memory(s_, id, kid_, g_)) {
+      const sched::Location& loc = s_.location[static_cast<std::size_t>(id)];
+      IndexExpr off = sched::strided_offset(idx, loc.strides, n.shape);
+      return load_access(location_pointer(loc, n.dtype, false), n.dtype, off, location_aligned(loc),
+                         "R" + std::to_string(id) + "|" + off.key(), key, lane);
+    }
     switch (ir::op_kind(n.op)) {
       case ir::OpKind::Leaf: {
         if (n.op == Op::Input) {
@@ -921,6 +931,7 @@ class Writer {
         if (!seen.insert(key).second) return;
         const ir::GraphNode& n = node(nid);
         if (ir::op_kind(n.op) == ir::OpKind::Leaf || ir::op_kind(n.op) == ir::OpKind::Reduce || ir::op_kind(n.op) == ir::OpKind::IndexMap) return;
+        if (sched::detail::reads_memory(s_, nid, kid_, g_)) return;  // stored by another kernel: loaded, not computed
         if (((n.op >= Op::Exp && n.op <= Op::Erf) || n.op == Op::Pow) && n.dtype == DType::Float32) {
           passes[key].insert(pass);
           nodes[key] = nid;
@@ -1101,6 +1112,8 @@ class Writer {
   void collect(std::vector<Access>& acc, std::uint64_t& opaque) const {
     auto visit = [&](int root, const Index& idx) {
       sched::detail::Visitor v;
+      // Values another kernel stored (not only reductions) are read from memory here.
+      v.boundary = [&](int n) { return sched::detail::reads_memory(s_, n, kid_, g_); };
       v.leaf = [&](int n, const Index& i) {
         const ir::GraphNode& nn = node(n);
         acc.push_back({sched::strided_offset(i, nn.strides, nn.shape), itemsize(nn.dtype)});
@@ -1614,6 +1627,7 @@ class Writer {
         if (st.level == sched::Level::Full && st.pass == pass) roots.push_back(st.node);
       for (int root : roots) {
         sched::detail::Visitor v;
+        v.boundary = [&](int n) { return sched::detail::reads_memory(s_, n, kid_, g_); };
         v.leaf = [&](int n, const Index& i) {
           const ir::GraphNode& nn = node(n);
           IndexExpr off = sched::strided_offset(i, nn.strides, nn.shape);
@@ -2197,17 +2211,31 @@ inline std::size_t cuda_num_args(const ir::Graph& g, const sched::Schedule& s) {
 /// is `<prefix>_<i>`. `align` says which leaves and outputs are 16-byte aligned (vector access
 /// needs it). Throws DTypeError for a primitive on a dtype it is not defined for.
 inline CudaSource generate_cuda(const ir::Graph& g, const sched::Schedule& s, const std::string& prefix,
+                                const std::vector<CudaTarget>& per_kernel, const CudaAlignment& align = {});
+
+inline CudaSource generate_cuda(const ir::Graph& g, const sched::Schedule& s, const std::string& prefix,
                                 const CudaTarget& target = CudaTarget::sm90(), const CudaAlignment& align = {}) {
+  return generate_cuda(g, s, prefix, std::vector<CudaTarget>(s.kernels.size(), target), align);
+}
+
+/// The same, kernel k generated with per_kernel[k]'s tuning knobs (max-autotune's choice per
+/// kernel); the targets differ only in knobs, never in the device.
+inline CudaSource generate_cuda(const ir::Graph& g, const sched::Schedule& s, const std::string& prefix,
+                                const std::vector<CudaTarget>& per_kernel, const CudaAlignment& align) {
+  if (per_kernel.size() != s.kernels.size())
+    throw Error("kiln codegen: " + std::to_string(per_kernel.size()) + " CUDA targets for " + std::to_string(s.kernels.size()) +
+                " kernels");
   cuda_detail::Needs needs;
   CudaSource out;
   out.num_args = cuda_num_args(g, s);
   std::string body;
   for (std::size_t k = 0; k < s.kernels.size(); ++k) {
     std::string name = prefix + "_" + std::to_string(k);
-    cuda_detail::Writer w(g, s, static_cast<int>(k), target, align, needs, out.scratch_bytes);
+    cuda_detail::Writer w(g, s, static_cast<int>(k), per_kernel[k], align, needs, out.scratch_bytes);
     std::string code;
     std::size_t scratch = 0;
     out.kernels.push_back(w.write(name, code, scratch));
+    out.kernels.back().code_hash = kiln::detail::hash_string(code);
     out.scratch_bytes += (scratch + 15) / 16 * 16;
     body += code;
   }

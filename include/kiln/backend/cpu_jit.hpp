@@ -40,6 +40,8 @@ struct CpuLaunchOptions {
   bool graph_entry = false;
   /// "max-autotune*": each kernel's thread count (and a split reduction's chunking) is timed on
   /// the first run and the fastest kept; the choice is stored in the disk cache beside the kernels.
+  /// PreparedGraph applies it to CUDA graphs too: their kernels' code-generation knobs are timed
+  /// (backend/cuda.hpp, tune_cuda_plan).
   bool autotune = false;
   /// "max-autotune": the graph entry is timed too, against the tuned kernels one by one.
   bool autotune_graph = false;

@@ -11,6 +11,7 @@
 // CudaGraphRunner (the end of this file) replays a graph's launches as one CUDA graph.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <mutex>
@@ -26,6 +27,7 @@
 #include "kiln/core/log.hpp"
 #include "kiln/core/stats.hpp"
 #include "kiln/ir/graph.hpp"
+#include "kiln/runtime/autotune.hpp"
 #include "kiln/runtime/cuda_driver.hpp"
 #include "kiln/runtime/cuda_graph.hpp"
 #include "kiln/runtime/cuda_memory.hpp"
@@ -35,6 +37,23 @@
 namespace kiln::backend {
 
 namespace detail {
+
+/// Overrides of the code generator's tuning knobs (0: the default); for benchmarks that
+/// compare variants (plans made before a change keep their variant: clear_cuda_plans()).
+struct CudaTuning {
+  int pointwise_unroll = 0;
+  int row_vectors_per_thread = 0;
+  int split_blocks_per_sm = 0;
+  int pointwise_unroll_heavy = 0;
+  int row_cache_shared = 0;  ///< 1 on, -1 off
+  int reciprocal_div = 0;    ///< 1 on, -1 off
+  int column_vectors_per_thread = 0;
+  int column_unroll = 0;
+  int pointwise_lanes_heavy = 0;
+  int row_unroll_uncached = 0;
+  int row_vectors_per_thread_uncached = 0;
+  int column_split_interleave = 0;  ///< 1 on, -1 off
+};
 
 /// Everything needed to run one graph structure on one device with one buffer alignment.
 struct CudaPlan {
@@ -55,6 +74,18 @@ struct CudaPlan {
   /// Temporaries of one run, laid out in one block: byte offset of each (256-byte aligned).
   std::vector<std::size_t> temp_offsets;
   std::size_t temp_total = 0;
+  /// max-autotune: a plan kept apart from the default one of its graph, whose kernels were
+  /// generated with the knobs in `tuning` (per kernel) once `tuned` (timed, or loaded from the
+  /// record stored under `tune_key`); until then it is the default configuration.
+  bool autotune = false;
+  bool tuned = false;
+  std::vector<CudaTuning> tuning;
+  std::string tune_key;
+  /// The kernels as one launch graph (runtime::CudaLaunchGraph), made by the first plain run;
+  /// runs that find it in use by another thread launch kernel by kernel.
+  mutable std::mutex launch_mu;
+  mutable std::unique_ptr<runtime::CudaLaunchGraph> launch_graph;
+  mutable bool launch_graph_failed = false;  ///< building it failed once (logged): never again
 };
 
 /// The alignment bits of a run's buffers; false when there are more than 64 of them.
@@ -91,31 +122,76 @@ inline std::string cuda_hex(std::uint64_t k) {
   return buf;
 }
 
-/// Overrides of the code generator's tuning knobs (0: the default); for benchmarks that
-/// compare variants (plans made before a change keep their variant: clear_cuda_plans()).
-struct CudaTuning {
-  int pointwise_unroll = 0;
-  int row_vectors_per_thread = 0;
-  int split_blocks_per_sm = 0;
-  int pointwise_unroll_heavy = 0;
-  int row_cache_shared = 0;  ///< 1 on, -1 off
-  int reciprocal_div = 0;    ///< 1 on, -1 off
-  int column_vectors_per_thread = 0;
-  int column_unroll = 0;
-  int pointwise_lanes_heavy = 0;
-  int row_unroll_uncached = 0;
-  int row_vectors_per_thread_uncached = 0;
-  int column_split_interleave = 0;  ///< 1 on, -1 off
-};
 inline CudaTuning& cuda_tuning() {
   static CudaTuning t;
   return t;
 }
 
-/// What code generation needs to know about cuda:`device`.
-inline codegen::CudaTarget cuda_target(const runtime::CudaContext& ctx) {
-  codegen::CudaTarget t;
-  const CudaTuning& tune = cuda_tuning();
+/// The knobs of CudaTuning by name (autotune records and logs).
+struct TuningField {
+  const char* name;
+  int CudaTuning::*member;
+};
+inline const std::vector<TuningField>& tuning_fields() {
+  static const std::vector<TuningField> f = {
+      {"pointwise_unroll", &CudaTuning::pointwise_unroll},
+      {"row_vectors_per_thread", &CudaTuning::row_vectors_per_thread},
+      {"split_blocks_per_sm", &CudaTuning::split_blocks_per_sm},
+      {"pointwise_unroll_heavy", &CudaTuning::pointwise_unroll_heavy},
+      {"row_cache_shared", &CudaTuning::row_cache_shared},
+      {"reciprocal_div", &CudaTuning::reciprocal_div},
+      {"column_vectors_per_thread", &CudaTuning::column_vectors_per_thread},
+      {"column_unroll", &CudaTuning::column_unroll},
+      {"pointwise_lanes_heavy", &CudaTuning::pointwise_lanes_heavy},
+      {"row_unroll_uncached", &CudaTuning::row_unroll_uncached},
+      {"row_vectors_per_thread_uncached", &CudaTuning::row_vectors_per_thread_uncached},
+      {"column_split_interleave", &CudaTuning::column_split_interleave},
+  };
+  return f;
+}
+
+/// "name=value ..." of the knobs `t` sets, or "default".
+inline std::string tuning_text(const CudaTuning& t) {
+  std::string out;
+  for (const auto& f : tuning_fields())
+    if (t.*(f.member) != 0) out += (out.empty() ? "" : " ") + std::string(f.name) + "=" + std::to_string(t.*(f.member));
+  return out.empty() ? "default" : out;
+}
+
+/// Parses tuning_text's output; false on anything else.
+inline bool parse_tuning(const std::string& text, CudaTuning& t) {
+  t = CudaTuning{};
+  if (text == "default") return true;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    std::size_t end = text.find(' ', at);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(at, end - at);
+    const std::size_t eq = item.find('=');
+    if (eq == std::string::npos) return false;
+    const std::string name = item.substr(0, eq);
+    int value = 0;
+    try {
+      std::size_t used = 0;
+      value = std::stoi(item.substr(eq + 1), &used);
+      if (used != item.size() - eq - 1) return false;
+    } catch (...) {
+      return false;
+    }
+    bool known = false;
+    for (const auto& f : tuning_fields())
+      if (name == f.name) {
+        t.*(f.member) = value;
+        known = true;
+      }
+    if (!known || value == 0) return false;
+    at = end + 1;
+  }
+  return true;
+}
+
+/// Sets the knobs `tune` overrides (0: keep) in `t`.
+inline void apply_tuning(codegen::CudaTarget& t, const CudaTuning& tune) {
   if (tune.pointwise_unroll > 0) t.pointwise_unroll = tune.pointwise_unroll;
   if (tune.row_vectors_per_thread > 0) t.row_vectors_per_thread = tune.row_vectors_per_thread;
   if (tune.split_blocks_per_sm > 0) t.split_blocks_per_sm = tune.split_blocks_per_sm;
@@ -128,6 +204,13 @@ inline codegen::CudaTarget cuda_target(const runtime::CudaContext& ctx) {
   if (tune.row_unroll_uncached > 0) t.row_unroll_uncached = tune.row_unroll_uncached;
   if (tune.row_vectors_per_thread_uncached > 0) t.row_vectors_per_thread_uncached = tune.row_vectors_per_thread_uncached;
   if (tune.column_split_interleave != 0) t.column_split_interleave = tune.column_split_interleave > 0;
+}
+
+/// What code generation needs to know about cuda:`device` (with the process-wide overrides of
+/// cuda_tuning(), for benchmarks of variants).
+inline codegen::CudaTarget cuda_target(const runtime::CudaContext& ctx) {
+  codegen::CudaTarget t;
+  apply_tuning(t, cuda_tuning());
   t.cc_major = ctx.cc_major;
   t.cc_minor = ctx.cc_minor;
   t.sm_count = ctx.sm_count;
@@ -146,20 +229,39 @@ inline std::uint64_t alignment_hash(const codegen::CudaAlignment& a) {
   return kiln::detail::hash_mix(h);
 }
 
-inline std::shared_ptr<const CudaPlan> build_cuda_plan(const ir::Graph& g, const codegen::CudaAlignment& al) {
+/// The kernels' names: the graph's key and the alignment class, so the variants of one graph
+/// for two classes differ in source (autotune candidates share it: their kernels compare by code).
+inline std::string cuda_kernel_prefix(const ir::Graph& g, const codegen::CudaAlignment& al) {
+  return "kiln_" + cuda_hex(g.key) + "_" + cuda_hex(alignment_hash(al)).substr(0, 4);
+}
+
+/// Per kernel of `s`, the target of `ctx` with that kernel's knobs (`per_kernel` empty: the defaults).
+inline std::vector<codegen::CudaTarget> cuda_targets(const runtime::CudaContext& ctx, const sched::Schedule& s,
+                                                     const std::vector<CudaTuning>& per_kernel) {
+  std::vector<codegen::CudaTarget> t(s.kernels.size(), cuda_target(ctx));
+  for (std::size_t k = 0; k < t.size() && k < per_kernel.size(); ++k) apply_tuning(t[k], per_kernel[k]);
+  return t;
+}
+
+/// Builds the plan of `g` for alignment class `al`: schedule, source (kernel k generated with
+/// per_kernel[k]'s knobs when given), compiled and loaded kernels, temporaries, scratch.
+/// `source` receives the generated source when not null.
+inline std::shared_ptr<CudaPlan> build_cuda_plan(const ir::Graph& g, const codegen::CudaAlignment& al,
+                                                 const std::vector<CudaTuning>& per_kernel = {},
+                                                 std::string* source = nullptr) {
   auto plan = std::make_shared<CudaPlan>();
   plan->graph = g;
   plan->alignment = al;
   plan->device = g.device.index;
   plan->leaves = g.num_leaves();
+  plan->tuning = per_kernel;
   runtime::CudaContext& ctx = runtime::cuda_context(g.device.index);
   plan->schedule = sched::schedule(g);
   if (log_enabled(LogChannel::schedule))
     log(LogChannel::schedule, "graph " + cuda_hex(g.key) + " on " + g.device.str() + ": " +
                                   std::to_string(plan->schedule.kernels.size()) + " kernel(s)\n" + plan->schedule.str(g));
-  // The name carries the alignment class, so the two variants of one graph differ in source.
-  std::string prefix = "kiln_" + cuda_hex(g.key) + "_" + cuda_hex(alignment_hash(al)).substr(0, 4);
-  codegen::CudaSource src = codegen::generate_cuda(g, plan->schedule, prefix, cuda_target(ctx), al);
+  codegen::CudaSource src =
+      codegen::generate_cuda(g, plan->schedule, cuda_kernel_prefix(g, al), cuda_targets(ctx, plan->schedule, per_kernel), al);
   auto& cache = runtime::CudaModuleCache::instance();
   for (auto& k : src.kernels) {
     runtime::cu::CUfunction fn = cache.get_function(src.source, k.name, g.device.index);
@@ -181,6 +283,56 @@ inline std::shared_ptr<const CudaPlan> build_cuda_plan(const ir::Graph& g, const
     for (char c : al.outputs) plan->alignment_mask |= std::uint64_t(c != 0) << bit++;
   }
   if (src.scratch_bytes > 0) plan->scratch = runtime::allocate_cuda(src.scratch_bytes, g.device.index);
+  if (source) *source = std::move(src.source);
+  return plan;
+}
+
+/// The key of `g`'s autotune record: the device (its name and multiprocessors: the fastest
+/// knobs follow the hardware) and the cubin key of the default source (kiln, NVRTC, arch,
+/// options, the graph's code and alignment class).
+inline std::string cuda_tune_key(const runtime::CudaContext& ctx, const std::string& default_source) {
+  auto& cache = runtime::CudaModuleCache::instance();
+  return "kiln autotune cuda v1\ndevice " + ctx.name + " sms " + std::to_string(ctx.sm_count) + "\n" +
+         cache.cubin_key(default_source, runtime::cubin_arch_for(ctx.cc_major, ctx.cc_minor));
+}
+
+/// The record of a tuned plan: one line per kernel, its knobs (tuning_text).
+inline std::string cuda_tuning_record(const std::vector<CudaTuning>& per_kernel) {
+  std::string r = "cuda kernels " + std::to_string(per_kernel.size()) + "\n";
+  for (const auto& t : per_kernel) r += tuning_text(t) + "\n";
+  return r;
+}
+
+/// Parses cuda_tuning_record's text for `kernels` kernels; false when it does not fit.
+inline bool parse_cuda_tuning_record(const std::string& record, std::size_t kernels, std::vector<CudaTuning>& out) {
+  std::size_t at = record.find('\n');
+  if (at == std::string::npos || record.substr(0, at) != "cuda kernels " + std::to_string(kernels)) return false;
+  out.assign(kernels, CudaTuning{});
+  for (std::size_t k = 0; k < kernels; ++k) {
+    const std::size_t start = at + 1;
+    at = record.find('\n', start);
+    if (at == std::string::npos || !parse_tuning(record.substr(start, at - start), out[k])) return false;
+  }
+  return at + 1 == record.size();
+}
+
+/// An autotune plan of `g`: the stored choice when there is one (tuned), else the default
+/// configuration waiting for tune_cuda_plan (not tuned).
+inline std::shared_ptr<CudaPlan> build_autotune_plan(const ir::Graph& g, const codegen::CudaAlignment& al) {
+  runtime::CudaContext& ctx = runtime::cuda_context(g.device.index);
+  sched::Schedule sch = sched::schedule(g);
+  const std::string key = cuda_tune_key(
+      ctx, codegen::generate_cuda(g, sch, cuda_kernel_prefix(g, al), cuda_targets(ctx, sch, {}), al).source);
+  std::shared_ptr<CudaPlan> plan;
+  std::vector<CudaTuning> per_kernel;
+  if (auto record = runtime::load_tuning(key); record && parse_cuda_tuning_record(*record, sch.kernels.size(), per_kernel)) {
+    plan = build_cuda_plan(g, al, per_kernel);
+    plan->tuned = true;
+  } else {
+    plan = build_cuda_plan(g, al);
+  }
+  plan->autotune = true;
+  plan->tune_key = key;
   return plan;
 }
 
@@ -194,32 +346,45 @@ class CudaPlanCache {
     return *cache;
   }
 
-  std::shared_ptr<const CudaPlan> get(const ir::Graph& g, const codegen::CudaAlignment& al) {
+  /// The plan of `g` for alignment class `al`; `autotune` asks for its max-autotune plan
+  /// (build_autotune_plan), kept apart from the default one.
+  std::shared_ptr<const CudaPlan> get(const ir::Graph& g, const codegen::CudaAlignment& al, bool autotune = false) {
     const std::uint64_t key = kiln::detail::hash_combine(g.key, alignment_hash(al));
+    auto fits = [&](const CudaPlan& p) {
+      return p.autotune == autotune && p.alignment.inputs == al.inputs && p.alignment.outputs == al.outputs;
+    };
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto range = plans_.equal_range(key);
       // A caller that passes a plan's own graph (the object itself) needs no structural check.
       for (auto it = range.first; it != range.second; ++it)
-        if (&it->second->graph == &g && it->second->alignment.inputs == al.inputs &&
-            it->second->alignment.outputs == al.outputs)
-          return it->second;
+        if (&it->second->graph == &g && fits(*it->second)) return it->second;
       for (auto it = range.first; it != range.second; ++it)
-        if (it->second->alignment.inputs == al.inputs && it->second->alignment.outputs == al.outputs &&
-            same_graph(it->second->graph, g))
-          return it->second;
+        if (fits(*it->second) && same_graph(it->second->graph, g)) return it->second;
     }
     // Built outside the lock: a compile takes long and other graphs must not wait for it (two
     // threads racing for one new graph share its compile through CudaModuleCache).
-    auto plan = build_cuda_plan(g, al);
+    std::shared_ptr<const CudaPlan> plan = autotune ? build_autotune_plan(g, al) : build_cuda_plan(g, al);
     std::lock_guard<std::mutex> lock(mu_);
     auto range = plans_.equal_range(key);
     for (auto it = range.first; it != range.second; ++it)
-      if (it->second->alignment.inputs == al.inputs && it->second->alignment.outputs == al.outputs &&
-          same_graph(it->second->graph, g))
-        return it->second;
+      if (fits(*it->second) && same_graph(it->second->graph, g)) return it->second;
     plans_.emplace(key, plan);
     return plan;
+  }
+
+  /// Puts `plan` (an autotune plan, now tuned) in place of the autotune plan of its structure.
+  void replace(std::shared_ptr<const CudaPlan> plan) {
+    const std::uint64_t key = kiln::detail::hash_combine(plan->graph.key, alignment_hash(plan->alignment));
+    std::lock_guard<std::mutex> lock(mu_);
+    auto range = plans_.equal_range(key);
+    for (auto it = range.first; it != range.second; ++it)
+      if (it->second->autotune == plan->autotune && it->second->alignment.inputs == plan->alignment.inputs &&
+          it->second->alignment.outputs == plan->alignment.outputs && same_graph(it->second->graph, plan->graph)) {
+        it->second = std::move(plan);
+        return;
+      }
+    plans_.emplace(key, std::move(plan));
   }
 
   /// Forgets every plan (kernels already queued keep their modules, which stay loaded).
@@ -284,6 +449,31 @@ inline void check_cuda_run(const ir::Graph& g, const RunArgs& args, std::size_t 
                 std::to_string(leaves) + " leaves");
 }
 
+/// Queues `plan`'s kernels on kiln's `stream` through the plan's launch graph (built on first
+/// use); false when it cannot (launch graphs unavailable, building failed once, or another
+/// thread is launching the plan right now), and the caller launches kernel by kernel.
+inline bool launch_via_graph(const CudaPlan& plan, const runtime::CudaContext& ctx, void** argv, std::size_t arg_bytes,
+                             runtime::cu::CUstream stream) {
+  if (plan.launch_graph_failed || !runtime::cuda_launch_graphs_available()) return false;
+  std::unique_lock<std::mutex> lock(plan.launch_mu, std::try_to_lock);
+  if (!lock.owns_lock() || plan.launch_graph_failed) return false;
+  if (!plan.launch_graph) {
+    std::vector<runtime::CudaLaunchGraph::Kernel> ks;
+    for (std::size_t k = 0; k < plan.functions.size(); ++k)
+      ks.push_back({plan.functions[k], plan.kernels[k].grid, plan.kernels[k].block, plan.kernels[k].shared_bytes});
+    try {
+      plan.launch_graph = runtime::CudaLaunchGraph::build(ctx, ks, argv, arg_bytes);
+    } catch (const Error& e) {
+      plan.launch_graph_failed = true;
+      log(LogChannel::perf, std::string("CUDA launch graph unavailable for a plan (kernels launch one by one): ") + e.what());
+      return false;
+    }
+  }
+  plan.launch_graph->launch(argv, stream);
+  kiln::detail::counters().launches.fetch_add(plan.functions.size(), std::memory_order_relaxed);
+  return true;
+}
+
 /// Queues `plan`'s kernels on `stream`: leaves read from inputs[0..leaves), outputs written to
 /// outputs, temporaries at `temps` + plan.temp_offsets. Counts one launch per kernel queued on
 /// kiln's stream (captured kernels run later, counted by their replays). Used
@@ -307,6 +497,9 @@ inline void enqueue_cuda_plan(const CudaPlan& plan, const runtime::CudaContext& 
   const auto& api = runtime::detail::cuda_driver_state().api;
   ctx.make_current();
   const bool capturing = stream != ctx.stream;
+  // kiln's stream: the plan's launch graph (one cuGraphLaunch, arguments updated when they
+  // changed) where the driver has them; a capture records plain launches.
+  if (!capturing && launch_via_graph(plan, ctx, argv, plan.num_args * sizeof(void*), stream)) return;
   for (std::size_t k = 0; k < plan.functions.size(); ++k) {
     const codegen::CudaKernelInfo& info = plan.kernels[k];
     // The context was made current once above (runtime::launch_kernel would check it again
@@ -347,6 +540,241 @@ inline void run_cuda(const ir::Graph& g, const RunArgs& args) {
   detail::run_cuda_plan(*plan, args);
 }
 
+namespace detail {
+
+/// max-autotune's candidate knobs on CUDA, the default first: one knob moved at a time, around
+/// the defaults (codegen::CudaTarget) in the directions docs/performance-gpu.md measured as
+/// close calls. A candidate that leaves a kernel's code unchanged is not compiled or timed for it.
+inline std::vector<CudaTuning> cuda_tuning_candidates() {
+  std::vector<CudaTuning> c(1);
+  auto one = [&](int CudaTuning::*knob, int value) {
+    CudaTuning t;
+    t.*knob = value;
+    c.push_back(t);
+  };
+  one(&CudaTuning::pointwise_unroll, 1);
+  one(&CudaTuning::pointwise_unroll, 4);
+  one(&CudaTuning::pointwise_unroll_heavy, 2);
+  one(&CudaTuning::pointwise_lanes_heavy, 1);
+  one(&CudaTuning::pointwise_lanes_heavy, 4);
+  one(&CudaTuning::row_vectors_per_thread, 2);
+  one(&CudaTuning::row_vectors_per_thread, 8);
+  one(&CudaTuning::row_cache_shared, 1);
+  one(&CudaTuning::row_vectors_per_thread_uncached, 16);
+  one(&CudaTuning::row_vectors_per_thread_uncached, 64);
+  one(&CudaTuning::row_unroll_uncached, 8);
+  one(&CudaTuning::column_unroll, 2);
+  one(&CudaTuning::column_unroll, 8);
+  one(&CudaTuning::column_vectors_per_thread, 2);
+  one(&CudaTuning::column_split_interleave, 1);
+  one(&CudaTuning::split_blocks_per_sm, 2);
+  one(&CudaTuning::split_blocks_per_sm, 8);
+  return c;
+}
+
+/// Which autotune candidates are worth compiling for a graph: `candidates` (indices into the
+/// list given, the default first) change the code of some kernel, and per kernel `variants`
+/// lists the candidates (indices into `candidates`) that give it code no earlier one gave.
+struct TuningVariants {
+  std::vector<std::size_t> candidates;
+  std::vector<std::vector<std::size_t>> variants;
+};
+
+/// TuningVariants of `s` (the schedule of `g`) for `base` (the device) and alignment class
+/// `al`: code generation only, nothing compiled. Kernels compare by their code's hash.
+inline TuningVariants cuda_tuning_variants(const ir::Graph& g, const sched::Schedule& s, const codegen::CudaTarget& base,
+                                           const codegen::CudaAlignment& al, const std::vector<CudaTuning>& cands) {
+  const std::size_t nk = s.kernels.size();
+  TuningVariants v;
+  v.variants.resize(nk);
+  std::vector<std::vector<std::uint64_t>> seen(nk);
+  const std::string prefix = cuda_kernel_prefix(g, al);
+  for (std::size_t c = 0; c < cands.size(); ++c) {
+    std::vector<codegen::CudaTarget> targets(nk, base);
+    for (auto& t : targets) apply_tuning(t, cands[c]);
+    codegen::CudaSource src = codegen::generate_cuda(g, s, prefix, targets, al);
+    bool fresh = false;
+    for (std::size_t k = 0; k < nk; ++k) {
+      if (std::find(seen[k].begin(), seen[k].end(), src.kernels[k].code_hash) != seen[k].end()) continue;
+      seen[k].push_back(src.kernels[k].code_hash);
+      v.variants[k].push_back(v.candidates.size());
+      fresh = true;
+    }
+    if (fresh) v.candidates.push_back(c);
+  }
+  return v;
+}
+
+/// Bytes spanned by a strided view (0 for an empty one); -1 when a stride is negative.
+inline std::int64_t span_bytes(const Shape& shape, const Strides& strides, std::size_t item) {
+  std::int64_t hi = 0;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 0) return 0;
+    if (strides[d] < 0) return -1;
+    hi += (shape[d] - 1) * strides[d];
+  }
+  return (hi + 1) * static_cast<std::int64_t>(item);
+}
+
+/// Times the candidate configurations of `plan` (an autotune plan not tuned yet) per kernel on
+/// the inputs of `args` and returns the tuned plan, also stored in the plan cache, in memory and
+/// in the disk cache (runtime::store_tuning). Inputs are only read; outputs and temporaries are
+/// private buffers (with the callers' 16-byte misalignment, so every variant sees the same
+/// alignment class). Each candidate whose code differs for some kernel is compiled once; each
+/// kernel is timed alone with CUDA events, in schedule order after the kernels before it ran,
+/// over the variants of its code, and keeps the default unless beaten clearly
+/// (runtime::pick_fastest_by). Kernels choosing different candidates make one more compile.
+inline std::shared_ptr<const CudaPlan> tune_cuda_plan(const CudaPlan& plan, const RunArgs& args) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  const ir::Graph& g = plan.graph;
+  const int device = plan.device;
+  runtime::CudaContext& ctx = runtime::cuda_context(device);
+  const auto& api = runtime::detail::cuda_driver_state().api;
+  auto settle = [&](std::shared_ptr<CudaPlan> p, std::vector<CudaTuning> per_kernel) {
+    p->autotune = true;
+    p->tuned = true;
+    p->tuning = per_kernel;
+    p->tune_key = plan.tune_key;
+    runtime::store_tuning(plan.tune_key, cuda_tuning_record(per_kernel));
+    CudaPlanCache::instance().replace(p);
+    return std::shared_ptr<const CudaPlan>(p);
+  };
+  const std::size_t nk = plan.functions.size();
+
+  // Private outputs (same misalignment as the caller's) and temporaries.
+  std::vector<StoragePtr> keep;
+  std::vector<void*> outputs;
+  for (std::size_t o = 0; o < g.outputs.size(); ++o) {
+    const ir::GraphNode& n = g.nodes[static_cast<std::size_t>(g.outputs[o])];
+    const std::int64_t span = span_bytes(n.shape, g.output_strides[o], itemsize(n.dtype));
+    if (span < 0) {  // an output walked backwards: not timed, the defaults stay
+      auto p = build_cuda_plan(g, plan.alignment);
+      return settle(p, std::vector<CudaTuning>(nk));
+    }
+    const std::uintptr_t mis = reinterpret_cast<std::uintptr_t>(args.outputs[o]) & 15u;
+    keep.push_back(runtime::allocate_cuda(static_cast<std::size_t>(span) + 16, device));
+    outputs.push_back(static_cast<char*>(keep.back()->data) + mis);
+  }
+  StoragePtr temps = plan.temp_total ? runtime::allocate_cuda(plan.temp_total, device) : nullptr;
+
+  // Candidates whose code differs somewhere, compiled; per kernel, the distinct variants.
+  const std::vector<CudaTuning> cands = cuda_tuning_candidates();
+  struct Built {
+    CudaTuning tuning;
+    std::shared_ptr<CudaPlan> plan;
+    std::vector<void*> argv;
+  };
+  std::vector<Built> built;
+  const TuningVariants tv = cuda_tuning_variants(g, plan.schedule, cuda_target(ctx), plan.alignment, cands);
+  const std::vector<std::vector<std::size_t>>& variants = tv.variants;
+  for (std::size_t c : tv.candidates) {
+    Built b;
+    b.tuning = cands[c];
+    b.plan = build_cuda_plan(g, plan.alignment, std::vector<CudaTuning>(nk, cands[c]));
+    b.argv.assign(b.plan->num_args, nullptr);
+    for (std::size_t i = 0; i < plan.leaves; ++i) b.argv[i] = const_cast<void*>(args.inputs[i]);
+    for (std::size_t o = 0; o < outputs.size(); ++o) b.argv[plan.leaves + o] = outputs[o];
+    for (std::size_t t = 0; t < plan.temp_offsets.size(); ++t)
+      b.argv[plan.leaves + outputs.size() + t] = static_cast<char*>(temps->data) + plan.temp_offsets[t];
+    b.argv[b.plan->num_args - 1] = b.plan->scratch ? b.plan->scratch->data : nullptr;
+    built.push_back(std::move(b));
+  }
+
+  ctx.make_current();
+  auto launch = [&](Built& b, std::size_t k) {
+    void* params[] = {b.argv.data()};
+    const codegen::CudaKernelInfo& info = b.plan->kernels[k];
+    runtime::detail::cuda_check(api.launch_kernel(b.plan->functions[k], info.grid, 1, 1, info.block, 1, 1, info.shared_bytes,
+                                                  ctx.stream, params, nullptr),
+                                "cuLaunchKernel", "while autotuning");
+  };
+  runtime::cu::CUevent ev[2] = {nullptr, nullptr};
+  for (auto& e : ev) runtime::detail::cuda_check(api.event_create(&e, runtime::cu::CU_EVENT_DEFAULT), "cuEventCreate", "autotune");
+  struct Events {
+    runtime::cu::CUevent* ev;
+    ~Events() {
+      const auto& a = runtime::detail::cuda_driver_state().api;
+      for (int i = 0; i < 2; ++i)
+        if (ev[i]) a.event_destroy(ev[i]);
+    }
+  } destroy{ev};
+  // Seconds of kernel k of `b`: the best of `reps` event-timed launches after one warm-up.
+  auto time_kernel = [&](Built& b, std::size_t k, int reps) {
+    launch(b, k);
+    double best = 1e300;
+    for (int r = 0; r < std::max(1, reps); ++r) {
+      runtime::detail::cuda_check(api.event_record(ev[0], ctx.stream), "cuEventRecord", "autotune");
+      launch(b, k);
+      runtime::detail::cuda_check(api.event_record(ev[1], ctx.stream), "cuEventRecord", "autotune");
+      runtime::detail::cuda_check(api.event_synchronize(ev[1]), "cuEventSynchronize", "autotune");
+      float ms = 0;
+      runtime::detail::cuda_check(api.event_elapsed_time(&ms, ev[0], ev[1]), "cuEventElapsedTime", "autotune");
+      best = std::min(best, ms * 1e-3);
+      runtime::detail::autotune_counters().timed_runs.fetch_add(1, std::memory_order_relaxed);
+    }
+    return best;
+  };
+
+  std::vector<std::size_t> chosen(nk, 0);
+  std::string report;
+  runtime::AutotuneBudget budget;
+  budget.max_reps = 10;
+  for (std::size_t k = 0; k < nk; ++k) {
+    const auto& v = variants[k];
+    if (v.size() > 1) {
+      std::vector<double> times;
+      const std::size_t best = runtime::pick_fastest_by(
+          v.size(), [&](std::size_t i, int reps) { return time_kernel(built[v[i]], k, reps); }, budget, &times);
+      chosen[k] = v[best];
+      report += "\n  kernel " + std::to_string(k) + ": " + tuning_text(built[chosen[k]].tuning) + " (" +
+                std::to_string(times[best] * 1e6) + " us; default " + std::to_string(times[0] * 1e6) + " us, " +
+                std::to_string(v.size()) + " variants)";
+    }
+    // The chosen variant writes this kernel's results last, for the kernels after it.
+    launch(built[chosen[k]], k);
+  }
+  runtime::synchronize_cuda(device);
+  std::vector<CudaTuning> per_kernel(nk);
+  bool one_candidate = true;
+  for (std::size_t k = 0; k < nk; ++k) {
+    per_kernel[k] = built[chosen[k]].tuning;
+    one_candidate = one_candidate && chosen[k] == chosen[0];
+  }
+  std::shared_ptr<CudaPlan> result = nk > 0 && one_candidate ? built[chosen[0]].plan : build_cuda_plan(g, plan.alignment, per_kernel);
+  log(LogChannel::cache, "autotune " + runtime::detail::autotune_tag(plan.tune_key) + ": graph " + cuda_hex(g.key) + " on " +
+                             g.device.str() + " tuned in " +
+                             std::to_string(std::chrono::duration<double, std::milli>(clock::now() - start).count()) + " ms, " +
+                             std::to_string(built.size()) + " candidate(s) compiled" + report);
+  return settle(result, per_kernel);
+}
+
+inline std::mutex& cuda_tune_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+/// The max-autotune plan of `g` for alignment class `al`, tuned on the buffers of `args` the
+/// first time (one graph at a time: tuning times the GPU, which another tuning would disturb).
+inline std::shared_ptr<const CudaPlan> tuned_cuda_plan(const ir::Graph& g, const codegen::CudaAlignment& al, const RunArgs& args) {
+  auto plan = CudaPlanCache::instance().get(g, al, true);
+  if (plan->tuned) return plan;
+  std::lock_guard<std::mutex> lock(cuda_tune_mutex());
+  plan = CudaPlanCache::instance().get(g, al, true);
+  if (plan->tuned) return plan;
+  return tune_cuda_plan(*plan, args);
+}
+
+}  // namespace detail
+
+/// Runs `g` as run_cuda does with its max-autotune plan: launch configurations timed per kernel
+/// on these buffers the first time (the choice stored in the disk cache), reused after that.
+inline void run_cuda_autotuned(const ir::Graph& g, const RunArgs& args) {
+  detail::check_cuda_run(g, args, g.num_leaves());
+  auto plan = detail::tuned_cuda_plan(g, detail::alignment_of(args), args);
+  detail::run_cuda_plan(*plan, args);
+}
+
 /// Counters of one CudaGraphRunner.
 struct CudaGraphStats {
   std::uint64_t captures = 0;     ///< graphs captured (new instances and re-captures)
@@ -377,8 +805,10 @@ struct CudaGraphStats {
 /// one log line (KILN_LOGS=perf).
 class CudaGraphRunner {
  public:
-  explicit CudaGraphRunner(ir::Graph g, std::size_t max_instances = 2)
-      : graph_(std::move(g)), max_instances_(std::max<std::size_t>(1, max_instances)) {
+  /// `autotune`: the captured kernels are the graph's max-autotune plan (timed per kernel on
+  /// the first capture's buffers, or the stored choice): kiln::compile's "max-autotune" on CUDA.
+  explicit CudaGraphRunner(ir::Graph g, std::size_t max_instances = 2, bool autotune = false)
+      : graph_(std::move(g)), max_instances_(std::max<std::size_t>(1, max_instances)), autotune_(autotune) {
     if (!graph_.device.is_cuda())
       throw DeviceError("CUDA graph runner: the graph is on " + graph_.device.str() + "; it runs CUDA graphs only");
     leaves_ = graph_.num_leaves();
@@ -567,7 +997,8 @@ class CudaGraphRunner {
       inst.outputs.push_back(runtime::allocate_cuda(output_span_[o], device));
       bound.outputs.push_back(inst.outputs.back()->data);
     }
-    inst.plan = detail::CudaPlanCache::instance().get(graph_, detail::alignment_of(bound));
+    inst.plan = autotune_ ? detail::tuned_cuda_plan(graph_, detail::alignment_of(bound), bound)
+                          : detail::CudaPlanCache::instance().get(graph_, detail::alignment_of(bound));
     inst.temps = inst.plan->temp_offsets.empty() ? nullptr : runtime::allocate_cuda(inst.plan->temp_total, device);
     char* temps = inst.temps ? static_cast<char*>(inst.temps->data) : nullptr;
     const detail::CudaPlan& plan = *inst.plan;
@@ -593,12 +1024,14 @@ class CudaGraphRunner {
       outputs[o] = runtime::allocate_cuda(output_span_[o], graph_.device.index);
       args.outputs.push_back(outputs[o]->data);
     }
-    run_cuda(graph_, args);
+    if (autotune_) run_cuda_autotuned(graph_, args);
+    else run_cuda(graph_, args);
     ++stats_.plain_runs;
   }
 
   ir::Graph graph_;
   std::size_t max_instances_;
+  bool autotune_ = false;
   std::size_t leaves_ = 0;
   std::vector<std::size_t> leaf_lead_, leaf_span_, output_span_;
   std::vector<bool> varying_;

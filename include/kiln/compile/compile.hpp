@@ -66,7 +66,9 @@ namespace detail {
 
 /// What a mode means for CPU kernels: "reduce-overhead" runs the graph through one entry (one
 /// parallel region); "max-autotune" tunes each kernel and also times that entry against them;
-/// "max-autotune-no-cudagraphs" tunes each kernel only.
+/// "max-autotune-no-cudagraphs" tunes each kernel only. On CUDA, `autotune` selects the tuned
+/// kernels (backend::tune_cuda_plan) of "max-autotune-no-cudagraphs" ("max-autotune" runs
+/// them in a CUDA graph, see the "kiln" backend below).
 inline backend::CpuLaunchOptions cpu_launch_options(const std::string& mode) {
   backend::CpuLaunchOptions o;
   o.graph_entry = mode == "reduce-overhead";
@@ -81,10 +83,11 @@ struct BackendRegistry {
   BackendRegistry() {
     // The graph is bound to its executor once; a replay only launches.
     factories["kiln"] = [](const ir::Graph& g, const CompileOptions& o) -> GraphRunner {
-      // reduce-overhead on CUDA: the graph's launches are captured into a CUDA graph and
-      // replayed (backend::CudaGraphRunner); replays take its static outputs as results.
-      if (g.device.is_cuda() && o.mode == "reduce-overhead" && !g.outputs.empty())
-        return backend::CudaGraphRunFn{std::make_shared<backend::CudaGraphRunner>(g)};
+      // reduce-overhead and max-autotune on CUDA (as torch.compile's max-autotune, it uses
+      // CUDA graphs): the graph's launches are captured into a CUDA graph and replayed
+      // (backend::CudaGraphRunner); replays take its static outputs as results.
+      if (g.device.is_cuda() && (o.mode == "reduce-overhead" || o.mode == "max-autotune") && !g.outputs.empty())
+        return backend::CudaGraphRunFn{std::make_shared<backend::CudaGraphRunner>(g, 2, o.mode == "max-autotune")};
       auto prepared = std::make_shared<backend::PreparedGraph>(g, Backend::Auto, cpu_launch_options(o.mode));
       return [prepared](const ir::Graph&, const backend::RunArgs& a) { prepared->run(a); };
     };

@@ -132,35 +132,44 @@ inline double time_candidate(const std::function<void()>& run, int reps) {
   return best;
 }
 
-/// Index of the fastest of `candidates`; candidate 0 is the default configuration and is kept
-/// unless another beats it by budget.keep_default_margin twice: once in the round over all
-/// candidates and again in a confirming round of the two alone (timing noise, a page fault or
-/// another process must not make a tuned kernel slower than the default). `times`, when
-/// given, receives each candidate's seconds from the first round.
-inline std::size_t pick_fastest(const std::vector<std::function<void()>>& candidates, const AutotuneBudget& budget = {},
-                                std::vector<double>* times = nullptr) {
-  if (candidates.empty()) return 0;
+/// Index of the fastest of `n` candidates timed by `time(i, reps)` (seconds of one run of
+/// candidate i: the best of `reps` timed runs, after any warm-up it needs). Candidate 0 is the
+/// default configuration and is kept unless another beats it by budget.keep_default_margin
+/// twice: once in the round over all candidates and again in a confirming round of the two
+/// alone (timing noise, a page fault or another process must not make a tuned kernel slower
+/// than the default). `times`, when given, receives each candidate's seconds from the first
+/// round. The timer decides what a run is: host time for CPU kernels, CUDA events on the GPU.
+inline std::size_t pick_fastest_by(std::size_t n, const std::function<double(std::size_t, int)>& time,
+                                   const AutotuneBudget& budget = {}, std::vector<double>* times = nullptr) {
+  if (n == 0) return 0;
   detail::autotune_counters().tunings.fetch_add(1, std::memory_order_relaxed);
-  // An untimed run first: the buffers' first touch (page faults) must not count against the
-  // default. Its timed run then sizes the repetitions so that all candidates fit the budget.
-  candidates[0]();
-  double first = time_candidate(candidates[0], 1);
-  const double per_candidate = budget.seconds / static_cast<double>(candidates.size() + 2);
+  // A first round of the default alone: the buffers' first touch (page faults) must not count
+  // against it, and its time sizes the repetitions so that all candidates fit the budget.
+  time(0, 1);
+  double first = time(0, 1);
+  const double per_candidate = budget.seconds / static_cast<double>(n + 2);
   const int reps = std::clamp(static_cast<int>(per_candidate / std::max(first, 1e-7)) - 1, 2, std::max(2, budget.max_reps));
-  std::vector<double> t(candidates.size());
-  t[0] = std::min(first, time_candidate(candidates[0], reps));
+  std::vector<double> t(n);
+  t[0] = std::min(first, time(0, reps));
   std::size_t best = 0;
-  for (std::size_t i = 1; i < candidates.size(); ++i) {
-    t[i] = time_candidate(candidates[i], reps);
+  for (std::size_t i = 1; i < n; ++i) {
+    t[i] = time(i, reps);
     if (t[i] < t[best] && t[i] < t[0] * (1.0 - budget.keep_default_margin)) best = i;
   }
   if (times) *times = t;
   if (best != 0) {
-    const double again_best = time_candidate(candidates[best], reps);
-    const double again_default = time_candidate(candidates[0], reps);
+    const double again_best = time(best, reps);
+    const double again_default = time(0, reps);
     if (!(again_best < again_default * (1.0 - budget.keep_default_margin))) best = 0;
   }
   return best;
+}
+
+/// pick_fastest_by with host time: each candidate is a callable that runs it to completion.
+inline std::size_t pick_fastest(const std::vector<std::function<void()>>& candidates, const AutotuneBudget& budget = {},
+                                std::vector<double>* times = nullptr) {
+  return pick_fastest_by(
+      candidates.size(), [&](std::size_t i, int reps) { return time_candidate(candidates[i], reps); }, budget, times);
 }
 
 }  // namespace kiln::runtime

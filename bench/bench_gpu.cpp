@@ -352,6 +352,37 @@ void BM_cached_launch_executor(benchmark::State& state) {
   time_calls_us(state, "cached launch host time (run_cuda), us", false, [&] { backend::run_cuda(b.captured.graph, b.args); });
 }
 
+/// The floor under every launch figure: cuLaunchKernel alone, queuing the 16-element kernel
+/// of BM_cached_launch_executor with fixed arguments (no plan lookup, no allocation).
+void BM_launch_floor(benchmark::State& state) {
+  if (skip_without_gpu(state)) return;
+  NodePtr x = normal({16}, f32, 41), y = normal({16}, f32, 42);
+  Bound b = bind_graph({add(mul(cst(2.0, x), x), y)});
+  backend::run_cuda(b.captured.graph, b.args);
+  runtime::synchronize_cuda(0);
+  auto plan = backend::detail::CudaPlanCache::instance().get(b.captured.graph, backend::detail::alignment_of(b.args));
+  const runtime::CudaContext& ctx = runtime::cuda_context(0);
+  const auto& api = runtime::detail::cuda_driver_state().api;
+  std::vector<void*> argv(plan->num_args, nullptr);
+  for (std::size_t i = 0; i < b.args.inputs.size() && i < plan->leaves; ++i) argv[i] = const_cast<void*>(b.args.inputs[i]);
+  argv[plan->leaves] = b.args.outputs[0];
+  void* params[] = {argv.data()};
+  const auto& info = plan->kernels[0];
+  ctx.make_current();
+  time_calls_us(state, "launch floor (cuLaunchKernel alone), us", false, [&] {
+    api.launch_kernel(plan->functions[0], info.grid, 1, 1, info.block, 1, 1, info.shared_bytes, ctx.stream, params, nullptr);
+  });
+}
+
+/// Host time of one result buffer's life: cuMemAllocAsync from the pool and cuMemFreeAsync.
+void BM_pool_alloc_free(benchmark::State& state) {
+  if (skip_without_gpu(state)) return;
+  time_calls_us(state, "pool allocate + free (64 bytes), us", false, [&] {
+    StoragePtr s = runtime::allocate_cuda(64, 0);
+    benchmark::DoNotOptimize(s);
+  });
+}
+
 /// Host time of one cached launch from a typed expression: y.assign(2 * x + z) on 16 elements.
 void BM_cached_launch_typed(benchmark::State& state) {
   if (skip_without_gpu(state)) return;
@@ -367,15 +398,19 @@ void BM_cached_launch_typed(benchmark::State& state) {
 
 /// Host time of one cached kiln::compile call (guard check + launch of one kernel) on 16
 /// elements: issue 5's "compiled call" figure (torch.compile: 54 us).
-void BM_compiled_call(benchmark::State& state) {
+void BM_compiled_call(benchmark::State& state, const char* mode) {
   if (skip_without_gpu(state)) return;
   try {
     Tensor x = randn({16}, 35, f32, kDev), w = randn({16}, 36, f32, kDev);
-    auto step = kiln::compile([](const Tensor& a, const Tensor& b) { return relu(a * b + 1.0f); });
+    CompileOptions opt;
+    opt.mode = mode;
+    auto step = kiln::compile([](const Tensor& a, const Tensor& b) { return relu(a * b + 1.0f); }, opt);
     Tensor y = step(x, w);
     y.eval();
     runtime::synchronize_cuda(0);
-    time_calls_us(state, "compiled call host time, us", false, [&] {
+    const std::string label = std::string(mode) == "default" ? "compiled call host time, us"
+                                                            : std::string("compiled call host time (") + mode + "), us";
+    time_calls_us(state, label, false, [&] {
       Tensor r = step(x, w);
       benchmark::DoNotOptimize(r);
     });
@@ -446,9 +481,13 @@ void register_all(bool variants) {
   }
   benchmark::RegisterBenchmark("BM_first_compile", BM_first_compile)->UseManualTime()->Iterations(7)->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("BM_disk_hit_new_process", BM_disk_hit_new_process)->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("BM_launch_floor", BM_launch_floor)->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("BM_pool_alloc_free", BM_pool_alloc_free)->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("BM_cached_launch_executor", BM_cached_launch_executor)->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("BM_cached_launch_typed", BM_cached_launch_typed)->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark("BM_compiled_call", BM_compiled_call)->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+  for (const char* mode : {"default", "reduce-overhead"})
+    benchmark::RegisterBenchmark((std::string("BM_compiled_call/") + mode).c_str(), [mode](benchmark::State& s) { BM_compiled_call(s, mode); })
+        ->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
   for (const char* mode : {"default", "reduce-overhead"})
     benchmark::RegisterBenchmark((std::string("BM_S1_compiled/") + mode).c_str(), [mode](benchmark::State& s) { BM_S1_compiled(s, mode); })
         ->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);

@@ -196,10 +196,15 @@ std::map<std::string, Result>& results() {
   return r;
 }
 
-void run_workload(benchmark::State& state, const Workload& w, const std::string& label) {
+/// Times workload `w` (CUDA events) under `label`. `autotune`: its max-autotune plan, tuned by
+/// the untimed first run (or loaded from the disk cache), as kiln::compile's max-autotune modes run it.
+void run_workload(benchmark::State& state, const Workload& w, const std::string& label, bool autotune = false) {
   if (skip_without_gpu(state)) return;
   Bound b = bind_graph(w.build());
-  auto run = [&] { backend::run_cuda(b.captured.graph, b.args); };
+  auto run = [&] {
+    if (autotune) backend::run_cuda_autotuned(b.captured.graph, b.args);
+    else backend::run_cuda(b.captured.graph, b.args);
+  };
   run();
   runtime::synchronize_cuda(0);
   const double copy = copy_gbps();
@@ -218,6 +223,11 @@ void run_workload(benchmark::State& state, const Workload& w, const std::string&
   auto pos = explain.find("cuda kernel");
   r.strategy = pos == std::string::npos ? "" : explain.substr(pos);
   while (!r.strategy.empty() && r.strategy.back() == '\n') r.strategy.pop_back();
+  if (autotune) {
+    auto plan = backend::detail::tuned_cuda_plan(b.captured.graph, backend::detail::alignment_of(b.args), b.args);
+    r.strategy = "tuned:";
+    for (auto& t : plan->tuning) r.strategy += " [" + backend::detail::tuning_text(t) + "]";
+  }
   results()[label] = r;
   state.counters["ms"] = r.ms;
   state.counters["GB/s"] = r.gbps;
@@ -448,6 +458,11 @@ void register_all(bool variants) {
   static std::vector<Workload> ws = workloads();
   for (auto& w : ws)
     benchmark::RegisterBenchmark((std::string("BM_") + w.id).c_str(), [&w](benchmark::State& s) { run_workload(s, w, w.id); })
+        ->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
+  // max-autotune beside the default of every workload: it must never be slower.
+  for (auto& w : ws)
+    benchmark::RegisterBenchmark((std::string("BM_") + w.id + "/max-autotune").c_str(),
+                                 [&w](benchmark::State& s) { run_workload(s, w, std::string(w.id) + " max-autotune", true); })
         ->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
   if (variants) {
     struct V {

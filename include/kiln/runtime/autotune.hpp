@@ -134,10 +134,10 @@ inline double time_candidate(const std::function<void()>& run, int reps) {
 
 /// Index of the fastest of `n` candidates timed by `time(i, reps)` (seconds of one run of
 /// candidate i: the best of `reps` timed runs, after any warm-up it needs). Candidate 0 is the
-/// default configuration and is kept unless another beats it by budget.keep_default_margin
-/// twice: once in the round over all candidates and again in a confirming round of the two
-/// alone (timing noise, a page fault or another process must not make a tuned kernel slower
-/// than the default). `times`, when given, receives each candidate's seconds from the first
+/// default configuration and is kept unless another beats it by budget.keep_default_margin in
+/// the round over all candidates and again in confirming rounds of the two alone, interleaved
+/// (timing noise, a page fault or another process must not make a tuned kernel slower than the
+/// default). `times`, when given, receives each candidate's seconds from the first
 /// round. The timer decides what a run is: host time for CPU kernels, CUDA events on the GPU.
 inline std::size_t pick_fastest_by(std::size_t n, const std::function<double(std::size_t, int)>& time,
                                    const AutotuneBudget& budget = {}, std::vector<double>* times = nullptr) {
@@ -158,9 +158,18 @@ inline std::size_t pick_fastest_by(std::size_t n, const std::function<double(std
   }
   if (times) *times = t;
   if (best != 0) {
-    const double again_best = time(best, reps);
-    const double again_default = time(0, reps);
-    if (!(again_best < again_default * (1.0 - budget.keep_default_margin))) best = 0;
+    // Confirming rounds, interleaved (default, best, default, best, ...) so that a change in
+    // the machine's load between two measurements cannot decide: the candidate must win by the
+    // margin in two of three pairs, and over the three pairs' best times too.
+    int wins = 0;
+    double best_default = 1e300, best_candidate = 1e300;
+    for (int round = 0; round < 3; ++round) {
+      const double d = time(0, reps), c = time(best, reps);
+      wins += c < d * (1.0 - budget.keep_default_margin);
+      best_default = std::min(best_default, d);
+      best_candidate = std::min(best_candidate, c);
+    }
+    if (wins < 2 || !(best_candidate < best_default * (1.0 - budget.keep_default_margin))) best = 0;
   }
   return best;
 }

@@ -53,6 +53,8 @@ struct CudaTuning {
   int row_unroll_uncached = 0;
   int row_vectors_per_thread_uncached = 0;
   int column_split_interleave = 0;  ///< 1 on, -1 off
+  int pointwise_block = 0;
+  int warp_rows_per_block = 0;
 };
 
 /// Everything needed to run one graph structure on one device with one buffer alignment.
@@ -146,6 +148,8 @@ inline const std::vector<TuningField>& tuning_fields() {
       {"row_unroll_uncached", &CudaTuning::row_unroll_uncached},
       {"row_vectors_per_thread_uncached", &CudaTuning::row_vectors_per_thread_uncached},
       {"column_split_interleave", &CudaTuning::column_split_interleave},
+      {"pointwise_block", &CudaTuning::pointwise_block},
+      {"warp_rows_per_block", &CudaTuning::warp_rows_per_block},
   };
   return f;
 }
@@ -204,6 +208,8 @@ inline void apply_tuning(codegen::CudaTarget& t, const CudaTuning& tune) {
   if (tune.row_unroll_uncached > 0) t.row_unroll_uncached = tune.row_unroll_uncached;
   if (tune.row_vectors_per_thread_uncached > 0) t.row_vectors_per_thread_uncached = tune.row_vectors_per_thread_uncached;
   if (tune.column_split_interleave != 0) t.column_split_interleave = tune.column_split_interleave > 0;
+  if (tune.pointwise_block > 0) t.pointwise_block = tune.pointwise_block;
+  if (tune.warp_rows_per_block > 0) t.warp_rows_per_block = tune.warp_rows_per_block;
 }
 
 /// What code generation needs to know about cuda:`device` (with the process-wide overrides of
@@ -543,8 +549,9 @@ inline void run_cuda(const ir::Graph& g, const RunArgs& args) {
 namespace detail {
 
 /// max-autotune's candidate knobs on CUDA, the default first: one knob moved at a time, around
-/// the defaults (codegen::CudaTarget) in the directions docs/performance-gpu.md measured as
-/// close calls. A candidate that leaves a kernel's code unchanged is not compiled or timed for it.
+/// the defaults (codegen::CudaTarget): block size (pointwise threads per block, threads per
+/// row), rows per block (warp-per-row kernels), vector width (lanes of heavy kernels, column
+/// vectors), unroll (pointwise, uncached rows, columns) and the split of reductions. A candidate that leaves a kernel's code unchanged is not compiled or timed for it.
 inline std::vector<CudaTuning> cuda_tuning_candidates() {
   std::vector<CudaTuning> c(1);
   auto one = [&](int CudaTuning::*knob, int value) {
@@ -552,6 +559,10 @@ inline std::vector<CudaTuning> cuda_tuning_candidates() {
     t.*knob = value;
     c.push_back(t);
   };
+  one(&CudaTuning::pointwise_block, 128);
+  one(&CudaTuning::pointwise_block, 512);
+  one(&CudaTuning::warp_rows_per_block, 4);
+  one(&CudaTuning::warp_rows_per_block, 16);
   one(&CudaTuning::pointwise_unroll, 1);
   one(&CudaTuning::pointwise_unroll, 4);
   one(&CudaTuning::pointwise_unroll_heavy, 2);

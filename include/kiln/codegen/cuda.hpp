@@ -59,6 +59,8 @@ struct CudaTarget {
   bool index64 = false;  ///< 64-bit index math even where 32 bits suffice (tests use it)
   // Tuning: the defaults are the variants measured best on an H200 (bench_gpu --variants;
   // docs/performance-gpu.md has the figures).
+  int pointwise_block = 256;       ///< threads per block of pointwise kernels
+  int warp_rows_per_block = 8;     ///< rows per block of row kernels with a warp per row (short rows)
   int pointwise_unroll = 2;        ///< vectors per thread and loop step of light pointwise kernels
   int row_vectors_per_thread = 4;  ///< sets the threads per row of row reductions
   int split_blocks_per_sm = 4;     ///< blocks per multiprocessor when rows or columns are split
@@ -1225,7 +1227,7 @@ class Writer {
   // ---- pointwise kernels ----------------------------------------------------------------------
   void pointwise() {
     const auto& p = k_.loops;
-    const int block = 256;
+    const int block = std::clamp(t_.pointwise_block, 32, 1024) / 32 * 32;
     info_.block = block;
     const i64 numel = k_.space.numel();
     if (p.order.empty()) {
@@ -1694,7 +1696,8 @@ class Writer {
     int T = threads_for(t_.row_vectors_per_thread);
     i64 E = R == 0 ? 0 : (R + static_cast<i64>(T) * V - 1) / (static_cast<i64>(T) * V);
     // (A symbolic number of rows may be large: 8.)
-    const int rpb = T == 32 ? static_cast<int>(sym_ ? 8 : std::max<i64>(1, std::min<i64>(8, rows))) : 1;
+    const i64 warp_rows = std::clamp(t_.warp_rows_per_block, 1, 32);
+    const int rpb = T == 32 ? static_cast<int>(sym_ ? warp_rows : std::max<i64>(1, std::min<i64>(warp_rows, rows))) : 1;
     // The row cache: registers when small, else shared memory, else none (re-read).
     auto reads = multi_pass_reads();
     std::size_t slot_bytes = 0;

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "../codegen/cuda_test_util.hpp"
+#include "../support/gpu_util.hpp"
 #include "kiln/backend/cuda.hpp"
 #include "kiln/backend/dispatch.hpp"
 #include "kiln/core/log.hpp"
@@ -23,12 +24,7 @@ using namespace kiln_cuda_test;
 
 namespace {
 
-bool have_gpu() {
-  if (backend::cuda_jit_available()) return true;
-  MESSAGE("no usable GPU (" << (cuda_available() ? runtime::nvrtc_unavailable_reason() : cuda_unavailable_reason())
-                            << "): GPU tests skipped");
-  return false;
-}
+bool have_gpu() { return kiln::testing::have_gpu("the GPU tests"); }
 
 struct GpuRun {
   std::string mismatch;

@@ -22,6 +22,8 @@
 
 #include "../codegen/cuda_emulator.hpp"
 #include "../codegen/cuda_test_util.hpp"
+#include "../support/compile_util.hpp"
+#include "../support/gpu_util.hpp"
 #include "../support/mode_workloads.hpp"
 
 using namespace kiln;
@@ -224,12 +226,7 @@ TEST_CASE("cuda emulator: every autotune candidate that changes a workload's cod
 
 namespace {
 
-bool have_gpu() {
-  if (backend::cuda_jit_available()) return true;
-  MESSAGE("no usable GPU (" << (cuda_available() ? runtime::nvrtc_unavailable_reason() : cuda_unavailable_reason())
-                            << "): GPU autotune and launch graph cases skipped");
-  return false;
-}
+bool have_gpu() { return kiln::testing::have_gpu("the GPU autotune and launch graph cases"); }
 
 const Device kGpu = Device::cuda(0);
 
@@ -237,36 +234,11 @@ std::vector<testing::ModeWorkload> gpu_workloads() { return testing::mode_worklo
 
 const char* const kTunedIds[] = {"P1", "P3", "R1", "R3", "N1", "N6", "S1"};
 
-/// The process's disk cache in a fresh directory while it lives.
-struct PrivateDiskCache {
-  std::string dir;
-  runtime::DiskCache saved = runtime::DiskCache::instance();
-  PrivateDiskCache() {
-    char tmpl[] = "/tmp/kiln_cuda_tune_XXXXXX";
-    REQUIRE(::mkdtemp(tmpl));
-    dir = tmpl;
-    runtime::DiskCache::instance().set_dir_for_testing(dir + "/cache");
-    kiln::reset();
-  }
-  ~PrivateDiskCache() {
-    runtime::DiskCache::instance() = saved;
-    kiln::reset();
-    std::system(("rm -rf '" + dir + "'").c_str());
-  }
-};
+using testing::PrivateDiskCache;
 
 constexpr const char* kChild = "KILN_TEST_CUDA_AUTOTUNE_CHILD";
 
-double max_rel_diff(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
-  double worst = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const double d = std::fabs(x[i] - y[i]) / (1.0 + std::fabs(y[i]));
-    if (!(d <= worst)) worst = d;
-  }
-  return worst;
-}
+using testing::max_rel_diff;
 
 /// Whether some kernel of `w`'s CUDA schedule has code variants to time (else tuning settles
 /// on the defaults without timing anything).
@@ -290,7 +262,7 @@ std::vector<Tensor> padded(std::vector<Tensor> in) {
 
 TEST_CASE("cuda autotune: both max-autotune modes equal the default, tune once, and reload the choice untimed") {
   if (!have_gpu()) return;
-  PrivateDiskCache cache;
+  PrivateDiskCache cache("kiln_cuda_tune");
   const auto ws = gpu_workloads();
   for (const char* mode : {"max-autotune-no-cudagraphs", "max-autotune"}) {
     for (const char* id : kTunedIds) {

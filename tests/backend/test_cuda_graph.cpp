@@ -16,6 +16,7 @@
 #include <kiln/backend/cuda.hpp>
 #include <kiln/runtime/cuda_graph.hpp>
 
+#include "../support/gpu_util.hpp"
 #include "../support/mode_workloads.hpp"
 
 using namespace kiln;
@@ -24,12 +25,7 @@ namespace {
 
 const Device kGpu = Device::cuda(0);
 
-bool have_gpu() {
-  if (backend::cuda_jit_available()) return true;
-  MESSAGE("no usable GPU (" << (cuda_available() ? runtime::nvrtc_unavailable_reason() : cuda_unavailable_reason())
-                            << "): CUDA graph tests skipped");
-  return false;
-}
+bool have_gpu() { return kiln::testing::have_gpu("the CUDA graph tests"); }
 
 bool have_graphs() {
   if (runtime::cuda_graphs_available()) return true;
@@ -40,17 +36,7 @@ bool have_graphs() {
 std::uint64_t captures() { return runtime::cuda_graph_counters().captures.load(); }
 std::uint64_t replays() { return runtime::cuda_graph_counters().replays.load(); }
 
-/// Largest |a - b| / (1 + |b|) over the elements of two tensors of one shape (copied to the host).
-double max_rel_diff(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
-  double worst = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const double d = std::fabs(x[i] - y[i]) / (1.0 + std::fabs(y[i]));
-    if (!(d <= worst)) worst = d;  // NaN counts as the worst
-  }
-  return worst;
-}
+using testing::max_rel_diff;
 
 using Workload = testing::ModeWorkload;
 

@@ -11,6 +11,7 @@
 
 #include "../support/compile_util.hpp"
 #include "../support/device.hpp"
+#include "../support/gpu_util.hpp"
 
 using namespace kiln;
 using kiln::testing::check_equal;
@@ -279,12 +280,7 @@ TEST_CASE("dynamic: symbolic CPU code reads the size from its arguments and bake
 namespace {
 
 /// A GPU kiln can compile for and run on (the CUDA cases need one; elsewhere they only build).
-bool have_gpu() {
-  if (backend::cuda_jit_available()) return true;
-  MESSAGE("no usable GPU (" << (cuda_available() ? runtime::nvrtc_unavailable_reason() : cuda_unavailable_reason())
-                            << "): the CUDA cases of dynamic shapes did not run");
-  return false;
-}
+bool have_gpu() { return kiln::testing::have_gpu("the CUDA cases of dynamic shapes"); }
 
 // Row sums into a temporary of n rows, read by a second kernel over [n, 4, 64].
 Tensor temp_fn(const Tensor& x, const Tensor& y) { return reshape(sum(x, {-1}), {x.shape()[0], 1, 1}) + y; }

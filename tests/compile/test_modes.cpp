@@ -17,6 +17,7 @@
 #include <kiln/kiln.hpp>
 #include <kiln/runtime/process.hpp>
 
+#include "../support/compile_util.hpp"
 #include "../support/mode_workloads.hpp"
 
 using namespace kiln;
@@ -153,23 +154,7 @@ TEST_CASE("modes: autotune candidates always hold the default, which wins unless
 
 namespace {
 
-/// Points the process's disk cache at a fresh directory while it lives.
-struct PrivateDiskCache {
-  std::string dir;
-  runtime::DiskCache saved = runtime::DiskCache::instance();
-  PrivateDiskCache() {
-    char tmpl[] = "/tmp/kiln_modes_XXXXXX";
-    REQUIRE(::mkdtemp(tmpl));
-    dir = tmpl;
-    runtime::DiskCache::instance().set_dir_for_testing(dir + "/cache");
-    kiln::reset();
-  }
-  ~PrivateDiskCache() {
-    runtime::DiskCache::instance() = saved;
-    kiln::reset();
-    std::system(("rm -rf '" + dir + "'").c_str());
-  }
-};
+using testing::PrivateDiskCache;
 
 constexpr const char* kAutotuneChild = "KILN_TEST_AUTOTUNE_CHILD";
 const char* const kTuned[] = {"P1", "R1", "R3", "N1", "N6", "S1"};
@@ -178,7 +163,7 @@ const char* const kTuned[] = {"P1", "R1", "R3", "N1", "N6", "S1"};
 
 TEST_CASE("modes: max-autotune tunes once, matches default, and reloads its choice without timing") {
   if (!have_jit()) return;
-  PrivateDiskCache cache;
+  PrivateDiskCache cache("kiln_modes");
   for (const char* mode : {"max-autotune-no-cudagraphs", "max-autotune"}) {
     for (const char* id : kTuned) {
       const std::string which = std::string(mode) + " " + id;

@@ -1,9 +1,12 @@
 #pragma once
-// Helpers shared by the kiln::compile tests: exact-enough equality of two tensors and a
-// capture of the log lines written while it lives.
+// Helpers shared by the kiln::compile tests: exact-enough equality of two tensors, a capture
+// of the log lines written while it lives, and a private disk cache directory.
 #include <doctest/doctest.h>
 
+#include <stdlib.h>  // mkdtemp
+
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include <kiln/kiln.hpp>
@@ -41,6 +44,27 @@ struct LogCapture {
     while ((k = std::fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, k);
     return s;
   }
+};
+
+/// Points the process's disk cache at a fresh directory (`dir` + "/cache") while it lives, with
+/// every in-process cache cleared on the way in and out (kiln::reset()).
+struct PrivateDiskCache {
+  std::string dir;
+  runtime::DiskCache saved = runtime::DiskCache::instance();
+  explicit PrivateDiskCache(const char* prefix = "kiln_test") {
+    std::string tmpl = std::string("/tmp/") + prefix + "_XXXXXX";
+    REQUIRE(::mkdtemp(tmpl.data()));
+    dir = tmpl;
+    runtime::DiskCache::instance().set_dir_for_testing(dir + "/cache");
+    kiln::reset();
+  }
+  ~PrivateDiskCache() {
+    runtime::DiskCache::instance() = saved;
+    kiln::reset();
+    std::system(("rm -rf '" + dir + "'").c_str());
+  }
+  PrivateDiskCache(const PrivateDiskCache&) = delete;
+  PrivateDiskCache& operator=(const PrivateDiskCache&) = delete;
 };
 
 }  // namespace kiln::testing

@@ -285,30 +285,27 @@ inline CudaDriverState load_cuda_driver(const std::string& path) {
   sym(a.event_destroy, {"cuEventDestroy_v2"});
   sym(a.get_error_name, {"cuGetErrorName"});
   sym(a.get_error_string, {"cuGetErrorString"});
-  // CUDA graphs are optional: without them, "reduce-overhead" launches kernels one by one
-  // (runtime/cuda_graph.hpp says why in its log line), and everything else works.
-  std::string graph_missing;
-  auto optional_sym = [&](auto& fn, const char* name) {
+  // Optional entry points: a missing one is named in `into`, and what needs it is not used.
+  auto optional_sym = [&](std::string& into, auto& fn, const char* name) {
     if (void* p = dlsym(h, name)) fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
-    else graph_missing += std::string(graph_missing.empty() ? "" : ", ") + name;
+    else into += std::string(into.empty() ? "" : ", ") + name;
   };
-  optional_sym(a.stream_begin_capture, "cuStreamBeginCapture_v2");
-  optional_sym(a.stream_end_capture, "cuStreamEndCapture");
-  optional_sym(a.graph_instantiate, "cuGraphInstantiateWithFlags");
-  optional_sym(a.graph_launch, "cuGraphLaunch");
-  optional_sym(a.graph_exec_destroy, "cuGraphExecDestroy");
-  optional_sym(a.graph_destroy, "cuGraphDestroy");
+  // CUDA graphs: without them, "reduce-overhead" launches kernels one by one (runtime/
+  // cuda_graph.hpp says why in its log line), and everything else works.
+  std::string graph_missing;
+  optional_sym(graph_missing, a.stream_begin_capture, "cuStreamBeginCapture_v2");
+  optional_sym(graph_missing, a.stream_end_capture, "cuStreamEndCapture");
+  optional_sym(graph_missing, a.graph_instantiate, "cuGraphInstantiateWithFlags");
+  optional_sym(graph_missing, a.graph_launch, "cuGraphLaunch");
+  optional_sym(graph_missing, a.graph_exec_destroy, "cuGraphExecDestroy");
+  optional_sym(graph_missing, a.graph_destroy, "cuGraphDestroy");
   s.graphs_missing = graph_missing;
   // Launch graphs need three more (the _v2 forms take KernelNodeParams as declared; they
   // appeared in CUDA 12.0): without them kernels are launched one by one.
   std::string launch_missing;
-  auto launch_sym = [&](auto& fn, const char* name) {
-    if (void* p = dlsym(h, name)) fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
-    else launch_missing += std::string(launch_missing.empty() ? "" : ", ") + name;
-  };
-  launch_sym(a.graph_create, "cuGraphCreate");
-  launch_sym(a.graph_add_kernel_node, "cuGraphAddKernelNode_v2");
-  launch_sym(a.graph_exec_kernel_node_set_params, "cuGraphExecKernelNodeSetParams_v2");
+  optional_sym(launch_missing, a.graph_create, "cuGraphCreate");
+  optional_sym(launch_missing, a.graph_add_kernel_node, "cuGraphAddKernelNode_v2");
+  optional_sym(launch_missing, a.graph_exec_kernel_node_set_params, "cuGraphExecKernelNodeSetParams_v2");
   s.launch_graphs_missing = graph_missing.empty() ? launch_missing
                                                    : graph_missing + (launch_missing.empty() ? "" : ", " + launch_missing);
   s.handle = h;

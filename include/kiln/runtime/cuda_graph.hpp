@@ -49,6 +49,15 @@ inline std::string cuda_graphs_unavailable_reason() {
 
 namespace detail {
 
+/// Destroys an executable graph and its graph (either may be null). For destructors: nothing
+/// throws, and a failed destroy leaks the graph (at process teardown the driver answers
+/// CUDA_ERROR_DEINITIALIZED anyway).
+inline void destroy_graph(cu::CUgraphExec exec, cu::CUgraph graph) {
+  const auto& api = cuda_driver_state().api;
+  if (exec && api.graph_exec_destroy) api.graph_exec_destroy(exec);
+  if (graph && api.graph_destroy) api.graph_destroy(graph);
+}
+
 /// The private stream graphs are captured on, one per device, made on first use and kept for
 /// the life of the process (as kiln's own streams are). The mutex serialises captures on it.
 struct CaptureStreams {
@@ -115,13 +124,7 @@ class CudaGraph {
     return g;
   }
 
-  ~CudaGraph() {
-    // A destructor cannot throw; a failed destroy leaks the graph (and at process teardown
-    // the driver answers CUDA_ERROR_DEINITIALIZED anyway).
-    const auto& api = detail::cuda_driver_state().api;
-    if (exec_ && api.graph_exec_destroy) api.graph_exec_destroy(exec_);
-    if (graph_ && api.graph_destroy) api.graph_destroy(graph_);
-  }
+  ~CudaGraph() { detail::destroy_graph(exec_, graph_); }
   CudaGraph(const CudaGraph&) = delete;
   CudaGraph& operator=(const CudaGraph&) = delete;
 
@@ -191,11 +194,7 @@ class CudaLaunchGraph {
     return g;
   }
 
-  ~CudaLaunchGraph() {
-    const auto& api = detail::cuda_driver_state().api;
-    if (exec_ && api.graph_exec_destroy) api.graph_exec_destroy(exec_);
-    if (graph_ && api.graph_destroy) api.graph_destroy(graph_);
-  }
+  ~CudaLaunchGraph() { detail::destroy_graph(exec_, graph_); }
   CudaLaunchGraph(const CudaLaunchGraph&) = delete;
   CudaLaunchGraph& operator=(const CudaLaunchGraph&) = delete;
 

@@ -262,17 +262,6 @@ inline void bind_cpu_args(const CpuPlan& plan, const RunArgs& args, CpuArgv& a) 
   }
 }
 
-/// Elements spanned by a strided view of `shape` (negative strides: -1, not supported here).
-inline std::int64_t span_elements(const Shape& shape, const Strides& strides) {
-  std::int64_t span = 1;
-  for (std::size_t d = 0; d < shape.size(); ++d) {
-    if (shape[d] == 0) return 0;
-    if (strides[d] < 0) return -1;
-    span += (shape[d] - 1) * strides[d];
-  }
-  return span;
-}
-
 /// Pieces a pointwise kernel's shared loop is dealt in by its round-robin candidate.
 inline constexpr std::int64_t kPointwisePieces = 16;
 

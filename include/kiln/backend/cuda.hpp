@@ -616,17 +616,6 @@ inline TuningVariants cuda_tuning_variants(const ir::Graph& g, const sched::Sche
   return v;
 }
 
-/// Bytes spanned by a strided view (0 for an empty one); -1 when a stride is negative.
-inline std::int64_t span_bytes(const Shape& shape, const Strides& strides, std::size_t item) {
-  std::int64_t hi = 0;
-  for (std::size_t d = 0; d < shape.size(); ++d) {
-    if (shape[d] == 0) return 0;
-    if (strides[d] < 0) return -1;
-    hi += (shape[d] - 1) * strides[d];
-  }
-  return (hi + 1) * static_cast<std::int64_t>(item);
-}
-
 /// Times the candidate configurations of `plan` (an autotune plan not tuned yet) per kernel on
 /// the inputs of `args` and returns the tuned plan, also stored in the plan cache, in memory and
 /// in the disk cache (runtime::store_tuning). Inputs are only read; outputs and temporaries are
@@ -658,7 +647,7 @@ inline std::shared_ptr<const CudaPlan> tune_cuda_plan(const CudaPlan& plan, cons
   std::vector<void*> outputs;
   for (std::size_t o = 0; o < g.outputs.size(); ++o) {
     const ir::GraphNode& n = g.nodes[static_cast<std::size_t>(g.outputs[o])];
-    const std::int64_t span = span_bytes(n.shape, g.output_strides[o], itemsize(n.dtype));
+    const std::int64_t span = span_elements(n.shape, g.output_strides[o]) * static_cast<std::int64_t>(itemsize(n.dtype));
     if (span < 0) {  // an output walked backwards: not timed, the defaults stay
       auto p = build_cuda_plan(g, plan.alignment);
       return settle(p, std::vector<CudaTuning>(nk));

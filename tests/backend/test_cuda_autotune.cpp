@@ -22,6 +22,7 @@
 
 #include "../codegen/cuda_emulator.hpp"
 #include "../codegen/cuda_test_util.hpp"
+#include "../support/child_process.hpp"
 #include "../support/compile_util.hpp"
 #include "../support/gpu_util.hpp"
 #include "../support/mode_workloads.hpp"
@@ -314,13 +315,8 @@ TEST_CASE("cuda autotune: both max-autotune modes equal the default, tune once, 
   CHECK(s1.disk_hits - s0.disk_hits == std::size(kTunedIds));
 
   // A new process: the same, with the disk hit in its log and no "tuned in" line.
-  char exe[4096];
-  ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
-  REQUIRE(n > 0);
-  exe[n] = '\0';
-  auto r = runtime::run_process({exe, "--test-case=cuda autotune: child*", "--no-skip", "--no-version"},
-                                {"KILN_CACHE_DIR=" + cache.dir + "/cache", "KILN_CACHE=1", std::string(kChild) + "=1",
-                                 "KILN_LOGS=cache", "KILN_LOGS_OUT"});
+  auto r = testing::run_test_child("cuda autotune: child*", {"KILN_CACHE_DIR=" + cache.dir + "/cache", "KILN_CACHE=1",
+                                                            std::string(kChild) + "=1", "KILN_LOGS=cache", "KILN_LOGS_OUT"});
   INFO("child output:\n" << r.output);
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("KILN_CUDA_AUTOTUNE_CHILD_OK") != std::string::npos);

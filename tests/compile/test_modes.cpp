@@ -17,6 +17,7 @@
 #include <kiln/kiln.hpp>
 #include <kiln/runtime/process.hpp>
 
+#include "../support/child_process.hpp"
 #include "../support/compile_util.hpp"
 #include "../support/mode_workloads.hpp"
 
@@ -203,13 +204,8 @@ TEST_CASE("modes: max-autotune tunes once, matches default, and reloads its choi
   CHECK(s1.disk_hits - s0.disk_hits == std::size(kTuned));
 
   // A new process: same answer, with a logged tuning-cache hit and no timing.
-  char exe[4096];
-  ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
-  REQUIRE(n > 0);
-  exe[n] = '\0';
-  auto r = runtime::run_process({exe, "--test-case=modes: autotune child*", "--no-skip", "--no-version"},
-                                {"KILN_CACHE_DIR=" + cache.dir + "/cache", "KILN_CACHE=1", std::string(kAutotuneChild) + "=1",
-                                 "KILN_LOGS=cache", "KILN_LOGS_OUT"});
+  auto r = testing::run_test_child("modes: autotune child*", {"KILN_CACHE_DIR=" + cache.dir + "/cache", "KILN_CACHE=1",
+                                                               std::string(kAutotuneChild) + "=1", "KILN_LOGS=cache", "KILN_LOGS_OUT"});
   INFO("child output:\n" << r.output);
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("KILN_AUTOTUNE_CHILD_OK") != std::string::npos);

@@ -15,6 +15,7 @@
 #include "kiln/runtime/cpu_module.hpp"
 #include "kiln/runtime/process.hpp"
 #include "runtime_test_util.hpp"
+#include "../support/child_process.hpp"
 
 using kiln::runtime::CpuModuleCache;
 using kiln::runtime::CxxCompiler;
@@ -113,12 +114,8 @@ TEST_CASE("runtime: a new process loads the module from disk with zero compiles"
   CHECK(call(cache.get(module_source(value))) == value);
   CHECK(d.compiles() == 1);
 
-  char exe[4096];
-  ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
-  REQUIRE(n > 0);
-  exe[n] = '\0';
-  auto r = kiln::runtime::run_process(
-      {exe, "--test-case=runtime_cpu_module_disk_hit_child", "--no-skip", "--no-version"},
+  auto r = kiln::testing::run_test_child(
+      "runtime_cpu_module_disk_hit_child",
       {"KILN_CACHE_DIR=" + tmp.path, "KILN_CACHE=1", std::string(kChildEnv) + "=" + std::to_string(value),
        "KILN_LOGS=cache,output_code", "KILN_LOGS_OUT"});
   INFO("child output:\n" << r.output);

@@ -13,6 +13,7 @@
 
 #include "kiln/backend/cpu_jit.hpp"
 #include "kiln/backend/executor.hpp"
+#include "kiln/backend/plan_cache.hpp"
 #include "kiln/codegen/cpp.hpp"
 #include "kiln/core/stats.hpp"
 #include "kiln/runtime/cpu_module.hpp"
@@ -98,42 +99,11 @@ inline std::shared_ptr<const CpuSymbolicPlan> build_symbolic_plan(const ir::Grap
 }
 
 /// Symbolic plans by structure; a structure that cannot have one is remembered too (with why).
-class CpuSymbolicPlanCache {
- public:
-  static CpuSymbolicPlanCache& instance() {
-    // Leaked on purpose, like the plan cache: plans hold kernels other threads may be running.
-    static CpuSymbolicPlanCache* cache = new CpuSymbolicPlanCache;
-    return *cache;
-  }
-  std::shared_ptr<const CpuSymbolicPlan> get(const ir::Graph& g, std::string& why) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto range = plans_.equal_range(g.key);
-      for (auto it = range.first; it != range.second; ++it)
-        if (same_structure(it->second.graph, g)) {
-          why = it->second.why;
-          return it->second.plan;
-        }
-    }
-    auto plan = build_symbolic_plan(g, why);
-    std::lock_guard<std::mutex> lock(mu_);
-    plans_.emplace(g.key, Slot{g, plan, why});
-    return plan;
-  }
-  void clear() {
-    std::lock_guard<std::mutex> lock(mu_);
-    plans_.clear();
-  }
-
- private:
-  struct Slot {
-    ir::Graph graph;
-    std::shared_ptr<const CpuSymbolicPlan> plan;
-    std::string why;
-  };
-  std::mutex mu_;
-  std::unordered_multimap<std::uint64_t, Slot> plans_;
-};
+/// Leaked on purpose, like the plan cache: plans hold kernels other threads may be running.
+inline RememberingPlanCache<ir::Graph, CpuSymbolicPlan>& cpu_symbolic_plans() {
+  static auto* cache = new RememberingPlanCache<ir::Graph, CpuSymbolicPlan>;
+  return *cache;
+}
 
 }  // namespace detail
 
@@ -145,7 +115,9 @@ using CpuSymbolicPlanPtr = std::shared_ptr<const detail::CpuSymbolicPlan>;
 /// compiles per size). Throws CompileError / DTypeError as run_cpu_jit does.
 inline CpuSymbolicPlanPtr cpu_symbolic_plan(const ir::Graph& g, std::string& why) {
   if (!g.device.is_cpu()) throw DeviceError("CPU JIT: the graph is on " + g.device.str() + "; it runs CPU graphs only");
-  return detail::CpuSymbolicPlanCache::instance().get(g, why);
+  return detail::cpu_symbolic_plans().get(
+      g.key, [&](const ir::Graph& built_for) { return detail::same_structure(built_for, g); },
+      [&](std::string& w) { return detail::build_symbolic_plan(g, w); }, [&] { return g; }, why);
 }
 
 /// Launches `plan`'s kernels with the symbolic size `size` (>= 2) over `args` (laid out as for
@@ -176,6 +148,6 @@ inline void run_cpu_symbolic(const detail::CpuSymbolicPlan& plan, const RunArgs&
 
 /// Forgets every CPU symbolic plan (clear_symbolic_plans(), in cuda_symbolic.hpp, forgets the
 /// CUDA ones too: kiln::reset()).
-inline void clear_cpu_symbolic_plans() { detail::CpuSymbolicPlanCache::instance().clear(); }
+inline void clear_cpu_symbolic_plans() { detail::cpu_symbolic_plans().clear(); }
 
 }  // namespace kiln::backend

@@ -19,6 +19,7 @@
 #include "kiln/backend/cpu_symbolic.hpp"
 #include "kiln/backend/cuda.hpp"
 #include "kiln/backend/executor.hpp"
+#include "kiln/backend/plan_cache.hpp"
 #include "kiln/codegen/cuda.hpp"
 #include "kiln/core/log.hpp"
 #include "kiln/core/stats.hpp"
@@ -146,51 +147,31 @@ inline std::shared_ptr<const CudaSymbolicPlan> build_cuda_symbolic_plan(const ir
   return plan;
 }
 
-/// Symbolic plans by structure and alignment class; a structure that cannot have one is
-/// remembered too (with why).
-class CudaSymbolicPlanCache {
- public:
-  static CudaSymbolicPlanCache& instance() {
-    // Leaked on purpose, like the plan cache: plans hold device memory and kernels that may be
-    // queued when static destructors run.
-    static CudaSymbolicPlanCache* cache = new CudaSymbolicPlanCache;
-    return *cache;
-  }
-  /// `al` explicit (explicit_alignment).
-  std::shared_ptr<const CudaSymbolicPlan> get(const ir::Graph& g, const codegen::CudaAlignment& al, std::string& why) {
-    const std::uint64_t key = kiln::detail::hash_combine(g.key, alignment_hash(al));
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto range = plans_.equal_range(key);
-      for (auto it = range.first; it != range.second; ++it)
-        if (it->second.alignment.inputs == al.inputs && it->second.alignment.outputs == al.outputs &&
-            same_graph(it->second.graph, g)) {
-          why = it->second.why;
-          return it->second.plan;
-        }
-    }
-    // Built outside the lock (a compile takes long; two threads racing for one structure share
-    // its compile through CudaModuleCache).
-    auto plan = build_cuda_symbolic_plan(g, al, why);
-    std::lock_guard<std::mutex> lock(mu_);
-    plans_.emplace(key, Slot{g, al, plan, why});
-    return plan;
-  }
-  void clear() {
-    std::lock_guard<std::mutex> lock(mu_);
-    plans_.clear();
-  }
-
- private:
-  struct Slot {
-    ir::Graph graph;
-    codegen::CudaAlignment alignment;
-    std::shared_ptr<const CudaSymbolicPlan> plan;
-    std::string why;
-  };
-  std::mutex mu_;
-  std::unordered_multimap<std::uint64_t, Slot> plans_;
+/// What a CUDA symbolic plan is built for: a structure and an alignment class.
+struct CudaSymbolicId {
+  ir::Graph graph;
+  codegen::CudaAlignment alignment;
 };
+
+/// Symbolic plans by structure and alignment class; a structure that cannot have one is
+/// remembered too (with why). Leaked on purpose, like the plan cache: plans hold device memory
+/// and kernels that may be queued when static destructors run.
+inline RememberingPlanCache<CudaSymbolicId, CudaSymbolicPlan>& cuda_symbolic_plans() {
+  static auto* cache = new RememberingPlanCache<CudaSymbolicId, CudaSymbolicPlan>;
+  return *cache;
+}
+
+/// The symbolic plan of `g` for alignment class `al` (explicit: explicit_alignment), from the
+/// cache or built now.
+inline std::shared_ptr<const CudaSymbolicPlan> cached_cuda_symbolic_plan(const ir::Graph& g, const codegen::CudaAlignment& al,
+                                                                         std::string& why) {
+  return cuda_symbolic_plans().get(
+      kiln::detail::hash_combine(g.key, alignment_hash(al)),
+      [&](const CudaSymbolicId& id) {
+        return id.alignment.inputs == al.inputs && id.alignment.outputs == al.outputs && same_graph(id.graph, g);
+      },
+      [&](std::string& w) { return build_cuda_symbolic_plan(g, al, w); }, [&] { return CudaSymbolicId{g, al}; }, why);
+}
 
 /// Whether `plan`'s kernels may run on these buffers: every buffer it reads or writes with
 /// vectors is 16-byte aligned.
@@ -215,7 +196,7 @@ inline CudaSymbolicPlanPtr cuda_symbolic_plan(const ir::Graph& g, std::string& w
   if (!g.device.is_cuda()) throw DeviceError("CUDA executor: the graph is on " + g.device.str() + "; it runs CUDA graphs only");
   if (!cuda_available())
     throw DeviceError("CUDA executor: cannot run a graph on " + g.device.str() + ": CUDA is unavailable: " + cuda_unavailable_reason());
-  return detail::CudaSymbolicPlanCache::instance().get(g, detail::explicit_alignment(g, al), why);
+  return detail::cached_cuda_symbolic_plan(g, detail::explicit_alignment(g, al), why);
 }
 
 /// Queues `plan`'s kernels on kiln's stream of its device with the symbolic size `size` over
@@ -233,7 +214,7 @@ inline bool run_cuda_symbolic(const detail::CudaSymbolicPlan& plan, const RunArg
     for (std::size_t i = 0; i < plan.leaves; ++i) al.inputs.push_back(detail::aligned16(args.inputs[i]) ? 1 : 0);
     for (auto p : args.outputs) al.outputs.push_back(detail::aligned16(p) ? 1 : 0);
     std::string why;
-    other = detail::CudaSymbolicPlanCache::instance().get(plan.graph, al, why);
+    other = detail::cached_cuda_symbolic_plan(plan.graph, al, why);
     if (!other) return false;
     use = other.get();
   }
@@ -279,7 +260,7 @@ inline bool run_cuda_symbolic(const detail::CudaSymbolicPlan& plan, const RunArg
 }
 
 /// Forgets every CUDA symbolic plan (the compiled modules stay loaded).
-inline void clear_cuda_symbolic_plans() { detail::CudaSymbolicPlanCache::instance().clear(); }
+inline void clear_cuda_symbolic_plans() { detail::cuda_symbolic_plans().clear(); }
 
 /// Forgets every symbolic plan, CPU and CUDA (kiln::reset()).
 inline void clear_symbolic_plans() {

@@ -817,6 +817,10 @@ inline void Scheduler::plan_loops(Schedule& s, int kid) const {
 
   // Every affine function the kernel evaluates (addresses, iota values, random counters),
   // weighted by the bytes it moves: they decide which dims merge and which one is innermost.
+  // An address moves at most the distinct elements it reaches (a broadcast read, e.g. a
+  // per-row target beside [rows, classes] logits, is read once per row, not once per element:
+  // weighted per element, its 8-byte index outweighed the 4-byte logits and turned a row
+  // reduction into a column one).
   struct Fn {
     IndexExpr e;
     double weight;
@@ -827,18 +831,26 @@ inline void Scheduler::plan_loops(Schedule& s, int kid) const {
     if (!e.affine()) opaque |= e.deps;
     else fns.push_back({e, w});
   };
+  auto reach = [&](const IndexExpr& off, double evaluations) {
+    double distinct = 1;
+    const std::uint64_t m = off.dep_mask();
+    for (int d = 0; d < rank; ++d)
+      if ((m >> d) & 1) distinct *= static_cast<double>(space[static_cast<std::size_t>(d)]);
+    return std::min(distinct, evaluations);
+  };
   auto visit = [&](int root, const Index& idx, double weight) {
     Visitor v;
     v.boundary = [&](int n) { return reads_memory(s, n, kid, g_); };
     v.leaf = [&](int n, const Index& i) {
       const ir::GraphNode& nn = node(n);
-      add(strided_offset(i, nn.strides, nn.shape), weight * static_cast<double>(itemsize(nn.dtype)));
+      IndexExpr off = strided_offset(i, nn.strides, nn.shape);
+      add(off, reach(off, weight) * static_cast<double>(itemsize(nn.dtype)));
     };
     v.reduction = [&](int q, const Index& i) {
       if (s.owner[static_cast<std::size_t>(q)] == kid) return;
       const ir::GraphNode& nn = node(q);
-      add(strided_offset(i, s.location[static_cast<std::size_t>(q)].strides, nn.shape),
-          weight * static_cast<double>(itemsize(nn.dtype)));
+      IndexExpr off = strided_offset(i, s.location[static_cast<std::size_t>(q)].strides, nn.shape);
+      add(off, reach(off, weight) * static_cast<double>(itemsize(nn.dtype)));
     };
     v.index_use = [&](int n, const Index& i) {
       const ir::GraphNode& nn = node(n);

@@ -45,20 +45,29 @@ void compile_both(const std::string& name, const std::vector<NodePtr>& roots, co
   }
 }
 
-/// Runs `roots` in the emulator and with the reference executor; "" when they agree.
-std::string emulate(const std::vector<NodePtr>& roots, const std::vector<Strides>& out_strides = {}, bool index64 = false,
-                    double tol_scale = 1.0, std::uint64_t* kernels = nullptr) {
+/// Runs `roots` in the emulator for `target` and with the reference executor; "" when they
+/// agree. `strategies` (optional) receives each kernel's strategy line.
+std::string emulate_on(const std::vector<NodePtr>& roots, const codegen::CudaTarget& target, std::vector<std::string>* strategies = nullptr,
+                       const std::vector<Strides>& out_strides = {}, double tol_scale = 1.0, std::uint64_t* kernels = nullptr) {
   ir::Captured c = capture(roots, out_strides);
   Outputs got = make_outputs(c.graph, 0xAB), want = make_outputs(c.graph, 0xAB);
   backend::run_reference(c.graph, args_for(c, want));
-  codegen::CudaTarget t = kiln_cuda_emu::small_target();
-  t.index64 = index64;
   auto before = stats().launches;
-  kiln_cuda_emu::RunInfo info = kiln_cuda_emu::run(c.graph, args_for(c, got), t);
+  kiln_cuda_emu::RunInfo info = kiln_cuda_emu::run(c.graph, args_for(c, got), target);
   if (kernels) *kernels = stats().launches - before;
+  if (strategies)
+    for (auto& k : info.source.kernels) strategies->push_back(k.strategy);
   std::string m = compare(c.graph, got.pointers, want.pointers, tol_scale);
   if (!m.empty()) m += "\n" + c.graph.str() + info.schedule;
   return m;
+}
+
+/// The same on the emulator's small target (3 multiprocessors).
+std::string emulate(const std::vector<NodePtr>& roots, const std::vector<Strides>& out_strides = {}, bool index64 = false,
+                    double tol_scale = 1.0, std::uint64_t* kernels = nullptr) {
+  codegen::CudaTarget t = kiln_cuda_emu::small_target();
+  t.index64 = index64;
+  return emulate_on(roots, t, nullptr, out_strides, tol_scale, kernels);
 }
 
 /// A leaf of any size without memory behind it: code generation never reads leaves.
@@ -168,7 +177,88 @@ TEST_CASE("cuda codegen: launch strategies at the GPU shapes of WORKLOADS.md (H2
     REQUIRE(s.size() == 1);
     CHECK(has(s[0], "read per pass"));
     CHECK(has(s[0], "online max and sum of exp"));
+    CHECK(has(s[0], "1 one-hot pick(s) loaded"));  // the target's logit: one load per row
   }
+}
+
+TEST_CASE("cuda emulator: one-hot picks (sum of where(iota == t, x, 0)) load one element, as the reference sums") {
+  if (!have_host_compiler()) return;
+  const codegen::CudaTarget small = kiln_cuda_emu::small_target();
+  auto run = [&](const std::string& name, const std::vector<NodePtr>& roots, bool expect_pick) {
+    std::vector<std::string> strat;
+    std::string r = emulate_on(roots, small, &strat);
+    CHECK_MESSAGE(r.empty(), name << ": " << r);
+    bool picked = false;
+    for (auto& st : strat) picked = picked || has(st, "one-hot pick");
+    CHECK_MESSAGE(picked == expect_pick, name << ": " << (strat.empty() ? std::string("no kernel") : strat[0]));
+  };
+  auto pick_sum = [](const NodePtr& x, const NodePtr& classes, const NodePtr& t) {
+    NodePtr onehot = ir::binary(Op::Eq, classes, t);
+    return red(Op::ReduceSum, ir::where(onehot, x, cst(0.0, x)), {1});
+  };
+  // Targets in range, at both ends, ignored (-100), negative and past the last class.
+  const std::int64_t M = 37, C = 256;
+  std::vector<std::int64_t> tv(static_cast<std::size_t>(M));
+  for (std::int64_t i = 0; i < M; ++i) {
+    const std::int64_t special[] = {0, C - 1, -100, -1, C, C + 7};
+    tv[static_cast<std::size_t>(i)] = i < 6 ? special[i] : (i * 53) % C;
+  }
+  NodePtr t64 = input_values<std::int64_t>({M}, tv);
+  SUBCASE("cross_entropy (online max and sum of exp, mean over rows)") {
+    run("cross_entropy", {decomp::cross_entropy(input({M, C}, f32, 41, {}, -1, 0, 3.0), t64, -100)}, true);
+  }
+  SUBCASE("the picked sum itself, int64 and int32 classes, f32 and bf16 values") {
+    NodePtr x = input({M, C}, f32, 42);
+    NodePtr t2 = expand(ir::reshape(t64, Shape{M, 1}), Shape{M, C});
+    run("int64", {pick_sum(x, ir::iota(Shape{M, C}, 1, DType::Int64, Device::cpu()), t2)}, true);
+    std::vector<std::int32_t> t32(tv.begin(), tv.end());
+    NodePtr t2i = expand(ir::reshape(input_values<std::int32_t>({M}, t32), Shape{M, 1}), Shape{M, C});
+    NodePtr xb = input({M, C}, bf16, 43);
+    run("int32 bf16", {pick_sum(xb, ir::iota(Shape{M, C}, 1, DType::Int32, Device::cpu()), t2i)}, true);
+    // Beside an ordinary row sum in the same kernel, and with the classes on the left.
+    run("beside a row sum", {pick_sum(x, t2, ir::iota(Shape{M, C}, 1, DType::Int64, Device::cpu())), red(Op::ReduceSum, x, {1})},
+        true);
+  }
+  SUBCASE("long rows split over blocks pick in the block that combines the row") {
+    const std::int64_t R = 20000;
+    NodePtr x = input({2, R}, f32, 44);
+    NodePtr t2 = expand(ir::reshape(input_values<std::int64_t>({2}, {R - 3, 17}), Shape{2, 1}), Shape{2, R});
+    std::vector<std::string> strat;
+    std::string r = emulate_on({pick_sum(x, ir::iota(Shape{2, R}, 1, DType::Int64, Device::cpu()), t2), red(Op::ReduceMax, x, {1})},
+                               small, &strat);
+    CHECK_MESSAGE(r.empty(), r);
+    REQUIRE(strat.size() == 1);
+    CHECK(has(strat[0], "split row reduction"));
+    CHECK(has(strat[0], "1 one-hot pick(s) loaded"));
+  }
+  SUBCASE("not picks: a target that varies along the row, a value that needs the row's max") {
+    NodePtr x = input({M, C}, f32, 45);
+    NodePtr iota = ir::iota(Shape{M, C}, 1, DType::Int64, Device::cpu());
+    NodePtr tfull = input({M, C}, i64, 46);  // small integers, some equal to their class
+    run("target varies along the row", {pick_sum(x, iota, tfull)}, false);
+    NodePtr t2 = expand(ir::reshape(t64, Shape{M, 1}), Shape{M, C});
+    NodePtr centred = sub(x, ir::broadcast(red(Op::ReduceMax, x, {1}), x->shape));
+    run("value needs the row's max", {pick_sum(centred, iota, t2)}, false);
+    // Classes along the kept dim (one class per row): not the reduced one.
+    NodePtr rows = ir::iota(Shape{M, C}, 0, DType::Int64, Device::cpu());
+    run("iota along the kept dim", {pick_sum(x, rows, t2)}, false);
+  }
+}
+
+TEST_CASE("cuda emulator: column reductions split over many blocks combine every split (sum, max, argmax)") {
+  if (!have_host_compiler()) return;
+  // 132 multiprocessors: 156 splits of 40000 rows over 32 rows of threads (a batch of four
+  // partials per row of threads, the last batch partly past the end).
+  codegen::CudaTarget t = kiln_cuda_emu::small_target();
+  t.sm_count = 132;
+  NodePtr X = input({40000, 24}, f32, 47), I = input({40000, 24}, i32, 48);
+  std::vector<std::string> strat;
+  std::string r = emulate_on({red(Op::ReduceSum, X, {0}), red(Op::ReduceMax, X, {0}), red(Op::ArgMax, X, {0}),
+                              red(Op::ReduceSum, I, {0})},
+                             t, &strat);
+  CHECK_MESSAGE(r.empty(), r);
+  REQUIRE(!strat.empty());
+  for (auto& s : strat) CHECK_MESSAGE(has(s, "156 split(s)"), s);
 }
 
 TEST_CASE("cuda emulator: WORKLOADS.md workloads run as the reference executor computes them") {

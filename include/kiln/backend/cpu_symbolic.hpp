@@ -7,6 +7,7 @@
 // constant that depends on it) would show there, and the graph then stays specialised per size.
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -51,6 +52,28 @@ inline ir::Graph with_placeholder(const ir::Graph& g, std::int64_t from, std::in
   return h;
 }
 
+/// The symbolic-size temporaries of `s` (a schedule of `g` at placeholder `p`), or nullopt with
+/// `why` when one has the size as an inner dim.
+inline std::optional<std::vector<CpuSymbolicPlan::TempSize>> symbolic_temps(const sched::Schedule& s, std::int64_t p,
+                                                                          std::string& why) {
+  std::vector<CpuSymbolicPlan::TempSize> temps;
+  for (auto& t : s.temps) {
+    CpuSymbolicPlan::TempSize ts;
+    ts.bytes = itemsize(t.dtype);
+    for (std::size_t d = 0; d < t.shape.size(); ++d) {
+      if (t.shape[d] == p && d == 0) ts.symbolic = true;
+      else if (t.shape[d] == p) {
+        why = "a temporary has the symbolic size as an inner dim";
+        return std::nullopt;
+      } else {
+        ts.bytes *= static_cast<std::size_t>(t.shape[d]);
+      }
+    }
+    temps.push_back(ts);
+  }
+  return temps;
+}
+
 /// The plan of `g`, or null with `why` (a kernel or a temporary the size cannot be read in).
 inline std::shared_ptr<const CpuSymbolicPlan> build_symbolic_plan(const ir::Graph& g, std::string& why) {
   const std::int64_t p = kSymbolicPlaceholder;
@@ -60,20 +83,9 @@ inline std::shared_ptr<const CpuSymbolicPlan> build_symbolic_plan(const ir::Grap
     plan->schedule = sched::schedule(g, p);
     for (std::size_t k = 0; k < plan->schedule.kernels.size(); ++k)
       if (!sched::symbolic_kernel(plan->schedule, k, &why)) return nullptr;
-    for (auto& t : plan->schedule.temps) {
-      CpuSymbolicPlan::TempSize ts;
-      ts.bytes = itemsize(t.dtype);
-      for (std::size_t d = 0; d < t.shape.size(); ++d) {
-        if (t.shape[d] == p && d == 0) ts.symbolic = true;
-        else if (t.shape[d] == p) {
-          why = "a temporary has the symbolic size as an inner dim";
-          return nullptr;
-        } else {
-          ts.bytes *= static_cast<std::size_t>(t.shape[d]);
-        }
-      }
-      plan->temps.push_back(ts);
-    }
+    auto temps = symbolic_temps(plan->schedule, p, why);
+    if (!temps) return nullptr;
+    plan->temps = std::move(*temps);
     const std::string prefix = "kiln_sym_" + hex_key(g.key);
     codegen::CppSource src = codegen::generate_cpp(g, plan->schedule, prefix);
     // The same structure at another placeholder must give the same code (see the header).

@@ -55,28 +55,6 @@ inline codegen::CudaAlignment explicit_alignment(const ir::Graph& g, const codeg
   return out;
 }
 
-/// The symbolic-size temporaries of `s` (a schedule of `g` at placeholder `p`), or nullopt with
-/// `why` when one has the size as an inner dim.
-inline std::optional<std::vector<CpuSymbolicPlan::TempSize>> symbolic_temps(const sched::Schedule& s, std::int64_t p,
-                                                                          std::string& why) {
-  std::vector<CpuSymbolicPlan::TempSize> temps;
-  for (auto& t : s.temps) {
-    CpuSymbolicPlan::TempSize ts;
-    ts.bytes = itemsize(t.dtype);
-    for (std::size_t d = 0; d < t.shape.size(); ++d) {
-      if (t.shape[d] == p && d == 0) ts.symbolic = true;
-      else if (t.shape[d] == p) {
-        why = "a temporary has the symbolic size as an inner dim";
-        return std::nullopt;
-      } else {
-        ts.bytes *= static_cast<std::size_t>(t.shape[d]);
-      }
-    }
-    temps.push_back(ts);
-  }
-  return temps;
-}
-
 inline bool same_launch(const codegen::CudaKernelInfo& a, const codegen::CudaKernelInfo& b) {
   return a.name == b.name && a.grid == b.grid && a.block == b.block && a.shared_bytes == b.shared_bytes &&
          a.grid_rule.units_per_size == b.grid_rule.units_per_size && a.grid_rule.size_divisor == b.grid_rule.size_divisor &&

@@ -1630,6 +1630,7 @@ class Writer {
   /// row (N6 in bench_gpu on an H200: 0.755 -> 0.905 x copy).
   struct Pick {
     int x = -1, target = -1, dim = -1;
+    std::uint64_t target_dims = 0;  ///< the kernel dims t depends on (never `dim`)
   };
   std::map<int, Pick> picks_;  ///< reduction node -> its pick (row kernels)
 
@@ -1687,7 +1688,7 @@ class Writer {
         if (io.op != Op::Iota || io.attrs.ints.at(0) != dim || !integral(io.dtype) || node(t).dtype != io.dtype) continue;
         auto tdeps = dependence(t);
         if (!tdeps || (*tdeps & (std::uint64_t(1) << dim)) || !dependence(w.inputs[1])) continue;
-        picks_[rid] = Pick{w.inputs[1], t, dim};
+        picks_[rid] = Pick{w.inputs[1], t, dim, *tdeps};
         break;
       }
     }
@@ -1712,7 +1713,7 @@ class Writer {
       const std::string valid = "(" + t.expr + " >= 0 && " + t.expr + " < " + lit(k_.space[static_cast<std::size_t>(pk.dim)]) + ")";
       IndexExpr at;
       at.text = "(" + valid + " ? (" + it_ + ")" + t.expr + " : (" + it_ + ")0)";
-      at.deps = *dependence(pk.target);
+      at.deps = pk.target_dims;
       Index xi = id;
       xi[static_cast<std::size_t>(pk.dim)] = at;
       const Val x = value(pk.x, xi, 0);

@@ -23,4 +23,20 @@ inline runtime::ProcessResult run_test_child(const std::string& test_case, const
   return runtime::run_process({exe, "--test-case=" + test_case, "--no-skip", "--no-version"}, env);
 }
 
+/// The test cases matching `test_case` run again in a child process (with `child_flag`=1) over
+/// the disk cache under `cache_dir`, logging cache events: the child must pass, print
+/// `ok_marker`, find the autotune choices on disk (a logged disk hit) and time nothing (no
+/// "tuned in" line). Returns the child's output for further checks.
+inline std::string expect_untimed_autotune_child(const std::string& test_case, const std::string& cache_dir,
+                                                 const std::string& child_flag, const std::string& ok_marker) {
+  auto r = run_test_child(test_case, {"KILN_CACHE_DIR=" + cache_dir + "/cache", "KILN_CACHE=1", child_flag + "=1",
+                                      "KILN_LOGS=cache", "KILN_LOGS_OUT"});
+  INFO("child output:\n" << r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find(ok_marker) != std::string::npos);
+  CHECK(r.output.find(": disk hit ") != std::string::npos);
+  CHECK(r.output.find("tuned in") == std::string::npos);
+  return r.output;
+}
+
 }  // namespace kiln::testing

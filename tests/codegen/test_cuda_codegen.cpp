@@ -151,7 +151,8 @@ TEST_CASE("cuda codegen: launch strategies at the GPU shapes of WORKLOADS.md (H2
     CHECK(has(s3[0], "column reduction"));
     CHECK_FALSE(has(s3[0], " 1 split(s)"));
   }
-  // N1, N3, N4: the row is read once into registers; N2: a warp per short row; N5: 8 bf16 lanes.
+  // N1, N3, N4: the row is read once into registers; N2: two warps per 1024-wide row (a warp
+  // would unroll 32 floats per thread, slower to compile and to run); N5: 8 bf16 lanes.
   {
     NodePtr X = shape_only({M, K}, f32), w = shape_only({K}, f32), b = shape_only({K}, f32);
     for (auto& roots : {std::vector<NodePtr>{decomp::softmax(X, 1)}, std::vector<NodePtr>{decomp::layer_norm(X, w, b, 1e-5)},
@@ -162,8 +163,11 @@ TEST_CASE("cuda codegen: launch strategies at the GPU shapes of WORKLOADS.md (H2
     }
     auto s2 = strategies({decomp::softmax(shape_only({65536, 1024}, f32), 1)});
     REQUIRE(s2.size() == 1);
-    CHECK(has(s2[0], "32 thread(s) per row"));
+    CHECK(has(s2[0], "64 thread(s) per row, 4 lane(s), 4 slot(s)"));
     CHECK(has(s2[0], "cached in registers"));
+    auto s512 = strategies({decomp::softmax(shape_only({65536, 512}, f32), 1)});
+    REQUIRE(s512.size() == 1);
+    CHECK(has(s512[0], "32 thread(s) per row, 4 lane(s), 4 slot(s)"));
     auto s5 = strategies({decomp::softmax(shape_only({M, K}, bf16), 1)});
     REQUIRE(s5.size() == 1);
     CHECK(has(s5[0], "8 lane(s)"));
@@ -178,6 +182,26 @@ TEST_CASE("cuda codegen: launch strategies at the GPU shapes of WORKLOADS.md (H2
     CHECK(has(s[0], "read per pass"));
     CHECK(has(s[0], "online max and sum of exp"));
     CHECK(has(s[0], "1 one-hot pick(s) loaded"));  // the target's logit: one load per row
+  }
+}
+
+TEST_CASE("cuda emulator: rows at the warp-per-row limit, with a warp or two per row, compute what the reference does") {
+  if (!have_host_compiler()) return;
+  // 1000 columns (a partial last vector slot) and 1024; warp_row_vectors 8 gives them a warp,
+  // 4 (the default) two warps and a block reduction.
+  for (int wrv : {8, 4}) {
+    codegen::CudaTarget t = kiln_cuda_emu::small_target();
+    t.warp_row_vectors = wrv;
+    for (std::int64_t C : {1000, 1024}) {
+      NodePtr x = input({19, C}, f32, 47, {}, -1, 0, 3.0), w = input({C}, f32, 48), b = input({C}, f32, 49);
+      std::vector<std::string> strat;
+      std::string r = emulate_on({decomp::softmax(x, 1), decomp::layer_norm(x, w, b, 1e-5)}, t, &strat);
+      CAPTURE(wrv);
+      CAPTURE(C);
+      CHECK_MESSAGE(r.empty(), r);
+      REQUIRE(strat.size() == 1);  // both read the same rows: one kernel
+      CHECK_MESSAGE(has(strat[0], wrv == 8 ? "32 thread(s) per row" : "64 thread(s) per row"), strat[0]);
+    }
   }
 }
 

@@ -55,6 +55,7 @@ struct CudaTuning {
   int column_split_interleave = 0;  ///< 1 on, -1 off
   int pointwise_block = 0;
   int warp_rows_per_block = 0;
+  int warp_row_vectors = 0;
 };
 
 /// Everything needed to run one graph structure on one device with one buffer alignment.
@@ -150,6 +151,7 @@ inline const std::vector<TuningField>& tuning_fields() {
       {"column_split_interleave", &CudaTuning::column_split_interleave},
       {"pointwise_block", &CudaTuning::pointwise_block},
       {"warp_rows_per_block", &CudaTuning::warp_rows_per_block},
+      {"warp_row_vectors", &CudaTuning::warp_row_vectors},
   };
   return f;
 }
@@ -210,6 +212,7 @@ inline void apply_tuning(codegen::CudaTarget& t, const CudaTuning& tune) {
   if (tune.column_split_interleave != 0) t.column_split_interleave = tune.column_split_interleave > 0;
   if (tune.pointwise_block > 0) t.pointwise_block = tune.pointwise_block;
   if (tune.warp_rows_per_block > 0) t.warp_rows_per_block = tune.warp_rows_per_block;
+  if (tune.warp_row_vectors > 0) t.warp_row_vectors = tune.warp_row_vectors;
 }
 
 /// What code generation needs to know about cuda:`device` (with the process-wide overrides of
@@ -563,6 +566,8 @@ inline std::vector<CudaTuning> cuda_tuning_candidates() {
   one(&CudaTuning::pointwise_block, 512);
   one(&CudaTuning::warp_rows_per_block, 4);
   one(&CudaTuning::warp_rows_per_block, 16);
+  one(&CudaTuning::warp_row_vectors, 4);
+  one(&CudaTuning::warp_row_vectors, 8);
   one(&CudaTuning::pointwise_unroll, 1);
   one(&CudaTuning::pointwise_unroll, 4);
   one(&CudaTuning::pointwise_unroll_heavy, 2);

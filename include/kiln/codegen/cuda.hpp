@@ -62,6 +62,11 @@ struct CudaTarget {
   // docs/performance-gpu.md has the figures).
   int pointwise_block = 256;       ///< threads per block of pointwise kernels
   int warp_rows_per_block = 8;     ///< rows per block of row kernels with a warp per row (short rows)
+  /// A row of at most 32 x lanes x this many elements gets a warp, a longer one a block. Each
+  /// thread's share of a row is unrolled, and NVRTC's time grows with it. 4: N2 (1024-wide
+  /// rows, then 64 threads per row) 0.985 x copy and compiled by NVRTC in 78 ms on an H200's
+  /// host; 8 (a warp per row, 32 floats per thread) 0.969 and 112-116 ms.
+  int warp_row_vectors = 4;
   int pointwise_unroll = 2;        ///< vectors per thread and loop step of light pointwise kernels
   int row_vectors_per_thread = 4;  ///< sets the threads per row of row reductions
   int split_blocks_per_sm = 4;     ///< blocks per multiprocessor when rows or columns are split
@@ -1829,7 +1834,7 @@ class Writer {
     auto threads_for = [&](int vectors_per_thread) {
       const i64 vpt = std::max(1, vectors_per_thread);
       int t = 32;
-      if (R > 32 * V * 8) {
+      if (R > static_cast<i64>(32) * V * std::max(1, t_.warp_row_vectors)) {
         i64 want = (R + V * vpt - 1) / (V * vpt);
         t = 64;
         while (t < 1024 && t < want) t *= 2;

@@ -65,7 +65,7 @@ struct CudaTarget {
   /// A row of at most 32 x lanes x this many elements gets a warp, a longer one a block. Each
   /// thread's share of a row is unrolled, and NVRTC's time grows with it. 4: N2 (1024-wide
   /// rows, then 64 threads per row) 0.985 x copy and compiled by NVRTC in 78 ms on an H200's
-  /// host; 8 (a warp per row, 32 floats per thread) 0.969 and 112-116 ms.
+  /// host; 8 (a warp per row, 32 floats per thread) 0.969 and 112-140 ms.
   int warp_row_vectors = 4;
   int pointwise_unroll = 2;        ///< vectors per thread and loop step of light pointwise kernels
   int row_vectors_per_thread = 4;  ///< sets the threads per row of row reductions
@@ -1455,17 +1455,50 @@ class Writer {
   }
 
   /// Butterfly over the 32 lanes of each warp (every lane ends with the warp's combination).
+  /// An online (max, sum of exp) pair combines its maxima first, then rescales each lane's sum
+  /// once to the warp's max and adds the sums: one exp per lane, where merging pairs would
+  /// take two per step (ten, each inlined: a fifth of NVRTC's time on N6's kernel).
   void warp_reduce(const std::vector<Red>& reds, const std::string& sfx = "") {
     if (reds.empty()) return;
+    const bool online = std::any_of(reds.begin(), reds.end(), [](const Red& r) { return r.online_sum >= 0; });
+    if (!online) {
+      butterfly(reds, sfx, false);
+      return;
+    }
+    open("");
+    for (auto& r : reds)
+      if (r.online_sum >= 0) line("const " + r.acc_t + " " + own_max_name(r, sfx) + " = " + acc_name(r, sfx) + ";");
+    butterfly(reds, sfx, false);
+    for (auto& r : reds)
+      if (r.online_sum >= 0) line(rescale_sum(r, sfx, own_max_name(r, sfx)));
+    butterfly(reds, sfx, true);
+    close();
+  }
+
+  /// One butterfly over the warp: of every reduction but the sums of online pairs (their maxima
+  /// merge as maxima), or (`sums`) of those sums alone.
+  void butterfly(const std::vector<Red>& reds, const std::string& sfx, bool sums) {
     open("for (int o = 16; o > 0; o >>= 1)", 0, "#pragma unroll");
     for (auto& r : reds) {
       std::string a = acc_name(r, sfx), x = idx_name(r, sfx);
+      if (sums) {
+        if (r.online_sum >= 0) line(sum_name(r, sfx) + " += __shfl_xor_sync(0xffffffffu, " + sum_name(r, sfx) + ", o);");
+        continue;
+      }
       line("{ const " + r.acc_t + " pv = __shfl_xor_sync(0xffffffffu, " + a + ", o);" +
-           (r.arg ? " const long long px = __shfl_xor_sync(0xffffffffu, " + x + ", o);" : "") +
-           (r.online_sum >= 0 ? " const double ps = __shfl_xor_sync(0xffffffffu, " + sum_name(r, sfx) + ", o);" : "") + " " +
-           merge_acc(r, sfx, "pv", r.arg ? "px" : "0", "ps") + " }");
+           (r.arg ? " const long long px = __shfl_xor_sync(0xffffffffu, " + x + ", o);" : "") + " " +
+           merge(r, a, x, "pv", r.arg ? "px" : "0") + " }");
     }
     close();
+  }
+
+  static std::string own_max_name(const Red& r, const std::string& sfx) { return "kiln_om" + std::to_string(r.node) + sfx; }
+
+  /// An online pair's sum, relative to max `from`, made relative to the pair's (larger) max.
+  /// Equal maxima keep the sum (also when both are infinite, where the exp would give NaN).
+  std::string rescale_sum(const Red& r, const std::string& sfx, const std::string& from) {
+    const std::string m = acc_name(r, sfx), s = sum_name(r, sfx), ex = r.in == DType::Float64 ? "exp(" : "expf(";
+    return "if (" + from + " != " + m + ") " + s + " *= (double)" + ex + from + " - " + m + ");";
   }
 
   /// Combines accumulators across the `threads` threads (a multiple of 32, one row) starting
@@ -1491,12 +1524,18 @@ class Writer {
     close();
     line("__syncthreads();");
     if (warps <= 8) {
+      const std::string nw = std::to_string(warps);
       for (auto& r : reds) {
         line(acc_name(r, sfx) + " = " + sm(r, "") + "[0];");
         if (r.arg) line(idx_name(r, sfx) + " = " + sm(r, "x") + "[0];");
-        if (r.online_sum >= 0) line(sum_name(r, sfx) + " = " + sm(r, "s") + "[0];");
-        line("for (int w = 1; w < " + std::to_string(warps) + "; ++w) " +
-             merge_acc(r, sfx, sm(r, "") + "[w]", r.arg ? sm(r, "x") + "[w]" : "0", sm(r, "s") + "[w]"));
+        line("for (int w = 1; w < " + nw + "; ++w) " + merge(r, acc_name(r, sfx), idx_name(r, sfx), sm(r, "") + "[w]", r.arg ? sm(r, "x") + "[w]" : "0"));
+        if (r.online_sum >= 0) {
+          // The block's max is known: each warp's sum is rescaled to it once, then added.
+          line(sum_name(r, sfx) + " = 0.0;");
+          line("for (int w = 0; w < " + nw + "; ++w) { const " + r.acc_t + " wm = " + sm(r, "") + "[w]; const double ws = " + sm(r, "s") +
+               "[w]; " + sum_name(r, sfx) + " += wm == " + acc_name(r, sfx) + " ? ws : ws * (double)" +
+               (r.in == DType::Float64 ? "exp(" : "expf(") + "wm - " + acc_name(r, sfx) + "); }");
+        }
       }
     } else {
       open("");

@@ -275,6 +275,35 @@ void BM_first_compile(benchmark::State& state) {
   state.counters["median_ms"] = ms[ms.size() / 2];
 }
 
+/// NVRTC alone on the source of workload `w` (every kernel of its graph, at its GPU shape, with
+/// the device's code-generation target): median of 5 compiles, each made new by an unused
+/// device variable (NVRTC answers a source it compiled before, comments aside, from a cache).
+void BM_nvrtc_compile(benchmark::State& state, const Workload& w, const std::string& label) {
+  if (skip_without_gpu(state)) return;
+  const auto& ctx = runtime::cuda_context(0);
+  Bound b = bind_graph(w.build());
+  const ir::Graph& g = b.captured.graph;
+  sched::Schedule s = sched::schedule(g);
+  codegen::CudaSource src = codegen::generate_cuda(g, s, "kiln_bench", backend::detail::cuda_target(ctx));
+  static int serial = 0;
+  std::vector<double> ms;
+  for (auto _ : state) {
+    const std::string source = src.source + "\n__device__ int kiln_bench_probe_" + std::to_string(::getpid()) + "_" +
+                               std::to_string(++serial) + ";\n";
+    auto t0 = std::chrono::steady_clock::now();
+    runtime::compile_cuda_to_cubin(source, "kiln_bench.cu", ctx.arch());
+    double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    ms.push_back(t);
+    state.SetIterationTime(t * 1e-3);
+  }
+  std::sort(ms.begin(), ms.end());
+  Result r{ms[ms.size() / 2], 0, 0, ""};
+  r.strategy = std::to_string(src.kernels.size()) + " kernel(s), " +
+               std::to_string(std::count(src.source.begin(), src.source.end(), '\n')) + " lines";
+  results()["nvrtc compile " + label + ", ms"] = r;
+  state.counters["median_ms"] = r.ms;
+}
+
 /// A new process that builds the plan of a kernel already on disk: reads its cubin back.
 void BM_disk_hit_new_process(benchmark::State& state) {
   if (skip_without_gpu(state)) return;
@@ -482,6 +511,7 @@ void register_all(bool variants) {
         {"row_vectors_per_thread_uncached", {"N6"}, &backend::detail::CudaTuning::row_vectors_per_thread_uncached, {4, 16, 64}},
         {"column_split_interleave", {"R3"}, &backend::detail::CudaTuning::column_split_interleave, {1}},
         {"column_unroll", {"R3"}, &backend::detail::CudaTuning::column_unroll, {8}},
+        {"warp_row_vectors", {"N2"}, &backend::detail::CudaTuning::warp_row_vectors, {4, 8}},
     };
     for (auto& v : vs)
       for (int value : v.values)
@@ -497,8 +527,17 @@ void register_all(bool variants) {
                 backend::detail::cuda_tuning() = saved;
                 backend::clear_cuda_plans();
               })->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
+              benchmark::RegisterBenchmark(("BM_nvrtc_compile/" + label).c_str(), [&w, &v, value, label](benchmark::State& s) {
+                backend::detail::CudaTuning saved = backend::detail::cuda_tuning();
+                backend::detail::cuda_tuning().*(v.knob) = value;
+                BM_nvrtc_compile(s, w, label);
+                backend::detail::cuda_tuning() = saved;
+              })->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
             }
   }
+  for (auto& w : ws)
+    benchmark::RegisterBenchmark((std::string("BM_nvrtc_compile/") + w.id).c_str(), [&w](benchmark::State& s) { BM_nvrtc_compile(s, w, w.id); })
+        ->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("BM_first_compile", BM_first_compile)->UseManualTime()->Iterations(7)->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("BM_disk_hit_new_process", BM_disk_hit_new_process)->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("BM_launch_floor", BM_launch_floor)->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
@@ -520,7 +559,7 @@ void print_summary() {
     if (r.gbps > 0)
       std::printf("%-34s %10.4f %10.1f %8.3f  %s\n", name.c_str(), r.ms, r.gbps, r.ratio, r.strategy.c_str());
     else
-      std::printf("%-34s %10.3f\n", name.c_str(), r.ms);
+      std::printf("%-34s %10.3f %19s  %s\n", name.c_str(), r.ms, "", r.strategy.c_str());
   }
   if (unavailable().empty()) {
     const auto& ctx = runtime::cuda_context(0);

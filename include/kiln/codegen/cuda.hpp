@@ -353,15 +353,6 @@ inline std::string online_step(const Red& r, const std::string& m, const std::st
          ninf + ") ? 0.0 : (double)" + ex + "cv - " + m + "); }";
 }
 
-/// Merges online partial (pm, ps) into (m, s).
-inline std::string online_merge(const Red& r, const std::string& m, const std::string& s, const std::string& pm, const std::string& ps) {
-  const bool dbl = r.in == DType::Float64;
-  const std::string t = r.acc_t, ex = dbl ? "exp(" : "expf(";
-  return "{ const " + t + " qm = " + pm + "; const double qs = " + ps + "; const " + t + " nm = (qm > " + m + " || qm != qm) ? qm : " +
-         m + "; " + s + " = (" + m + " == nm ? " + s + " : " + s + " * (double)" + ex + m + " - nm)) + (qm == nm ? qs : qs * (double)" +
-         ex + "qm - nm)); " + m + " = nm; }";
-}
-
 /// Type of a chunk of `bytes` bytes (a whole vector access, or one 16-byte piece of it).
 inline const char* chunk_type(std::size_t bytes) {
   switch (bytes) {
@@ -1351,11 +1342,6 @@ class Writer {
     if (r.online_sum >= 0) line("double " + sum_name(r, suffix) + " = 0.0;");
   }
   static std::string sum_name(const Red& r, const std::string& suffix = "") { return "a" + std::to_string(r.online_sum) + suffix; }
-  /// Merges partial (pv, px[, ps]) into the accumulators of `r` (suffix `sfx`).
-  std::string merge_acc(const Red& r, const std::string& sfx, const std::string& pv, const std::string& px, const std::string& ps) {
-    if (r.online_sum >= 0) return online_merge(r, acc_name(r, sfx), sum_name(r, sfx), pv, ps);
-    return merge(r, acc_name(r, sfx), idx_name(r, sfx), pv, px);
-  }
   std::string finish(const Red& r, const std::string& a, const std::string& x) {
     switch (r.op) {
       case Op::ReduceSum:

@@ -938,7 +938,7 @@ class Writer {
         for (std::size_t k = 0; k < n.inputs.size(); ++k) walk(n.inputs[k], sched::input_index(g_, n, k, idx, k_.space));
       };
       for (std::size_t j = 0; j < k_.reductions.size(); ++j)
-        if (k_.phase[j] == pass && !picks_.count(k_.reductions[j])) walk(node(k_.reductions[j]).inputs[0], id);
+        if (folded_in(j, pass)) walk(node(k_.reductions[j]).inputs[0], id);
       for (auto& st : k_.stores)
         if (st.level == sched::Level::Full && st.pass == pass) walk(st.node, id);
     }
@@ -1323,10 +1323,13 @@ class Writer {
   }
 
   // ---- reductions: shared pieces --------------------------------------------------------------
+  /// Whether the kernel's reduction j is folded element by element in pass p's loop (a one-hot
+  /// pick of that phase is loaded once instead: bind_picks).
+  bool folded_in(std::size_t j, int p) const { return k_.phase[j] == p && !picks_.count(k_.reductions[j]); }
   std::vector<Red> phase_reds(int p) const {
     std::vector<Red> v;
     for (std::size_t j = 0; j < k_.reductions.size(); ++j)
-      if (k_.phase[j] == p && !picks_.count(k_.reductions[j])) v.push_back(red_info(g_, k_.reductions[j]));
+      if (folded_in(j, p)) v.push_back(red_info(g_, k_.reductions[j]));
     return v;
   }
   std::vector<Red> final_reds() const {
@@ -1446,45 +1449,43 @@ class Writer {
   /// take two per step (ten, each inlined: a fifth of NVRTC's time on N6's kernel).
   void warp_reduce(const std::vector<Red>& reds, const std::string& sfx = "") {
     if (reds.empty()) return;
-    const bool online = std::any_of(reds.begin(), reds.end(), [](const Red& r) { return r.online_sum >= 0; });
-    if (!online) {
-      butterfly(reds, sfx, false);
+    std::vector<std::string> merges, sums;
+    for (auto& r : reds) {
+      const std::string a = acc_name(r, sfx), x = idx_name(r, sfx);
+      merges.push_back("{ const " + r.acc_t + " pv = __shfl_xor_sync(0xffffffffu, " + a + ", o);" +
+                       (r.arg ? " const long long px = __shfl_xor_sync(0xffffffffu, " + x + ", o);" : "") + " " +
+                       merge(r, a, x, "pv", r.arg ? "px" : "0") + " }");
+      if (r.online_sum >= 0) sums.push_back(sum_name(r, sfx) + " += __shfl_xor_sync(0xffffffffu, " + sum_name(r, sfx) + ", o);");
+    }
+    if (sums.empty()) {
+      butterfly(merges);
       return;
     }
     open("");
     for (auto& r : reds)
-      if (r.online_sum >= 0) line("const " + r.acc_t + " " + own_max_name(r, sfx) + " = " + acc_name(r, sfx) + ";");
-    butterfly(reds, sfx, false);
+      if (r.online_sum >= 0) line("const " + r.acc_t + " kiln_om" + std::to_string(r.node) + sfx + " = " + acc_name(r, sfx) + ";");
+    butterfly(merges);
     for (auto& r : reds)
-      if (r.online_sum >= 0) line(rescale_sum(r, sfx, own_max_name(r, sfx)));
-    butterfly(reds, sfx, true);
-    close();
-  }
-
-  /// One butterfly over the warp: of every reduction but the sums of online pairs (their maxima
-  /// merge as maxima), or (`sums`) of those sums alone.
-  void butterfly(const std::vector<Red>& reds, const std::string& sfx, bool sums) {
-    open("for (int o = 16; o > 0; o >>= 1)", 0, "#pragma unroll");
-    for (auto& r : reds) {
-      std::string a = acc_name(r, sfx), x = idx_name(r, sfx);
-      if (sums) {
-        if (r.online_sum >= 0) line(sum_name(r, sfx) + " += __shfl_xor_sync(0xffffffffu, " + sum_name(r, sfx) + ", o);");
-        continue;
+      if (r.online_sum >= 0) {
+        const std::string own = "kiln_om" + std::to_string(r.node) + sfx;
+        line(sum_name(r, sfx) + " = " + rescaled_sum(r, sum_name(r, sfx), own, acc_name(r, sfx)) + ";");
       }
-      line("{ const " + r.acc_t + " pv = __shfl_xor_sync(0xffffffffu, " + a + ", o);" +
-           (r.arg ? " const long long px = __shfl_xor_sync(0xffffffffu, " + x + ", o);" : "") + " " +
-           merge(r, a, x, "pv", r.arg ? "px" : "0") + " }");
-    }
+    butterfly(sums);
     close();
   }
 
-  static std::string own_max_name(const Red& r, const std::string& sfx) { return "kiln_om" + std::to_string(r.node) + sfx; }
+  /// The loop over the butterfly's distances o = 16, 8, ..., 1, doing `steps` at each.
+  void butterfly(const std::vector<std::string>& steps) {
+    open("for (int o = 16; o > 0; o >>= 1)", 0, "#pragma unroll");
+    for (auto& st : steps) line(st);
+    close();
+  }
 
-  /// An online pair's sum, relative to max `from`, made relative to the pair's (larger) max.
-  /// Equal maxima keep the sum (also when both are infinite, where the exp would give NaN).
-  std::string rescale_sum(const Red& r, const std::string& sfx, const std::string& from) {
-    const std::string m = acc_name(r, sfx), s = sum_name(r, sfx), ex = r.in == DType::Float64 ? "exp(" : "expf(";
-    return "if (" + from + " != " + m + ") " + s + " *= (double)" + ex + from + " - " + m + ");";
+  /// Online pair `r`'s sum `sum`, kept relative to max `from`, made relative to the larger max
+  /// `to`. Equal maxima keep the sum (also two infinities, where the exp would give NaN).
+  static std::string rescaled_sum(const Red& r, const std::string& sum, const std::string& from, const std::string& to) {
+    return "(" + from + " == " + to + " ? " + sum + " : " + sum + " * (double)" + (r.in == DType::Float64 ? "exp(" : "expf(") + from +
+           " - " + to + "))";
   }
 
   /// Combines accumulators across the `threads` threads (a multiple of 32, one row) starting
@@ -1518,9 +1519,8 @@ class Writer {
         if (r.online_sum >= 0) {
           // The block's max is known: each warp's sum is rescaled to it once, then added.
           line(sum_name(r, sfx) + " = 0.0;");
-          line("for (int w = 0; w < " + nw + "; ++w) { const " + r.acc_t + " wm = " + sm(r, "") + "[w]; const double ws = " + sm(r, "s") +
-               "[w]; " + sum_name(r, sfx) + " += wm == " + acc_name(r, sfx) + " ? ws : ws * (double)" +
-               (r.in == DType::Float64 ? "exp(" : "expf(") + "wm - " + acc_name(r, sfx) + "); }");
+          line("for (int w = 0; w < " + nw + "; ++w) " + sum_name(r, sfx) + " += " +
+               rescaled_sum(r, sm(r, "s") + "[w]", sm(r, "") + "[w]", acc_name(r, sfx)) + ";");
         }
       }
     } else {
@@ -1796,7 +1796,7 @@ class Writer {
     for (int pass = 1; pass <= k_.passes; ++pass) {
       std::vector<int> roots;
       for (std::size_t j = 0; j < k_.reductions.size(); ++j)
-        if (k_.phase[j] == pass && !picks_.count(k_.reductions[j])) roots.push_back(node(k_.reductions[j]).inputs[0]);
+        if (folded_in(j, pass)) roots.push_back(node(k_.reductions[j]).inputs[0]);
       for (auto& st : k_.stores)
         if (st.level == sched::Level::Full && st.pass == pass) roots.push_back(st.node);
       for (int root : roots) {
@@ -1826,7 +1826,7 @@ class Writer {
   int online_sum_of(int p, int& max_node) const {
     std::vector<int> next;
     for (std::size_t j = 0; j < k_.reductions.size(); ++j)
-      if (k_.phase[j] == p + 1 && !picks_.count(k_.reductions[j])) next.push_back(k_.reductions[j]);
+      if (folded_in(j, p + 1)) next.push_back(k_.reductions[j]);
     if (next.size() != 1) return -1;
     for (auto& st : k_.stores)
       if (st.level == sched::Level::Full && st.pass == p + 1) return -1;

@@ -519,19 +519,20 @@ void register_all(bool variants) {
           for (auto& w : ws)
             if (std::string(w.id) == id) {
               std::string label = std::string(id) + " " + v.name + "=" + std::to_string(value);
-              benchmark::RegisterBenchmark(("BM_" + label).c_str(), [&w, &v, value, label](benchmark::State& s) {
+              // Runs `body` with the variant's knob set; plans made with it are dropped after.
+              auto with_variant = [&v, value](const std::function<void()>& body) {
                 backend::detail::CudaTuning saved = backend::detail::cuda_tuning();
                 backend::detail::cuda_tuning().*(v.knob) = value;
                 backend::clear_cuda_plans();
-                run_workload(s, w, label);
+                body();
                 backend::detail::cuda_tuning() = saved;
                 backend::clear_cuda_plans();
+              };
+              benchmark::RegisterBenchmark(("BM_" + label).c_str(), [&w, with_variant, label](benchmark::State& s) {
+                with_variant([&] { run_workload(s, w, label); });
               })->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
-              benchmark::RegisterBenchmark(("BM_nvrtc_compile/" + label).c_str(), [&w, &v, value, label](benchmark::State& s) {
-                backend::detail::CudaTuning saved = backend::detail::cuda_tuning();
-                backend::detail::cuda_tuning().*(v.knob) = value;
-                BM_nvrtc_compile(s, w, label);
-                backend::detail::cuda_tuning() = saved;
+              benchmark::RegisterBenchmark(("BM_nvrtc_compile/" + label).c_str(), [&w, with_variant, label](benchmark::State& s) {
+                with_variant([&] { BM_nvrtc_compile(s, w, label); });
               })->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
             }
   }

@@ -16,6 +16,7 @@ inline constexpr Setting kSettings[] = {
     {"KILN_LOGS_OUT", "file that logs go to (default: stderr)"},
     {"KILN_CACHE_DIR", "on-disk kernel cache (default: $XDG_CACHE_HOME/kiln, else ~/.cache/kiln)"},
     {"KILN_CACHE", "0 disables the on-disk kernel cache"},
+    {"KILN_CACHE_MAX_BYTES", "bound on the on-disk cache's total size, e.g. 2G, 512M (default 2G; 0: no bound); least recently used entries are evicted"},
     {"KILN_CXX", "host C++ compiler for CPU kernels (default: c++)"},
     {"KILN_DEVICE", "default device of tests and examples: cpu or cuda"},
     {"KILN_BACKEND", "eager: run graphs op by op with the reference executor; jit (default when a compiler exists)"},

@@ -285,6 +285,30 @@ TEST_CASE("cuda emulator: column reductions split over many blocks combine every
   for (auto& s : strat) CHECK_MESSAGE(has(s, "156 split(s)"), s);
 }
 
+TEST_CASE("cuda emulator: a reduction of a one-row reduction's result, used beside it once per kernel, is in scope") {
+  if (!have_host_compiler()) return;
+  // Work done once per kernel (after the loop over rows) may not read a row's reduction: with a
+  // single row the scheduler once accepted it, and the generated code named a variable of the
+  // row loop outside it (NVRTC: identifier "r7" is undefined; g++: 'v5' was not declared).
+  SUBCASE("rms_norm of a keepdim max") {
+    NodePtr x = input({4}, f32, 3);
+    NodePtr m = red(Op::ReduceMax, x, {0});  // [1]
+    CHECK_MESSAGE(emulate({decomp::rms_norm(m, nullptr, 1.1920928955078125e-07)}).empty(), "rms_norm(max(x, 0, true))");
+  }
+  SUBCASE("s + sum(s) with s a full keepdim sum") {
+    NodePtr x = input({3, 4}, f32, 5);
+    NodePtr s = red(Op::ReduceSum, x, {0, 1});  // [1, 1]
+    CHECK_MESSAGE(emulate({add(s, red(Op::ReduceSum, s, {0, 1}))}).empty(), "s + sum(s)");
+  }
+  SUBCASE("where(mask, x.to(i32), softmax(argmax(x.to(i32), keepdim), -1))") {
+    NodePtr x = input({3, 5}, f32, 7, {}, -1, 0, 4.0), mask = input({3, 5}, DType::Bool, 8);
+    NodePtr xi = ir::cast(x, DType::Int32);
+    NodePtr am = ir::reshape(red(Op::ArgMax, ir::reshape(xi, Shape{15}), {0}), Shape{1, 1});
+    NodePtr sm = decomp::softmax(ir::cast(am, f32), 1);
+    CHECK_MESSAGE(emulate({ir::where(mask, ir::cast(xi, f32), expand(sm, Shape{3, 5}))}).empty(), "where of a one-row softmax");
+  }
+}
+
 TEST_CASE("cuda emulator: WORKLOADS.md workloads run as the reference executor computes them") {
   if (!have_host_compiler()) return;
   for (auto& w : workloads()) {

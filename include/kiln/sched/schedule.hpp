@@ -412,6 +412,12 @@ class Scheduler {
         if (!(ctx == 2 && level == Level::Final)) a.ok = false;
         return;
       }
+      // Work done once per kernel runs after the loop over rows has ended, where no row's
+      // reduction is in scope any more (even when there is one row only).
+      if (ctx == 2 && level == Level::Final) {
+        a.ok = false;
+        return;
+      }
       // An in-kernel reduction over the rows: only its current row is available.
       if (!reads_current_row(idx, rows_shape)) {
         a.ok = false;

@@ -713,8 +713,12 @@ class KernelWriter {
       }
       return "(" + std::string(ctype(to)) + ")" + a;  // integer narrowing wraps
     }
-    // To a floating dtype.
-    std::string c = "(" + std::string(ctype(to)) + ")" + a;
+    // To a floating dtype. An integer converts to +0, never -0; but g++ 12 folds a float ->
+    // int -> float round trip into one trunc(), which keeps the sign of -0.5 (-fno-trapping-
+    // math allows the fold; signed zeros do not stop it). A zero picked by a select is not
+    // folded (adding +0.0 is: g++ knows an int's conversion is never -0).
+    const std::string ft = ctype(to);
+    std::string c = is_integral(from) ? "(" + a + " == 0 ? (" + ft + ")0 : (" + ft + ")" + a + ")" : "(" + ft + ")" + a;
     return round16(c, to);
   }
 

@@ -91,11 +91,7 @@ template <class D, class S> inline D cast_value(S s) {
     return static_cast<D>(static_cast<compute_t<D>>(s ? 1 : 0));
   } else if constexpr (!floating_v<D>) {
     if constexpr (floating_v<S>) {
-      double x = static_cast<double>(load(s));
-      // Only in-range values may be converted (else UB); the rest give what cvttsd2si gives.
-      bool ok = std::is_same_v<D, std::int32_t> ? (x > -2147483649.0 && x < 2147483648.0)
-                                                : (x >= -9223372036854775808.0 && x < 9223372036854775808.0);
-      return ok ? static_cast<D>(x) : std::numeric_limits<D>::min();
+      return kiln::detail::float_to_int<D>(static_cast<double>(load(s)));
     } else {
       return static_cast<D>(s);  // integer narrowing wraps (defined since C++20)
     }

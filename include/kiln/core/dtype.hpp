@@ -73,6 +73,18 @@ constexpr DType promote_types(DType a, DType b) {
   return rank(a) >= rank(b) ? a : b;
 }
 
+namespace detail {
+/// `x` converted to the integer type D by kiln's rule (PyTorch's on x86): truncation toward
+/// zero; NaN and values out of D's range give D's minimum (what cvttsd2si gives), never UB.
+template <class D>
+constexpr D float_to_int(double x) {
+  constexpr bool narrow = sizeof(D) == 4;
+  bool in_range = narrow ? (x > -2147483649.0 && x < 2147483648.0)
+                         : (x >= -9223372036854775808.0 && x < 9223372036854775808.0);
+  return in_range ? static_cast<D>(x) : (narrow ? static_cast<D>(-2147483647 - 1) : static_cast<D>(-9223372036854775807LL - 1));
+}
+}  // namespace detail
+
 /// The dtype in which kiln computes values of `t` (f16/bf16 -> f32; others unchanged).
 constexpr DType compute_dtype(DType t) { return is_reduced_float(t) ? DType::Float32 : t; }
 

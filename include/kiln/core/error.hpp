@@ -39,10 +39,35 @@ class CompileError : public Error {
   std::string source_path_;
 };
 
+/// An index outside its dimension: a class target outside [0, C), a gather index.
+class IndexError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// An argument whose value, not its shape or dtype, is invalid (a null data pointer).
+class ValueError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A "cannot happen" state inside kiln: a bug to report, never the user's mistake.
+class InternalError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// Work on a device that is absent or unusable, or tensors on different devices in one op.
 class DeviceError : public Error {
  public:
   using Error::Error;
+};
+
+/// Memory that cannot be had on a device: a request larger than it (or the address space)
+/// holds. The message names the op, the shape, the dtype and the bytes asked for.
+class OutOfMemoryError : public DeviceError {
+ public:
+  using DeviceError::DeviceError;
 };
 
 }  // namespace kiln

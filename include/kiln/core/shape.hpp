@@ -1,6 +1,7 @@
 #pragma once
 // Shapes, strides, axes and NumPy broadcasting.
 #include <cstdint>
+#include <cstddef>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -30,6 +31,26 @@ struct Shape : std::vector<std::int64_t> {
     return s + "]";
   }
 };
+
+/// `shape.numel()`, or ShapeError naming `op` when a size is negative or the product (or its
+/// size in bytes, `itemsize` per element) does not fit in int64.
+inline std::int64_t checked_numel(const Shape& shape, const char* op, std::size_t itemsize = 1) {
+  constexpr std::int64_t kMax = INT64_MAX;
+  std::int64_t n = 1;
+  bool overflow = false;
+  for (auto d : shape)
+    if (d < 0) throw ShapeError(std::string(op) + ": negative size in shape " + shape.str());
+  for (auto d : shape) {
+    if (d == 0) return 0;
+    if (n > kMax / d) overflow = true;
+    else n *= d;
+  }
+  if (overflow || n > kMax / static_cast<std::int64_t>(itemsize ? itemsize : 1))
+    throw ShapeError(std::string(op) + ": shape " + shape.str() + " has too many elements" +
+                     (itemsize > 1 ? " (its size in bytes, " + std::to_string(itemsize) + " per element, " : " (") +
+                     "does not fit in int64)");
+  return n;
+}
 
 /// Element strides (not bytes), one per dimension.
 using Strides = std::vector<std::int64_t>;
@@ -79,6 +100,7 @@ inline Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
                        " vs " + std::to_string(db) + ")");
     out[i] = da == 1 ? db : da;
   }
+  checked_numel(out, op);
   return out;
 }
 

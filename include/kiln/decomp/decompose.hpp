@@ -3,6 +3,7 @@
 // and dtypes the front end has already checked; 16-bit floats are computed in f32 and rounded
 // once at the end, as PyTorch's kernels do.
 #include <cmath>
+#include <limits>
 #include <numbers>
 #include <vector>
 
@@ -175,7 +176,12 @@ inline NodePtr cross_entropy(const NodePtr& logits, const NodePtr& targets, std:
     NodePtr picked = sub(sub(picked_x, m), lse);
     NodePtr tn = ir::reshape(targets, Shape{s[0], 1});
     NodePtr valid = ir::binary(Op::Ne, tn, ir::constant_int(ignore_index, DType::Int64, tn->shape, v->device));
-    NodePtr loss = ir::where(valid, ir::unary(Op::Neg, picked), scalar_like(0.0, picked));
+    // A target outside [0, C) picks no logit: its loss is NaN, so the mean is NaN rather than
+    // a plausible number. (The front end raises IndexError where it can read the targets.)
+    NodePtr in_range = ir::binary(Op::And, ir::binary(Op::Ge, tn, ir::constant_int(0, DType::Int64, tn->shape, v->device)),
+                                  ir::binary(Op::Lt, tn, ir::constant_int(s[1], DType::Int64, tn->shape, v->device)));
+    NodePtr row_loss = ir::where(in_range, ir::unary(Op::Neg, picked), scalar_like(std::numeric_limits<double>::quiet_NaN(), picked));
+    NodePtr loss = ir::where(valid, row_loss, scalar_like(0.0, picked));
     NodePtr total = ir::reduce(Op::ReduceSum, loss, {0});  // [1,1]
     NodePtr count = ir::reduce(Op::ReduceSum, ir::cast(valid, v->dtype), {0});
     return ir::reshape(div(total, count), Shape{});

@@ -67,9 +67,12 @@ inline NodePtr input(BufferView view, Shape shape, DType dtype, Device device) {
 /// Scalar `value` of `dtype` repeated over `shape`.
 inline NodePtr constant(double value, DType dtype, Shape shape, Device device) {
   Node n = blank(Op::Constant, dtype, device, std::move(shape), {});
+  // The value as a cast to `dtype` would give it (NaN -> true; NaN or out of range -> the
+  // integer's minimum), so that full({3}, NAN, i32) equals full({3}, NAN).to(i32).
   if (is_floating(dtype)) n.attrs.scalar = value;
   else if (dtype == DType::Bool) n.attrs.iscalar = value != 0.0;
-  else n.attrs.iscalar = static_cast<std::int64_t>(value);
+  else if (dtype == DType::Int32) n.attrs.iscalar = kiln::detail::float_to_int<std::int32_t>(value);
+  else n.attrs.iscalar = kiln::detail::float_to_int<std::int64_t>(value);
   return finish(std::move(n));
 }
 

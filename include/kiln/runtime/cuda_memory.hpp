@@ -55,7 +55,7 @@ inline StoragePtr allocate_cuda(std::size_t bytes, int device) {
       std::string free_text = "free memory unknown";
       if (api.mem_get_info(&free_bytes, &total_bytes) == cu::CUDA_SUCCESS)
         free_text = detail::bytes_text(free_bytes) + " free of " + detail::bytes_text(total_bytes);
-      throw DeviceError("kiln: out of memory on cuda:" + std::to_string(device) + " (" + ctx.name + "): asked for " +
+      throw OutOfMemoryError("kiln: out of memory on cuda:" + std::to_string(device) + " (" + ctx.name + "): asked for " +
                         detail::bytes_text(bytes) + ", " + free_text + " (cuMemAllocAsync: " +
                         detail::describe_cuda_error(api, r) + ")");
     }

@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kiln/core/error.hpp"
 #include "kiln/core/storage.hpp"
 
 namespace kiln::runtime {
@@ -41,7 +42,7 @@ class HostAllocator {
   /// The block size `bytes` is rounded to: multiples of 64 up to 512 bytes, then four classes
   /// per power of two (at most 25% slack), so free lists are shared by similar sizes.
   static std::size_t size_class(std::size_t bytes) {
-    if (bytes > (std::size_t(1) << 60)) throw std::bad_alloc();
+    if (bytes > (std::size_t(1) << 60)) throw OutOfMemoryError(too_large(bytes));
     if (bytes <= 64) return 64;
     if (bytes <= 512) return (bytes + 63) / 64 * 64;
     unsigned width = static_cast<unsigned>(std::bit_width(bytes - 1));  // 2^width >= bytes
@@ -73,9 +74,13 @@ class HostAllocator {
     if (!p) {
       std::lock_guard<std::mutex> lock(mu_);
       in_use_ -= cls;
-      throw std::bad_alloc();
+      throw OutOfMemoryError(too_large(cls));
     }
     return p;
+  }
+
+  static std::string too_large(std::size_t bytes) {
+    return "cannot allocate " + std::to_string(bytes) + " bytes of host memory";
   }
 
   void release(void* p, std::size_t cls) {

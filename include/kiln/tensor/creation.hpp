@@ -9,16 +9,16 @@
 namespace kiln {
 
 namespace detail {
-inline void check_creation_shape(const Shape& shape, const char* op) {
-  for (auto d : shape)
-    if (d < 0) throw ShapeError(std::string(op) + ": negative size in shape " + shape.str());
+/// Negative sizes and shapes whose element or byte count overflows int64 are ShapeErrors.
+inline void check_creation_shape(const Shape& shape, const char* op, DType dtype) {
+  checked_numel(shape, op, itemsize(dtype));
 }
 }  // namespace detail
 
 /// A tensor holding a copy of `data` (row-major) with `shape`.
 template <class T>
 Tensor from_vector(const std::vector<T>& data, const Shape& shape, Device device = Device::cpu()) {
-  detail::check_creation_shape(shape, "from_vector");
+  detail::check_creation_shape(shape, "from_vector", dtype_v<T>);
   if (static_cast<std::int64_t>(data.size()) != shape.numel())
     throw ShapeError("from_vector: " + std::to_string(data.size()) + " values do not fill shape " + shape.str() + " (" +
                      std::to_string(shape.numel()) + " elements)");
@@ -38,15 +38,23 @@ Tensor from_vector(const std::vector<T>& data, const Shape& shape, Device device
 /// memory; the memory must outlive every use of the tensor. `strides` default to row-major.
 template <class T>
 Tensor from_blob(T* data, const Shape& shape, Device device = Device::cpu(), Strides strides = {}) {
-  detail::check_creation_shape(shape, "from_blob");
+  detail::check_creation_shape(shape, "from_blob", dtype_v<std::remove_const_t<T>>);
+  if (data == nullptr && shape.numel() > 0)
+    throw ValueError("from_blob: null data pointer for a " + std::string(dtype_name(dtype_v<std::remove_const_t<T>>)) +
+                     shape.str() + " tensor (" + std::to_string(shape.numel() * static_cast<std::int64_t>(sizeof(T))) +
+                     " bytes)");
   if (strides.empty()) strides = contiguous_strides(shape);
   if (strides.size() != shape.size())
     throw ShapeError("from_blob: " + std::to_string(strides.size()) + " strides for shape " + shape.str());
   std::int64_t extent = 0;
+  bool overflow = false;
   for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (strides[i] < 0) throw ShapeError("from_blob: negative strides are not supported");
-    if (shape[i] > 0) extent += (shape[i] - 1) * strides[i];
+    if (strides[i] < 0) throw ShapeError("from_blob: negative strides are not supported, got strides for shape " + shape.str());
+    std::int64_t span = 0;
+    if (shape[i] > 0) overflow |= __builtin_mul_overflow(shape[i] - 1, strides[i], &span) || __builtin_add_overflow(extent, span, &extent);
   }
+  if (overflow || (shape.numel() > 0 && extent >= INT64_MAX / static_cast<std::int64_t>(sizeof(T))))
+    throw ShapeError("from_blob: shape " + shape.str() + " with its strides addresses more memory than int64 counts");
   auto st = std::make_shared<Storage>();
   st->data = const_cast<std::remove_const_t<T>*>(data);
   st->bytes = shape.numel() == 0 ? 0 : static_cast<std::size_t>(extent + 1) * sizeof(T);
@@ -56,7 +64,7 @@ Tensor from_blob(T* data, const Shape& shape, Device device = Device::cpu(), Str
 
 /// A tensor of `shape` filled with `value` (lazy: fused into its consumers).
 inline Tensor full(const Shape& shape, double value, DType dtype = f32, Device device = Device::cpu()) {
-  detail::check_creation_shape(shape, "full");
+  detail::check_creation_shape(shape, "full", dtype);
   return Tensor(ir::constant(value, dtype, shape, device));
 }
 inline Tensor zeros(const Shape& shape, DType dtype = f32, Device device = Device::cpu()) {
@@ -75,14 +83,14 @@ inline Tensor arange(std::int64_t n, DType dtype = i64, Device device = Device::
 /// Uniform numbers in [0, 1) from Philox4x32-10 keyed by `seed` (element i uses counter i:
 /// the same on every device and thread count).
 inline Tensor rand(const Shape& shape, std::uint64_t seed, DType dtype = f32, Device device = Device::cpu()) {
-  detail::check_creation_shape(shape, "rand");
+  detail::check_creation_shape(shape, "rand", dtype);
   if (!is_floating(dtype)) throw DTypeError(std::string("rand: dtype must be floating point, got ") + dtype_name(dtype));
   return Tensor(ir::random(shape, seed, 0, dtype, device));
 }
 
 /// Standard normal numbers (Box-Muller over Philox4x32-10, counter = element index).
 inline Tensor randn(const Shape& shape, std::uint64_t seed, DType dtype = f32, Device device = Device::cpu()) {
-  detail::check_creation_shape(shape, "randn");
+  detail::check_creation_shape(shape, "randn", dtype);
   if (!is_floating(dtype)) throw DTypeError(std::string("randn: dtype must be floating point, got ") + dtype_name(dtype));
   return Tensor(ir::random(shape, seed, 1, dtype, device));
 }

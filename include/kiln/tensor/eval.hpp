@@ -41,6 +41,21 @@ inline Backend& backend_mode() {
 
 inline StoragePtr allocate(std::size_t bytes, Device device) { return backend::allocate(bytes, device); }
 
+/// Memory for the value of `n` (row-major). An impossible request is an OutOfMemoryError that
+/// names the op, the shape, the dtype and the bytes, raised before anything is compiled.
+inline StoragePtr allocate_value(const ir::Node& n, const char* op) {
+  const std::int64_t bytes = checked_numel(n.shape, op, itemsize(n.dtype)) * static_cast<std::int64_t>(itemsize(n.dtype));
+  try {
+    return allocate(static_cast<std::size_t>(bytes), n.device);
+  } catch (const OutOfMemoryError& e) {
+    throw OutOfMemoryError(std::string(op) + ": cannot allocate " + dtype_name(n.dtype) + n.shape.str() + " (" +
+                           std::to_string(bytes) + " bytes) on " + n.device.str() + ": " + e.what());
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemoryError(std::string(op) + ": cannot allocate " + dtype_name(n.dtype) + n.shape.str() + " (" +
+                           std::to_string(bytes) + " bytes) on " + n.device.str());
+  }
+}
+
 /// Runs a captured graph with the executor `mode` selects.
 inline void run_graph_with(const ir::Graph& g, const backend::RunArgs& args, Backend mode) {
   if (log_enabled(LogChannel::graph)) log(LogChannel::graph, "evaluating graph\n" + g.str());
@@ -66,7 +81,7 @@ inline void evaluate_group(const std::vector<ir::NodePtr>& roots, Device device)
   for (auto& leaf : c.leaves) args.inputs.push_back(leaf_pointer(*leaf));
   std::vector<StoragePtr> storages;
   for (auto& r : roots) {
-    storages.push_back(allocate(static_cast<std::size_t>(r->numel()) * itemsize(r->dtype), device));
+    storages.push_back(allocate_value(*r, "eval"));
     args.outputs.push_back(storages.back()->data);
   }
   run_graph(c.graph, args);
@@ -122,7 +137,7 @@ inline void evaluate_into(const ir::NodePtr& value, const ir::NodePtr& destinati
     // Compute into a fresh temporary first, then copy: the graph reads what it overwrites.
     // The captured graph itself is run into new memory: `value` may be a realized view of the
     // destination (x.assign(transpose(x))), which evaluating would leave where it is.
-    StoragePtr st = allocate(static_cast<std::size_t>(value->numel()) * itemsize(value->dtype), destination->device);
+    StoragePtr st = allocate_value(*value, "assign");
     backend::RunArgs targs;
     for (auto& leaf : c.leaves) targs.inputs.push_back(leaf_pointer(*leaf));
     targs.outputs.push_back(st->data);
@@ -145,7 +160,7 @@ inline void evaluate_into(const ir::NodePtr& value, const ir::NodePtr& destinati
 /// A new row-major copy of a realized node on its own device.
 inline ir::NodePtr contiguous_copy(const ir::NodePtr& node) {
   ir::Captured c = ir::capture({node}, node->device);  // the output is the leaf itself: a copy
-  StoragePtr st = allocate(static_cast<std::size_t>(node->numel()) * itemsize(node->dtype), node->device);
+  StoragePtr st = allocate_value(*node, "contiguous");
   backend::RunArgs args;
   for (auto& leaf : c.leaves) args.inputs.push_back(leaf_pointer(*leaf));
   args.outputs.push_back(st->data);
@@ -247,7 +262,9 @@ inline Tensor Tensor::to(Device device) const {
   ir::NodePtr src = node_;
   if (!kiln::is_contiguous(shape(), src->buffer->strides)) src = detail::contiguous_copy(src);
   std::size_t bytes = static_cast<std::size_t>(numel()) * itemsize(dtype());
-  StoragePtr st = detail::allocate(bytes, device);
+  ir::Node target = *src;
+  target.device = device;
+  StoragePtr st = detail::allocate_value(target, "to");
   backend::copy_bytes(st->data, device, detail::leaf_pointer(*src), src->device, bytes);
   return Tensor(ir::input(ir::BufferView{st, 0, contiguous_strides(shape())}, shape(), dtype(), device));
 }

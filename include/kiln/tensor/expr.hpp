@@ -234,12 +234,17 @@ inline SmallShape broadcast_small(const SmallShape& a, const SmallShape& b, cons
   std::size_t n = std::max(a.rank, b.rank);
   SmallShape out;
   out.rank = static_cast<std::uint8_t>(n);
+  std::int64_t numel = 1;
+  bool overflow = false;
   for (std::size_t i = 0; i < n; ++i) {
     std::int64_t da = i < n - a.rank ? 1 : a.dims[i - (n - a.rank)];
     std::int64_t db = i < n - b.rank ? 1 : b.dims[i - (n - b.rank)];
     if (da != db && da != 1 && db != 1) broadcast_failed(a, b, op, ta, tb, i, da, db);
     out.dims[i] = da == 1 ? db : da;
+    overflow |= __builtin_mul_overflow(numel, out.dims[i], &numel);
   }
+  // [2^40, 1] with [1, 2^40] is a valid pair of tensors whose broadcast has 2^80 elements.
+  if (overflow && numel != 0) checked_numel(out.to_shape(), op);
   return out;
 }
 
@@ -329,6 +334,15 @@ struct BinaryExpr : Expr<BinaryExpr<F, A, B>> {
     auto types = detail::binary_result(F, rt.result(), ia.dtype, ib.dtype, out_shape);
     operand_dtype = types.operand;
     out_dtype = types.out;
+    if constexpr (F == Fn::Pow && detail::is_scalar_expr<B>::value) {
+      // As torch.pow: an integer exponent given as a number may not be negative for an
+      // integer (or bool) base; a tensor exponent follows integer pow's rules instead.
+      using T = decltype(b.value);
+      if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
+        if (b.value < 0 && !is_floating(out_dtype))
+          throw DTypeError("pow: integers to negative integer powers are not allowed (base " + std::string(dtype_name(ia.dtype)) +
+                           out_shape.to_shape().str() + ", exponent " + std::to_string(b.value) + ")");
+    }
   }
   detail::OperandInfo info() const {
     return {out_dtype, out_shape.rank == 0 ? detail::Tier::ZeroDim : detail::Tier::Dim};

@@ -207,21 +207,21 @@ Tensor reshape(const E& x, const Shape& shape) {
   std::int64_t known = 1, infer = -1;
   for (std::size_t i = 0; i < s.size(); ++i) {
     if (s[i] == -1) {
-      if (infer >= 0) throw ShapeError("reshape: only one dimension can be -1, got " + shape.str());
+      if (infer >= 0) throw ShapeError("reshape: only one dimension can be -1, got " + shape.str() + " for input " + detail::describe(t));
       infer = static_cast<std::int64_t>(i);
     } else if (s[i] < 0) {
-      throw ShapeError("reshape: invalid size in " + shape.str());
-    } else {
-      known *= s[i];
+      throw ShapeError("reshape: invalid size in " + shape.str() + " for input " + detail::describe(t));
+    } else if (__builtin_mul_overflow(known, s[i], &known)) {
+      throw ShapeError("reshape: shape " + shape.str() + " has too many elements for input " + detail::describe(t));
     }
   }
   if (infer >= 0) {
     if (known == 0 || t.numel() % known != 0)
-      throw ShapeError("reshape: shape " + shape.str() + " is invalid for input of shape " + t.shape().str());
+      throw ShapeError("reshape: shape " + shape.str() + " is invalid for input " + detail::describe(t));
     s[infer] = t.numel() / known;
   }
   if (s.numel() != t.numel())
-    throw ShapeError("reshape: shape " + shape.str() + " is invalid for input of shape " + t.shape().str() + " (" +
+    throw ShapeError("reshape: shape " + shape.str() + " is invalid for input " + detail::describe(t) + " (" +
                      std::to_string(t.numel()) + " elements)");
   return Tensor(ir::reshape(t.node(), s));
 }
@@ -233,12 +233,12 @@ Tensor permute(const E& x, const std::vector<std::int64_t>& dims) {
   Tensor t = detail::to_tensor(x);
   std::int64_t r = t.dim();
   if (static_cast<std::int64_t>(dims.size()) != r)
-    throw ShapeError("permute: " + std::to_string(dims.size()) + " dims given for shape " + t.shape().str());
+    throw ShapeError("permute: " + std::to_string(dims.size()) + " dims given for input " + detail::describe(t));
   std::vector<std::int64_t> p(dims.size());
   std::vector<bool> seen(dims.size(), false);
   for (std::size_t i = 0; i < dims.size(); ++i) {
     p[i] = detail::tensor_axis(dims[i], t, "permute");
-    if (seen[p[i]]) throw ShapeError("permute: repeated dim " + std::to_string(dims[i]) + " for shape " + t.shape().str());
+    if (seen[p[i]]) throw ShapeError("permute: repeated dim " + std::to_string(dims[i]) + " for input " + detail::describe(t));
     seen[p[i]] = true;
   }
   return Tensor(ir::permute(t.node(), p));
@@ -249,9 +249,9 @@ template <class E>
   requires TensorLike<E>
 Tensor transpose(const E& x, std::int64_t dim0, std::int64_t dim1) {
   Tensor t = detail::to_tensor(x);
-  if (t.dim() == 0) return t;
   std::int64_t a = detail::tensor_axis(dim0, t, "transpose");
   std::int64_t b = detail::tensor_axis(dim1, t, "transpose");
+  if (t.dim() == 0) return t;
   std::vector<std::int64_t> p(t.dim());
   for (std::int64_t i = 0; i < t.dim(); ++i) p[i] = i;
   std::swap(p[a], p[b]);
@@ -265,7 +265,8 @@ Tensor unsqueeze(const E& x, std::int64_t dim) {
   Tensor t = detail::to_tensor(x);
   std::int64_t r = t.dim() + 1;
   if (dim < -r || dim >= r)
-    throw ShapeError("unsqueeze: dim " + std::to_string(dim) + " out of range for shape " + t.shape().str());
+    throw ShapeError("unsqueeze: dim " + std::to_string(dim) + " is out of range for input " + detail::describe(t) +
+                     " (expected [" + std::to_string(-r) + ", " + std::to_string(r - 1) + "])");
   if (dim < 0) dim += r;
   Shape s = t.shape();
   s.insert(s.begin() + dim, 1);
@@ -310,7 +311,8 @@ Tensor broadcast_to(const E& x, const Shape& shape) {
     std::int64_t d = in[in.size() - 1 - i], o = shape[shape.size() - 1 - i];
     ok = d == o || d == 1;
   }
-  if (!ok) throw ShapeError("broadcast_to: cannot broadcast shape " + in.str() + " to " + shape.str());
+  if (!ok) throw ShapeError("broadcast_to: cannot broadcast " + detail::describe(t) + " to shape " + shape.str());
+  checked_numel(shape, "broadcast_to");
   return Tensor(decomp::expand(t.node(), shape));
 }
 
@@ -320,16 +322,17 @@ template <class E>
   requires TensorLike<E>
 Tensor slice(const E& x, std::int64_t axis, std::int64_t start, std::int64_t stop, std::int64_t step = 1) {
   Tensor t = detail::to_tensor(x);
-  if (t.dim() == 0) throw ShapeError("slice: cannot slice a 0-dim tensor");
+  if (t.dim() == 0) throw ShapeError("slice: cannot slice a 0-dim tensor " + detail::describe(t));
   std::int64_t a = detail::tensor_axis(axis, t, "slice");
-  if (step <= 0) throw ShapeError("slice: step must be positive, got " + std::to_string(step));
+  if (step <= 0)
+    throw ShapeError("slice: step must be positive, got " + std::to_string(step) + " for input " + detail::describe(t));
   std::int64_t n = t.shape()[a];
   auto clampi = [n](std::int64_t v) {
     if (v < 0) v += n;
     return std::clamp<std::int64_t>(v, 0, n);
   };
   std::int64_t b = clampi(start), e = clampi(stop);
-  std::int64_t count = e > b ? (e - b + step - 1) / step : 0;
+  std::int64_t count = e > b ? 1 + (e - b - 1) / step : 0;  // no overflow for any step
   return Tensor(ir::slice(t.node(), a, count > 0 ? b : 0, count, step));
 }
 
@@ -337,18 +340,22 @@ Tensor slice(const E& x, std::int64_t axis, std::int64_t start, std::int64_t sto
 inline Tensor concat(const std::vector<Tensor>& xs, std::int64_t axis = 0) {
   if (xs.empty()) throw ShapeError("concat: expected a non-empty list of tensors");
   const Tensor& first = detail::to_tensor(xs[0]);
-  if (first.dim() == 0) throw ShapeError("concat: zero-dimensional tensors cannot be concatenated");
+  if (first.dim() == 0) throw ShapeError("concat: zero-dimensional tensors cannot be concatenated, got " + detail::describe(first));
   std::int64_t a = detail::tensor_axis(axis, first, "concat");
   DType dt = first.dtype();
+  std::int64_t joined = 0;
   for (auto& x : xs) {
     detail::to_tensor(x);
     detail::check_same_device(first.device(), x.device(), "concat");
     bool ok = x.dim() == first.dim();
     for (std::int64_t d = 0; ok && d < first.dim(); ++d) ok = d == a || x.shape()[d] == first.shape()[d];
     if (!ok)
-      throw ShapeError("concat: shapes " + first.shape().str() + " and " + x.shape().str() +
+      throw ShapeError("concat: inputs " + detail::describe(first) + " and " + detail::describe(x) +
                        " differ outside axis " + std::to_string(a));
     dt = promote_types(dt, x.dtype());
+    if (__builtin_add_overflow(joined, x.shape()[a], &joined))
+      throw ShapeError("concat: the joined size along axis " + std::to_string(a) + " overflows int64 (inputs like " +
+                       detail::describe(x) + ")");
   }
   std::vector<ir::NodePtr> nodes;
   for (auto& x : xs)
@@ -364,7 +371,7 @@ template <class E>
   requires TensorLike<E>
 Tensor softmax(const E& x, std::int64_t axis = -1) {
   Tensor t = detail::to_tensor(x);
-  std::int64_t a = t.dim() == 0 ? 0 : detail::tensor_axis(axis, t, "softmax");
+  std::int64_t a = detail::tensor_axis(axis, t, "softmax");
   ir::NodePtr n = is_floating(t.dtype()) ? t.node() : ir::cast(t.node(), kDefaultFloat);
   if (t.dim() == 0) n = ir::reshape(n, Shape{1});
   ir::NodePtr r = decomp::softmax(n, a);
@@ -376,7 +383,7 @@ template <class E>
   requires TensorLike<E>
 Tensor log_softmax(const E& x, std::int64_t axis = -1) {
   Tensor t = detail::to_tensor(x);
-  std::int64_t a = t.dim() == 0 ? 0 : detail::tensor_axis(axis, t, "log_softmax");
+  std::int64_t a = detail::tensor_axis(axis, t, "log_softmax");
   ir::NodePtr n = is_floating(t.dtype()) ? t.node() : ir::cast(t.node(), kDefaultFloat);
   if (t.dim() == 0) n = ir::reshape(n, Shape{1});
   ir::NodePtr r = decomp::log_softmax(n, a);
@@ -393,6 +400,24 @@ inline ir::NodePtr norm_param(const Tensor& p, const Tensor& x, const char* op, 
   if (!is_floating(p.dtype()))
     throw DTypeError(std::string(op) + ": " + what + " must be floating point, got " + describe(p));
   return p.node();
+}
+}  // namespace detail
+
+namespace detail {
+/// IndexError naming `op`, the first target outside [0, classes) (other than ignore_index)
+/// and the class count. `t` is a realized 1-d int32/int64 tensor in host memory.
+inline void check_class_targets(const Tensor& t, std::int64_t classes, std::int64_t ignore_index, const char* op) {
+  const ir::BufferView& b = *t.node()->buffer;
+  const std::int64_t n = t.numel(), stride = b.strides.empty() ? 1 : b.strides[0];
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t at = b.offset + i * stride;
+    const std::int64_t v = t.dtype() == DType::Int64 ? static_cast<const std::int64_t*>(b.data())[at]
+                                                     : static_cast<const std::int32_t*>(b.data())[at];
+    if (v != ignore_index && (v < 0 || v >= classes))
+      throw IndexError(std::string(op) + ": target " + std::to_string(v) + " at index " + std::to_string(i) +
+                       " is out of bounds for " + std::to_string(classes) + " classes (targets " + describe(t) +
+                       ", ignore_index " + std::to_string(ignore_index) + ")");
+  }
 }
 }  // namespace detail
 
@@ -438,6 +463,11 @@ Tensor cross_entropy(const E& logits, const Tensor& targets, std::int64_t ignore
                      detail::describe(t));
   if (t.dtype() != DType::Int64 && t.dtype() != DType::Int32)
     throw DTypeError("cross_entropy: targets must be int64 class indices, got " + detail::describe(t));
+  // Targets already in host memory are checked here, as PyTorch's CPU kernel does. Lazy or
+  // device targets are not read (that would be a synchronisation, and a graph break inside
+  // kiln::compile): a target out of range makes the loss NaN instead.
+  if (t.is_evaluated() && t.device().is_cpu() && !detail::deferring_eval())
+    detail::check_class_targets(t, l.shape()[1], ignore_index, "cross_entropy");
   return Tensor(decomp::cross_entropy(l.node(), ir::cast(t.node(), DType::Int64), ignore_index));
 }
 

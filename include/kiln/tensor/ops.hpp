@@ -109,11 +109,27 @@ KILN_BINARY_FN(logical_and, And)
 KILN_BINARY_FN(logical_or, Or)
 #undef KILN_BINARY_FN
 
-/// min(max(x, lo), hi), NaN propagating (torch.clamp).
+namespace detail {
+/// A clamp operand in the dtype all three operands promote to (numbers stay numbers: they
+/// never widen a tensor's dtype).
+template <class T>
+auto clamp_operand(const T& v, DType dtype) {
+  if constexpr (Scalar<T>) return v;
+  else return v.dtype() == dtype ? Tensor(v) : Tensor(v).to(dtype);
+}
+}  // namespace detail
+
+/// min(max(x, lo), hi), NaN propagating (torch.clamp). The dtype is torch.result_type over
+/// all three operands at once, not pairwise.
 template <class A, class L, class H>
   requires TensorLike<A> && (TensorLike<L> || Scalar<L>) && (TensorLike<H> || Scalar<H>)
-auto clamp(const A& x, const L& lo, const H& hi) {
-  return minimum(maximum(x, lo), hi);
+Tensor clamp(const A& x, const L& lo, const H& hi) {
+  detail::ResultType rt;
+  rt.add(detail::info_of(x.derived()));
+  rt.add(detail::info_of(detail::as_operand(lo)));
+  rt.add(detail::info_of(detail::as_operand(hi)));
+  const DType dt = rt.result();
+  return minimum(maximum(detail::clamp_operand(x.derived(), dt), detail::clamp_operand(lo, dt)), detail::clamp_operand(hi, dt));
 }
 
 /// Elements of a where cond is true, else of b (cond must be bool; a, b tensors or numbers).

@@ -172,3 +172,73 @@ TEST_CASE("undefined tensors and errors inside a chain leave earlier results usa
   for (int i = 0; i < 3; ++i) CHECK_THROWS_AS(mean(kt::make_tensor({1, 2}, {2}, DType::Int64)), DTypeError);
   check_still_works();
 }
+
+TEST_CASE("shape ops name the input's dtype; sizes past int64 and impossible memory are typed errors before anything runs") {
+  Inputs in;
+  {
+    NothingRan guard;
+    KILN_CHECK_THROWS_MENTIONING(ShapeError, reshape(in.i23, {4, 2}), "reshape", "int32[2, 3]", "[4, 2]");
+    KILN_CHECK_THROWS_MENTIONING(ShapeError, permute(in.b23, {0, 0}), "permute", "bool[2, 3]");
+    KILN_CHECK_THROWS_MENTIONING(ShapeError, concat({in.f23, in.h4}, 0), "concat", "float32[2, 3]", "float16[4]");
+    KILN_CHECK_THROWS_MENTIONING(ShapeError, unsqueeze(in.h4, 3), "unsqueeze", "float16[4]", "[-2, 1]");
+    KILN_CHECK_THROWS_MENTIONING(ShapeError, broadcast_to(in.i23, {3, 3}), "broadcast_to", "int32[2, 3]", "[3, 3]");
+    KILN_CHECK_THROWS_MENTIONING(ShapeError, slice(in.f23, 1, 0, 3, 0), "slice", "step", "float32[2, 3]");
+    // Axes of a 0-dim tensor are checked too ([-1, 0] only).
+    KILN_CHECK_THROWS_MENTIONING(ShapeError, transpose(full({}, 1.0), 5, 7), "transpose", "axis 5", "float32[]");
+    KILN_CHECK_THROWS_MENTIONING(ShapeError, softmax(full({}, 1.0), 3), "softmax", "axis 3");
+    KILN_CHECK_THROWS_MENTIONING(ShapeError, log_softmax(full({}, 1.0), -2), "log_softmax", "axis -2");
+    CHECK(transpose(full({}, 1.0), 0, -1).dim() == 0);
+    // Element or byte counts that overflow int64.
+    const std::int64_t big = std::int64_t(1) << 40, huge = std::int64_t(1) << 32;
+    KILN_CHECK_THROWS_MENTIONING(ShapeError, zeros({big, big}), "full", "[1099511627776, 1099511627776]");
+    KILN_CHECK_THROWS_MENTIONING(ShapeError, zeros({std::int64_t(1) << 62}), "full", "bytes");
+    KILN_CHECK_THROWS_MENTIONING(ShapeError, randn({std::int64_t(1) << 31, std::int64_t(1) << 31, 4}, 1), "randn");
+    KILN_CHECK_THROWS_MENTIONING(ShapeError, broadcast_to(ones({1}), {huge, huge}), "broadcast_to", "[4294967296, 4294967296]");
+    KILN_CHECK_THROWS_MENTIONING(ShapeError, (void)(ones({big, 1}) + ones({1, big})), "add", "too many elements");
+    float one = 0;
+    KILN_CHECK_THROWS_MENTIONING(ShapeError, from_blob(&one, {huge, huge}), "from_blob", "[4294967296, 4294967296]");
+    KILN_CHECK_THROWS_MENTIONING(ValueError, from_blob(static_cast<float*>(nullptr), {3}), "from_blob", "null", "float32[3]");
+    CHECK(from_blob(static_cast<float*>(nullptr), {0}).numel() == 0);  // an empty view needs no memory
+    CHECK(guard.unchanged());
+  }
+  // A huge step is one element, not a negative size.
+  CHECK(slice(in.f23, 1, 0, 3, INT64_MAX).shape() == Shape{2, 1});
+  KILN_CHECK_CLOSE(slice(in.f23, 1, 1, 3, INT64_MAX), std::vector<double>{2, 5});
+  // Memory that cannot be had: an OutOfMemoryError naming the shape and the bytes, nothing run.
+  {
+    NothingRan guard;
+    Tensor t = zeros({std::int64_t(1) << 61}, DType::Bool);  // 2 EiB: past any address space
+    KILN_CHECK_THROWS_MENTIONING(OutOfMemoryError, t.eval(), "eval", "bool[2305843009213693952]", "2305843009213693952 bytes");
+    CHECK(guard.unchanged());
+  }
+  check_still_works();
+}
+
+TEST_CASE("pow, clamp, full and cross_entropy follow PyTorch's value rules") {
+  // Integers to negative integer powers are not allowed (a number as the exponent).
+  KILN_CHECK_THROWS_MENTIONING(DTypeError, (void)pow(arange(3), -1), "pow", "negative", "int64[3]");
+  KILN_CHECK_THROWS_MENTIONING(DTypeError, (void)pow(ones({2}, DType::Int32), -2), "pow", "int32[2]");
+  KILN_CHECK_CLOSE(pow(arange(3), 2), std::vector<double>{0, 1, 4});
+  KILN_CHECK_CLOSE(pow(arange(3).to(DType::Float32), -1), std::vector<double>{INFINITY, 1, 0.5});
+  // A tensor exponent follows integer pow (1, -1 exact; other bases 0), as torch.pow does.
+  KILN_CHECK_CLOSE(pow(kt::make_int_tensor({1, -1, 2}, {3}), kt::make_int_tensor({-1, -1, -1}, {3})), std::vector<double>{1, -1, 0});
+  // clamp's dtype is the result type of all three at once: bool, 0-dim f64 and f32 give f32.
+  CHECK(clamp(ones({3}, DType::Bool), full({}, 0.5, DType::Float64), zeros({3})).dtype() == DType::Float32);
+  KILN_CHECK_CLOSE(clamp(ones({3}, DType::Bool), full({}, 0.5, DType::Float64), zeros({3})), std::vector<double>{0, 0, 0});
+  CHECK(clamp(ones({3}, DType::Int32), full({}, 2, DType::Int64), 5).dtype() == DType::Int32);
+  // A constant follows the cast rule: NaN and out-of-range values give the minimum.
+  CHECK(full({3}, NAN, DType::Int32).to_vector<std::int32_t>() == std::vector<std::int32_t>(3, INT32_MIN));
+  CHECK(full({2}, 1e300, DType::Int64).to_vector<std::int64_t>() == std::vector<std::int64_t>(2, INT64_MIN));
+  CHECK(full({2}, -2.7, DType::Int64).to_vector<std::int64_t>() == std::vector<std::int64_t>(2, -2));
+  CHECK(full({1}, NAN, DType::Bool).item<bool>());
+  // A class target outside [0, C): IndexError naming the target and C (host targets); the
+  // ignore index is not one.
+  Tensor logits = kt::make_tensor({0.5, 1, 2, -1, 0, 3}, {2, 3}, DType::Float32);
+  KILN_CHECK_THROWS_MENTIONING(IndexError, cross_entropy(logits, kt::make_int_tensor({7, 1}, {2})), "cross_entropy", "target 7", "3 classes");
+  KILN_CHECK_THROWS_MENTIONING(IndexError, cross_entropy(logits, kt::make_int_tensor({0, -1}, {2})), "cross_entropy", "target -1");
+  Tensor ok = cross_entropy(logits, kt::make_int_tensor({2, -100}, {2}));
+  CHECK(std::isfinite(ok.item<float>()));
+  // Lazy targets are not read by the front end: an out-of-range one makes the loss NaN.
+  Tensor lazy = kt::make_int_tensor({7, 1}, {2}) + 0;
+  CHECK(std::isnan(cross_entropy(logits, lazy).item<float>()));
+}

@@ -243,8 +243,9 @@ inline SmallShape broadcast_small(const SmallShape& a, const SmallShape& b, cons
     out.dims[i] = da == 1 ? db : da;
     overflow |= __builtin_mul_overflow(numel, out.dims[i], &numel);
   }
-  // [2^40, 1] with [1, 2^40] is a valid pair of tensors whose broadcast has 2^80 elements.
-  if (overflow && numel != 0) checked_numel(out.to_shape(), op);
+  // [2^40, 1] with [1, 2^40] is a valid pair of tensors whose broadcast has 2^80 elements
+  // (checked_numel says so, or accepts it when some size is 0).
+  if (overflow) checked_numel(out.to_shape(), op);
   return out;
 }
 

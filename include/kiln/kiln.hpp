@@ -10,5 +10,6 @@
 #include "kiln/tensor/eval.hpp"
 #include "kiln/tensor/functions.hpp"
 #include "kiln/tensor/ops.hpp"
+#include "kiln/tensor/print.hpp"
 #include "kiln/tensor/tensor.hpp"
 #include "kiln/compile/compile.hpp"

@@ -550,13 +550,16 @@ TEST_CASE("typed expressions are safe to hold in auto after their operands' hand
   static_assert(decltype(std::declval<Tensor>() * 2.0f)::kStructKey == decltype(std::declval<Tensor>() * 3.0f)::kStructKey);
 }
 
-TEST_CASE("Tensor::str and undefined tensors") {
+TEST_CASE("Tensor::describe, str and undefined tensors") {
   Tensor x = kt::make_tensor({1, 2}, {2}, DType::Float16);
-  CHECK(x.str().find("float16[2]") != std::string::npos);
+  CHECK(x.describe().find("float16[2]") != std::string::npos);
   Tensor l = x + 1.0;
-  CHECK(l.str().find("lazy") != std::string::npos);
+  CHECK(l.describe().find("lazy") != std::string::npos);
+  CHECK(l.str() == "tensor([2., 3.], dtype=float16, shape=[2], device=cpu)");  // str() evaluates
+  CHECK(l.describe().find("lazy") == std::string::npos);
   Tensor u;
   CHECK(u.str() == "Tensor(undefined)");
+  CHECK(u.describe() == "Tensor(undefined)");
   CHECK_THROWS_AS(u.shape(), Error);
   CHECK_THROWS_AS(u.eval(), Error);
   CHECK_THROWS_AS(sum(u), Error);

@@ -253,6 +253,31 @@ T Tensor::item(std::source_location where) const {
   return read_host<T>()[0];
 }
 
+template <class Derived>
+Tensor Expr<Derived>::eval() const {
+  Tensor t(derived());
+  t.eval();
+  return t;
+}
+template <class Derived>
+template <class T>
+std::vector<T> Expr<Derived>::to_vector(std::source_location where) const {
+  return Tensor(derived()).template to_vector<T>(where);
+}
+template <class Derived>
+template <class T>
+T Expr<Derived>::item(std::source_location where) const {
+  return Tensor(derived()).template item<T>(where);
+}
+template <class Derived>
+Tensor Expr<Derived>::to(DType dtype) const {
+  return Tensor(derived()).to(dtype);
+}
+template <class Derived>
+Tensor Expr<Derived>::to(Device device) const {
+  return Tensor(derived()).to(device);
+}
+
 inline Tensor Tensor::to(DType dtype) const { checked();
   return Tensor(ir::cast(node_, dtype)); }
 
@@ -299,7 +324,7 @@ Tensor& Tensor::assign(const E& value) {
   if (!node_->realized()) detail::evaluate({node_});
   detail::check_same_device(device(), v.device(), "assign");
   if (detail::has_self_overlap(shape(), node_->buffer->strides))
-    throw ShapeError("assign: destination " + str() + " has elements that share memory (a broadcast view)");
+    throw ShapeError("assign: destination " + describe() + " has elements that share memory (a broadcast view)");
   const Shape& s = shape();
   bool ok = v.dim() <= dim();
   for (std::int64_t i = 0; ok && i < v.dim(); ++i) {
@@ -320,7 +345,7 @@ Tensor& Tensor::assign(S value) {
   ir::NodePtr n = std::is_integral_v<S> ? ir::constant_int(static_cast<std::int64_t>(value), dtype(), shape(), device())
                                         : ir::constant(static_cast<double>(value), dtype(), shape(), device());
   if (detail::has_self_overlap(shape(), node_->buffer->strides))
-    throw ShapeError("assign: destination " + str() + " has elements that share memory (a broadcast view)");
+    throw ShapeError("assign: destination " + describe() + " has elements that share memory (a broadcast view)");
   detail::evaluate_into(n, node_);
   return *this;
 }

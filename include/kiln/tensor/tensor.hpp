@@ -16,7 +16,11 @@
 
 namespace kiln {
 
-/// CRTP base of every tensor expression (Tensor itself and the typed expression nodes).
+class Tensor;
+
+/// CRTP base of every tensor expression (Tensor itself and the typed expression nodes). An
+/// expression has the read side of Tensor's API: `auto e = x * 2.0f + y; e.to_vector<float>()`
+/// evaluates it as `Tensor(e)` would (the same graph, the same cached kernels).
 template <class Derived>
 struct Expr {
   const Derived& derived() const { return static_cast<const Derived&>(*this); }
@@ -24,9 +28,40 @@ struct Expr {
   Shape shape() const { return derived().out_shape.to_shape(); }
   DType dtype() const { return derived().out_dtype; }
   Device device() const { return derived().out_device; }
-};
+  /// Number of dimensions and of elements of the result (known without evaluating).
+  std::int64_t dim() const { return derived().out_shape.rank; }
+  std::int64_t numel() const { return shape().numel(); }
+  /// Size of dimension `d` (negative counts from the end).
+  std::int64_t size(std::int64_t d) const {
+    const Shape s = shape();
+    return s[normalize_axis(d, dim(), "size", s)];
+  }
+  /// The result as an evaluated Tensor (as Eigen's `.eval()`; deferred inside kiln::compile).
+  Tensor eval() const;
+  /// The elements in row-major order, converted to T (evaluates, copies to the host).
+  template <class T>
+  std::vector<T> to_vector(std::source_location where = std::source_location::current()) const;
+  /// The single element, converted to T (evaluates). ShapeError unless numel() == 1.
+  template <class T>
+  T item(std::source_location where = std::source_location::current()) const;
+  /// The result converted to `dtype` (lazy), or copied to `device`.
+  Tensor to(DType dtype) const;
+  Tensor to(Device device) const;
+  /// Shape, dtype, device and values, as `std::cout << tensor` prints them (evaluates).
+  std::string str() const;
 
-class Tensor;
+  /// An expression is a value, not storage: write into a Tensor (`t.assign(e)`) instead.
+  template <class V>
+  void assign(const V&) const {
+    static_assert(sizeof(V) == 0, "kiln: an expression has no storage to assign to; assign into a Tensor: t.assign(expr)");
+  }
+  /// Raw data of an expression does not exist before it is evaluated.
+  template <class T>
+  T* data_ptr() const {
+    static_assert(sizeof(T) == 0, "kiln: an expression has no data yet; evaluate it first: Tensor t = expr.eval(); t.data_ptr<T>()");
+    return nullptr;
+  }
+};
 
 /// True for Tensor and for typed expressions.
 template <class E>
@@ -139,8 +174,12 @@ class Tensor : public Expr<Tensor> {
   /// The node, for expression building (a Tensor is a leaf of typed expressions).
   ir::NodePtr build() const { return node_; }
 
-  /// "Tensor(float32[2, 3], cpu, lazy)".
-  std::string str() const {
+  /// Values, dtype, shape and device as PyTorch's repr prints them: "tensor([1., 2.],
+  /// dtype=float32, shape=[2], device=cpu)", the middle elided when large (evaluates; see
+  /// print.hpp). `std::cout << t` prints the same.
+  std::string str() const;
+  /// "Tensor(float32[2, 3], cpu, lazy)": what the handle is, without evaluating.
+  std::string describe() const {
     if (!node_) return "Tensor(undefined)";
     return std::string("Tensor(") + dtype_name(node_->dtype) + node_->shape.str() + ", " + node_->device.str() +
            (node_->realized() ? ")" : ", lazy)");

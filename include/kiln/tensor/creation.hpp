@@ -1,6 +1,7 @@
 #pragma once
 // Tensor creation: from host data, over user memory, constants, ranges and random numbers.
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -93,6 +94,61 @@ inline Tensor randn(const Shape& shape, std::uint64_t seed, DType dtype = f32, D
   detail::check_creation_shape(shape, "randn", dtype);
   if (!is_floating(dtype)) throw DTypeError(std::string("randn: dtype must be floating point, got ") + dtype_name(dtype));
   return Tensor(ir::random(shape, seed, 1, dtype, device));
+}
+
+}  // namespace kiln
+
+namespace kiln {
+
+/// A tensor of `shape` whose contents are unspecified (realized now: its storage is for
+/// `assign` to write into).
+inline Tensor empty(const Shape& shape, DType dtype = f32, Device device = Device::cpu()) {
+  detail::check_creation_shape(shape, "empty", dtype);
+  ir::Node like;
+  like.shape = shape;
+  like.dtype = dtype;
+  like.device = device;
+  StoragePtr st = detail::allocate_value(like, "empty");
+  return Tensor(ir::input(ir::BufferView{st, 0, contiguous_strides(shape)}, shape, dtype, device));
+}
+
+/// `full`, `zeros`, `ones` and `empty` with the shape, dtype and device of `t` (each may be
+/// overridden), as torch.*_like.
+template <class E>
+  requires TensorLike<E>
+Tensor full_like(const E& t, double value, std::optional<DType> dtype = std::nullopt) {
+  return full(t.shape(), value, dtype.value_or(t.dtype()), t.device());
+}
+template <class E>
+  requires TensorLike<E>
+Tensor zeros_like(const E& t, std::optional<DType> dtype = std::nullopt) {
+  return full_like(t, 0.0, dtype);
+}
+template <class E>
+  requires TensorLike<E>
+Tensor ones_like(const E& t, std::optional<DType> dtype = std::nullopt) {
+  return full_like(t, 1.0, dtype);
+}
+template <class E>
+  requires TensorLike<E>
+Tensor empty_like(const E& t, std::optional<DType> dtype = std::nullopt) {
+  return empty(t.shape(), dtype.value_or(t.dtype()), t.device());
+}
+
+/// A copy of `t`'s values that shares nothing with it: a later `t.assign(...)` leaves the
+/// clone as it was. An evaluated tensor is copied now (row-major); a lazy one gets a node of
+/// its own, computed where it is first used (inside kiln::compile, always so).
+template <class E>
+  requires TensorLike<E>
+Tensor clone(const E& x) {
+  Tensor t(x);
+  if (!t.defined()) throw Error("clone: operation on an undefined Tensor (default-constructed)");
+  const ir::NodePtr& n = t.node();
+  if (n->realized() && !detail::deferring_eval()) return Tensor(detail::contiguous_copy(n));
+  // An identity that is a node of its own: x + (-0.0) is x for every float (-0 included), x + 0
+  // for integers, x || false for bools.
+  if (n->dtype == DType::Bool) return Tensor(ir::binary(ir::Op::Or, n, ir::constant(0.0, n->dtype, n->shape, n->device)));
+  return Tensor(ir::binary(ir::Op::Add, n, ir::constant(is_floating(n->dtype) ? -0.0 : 0.0, n->dtype, n->shape, n->device)));
 }
 
 }  // namespace kiln

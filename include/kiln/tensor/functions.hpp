@@ -364,6 +364,62 @@ inline Tensor concat(const std::vector<Tensor>& xs, std::int64_t axis = 0) {
   return Tensor(ir::concat(nodes, a));
 }
 
+/// Pieces of `split_size` elements along `axis` (the last one smaller when the size does not
+/// divide), as torch.split; views where the layout allows.
+template <class E>
+  requires TensorLike<E>
+std::vector<Tensor> split(const E& x, std::int64_t split_size, std::int64_t axis = 0) {
+  Tensor t = detail::to_tensor(x);
+  if (t.dim() == 0) throw ShapeError("split: cannot split a 0-dim tensor " + detail::describe(t));
+  std::int64_t a = detail::tensor_axis(axis, t, "split");
+  const std::int64_t n = t.shape()[a];
+  if (split_size < 0 || (split_size == 0 && n > 0))
+    throw ShapeError("split: split_size must be positive, got " + std::to_string(split_size) + " for input " + detail::describe(t));
+  std::vector<Tensor> out;
+  if (n == 0) return {t};
+  for (std::int64_t start = 0; start < n; start += split_size) out.push_back(slice(t, a, start, std::min(n, start + split_size)));
+  return out;
+}
+
+/// Pieces of the given sizes along `axis` (they must add up to its size), as torch.split with
+/// a list.
+template <class E>
+  requires TensorLike<E>
+std::vector<Tensor> split(const E& x, const std::vector<std::int64_t>& sizes, std::int64_t axis = 0) {
+  Tensor t = detail::to_tensor(x);
+  if (t.dim() == 0) throw ShapeError("split: cannot split a 0-dim tensor " + detail::describe(t));
+  std::int64_t a = detail::tensor_axis(axis, t, "split");
+  std::int64_t total = 0;
+  for (auto s : sizes) {
+    if (s < 0) throw ShapeError("split: negative size " + std::to_string(s) + " for input " + detail::describe(t));
+    total += s;
+  }
+  if (total != t.shape()[a])
+    throw ShapeError("split: sizes add up to " + std::to_string(total) + ", not to the size " + std::to_string(t.shape()[a]) +
+                     " of axis " + std::to_string(a) + " of input " + detail::describe(t));
+  std::vector<Tensor> out;
+  std::int64_t start = 0;
+  for (auto s : sizes) {
+    out.push_back(slice(t, a, start, start + s));
+    start += s;
+  }
+  return out;
+}
+
+/// At most `chunks` pieces of equal size along `axis` (the last smaller), as torch.chunk:
+/// each holds ceil(size / chunks) elements, so fewer pieces may come back.
+template <class E>
+  requires TensorLike<E>
+std::vector<Tensor> chunk(const E& x, std::int64_t chunks, std::int64_t axis = 0) {
+  Tensor t = detail::to_tensor(x);
+  if (chunks <= 0) throw ShapeError("chunk: chunks must be positive, got " + std::to_string(chunks) + " for input " + detail::describe(t));
+  if (t.dim() == 0) throw ShapeError("chunk: cannot chunk a 0-dim tensor " + detail::describe(t));
+  std::int64_t a = detail::tensor_axis(axis, t, "chunk");
+  const std::int64_t n = t.shape()[a];
+  if (n == 0) return std::vector<Tensor>(static_cast<std::size_t>(chunks), t);
+  return split(t, (n + chunks - 1) / chunks, a);
+}
+
 // ---- composites (lowered by decomp/) -------------------------------------------------------
 
 /// exp(x - max) / sum(exp(x - max)) along `axis`. Integer inputs give float32.

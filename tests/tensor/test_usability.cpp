@@ -1,0 +1,151 @@
+// What a new user reaches for first: expressions that read like tensors, printing, the
+// creation helpers (*_like, empty, clone, split, chunk), counters that say whether a cache was
+// hit, and a warning for a misspelt KILN_LOGS channel.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "../support/reference.hpp"
+
+using namespace kiln;
+namespace kt = kiln::testing;
+
+TEST_CASE("a typed expression has the read side of the Tensor API") {
+  Tensor x = kt::make_tensor({1, 2, 3, 4, 5, 6}, {2, 3}, DType::Float32);
+  auto e = x * 2.0f + 1.0f;  // a typed expression, not a Tensor
+  static_assert(!std::is_same_v<decltype(e), Tensor>);
+  CHECK(e.shape() == Shape{2, 3});
+  CHECK(e.dim() == 2);
+  CHECK(e.numel() == 6);
+  CHECK(e.size(-1) == 3);
+  CHECK(e.dtype() == DType::Float32);
+  CHECK(e.device() == Device::cpu());
+  CHECK(e.to_vector<float>() == std::vector<float>{3, 5, 7, 9, 11, 13});
+  CHECK(exp(x - x).to_vector<double>() == std::vector<double>(6, 1.0));
+  CHECK(relu(x - 3.0f).shape() == Shape{2, 3});
+  Tensor i = kt::make_int_tensor({7}, {1}), j = kt::make_int_tensor({2}, {1});
+  CHECK((i / j).item<float>() == 3.5f);
+  Tensor ev = e.eval();
+  CHECK(ev.is_evaluated());
+  KILN_CHECK_CLOSE(ev, std::vector<double>{3, 5, 7, 9, 11, 13});
+  CHECK(e.to(DType::Int32).dtype() == DType::Int32);
+  CHECK(e.to(DType::Int64).to_vector<std::int64_t>() == std::vector<std::int64_t>{3, 5, 7, 9, 11, 13});
+  CHECK(e.to(Device::cpu()).to_vector<float>()[5] == 13.0f);
+  CHECK_THROWS_AS((void)e.item<float>(), ShapeError);
+}
+
+TEST_CASE("printing: values, dtype, shape and device, the middle of large tensors elided") {
+  Tensor x = kt::make_tensor({1, 2.5, -3, 4}, {2, 2}, DType::Float32);
+  CHECK(x.str() == "tensor([[ 1.0000,  2.5000],\n        [-3.0000,  4.0000]], dtype=float32, shape=[2, 2], device=cpu)");
+  std::ostringstream os;
+  os << x;
+  CHECK(os.str() == x.str());
+  std::ostringstream es;
+  es << x * 2.0f;  // an expression prints its value
+  CHECK(es.str() == "tensor([[ 2.,  5.],\n        [-6.,  8.]], dtype=float32, shape=[2, 2], device=cpu)");
+  CHECK(kt::make_int_tensor({3, -12}, {2}).str() == "tensor([  3, -12], dtype=int64, shape=[2], device=cpu)");
+  CHECK((x > 2.0f).str() == "tensor([[False,  True],\n        [False,  True]], dtype=bool, shape=[2, 2], device=cpu)");
+  CHECK(full({}, 0.5).str() == "tensor(0.5000, dtype=float32, shape=[], device=cpu)");
+  CHECK(zeros({0, 3}).str() == "tensor([], dtype=float32, shape=[0, 3], device=cpu)");
+  CHECK(kt::make_tensor({NAN, INFINITY, 1.5}, {3}, DType::Float64).str() == "tensor([   nan,    inf, 1.5000], dtype=float64, shape=[3], device=cpu)");
+  CHECK(kt::make_tensor({1e-6, 1}, {2}, DType::Float32).str().find("1.0000e-06") != std::string::npos);
+  // More than 1000 elements: three at each end of every dimension.
+  std::string big = arange(2000).str();
+  CHECK(big == "tensor([   0,    1,    2, ..., 1997, 1998, 1999], dtype=int64, shape=[2000], device=cpu)");
+  std::string big2 = reshape(arange(40 * 50), {40, 50}).str();
+  CHECK(big2.find("[   0,    1,    2, ...,   47,   48,   49],") != std::string::npos);
+  CHECK(big2.find("\n        ...,\n") != std::string::npos);
+  CHECK(big2.find("[1950, 1951, 1952, ..., 1997, 1998, 1999]]") != std::string::npos);
+}
+
+TEST_CASE("creation helpers: full_like, zeros_like, ones_like, empty, empty_like, clone, split, chunk") {
+  Tensor x = kt::make_tensor({1, -0.0, 3, 4, 5, 6}, {2, 3}, DType::Float16);
+  Tensor z = zeros_like(x), o = ones_like(x, DType::Int32), f = full_like(x * 2.0f, 7.5);
+  CHECK(z.shape() == x.shape());
+  CHECK(z.dtype() == DType::Float16);
+  KILN_CHECK_CLOSE(z, std::vector<double>(6, 0.0));
+  CHECK(o.dtype() == DType::Int32);
+  CHECK(o.to_vector<int>() == std::vector<int>(6, 1));
+  KILN_CHECK_CLOSE(f, std::vector<double>(6, 7.5));
+  Tensor e = empty({3, 2}, DType::Int64);
+  CHECK(e.is_evaluated());
+  CHECK(e.shape() == Shape{3, 2});
+  e.assign(reshape(arange(6), {3, 2}));
+  CHECK(e.to_vector<std::int64_t>() == std::vector<std::int64_t>{0, 1, 2, 3, 4, 5});
+  CHECK(empty_like(x).dtype() == DType::Float16);
+  CHECK_THROWS_AS(empty({-1}), ShapeError);
+
+  // A clone keeps its values when the original is written; -0.0 stays -0.0.
+  Tensor src = kt::make_tensor({-0.0, 2, NAN}, {3}, DType::Float32);
+  src.eval();
+  Tensor c = clone(src);
+  src.assign(5.0f);
+  std::vector<float> cv = c.to_vector<float>();
+  CHECK(std::signbit(cv[0]));
+  CHECK(cv[1] == 2.0f);
+  CHECK(std::isnan(cv[2]));
+  CHECK(src.to_vector<float>() == std::vector<float>(3, 5.0f));
+  CHECK(clone(kt::make_tensor({1, 0}, {2}, DType::Bool)).to_vector<bool>() == std::vector<bool>{true, false});
+
+  Tensor r = reshape(arange(10), {2, 5});
+  std::vector<Tensor> parts = split(r, 2, 1);
+  REQUIRE(parts.size() == 3);
+  CHECK(parts[0].to_vector<std::int64_t>() == std::vector<std::int64_t>{0, 1, 5, 6});
+  CHECK(parts[2].shape() == Shape{2, 1});
+  CHECK(parts[2].to_vector<std::int64_t>() == std::vector<std::int64_t>{4, 9});
+  std::vector<Tensor> sized = split(r, std::vector<std::int64_t>{1, 4}, -1);
+  REQUIRE(sized.size() == 2);
+  CHECK(sized[1].to_vector<std::int64_t>() == std::vector<std::int64_t>{1, 2, 3, 4, 6, 7, 8, 9});
+  KILN_CHECK_THROWS_MENTIONING(ShapeError, split(r, std::vector<std::int64_t>{1, 3}, 1), "split", "add up to 4", "int64[2, 5]");
+  KILN_CHECK_THROWS_MENTIONING(ShapeError, split(r, 0, 1), "split", "positive");
+  std::vector<Tensor> ch = chunk(arange(5), 3);  // ceil(5 / 3) = 2 per piece
+  REQUIRE(ch.size() == 3);
+  CHECK(ch[2].to_vector<std::int64_t>() == std::vector<std::int64_t>{4});
+  CHECK(chunk(arange(6), 4).size() == 3);  // ceil(6 / 4) = 2: three pieces, as torch.chunk
+  CHECK(chunk(zeros({0}), 3).size() == 3);
+  KILN_CHECK_THROWS_MENTIONING(ShapeError, chunk(r, 0), "chunk", "positive");
+}
+
+TEST_CASE("stats: re-evaluating a compiled structure counts a plan hit, not a kernel lookup") {
+  Tensor a = kt::make_tensor({1, 2, 3}, {3}, DType::Float32), b = kt::make_tensor({4, 5, 6}, {3}, DType::Float32);
+  Tensor first = a * b + 0.25f;
+  first.eval();  // the plan of this structure now exists
+  reset_stats();
+  Tensor again = a * b + 0.25f;
+  again.eval();
+  Stats s = stats();
+  CHECK(s.graphs == 1);
+  CHECK(s.compiles == 0);
+  if (get_backend() != Backend::Eager && backend::cpu_jit_available()) {
+    CHECK(s.plan_hits == 1);
+    CHECK(s.memory_hits == 0);  // the whole plan was reused: no kernel was looked up
+  }
+  reset_stats();
+  CHECK(stats().plan_hits == 0);
+}
+
+TEST_CASE("KILN_LOGS: a misspelt channel is a warning that lists the valid ones") {
+  std::FILE* capture = std::tmpfile();
+  REQUIRE(capture);
+  std::fflush(stderr);
+  int saved = ::dup(2);
+  ::dup2(::fileno(capture), 2);
+  unsigned mask = detail::parse_log_channels("schedule, scheduel,cache");
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::rewind(capture);
+  std::string text(4096, '\0');
+  text.resize(std::fread(text.data(), 1, text.size(), capture));
+  std::fclose(capture);
+  CHECK(mask == (unsigned(LogChannel::schedule) | unsigned(LogChannel::cache)));
+  CHECK(text.find("unknown channel 'scheduel'") != std::string::npos);
+  CHECK(text.find("graph_breaks") != std::string::npos);
+  CHECK(text.find("graph,") != std::string::npos);  // the graph channel is listed
+  CHECK(detail::parse_log_channels("all") == ~0u);
+}

@@ -160,7 +160,10 @@ class CpuPlanCache {
   std::shared_ptr<const CpuPlan> get(const ir::Graph& g, const CpuLaunchOptions& options = {}) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (auto p = find(g, options)) return p;
+      if (auto p = find(g, options)) {
+        kiln::detail::count_plan_hit();
+        return p;
+      }
     }
     // Built outside the lock: a compile takes long and other graphs must not wait for it
     // (two threads racing for one new graph share its compile through CpuModuleCache).

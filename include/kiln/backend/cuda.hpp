@@ -366,10 +366,15 @@ class CudaPlanCache {
       std::lock_guard<std::mutex> lock(mu_);
       auto range = plans_.equal_range(key);
       // A caller that passes a plan's own graph (the object itself) needs no structural check.
-      for (auto it = range.first; it != range.second; ++it)
-        if (&it->second->graph == &g && fits(*it->second)) return it->second;
-      for (auto it = range.first; it != range.second; ++it)
-        if (fits(*it->second) && same_graph(it->second->graph, g)) return it->second;
+      const std::shared_ptr<const CudaPlan>* hit = nullptr;
+      for (auto it = range.first; it != range.second && !hit; ++it)
+        if (&it->second->graph == &g && fits(*it->second)) hit = &it->second;
+      for (auto it = range.first; it != range.second && !hit; ++it)
+        if (fits(*it->second) && same_graph(it->second->graph, g)) hit = &it->second;
+      if (hit) {
+        kiln::detail::count_plan_hit();
+        return *hit;
+      }
     }
     // Built outside the lock: a compile takes long and other graphs must not wait for it (two
     // threads racing for one new graph share its compile through CudaModuleCache).

@@ -8,6 +8,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "kiln/core/stats.hpp"
+
 namespace kiln::backend::detail {
 
 /// Plans of type Plan (null when the build failed) by a 64-bit key, each slot holding the
@@ -26,6 +28,7 @@ class RememberingPlanCache {
       for (auto it = range.first; it != range.second; ++it)
         if (same(it->second.id)) {
           why = it->second.why;
+          if (it->second.plan) kiln::detail::count_plan_hit();
           return it->second.plan;
         }
     }

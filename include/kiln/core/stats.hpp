@@ -6,17 +6,20 @@
 namespace kiln {
 
 /// A snapshot of kiln's counters since the start or the last reset_stats().
+/// A graph evaluated again whose plan is reused counts one plan_hit and no kernel lookup at
+/// all (memory_hits stays put): "did this hit a cache?" is plan_hits + memory_hits + disk_hits.
 struct Stats {
   std::uint64_t compiles = 0;     ///< kernels compiled (host compiler or NVRTC)
-  std::uint64_t memory_hits = 0;  ///< kernels found in the in-memory cache
+  std::uint64_t memory_hits = 0;  ///< kernels found in the in-memory kernel cache (a new plan's lookups)
   std::uint64_t disk_hits = 0;    ///< kernels loaded from the on-disk cache
   std::uint64_t launches = 0;     ///< kernels launched (the reference executor: primitives executed)
   std::uint64_t graphs = 0;       ///< graphs evaluated
+  std::uint64_t plan_hits = 0;    ///< graphs whose whole plan (schedule and loaded kernels) was reused
 };
 
 namespace detail {
 struct Counters {
-  std::atomic<std::uint64_t> compiles{0}, memory_hits{0}, disk_hits{0}, launches{0}, graphs{0};
+  std::atomic<std::uint64_t> compiles{0}, memory_hits{0}, disk_hits{0}, launches{0}, graphs{0}, plan_hits{0};
 };
 inline Counters& counters() {
   static Counters c;
@@ -27,7 +30,8 @@ inline Counters& counters() {
 /// Current counters.
 inline Stats stats() {
   auto& c = detail::counters();
-  return Stats{c.compiles.load(), c.memory_hits.load(), c.disk_hits.load(), c.launches.load(), c.graphs.load()};
+  return Stats{c.compiles.load(), c.memory_hits.load(), c.disk_hits.load(), c.launches.load(), c.graphs.load(),
+               c.plan_hits.load()};
 }
 
 /// Sets every counter to zero.
@@ -38,6 +42,11 @@ inline void reset_stats() {
   c.disk_hits = 0;
   c.launches = 0;
   c.graphs = 0;
+  c.plan_hits = 0;
 }
+
+namespace detail {
+inline void count_plan_hit() { counters().plan_hits.fetch_add(1, std::memory_order_relaxed); }
+}  // namespace detail
 
 }  // namespace kiln

@@ -119,6 +119,7 @@ bool typed_assign(const E& value, const ir::NodePtr& dest) {
         break;
       }
       entry = &e;
+      count_plan_hit();
       break;
     }
   }

@@ -233,6 +233,9 @@ TEST_CASE("compile: explain reports graphs and breaks; reset clears every entry"
   std::string report = kiln::explain(f, x);
   CHECK(report.find("graph breaks: 0") != std::string::npos);
   CHECK(report.find("sum") != std::string::npos);
+  // A temporary compiled function can be explained too.
+  std::string temporary = kiln::explain(kiln::compile([](const Tensor& v) { return relu(v - 1.0f); }), x);
+  CHECK(temporary.find("graph breaks: 0") != std::string::npos);
   f(x);
   f(x);
   CHECK(f.stats().traces == 1);

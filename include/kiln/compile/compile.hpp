@@ -985,6 +985,11 @@ template <class F, class... Args>
 std::string explain(Compiled<F>& f, Args&&... args) {
   return f.explain(std::forward<Args>(args)...);
 }
+/// The same for a temporary: `kiln::explain(kiln::compile(f), x, w)`.
+template <class F, class... Args>
+std::string explain(Compiled<F>&& f, Args&&... args) {
+  return f.explain(std::forward<Args>(args)...);
+}
 
 /// Clears every cache in the process: compiled functions' entries and kernel caches.
 inline void reset() {

@@ -23,21 +23,48 @@ enum class LogChannel : unsigned {
 
 namespace detail {
 
+/// Every channel with the name KILN_LOGS spells it with: the one list that parsing, printing
+/// and the warning for a misspelt name read.
+struct ChannelName {
+  LogChannel channel;
+  const char* name;
+};
+inline constexpr ChannelName kLogChannels[] = {
+    {LogChannel::graph_breaks, "graph_breaks"}, {LogChannel::recompiles, "recompiles"},
+    {LogChannel::guards, "guards"},             {LogChannel::schedule, "schedule"},
+    {LogChannel::output_code, "output_code"},   {LogChannel::cache, "cache"},
+    {LogChannel::perf, "perf"},                 {LogChannel::graph, "graph"},
+};
+
+/// The channel names, comma separated ("graph_breaks, recompiles, ...").
+inline std::string valid_log_channels() {
+  std::string all;
+  for (const auto& c : kLogChannels) all += std::string(all.empty() ? "" : ", ") + c.name;
+  return all + ", all";
+}
+
+/// Parses the KILN_LOGS syntax; a name that is no channel is reported on stderr with the
+/// valid ones (a typo must not silently log nothing).
 inline unsigned parse_log_channels(std::string_view spec) {
   unsigned mask = 0;
   while (!spec.empty()) {
     auto comma = spec.find(',');
     auto item = spec.substr(0, comma);
     while (!item.empty() && (item.front() == ' ' || item.front() == '+')) item.remove_prefix(1);
-    if (item == "all") mask = ~0u;
-    else if (item == "graph_breaks") mask |= unsigned(LogChannel::graph_breaks);
-    else if (item == "recompiles") mask |= unsigned(LogChannel::recompiles);
-    else if (item == "guards") mask |= unsigned(LogChannel::guards);
-    else if (item == "schedule") mask |= unsigned(LogChannel::schedule);
-    else if (item == "output_code") mask |= unsigned(LogChannel::output_code);
-    else if (item == "cache") mask |= unsigned(LogChannel::cache);
-    else if (item == "perf") mask |= unsigned(LogChannel::perf);
-    else if (item == "graph") mask |= unsigned(LogChannel::graph);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    bool known = item.empty();
+    if (item == "all") {
+      mask = ~0u;
+      known = true;
+    }
+    for (const auto& c : kLogChannels)
+      if (item == c.name) {
+        mask |= unsigned(c.channel);
+        known = true;
+      }
+    if (!known)
+      std::fprintf(stderr, "kiln: warning: KILN_LOGS: unknown channel '%.*s' (valid: %s)\n", static_cast<int>(item.size()),
+                   item.data(), valid_log_channels().c_str());
     if (comma == std::string_view::npos) break;
     spec.remove_prefix(comma + 1);
   }
@@ -64,16 +91,8 @@ inline LogState& log_state() {
 }
 
 inline const char* channel_name(LogChannel c) {
-  switch (c) {
-    case LogChannel::graph_breaks: return "graph_breaks";
-    case LogChannel::recompiles: return "recompiles";
-    case LogChannel::guards: return "guards";
-    case LogChannel::schedule: return "schedule";
-    case LogChannel::output_code: return "output_code";
-    case LogChannel::cache: return "cache";
-    case LogChannel::perf: return "perf";
-    case LogChannel::graph: return "graph";
-  }
+  for (const auto& n : kLogChannels)
+    if (n.channel == c) return n.name;
   return "log";
 }
 

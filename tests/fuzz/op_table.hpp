@@ -1,0 +1,1410 @@
+#pragma once
+// The fuzzer's op table: one row per call of kiln's public API that a graph may contain. A row
+// says which operand dtypes the documented rule accepts, how to choose operands and parameters
+// (pick), what the result's dtype and shape must be by PyTorch's rules (predict: the fuzzer's
+// own oracle, so front-end promotion bugs show up even though the JIT and the reference share
+// the front end), how to build the call (build), and how to print it as C++ (cxx, a template).
+// Adding an op is adding one row to op_table() below.
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "program.hpp"
+
+namespace kiln::fuzz {
+
+/// Knobs of the generator.
+struct Limits {
+  int min_ops = 1;
+  int max_ops = 12;
+  std::int64_t max_elems = 8192;  ///< per tensor
+  double big_dim_rate = 0.02;     ///< chance that a dimension is 1000
+  double special_rate = 0.35;     ///< chance that an input mixes in inf/NaN/-0/huge/tiny/denormals
+  double noncontig_rate = 0.3;    ///< chance that an input is a strided or permuted view
+  double eval_rate = 0.06;        ///< chance that a value is evaluated where it is built
+  double assign_rate = 0.15;      ///< chance that an output is written with assign() into user memory
+  double extra_output_rate = 0.3;
+};
+
+/// How a program is built: on which device, and whether as its float64 twin (floating inputs
+/// and floating dtype parameters widened to f64; see build_program).
+struct BuildCtx {
+  bool f64 = false;
+  Device device = Device::cpu();
+};
+
+/// What a row's builder sees.
+struct Args {
+  const std::vector<Tensor>& t;  ///< tensor operands (undefined where the operand is a number)
+  const OpInst& op;
+  const BuildCtx& ctx;
+  const Program& prog;
+  /// A dtype parameter as this build uses it (floating -> f64 in the float64 twin).
+  DType dt(DType d) const { return ctx.f64 && is_floating(d) ? f64 : d; }
+  const Params& p() const { return op.p; }
+  /// The predicted (normal-build) dtype of operand k.
+  DType orig_dtype(std::size_t k) const { return prog.info(op.args[k].value).dtype; }
+};
+
+/// Calls f with operand k as a Tensor or as the C++ number of its kind.
+template <class F>
+Tensor with_operand(const Args& a, std::size_t k, F&& f) {
+  const Operand& o = a.op.args[k];
+  if (!o.is_number()) return f(a.t[k]);
+  switch (o.number.kind) {
+    case Number::Kind::Float: return f(static_cast<float>(o.number.value));
+    case Number::Kind::Double: return f(o.number.value);
+    case Number::Kind::Int: return f(static_cast<std::int64_t>(o.number.value));
+    case Number::Kind::Bool: return f(o.number.value != 0);
+  }
+  throw Error("fuzz: bad number kind");
+}
+
+/// f(x, y) over two operands, either of which may be a number (not both: kiln's operators
+/// need a tensor).
+template <class F>
+Tensor with_operands2(const Args& a, std::size_t i, std::size_t j, F&& f) {
+  return with_operand(a, i, [&](const auto& x) {
+    return with_operand(a, j, [&](const auto& y) -> Tensor {
+      if constexpr (TensorLike<decltype(x)> || TensorLike<decltype(y)>) return f(x, y);
+      else throw Error("fuzz: two numbers given to a binary op");
+    });
+  });
+}
+
+// ---- generation context -----------------------------------------------------------------------
+
+inline std::vector<double> gen_values(Rng& r, DType t, std::int64_t n, double special_rate);
+
+/// The state of one program being generated: operands come from earlier values or from new
+/// inputs made here.
+struct Gen {
+  Rng& rng;
+  Program& prog;
+  const Limits& lim;
+
+  const Info& info(int v) const { return prog.info(v); }
+
+  std::int64_t dim() {
+    if (rng.chance(lim.big_dim_rate)) return 1000;
+    static const std::vector<std::int64_t> sizes = {0, 1, 1, 1, 3, 3, 3, 3, 3, 7, 7, 7, 7, 7, 33, 33, 33, 129, 129};
+    return rng.pick(sizes);
+  }
+
+  Shape shape(int min_rank = 0, int max_rank = 4) {
+    static const std::vector<int> ranks = {0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3, 3, 3, 4, 4};
+    for (int attempt = 0;; ++attempt) {
+      int r = rng.pick(ranks);
+      if (r < min_rank) r = min_rank;
+      if (r > max_rank) r = max_rank;
+      Shape s;
+      for (int d = 0; d < r; ++d) s.push_back(dim());
+      if (s.numel() <= lim.max_elems || attempt > 20) {
+        for (auto& d : s)
+          while (s.numel() > lim.max_elems && d > 1) d = (d == 1000 ? 7 : d / 4 + 1);
+        return s;
+      }
+    }
+  }
+
+  DType dtype(DTypeSet s) {
+    std::vector<DType> ok;
+    for (DType t : kDTypes)
+      if (in(s, t)) ok.push_back(t);
+    // f32 is what most users run: give it a double share.
+    if (in(s, f32)) ok.push_back(f32);
+    return rng.pick(ok);
+  }
+
+  /// A random layout for a tensor of `shape`.
+  void layout(Input& in) {
+    std::size_t r = in.shape.size();
+    in.layout = Layout::Contiguous;
+    if (r == 0 || !rng.chance(lim.noncontig_rate)) return;
+    if (r >= 2 && rng.chance(0.5)) {
+      in.layout = Layout::Permuted;
+      in.perm.resize(r);
+      for (std::size_t i = 0; i < r; ++i) in.perm[i] = static_cast<std::int64_t>(i);
+      for (std::size_t i = r; i-- > 1;) std::swap(in.perm[i], in.perm[static_cast<std::size_t>(rng.below(static_cast<std::int64_t>(i) + 1))]);
+      if (r == 2) std::swap(in.perm[0], in.perm[1]);  // never the identity for a matrix
+      return;
+    }
+    in.layout = Layout::Strided;
+    in.step.assign(r, 1);
+    in.start.assign(r, 0);
+    for (std::size_t d = 0; d < r; ++d) {
+      if (rng.chance(0.5)) in.step[d] = rng.range(2, 3);
+      if (rng.chance(0.3)) in.start[d] = 1;
+    }
+  }
+
+  /// A new data input; returns its value index.
+  int input(DType t, const Shape& s, bool noncontig = true) {
+    Step st;
+    st.is_input = true;
+    st.input.dtype = t;
+    st.input.shape = s;
+    st.input.values = gen_values(rng, t, s.numel(), lim.special_rate);
+    if (noncontig) layout(st.input);
+    st.info = {t, s};
+    prog.steps.push_back(std::move(st));
+    return prog.size() - 1;
+  }
+
+  /// True when no op reads value v yet.
+  bool unused(int v) const {
+    for (int w = v + 1; w < prog.size(); ++w) {
+      const Step& s = prog.steps[static_cast<std::size_t>(w)];
+      if (s.is_input) continue;
+      for (auto& a : s.op.args)
+        if (!a.is_number() && a.value == v) return false;
+    }
+    return true;
+  }
+
+  /// An earlier value satisfying `ok`, or -1: mostly the latest op result nothing reads yet, so
+  /// that graphs form connected chains rather than dead branches.
+  int existing(const std::function<bool(const Info&)>& ok) {
+    std::vector<int> c, dangling;
+    for (int v = 0; v < prog.size(); ++v) {
+      if (!ok(info(v))) continue;
+      c.push_back(v);
+      if (!prog.steps[static_cast<std::size_t>(v)].is_input && unused(v)) dangling.push_back(v);
+    }
+    if (c.empty()) return -1;
+    if (!dangling.empty() && rng.chance(0.75)) return rng.chance(0.7) ? dangling.back() : rng.pick(dangling);
+    if (rng.chance(0.5)) return c.back();
+    return rng.pick(c);
+  }
+
+  /// An operand of a dtype in `s` (and satisfying `ok`): an earlier value, else a new input.
+  int operand(DTypeSet s, const std::function<bool(const Info&)>& ok = {}, int min_rank = 0, int max_rank = 4) {
+    auto good = [&](const Info& i) {
+      return in(s, i.dtype) && static_cast<int>(i.shape.size()) >= min_rank &&
+             static_cast<int>(i.shape.size()) <= max_rank && (!ok || ok(i));
+    };
+    if (!rng.chance(0.15)) {
+      int v = existing(good);
+      if (v >= 0) return v;
+    }
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      Info i{dtype(s), shape(min_rank, max_rank)};
+      if (good(i)) return input(i.dtype, i.shape);
+    }
+    return -1;
+  }
+
+  /// A shape that broadcasts with `s` (same, some dims 1, a suffix, 0-dim, extra leading dims,
+  /// or sizes where s has 1).
+  Shape broadcastable(const Shape& s) {
+    int mode = static_cast<int>(rng.below(10));
+    Shape o = s;
+    if (mode < 4) return o;
+    if (mode < 7) {
+      for (auto& d : o) {
+        if (d == 1 && rng.chance(0.5)) d = dim();
+        else if (rng.chance(0.4)) d = 1;
+      }
+    } else if (mode < 8) {
+      std::size_t drop = static_cast<std::size_t>(rng.below(static_cast<std::int64_t>(s.size()) + 1));
+      o = Shape(s.begin() + static_cast<std::ptrdiff_t>(drop), s.end());
+    } else if (mode < 9) {
+      o = Shape{};
+    } else {
+      o.insert(o.begin(), rng.pick(std::vector<std::int64_t>{1, 3, 7}));
+    }
+    Shape out = s;
+    if (o.size() > out.size()) out.insert(out.begin(), o.size() - out.size(), 1);
+    for (std::size_t i = 0; i < o.size(); ++i) {
+      std::size_t j = out.size() - o.size() + i;
+      if (out[j] == 1) out[j] = o[i];
+    }
+    if (out.numel() > lim.max_elems) return s;
+    return o;
+  }
+
+  /// A tensor operand that broadcasts with value `a`.
+  int partner(int a, DTypeSet s) {
+    const Shape sa = info(a).shape;
+    if (rng.chance(0.35)) {
+      int v = existing([&](const Info& i) {
+        if (!in(s, i.dtype)) return false;
+        try {
+          Shape b = broadcast_shapes(sa, i.shape, "fuzz");
+          return b.numel() <= lim.max_elems;
+        } catch (const Error&) {
+          return false;
+        }
+      });
+      if (v >= 0 && v != a) return v;
+    }
+    DType t = in(s, info(a).dtype) && rng.chance(0.6) ? info(a).dtype : dtype(s);
+    return input(t, broadcastable(sa));
+  }
+
+  /// A random C++ number operand.
+  Number number() {
+    Number n;
+    int k = static_cast<int>(rng.below(20));
+    n.kind = k < 9 ? Number::Kind::Float : k < 12 ? Number::Kind::Double : k < 18 ? Number::Kind::Int : Number::Kind::Bool;
+    static const std::vector<double> reals = {0, 1, -1, 2, 0.5, -2.5, 3, 1e-3, 100, 1e4, 0.1};
+    static const std::vector<double> special = {-0.0, HUGE_VAL, -HUGE_VAL, NAN, 1e30, 1e-40, 1e300};
+    static const std::vector<double> ints = {0, 1, -1, 2, 3, -7, 100, 65536, 2147483647, -2147483648.0};
+    switch (n.kind) {
+      case Number::Kind::Float:
+      case Number::Kind::Double: {
+        double v = rng.chance(0.15) ? rng.pick(special) : rng.pick(reals);
+        if (n.kind == Number::Kind::Float && v == 1e300) v = 1e30;
+        n.value = v;
+        break;
+      }
+      case Number::Kind::Int: n.value = rng.pick(ints); break;
+      case Number::Kind::Bool: n.value = static_cast<double>(rng.below(2)); break;
+    }
+    return n;
+  }
+};
+
+// ---- input values ------------------------------------------------------------------------------
+
+/// `n` elements of dtype `t`: a base distribution (uniform, normal, small integers, wide
+/// magnitudes, positive) and, with probability special_rate, a share of special values.
+inline std::vector<double> gen_values(Rng& r, DType t, std::int64_t n, double special_rate) {
+  std::vector<double> v(static_cast<std::size_t>(n));
+  if (t == bool_) {
+    double p = r.pick(std::vector<double>{0.5, 0.1, 0.9});
+    for (auto& x : v) x = r.chance(p) ? 1 : 0;
+    return v;
+  }
+  bool special = r.chance(special_rate);
+  double share = r.pick(std::vector<double>{0.05, 0.15, 0.4});
+  if (t == i32 || t == i64) {
+    int mode = static_cast<int>(r.below(10));
+    std::int64_t lo = mode < 6 ? -5 : mode < 9 ? -100 : -70000, hi = -lo;
+    std::vector<double> extremes = t == i32 ? std::vector<double>{-2147483648.0, 2147483647.0, 0, -1, 65536}
+                                            : std::vector<double>{-9223372036854775808.0, 4611686018427387904.0,
+                                                                  -4611686018427387904.0, 9007199254740993.0, 0, -1, 4294967296.0};
+    for (auto& x : v) x = special && r.chance(share) ? r.pick(extremes) : static_cast<double>(r.range(lo, hi));
+    for (auto& x : v) x = round_to(x, t);
+    return v;
+  }
+  int mode = static_cast<int>(r.below(10));
+  for (auto& x : v) {
+    double u = r.uniform();
+    if (mode < 4) x = -3 + 6 * u;
+    else if (mode < 6) x = std::sqrt(-2 * std::log(1 - u)) * std::cos(6.283185307179586 * r.uniform());
+    else if (mode < 7) x = static_cast<double>(r.range(-4, 4));
+    else if (mode < 8) x = (r.chance(0.5) ? -1 : 1) * std::pow(10.0, -6 + 12 * u);
+    else x = 10 * u;
+  }
+  if (special) {
+    double huge = t == f16 ? 6e4 : t == f64 ? 1e300 : 1e30;
+    double tiny = t == f16 ? 6.2e-5 : t == f64 ? 2.3e-308 : 1.2e-38;
+    double denorm = t == f16 ? 3e-6 : t == f64 ? 1e-310 : t == bf16 ? 1e-39 : 1e-40;
+    std::vector<double> sv = {HUGE_VAL, -HUGE_VAL, NAN, -0.0, 0.0, huge, -huge, tiny, denorm, -denorm, dtype_max(t), -dtype_max(t)};
+    for (auto& x : v)
+      if (r.chance(share)) x = r.pick(sv);
+  }
+  for (auto& x : v) x = round_to(x, t);
+  return v;
+}
+
+// ---- the rows -----------------------------------------------------------------------------------
+
+using PickFn = std::function<bool(Gen&, OpInst&)>;
+using PredictFn = std::function<std::optional<Info>(const Program&, const OpInst&)>;
+using BuildFn = std::function<Tensor(const Args&)>;
+/// Exact values of the op's result computed without kiln (leaves and casts), from the values
+/// of its operands; nullopt when the row has no such oracle.
+using OracleFn = std::function<std::vector<double>(const OpInst&, const Info& out, const std::vector<std::vector<double>>& operands)>;
+
+struct OpDesc {
+  std::string name;
+  std::string group;  ///< unary, binary, ternary, cast, reduce, view, composite, creation
+  PickFn pick;
+  PredictFn predict;
+  BuildFn build;
+  /// The call as C++: {0} {1} {2} operands, {args} all operands as a braced list, {ints} the
+  /// int list, {i0}..{i3} one int, {keep} the flag, {dt} the dtype, {real} a double, {seed}.
+  std::string cxx;
+  double weight = 1;
+  /// In the float64 twin, non-floating operands from index lift_from on are widened to f64
+  /// when the result is floating (i32 * 2.5f is f32 in the program, f64 in its twin).
+  bool lift = true;
+  std::size_t lift_from = 0;
+  OracleFn oracle;
+};
+
+namespace rules {
+
+inline const Info* tensor_info(const Program& p, const Operand& o) { return o.is_number() ? nullptr : &p.info(o.value); }
+inline Typed typed(const Program& p, const Operand& o) {
+  if (o.is_number()) return {o.number.wrapped_dtype(), 0};
+  const Info& i = p.info(o.value);
+  return {i.dtype, i.shape.empty() ? 1 : 2};
+}
+inline std::optional<Shape> broadcast(const std::vector<Shape>& shapes) {
+  Shape out;
+  for (const Shape& s : shapes) {
+    try {
+      out = broadcast_shapes(out, s, "fuzz");
+    } catch (const Error&) {
+      return std::nullopt;
+    }
+  }
+  return out;
+}
+/// axis in [-r, r) with r = max(rank, 1) (PyTorch lets a 0-dim tensor use 0 and -1).
+inline std::optional<std::int64_t> axis(std::int64_t a, std::size_t rank) {
+  std::int64_t r = rank == 0 ? 1 : static_cast<std::int64_t>(rank);
+  if (a < -r || a >= r) return std::nullopt;
+  return a < 0 ? a + r : a;
+}
+inline DType float_of(DType t) { return is_floating(t) ? t : f32; }
+
+enum class Unary { Same, Float, Bool };
+enum class Binary { Arith, NoBool, TrueDiv, Compare, Logical, Pow };
+enum class Reduce { SumProd, FloatOnly, MaxMin, Arg, LogSumExp };
+
+}  // namespace rules
+
+// Shared picks and predicts.
+
+inline Operand T(int v) { return Operand{v, {}}; }
+inline Operand N(Number n) { return Operand{-1, n}; }
+
+inline OpDesc unary_row(const char* name, DTypeSet accepts, rules::Unary rule, const char* cxx, Tensor (*f)(const Tensor&),
+                        double weight = 0.35) {
+  OpDesc d;
+  d.name = name;
+  d.group = "unary";
+  d.cxx = cxx;
+  d.weight = weight;
+  d.pick = [accepts](Gen& g, OpInst& op) {
+    int x = g.operand(accepts);
+    if (x < 0) return false;
+    op.args = {T(x)};
+    return true;
+  };
+  d.predict = [accepts, rule](const Program& p, const OpInst& op) -> std::optional<Info> {
+    if (op.args.size() != 1 || op.args[0].is_number()) return std::nullopt;
+    const Info& x = p.info(op.args[0].value);
+    if (!in(accepts, x.dtype)) return std::nullopt;
+    DType out = rule == rules::Unary::Same ? x.dtype : rule == rules::Unary::Float ? rules::float_of(x.dtype) : bool_;
+    return Info{out, x.shape};
+  };
+  d.build = [f](const Args& a) { return f(a.t[0]); };
+  return d;
+}
+
+inline bool pick_binary(Gen& g, OpInst& op, DTypeSet accepts, bool pow_exponents = false) {
+  int a = g.operand(accepts);
+  if (a < 0) return false;
+  Operand b;
+  if (g.rng.chance(0.25)) {
+    Number n = g.number();
+    if (pow_exponents && g.rng.chance(0.7)) {
+      static const std::vector<double> e = {2, 3, 0.5, -1, -2, 0, 1, 2.5, -0.5};
+      n.value = g.rng.pick(e);
+      if (n.kind == Number::Kind::Int || n.kind == Number::Kind::Bool) n.value = std::floor(n.value);
+      if (n.kind == Number::Kind::Bool) n.value = n.value != 0;
+    }
+    b = N(n);
+  } else {
+    b = T(g.partner(a, accepts));
+  }
+  op.args = {T(a), b};
+  if (g.rng.chance(0.15)) std::swap(op.args[0], op.args[1]);
+  return true;
+}
+
+template <class F>
+OpDesc binary_row(const char* name, DTypeSet accepts, rules::Binary rule, const char* cxx, F f, double weight = 1) {
+  OpDesc d;
+  d.name = name;
+  d.group = "binary";
+  d.cxx = cxx;
+  d.weight = weight;
+  d.pick = [accepts, rule](Gen& g, OpInst& op) { return pick_binary(g, op, accepts, rule == rules::Binary::Pow); };
+  d.predict = [accepts, rule](const Program& p, const OpInst& op) -> std::optional<Info> {
+    if (op.args.size() != 2 || (op.args[0].is_number() && op.args[1].is_number())) return std::nullopt;
+    std::vector<Shape> shapes;
+    for (auto& o : op.args) {
+      if (o.is_number()) continue;
+      if (!in(accepts, p.info(o.value).dtype)) return std::nullopt;
+      shapes.push_back(p.info(o.value).shape);
+    }
+    auto shape = rules::broadcast(shapes);
+    if (!shape) return std::nullopt;
+    DType common = result_type({rules::typed(p, op.args[0]), rules::typed(p, op.args[1])});
+    DType out = common;
+    switch (rule) {
+      case rules::Binary::Arith: break;
+      case rules::Binary::NoBool:
+        // semantics.md: `bool - bool` is a DTypeError (as PyTorch).
+        if (common == bool_) return std::nullopt;
+        break;
+      case rules::Binary::Pow:
+        if (common == bool_) return std::nullopt;
+        // PyTorch: "Integers to negative integer powers are not allowed" (a number exponent).
+        if (category(common) == 1 && op.args[1].is_number() && op.args[1].number.value < 0) return std::nullopt;
+        break;
+      case rules::Binary::TrueDiv: out = rules::float_of(common); break;
+      case rules::Binary::Compare:
+      case rules::Binary::Logical: out = bool_; break;
+    }
+    return Info{out, *shape};
+  };
+  d.build = [f](const Args& a) { return with_operands2(a, 0, 1, f); };
+  return d;
+}
+
+/// Reduction axes for a tensor of rank r: all ({}), one (maybe negative), or a subset.
+inline std::vector<std::int64_t> pick_axes(Rng& r, std::size_t rank, bool one_at_most = false) {
+  std::vector<std::int64_t> ax;
+  int mode = static_cast<int>(r.below(10));
+  if (rank == 0) {
+    if (mode < 5) return ax;
+    return {r.chance(0.5) ? 0 : -1};
+  }
+  if (mode < 3) return ax;
+  if (mode < 7 || one_at_most) {
+    std::int64_t a = r.below(static_cast<std::int64_t>(rank));
+    return {r.chance(0.3) ? a - static_cast<std::int64_t>(rank) : a};
+  }
+  for (std::size_t d = 0; d < rank; ++d)
+    if (r.chance(0.5)) ax.push_back(static_cast<std::int64_t>(d));
+  if (ax.empty()) ax.push_back(0);
+  if (r.chance(0.3)) std::reverse(ax.begin(), ax.end());  // any order is accepted
+  return ax;
+}
+
+inline std::optional<std::vector<std::int64_t>> norm_axes(const std::vector<std::int64_t>& ax, std::size_t rank) {
+  std::vector<std::int64_t> out;
+  for (auto a : ax) {
+    auto n = rules::axis(a, rank);
+    if (!n) return std::nullopt;
+    if (rank == 0) continue;
+    if (std::find(out.begin(), out.end(), *n) != out.end()) return std::nullopt;
+    out.push_back(*n);
+  }
+  if (ax.empty())
+    for (std::size_t d = 0; d < rank; ++d) out.push_back(static_cast<std::int64_t>(d));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+inline Shape reduced_shape(const Shape& s, const std::vector<std::int64_t>& axes, bool keep) {
+  Shape out;
+  for (std::size_t d = 0; d < s.size(); ++d) {
+    bool r = std::find(axes.begin(), axes.end(), static_cast<std::int64_t>(d)) != axes.end();
+    if (!r) out.push_back(s[d]);
+    else if (keep) out.push_back(1);
+  }
+  return out;
+}
+
+inline OpDesc reduce_row(const char* name, DTypeSet accepts, rules::Reduce rule, const char* cxx,
+                         Tensor (*f)(const Tensor&, const Axes&, bool), double weight = 1.2) {
+  OpDesc d;
+  d.name = name;
+  d.group = "reduce";
+  d.cxx = cxx;
+  d.weight = weight;
+  d.pick = [accepts, rule](Gen& g, OpInst& op) {
+    int x = g.operand(accepts);
+    if (x < 0) return false;
+    op.args = {T(x)};
+    op.p.ints = pick_axes(g.rng, g.info(x).shape.size(), rule == rules::Reduce::Arg);
+    op.p.flag = g.rng.chance(0.4);
+    return true;
+  };
+  d.predict = [accepts, rule](const Program& p, const OpInst& op) -> std::optional<Info> {
+    if (op.args.size() != 1 || op.args[0].is_number()) return std::nullopt;
+    const Info& x = p.info(op.args[0].value);
+    if (!in(accepts, x.dtype)) return std::nullopt;
+    auto axes = norm_axes(op.p.ints, x.shape.size());
+    if (!axes) return std::nullopt;
+    DType out = x.dtype;
+    switch (rule) {
+      case rules::Reduce::SumProd: out = is_floating(x.dtype) ? x.dtype : i64; break;
+      case rules::Reduce::FloatOnly: break;
+      case rules::Reduce::LogSumExp: out = rules::float_of(x.dtype); break;
+      case rules::Reduce::MaxMin:
+      case rules::Reduce::Arg:
+        // semantics.md: max/min/argmax/argmin over an empty dimension are ShapeErrors.
+        for (auto a : *axes)
+          if (x.shape[static_cast<std::size_t>(a)] == 0) return std::nullopt;
+        if (rule == rules::Reduce::Arg) {
+          out = i64;
+          if (op.p.ints.size() > 1) return std::nullopt;
+          if (op.p.ints.empty()) {
+            if (x.shape.numel() == 0) return std::nullopt;
+            return Info{out, op.p.flag ? Shape(x.shape.size(), 1) : Shape{}};
+          }
+        }
+        break;
+    }
+    return Info{out, reduced_shape(x.shape, *axes, op.p.flag)};
+  };
+  d.build = [f](const Args& a) { return f(a.t[0], Axes(a.p().ints), a.p().flag); };
+  return d;
+}
+
+/// The values of a cast, by the documented rules (semantics.md, "Casts").
+inline std::vector<double> cast_values(const std::vector<double>& v, DType to) {
+  std::vector<double> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = round_to(v[i], to);
+  return out;
+}
+
+/// A random factorisation of n into 1..4 dims (a 0 somewhere when n == 0), maybe with one -1.
+inline std::vector<std::int64_t> pick_reshape(Rng& r, std::int64_t n, bool& inferred) {
+  std::vector<std::int64_t> dims;
+  int rank = static_cast<int>(r.range(n == 1 ? 0 : 1, 4));
+  if (n == 0) {
+    for (int i = 0; i < rank; ++i) dims.push_back(r.pick(std::vector<std::int64_t>{1, 3, 7}));
+    dims[static_cast<std::size_t>(r.below(rank))] = 0;
+    inferred = false;
+    return dims;
+  }
+  std::int64_t m = n;
+  for (int i = 0; i + 1 < rank; ++i) {
+    std::vector<std::int64_t> divs;
+    for (std::int64_t k = 1; k <= m && k <= 1000; ++k)
+      if (m % k == 0) divs.push_back(k);
+    std::int64_t d = r.pick(divs);
+    dims.push_back(d);
+    m /= d;
+  }
+  if (rank > 0) dims.push_back(m);
+  for (std::size_t i = dims.size(); i-- > 1;) std::swap(dims[i], dims[static_cast<std::size_t>(r.below(static_cast<std::int64_t>(i) + 1))]);
+  inferred = !dims.empty() && r.chance(0.3);
+  if (inferred) dims[static_cast<std::size_t>(r.below(static_cast<std::int64_t>(dims.size())))] = -1;
+  return dims;
+}
+
+/// Python slicing's length, without the overflow of (stop - start + step - 1) / step.
+inline std::int64_t slice_count(std::int64_t n, std::int64_t start, std::int64_t stop, std::int64_t step) {
+  auto clampi = [n](std::int64_t v) {
+    if (v < 0) v = v < -n ? 0 : v + n;
+    return std::min(v, n);
+  };
+  std::int64_t b = clampi(start), e = clampi(stop);
+  return e > b ? (e - b - 1) / step + 1 : 0;
+}
+
+// ---- the table -------------------------------------------------------------------------------
+
+inline const std::vector<OpDesc>& op_table() {
+  using rules::Binary;
+  using rules::Reduce;
+  using rules::Unary;
+  static const std::vector<OpDesc> table = [] {
+    std::vector<OpDesc> t;
+    // -- unary pointwise
+    t.push_back(unary_row("neg", kNotBool, Unary::Same, "-{0}", [](const Tensor& x) -> Tensor { return -x; }, 0.6));
+    t.push_back(unary_row("abs", kAll, Unary::Same, "abs({0})", [](const Tensor& x) -> Tensor { return abs(x); }, 0.6));
+    t.push_back(unary_row("exp", kAll, Unary::Float, "exp({0})", [](const Tensor& x) -> Tensor { return exp(x); }));
+    t.push_back(unary_row("exp2", kAll, Unary::Float, "exp2({0})", [](const Tensor& x) -> Tensor { return exp2(x); }));
+    t.push_back(unary_row("log", kAll, Unary::Float, "log({0})", [](const Tensor& x) -> Tensor { return log(x); }));
+    t.push_back(unary_row("log2", kAll, Unary::Float, "log2({0})", [](const Tensor& x) -> Tensor { return log2(x); }));
+    t.push_back(unary_row("log1p", kAll, Unary::Float, "log1p({0})", [](const Tensor& x) -> Tensor { return log1p(x); }));
+    t.push_back(unary_row("expm1", kAll, Unary::Float, "expm1({0})", [](const Tensor& x) -> Tensor { return expm1(x); }));
+    t.push_back(unary_row("sqrt", kAll, Unary::Float, "sqrt({0})", [](const Tensor& x) -> Tensor { return sqrt(x); }));
+    t.push_back(unary_row("rsqrt", kAll, Unary::Float, "rsqrt({0})", [](const Tensor& x) -> Tensor { return rsqrt(x); }));
+    t.push_back(unary_row("sin", kAll, Unary::Float, "sin({0})", [](const Tensor& x) -> Tensor { return sin(x); }));
+    t.push_back(unary_row("cos", kAll, Unary::Float, "cos({0})", [](const Tensor& x) -> Tensor { return cos(x); }));
+    t.push_back(unary_row("tan", kAll, Unary::Float, "tan({0})", [](const Tensor& x) -> Tensor { return tan(x); }));
+    t.push_back(unary_row("tanh", kAll, Unary::Float, "tanh({0})", [](const Tensor& x) -> Tensor { return tanh(x); }));
+    t.push_back(unary_row("erf", kAll, Unary::Float, "erf({0})", [](const Tensor& x) -> Tensor { return erf(x); }));
+    t.push_back(unary_row("sigmoid", kAll, Unary::Float, "sigmoid({0})", [](const Tensor& x) -> Tensor { return sigmoid(x); }));
+    t.push_back(unary_row("floor", kNotBool, Unary::Same, "floor({0})", [](const Tensor& x) -> Tensor { return floor(x); }));
+    t.push_back(unary_row("ceil", kNotBool, Unary::Same, "ceil({0})", [](const Tensor& x) -> Tensor { return ceil(x); }));
+    t.push_back(unary_row("round", kNotBool, Unary::Same, "round({0})", [](const Tensor& x) -> Tensor { return round(x); }));
+    t.push_back(unary_row("relu", kNotBool, Unary::Same, "relu({0})", [](const Tensor& x) -> Tensor { return relu(x); }, 0.6));
+    // semantics.md / PyTorch: gelu and silu need a floating input.
+    t.push_back(unary_row("gelu", kFloats, Unary::Same, "gelu({0})", [](const Tensor& x) -> Tensor { return gelu(x); }, 0.5));
+    t.push_back(unary_row("gelu_tanh", kFloats, Unary::Same, "gelu({0}, true)", [](const Tensor& x) -> Tensor { return gelu(x, true); }, 0.5));
+    t.push_back(unary_row("silu", kFloats, Unary::Same, "silu({0})", [](const Tensor& x) -> Tensor { return silu(x); }, 0.5));
+    t.push_back(unary_row("logical_not", kAll, Unary::Bool, "!{0}", [](const Tensor& x) -> Tensor { return !x; }, 0.5));
+    t.push_back(unary_row("isnan", kAll, Unary::Bool, "isnan({0})", [](const Tensor& x) -> Tensor { return isnan(x); }, 0.5));
+    t.push_back(unary_row("isinf", kAll, Unary::Bool, "isinf({0})", [](const Tensor& x) -> Tensor { return isinf(x); }, 0.5));
+
+    // -- binary pointwise (a tensor and a tensor or a C++ number, broadcasting)
+    t.push_back(binary_row("add", kAll, Binary::Arith, "{0} + {1}", [](const auto& a, const auto& b) -> Tensor { return a + b; }));
+    t.push_back(binary_row("sub", kAll, Binary::NoBool, "{0} - {1}", [](const auto& a, const auto& b) -> Tensor { return a - b; }));
+    t.push_back(binary_row("mul", kAll, Binary::Arith, "{0} * {1}", [](const auto& a, const auto& b) -> Tensor { return a * b; }));
+    t.push_back(binary_row("div", kAll, Binary::TrueDiv, "{0} / {1}", [](const auto& a, const auto& b) -> Tensor { return a / b; }));
+    t.push_back(binary_row("pow", kAll, Binary::Pow, "pow({0}, {1})", [](const auto& a, const auto& b) -> Tensor { return pow(a, b); }));
+    t.push_back(binary_row("maximum", kAll, Binary::Arith, "maximum({0}, {1})", [](const auto& a, const auto& b) -> Tensor { return maximum(a, b); }));
+    t.push_back(binary_row("minimum", kAll, Binary::Arith, "minimum({0}, {1})", [](const auto& a, const auto& b) -> Tensor { return minimum(a, b); }));
+    t.push_back(binary_row("eq", kAll, Binary::Compare, "{0} == {1}", [](const auto& a, const auto& b) -> Tensor { return a == b; }, 0.5));
+    t.push_back(binary_row("ne", kAll, Binary::Compare, "{0} != {1}", [](const auto& a, const auto& b) -> Tensor { return a != b; }, 0.5));
+    t.push_back(binary_row("lt", kAll, Binary::Compare, "{0} < {1}", [](const auto& a, const auto& b) -> Tensor { return a < b; }, 0.5));
+    t.push_back(binary_row("le", kAll, Binary::Compare, "{0} <= {1}", [](const auto& a, const auto& b) -> Tensor { return a <= b; }, 0.5));
+    t.push_back(binary_row("gt", kAll, Binary::Compare, "{0} > {1}", [](const auto& a, const auto& b) -> Tensor { return a > b; }, 0.5));
+    t.push_back(binary_row("ge", kAll, Binary::Compare, "{0} >= {1}", [](const auto& a, const auto& b) -> Tensor { return a >= b; }, 0.5));
+    t.push_back(binary_row("logical_and", kAll, Binary::Logical, "{0} && {1}", [](const auto& a, const auto& b) -> Tensor { return a && b; }, 0.5));
+    t.push_back(binary_row("logical_or", kAll, Binary::Logical, "{0} || {1}", [](const auto& a, const auto& b) -> Tensor { return a || b; }, 0.5));
+
+    // -- ternary: where(cond, a, b) and clamp(x, lo, hi), operands tensors or numbers
+    {
+      OpDesc d;
+      d.name = "where";
+      d.group = "ternary";
+      d.cxx = "where({0}, {1}, {2})";
+      d.lift_from = 1;
+      d.pick = [](Gen& g, OpInst& op) {
+        int c = g.operand(bit(bool_));
+        if (c < 0) return false;
+        op.args = {T(c)};
+        for (int k = 0; k < 2; ++k) op.args.push_back(g.rng.chance(0.3) ? N(g.number()) : T(g.partner(c, kAll)));
+        return true;
+      };
+      d.predict = [](const Program& p, const OpInst& op) -> std::optional<Info> {
+        if (op.args.size() != 3 || op.args[0].is_number()) return std::nullopt;
+        // semantics: the condition must be bool (DTypeError otherwise).
+        if (p.info(op.args[0].value).dtype != bool_) return std::nullopt;
+        std::vector<Shape> shapes;
+        for (auto& o : op.args)
+          if (!o.is_number()) shapes.push_back(p.info(o.value).shape);
+        auto shape = rules::broadcast(shapes);
+        if (!shape) return std::nullopt;
+        return Info{result_type({rules::typed(p, op.args[1]), rules::typed(p, op.args[2])}), *shape};
+      };
+      d.build = [](const Args& a) {
+        return with_operand(a, 1, [&](const auto& x) {
+          return with_operand(a, 2, [&](const auto& y) -> Tensor { return where(a.t[0], x, y); });
+        });
+      };
+      t.push_back(d);
+    }
+    {
+      OpDesc d;
+      d.name = "clamp";
+      d.group = "ternary";
+      d.cxx = "clamp({0}, {1}, {2})";
+      d.pick = [](Gen& g, OpInst& op) {
+        int x = g.operand(kAll);
+        if (x < 0) return false;
+        op.args = {T(x)};
+        for (int k = 0; k < 2; ++k) op.args.push_back(g.rng.chance(0.5) ? N(g.number()) : T(g.partner(x, kAll)));
+        return true;
+      };
+      d.predict = [](const Program& p, const OpInst& op) -> std::optional<Info> {
+        if (op.args.size() != 3 || op.args[0].is_number()) return std::nullopt;
+        std::vector<Shape> shapes;
+        for (auto& o : op.args)
+          if (!o.is_number()) shapes.push_back(p.info(o.value).shape);
+        auto shape = rules::broadcast(shapes);
+        if (!shape) return std::nullopt;
+        // torch.clamp promotes over all three operands at once (result_type(x, min, max)).
+        DType out = result_type({rules::typed(p, op.args[0]), rules::typed(p, op.args[1]), rules::typed(p, op.args[2])});
+        if (out == bool_) return std::nullopt;  // PyTorch: clamp is not implemented for bool
+        return Info{out, *shape};
+      };
+      d.build = [](const Args& a) {
+        return with_operand(a, 1, [&](const auto& lo) {
+          return with_operand(a, 2, [&](const auto& hi) -> Tensor { return clamp(a.t[0], lo, hi); });
+        });
+      };
+      t.push_back(d);
+    }
+
+    // -- casts
+    {
+      OpDesc d;
+      d.name = "to";
+      d.group = "cast";
+      d.cxx = "{0}.to({dt})";
+      d.weight = 3;
+      d.pick = [](Gen& g, OpInst& op) {
+        int x = g.operand(kAll);
+        if (x < 0) return false;
+        op.args = {T(x)};
+        op.p.dtype = g.dtype(kAll);
+        return true;
+      };
+      d.predict = [](const Program& p, const OpInst& op) -> std::optional<Info> {
+        if (op.args.size() != 1 || op.args[0].is_number()) return std::nullopt;
+        return Info{op.p.dtype, p.info(op.args[0].value).shape};
+      };
+      d.build = [](const Args& a) { return a.t[0].to(a.dt(a.p().dtype)); };
+      d.oracle = [](const OpInst& op, const Info&, const std::vector<std::vector<double>>& v) { return cast_values(v[0], op.p.dtype); };
+      t.push_back(d);
+    }
+
+    // -- reductions
+    t.push_back(reduce_row("sum", kAll, Reduce::SumProd, "sum({0}, {ints}, {keep})",
+                           [](const Tensor& x, const Axes& a, bool k) { return sum(x, a, k); }));
+    t.push_back(reduce_row("prod", kAll, Reduce::SumProd, "prod({0}, {ints}, {keep})",
+                           [](const Tensor& x, const Axes& a, bool k) { return prod(x, a, k); }, 0.8));
+    t.push_back(reduce_row("mean", kFloats, Reduce::FloatOnly, "mean({0}, {ints}, {keep})",
+                           [](const Tensor& x, const Axes& a, bool k) { return mean(x, a, k); }));
+    t.push_back(reduce_row("max", kAll, Reduce::MaxMin, "max({0}, {ints}, {keep})",
+                           [](const Tensor& x, const Axes& a, bool k) { return max(x, a, k); }));
+    t.push_back(reduce_row("min", kAll, Reduce::MaxMin, "min({0}, {ints}, {keep})",
+                           [](const Tensor& x, const Axes& a, bool k) { return min(x, a, k); }));
+    // argmax/argmin of bool: a DTypeError in kiln and PyTorch ("not implemented for 'Bool'").
+    t.push_back(reduce_row("argmax", kNotBool, Reduce::Arg, "argmax({0}, {ints}, {keep})",
+                           [](const Tensor& x, const Axes& a, bool k) { return argmax(x, a, k); }));
+    t.push_back(reduce_row("argmin", kNotBool, Reduce::Arg, "argmin({0}, {ints}, {keep})",
+                           [](const Tensor& x, const Axes& a, bool k) { return argmin(x, a, k); }));
+    t.push_back(reduce_row("logsumexp", kAll, Reduce::LogSumExp, "logsumexp({0}, {ints}, {keep})",
+                           [](const Tensor& x, const Axes& a, bool k) { return logsumexp(x, a, k); }));
+    {
+      OpDesc d = reduce_row("var", kFloats, Reduce::FloatOnly, "var({0}, {ints}, {keep}, {real})", nullptr);
+      PickFn base = d.pick;
+      d.pick = [base](Gen& g, OpInst& op) {
+        if (!base(g, op)) return false;
+        op.p.real = g.rng.pick(std::vector<double>{1, 1, 0, 2});
+        return true;
+      };
+      d.build = [](const Args& a) { return var(a.t[0], Axes(a.p().ints), a.p().flag, a.p().real); };
+      t.push_back(d);
+    }
+
+    // -- views and shape ops
+    {
+      OpDesc d;
+      d.name = "reshape";
+      d.group = "view";
+      d.cxx = "reshape({0}, {ints})";
+      d.pick = [](Gen& g, OpInst& op) {
+        int x = g.operand(kAll);
+        if (x < 0) return false;
+        op.args = {T(x)};
+        bool inferred = false;
+        op.p.ints = pick_reshape(g.rng, g.info(x).shape.numel(), inferred);
+        return true;
+      };
+      d.predict = [](const Program& p, const OpInst& op) -> std::optional<Info> {
+        if (op.args.size() != 1 || op.args[0].is_number()) return std::nullopt;
+        const Info& x = p.info(op.args[0].value);
+        Shape s(op.p.ints.begin(), op.p.ints.end());
+        std::int64_t known = 1;
+        int infer = -1;
+        for (std::size_t i = 0; i < s.size(); ++i) {
+          if (s[i] == -1) {
+            if (infer >= 0) return std::nullopt;
+            infer = static_cast<int>(i);
+          } else if (s[i] < 0) {
+            return std::nullopt;
+          } else {
+            known *= s[i];
+          }
+        }
+        if (infer >= 0) {
+          if (known == 0 || x.shape.numel() % known != 0) return std::nullopt;
+          s[static_cast<std::size_t>(infer)] = x.shape.numel() / known;
+        }
+        if (s.numel() != x.shape.numel() || s.size() > 8) return std::nullopt;
+        return Info{x.dtype, s};
+      };
+      d.build = [](const Args& a) { return reshape(a.t[0], Shape(a.p().ints.begin(), a.p().ints.end())); };
+      t.push_back(d);
+    }
+    {
+      OpDesc d;
+      d.name = "permute";
+      d.group = "view";
+      d.cxx = "permute({0}, {ints})";
+      d.pick = [](Gen& g, OpInst& op) {
+        int x = g.operand(kAll, {}, 1);
+        if (x < 0) return false;
+        op.args = {T(x)};
+        std::int64_t r = static_cast<std::int64_t>(g.info(x).shape.size());
+        op.p.ints.resize(static_cast<std::size_t>(r));
+        for (std::int64_t i = 0; i < r; ++i) op.p.ints[static_cast<std::size_t>(i)] = i;
+        for (std::int64_t i = r; i-- > 1;) std::swap(op.p.ints[static_cast<std::size_t>(i)], op.p.ints[static_cast<std::size_t>(g.rng.below(i + 1))]);
+        for (auto& v : op.p.ints)
+          if (g.rng.chance(0.2)) v -= r;
+        return true;
+      };
+      d.predict = [](const Program& p, const OpInst& op) -> std::optional<Info> {
+        if (op.args.size() != 1 || op.args[0].is_number()) return std::nullopt;
+        const Info& x = p.info(op.args[0].value);
+        if (op.p.ints.size() != x.shape.size()) return std::nullopt;
+        Shape s;
+        std::vector<bool> seen(x.shape.size(), false);
+        for (auto v : op.p.ints) {
+          auto a = rules::axis(v, x.shape.size());
+          if (!a || x.shape.empty() || seen[static_cast<std::size_t>(*a)]) return std::nullopt;
+          seen[static_cast<std::size_t>(*a)] = true;
+          s.push_back(x.shape[static_cast<std::size_t>(*a)]);
+        }
+        return Info{x.dtype, s};
+      };
+      d.build = [](const Args& a) { return permute(a.t[0], a.p().ints); };
+      t.push_back(d);
+    }
+    {
+      OpDesc d;
+      d.name = "transpose";
+      d.group = "view";
+      d.cxx = "transpose({0}, {i0}, {i1})";
+      d.pick = [](Gen& g, OpInst& op) {
+        int x = g.operand(kAll);
+        if (x < 0) return false;
+        op.args = {T(x)};
+        std::int64_t r = std::max<std::int64_t>(1, static_cast<std::int64_t>(g.info(x).shape.size()));
+        op.p.ints = {g.rng.range(-r, r - 1), g.rng.range(-r, r - 1)};
+        return true;
+      };
+      d.predict = [](const Program& p, const OpInst& op) -> std::optional<Info> {
+        if (op.args.size() != 1 || op.args[0].is_number() || op.p.ints.size() != 2) return std::nullopt;
+        const Info& x = p.info(op.args[0].value);
+        auto a = rules::axis(op.p.ints[0], x.shape.size()), b = rules::axis(op.p.ints[1], x.shape.size());
+        if (!a || !b) return std::nullopt;  // PyTorch: even a 0-dim tensor only takes dims 0 and -1
+        Shape s = x.shape;
+        if (!s.empty()) std::swap(s[static_cast<std::size_t>(*a)], s[static_cast<std::size_t>(*b)]);
+        return Info{x.dtype, s};
+      };
+      d.build = [](const Args& a) { return transpose(a.t[0], a.p().ints[0], a.p().ints[1]); };
+      t.push_back(d);
+    }
+    {
+      OpDesc d;
+      d.name = "slice";
+      d.group = "view";
+      d.cxx = "slice({0}, {i0}, {i1}, {i2}, {i3})";
+      d.weight = 1.5;
+      d.pick = [](Gen& g, OpInst& op) {
+        int x = g.operand(kAll, {}, 1);
+        if (x < 0) return false;
+        op.args = {T(x)};
+        const Shape& s = g.info(x).shape;
+        std::int64_t r = static_cast<std::int64_t>(s.size());
+        std::int64_t axis = g.rng.below(r);
+        std::int64_t n = s[static_cast<std::size_t>(axis)];
+        auto bound = [&] {
+          if (g.rng.chance(0.05)) return g.rng.chance(0.5) ? std::numeric_limits<std::int64_t>::max() : -n - 5;
+          return g.rng.range(-n - 2, n + 2);
+        };
+        std::int64_t start = g.rng.chance(0.3) ? 0 : bound(), stop = g.rng.chance(0.3) ? n : bound();
+        std::int64_t step = g.rng.chance(0.03) ? std::numeric_limits<std::int64_t>::max() : g.rng.pick(std::vector<std::int64_t>{1, 1, 1, 2, 3, 5});
+        op.p.ints = {g.rng.chance(0.2) ? axis - r : axis, start, stop, step};
+        return true;
+      };
+      d.predict = [](const Program& p, const OpInst& op) -> std::optional<Info> {
+        if (op.args.size() != 1 || op.args[0].is_number() || op.p.ints.size() != 4) return std::nullopt;
+        const Info& x = p.info(op.args[0].value);
+        if (x.shape.empty() || op.p.ints[3] <= 0) return std::nullopt;
+        auto a = rules::axis(op.p.ints[0], x.shape.size());
+        if (!a) return std::nullopt;
+        Shape s = x.shape;
+        s[static_cast<std::size_t>(*a)] = slice_count(s[static_cast<std::size_t>(*a)], op.p.ints[1], op.p.ints[2], op.p.ints[3]);
+        return Info{x.dtype, s};
+      };
+      d.build = [](const Args& a) { return slice(a.t[0], a.p().ints[0], a.p().ints[1], a.p().ints[2], a.p().ints[3]); };
+      t.push_back(d);
+    }
+    {
+      OpDesc d;
+      d.name = "broadcast_to";
+      d.group = "view";
+      d.cxx = "broadcast_to({0}, {ints})";
+      d.pick = [](Gen& g, OpInst& op) {
+        int x = g.operand(kAll);
+        if (x < 0) return false;
+        op.args = {T(x)};
+        Shape s = g.info(x).shape;
+        for (auto& v : s)
+          if (v == 1 && g.rng.chance(0.6)) v = g.dim();
+        if (g.rng.chance(0.4)) s.insert(s.begin(), g.rng.pick(std::vector<std::int64_t>{1, 3, 7}));
+        if (s.numel() > g.lim.max_elems) s = g.info(x).shape;
+        op.p.ints.assign(s.begin(), s.end());
+        return true;
+      };
+      d.predict = [](const Program& p, const OpInst& op) -> std::optional<Info> {
+        if (op.args.size() != 1 || op.args[0].is_number()) return std::nullopt;
+        const Info& x = p.info(op.args[0].value);
+        Shape s(op.p.ints.begin(), op.p.ints.end());
+        if (x.shape.size() > s.size() || s.size() > 8) return std::nullopt;
+        for (std::size_t i = 0; i < x.shape.size(); ++i) {
+          std::int64_t a = x.shape[x.shape.size() - 1 - i], b = s[s.size() - 1 - i];
+          if (a != b && a != 1) return std::nullopt;
+        }
+        for (auto v : s)
+          if (v < 0) return std::nullopt;
+        return Info{x.dtype, s};
+      };
+      d.build = [](const Args& a) { return broadcast_to(a.t[0], Shape(a.p().ints.begin(), a.p().ints.end())); };
+      t.push_back(d);
+    }
+    {
+      OpDesc d;
+      d.name = "unsqueeze";
+      d.group = "view";
+      d.cxx = "unsqueeze({0}, {i0})";
+      d.weight = 0.7;
+      d.pick = [](Gen& g, OpInst& op) {
+        int x = g.operand(kAll, {}, 0, 3);
+        if (x < 0) return false;
+        op.args = {T(x)};
+        std::int64_t r = static_cast<std::int64_t>(g.info(x).shape.size()) + 1;
+        op.p.ints = {g.rng.range(-r, r - 1)};
+        return true;
+      };
+      d.predict = [](const Program& p, const OpInst& op) -> std::optional<Info> {
+        if (op.args.size() != 1 || op.args[0].is_number() || op.p.ints.size() != 1) return std::nullopt;
+        const Info& x = p.info(op.args[0].value);
+        std::int64_t r = static_cast<std::int64_t>(x.shape.size()) + 1, dim = op.p.ints[0];
+        if (dim < -r || dim >= r || r > 8) return std::nullopt;
+        if (dim < 0) dim += r;
+        Shape s = x.shape;
+        s.insert(s.begin() + dim, 1);
+        return Info{x.dtype, s};
+      };
+      d.build = [](const Args& a) { return unsqueeze(a.t[0], a.p().ints[0]); };
+      t.push_back(d);
+    }
+    {
+      OpDesc d;
+      d.name = "squeeze";
+      d.group = "view";
+      d.cxx = "squeeze({0})";
+      d.weight = 0.5;
+      d.pick = [](Gen& g, OpInst& op) {
+        int x = g.operand(kAll);
+        if (x < 0) return false;
+        op.args = {T(x)};
+        return true;
+      };
+      d.predict = [](const Program& p, const OpInst& op) -> std::optional<Info> {
+        if (op.args.size() != 1 || op.args[0].is_number()) return std::nullopt;
+        const Info& x = p.info(op.args[0].value);
+        Shape s;
+        for (auto v : x.shape)
+          if (v != 1) s.push_back(v);
+        return Info{x.dtype, s};
+      };
+      d.build = [](const Args& a) { return squeeze(a.t[0]); };
+      t.push_back(d);
+    }
+    {
+      OpDesc d;
+      d.name = "squeeze_dim";
+      d.group = "view";
+      d.cxx = "squeeze({0}, {i0})";
+      d.weight = 0.5;
+      d.pick = [](Gen& g, OpInst& op) {
+        int x = g.operand(kAll);
+        if (x < 0) return false;
+        op.args = {T(x)};
+        std::int64_t r = std::max<std::int64_t>(1, static_cast<std::int64_t>(g.info(x).shape.size()));
+        op.p.ints = {g.rng.range(-r, r - 1)};
+        return true;
+      };
+      d.predict = [](const Program& p, const OpInst& op) -> std::optional<Info> {
+        if (op.args.size() != 1 || op.args[0].is_number() || op.p.ints.size() != 1) return std::nullopt;
+        const Info& x = p.info(op.args[0].value);
+        auto a = rules::axis(op.p.ints[0], x.shape.size());
+        if (!a) return std::nullopt;
+        Shape s = x.shape;
+        if (!s.empty() && s[static_cast<std::size_t>(*a)] == 1) s.erase(s.begin() + *a);
+        return Info{x.dtype, s};
+      };
+      d.build = [](const Args& a) { return squeeze(a.t[0], a.p().ints[0]); };
+      t.push_back(d);
+    }
+    {
+      OpDesc d;
+      d.name = "concat";
+      d.group = "view";
+      d.cxx = "concat({args}, {i0})";
+      d.pick = [](Gen& g, OpInst& op) {
+        int x = g.operand(kAll, {}, 1);
+        if (x < 0) return false;
+        const Shape s = g.info(x).shape;
+        std::int64_t r = static_cast<std::int64_t>(s.size());
+        std::int64_t axis = g.rng.below(r);
+        op.args = {T(x)};
+        int pieces = static_cast<int>(g.rng.range(1, 3));
+        for (int k = 0; k < pieces; ++k) {
+          Shape o = s;
+          o[static_cast<std::size_t>(axis)] = g.rng.chance(0.3) ? s[static_cast<std::size_t>(axis)] : g.rng.pick(std::vector<std::int64_t>{0, 1, 3, 7});
+          int v = g.rng.chance(0.3) ? g.existing([&](const Info& i) { return i.shape == o; }) : -1;
+          if (v < 0) v = g.input(g.rng.chance(0.6) ? g.info(x).dtype : g.dtype(kAll), o);
+          op.args.push_back(T(v));
+        }
+        if (g.rng.chance(0.3)) std::swap(op.args[0], op.args.back());
+        op.p.ints = {g.rng.chance(0.2) ? axis - r : axis};
+        return true;
+      };
+      d.predict = [](const Program& p, const OpInst& op) -> std::optional<Info> {
+        if (op.args.empty() || op.p.ints.size() != 1) return std::nullopt;
+        for (auto& o : op.args)
+          if (o.is_number()) return std::nullopt;
+        const Info& first = p.info(op.args[0].value);
+        if (first.shape.empty()) return std::nullopt;
+        auto a = rules::axis(op.p.ints[0], first.shape.size());
+        if (!a) return std::nullopt;
+        Shape s = first.shape;
+        s[static_cast<std::size_t>(*a)] = 0;
+        DType dt = first.dtype;
+        for (auto& o : op.args) {
+          const Info& i = p.info(o.value);
+          if (i.shape.size() != first.shape.size()) return std::nullopt;
+          for (std::size_t k = 0; k < s.size(); ++k)
+            if (static_cast<std::int64_t>(k) != *a && i.shape[k] != first.shape[k]) return std::nullopt;
+          s[static_cast<std::size_t>(*a)] += i.shape[static_cast<std::size_t>(*a)];
+          dt = promote(dt, i.dtype);
+        }
+        return Info{dt, s};
+      };
+      d.build = [](const Args& a) { return concat(std::vector<Tensor>(a.t.begin(), a.t.end()), a.p().ints[0]); };
+      t.push_back(d);
+    }
+
+    // -- composites
+    auto softmax_like = [](const char* name, const char* cxx, Tensor (*f)(const Tensor&, std::int64_t)) {
+      OpDesc d;
+      d.name = name;
+      d.group = "composite";
+      d.cxx = cxx;
+      d.pick = [](Gen& g, OpInst& op) {
+        int x = g.operand(kAll);
+        if (x < 0) return false;
+        op.args = {T(x)};
+        std::int64_t r = std::max<std::int64_t>(1, static_cast<std::int64_t>(g.info(x).shape.size()));
+        op.p.ints = {g.rng.chance(0.5) ? -1 : g.rng.range(-r, r - 1)};
+        return true;
+      };
+      d.predict = [](const Program& p, const OpInst& op) -> std::optional<Info> {
+        if (op.args.size() != 1 || op.args[0].is_number() || op.p.ints.size() != 1) return std::nullopt;
+        const Info& x = p.info(op.args[0].value);
+        if (!rules::axis(op.p.ints[0], x.shape.size())) return std::nullopt;
+        return Info{rules::float_of(x.dtype), x.shape};  // kiln: integer inputs give float32 (functions.hpp)
+      };
+      d.build = [f](const Args& a) { return f(a.t[0], a.p().ints[0]); };
+      return d;
+    };
+    t.push_back(softmax_like("softmax", "softmax({0}, {i0})", [](const Tensor& x, std::int64_t a) { return softmax(x, a); }));
+    t.push_back(softmax_like("log_softmax", "log_softmax({0}, {i0})", [](const Tensor& x, std::int64_t a) { return log_softmax(x, a); }));
+
+    auto norm_predict = [](std::size_t params) {
+      return [params](const Program& p, const OpInst& op) -> std::optional<Info> {
+        if (op.args.size() != 1 + params) return std::nullopt;
+        for (auto& o : op.args)
+          if (o.is_number()) return std::nullopt;
+        const Info& x = p.info(op.args[0].value);
+        if (!is_floating(x.dtype) || x.shape.empty()) return std::nullopt;
+        for (std::size_t k = 1; k < op.args.size(); ++k) {
+          const Info& w = p.info(op.args[k].value);
+          if (w.dtype != x.dtype || w.shape != Shape{x.shape.back()}) return std::nullopt;
+        }
+        return Info{x.dtype, x.shape};
+      };
+    };
+    auto norm_pick = [](std::size_t params) {
+      return [params](Gen& g, OpInst& op) {
+        int x = g.operand(kFloats, {}, 1);
+        if (x < 0) return false;
+        op.args = {T(x)};
+        for (std::size_t k = 0; k < params; ++k) op.args.push_back(T(g.input(g.info(x).dtype, Shape{g.info(x).shape.back()})));
+        op.p.real = g.rng.pick(std::vector<double>{1e-5, 1e-3, 0.0, 1e-6});
+        return true;
+      };
+    };
+    {
+      OpDesc d;
+      d.name = "layer_norm";
+      d.group = "composite";
+      d.cxx = "layer_norm({0})";
+      d.pick = norm_pick(0);
+      d.predict = norm_predict(0);
+      d.build = [](const Args& a) { return layer_norm(a.t[0]); };
+      t.push_back(d);
+      d.name = "layer_norm_affine";
+      d.cxx = "layer_norm({0}, {1}, {2}, {real})";
+      d.pick = norm_pick(2);
+      d.predict = norm_predict(2);
+      d.build = [](const Args& a) { return layer_norm(a.t[0], a.t[1], a.t[2], a.p().real); };
+      t.push_back(d);
+      d.name = "rms_norm";
+      d.cxx = "rms_norm({0})";
+      d.pick = norm_pick(0);
+      d.predict = norm_predict(0);
+      // The default eps is the dtype's machine epsilon: the float64 twin passes the program's.
+      d.build = [](const Args& a) {
+        if (a.ctx.f64) return rms_norm(a.t[0], Tensor{}, dtype_eps(a.orig_dtype(0)));
+        return rms_norm(a.t[0]);
+      };
+      t.push_back(d);
+      d.name = "rms_norm_weight";
+      d.cxx = "rms_norm({0}, {1}, {real})";
+      d.pick = norm_pick(1);
+      d.predict = norm_predict(1);
+      d.build = [](const Args& a) { return rms_norm(a.t[0], a.t[1], a.p().real); };
+      t.push_back(d);
+    }
+    {
+      OpDesc d;
+      d.name = "cross_entropy";
+      d.group = "composite";
+      d.cxx = "cross_entropy({0}, {1}, {i0})";
+      d.lift = false;  // the targets stay integers
+      d.pick = [](Gen& g, OpInst& op) {
+        int x = g.operand(kFloats, [](const Info& i) { return i.shape[1] > 0; }, 2, 2);
+        if (x < 0) return false;
+        std::int64_t n = g.info(x).shape[0], c = g.info(x).shape[1];
+        std::int64_t ignore = g.rng.chance(0.7) ? -100 : g.rng.range(-1, c - 1);
+        Step st;
+        st.is_input = true;
+        st.input.dtype = g.rng.chance(0.8) ? i64 : i32;
+        st.input.shape = Shape{n};
+        for (std::int64_t i = 0; i < n; ++i) st.input.values.push_back(g.rng.chance(0.2) ? static_cast<double>(ignore) : static_cast<double>(g.rng.below(c)));
+        g.layout(st.input);
+        st.info = {st.input.dtype, st.input.shape};
+        g.prog.steps.push_back(st);
+        op.args = {T(x), T(g.prog.size() - 1)};
+        op.p.ints = {ignore};
+        return true;
+      };
+      d.predict = [](const Program& p, const OpInst& op) -> std::optional<Info> {
+        if (op.args.size() != 2 || op.args[0].is_number() || op.args[1].is_number() || op.p.ints.size() != 1) return std::nullopt;
+        const Info& x = p.info(op.args[0].value);
+        const Step& ts = p.steps[static_cast<std::size_t>(op.args[1].value)];
+        if (!is_floating(x.dtype) || x.shape.size() != 2 || !ts.is_input || (ts.info.dtype != i64 && ts.info.dtype != i32) ||
+            ts.info.shape != Shape{x.shape[0]})
+          return std::nullopt;
+        // A target outside [0, C) that is not ignore_index is an error (PyTorch: "Target 7 is out
+        // of bounds"); the fuzzer only makes valid targets.
+        for (double v : ts.input.values)
+          if (v != static_cast<double>(op.p.ints[0]) && (v < 0 || v >= static_cast<double>(x.shape[1]))) return std::nullopt;
+        return Info{x.dtype, Shape{}};
+      };
+      d.build = [](const Args& a) { return cross_entropy(a.t[0], a.t[1], a.p().ints[0]); };
+      t.push_back(d);
+    }
+
+    // -- creation (leaves)
+    auto creation = [](const char* name, const char* cxx, DTypeSet dtypes, bool value) {
+      OpDesc d;
+      d.name = name;
+      d.group = "creation";
+      d.cxx = cxx;
+      d.weight = 0.5;
+      d.pick = [dtypes, value](Gen& g, OpInst& op) {
+        Shape s = g.shape();
+        op.p.ints.assign(s.begin(), s.end());
+        op.p.dtype = g.dtype(dtypes);
+        op.p.seed = static_cast<std::uint64_t>(g.rng.range(0, 1000));
+        if (value) {
+          static const std::vector<double> vals = {0, 1, -1, 2.5, -0.5, 1e-3, 3, 100, 1e30, NAN, HUGE_VAL, -HUGE_VAL, -0.0, 65504, 70000};
+          op.p.real = g.rng.pick(vals);
+        }
+        return true;
+      };
+      d.predict = [dtypes](const Program&, const OpInst& op) -> std::optional<Info> {
+        if (!op.args.empty() || !in(dtypes, op.p.dtype)) return std::nullopt;
+        for (auto v : op.p.ints)
+          if (v < 0) return std::nullopt;
+        return Info{op.p.dtype, Shape(op.p.ints.begin(), op.p.ints.end())};
+      };
+      return d;
+    };
+    {
+      OpDesc d = creation("full", "full({ints}, {real}, {dt})", kAll, true);
+      // The twin holds the very value the program's dtype holds, then widens it.
+      d.build = [](const Args& a) {
+        Shape s(a.p().ints.begin(), a.p().ints.end());
+        if (a.ctx.f64 && is_floating(a.p().dtype)) return full(s, round_to(a.p().real, a.p().dtype), f64, a.ctx.device);
+        return full(s, a.p().real, a.p().dtype, a.ctx.device);
+      };
+      d.oracle = [](const OpInst& op, const Info& out, const std::vector<std::vector<double>>&) {
+        // semantics.md: the value converts as a cast does (NaN and out-of-range -> the minimum).
+        return std::vector<double>(static_cast<std::size_t>(out.shape.numel()), round_to(op.p.real, op.p.dtype));
+      };
+      t.push_back(d);
+    }
+    {
+      OpDesc d = creation("zeros", "zeros({ints}, {dt})", kAll, false);
+      d.build = [](const Args& a) { return zeros(Shape(a.p().ints.begin(), a.p().ints.end()), a.dt(a.p().dtype), a.ctx.device); };
+      d.oracle = [](const OpInst&, const Info& out, const std::vector<std::vector<double>>&) {
+        return std::vector<double>(static_cast<std::size_t>(out.shape.numel()), 0.0);
+      };
+      t.push_back(d);
+      d = creation("ones", "ones({ints}, {dt})", kAll, false);
+      d.build = [](const Args& a) { return ones(Shape(a.p().ints.begin(), a.p().ints.end()), a.dt(a.p().dtype), a.ctx.device); };
+      d.oracle = [](const OpInst&, const Info& out, const std::vector<std::vector<double>>&) {
+        return std::vector<double>(static_cast<std::size_t>(out.shape.numel()), 1.0);
+      };
+      t.push_back(d);
+    }
+    {
+      // PyTorch's arange has no bool kernel.
+      OpDesc d = creation("arange", "arange({i0}, {dt})", kNotBool, false);
+      PickFn base = d.pick;
+      d.pick = [base](Gen& g, OpInst& op) {
+        base(g, op);
+        op.p.ints = {g.dim()};
+        return true;
+      };
+      d.predict = [](const Program&, const OpInst& op) -> std::optional<Info> {
+        if (!op.args.empty() || op.p.ints.size() != 1 || op.p.ints[0] < 0 || op.p.dtype == bool_) return std::nullopt;
+        return Info{op.p.dtype, Shape{op.p.ints[0]}};
+      };
+      d.build = [](const Args& a) {
+        Tensor r = arange(a.p().ints[0], a.p().dtype, a.ctx.device);
+        return a.ctx.f64 && is_floating(a.p().dtype) ? r.to(f64) : r;
+      };
+      d.oracle = [](const OpInst& op, const Info& out, const std::vector<std::vector<double>>&) {
+        std::vector<double> v(static_cast<std::size_t>(out.shape.numel()));
+        for (std::size_t i = 0; i < v.size(); ++i) v[i] = round_to(static_cast<double>(i), op.p.dtype);
+        return v;
+      };
+      t.push_back(d);
+    }
+    for (int normal = 0; normal < 2; ++normal) {
+      // semantics.md: rand/randn need a floating dtype.
+      OpDesc d = creation(normal ? "randn" : "rand", normal ? "randn({ints}, {seed}, {dt})" : "rand({ints}, {seed}, {dt})", kFloats, false);
+      d.build = [normal](const Args& a) {
+        Shape s(a.p().ints.begin(), a.p().ints.end());
+        Tensor r = normal ? randn(s, a.p().seed, a.p().dtype, a.ctx.device) : rand(s, a.p().seed, a.p().dtype, a.ctx.device);
+        return a.ctx.f64 ? r.to(f64) : r;
+      };
+      t.push_back(d);
+    }
+    return t;
+  }();
+  return table;
+}
+
+/// The row named `name` (for tests and the reproducer printer).
+inline int op_index(const std::string& name) {
+  const auto& t = op_table();
+  for (std::size_t i = 0; i < t.size(); ++i)
+    if (t[i].name == name) return static_cast<int>(i);
+  throw Error("fuzz: no op named " + name);
+}
+
+// ---- programs ------------------------------------------------------------------------------------
+
+/// Recomputes every step's predicted info; false when some op is no longer valid (the
+/// shrinker's cheap filter).
+inline bool revalidate(Program& p) {
+  const auto& table = op_table();
+  for (int v = 0; v < p.size(); ++v) {
+    Step& s = p.steps[static_cast<std::size_t>(v)];
+    if (s.is_input) {
+      if (static_cast<std::int64_t>(s.input.values.size()) != s.input.shape.numel()) return false;
+      s.info = {s.input.dtype, s.input.shape};
+      continue;
+    }
+    if (s.op.desc < 0 || s.op.desc >= static_cast<int>(table.size())) return false;
+    for (auto& a : s.op.args)
+      if (!a.is_number() && (a.value < 0 || a.value >= v)) return false;
+    auto i = table[static_cast<std::size_t>(s.op.desc)].predict(p, s.op);
+    if (!i) return false;
+    s.info = *i;
+  }
+  if (p.outputs.empty()) return false;
+  for (int o : p.outputs)
+    if (o < 0 || o >= p.size()) return false;
+  if (p.assign_output >= static_cast<int>(p.outputs.size())) return false;
+  if (p.assign_output >= 0) {
+    p.assign_dst.shape = p.info(p.outputs[static_cast<std::size_t>(p.assign_output)]).shape;
+    p.assign_dst.values.assign(static_cast<std::size_t>(p.assign_dst.shape.numel()), 0.0);
+    Input& d = p.assign_dst;
+    if (d.layout == Layout::Permuted && d.perm.size() != d.shape.size()) d.layout = Layout::Contiguous;
+    if (d.layout == Layout::Strided && d.step.size() != d.shape.size()) d.layout = Layout::Contiguous;
+  }
+  return true;
+}
+
+/// Drops steps no output depends on and renumbers the rest.
+inline void compact(Program& p) {
+  std::vector<bool> live(p.steps.size(), false);
+  for (int o : p.outputs) live[static_cast<std::size_t>(o)] = true;
+  for (int v = p.size(); v-- > 0;) {
+    if (!live[static_cast<std::size_t>(v)] || p.steps[static_cast<std::size_t>(v)].is_input) continue;
+    for (auto& a : p.steps[static_cast<std::size_t>(v)].op.args)
+      if (!a.is_number()) live[static_cast<std::size_t>(a.value)] = true;
+  }
+  std::vector<int> map(p.steps.size(), -1);
+  std::vector<Step> kept;
+  for (std::size_t v = 0; v < p.steps.size(); ++v) {
+    if (!live[v]) continue;
+    map[v] = static_cast<int>(kept.size());
+    kept.push_back(std::move(p.steps[v]));
+  }
+  for (auto& s : kept)
+    if (!s.is_input)
+      for (auto& a : s.op.args)
+        if (!a.is_number()) a.value = map[static_cast<std::size_t>(a.value)];
+  for (auto& o : p.outputs) o = map[static_cast<std::size_t>(o)];
+  p.steps = std::move(kept);
+}
+
+/// Graph `index` of campaign `seed`: a random valid program of up to lim.max_ops ops.
+inline Program generate(std::uint64_t seed, std::uint64_t index, const Limits& lim) {
+  const auto& table = op_table();
+  Rng rng = graph_rng(seed, index);
+  Program p;
+  p.seed = seed;
+  p.index = index;
+  Gen g{rng, p, lim};
+  double total = 0;
+  for (auto& d : table) total += d.weight;
+  int ops = static_cast<int>(rng.range(lim.min_ops, lim.max_ops));
+  int made = 0;
+  for (int tries = 0; made < ops && tries < ops * 10; ++tries) {
+    double w = rng.uniform() * total;
+    std::size_t k = 0;
+    while (k + 1 < table.size() && w >= table[k].weight) w -= table[k++].weight;
+    const OpDesc& d = table[k];
+    for (int attempt = 0; attempt < 6; ++attempt) {
+      OpInst op;
+      op.desc = static_cast<int>(k);
+      if (!d.pick(g, op)) continue;
+      auto info = d.predict(p, op);
+      if (!info || info->shape.numel() > lim.max_elems * 4 || info->shape.size() > 8) continue;
+      op.eval_after = rng.chance(lim.eval_rate);
+      Step s;
+      s.op = std::move(op);
+      s.info = *info;
+      p.steps.push_back(std::move(s));
+      ++made;
+      break;
+    }
+  }
+  if (p.steps.empty() || p.steps.back().is_input) {  // nothing applied: a lone cast keeps the program non-empty
+    int x = g.operand(kAll);
+    OpInst op;
+    op.desc = op_index("to");
+    op.args = {T(x)};
+    op.p.dtype = f32;
+    Step s;
+    s.op = op;
+    s.info = *table[static_cast<std::size_t>(op.desc)].predict(p, op);
+    p.steps.push_back(s);
+  }
+  int last = p.size() - 1;
+  p.outputs = {last};
+  // Other results nothing reads become outputs too (up to 4 in all: one eval of several roots),
+  // and now and then a value that is also read further on, or an input.
+  for (int v = last; v-- > 0 && p.outputs.size() < 4;)
+    if (!p.steps[static_cast<std::size_t>(v)].is_input && g.unused(v) && rng.chance(0.7)) p.outputs.push_back(v);
+  while (rng.chance(lim.extra_output_rate) && p.outputs.size() < 4) {
+    int v = static_cast<int>(rng.below(last));
+    if (std::find(p.outputs.begin(), p.outputs.end(), v) == p.outputs.end() &&
+        (!p.steps[static_cast<std::size_t>(v)].is_input || rng.chance(0.2)))
+      p.outputs.push_back(v);
+  }
+  if (rng.chance(lim.assign_rate)) {
+    p.assign_output = 0;
+    Input& d = p.assign_dst;
+    d.dtype = rng.chance(0.7) ? p.info(last).dtype : g.dtype(kAll);
+    d.shape = p.info(last).shape;
+    g.layout(d);
+  }
+  compact(p);
+  revalidate(p);
+  return p;
+}
+
+}  // namespace kiln::fuzz

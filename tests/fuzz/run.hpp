@@ -1,0 +1,568 @@
+#pragma once
+// Building a program through kiln's public API, evaluating it on one backend, judging the JIT
+// against the reference executor (and a float64 twin), and printing a program as C++.
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <typeinfo>
+#include <vector>
+
+#include "op_table.hpp"
+
+namespace kiln::fuzz {
+
+// ---- building ------------------------------------------------------------------------------
+
+/// The tensors of one build, and the memory that from_blob views read.
+struct Built {
+  std::vector<Tensor> values;
+  std::vector<std::shared_ptr<void>> memory;
+  std::vector<Tensor> outputs;  ///< what is read back (an assigned output is its destination)
+  /// The assign destination's whole buffer (CPU) or base tensor (CUDA), to check its gaps.
+  std::shared_ptr<void> assign_memory;
+  Tensor assign_base;
+  /// Predicted dtype/shape that the front end contradicted ("v3: predicted f32[3], got f64[3]").
+  std::vector<std::string> rule_failures;
+};
+
+template <class T>
+std::shared_ptr<void> host_array(const std::vector<double>& v, T** out) {
+  std::shared_ptr<T[]> a(new T[v.size() ? v.size() : 1]);
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if constexpr (std::is_same_v<T, bool>) a[i] = v[i] != 0;
+    else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) a[i] = T(static_cast<float>(v[i]));
+    else a[i] = static_cast<T>(v[i]);
+  }
+  *out = a.get();
+  return a;
+}
+
+template <class T>
+std::vector<T> typed_vector(const std::vector<double>& v) {
+  std::vector<T> out;
+  out.reserve(v.size());
+  for (double x : v) {
+    if constexpr (std::is_same_v<T, bool>) out.push_back(x != 0);
+    else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) out.push_back(T(static_cast<float>(x)));
+    else out.push_back(static_cast<T>(x));
+  }
+  return out;
+}
+
+/// A tensor laid out as `in` says, on `device`: from_blob over host memory on the CPU; on a GPU
+/// a realized buffer and views of it (permute / slices), which keep its strides.
+inline Tensor make_input(const Input& in, Device device, Built& b, bool assign_target = false) {
+  return visit_dtype(in.dtype, [&](auto tag) -> Tensor {
+    using T = decltype(tag);
+    Placement pl = placement(in);
+    if (in.layout == Layout::Contiguous && !assign_target) return from_vector<T>(typed_vector<T>(in.values), in.shape, device);
+    std::vector<double> buf = assign_target ? std::vector<double>(static_cast<std::size_t>(pl.buffer_size), poison(in.dtype)) : buffer_values(in);
+    if (device.is_cpu()) {
+      T* p = nullptr;
+      auto mem = host_array<T>(buf, &p);
+      if (assign_target) b.assign_memory = mem;
+      else b.memory.push_back(mem);
+      return from_blob(p + pl.offset, in.shape, Device::cpu(), pl.strides);
+    }
+    std::size_t r = in.shape.size();
+    if (in.layout == Layout::Permuted) {
+      Shape bs(r);
+      for (std::size_t i = 0; i < r; ++i) bs[i] = in.shape[static_cast<std::size_t>(in.perm[i])];
+      Tensor base = from_vector<T>(typed_vector<T>(buf), bs, device);
+      if (assign_target) b.assign_base = base;
+      std::vector<std::int64_t> inv(r);
+      for (std::size_t i = 0; i < r; ++i) inv[static_cast<std::size_t>(in.perm[i])] = static_cast<std::int64_t>(i);
+      return permute(base, inv);
+    }
+    Shape padded(r, 1);
+    if (in.layout == Layout::Strided)
+      for (std::size_t d = 0; d < r; ++d) padded[d] = in.start[d] + in.shape[d] * in.step[d];
+    else
+      padded = in.shape;
+    Tensor base = from_vector<T>(typed_vector<T>(buf), padded, device);
+    if (assign_target) b.assign_base = base;
+    Tensor v = base;
+    if (in.layout == Layout::Strided)
+      for (std::size_t d = 0; d < r; ++d)
+        v = slice(v, static_cast<std::int64_t>(d), in.start[d], in.start[d] + in.shape[d] * in.step[d], in.step[d]);
+    return v;
+  });
+}
+
+inline std::string info_str(DType t, const Shape& s) { return std::string(dtype_name(t)) + s.str(); }
+
+/// Builds `p` through the public API. In the float64 twin (ctx.f64) floating inputs are read in
+/// their own dtype and widened, floating dtype parameters become f64, and ops whose result is
+/// floating widen their non-floating operands first (OpDesc::lift). Throws what the front end
+/// throws.
+inline Built build_program(const Program& p, const BuildCtx& ctx) {
+  const auto& table = op_table();
+  Built b;
+  for (int v = 0; v < p.size(); ++v) {
+    const Step& s = p.steps[static_cast<std::size_t>(v)];
+    Tensor t;
+    if (s.is_input) {
+      t = make_input(s.input, ctx.device, b);
+      if (ctx.f64 && is_floating(s.input.dtype)) t = t.to(f64);
+    } else {
+      const OpDesc& d = table[static_cast<std::size_t>(s.op.desc)];
+      std::vector<Tensor> args;
+      for (std::size_t k = 0; k < s.op.args.size(); ++k) {
+        const Operand& o = s.op.args[k];
+        Tensor a = o.is_number() ? Tensor{} : b.values[static_cast<std::size_t>(o.value)];
+        if (ctx.f64 && d.lift && k >= d.lift_from && a.defined() && !is_floating(a.dtype()) && is_floating(s.info.dtype))
+          a = a.to(f64);
+        args.push_back(a);
+      }
+      t = d.build(Args{args, s.op, ctx, p});
+      if (s.op.eval_after) t.eval();
+    }
+    if (!ctx.f64 && (t.dtype() != s.info.dtype || t.shape() != s.info.shape)) {
+      std::string what = s.is_input ? "input" : table[static_cast<std::size_t>(s.op.desc)].name;
+      b.rule_failures.push_back(what + ": v" + std::to_string(v) + " = " + what + "(...): PyTorch's rules give " +
+                                info_str(s.info.dtype, s.info.shape) + ", kiln gives " + info_str(t.dtype(), t.shape()));
+    }
+    b.values.push_back(t);
+  }
+  for (int o : p.outputs) b.outputs.push_back(b.values[static_cast<std::size_t>(o)]);
+  return b;
+}
+
+// ---- evaluating ----------------------------------------------------------------------------
+
+/// The elements of `t` in row-major order as doubles (read in t's own dtype: no kiln cast).
+inline std::vector<double> read_values(const Tensor& t) {
+  return visit_dtype(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    auto raw = t.to_vector<T>();
+    std::vector<double> out;
+    out.reserve(raw.size());
+    for (std::size_t i = 0; i < raw.size(); ++i) {
+      if constexpr (std::is_same_v<T, bool>) out.push_back(raw[i] ? 1.0 : 0.0);
+      else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) out.push_back(static_cast<float>(raw[i]));
+      else out.push_back(static_cast<double>(raw[i]));
+    }
+    return out;
+  });
+}
+
+/// "kiln::CompileError" etc. for an exception.
+inline std::string error_type(const std::exception& e) {
+  if (dynamic_cast<const CompileError*>(&e)) return "CompileError";
+  if (dynamic_cast<const ShapeError*>(&e)) return "ShapeError";
+  if (dynamic_cast<const DTypeError*>(&e)) return "DTypeError";
+  if (dynamic_cast<const DeviceError*>(&e)) return "DeviceError";
+  if (dynamic_cast<const Error*>(&e)) return "kiln::Error";
+  if (dynamic_cast<const std::bad_alloc*>(&e)) return "std::bad_alloc";
+  return std::string("std::exception(") + typeid(e).name() + ")";
+}
+
+/// The outcome of one program on one backend.
+struct Result {
+  enum class Status { Ok, BuildError, EvalError } status = Status::Ok;
+  std::string error_type, error;
+  std::vector<std::vector<double>> values;  ///< per output
+  std::vector<Info> infos;                  ///< actual dtype and shape per output
+  std::vector<std::string> rule_failures;   ///< front-end dtype/shape against PyTorch's rules
+  std::vector<std::string> checks;          ///< other failed checks (assign gaps, oracles)
+  bool inexact_trig = false;                ///< sin/cos/tan met |x| > 2^20 in float (see check)
+};
+
+/// Runs `p` with backend `mode` (Eager: the reference executor; Jit: generated kernels) on ctx.
+/// With `oracles`, also checks the reference against the op table's exact oracles and notes
+/// where documented accuracy limits apply.
+inline Result run_program(const Program& p, Backend mode, const BuildCtx& ctx, bool oracles = false) {
+  Result r;
+  set_backend(mode);
+  Built b;
+  try {
+    b = build_program(p, ctx);
+  } catch (const std::exception& e) {
+    r.status = Result::Status::BuildError;
+    r.error_type = error_type(e);
+    r.error = e.what();
+    return r;
+  }
+  r.rule_failures = b.rule_failures;
+  try {
+    std::vector<Tensor> to_eval;
+    for (std::size_t k = 0; k < b.outputs.size(); ++k)
+      if (static_cast<int>(k) != p.assign_output) to_eval.push_back(b.outputs[k]);
+    eval(to_eval);
+    if (p.assign_output >= 0) {
+      Tensor dst = make_input(p.assign_dst, ctx.device, b, true);
+      if (ctx.f64 && is_floating(p.assign_dst.dtype)) {
+        // The twin has no user buffer of the program's dtype: it casts as assign would.
+        b.outputs[static_cast<std::size_t>(p.assign_output)] = b.outputs[static_cast<std::size_t>(p.assign_output)].to(f64);
+      } else {
+        dst.assign(b.outputs[static_cast<std::size_t>(p.assign_output)]);
+        b.outputs[static_cast<std::size_t>(p.assign_output)] = dst;
+      }
+    }
+    for (auto& o : b.outputs) {
+      r.values.push_back(read_values(o));
+      r.infos.push_back({o.dtype(), o.shape()});
+    }
+    if (p.assign_output >= 0 && !ctx.f64) {
+      // Every element outside the destination's view must still hold the poison value.
+      Placement pl = placement(p.assign_dst);
+      std::vector<double> whole;
+      if (ctx.device.is_cpu()) {
+        visit_dtype(p.assign_dst.dtype, [&](auto tag) {
+          using T = decltype(tag);
+          const T* q = static_cast<const T*>(b.assign_memory.get());
+          for (std::int64_t i = 0; i < pl.buffer_size; ++i) {
+            if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) whole.push_back(static_cast<float>(q[i]));
+            else whole.push_back(static_cast<double>(q[i]));
+          }
+        });
+      } else if (b.assign_base.defined()) {
+        whole = read_values(b.assign_base);
+      }
+      Input mark = p.assign_dst;
+      mark.values.assign(static_cast<std::size_t>(mark.shape.numel()), -1.0);
+      std::vector<double> marked = buffer_values(mark);
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < whole.size() && i < marked.size(); ++i)
+        if (marked[i] != -1.0 && whole[i] != poison(p.assign_dst.dtype)) ++bad;
+      if (bad) r.checks.push_back("assign wrote " + std::to_string(bad) + " elements outside its destination view");
+    }
+    if (oracles) {
+      const auto& table = op_table();
+      for (int v = 0; v < p.size(); ++v) {
+        const Step& s = p.steps[static_cast<std::size_t>(v)];
+        if (s.is_input) continue;
+        const OpDesc& d = table[static_cast<std::size_t>(s.op.desc)];
+        std::vector<std::vector<double>> operand_values;
+        bool trig = d.name == "sin" || d.name == "cos" || d.name == "tan";
+        if (!d.oracle && !trig) continue;
+        for (auto& o : s.op.args)
+          operand_values.push_back(o.is_number() ? std::vector<double>{o.number.value}
+                                                 : read_values(b.values[static_cast<std::size_t>(o.value)]));
+        if (trig) {
+          // docs/performance-math.md: float sin/cos/tan are accurate for |x| <= 2^20 only (beyond,
+          // bounded but not accurate); f16/bf16/int inputs are computed in float too.
+          if (s.info.dtype != f64)
+            for (double x : operand_values[0])
+              if (std::isfinite(x) && std::fabs(x) > 1048576.0) r.inexact_trig = true;
+          continue;
+        }
+        std::vector<double> want = d.oracle(s.op, s.info, operand_values);
+        std::vector<double> got = read_values(b.values[static_cast<std::size_t>(v)]);
+        for (std::size_t i = 0; i < want.size() && i < got.size(); ++i) {
+          bool same = (std::isnan(want[i]) && std::isnan(got[i])) || want[i] == got[i];
+          if (!same) {
+            std::ostringstream os;
+            os.precision(17);
+            os << d.name << ": v" << v << " element " << i << " is " << got[i] << ", the documented rule gives " << want[i];
+            if (!s.op.args.empty() && !s.op.args[0].is_number() && i < operand_values[0].size())
+              os << " (operand " << operand_values[0][i] << ")";
+            r.checks.push_back(os.str());
+            break;
+          }
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    r.status = Result::Status::EvalError;
+    r.error_type = error_type(e);
+    r.error = e.what();
+  }
+  return r;
+}
+
+// ---- judging --------------------------------------------------------------------------------
+
+/// |actual - expected| <= atol + rtol * |expected| (torch.testing.assert_close's defaults).
+struct Tolerance {
+  double rtol = 0, atol = 0;
+};
+inline Tolerance tolerance(DType t) {
+  switch (t) {
+    case DType::Float16: return {1e-3, 1e-5};
+    case DType::BFloat16: return {1.6e-2, 1e-5};
+    case DType::Float32: return {1.3e-6, 1e-5};
+    case DType::Float64: return {1e-7, 1e-7};
+    default: return {0, 0};
+  }
+}
+
+/// How far the JIT may be from the float64 twin, as a multiple of the reference's own distance
+/// from it (see docs/fuzzing.md, "Tolerance model").
+inline constexpr double kTwinFactor = 4.0;
+
+enum class Kind {
+  Pass,
+  Mismatch,     ///< values differ beyond the tolerance model
+  JitError,     ///< the JIT threw (CompileError, ...) where the reference evaluated
+  RefError,     ///< the reference threw where the JIT evaluated
+  EvalError,    ///< both threw while evaluating a valid program
+  BuildError,   ///< the front end rejected a program PyTorch's rules accept
+  Rule,         ///< the front end's dtype or shape contradicts PyTorch's rules
+  Oracle,       ///< the reference contradicts an exact documented rule (casts, creation)
+  Assign,       ///< assign wrote outside its destination
+  Inexact,      ///< a mismatch where a documented accuracy limit applies (not counted as a bug)
+  Crash,        ///< the process died (signal)
+  Timeout,
+  ProbeFailed,  ///< an invalid call did not raise the documented error
+};
+
+inline const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::Pass: return "pass";
+    case Kind::Mismatch: return "mismatch";
+    case Kind::JitError: return "jit-error";
+    case Kind::RefError: return "reference-error";
+    case Kind::EvalError: return "eval-error";
+    case Kind::BuildError: return "build-error";
+    case Kind::Rule: return "dtype-shape-rule";
+    case Kind::Oracle: return "oracle";
+    case Kind::Assign: return "assign";
+    case Kind::Inexact: return "documented-inexact";
+    case Kind::Crash: return "crash";
+    case Kind::Timeout: return "timeout";
+    case Kind::ProbeFailed: return "probe-failed";
+  }
+  return "?";
+}
+
+inline bool is_bug(Kind k) { return k != Kind::Pass && k != Kind::Inexact; }
+
+struct Verdict {
+  Kind kind = Kind::Pass;
+  std::string detail;
+  /// What must stay the same while shrinking: the kind plus, for errors, the error type.
+  std::string signature() const {
+    std::string s = kind_name(kind);
+    if (kind == Kind::JitError || kind == Kind::RefError || kind == Kind::EvalError || kind == Kind::BuildError ||
+        kind == Kind::Rule || kind == Kind::Oracle)
+      s += ":" + detail.substr(0, detail.find(':'));
+    return s;
+  }
+};
+
+inline std::string num_str(double x) {
+  std::ostringstream os;
+  os.precision(9);
+  os << x;
+  return os.str();
+}
+
+/// One element: NaN must meet NaN, an infinity the same infinity; finite values within the
+/// dtype's tolerance of the reference, or else not much further from the float64 twin `t` than
+/// the reference is.
+inline bool element_close(double j, double r, double t, bool have_t, DType dt) {
+  if (!is_floating(dt)) return j == r;
+  if (std::isnan(j) || std::isnan(r)) return std::isnan(j) && std::isnan(r);
+  Tolerance tol = tolerance(dt);
+  if (std::isinf(j) || std::isinf(r)) {
+    if (j == r) return true;
+    // At the overflow threshold one rounding may give the largest finite value, the other inf.
+    double f = std::isinf(j) ? r : j, inf = std::isinf(j) ? j : r;
+    return std::signbit(f) == std::signbit(inf) && std::fabs(f) >= dtype_max(dt) * (1 - 4 * tol.rtol);
+  }
+  if (std::fabs(j - r) <= tol.atol + tol.rtol * std::fabs(r)) return true;
+  if (!have_t || !std::isfinite(t)) return false;
+  double ej = std::fabs(j - t), er = std::fabs(r - t);
+  return ej <= kTwinFactor * er + tol.atol + tol.rtol * std::fabs(t);
+}
+
+inline std::string describe_index(std::size_t i, const Shape& s) {
+  std::vector<std::int64_t> idx(s.size());
+  std::int64_t f = static_cast<std::int64_t>(i);
+  for (std::size_t d = s.size(); d-- > 0;) {
+    if (s[d] > 0) {
+      idx[d] = f % s[d];
+      f /= s[d];
+    }
+  }
+  return ints_literal(idx);
+}
+
+/// The verdict on the JIT's result given the reference's and the float64 twin's.
+inline Verdict judge(const Program& p, const Result& ref, const Result& jit, const Result* twin) {
+  Verdict v;
+  auto fail = [&](Kind k, std::string d) {
+    v.kind = k;
+    v.detail = std::move(d);
+    return v;
+  };
+  if (ref.status == Result::Status::BuildError) return fail(Kind::BuildError, ref.error_type + ": " + ref.error);
+  if (!ref.rule_failures.empty()) return fail(Kind::Rule, ref.rule_failures[0]);
+  if (ref.status == Result::Status::EvalError && jit.status == Result::Status::EvalError)
+    return fail(Kind::EvalError, ref.error_type + ": " + ref.error);
+  if (ref.status == Result::Status::EvalError) return fail(Kind::RefError, ref.error_type + ": " + ref.error);
+  if (jit.status != Result::Status::Ok) return fail(Kind::JitError, jit.error_type + ": " + jit.error);
+  for (auto& c : ref.checks)
+    if (c.rfind("assign", 0) != 0) return fail(Kind::Oracle, c);
+  for (auto& c : ref.checks) return fail(Kind::Assign, "reference: " + c);
+  for (auto& c : jit.checks) return fail(Kind::Assign, "jit: " + c);
+  bool twin_ok = twin && twin->status == Result::Status::Ok && twin->values.size() == ref.values.size();
+  for (std::size_t o = 0; o < ref.values.size(); ++o) {
+    const Info& ri = ref.infos[o];
+    const Info& ji = jit.infos[o];
+    if (ri.dtype != ji.dtype || ri.shape != ji.shape)
+      return fail(Kind::Mismatch, "output " + std::to_string(o) + ": jit " + info_str(ji.dtype, ji.shape) + ", reference " +
+                                      info_str(ri.dtype, ri.shape));
+    const auto& rv = ref.values[o];
+    const auto& jv = jit.values[o];
+    bool have_t = twin_ok && twin->values[o].size() == rv.size();
+    std::size_t bad = 0, first = 0;
+    for (std::size_t i = 0; i < rv.size(); ++i) {
+      double t = have_t ? round_to(twin->values[o][i], ri.dtype) : 0;
+      if (!element_close(jv[i], rv[i], t, have_t, ri.dtype)) {
+        if (!bad) first = i;
+        ++bad;
+      }
+    }
+    if (bad) {
+      double t = have_t ? twin->values[o][first] : NAN;
+      std::string d = "output " + std::to_string(o) + " (v" + std::to_string(p.outputs[o]) + ", " + info_str(ri.dtype, ri.shape) +
+                      "): " + std::to_string(bad) + " of " + std::to_string(rv.size()) + " elements differ; first at " +
+                      describe_index(first, ri.shape) + ": jit " + num_str(jv[first]) + ", reference " + num_str(rv[first]) +
+                      ", float64 twin " + num_str(t);
+      return fail(ref.inexact_trig ? Kind::Inexact : Kind::Mismatch, d);
+    }
+  }
+  return v;
+}
+
+/// Runs the reference, the JIT (on `device`) and the float64 twin, and judges.
+inline Verdict check_program(const Program& p, Device device = Device::cpu()) {
+  Result ref = run_program(p, Backend::Eager, BuildCtx{false, Device::cpu()}, true);
+  if (ref.status == Result::Status::BuildError || !ref.rule_failures.empty()) return judge(p, ref, ref, nullptr);
+  Result jit = run_program(p, Backend::Jit, BuildCtx{false, device});
+  bool floating = false;
+  for (auto& i : ref.infos) floating = floating || is_floating(i.dtype);
+  Result twin;
+  if (floating && jit.status == Result::Status::Ok) twin = run_program(p, Backend::Eager, BuildCtx{true, Device::cpu()});
+  Verdict v = judge(p, ref, jit, floating ? &twin : nullptr);
+  set_backend(Backend::Auto);
+  return v;
+}
+
+// ---- printing as C++ --------------------------------------------------------------------------
+
+/// `tpl` with its {tokens} replaced (see OpDesc::cxx).
+inline std::string render(const std::string& tpl, const std::vector<std::string>& args, const Params& p) {
+  std::string out;
+  for (std::size_t i = 0; i < tpl.size(); ++i) {
+    if (tpl[i] == '{') {
+      std::size_t j = tpl.find('}', i);
+      std::string tok = j == std::string::npos ? "" : tpl.substr(i + 1, j - i - 1);
+      std::string rep;
+      bool known = true;
+      if (tok.size() == 1 && tok[0] >= '0' && tok[0] <= '9' && static_cast<std::size_t>(tok[0] - '0') < args.size()) rep = args[static_cast<std::size_t>(tok[0] - '0')];
+      else if (tok == "args") {
+        rep = "{";
+        for (std::size_t k = 0; k < args.size(); ++k) rep += (k ? ", " : "") + args[k];
+        rep += "}";
+      } else if (tok == "ints") rep = ints_literal(p.ints);
+      else if (tok.size() == 2 && tok[0] == 'i' && tok[1] >= '0' && tok[1] <= '3' && static_cast<std::size_t>(tok[1] - '0') < p.ints.size()) {
+        std::int64_t x = p.ints[static_cast<std::size_t>(tok[1] - '0')];
+        rep = x == std::numeric_limits<std::int64_t>::max() ? "INT64_MAX" : std::to_string(x);
+      } else if (tok == "keep") rep = p.flag ? "true" : "false";
+      else if (tok == "dt") rep = dtype_cxx(p.dtype);
+      else if (tok == "real") rep = real_literal(p.real, true);
+      else if (tok == "seed") rep = std::to_string(p.seed);
+      else known = false;
+      if (known) {
+        out += rep;
+        i = j;
+        continue;
+      }
+    }
+    out += tpl[i];
+  }
+  return out;
+}
+
+inline std::string values_literal(const std::vector<double>& v, DType t) {
+  std::string s = "{";
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (i) s += i % 8 == 0 ? ",\n      " : ", ";
+    s += element_literal(v[i], t);
+  }
+  return s + "}";
+}
+
+/// Declares the buffer of `in` named `name` (before the lambda) and returns the expression
+/// that makes the tensor from it (inside the lambda).
+inline std::string input_cxx(const Input& in, const std::string& name, std::string& decls, bool assign_target = false) {
+  Placement pl = placement(in);
+  const char* ct = ctype_cxx(in.dtype);
+  if (in.layout == Layout::Contiguous && !assign_target)
+    return std::string("from_vector<") + ct + ">(" + values_literal(in.values, in.dtype) + ", " + ints_literal(in.shape) + ")";
+  std::vector<double> buf = assign_target ? std::vector<double>(static_cast<std::size_t>(pl.buffer_size), poison(in.dtype)) : buffer_values(in);
+  if (in.dtype == bool_) {
+    std::string n = std::to_string(std::max<std::size_t>(buf.size(), 1));
+    if (assign_target)
+      decls += "  std::unique_ptr<bool[]> " + name + "(new bool[" + n + "]);\n  std::fill_n(" + name + ".get(), " + n + ", true);\n";
+    else
+      decls += "  std::unique_ptr<bool[]> " + name + "(new bool[" + n + "]" + values_literal(buf, in.dtype) + ");\n";
+    return "from_blob(" + name + ".get() + " + std::to_string(pl.offset) + ", " + ints_literal(in.shape) + ", Device::cpu(), " +
+           ints_literal(pl.strides) + ")";
+  }
+  if (assign_target)
+    decls += "  std::vector<" + std::string(ct) + "> " + name + "(" + std::to_string(buf.size()) + ", " + element_literal(poison(in.dtype), in.dtype) + ");\n";
+  else
+    decls += "  std::vector<" + std::string(ct) + "> " + name + " = " + values_literal(buf, in.dtype) + ";\n";
+  std::string what = in.layout == Layout::Permuted ? "permuted" : in.layout == Layout::Strided ? "strided" : "contiguous";
+  return "from_blob(" + name + ".data() + " + std::to_string(pl.offset) + ", " + ints_literal(in.shape) + ", Device::cpu(), " +
+         ints_literal(pl.strides) + ")  /* " + what + " */";
+}
+
+/// The op call of step v as C++.
+inline std::string op_cxx(const Program& p, int v) {
+  const Step& s = p.steps[static_cast<std::size_t>(v)];
+  std::vector<std::string> args;
+  for (auto& a : s.op.args) args.push_back(a.is_number() ? number_literal(a.number) : "v" + std::to_string(a.value));
+  return render(op_table()[static_cast<std::size_t>(s.op.desc)].cxx, args, s.op.p);
+}
+
+/// The program as the body of a lambda returning its outputs, with buffers declared before it:
+///   <decls>  auto program = [&] { Tensor v0 = ...; ...; return std::vector<Tensor>{...}; };
+inline std::string program_cxx(const Program& p) {
+  std::string decls, body;
+  bool kinf = false, kinfd = false;
+  for (int v = 0; v < p.size(); ++v) {
+    const Step& s = p.steps[static_cast<std::size_t>(v)];
+    std::string rhs = s.is_input ? input_cxx(s.input, "b" + std::to_string(v), decls) : op_cxx(p, v);
+    body += "    Tensor v" + std::to_string(v) + " = " + rhs + ";";
+    if (!s.is_input && s.op.eval_after) body += " v" + std::to_string(v) + ".eval();";
+    body += "  // " + info_str(s.info.dtype, s.info.shape) + "\n";
+  }
+  std::string outs;
+  for (std::size_t k = 0; k < p.outputs.size(); ++k) {
+    std::string name = "v" + std::to_string(p.outputs[k]);
+    if (static_cast<int>(k) == p.assign_output) {
+      std::string dst = input_cxx(p.assign_dst, "out", decls, true);
+      body += "    Tensor dst = " + dst + ";\n    dst.assign(" + name + ");\n";
+      name = "dst";
+    }
+    outs += (k ? ", " : "") + name;
+  }
+  body += "    return std::vector<Tensor>{" + outs + "};\n";
+  std::string all = decls + body;
+  kinf = all.find("kInf") != std::string::npos || all.find("kNaN") != std::string::npos;
+  kinfd = all.find("kInfD") != std::string::npos || all.find("kNaND") != std::string::npos;
+  std::string consts;
+  if (kinf) consts += "  [[maybe_unused]] const float kInf = std::numeric_limits<float>::infinity(), kNaN = std::numeric_limits<float>::quiet_NaN();\n";
+  if (kinfd) consts += "  [[maybe_unused]] const double kInfD = std::numeric_limits<double>::infinity(), kNaND = std::numeric_limits<double>::quiet_NaN();\n";
+  std::string lam = "  auto program = [&] {\n" + body + "  };\n";
+  std::string res = consts + decls + lam;
+  return res;
+}
+
+/// A doctest case that fails while the JIT disagrees with the reference on `p`.
+inline std::string test_case_cxx(const Program& p, const std::string& title, const std::string& comment) {
+  std::string s;
+  std::istringstream lines(comment);
+  for (std::string line; std::getline(lines, line);) s += "// " + line + "\n";
+  s += "TEST_CASE(\"" + title + "\") {\n" + program_cxx(p) + "  kiln::fuzz::check_against_reference(program);\n}\n";
+  return s;
+}
+
+}  // namespace kiln::fuzz

@@ -1059,6 +1059,156 @@ inline const std::vector<OpDesc>& op_table() {
       t.push_back(d);
     }
 
+    {
+      // split / chunk return pieces; the row takes piece ints[2] (split: ints = {size, axis, k};
+      // split_sizes: {axis, k, sizes...}; chunk: {chunks, axis, k}).
+      auto piece_pick = [](int mode) {
+        return [mode](Gen& g, OpInst& op) {
+          int x = g.operand(kAll, {}, 1);
+          if (x < 0) return false;
+          op.args = {T(x)};
+          const Shape& s = g.info(x).shape;
+          std::int64_t r = static_cast<std::int64_t>(s.size()), axis = g.rng.below(r);
+          std::int64_t n = s[static_cast<std::size_t>(axis)];
+          std::int64_t ax = g.rng.chance(0.2) ? axis - r : axis;
+          if (mode == 1) {
+            std::vector<std::int64_t> sizes;
+            for (std::int64_t left = n; left > 0;) {
+              std::int64_t k = std::min(left, g.rng.range(0, std::max<std::int64_t>(1, n / 2 + 1)));
+              sizes.push_back(k);
+              left -= k;
+            }
+            if (sizes.empty() || g.rng.chance(0.2)) sizes.push_back(0);
+            op.p.ints = {ax, g.rng.below(static_cast<std::int64_t>(sizes.size()))};
+            op.p.ints.insert(op.p.ints.end(), sizes.begin(), sizes.end());
+          } else {
+            std::int64_t k = g.rng.pick(std::vector<std::int64_t>{1, 2, 3, 4, 7});
+            op.p.ints = {k, ax, g.rng.below(4)};
+          }
+          return true;
+        };
+      };
+      // PyTorch's piece sizes: split(n, s) gives ceil(n / s) pieces (one when n == 0); chunk(n, c)
+      // splits by ceil(n / c), and c empty pieces when n == 0 (ATen's chunk).
+      auto piece_predict = [](int mode) {
+        return [mode](const Program& p, const OpInst& op) -> std::optional<Info> {
+          if (op.args.size() != 1 || op.args[0].is_number() || op.p.ints.size() < (mode == 1 ? 2u : 3u)) return std::nullopt;
+          const Info& x = p.info(op.args[0].value);
+          if (x.shape.empty()) return std::nullopt;
+          auto a = rules::axis(op.p.ints[mode == 1 ? 0 : 1], x.shape.size());
+          if (!a) return std::nullopt;
+          std::int64_t n = x.shape[static_cast<std::size_t>(*a)];
+          std::vector<std::int64_t> sizes;
+          std::int64_t k = mode == 1 ? op.p.ints[1] : op.p.ints[2];
+          if (mode == 1) {
+            std::int64_t total = 0;
+            for (std::size_t i = 2; i < op.p.ints.size(); ++i) {
+              if (op.p.ints[i] < 0) return std::nullopt;
+              total += op.p.ints[i];
+              sizes.push_back(op.p.ints[i]);
+            }
+            if (total != n) return std::nullopt;
+          } else {
+            std::int64_t c = op.p.ints[0];
+            if (c <= 0) return std::nullopt;
+            std::int64_t size = c;
+            if (mode == 2) {
+              if (n == 0) sizes.assign(static_cast<std::size_t>(c), 0);
+              size = (n + c - 1) / c;
+            }
+            if (sizes.empty()) {
+              if (n == 0) sizes = {0};
+              for (std::int64_t start = 0; start < n; start += size) sizes.push_back(std::min(size, n - start));
+            }
+          }
+          if (k < 0 || k >= static_cast<std::int64_t>(sizes.size())) return std::nullopt;
+          Shape s = x.shape;
+          s[static_cast<std::size_t>(*a)] = sizes[static_cast<std::size_t>(k)];
+          return Info{x.dtype, s};
+        };
+      };
+      OpDesc d;
+      d.group = "view";
+      d.name = "split";
+      d.cxx = "split({0}, {i0}, {i1})[{i2}]";
+      d.pick = piece_pick(0);
+      d.predict = piece_predict(0);
+      d.build = [](const Args& a) { return split(a.t[0], a.p().ints[0], a.p().ints[1])[static_cast<std::size_t>(a.p().ints[2])]; };
+      t.push_back(d);
+      d.name = "split_sizes";
+      d.cxx = "split({0}, std::vector<std::int64_t>{ints2}, {i0})[{i1}]";
+      d.pick = piece_pick(1);
+      d.predict = piece_predict(1);
+      d.build = [](const Args& a) {
+        std::vector<std::int64_t> sizes(a.p().ints.begin() + 2, a.p().ints.end());
+        return split(a.t[0], sizes, a.p().ints[0])[static_cast<std::size_t>(a.p().ints[1])];
+      };
+      t.push_back(d);
+      d.name = "chunk";
+      d.cxx = "chunk({0}, {i0}, {i1})[{i2}]";
+      d.pick = piece_pick(2);
+      d.predict = piece_predict(2);
+      d.build = [](const Args& a) { return chunk(a.t[0], a.p().ints[0], a.p().ints[1])[static_cast<std::size_t>(a.p().ints[2])]; };
+      t.push_back(d);
+    }
+    {
+      OpDesc d;
+      d.name = "clone";
+      d.group = "view";
+      d.cxx = "clone({0})";
+      d.weight = 0.6;
+      d.pick = [](Gen& g, OpInst& op) {
+        int x = g.operand(kAll);
+        if (x < 0) return false;
+        op.args = {T(x)};
+        return true;
+      };
+      d.predict = [](const Program& p, const OpInst& op) -> std::optional<Info> {
+        if (op.args.size() != 1 || op.args[0].is_number()) return std::nullopt;
+        return p.info(op.args[0].value);
+      };
+      d.build = [](const Args& a) { return clone(a.t[0]); };
+      t.push_back(d);
+      // full_like / zeros_like / ones_like: the operand's shape, its dtype unless one is given.
+      for (int kind = 0; kind < 3; ++kind) {
+        d.name = kind == 0 ? "full_like" : kind == 1 ? "zeros_like" : "ones_like";
+        d.group = "creation";
+        d.cxx = kind == 0 ? "full_like({0}, {real}{optdt})" : kind == 1 ? "zeros_like({0}{optdt})" : "ones_like({0}{optdt})";
+        d.weight = 0.4;
+        d.lift = false;
+        d.pick = [kind](Gen& g, OpInst& op) {
+          int x = g.operand(kAll);
+          if (x < 0) return false;
+          op.args = {T(x)};
+          op.p.flag = g.rng.chance(0.5);
+          op.p.dtype = g.dtype(kAll);
+          static const std::vector<double> vals = {0, 1, -1, 2.5, -0.5, 1e-3, 1e30, NAN, HUGE_VAL, -0.0, 70000};
+          if (kind == 0) op.p.real = g.rng.pick(vals);
+          return true;
+        };
+        d.predict = [](const Program& p, const OpInst& op) -> std::optional<Info> {
+          if (op.args.size() != 1 || op.args[0].is_number()) return std::nullopt;
+          const Info& x = p.info(op.args[0].value);
+          return Info{op.p.flag ? op.p.dtype : x.dtype, x.shape};
+        };
+        d.build = [kind](const Args& a) {
+          DType want = a.p().flag ? a.p().dtype : a.orig_dtype(0);
+          std::optional<DType> dt;
+          if (a.p().flag) dt = a.dt(a.p().dtype);
+          double v = kind == 0 ? a.p().real : kind == 1 ? 0.0 : 1.0;
+          // The twin holds the very value the program's dtype holds.
+          if (a.ctx.f64 && is_floating(want)) return full_like(a.t[0], round_to(v, want), dt.value_or(f64));
+          if (kind == 0) return full_like(a.t[0], v, dt);
+          return kind == 1 ? zeros_like(a.t[0], dt) : ones_like(a.t[0], dt);
+        };
+        d.oracle = [kind](const OpInst& op, const Info& out, const std::vector<std::vector<double>>&) {
+          double v = kind == 0 ? op.p.real : kind == 1 ? 0.0 : 1.0;
+          return std::vector<double>(static_cast<std::size_t>(out.shape.numel()), round_to(v, out.dtype));
+        };
+        t.push_back(d);
+      }
+    }
+
     // -- composites
     auto softmax_like = [](const char* name, const char* cxx, Tensor (*f)(const Tensor&, std::int64_t)) {
       OpDesc d;

@@ -1,7 +1,10 @@
 #pragma once
 // Building a program through kiln's public API, evaluating it on one backend, judging the JIT
 // against the reference executor (and a float64 twin), and printing a program as C++.
+#include <cxxabi.h>
+
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <sstream>
@@ -148,15 +151,13 @@ inline std::vector<double> read_values(const Tensor& t) {
   });
 }
 
-/// "kiln::CompileError" etc. for an exception.
+/// The exception's type as C++ spells it ("kiln::CompileError", "std::bad_alloc").
 inline std::string error_type(const std::exception& e) {
-  if (dynamic_cast<const CompileError*>(&e)) return "CompileError";
-  if (dynamic_cast<const ShapeError*>(&e)) return "ShapeError";
-  if (dynamic_cast<const DTypeError*>(&e)) return "DTypeError";
-  if (dynamic_cast<const DeviceError*>(&e)) return "DeviceError";
-  if (dynamic_cast<const Error*>(&e)) return "kiln::Error";
-  if (dynamic_cast<const std::bad_alloc*>(&e)) return "std::bad_alloc";
-  return std::string("std::exception(") + typeid(e).name() + ")";
+  int status = 0;
+  char* name = abi::__cxa_demangle(typeid(e).name(), nullptr, nullptr, &status);
+  std::string s = status == 0 && name ? name : typeid(e).name();
+  std::free(name);
+  return s;
 }
 
 /// The outcome of one program on one backend.
@@ -463,7 +464,10 @@ inline std::string render(const std::string& tpl, const std::vector<std::string>
       else if (tok.size() == 2 && tok[0] == 'i' && tok[1] >= '0' && tok[1] <= '3' && static_cast<std::size_t>(tok[1] - '0') < p.ints.size()) {
         std::int64_t x = p.ints[static_cast<std::size_t>(tok[1] - '0')];
         rep = x == std::numeric_limits<std::int64_t>::max() ? "INT64_MAX" : std::to_string(x);
-      } else if (tok == "keep") rep = p.flag ? "true" : "false";
+      } else if (tok == "ints2") {
+        rep = ints_literal(p.ints.size() > 2 ? std::vector<std::int64_t>(p.ints.begin() + 2, p.ints.end()) : std::vector<std::int64_t>{});
+      } else if (tok == "optdt") rep = p.flag ? std::string(", ") + dtype_cxx(p.dtype) : "";
+      else if (tok == "keep") rep = p.flag ? "true" : "false";
       else if (tok == "dt") rep = dtype_cxx(p.dtype);
       else if (tok == "real") rep = real_literal(p.real, true);
       else if (tok == "seed") rep = std::to_string(p.seed);

@@ -1,0 +1,194 @@
+// Programs the differential fuzzer (tests/fuzz/, docs/fuzzing.md) or a review found wrong, kept
+// so that they stay fixed. Each case is a shrunk program with the PyTorch result it must give;
+// the "fuzz: seed S graph G" cases came out of `kiln_fuzz --seed S --one G` and say what was
+// wrong. Cases run on the host (the programs view host memory through from_blob) with the
+// default backend, i.e. the CPU JIT when a compiler is found.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "regression.hpp"
+
+using namespace kiln;
+
+namespace {
+
+const float kInf = std::numeric_limits<float>::infinity();
+
+/// The values of `t` read in its own dtype, as doubles.
+std::vector<double> vals(const Tensor& t) { return kiln::fuzz::read_values(t); }
+
+/// Every element of `actual` within float32's torch.testing tolerance of `expected` (NaN
+/// matches NaN, infinities must be equal, signs included).
+void check_f32(const Tensor& t, const std::vector<double>& expected) {
+  CHECK(dtype_name(t.dtype()) == std::string("float32"));
+  std::vector<double> a = vals(t);
+  REQUIRE(a.size() == expected.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    CAPTURE(i);
+    CAPTURE(a[i]);
+    CAPTURE(expected[i]);
+    CHECK(kiln::fuzz::element_close(a[i], expected[i], 0, false, DType::Float32));
+  }
+}
+
+/// The message of the kiln::Error that f() throws ("" and a failed check if none is thrown).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    FAIL_CHECK("threw " << kiln::fuzz::error_type(e) << " instead of a kiln::Error: " << e.what());
+    return "";
+  }
+  FAIL_CHECK("no error was thrown");
+  return "";
+}
+
+template <class E, class F>
+void check_throws(F&& f) {
+  try {
+    f();
+  } catch (const E&) {
+    return;
+  } catch (const std::exception& e) {
+    FAIL_CHECK("threw " << kiln::fuzz::error_type(e) << ": " << e.what());
+    return;
+  }
+  FAIL_CHECK("no error was thrown");
+}
+
+}  // namespace
+
+// ---- F1: a kernel that reads a reduction's value it never declared ---------------------------
+
+TEST_CASE("F1: rms_norm of a keepdim max compiles (CompileError 'v5' was not declared)") {
+  std::vector<float> x = randn({4}, 3).to_vector<float>();  // the same numbers (Philox), evaluated apart
+  double m = *std::max_element(x.begin(), x.end());
+  Tensor y = rms_norm(max(randn({4}, 3), 0, true));
+  CHECK(y.shape() == Shape{1});
+  check_f32(y, {m / std::sqrt(m * m + 1.1920928955078125e-07)});
+}
+
+TEST_CASE("F1: a keepdim sum plus the sum of it compiles") {
+  std::vector<float> x = randn({3, 4}, 1).to_vector<float>();
+  double total = 0;
+  for (float v : x) total += v;
+  Tensor s = sum(randn({3, 4}, 1), {0, 1}, true);
+  Tensor y = s + sum(s);
+  CHECK(y.shape() == Shape{1, 1});
+  check_f32(y, {2 * total});
+}
+
+// ---- F2: an integer converts to +0.0, never -0.0 ---------------------------------------------
+
+TEST_CASE("F2: -0.5 -> int -> float is +0 (1/x is +inf, not -inf)") {
+  Tensor x = from_vector(std::vector<float>(7, -0.5f), {7});
+  check_f32(1.0f / x.to(i32).to(f32), std::vector<double>(7, kInf));
+  check_f32(rsqrt(x.to(i64)), std::vector<double>(7, kInf));
+  check_f32(rsqrt(x.to(i32)), std::vector<double>(7, kInf));
+}
+
+// ---- F4: clamp promotes over all three operands -----------------------------------------------
+
+TEST_CASE("F4: clamp(bool[3], f64 0-dim, f32[3]) is float32 (torch.result_type of all three)") {
+  Tensor y = clamp(ones({3}, bool_), full({}, 0.5, f64), zeros({3}));
+  check_f32(y, {0, 0, 0});  // min(max(1, 0.5), 0)
+}
+
+// ---- F8: integer to a negative integer power -------------------------------------------------
+
+TEST_CASE("F8: pow(int tensor, negative int) throws (PyTorch: Integers to negative integer powers are not allowed)") {
+  error_of([] {
+    Tensor t = pow(arange(3), -1);
+    t.eval();
+  });
+  // A non-negative exponent stays valid.
+  CHECK(vals(pow(arange(3), 2)) == std::vector<double>{0, 1, 4});
+}
+
+// ---- F9: axes of 0-dim tensors; the cast rule of full ---------------------------------------
+
+TEST_CASE("F9: 0-dim tensors accept only dims 0 and -1") {
+  check_throws<ShapeError>([] { Tensor t = transpose(full({}, 1.0), 5, 7); });
+  check_throws<ShapeError>([] { Tensor t = softmax(full({}, 1.0), 3); });
+  CHECK(vals(transpose(full({}, 2.0), 0, -1)) == std::vector<double>{2});
+  CHECK(vals(softmax(full({}, 2.0), -1)) == std::vector<double>{1});
+}
+
+TEST_CASE("F9: full({3}, NaN, i32) holds INT_MIN (semantics.md: NaN casts to the minimum)") {
+  Tensor t = full({3}, std::numeric_limits<double>::quiet_NaN(), i32);
+  CHECK(dtype_name(t.dtype()) == std::string("int32"));
+  CHECK(vals(t) == std::vector<double>(3, -2147483648.0));
+}
+
+// ---- F5: cross_entropy's class targets --------------------------------------------------------
+
+TEST_CASE("F5: a cross_entropy target outside [0, C) is an error naming the op, the target and C") {
+  std::string msg = error_of([] {
+    Tensor loss = cross_entropy(randn({2, 3}, 1), from_vector<std::int64_t>({0, 7}, {2}));
+    loss.eval();
+  });
+  CAPTURE(msg);
+  CHECK(msg.find("cross_entropy") != std::string::npos);
+  CHECK(msg.find('7') != std::string::npos);
+  CHECK(msg.find('3') != std::string::npos);
+}
+
+// ---- F6: sizes past int64 ---------------------------------------------------------------------
+
+TEST_CASE("F6: shapes whose element count overflows int64 are ShapeErrors") {
+  check_throws<ShapeError>([] { Tensor t = zeros({1LL << 40, 1LL << 40}); });
+  check_throws<ShapeError>([] { Tensor t = randn({1LL << 31, 1LL << 31, 4}, 1); });
+  check_throws<ShapeError>([] { Tensor t = broadcast_to(ones({1}), {1LL << 32, 1LL << 32}); });
+  static float one = 1.0f;
+  check_throws<ShapeError>([] { Tensor t = from_blob(&one, {1LL << 32, 1LL << 32}); });
+}
+
+TEST_CASE("F6: slice with step INT64_MAX takes one element (no overflow in the count)") {
+  Tensor t = slice(ones({3, 3}), 1, 0, 3, INT64_MAX);
+  CHECK(t.shape() == Shape{3, 1});
+  check_f32(t, {1, 1, 1});
+}
+
+// ---- F7: null data and impossible memory ------------------------------------------------------
+
+TEST_CASE("F7: from_blob of a null pointer is an error when it is made") {
+  error_of([] { Tensor t = from_blob(static_cast<float*>(nullptr), {3}); });
+}
+
+TEST_CASE("F7: impossible allocations are kiln errors naming the op, the shape and the bytes") {
+  std::string msg = error_of([] { zeros({1LL << 62}).eval(); });
+  CAPTURE(msg);
+  CHECK(msg.find("zeros") != std::string::npos);
+  for (int k = 40; k <= 61; ++k) {
+    CAPTURE(k);
+    std::string m = error_of([k] { zeros({1LL << k}).eval(); });
+    CAPTURE(m);
+    CHECK(m.find(std::to_string(1LL << k)) != std::string::npos);  // the shape
+  }
+}
+
+// ---- the fuzzer's own finds -------------------------------------------------------------------
+
+// kiln_fuzz --seed 1 --one 137 (first run; shrunk from 9 ops to 1): CompileError "unable to find
+// numeric literal operator 'operator""xinff'". int64 == 1e300 compares in float32 (a wrapped
+// double does not widen an integer tensor beyond the default dtype), where 1e300 is +inf, and
+// the code generator printed that constant as the hex literal `0xinff`.
+TEST_CASE("fuzz: seed 1 graph 137: an integer tensor compared with a number that is inf in float32") {
+  Tensor x = from_vector<std::int64_t>({1, 5, -3}, {3});
+  Tensor e = x == 1e+300;
+  CHECK(vals(e) == std::vector<double>{0, 0, 0});
+  CHECK(vals(x < 1e+300) == std::vector<double>{1, 1, 1});
+  CHECK(vals(x > -1e+300) == std::vector<double>{1, 1, 1});
+  auto program = [&] { return std::vector<Tensor>{x == 1e+300, x * 1e+300, maximum(x, -1e300)}; };
+  kiln::fuzz::check_against_reference(program);
+}

@@ -550,8 +550,12 @@ TEST_CASE("runtime: DiskCache keeps the most recently used entries within its si
   const std::uint64_t entry_bytes = 32 + std::string("key 0").size() + payload.size();
   auto key = [](int i) { return "key " + std::to_string(i); };
 
-  SUBCASE("least recently used first, a hit counts as a use") {
-    DiskCache cache(tmp.path, entry_bytes * 4 + entry_bytes / 2);
+  SUBCASE("least recently used first, a hit counts as a use (bound from KILN_CACHE_MAX_BYTES)") {
+    ScopedEnv on("KILN_CACHE", "1");
+    ScopedEnv dir("KILN_CACHE_DIR", tmp.path);
+    ScopedEnv max("KILN_CACHE_MAX_BYTES", std::to_string(entry_bytes * 4 + entry_bytes / 2));
+    DiskCache cache = DiskCache::from_env();
+    REQUIRE(cache.max_bytes() == entry_bytes * 4 + entry_bytes / 2);
     for (int i = 0; i < 4; ++i) cache.store(key(i), ".so", payload);
     for (int i = 0; i < 4; ++i) {
       REQUIRE(file_exists(cache.path_for(key(i), ".so")));

@@ -93,7 +93,10 @@ class MathLib {
           {"softmax_exp", "y[i] = kiln_exp_f32(x[i] - 3.0f) * 0.25f;"},
           {"exp_nonpos", "y[i] = kiln_exp_nonpos_f32(x[i]);"},
           {"log_sigmoid", "y[i] = kiln_log_f32(x[i]) * 0.5f + kiln_sigmoid_f32(x[i]) - kiln_erf_f32(x[i]);"},
-          {"sin_chain", "float v = x[i]; for (int k = 0; k < 4; ++k) v = kiln_sin_f32(v) * 1.01f + 0.5f; y[i] = v;"},
+          // written out, as the generator emits chains (GCC does not vectorise an outer loop
+          // whose inner loop calls a vector variant)
+          {"sin_chain", "float v = x[i]; v = kiln_sin_f32(v) * 1.01f + 0.5f; v = kiln_sin_f32(v) * 1.01f + 0.5f; "
+                        "v = kiln_sin_f32(v) * 1.01f + 0.5f; y[i] = kiln_sin_f32(v) * 1.01f + 0.5f;"},
       };
       for (const auto& [name, body] : composites) {
         src << "extern \"C\" void kiln_test_composite_" << name
@@ -359,12 +362,13 @@ TEST_CASE("float functions stay within their max-ulp bounds against double libm"
     float dense;  // half-width of the evenly spaced sweep
   };
   // The documented bounds (docs/performance-math.md): the maxima of an exhaustive run over
-  // all 2^32 floats, rounded up to 0.1 ulp. sin/cos/tan: |x| <= 2^20 (larger |x|: next case).
+  // all 2^32 floats, rounded up to 0.1 ulp. sin/cos/tan: every float (beyond 2^20 libm's
+  // results, within 1 ulp: next case).
   const Bound bounds[] = {
-      {"exp", 1.1, kMax, 90.0f},     {"exp2", 1.1, kMax, 130.0f},  {"expm1", 1.6, kMax, 20.0f},
-      {"log", 1.0, kMax, 100.0f},    {"log2", 1.8, kMax, 100.0f},  {"log1p", 1.0, kMax, 10.0f},
-      {"tanh", 2.6, kMax, 10.0f},    {"erf", 2.0, kMax, 5.0f},     {"sin", 1.7, 0x1p20f, 100.0f},
-      {"cos", 1.9, 0x1p20f, 100.0f}, {"tan", 3.2, 0x1p20f, 10.0f}, {"sigmoid", 2.5, kMax, 100.0f},
+      {"exp", 1.1, kMax, 90.0f},  {"exp2", 1.1, kMax, 130.0f}, {"expm1", 1.6, kMax, 20.0f},
+      {"log", 1.0, kMax, 100.0f}, {"log2", 1.8, kMax, 100.0f}, {"log1p", 1.0, kMax, 10.0f},
+      {"tanh", 2.6, kMax, 10.0f}, {"erf", 2.0, kMax, 5.0f},    {"sin", 1.7, kMax, 100.0f},
+      {"cos", 1.9, kMax, 100.0f}, {"tan", 3.2, kMax, 10.0f},   {"sigmoid", 2.5, kMax, 100.0f},
   };
   for (const Bound& b : bounds) {
     const std::vector<float> xs = sweep_inputs(0.0f, b.hi, 8191, b.dense);
@@ -417,27 +421,56 @@ TEST_CASE("exp without the overflow clamp (softmax's x - max) equals exp for eve
   }
 }
 
-TEST_CASE("float sin/cos/tan: large arguments stay bounded") {
-  REQUIRE(plain_lib().ok());
-  // Accurate for |x| <= 2^20 (the sweep above); beyond, the reduced argument is clamped, so
-  // results are finite and bounded but not accurate (documented).
+TEST_CASE("float sin/cos/tan: arguments beyond the fast range are reduced correctly") {
+  const MathLib& lib = plain_lib();
+  REQUIRE(lib.ok());
+  // Beyond 2^20 the fast Cody-Waite reduction is inaccurate; those lanes are recomputed by
+  // libm (Payne-Hanek), in the vectorised loop only when some lane of a vector needs it. Every
+  // 997th float of [2^20, FLT_MAX] of both signs, interleaved with small arguments so that
+  // vectors mix both kinds, and each huge value once more alone in a vector of small ones.
   std::vector<float> xs;
-  for (std::uint32_t u = 0x49800000u; u < 0x7f800000u; u += 997) {  // [2^20, FLT_MAX]
+  for (std::uint32_t u = 0x49800000u; u < 0x7f800000u; u += 997) {
     xs.push_back(f32_from_bits(u));
+    xs.push_back(0.5f);
     xs.push_back(f32_from_bits(u | 0x80000000u));
+    xs.push_back(-2.0f);
+  }
+  for (float x : {1e8f, 1e30f, 3e38f, -1e20f, 0x1p20f, 0x1.000002p20f, -0x1.000002p20f, kMax, -kMax, 16777216.0f,
+                  1.5e7f, 2e6f}) {
+    for (int k = 0; k < 16; ++k) xs.push_back(k == 5 ? x : 0.25f * static_cast<float>(k));
   }
   std::vector<float> ys(xs.size());
-  for (const char* fn : {"sin", "cos"}) {
-    plain_lib().f32(fn)(xs.data(), ys.data(), static_cast<long>(xs.size()));
-    bool bounded = true;
-    for (float y : ys) bounded = bounded && std::isfinite(y) && std::fabs(y) <= 1.0f;
-    INFO(std::string(fn));
-    CHECK(bounded);
+  for (const char* fn : {"sin", "cos", "tan"}) {
+    const RefF64 ref = ref_f64(fn);
+    lib.f32(fn)(xs.data(), ys.data(), static_cast<long>(xs.size()));
+    double worst = 0;
+    float worst_x = 0;
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      double e = ulp_error_f32(ys[i], ref(xs[i]));
+      if (e > worst) worst = e, worst_x = xs[i];
+    }
+    // glibc's sinf/cosf/tanf are correctly rounded but for rare cases (within 1 ulp), and the
+    // small lanes of mixed vectors keep the fast path's bounds.
+    INFO("kiln_" << std::string(fn) << "_f32: max " << worst << " ulp at x = " << worst_x);
+    CHECK(worst <= (std::string(fn) == "tan" ? 3.2 : 1.9));
+    // the huge lanes are libm's results exactly, and one element at a time (the scalar entry)
+    // agrees with the vectorised loop
+    bool same = true;
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      if (std::fabs(xs[i]) <= 0x1p20f) continue;
+      const float lm = std::string(fn) == "sin" ? std::sin(xs[i]) : std::string(fn) == "cos" ? std::cos(xs[i]) : std::tan(xs[i]);
+      if (!same_f32(ys[i], lm) || !same_f32(call_f32(fn, xs[i]), lm)) {
+        INFO("x = " << xs[i] << ": " << ys[i] << ", libm " << lm);
+        CHECK(same_f32(ys[i], lm));
+        same = false;
+        break;
+      }
+    }
+    CHECK(same);
   }
-  plain_lib().f32("tan")(xs.data(), ys.data(), static_cast<long>(xs.size()));
-  bool no_nan = true;
-  for (float y : ys) no_nan = no_nan && !std::isnan(y);
-  CHECK(no_nan);
+  // the values a differential fuzzer flagged, against the double result
+  CHECK(ulp_error_f32(call_f32("cos", 1e8f), std::cos(static_cast<double>(1e8f))) <= 1.0);    // -0.363385
+  CHECK(ulp_error_f32(call_f32("cos", 1e30f), std::cos(static_cast<double>(1e30f))) <= 1.0);  // -0.611605
 }
 
 TEST_CASE("double functions: libm, and the sigmoid split") {

@@ -246,10 +246,10 @@ static inline float kiln_erf_f32(float x) {
 
 /* Cody-Waite reduction x = j*pi/2 + r with a 3-part pi/2 and FMA (the first step is exact):
    r keeps full relative accuracy for |x| <= 2^20 (the closest float to a multiple of pi/2
-   there is 2^-27.8 away; the part of pi/2 dropped after 3 terms costs j * 2^-74). Beyond
-   ~1.1e6 j = rint(x * fl(2/pi)) can be off by one, so r is clamped to the polynomials' range:
-   results stay finite and bounded (|sin|, |cos| <= 1) but are not accurate there.
-   Returns r (|r| <= 0.83) and j mod 4 in *q. */
+   there is 2^-27.8 away; the part of pi/2 dropped after 3 terms costs j * 2^-74), and |r|
+   stays below 0.83, the polynomials' range. Beyond 2^20 j = rint(x * fl(2/pi)) can be off by
+   one and r loses its low bits: those results are replaced by kiln_f32_trig_big below.
+   Returns r and j mod 4 in *q. */
 static inline float kiln_f32_trig_reduce(float x, unsigned int* q) {
   const float shift = 0x1.8p23f;
   float t = __builtin_fmaf(x, 0x1.45f306p-1f, shift);
@@ -257,8 +257,6 @@ static inline float kiln_f32_trig_reduce(float x, unsigned int* q) {
   float r = __builtin_fmaf(j, -0x1.921fb6p+0f, x);
   r = __builtin_fmaf(j, 0x1.777a5cp-25f, r);
   r = __builtin_fmaf(j, 0x1.ee59dap-50f, r);
-  r = kiln_f32_sel(r > 0.83f, 0.83f, r);
-  r = kiln_f32_sel(r < -0.83f, -0.83f, r);
   *q = kiln_f32_bits(t);
   return r;
 }
@@ -278,7 +276,8 @@ static inline float kiln_f32_cos_poly(float z) {
   return __builtin_fmaf(z * z, c, __builtin_fmaf(-0.5f, z, 1.0f));
 }
 
-static inline float kiln_sin_f32(float x) {
+/* The fast paths: accurate for |x| <= 2^20, NaN for NaN, anything (finite or NaN) beyond. */
+static inline float kiln_f32_sin_fast(float x) {
   unsigned int q;
   float r = kiln_f32_trig_reduce(x, &q);
   float z = r * r;
@@ -287,7 +286,7 @@ static inline float kiln_sin_f32(float x) {
   return kiln_f32_sel(x == 0.0f, x, y); /* keeps -0 (the reduction's fma turns it into +0) */
 }
 
-static inline float kiln_cos_f32(float x) {
+static inline float kiln_f32_cos_fast(float x) {
   unsigned int q;
   float r = kiln_f32_trig_reduce(x, &q);
   q += 1u;
@@ -296,7 +295,7 @@ static inline float kiln_cos_f32(float x) {
   return kiln_f32_from_bits(kiln_f32_bits(y) ^ ((q & 2u) << 30));
 }
 
-static inline float kiln_tan_f32(float x) {
+static inline float kiln_f32_tan_fast(float x) {
   unsigned int q;
   float r = kiln_f32_trig_reduce(x, &q);
   float z = r * r;
@@ -313,6 +312,79 @@ static inline float kiln_tan_f32(float x) {
   t = kiln_f32_sel((int)(q & 1u), -1.0f / t, t);
   return kiln_f32_sel(x == 0.0f, x, t); /* keeps -0 */
 }
+
+/* |x| > 2^20 (and +-inf): libm's sinf/cosf/tanf, which reduce with Payne-Hanek over the whole
+   float range. A branch-free reduction of that range needs a 2/pi window chosen by the exponent
+   (gathers and 64-bit products on every lane: several times the cost of the fast path), and
+   GCC 12 does not vectorise a loop with a conditional call in it. So the fix-up is one
+   function with vector variants (OpenMP `declare simd`, x86-64 vector function ABI): a
+   vectorised loop calls the variant of its width with the fast results, and the variant hands
+   them back untouched unless some lane is beyond 2^20 (a compare, a movmsk and a branch that
+   is predicted not taken); only then are those lanes recomputed one by one, out of line.
+   fn: 0 sin, 1 cos, 2 tan. The variants are written for every ISA the unit is compiled for
+   (b: SSE2, c: AVX, d: AVX2, e: AVX-512F), so that whichever GCC picks is defined. Clang 14's
+   loop vectoriser does not call `declare simd` variants, so there the fix-up is a plain
+   branch: correct, but a loop of sin/cos/tan stays scalar. */
+#if defined(__cplusplus)
+extern "C" {
+#endif
+__attribute__((visibility("hidden"), noinline, cold)) void kiln_f32_trig_big_lanes(const float* x, float* y, int n, int fn) {
+  for (int i = 0; i < n; ++i)
+    if (kiln_f32_abs(x[i]) > 0x1p20f) y[i] = fn == 0 ? __builtin_sinf(x[i]) : fn == 1 ? __builtin_cosf(x[i]) : __builtin_tanf(x[i]);
+}
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+/* Declared here and defined under other C names through asm labels, so that the compiler
+   takes the variants written below instead of cloning a body of its own. */
+#pragma omp declare simd uniform(fn) notinbranch
+__attribute__((visibility("hidden"), const, nothrow)) float kiln_f32_trig_big(float x, float y, int fn);
+__attribute__((visibility("hidden"))) float kiln_f32_trig_big_1(float x, float y, int fn) __asm__("kiln_f32_trig_big");
+__attribute__((visibility("hidden"))) float kiln_f32_trig_big_1(float x, float y, int fn) {
+  if (__builtin_expect(kiln_f32_abs(x) > 0x1p20f, 0)) kiln_f32_trig_big_lanes(&x, &y, 1, fn);
+  return y;
+}
+#define KILN_TRIG_BIG_VARIANT(isa, n, vf, vi, any)                                                           \
+  __attribute__((visibility("hidden"))) vf kiln_f32_trig_big_##isa(vf x, vf y, int fn)                      \
+      __asm__("_ZGV" #isa "N" #n "vvu_kiln_f32_trig_big");                                                   \
+  __attribute__((visibility("hidden"))) vf kiln_f32_trig_big_##isa(vf x, vf y, int fn) {                    \
+    vi big = (vf)((vi)x & 0x7fffffff) > 0x1p20f;                                                             \
+    if (__builtin_expect(any, 0)) kiln_f32_trig_big_lanes((const float*)&x, (float*)&y, n, fn);             \
+    return y;                                                                                                \
+  }
+typedef float kiln_v4sf __attribute__((vector_size(16)));
+typedef int kiln_v4si __attribute__((vector_size(16)));
+KILN_TRIG_BIG_VARIANT(b, 4, kiln_v4sf, kiln_v4si, __builtin_ia32_movmskps((kiln_v4sf)big))
+#if defined(__AVX__)
+typedef float kiln_v8sf __attribute__((vector_size(32)));
+typedef int kiln_v8si __attribute__((vector_size(32)));
+KILN_TRIG_BIG_VARIANT(c, 8, kiln_v8sf, kiln_v8si, __builtin_ia32_movmskps256((kiln_v8sf)big))
+#endif
+#if defined(__AVX2__)
+KILN_TRIG_BIG_VARIANT(d, 8, kiln_v8sf, kiln_v8si, __builtin_ia32_movmskps256((kiln_v8sf)big))
+#endif
+#if defined(__AVX512F__)
+typedef float kiln_v16sf __attribute__((vector_size(64)));
+typedef int kiln_v16si __attribute__((vector_size(64)));
+static inline int kiln_v16si_any(kiln_v16si m) {
+  kiln_v8si h[2];
+  __builtin_memcpy(h, &m, 64);
+  return __builtin_ia32_movmskps256((kiln_v8sf)(h[0] | h[1]));
+}
+KILN_TRIG_BIG_VARIANT(e, 16, kiln_v16sf, kiln_v16si, kiln_v16si_any(big))
+#endif
+#undef KILN_TRIG_BIG_VARIANT
+#else
+static inline float kiln_f32_trig_big(float x, float y, int fn) {
+  if (__builtin_expect(kiln_f32_abs(x) > 0x1p20f, 0)) kiln_f32_trig_big_lanes(&x, &y, 1, fn);
+  return y;
+}
+#endif
+#if defined(__cplusplus)
+}
+#endif
+
+static inline float kiln_sin_f32(float x) { return kiln_f32_trig_big(x, kiln_f32_sin_fast(x), 0); }
+static inline float kiln_cos_f32(float x) { return kiln_f32_trig_big(x, kiln_f32_cos_fast(x), 1); }
+static inline float kiln_tan_f32(float x) { return kiln_f32_trig_big(x, kiln_f32_tan_fast(x), 2); }
 /* ---- float64 ----
    Double kernels call glibc's libm (__builtin_<fn> emits the call without a declaration; link
    with -lm). Such loops do not vectorise. Defining KILN_CPU_MATH_LIBMVEC before this text (and

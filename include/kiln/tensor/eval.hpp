@@ -342,8 +342,10 @@ template <class S>
 Tensor& Tensor::assign(S value) {
   detail::before_data_read("assign()", std::source_location::current());
   if (!node_->realized()) detail::evaluate({node_});
-  ir::NodePtr n = std::is_integral_v<S> ? ir::constant_int(static_cast<std::int64_t>(value), dtype(), shape(), device())
-                                        : ir::constant(static_cast<double>(value), dtype(), shape(), device());
+  // A fill with a new number reuses the kernel of the last (the number is an argument).
+  ir::NodePtr n = detail::number_is_argument(ScalarExpr<S>(value), device()) ? detail::number_leaf(value, dtype(), shape(), device())
+                  : std::is_integral_v<S> ? ir::constant_int(static_cast<std::int64_t>(value), dtype(), shape(), device())
+                                          : ir::constant(static_cast<double>(value), dtype(), shape(), device());
   if (detail::has_self_overlap(shape(), node_->buffer->strides))
     throw ShapeError("assign: destination " + describe() + " has elements that share memory (a broadcast view)");
   detail::evaluate_into(n, node_);

@@ -6,11 +6,13 @@
 // are held by value (Tensor is a shared handle), so keeping an expression in `auto` is safe.
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
 #include "kiln/core/hash.hpp"
 #include "kiln/decomp/decompose.hpp"
+#include "kiln/runtime/host_allocator.hpp"
 #include "kiln/tensor/tensor.hpp"
 
 namespace kiln {
@@ -193,9 +195,12 @@ inline ir::NodePtr lower_binary(Fn f, const ir::NodePtr& a, const ir::NodePtr& b
 }  // namespace detail
 
 /// A C++ number inside an expression (PyTorch's "wrapped number": it never widens a tensor's dtype).
+/// Most numbers are kernel arguments, read at launch, so that `w - lr * g` compiles once for
+/// every `lr` (see number_is_argument); `literal` keeps one in the code (pow's exponent).
 template <class T>
 struct ScalarExpr : Expr<ScalarExpr<T>> {
   T value;
+  bool literal = false;  ///< always a literal in the generated code (it changes the code)
   explicit ScalarExpr(T v) : value(v) {}
   static constexpr std::uint64_t kStructKey =
       detail::hash_combine(0x5ca1a7, std::is_floating_point_v<T> ? 1 : std::is_same_v<T, bool> ? 2 : 3);
@@ -205,6 +210,49 @@ struct ScalarExpr : Expr<ScalarExpr<T>> {
 };
 
 namespace detail {
+
+/// Whether the number `s` on `device` is a kernel argument (a 0-dim host leaf read at launch)
+/// instead of a literal. Values that change the code stay literals: 0, 1 and -1 (x * 1, x + 0,
+/// where(c, x, 0) simplify), bools, numbers marked literal (pow's exponent: x^2 is x * x), and
+/// every number of a CUDA graph (whose leaves live on the device).
+template <class T>
+bool number_is_argument(const ScalarExpr<T>& s, Device device) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return false;
+  } else {
+    const double v = static_cast<double>(s.value);
+    return !s.literal && device.is_cpu() && v != 0 && v != 1 && v != -1;
+  }
+}
+
+/// While the typed-assign path records a new guard, the storages of the number leaves made by
+/// number_leaf, in build order (= the order collect_leaves meets the numbers).
+inline thread_local std::vector<const Storage*>* number_leaf_recorder = nullptr;
+
+/// Writes number `v` as `dtype` stores it to `out` (8 bytes at most), as a cast would.
+template <class T>
+void store_number(T v, DType dtype, void* out) {
+  visit_dtype(dtype, [&](auto tag) {
+    using D = decltype(tag);
+    D x;
+    if constexpr (std::is_same_v<D, bool>) x = v != 0;
+    else if constexpr (std::is_integral_v<D> && std::is_floating_point_v<T>) x = kiln::detail::float_to_int<D>(static_cast<double>(v));
+    else if constexpr (std::is_integral_v<D>) x = static_cast<D>(static_cast<std::int64_t>(v));  // wraps as int_literal
+    else if constexpr (std::is_same_v<D, double>) x = static_cast<double>(v);
+    else if constexpr (std::is_same_v<D, float>) x = static_cast<float>(static_cast<double>(v));
+    else x = D(static_cast<float>(static_cast<double>(v)));  // f16/bf16: through float, as constants
+    std::memcpy(out, &x, sizeof(D));
+  });
+}
+
+/// A realized 0-dim host leaf holding `v` as `dtype`, broadcast to `shape`.
+template <class T>
+ir::NodePtr number_leaf(T v, DType dtype, const Shape& shape, Device device) {
+  StoragePtr st = runtime::allocate_host(8);
+  store_number(v, dtype, st->data);
+  if (number_leaf_recorder) number_leaf_recorder->push_back(st.get());
+  return decomp::expand(ir::input(ir::BufferView{st, 0, {}}, Shape{}, dtype, device), shape);
+}
 
 template <class T> struct is_scalar_expr : std::false_type {};
 template <class T> struct is_scalar_expr<ScalarExpr<T>> : std::true_type {};
@@ -258,6 +306,7 @@ template <class E>
 ir::NodePtr operand_node(const E& e, DType dtype, const SmallShape& shape, Device device) {
   if constexpr (is_scalar_expr<E>::value) {
     using T = decltype(e.value);
+    if (number_is_argument(e, device)) return number_leaf(e.value, dtype, shape.to_shape(), device);
     if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
       return ir::constant_int(static_cast<std::int64_t>(e.value), dtype, shape.to_shape(), device);
     else
@@ -315,6 +364,7 @@ struct BinaryExpr : Expr<BinaryExpr<F, A, B>> {
 
   BinaryExpr(const A& x, const B& y) : a(x), b(y) {
     static_assert(!(detail::is_scalar_expr<A>::value && detail::is_scalar_expr<B>::value));
+    if constexpr (F == Fn::Pow && detail::is_scalar_expr<B>::value) b.literal = true;  // x^2 compiles to x * x
     const char* name = detail::fn_name(F);
     if constexpr (detail::is_scalar_expr<A>::value) {
       out_shape = detail::shape_of(b, name);

@@ -29,6 +29,18 @@ struct TypedLeaves {
   std::int64_t words[kMaxWords];
   std::size_t num_words = 0;
   bool ok = true;  ///< false: too many leaves, a lazy leaf, or another device (take the slow path)
+  Device device = Device::cpu();  ///< where the expression is evaluated (decides which numbers are arguments)
+  /// Numbers that are kernel arguments: not in the guard; their values, and the 8-byte slots
+  /// the launch reads them from (written in the leaf's dtype once the entry is known).
+  static constexpr std::size_t kMaxNumbers = 16;
+  struct Number {
+    double as_double;
+    std::int64_t as_int;
+    bool integral;
+  };
+  Number numbers[kMaxNumbers];
+  std::size_t num_numbers = 0;
+  alignas(8) unsigned char slots[kMaxNumbers][8];
 
   void word(std::int64_t w) {
     if (num_words < kMaxWords) words[num_words++] = w;
@@ -57,7 +69,20 @@ struct TypedLeaves {
     }
   }
   template <class T>
-  void number(T v) {
+  void number(const ScalarExpr<T>& s) {
+    const T v = s.value;
+    if (number_is_argument(s, device)) {
+      // Only that it is an argument is guarded, not its value: one entry serves every value.
+      word(0x6e756d626572);
+      if (num_numbers == kMaxNumbers) {
+        ok = false;
+        return;
+      }
+      Number num{static_cast<double>(v), 0, std::is_integral_v<T>};
+      if constexpr (std::is_integral_v<T>) num.as_int = static_cast<std::int64_t>(v);
+      numbers[num_numbers++] = num;
+      return;
+    }
     double d = static_cast<double>(v);
     std::int64_t bits;
     std::memcpy(&bits, &d, 8);
@@ -69,7 +94,7 @@ struct TypedLeaves {
 template <class E>
 void collect_leaves(const E& e, TypedLeaves& out) {
   if constexpr (std::is_same_v<E, Tensor>) out.tensor(e);
-  else if constexpr (is_scalar_expr<E>::value) out.number(e.value);
+  else if constexpr (is_scalar_expr<E>::value) out.number(e);
   else e.for_each_child([&out](const auto& child) { collect_leaves(child, out); });
 }
 
@@ -77,7 +102,8 @@ struct TypedEntry {
   std::vector<std::int64_t> words;
   std::uint64_t generation = 0;
   std::shared_ptr<backend::PreparedGraph> prepared;
-  std::vector<std::int32_t> leaf_source;  ///< per graph leaf: which expression tensor leaf it is
+  std::vector<std::int32_t> leaf_source;  ///< per graph leaf: tensor leaf i (>= 0) or number argument -i-1
+  std::vector<DType> number_dtype;        ///< per number argument: the dtype its leaf holds
 };
 
 inline std::uint64_t hash_words(std::uint64_t seed, const std::int64_t* w, std::size_t n) {
@@ -91,6 +117,7 @@ inline std::uint64_t hash_words(std::uint64_t seed, const std::int64_t* w, std::
 template <class E>
 bool typed_assign(const E& value, const ir::NodePtr& dest) {
   TypedLeaves leaves;
+  leaves.device = dest->device;
   collect_leaves(value, leaves);
   if (!leaves.ok) return false;
   const ir::BufferView& dst = *dest->buffer;
@@ -126,29 +153,55 @@ bool typed_assign(const E& value, const ir::NodePtr& dest) {
   if (!entry) {
     // First time for this guard: build and capture as the general path does, and remember
     // where each captured leaf comes from among the expression's tensors.
-    Tensor v(value);
+    std::vector<const Storage*> number_storages;
+    number_leaf_recorder = &number_storages;
+    Tensor v;
+    try {
+      v = Tensor(value);
+    } catch (...) {
+      number_leaf_recorder = nullptr;
+      throw;
+    }
+    number_leaf_recorder = nullptr;
+    if (number_storages.size() != L.num_numbers) return false;  // cannot happen: both walk the same numbers
     ir::NodePtr n = decomp::expand(ir::cast(v.node(), dest->dtype), dest->shape);
     ir::Captured c = ir::capture({n}, dest->device);
     TypedEntry e;
     e.words.assign(L.words, L.words + L.num_words);
     e.generation = generation;
+    e.number_dtype.assign(L.num_numbers, DType::Float32);
     for (auto& leaf : c.leaves) {
       std::int32_t src = -1;
-      for (std::size_t i = 0; i < L.num_tensors && src < 0; ++i)
-        if (L.tensors[i]->buffer->storage == leaf->buffer->storage && L.tensors[i]->buffer->offset == leaf->buffer->offset)
+      bool found = false;
+      for (std::size_t i = 0; i < L.num_tensors && !found; ++i)
+        if (L.tensors[i]->buffer->storage == leaf->buffer->storage && L.tensors[i]->buffer->offset == leaf->buffer->offset) {
           src = static_cast<std::int32_t>(i);
-      if (src < 0) return false;  // a leaf the expression does not name (cannot happen today)
+          found = true;
+        }
+      for (std::size_t k = 0; k < number_storages.size() && !found; ++k)
+        if (number_storages[k] == leaf->buffer->storage.get()) {
+          src = -static_cast<std::int32_t>(k) - 1;
+          e.number_dtype[k] = leaf->dtype;
+          found = true;
+        }
+      if (!found) return false;  // a leaf the expression does not name (cannot happen today)
       e.leaf_source.push_back(src);
     }
     c.graph.output_strides[0] = dst.strides;
     c.graph.rehash();
     if (log_enabled(LogChannel::graph)) log(LogChannel::graph, "evaluating graph\n" + c.graph.str());
-    e.prepared = std::make_shared<backend::PreparedGraph>(std::move(c.graph), backend_mode());
+    e.prepared = std::make_shared<backend::PreparedGraph>(std::move(c.graph), backend_mode(), backend::CpuLaunchOptions{}, true);
     entry = &cache.emplace(key, std::move(e))->second;
+  }
+  for (std::size_t k = 0; k < L.num_numbers; ++k) {
+    const TypedLeaves::Number& num = L.numbers[k];
+    if (num.integral) store_number(num.as_int, entry->number_dtype[k], L.slots[k]);
+    else store_number(num.as_double, entry->number_dtype[k], L.slots[k]);
   }
   backend::RunArgs args;
   args.inputs.reserve(entry->leaf_source.size());
-  for (auto src : entry->leaf_source) args.inputs.push_back(leaf_pointer(*L.tensors[src]));
+  for (auto src : entry->leaf_source)
+    args.inputs.push_back(src >= 0 ? leaf_pointer(*L.tensors[src]) : static_cast<const void*>(L.slots[-src - 1]));
   args.outputs.push_back(static_cast<char*>(dst.storage->data) + dst.offset * static_cast<std::int64_t>(itemsize(dest->dtype)));
   entry->prepared->run(args);
   counters().graphs++;

@@ -149,3 +149,83 @@ TEST_CASE("KILN_LOGS: a misspelt channel is a warning that lists the valid ones"
   CHECK(text.find("graph,") != std::string::npos);  // the graph channel is listed
   CHECK(detail::parse_log_channels("all") == ~0u);
 }
+
+TEST_CASE("numbers are kernel arguments: a learning-rate schedule compiles once") {
+  if (get_backend() == Backend::Eager || !backend::cpu_jit_available()) return;
+  Tensor w = kt::make_tensor({1, 2, 3, 4}, {4}, DType::Float32), g = kt::make_tensor({0.5, -1, 2, 8}, {4}, DType::Float32);
+  auto reference = [&](float lr) {
+    std::vector<float> out(4), wv = w.to_vector<float>(), gv = g.to_vector<float>();
+    for (int i = 0; i < 4; ++i) out[i] = wv[i] - lr * gv[i];
+    return out;
+  };
+  // A structure no other test uses, so that its first compile is counted here.
+  auto step = [&](float lr) { return (w - lr * g) * 0.375f + 2.625f; };
+  auto expect = [&](float lr) {
+    std::vector<float> r = reference(lr);
+    for (auto& v : r) v = v * 0.375f + 2.625f;
+    return r;
+  };
+  reset_stats();
+  for (int i = 0; i < 10; ++i) {
+    const float lr = 0.013f * static_cast<float>(i + 2);
+    CHECK(Tensor(step(lr)).to_vector<float>() == expect(lr));
+  }
+  CHECK(stats().compiles <= 1);  // 0 when the disk cache already had it
+  CHECK(stats().compiles + stats().disk_hits + stats().memory_hits <= 1);
+  // The typed assign path: one guard entry for every value.
+  Tensor out = zeros({4});
+  out.eval();
+  out.assign(step(0.5f));
+  reset_stats();
+  for (int i = 0; i < 10; ++i) {
+    const float lr = 0.021f * static_cast<float>(i + 3);
+    out.assign(step(lr));
+    CHECK(out.to_vector<float>() == expect(lr));
+  }
+  CHECK(stats().compiles == 0);
+  // Numbers keep their dtype's rounding: 1.7 in float16 is 1.7001953125.
+  Tensor h = kt::make_tensor({1, 2}, {2}, DType::Float16);
+  KILN_CHECK_CLOSE(h * 1.7f, std::vector<double>{1.7001953125, 3.400390625}, kt::Tolerance{0, 0});
+  CHECK((kt::make_int_tensor({1, 2}, {2}, DType::Int32) * 7).to_vector<int>() == std::vector<int>{7, 14});
+  // A fill with a new number each time reuses the fill kernel.
+  out.assign(3.5f);
+  reset_stats();
+  for (int i = 0; i < 5; ++i) {
+    out.assign(0.25f * static_cast<float>(i) + 10.0f);
+    CHECK(out.to_vector<float>() == std::vector<float>(4, 0.25f * static_cast<float>(i) + 10.0f));
+  }
+  CHECK(stats().compiles == 0);
+  // Values that change the code stay literals and still compute right: pow's exponent, 0, 1, -1.
+  KILN_CHECK_CLOSE(pow(w, 2.0f), std::vector<double>{1, 4, 9, 16});
+  KILN_CHECK_CLOSE(pow(w, 0.5f), std::vector<double>{1, std::sqrt(2.0), std::sqrt(3.0), 2});
+  KILN_CHECK_CLOSE(w * -1.0f + 0.0f, std::vector<double>{-1, -2, -3, -4});
+}
+
+TEST_CASE("lazy evaluation at a second leading size compiles the symbolic-size kernels once") {
+  if (get_backend() == Backend::Eager || !backend::cpu_jit_available()) return;
+  kiln::reset();  // no structure met before
+  std::vector<std::uint64_t> compiles;
+  for (std::int64_t rows : {5, 9, 12, 17, 3, 40}) {
+    std::vector<float> host(static_cast<std::size_t>(rows * 7));
+    for (std::size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>((i * 37) % 11) * 0.25f - 1.0f;
+    Tensor x = from_vector(host, {rows, 7});
+    reset_stats();
+    Tensor y = log_softmax(x * 1.5f, -1) + 0.125f;
+    std::vector<float> got = y.to_vector<float>();
+    compiles.push_back(stats().compiles + stats().disk_hits);
+    // Against a float64 evaluation of the same rows.
+    for (std::int64_t r = 0; r < rows; ++r) {
+      double m = -INFINITY, s = 0;
+      for (int c = 0; c < 7; ++c) m = std::max(m, 1.5 * host[static_cast<std::size_t>(r * 7 + c)]);
+      for (int c = 0; c < 7; ++c) s += std::exp(1.5 * host[static_cast<std::size_t>(r * 7 + c)] - m);
+      for (int c = 0; c < 7; ++c) {
+        double want = 1.5 * host[static_cast<std::size_t>(r * 7 + c)] - m - std::log(s) + 0.125;
+        CHECK(std::fabs(got[static_cast<std::size_t>(r * 7 + c)] - want) < 1e-5);
+      }
+    }
+  }
+  // The first size compiles for itself, the second the symbolic kernels; the rest reuse them.
+  CHECK(compiles[0] == 1);
+  CHECK(compiles[1] == 1);
+  for (std::size_t i = 2; i < compiles.size(); ++i) CHECK_MESSAGE(compiles[i] == 0, "size #" << i);
+}

@@ -174,6 +174,14 @@ class CpuPlanCache {
     return plan;
   }
 
+  /// The plan of `g`'s structure if it was built (a plan hit), else null; builds nothing.
+  std::shared_ptr<const CpuPlan> lookup(const ir::Graph& g, const CpuLaunchOptions& options = {}) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto p = find(g, options);
+    if (p) kiln::detail::count_plan_hit();
+    return p;
+  }
+
   /// Replaces the plan of `plan`'s structure and options (autotune: the tuned plan).
   void replace(std::shared_ptr<const CpuPlan> plan) {
     std::lock_guard<std::mutex> lock(mu_);

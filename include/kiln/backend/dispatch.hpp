@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 
+#include "kiln/backend/cpu_dynamic.hpp"
 #include "kiln/backend/cpu_jit.hpp"
 #include "kiln/backend/cuda.hpp"
 #include "kiln/backend/executor.hpp"
@@ -135,6 +136,16 @@ void run_op_by_op(const ir::Graph& g, const RunArgs& args, RunOne&& run_one) {
   }
 }
 
+/// Runs a CPU graph as compiled kernels: its plan when built, else the symbolic-size plan when
+/// its structure already ran at another leading size (the automatic-dynamic rule of lazy
+/// evaluation, cpu_dynamic.hpp), else a plan built for its sizes.
+inline void run_cpu_lazy(const ir::Graph& g, const RunArgs& args) {
+  if (auto plan = detail::CpuPlanCache::instance().lookup(g)) return run_cpu_plan(*plan, args);
+  DynamicRun dynamic = cpu_dynamic_plan(g);
+  if (dynamic.plan) return run_cpu_symbolic(*dynamic.plan, args, dynamic.size);
+  run_cpu_jit(g, args);
+}
+
 /// Runs `g` with the executor `mode` selects for its device.
 inline void run(const ir::Graph& g, const RunArgs& args, Mode mode) {
   // CUDA graphs run as generated kernels: fused, or one primitive at a time in eager mode.
@@ -143,7 +154,7 @@ inline void run(const ir::Graph& g, const RunArgs& args, Mode mode) {
     return run_cuda(g, args);
   }
   if (!g.device.is_cpu()) throw DeviceError("no executor for device " + g.device.str());
-  if (cpu_uses_jit(mode)) run_cpu_jit(g, args);
+  if (cpu_uses_jit(mode)) run_cpu_lazy(g, args);
   else run_reference(g, args);
 }
 
@@ -152,11 +163,24 @@ inline void run(const ir::Graph& g, const RunArgs& args, Mode mode) {
 /// `launch` picks how CPU kernels launch (kiln::compile's modes; CUDA graphs ignore it here).
 class PreparedGraph {
  public:
-  PreparedGraph(ir::Graph g, Mode mode, CpuLaunchOptions launch = {}) : graph_(std::move(g)), mode_(mode), launch_(launch) {
-    if (graph_.device.is_cpu() && cpu_uses_jit(mode_)) cpu_plan_ = cpu_plan(graph_, launch_);
+  /// `auto_dynamic`: a structure already met at another leading size runs its symbolic-size
+  /// plan (the typed assign path of lazy evaluation; kiln::compile decides that itself).
+  PreparedGraph(ir::Graph g, Mode mode, CpuLaunchOptions launch = {}, bool auto_dynamic = false)
+      : graph_(std::move(g)), mode_(mode), launch_(launch) {
+    if (!graph_.device.is_cpu() || !cpu_uses_jit(mode_)) return;
+    if (auto_dynamic && !launch_.autotune) {
+      if (auto p = detail::CpuPlanCache::instance().lookup(graph_, launch_)) {
+        cpu_plan_ = std::move(p);
+        return;
+      }
+      dynamic_ = cpu_dynamic_plan(graph_);
+      if (dynamic_.plan) return;
+    }
+    cpu_plan_ = cpu_plan(graph_, launch_);
   }
   void run(const RunArgs& args) const {
     if (graph_.device.is_cuda() && mode_ != Mode::Eager) return run_cuda_bound(args);
+    if (dynamic_.plan) return run_cpu_symbolic(*dynamic_.plan, args, dynamic_.size);
     if (!cpu_plan_) return backend::run(graph_, args, mode_);
     if (!launch_.autotune) return run_cpu_plan(*cpu_plan_, args);
     // Autotuned plans are settled by their first run (timed on these buffers, or the stored
@@ -218,6 +242,7 @@ class PreparedGraph {
   CpuLaunchOptions launch_;
   mutable std::mutex mu_;
   mutable CpuPlanPtr cpu_plan_;
+  DynamicRun dynamic_;  ///< set instead of cpu_plan_ when the symbolic-size plan runs this graph
   std::size_t cuda_leaves_ = graph_.num_leaves();
   mutable std::array<std::atomic<const detail::CudaPlan*>, 4> cuda_slots_{};
   mutable std::vector<std::shared_ptr<const detail::CudaPlan>> cuda_plans_;  // owns what the slots point to

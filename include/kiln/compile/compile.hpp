@@ -1009,6 +1009,7 @@ inline void reset() {
   detail::typed_cache_generation().fetch_add(1);
   detail::clear_kernel_caches();
   backend::clear_symbolic_plans();
+  backend::clear_sizes_seen();
 }
 
 }  // namespace kiln

@@ -282,6 +282,10 @@ class Storm {
           S_ISREG(st.st_mode))
         cache_bytes_ += static_cast<std::uint64_t>(st.st_size);
     }
+    // A storm long enough for every kind must have used every kind.
+    if (rounds_done_ * opt_.injections >= kKinds)
+      for (int k = 0; k < kKinds; ++k)
+        if (tally_.injected[k] == 0) fail_check(std::string("never injected: ") + kKindNames[k]);
     if (after_compiles > 0 && cache_bytes_ > max_bytes_)
       fail_check("cache holds " + std::to_string(cache_bytes_) + " bytes after a store, over its bound of " +
                  std::to_string(max_bytes_));
@@ -447,7 +451,10 @@ class Storm {
           }
           int kind = kinds.back();
           kinds.pop_back();
+          // One that found nothing to damage (every entry already replaced by something that
+          // is not a file, say) is the next one tried.
           if (inject(static_cast<Kind>(kind))) ++tally_.injected[kind];
+          else kinds.push_back(kind);
         }
         ++next;
       }
@@ -687,7 +694,7 @@ int usage() {
                "usage: kiln_cache_storm [--short] [--processes N] [--threads N] [--rounds N] [--seconds S]\n"
                "                        [--iterations N] [--injections N] [--kill-fraction F]\n"
                "                        [--child-timeout S] [--seed N] [--dir PARENT] [--keep]\n"
-               "  --short: 6 processes x 2 threads, 4 rounds of 3 corruptions (every kind once): what ctest runs\n"
+               "  --short: 6 processes x 2 threads, 4 rounds of 4 corruptions (every kind at least once): what ctest runs\n"
                "  default: 16 processes x 4 threads, 6 rounds of 6 corruptions\n");
   return 2;
 }
@@ -710,7 +717,7 @@ int main(int argc, char** argv) {
       o.processes = 6;
       o.threads = 2;
       o.rounds = 4;
-      o.injections = 3;
+      o.injections = 4;
       o.child_timeout = 100;
     } else if (a == "--keep") {
       o.keep = true;

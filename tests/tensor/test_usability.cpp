@@ -229,3 +229,38 @@ TEST_CASE("lazy evaluation at a second leading size compiles the symbolic-size k
   CHECK(compiles[1] == 1);
   for (std::size_t i = 2; i < compiles.size(); ++i) CHECK_MESSAGE(compiles[i] == 0, "size #" << i);
 }
+
+TEST_CASE("KILN_LOGS=output_code: the kernels without the prelude, the whole source kept in the cache directory") {
+  if (get_backend() == Backend::Eager || !backend::cpu_jit_available()) return;
+  kiln::reset();  // the module below must be built (or loaded from disk) in this process
+  std::FILE* capture = std::tmpfile();
+  REQUIRE(capture);
+  set_log_output(capture);
+  set_logs("output_code");
+  Tensor x = kt::make_tensor({0.5, 1.5, -2}, {3}, DType::Float32);
+  float total = sum(tanh(x) * 0.625f + erf(x)).item<float>();
+  set_logs("");
+  set_log_output(nullptr);
+  std::rewind(capture);
+  std::string text;
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, capture)) > 0;) text.append(buf, n);
+  std::fclose(capture);
+  CHECK(std::isfinite(total));
+  REQUIRE(text.find("[kiln:output_code] cpu module") != std::string::npos);
+  CHECK(text.find("prelude of") != std::string::npos);
+  CHECK(text.find("_body(void* const* args") != std::string::npos);  // the kernel is shown
+  CHECK(text.find("kiln_tanh_f32(") != std::string::npos);           // called by the kernel
+  CHECK(text.find("static inline float kiln_tanh_f32") == std::string::npos);  // not the prelude's definition
+  // The named source outlives the process (under the cache directory) and holds everything.
+  const std::size_t at = text.find("(source: ") + 9;
+  const std::string path = text.substr(at, text.find(';', at) - at);
+  CHECK(path.find("/sources/kiln_") != std::string::npos);
+  std::FILE* kept = std::fopen(path.c_str(), "r");
+  REQUIRE_MESSAGE(kept, path);
+  std::string source;
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, kept)) > 0;) source.append(buf, n);
+  std::fclose(kept);
+  CHECK(source.find("kiln_tanh_f32") != std::string::npos);
+  CHECK(source.find(kiln::detail::kKernelsBeginMarker) != std::string::npos);
+}

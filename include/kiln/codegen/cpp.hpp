@@ -19,6 +19,7 @@
 
 #include "kiln/codegen/cpu_math.hpp"
 #include "kiln/core/error.hpp"
+#include "kiln/core/generated.hpp"
 #include "kiln/core/half.hpp"
 #include "kiln/core/philox.hpp"
 #include "kiln/ir/graph.hpp"
@@ -1517,6 +1518,7 @@ inline CppSource generate_cpp(const ir::Graph& g, const sched::Schedule& s, cons
     src += philox::kPhiloxSource;
     src += "\n";
   }
+  src += kiln::detail::kKernelsBeginMarker;
   src += body;
   return out;
 }

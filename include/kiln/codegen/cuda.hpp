@@ -40,6 +40,7 @@
 
 #include "kiln/codegen/cuda_prelude.hpp"
 #include "kiln/core/error.hpp"
+#include "kiln/core/generated.hpp"
 #include "kiln/core/half.hpp"
 #include "kiln/core/hash.hpp"
 #include "kiln/core/philox.hpp"
@@ -2431,6 +2432,7 @@ inline CudaSource generate_cuda(const ir::Graph& g, const sched::Schedule& s, co
     src += philox::kPhiloxSource;
     src += "\n";
   }
+  src += kiln::detail::kKernelsBeginMarker;
   src += body;
   return out;
 }

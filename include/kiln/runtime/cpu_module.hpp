@@ -13,6 +13,7 @@
 #include "kiln/core/stats.hpp"
 #include "kiln/core/version.hpp"
 #include "kiln/runtime/cxx_compiler.hpp"
+#include "kiln/runtime/source_log.hpp"
 #include "kiln/runtime/disk_cache.hpp"
 #include "kiln/runtime/dynlib.hpp"
 #include "kiln/runtime/kernel_cache.hpp"
@@ -91,8 +92,7 @@ class CpuModuleCache {
             ::unlink(path.c_str());
             kiln::detail::counters().disk_hits.fetch_add(1, std::memory_order_relaxed);
             log(LogChannel::cache, "cpu module " + tag + ": disk hit " + disk_->path_for(key, ".so") + " (" + ms_since() + ")");
-            if (log_enabled(LogChannel::output_code))
-              log(LogChannel::output_code, "cpu module " + tag + " (from disk cache):\n" + source);
+            log_output_code(disk_, "cpu module " + tag + " from the disk cache", tag, ".cpp", source);
             return lib;
           } catch (const Error& e) {
             ::unlink(path.c_str());
@@ -106,7 +106,7 @@ class CpuModuleCache {
       throw CompileError("kiln: no working C++ compiler (set KILN_CXX) to build a CPU kernel");
     std::string out = scratch_dir() + "/kiln_" + tag + "-" + detail::unique_suffix() + ".so";
     std::string src = detail::replace_extension(out, ".cpp");
-    if (log_enabled(LogChannel::output_code)) log(LogChannel::output_code, "cpu module " + tag + " (" + src + "):\n" + source);
+    log_output_code(disk_, "cpu module " + tag, tag, ".cpp", source);
     compiler_->compile(source, out);  // a CompileError leaves the source in place for the user
     kiln::detail::counters().compiles.fetch_add(1, std::memory_order_relaxed);
     std::shared_ptr<SharedLibrary> lib;

@@ -31,6 +31,7 @@
 #include "kiln/runtime/disk_cache.hpp"
 #include "kiln/runtime/kernel_cache.hpp"
 #include "kiln/runtime/nvrtc.hpp"
+#include "kiln/runtime/source_log.hpp"
 
 namespace kiln::runtime {
 
@@ -207,7 +208,7 @@ class CudaModuleCache {
         key,
         [&]() -> std::shared_ptr<const std::string> {
           if (log_enabled(LogChannel::output_code))
-            log(LogChannel::output_code, "CUDA source " + name + " [" + id() + "] for " + arch + ":\n" + source);
+            log_output_code(disk_, "CUDA source " + name + " [" + id() + "] for " + arch, id(), ".cu", source);
           if (auto hit = disk_->load(key, ".cubin"); hit && detail::looks_like_cubin(*hit)) {
             kiln::detail::counters().disk_hits++;
             log(LogChannel::cache, "cubin disk hit " + id() + " (" + name + ", " + arch + ", " +

@@ -25,6 +25,10 @@ struct Limits {
   double eval_rate = 0.06;        ///< chance that a value is evaluated where it is built
   double assign_rate = 0.15;      ///< chance that an output is written with assign() into user memory
   double extra_output_rate = 0.3;
+  /// Chance that a graph is "big": max_elems x16 and many 1000-sized dims, so that kernels take
+  /// their parallel (OpenMP team above 32768 elements), blocked-sum (rows over 1024) and
+  /// split-reduction paths.
+  double big_graph_rate = 0.1;
 };
 
 /// How a program is built: on which device, and whether as its float64 twin (floating inputs
@@ -32,6 +36,10 @@ struct Limits {
 struct BuildCtx {
   bool f64 = false;
   Device device = Device::cpu();
+  /// Float64 twin only: when non-zero, every floating input and created tensor is multiplied
+  /// by 1 + d, d uniform in [-eps, eps] of its program dtype (drawn from this seed). How far
+  /// the outputs move estimates how ill-conditioned they are (see judge).
+  std::uint64_t perturb = 0;
 };
 
 /// What a row's builder sees.
@@ -316,8 +324,9 @@ using PickFn = std::function<bool(Gen&, OpInst&)>;
 using PredictFn = std::function<std::optional<Info>(const Program&, const OpInst&)>;
 using BuildFn = std::function<Tensor(const Args&)>;
 /// Exact values of the op's result computed without kiln (leaves and casts), from the values
-/// of its operands; nullopt when the row has no such oracle.
-using OracleFn = std::function<std::vector<double>(const OpInst&, const Info& out, const std::vector<std::vector<double>>& operands)>;
+/// and dtypes of its operands.
+using OracleFn = std::function<std::vector<double>(const OpInst&, const Info& out, const std::vector<std::vector<double>>& operands,
+                                                   const std::vector<DType>& operand_dtypes)>;
 
 struct OpDesc {
   std::string name;
@@ -552,10 +561,14 @@ inline OpDesc reduce_row(const char* name, DTypeSet accepts, rules::Reduce rule,
   return d;
 }
 
-/// The values of a cast, by the documented rules (semantics.md, "Casts").
-inline std::vector<double> cast_values(const std::vector<double>& v, DType to) {
+/// The values of a cast, by the documented rules (semantics.md, "Casts": floats truncate toward
+/// zero, NaN and out-of-range values give the minimum; integer narrowing wraps, as in PyTorch).
+inline std::vector<double> cast_values(const std::vector<double>& v, DType from, DType to) {
   std::vector<double> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = round_to(v[i], to);
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (!is_floating(from) && to == i32) out[i] = static_cast<double>(static_cast<std::int32_t>(static_cast<std::int64_t>(v[i])));
+    else out[i] = round_to(v[i], to);
+  }
   return out;
 }
 
@@ -732,7 +745,9 @@ inline const std::vector<OpDesc>& op_table() {
         return Info{op.p.dtype, p.info(op.args[0].value).shape};
       };
       d.build = [](const Args& a) { return a.t[0].to(a.dt(a.p().dtype)); };
-      d.oracle = [](const OpInst& op, const Info&, const std::vector<std::vector<double>>& v) { return cast_values(v[0], op.p.dtype); };
+      d.oracle = [](const OpInst& op, const Info&, const std::vector<std::vector<double>>& v, const std::vector<DType>& dt) {
+        return cast_values(v[0], dt[0], op.p.dtype);
+      };
       t.push_back(d);
     }
 
@@ -1201,7 +1216,7 @@ inline const std::vector<OpDesc>& op_table() {
           if (kind == 0) return full_like(a.t[0], v, dt);
           return kind == 1 ? zeros_like(a.t[0], dt) : ones_like(a.t[0], dt);
         };
-        d.oracle = [kind](const OpInst& op, const Info& out, const std::vector<std::vector<double>>&) {
+        d.oracle = [kind](const OpInst& op, const Info& out, const std::vector<std::vector<double>>&, const std::vector<DType>&) {
           double v = kind == 0 ? op.p.real : kind == 1 ? 0.0 : 1.0;
           return std::vector<double>(static_cast<std::size_t>(out.shape.numel()), round_to(v, out.dtype));
         };
@@ -1365,7 +1380,7 @@ inline const std::vector<OpDesc>& op_table() {
         if (a.ctx.f64 && is_floating(a.p().dtype)) return full(s, round_to(a.p().real, a.p().dtype), f64, a.ctx.device);
         return full(s, a.p().real, a.p().dtype, a.ctx.device);
       };
-      d.oracle = [](const OpInst& op, const Info& out, const std::vector<std::vector<double>>&) {
+      d.oracle = [](const OpInst& op, const Info& out, const std::vector<std::vector<double>>&, const std::vector<DType>&) {
         // semantics.md: the value converts as a cast does (NaN and out-of-range -> the minimum).
         return std::vector<double>(static_cast<std::size_t>(out.shape.numel()), round_to(op.p.real, op.p.dtype));
       };
@@ -1374,13 +1389,13 @@ inline const std::vector<OpDesc>& op_table() {
     {
       OpDesc d = creation("zeros", "zeros({ints}, {dt})", kAll, false);
       d.build = [](const Args& a) { return zeros(Shape(a.p().ints.begin(), a.p().ints.end()), a.dt(a.p().dtype), a.ctx.device); };
-      d.oracle = [](const OpInst&, const Info& out, const std::vector<std::vector<double>>&) {
+      d.oracle = [](const OpInst&, const Info& out, const std::vector<std::vector<double>>&, const std::vector<DType>&) {
         return std::vector<double>(static_cast<std::size_t>(out.shape.numel()), 0.0);
       };
       t.push_back(d);
       d = creation("ones", "ones({ints}, {dt})", kAll, false);
       d.build = [](const Args& a) { return ones(Shape(a.p().ints.begin(), a.p().ints.end()), a.dt(a.p().dtype), a.ctx.device); };
-      d.oracle = [](const OpInst&, const Info& out, const std::vector<std::vector<double>>&) {
+      d.oracle = [](const OpInst&, const Info& out, const std::vector<std::vector<double>>&, const std::vector<DType>&) {
         return std::vector<double>(static_cast<std::size_t>(out.shape.numel()), 1.0);
       };
       t.push_back(d);
@@ -1402,7 +1417,7 @@ inline const std::vector<OpDesc>& op_table() {
         Tensor r = arange(a.p().ints[0], a.p().dtype, a.ctx.device);
         return a.ctx.f64 && is_floating(a.p().dtype) ? r.to(f64) : r;
       };
-      d.oracle = [](const OpInst& op, const Info& out, const std::vector<std::vector<double>>&) {
+      d.oracle = [](const OpInst& op, const Info& out, const std::vector<std::vector<double>>&, const std::vector<DType>&) {
         std::vector<double> v(static_cast<std::size_t>(out.shape.numel()));
         for (std::size_t i = 0; i < v.size(); ++i) v[i] = round_to(static_cast<double>(i), op.p.dtype);
         return v;
@@ -1491,9 +1506,14 @@ inline void compact(Program& p) {
 }
 
 /// Graph `index` of campaign `seed`: a random valid program of up to lim.max_ops ops.
-inline Program generate(std::uint64_t seed, std::uint64_t index, const Limits& lim) {
+inline Program generate(std::uint64_t seed, std::uint64_t index, const Limits& limits) {
   const auto& table = op_table();
   Rng rng = graph_rng(seed, index);
+  Limits lim = limits;
+  if (rng.chance(lim.big_graph_rate)) {
+    lim.max_elems *= 16;
+    lim.big_dim_rate = 0.2;
+  }
   Program p;
   p.seed = seed;
   p.index = index;

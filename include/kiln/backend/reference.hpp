@@ -81,6 +81,24 @@ template <class C> inline C int_pow(C base, C e) {
   return static_cast<C>(result);
 }
 
+/// Integer fmod: the sign of the dividend, as C's %; by 0 gives 0 (as integer division does),
+/// and by -1 gives 0 (INT_MIN % -1 is undefined in C).
+template <class C> inline C int_fmod(C a, C b) {
+  if (b == 0 || b == -1) return 0;
+  return static_cast<C>(a % b);
+}
+/// PyTorch's shifts: a count outside [0, bits) shifts everything out (left: 0; right: the sign).
+template <class C> inline C shift_left(C a, C b) {
+  constexpr C bits = static_cast<C>(sizeof(C) * 8);
+  if (b < 0 || b >= bits) return 0;
+  return static_cast<C>(static_cast<std::make_unsigned_t<C>>(a) << b);
+}
+template <class C> inline C shift_right(C a, C b) {
+  constexpr C bits = static_cast<C>(sizeof(C) * 8);
+  if (b < 0 || b >= bits) return a < 0 ? C(-1) : C(0);
+  return static_cast<C>(a >> b);
+}
+
 /// The value of `s` converted to `D` by kiln's (PyTorch's, on x86) rules.
 template <class D, class S> inline D cast_value(S s) {
   if constexpr (std::is_same_v<D, S>) {
@@ -315,6 +333,13 @@ inline void exec_unary(const ir::GraphNode& n, DType in_dtype, const Value& a, V
     case Op::Tan: return math([](auto x) { return std::tan(x); });
     case Op::Tanh: return math([](auto x) { return std::tanh(x); });
     case Op::Erf: return math([](auto x) { return std::erf(x); });
+    case Op::Atan: return math([](auto x) { return std::atan(x); });
+    case Op::Asin: return math([](auto x) { return std::asin(x); });
+    case Op::Acos: return math([](auto x) { return std::acos(x); });
+    case Op::BitNot:
+      if constexpr (std::is_same_v<T, bool>) return map_unary<T>(a, o, shape, [](T x) -> bool { return !x; });
+      else if constexpr (!floating_v<T>) return same([](C x) { return static_cast<C>(~x); });
+      else unsupported(n, in_dtype);
     case Op::Floor:
       if constexpr (floating_v<T>) return same([](C x) { return std::floor(x); });
       else return identity();
@@ -391,9 +416,36 @@ inline void exec_binary(const ir::GraphNode& n, const Value& a, const Value& b, 
     case Op::Ge: return test([](C x, C y) { return x >= y; });
     case Op::And: return test([](C x, C y) { return x != 0 && y != 0; });
     case Op::Or: return test([](C x, C y) { return x != 0 || y != 0; });
+    case Op::Atan2:
+      if constexpr (fl) return arith([](C x, C y) { return std::atan2(x, y); });
+      else break;
+    case Op::Hypot:
+      if constexpr (fl) return arith([](C x, C y) { return std::hypot(x, y); });
+      else break;
+    case Op::Fmod:
+      if constexpr (fl) return arith([](C x, C y) { return std::fmod(x, y); });
+      else if constexpr (!std::is_same_v<T, bool>) return arith([](C x, C y) { return int_fmod(x, y); });
+      else break;
+    case Op::BitAnd:
+      if constexpr (!fl) return arith([](C x, C y) { return static_cast<C>(x & y); });
+      else break;
+    case Op::BitOr:
+      if constexpr (!fl) return arith([](C x, C y) { return static_cast<C>(x | y); });
+      else break;
+    case Op::BitXor:
+      if constexpr (!fl) return arith([](C x, C y) { return static_cast<C>(x ^ y); });
+      else break;
+    case Op::Shl:
+      if constexpr (!fl && !std::is_same_v<T, bool>) return arith([](C x, C y) { return shift_left(x, y); });
+      else break;
+    case Op::Shr:
+      if constexpr (!fl && !std::is_same_v<T, bool>) return arith([](C x, C y) { return shift_right(x, y); });
+      else break;
     default: break;
   }
-  throw Error(std::string("reference executor: not a binary op: ") + ir::op_name(n.op));
+  // A binary primitive that broke out of the switch is not defined for T's dtype.
+  if (ir::op_kind(n.op) == ir::OpKind::Binary) unsupported(n, dtype_v<T>);
+  throw InternalError(std::string("reference executor: not a binary op: ") + ir::op_name(n.op));
 }
 
 // ---- reductions -----------------------------------------------------------------------------

@@ -175,6 +175,14 @@ static inline int kiln_ipow_i32(int base, int e) {
   while (e) { if (e & 1) r *= b; b *= b; e >>= 1; }
   return (int)r;
 }
+// fmod of integers: the dividend's sign, as %; by 0 and by -1 give 0 (as the reference).
+static inline int kiln_ifmod_i32(int a, int b) { return (b == 0) | (b == -1) ? 0 : a % ((b == 0) | (b == -1) ? 1 : b); }
+static inline long long kiln_ifmod_i64(long long a, long long b) { return (b == 0) | (b == -1) ? 0 : a % ((b == 0) | (b == -1) ? 1 : b); }
+// Shifts by a count outside [0, bits) shift everything out, as PyTorch's.
+static inline int kiln_shl_i32(int a, int b) { return (b < 0) | (b >= 32) ? 0 : (int)((unsigned)a << (b & 31)); }
+static inline long long kiln_shl_i64(long long a, long long b) { return (b < 0) | (b >= 64) ? 0 : (long long)((unsigned long long)a << (b & 63)); }
+static inline int kiln_shr_i32(int a, int b) { return (b < 0) | (b >= 32) ? (a < 0 ? -1 : 0) : a >> (b & 31); }
+static inline long long kiln_shr_i64(long long a, long long b) { return (b < 0) | (b >= 64) ? (a < 0 ? -1 : 0) : a >> (b & 63); }
 static inline int kiln_f2i32(double x) { return (x > -2147483649.0 && x < 2147483648.0) ? (int)x : (-2147483647 - 1); }
 static inline long long kiln_f2i64(double x) {
   return (x >= -9223372036854775808.0 && x < 9223372036854775808.0) ? (long long)x : (-9223372036854775807LL - 1);
@@ -545,13 +553,14 @@ class KernelWriter {
     auto it = cost_.find(id);
     if (it != cost_.end()) return it->second;
     const ir::GraphNode& n = node(id);
-    int c = 0;
-    switch (n.op) {
-      case Op::Exp: case Op::Exp2: case Op::Log: case Op::Log2: case Op::Log1p: case Op::Expm1: case Op::Sin:
-      case Op::Cos: case Op::Tan: case Op::Tanh: case Op::Erf: case Op::Pow: c = 20; break;
-      case Op::Div: case Op::Sqrt: case Op::Rsqrt: c = 4; break;
-      case Op::Input: case Op::Constant: case Op::Iota: c = 0; break;
-      default: c = ir::is_reduction(n.op) ? 0 : 1;
+    // From the op's cost class; here an index map costs its index arithmetic (1) and a random
+    // number its generator (1), a reduction's value is already in a register (0).
+    int c = 1;
+    switch (ir::op_info(n.op).cost) {
+      case ir::CostClass::Transcendental: c = 20; break;
+      case ir::CostClass::Divide: c = 4; break;
+      case ir::CostClass::Free: c = ir::op_kind(n.op) == ir::OpKind::Leaf || ir::is_reduction(n.op) ? 0 : 1; break;
+      case ir::CostClass::Cheap: c = 1; break;
     }
     if (!ir::is_reduction(n.op))
       for (auto i : n.inputs) c = std::min(1 << 20, c + cost(i));
@@ -762,6 +771,16 @@ class KernelWriter {
       case Op::Tan: return fmath("tan");
       case Op::Tanh: return fmath("tanh");
       case Op::Erf: return fmath("erf");
+      // Scalar libm (correctly rounded to within 1 ulp); not vectorised yet.
+      case Op::Atan: case Op::Asin: case Op::Acos: {
+        if (!fl) unsupported(n, it);
+        const std::string fn = n.op == Op::Atan ? "atan" : n.op == Op::Asin ? "asin" : "acos";
+        return round16("__builtin_" + fn + (dbl ? "(" : "f(") + a + ")", t);
+      }
+      case Op::BitNot:
+        if (fl) unsupported(n, it);
+        if (it == DType::Bool) return "(!" + a + ")";
+        return "((" + std::string(ctype(it)) + ")~" + a + ")";
       case Op::Sqrt:
         if (!fl) unsupported(n, it);
         return round16(std::string(dbl ? "__builtin_sqrt(" : "__builtin_sqrtf(") + a + ")", t);
@@ -788,6 +807,25 @@ class KernelWriter {
         needs_.ints = true;
         if (it == DType::Bool) return "(kiln_idiv_i64((long long)" + a + ", (long long)" + b + ") != 0)";
         return std::string(it == DType::Int32 ? "kiln_idiv_i32(" : "kiln_idiv_i64(") + a + ", " + b + ")";
+      case Op::Atan2: case Op::Hypot: {
+        if (!fl) unsupported(n, it);
+        const std::string fn = n.op == Op::Atan2 ? "atan2" : "hypot";
+        return round16("__builtin_" + fn + (dbl ? "(" : "f(") + a + ", " + b + ")", t);
+      }
+      case Op::Fmod:
+        if (fl) return round16(std::string(dbl ? "__builtin_fmod(" : "__builtin_fmodf(") + a + ", " + b + ")", t);
+        if (it == DType::Bool) unsupported(n, it);
+        needs_.ints = true;
+        return std::string(it == DType::Int32 ? "kiln_ifmod_i32(" : "kiln_ifmod_i64(") + a + ", " + b + ")";
+      case Op::BitAnd: case Op::BitOr: case Op::BitXor: {
+        if (fl) unsupported(n, it);
+        const char* op = n.op == Op::BitAnd ? " & " : n.op == Op::BitOr ? " | " : " ^ ";
+        return "((" + std::string(ctype(it)) + ")(" + a + op + b + "))";
+      }
+      case Op::Shl: case Op::Shr:
+        if (fl || it == DType::Bool) unsupported(n, it);
+        needs_.ints = true;
+        return std::string("kiln_") + (n.op == Op::Shl ? "shl" : "shr") + (it == DType::Int32 ? "_i32(" : "_i64(") + a + ", " + b + ")";
       case Op::Pow:
         if (fl) return round16(std::string(dbl ? "__builtin_pow(" : "__builtin_powf(") + a + ", " + b + ")", t);
         needs_.ints = true;

@@ -932,7 +932,7 @@ class Writer {
         const ir::GraphNode& n = node(nid);
         if (ir::op_kind(n.op) == ir::OpKind::Leaf || ir::op_kind(n.op) == ir::OpKind::Reduce || ir::op_kind(n.op) == ir::OpKind::IndexMap) return;
         if (sched::detail::reads_memory(s_, nid, kid_, g_)) return;  // stored by another kernel: loaded, not computed
-        if (((n.op >= Op::Exp && n.op <= Op::Erf) || n.op == Op::Pow) && n.dtype == DType::Float32) {
+        if (ir::has_flag(n.op, ir::kMathCall) && n.dtype == DType::Float32) {
           passes[key].insert(pass);
           nodes[key] = nid;
         }
@@ -1050,6 +1050,13 @@ class Writer {
       case Op::Tan: return fmath("tan");
       case Op::Tanh: return fmath("tanh");
       case Op::Erf: return fmath("erf");
+      case Op::Atan: return fmath("atan");
+      case Op::Asin: return fmath("asin");
+      case Op::Acos: return fmath("acos");
+      case Op::BitNot:
+        if (fl) unsupported(n, it);
+        if (it == DType::Bool) return "(!" + a + ")";
+        return "((" + std::string(ctype(it)) + ")~" + a + ")";
       case Op::Sqrt: return fmath("sqrt");
       case Op::Rsqrt:
         if (!fl) unsupported(n, it);
@@ -1077,6 +1084,25 @@ class Writer {
         needs_.ints = true;
         if (it == DType::Bool) return "(kiln_idiv_i64((long long)" + a + ", (long long)" + b + ") != 0)";
         return std::string(it == DType::Int32 ? "kiln_idiv_i32(" : "kiln_idiv_i64(") + a + ", " + b + ")";
+      case Op::Atan2: case Op::Hypot: {
+        if (!fl) unsupported(n, it);
+        const std::string fn = n.op == Op::Atan2 ? "atan2" : "hypot";
+        return round16(fn + (dbl ? "(" : "f(") + a + ", " + b + ")", t);
+      }
+      case Op::Fmod:
+        if (fl) return round16(std::string(dbl ? "fmod(" : "fmodf(") + a + ", " + b + ")", t);
+        if (it == DType::Bool) unsupported(n, it);
+        needs_.ints = true;
+        return std::string(it == DType::Int32 ? "kiln_ifmod_i32(" : "kiln_ifmod_i64(") + a + ", " + b + ")";
+      case Op::BitAnd: case Op::BitOr: case Op::BitXor: {
+        if (fl) unsupported(n, it);
+        const char* op = n.op == Op::BitAnd ? " & " : n.op == Op::BitOr ? " | " : " ^ ";
+        return "((" + std::string(ctype(it)) + ")(" + a + op + b + "))";
+      }
+      case Op::Shl: case Op::Shr:
+        if (fl || it == DType::Bool) unsupported(n, it);
+        needs_.ints = true;
+        return std::string("kiln_") + (n.op == Op::Shl ? "shl" : "shr") + (it == DType::Int32 ? "_i32(" : "_i64(") + a + ", " + b + ")";
       case Op::Pow:
         if (fl) return round16(std::string(dbl ? "pow(" : "powf(") + a + ", " + b + ")", t);
         needs_.ints = true;
@@ -1316,7 +1342,7 @@ class Writer {
       todo.pop_back();
       if (!seen.insert(n).second) continue;
       const ir::GraphNode& nn = node(n);
-      if ((nn.op >= Op::Exp && nn.op <= Op::Erf) || nn.op == Op::Pow || nn.op == Op::Random) ++heavy;
+      if (ir::has_flag(nn.op, ir::kMathCall) || nn.op == Op::Random) ++heavy;
       if (nn.op == Op::Input || ir::is_reduction(nn.op)) continue;
       for (int i : nn.inputs) todo.push_back(i);
     }

@@ -84,6 +84,14 @@ static __device__ __forceinline__ int kiln_ipow_i32(int base, int e) {
   while (e) { if (e & 1) r *= b; b *= b; e >>= 1; }
   return (int)r;
 }
+// fmod of integers (the dividend's sign; by 0 and by -1: 0) and PyTorch's shifts (a count
+// outside [0, bits) shifts everything out), as the reference executor.
+static __device__ __forceinline__ int kiln_ifmod_i32(int a, int b) { return (b == 0) | (b == -1) ? 0 : a % ((b == 0) | (b == -1) ? 1 : b); }
+static __device__ __forceinline__ long long kiln_ifmod_i64(long long a, long long b) { return (b == 0) | (b == -1) ? 0 : a % ((b == 0) | (b == -1) ? 1 : b); }
+static __device__ __forceinline__ int kiln_shl_i32(int a, int b) { return (b < 0) | (b >= 32) ? 0 : (int)((unsigned)a << (b & 31)); }
+static __device__ __forceinline__ long long kiln_shl_i64(long long a, long long b) { return (b < 0) | (b >= 64) ? 0 : (long long)((unsigned long long)a << (b & 63)); }
+static __device__ __forceinline__ int kiln_shr_i32(int a, int b) { return (b < 0) | (b >= 32) ? (a < 0 ? -1 : 0) : a >> (b & 31); }
+static __device__ __forceinline__ long long kiln_shr_i64(long long a, long long b) { return (b < 0) | (b >= 64) ? (a < 0 ? -1LL : 0LL) : a >> (b & 63); }
 static __device__ __forceinline__ int kiln_f2i32(double x) { return (x > -2147483649.0 && x < 2147483648.0) ? (int)x : (-2147483647 - 1); }
 static __device__ __forceinline__ long long kiln_f2i64(double x) {
   return (x >= -9223372036854775808.0 && x < 9223372036854775808.0) ? (long long)x : (-9223372036854775807LL - 1);

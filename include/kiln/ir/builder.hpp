@@ -107,7 +107,7 @@ inline NodePtr cast(const NodePtr& x, DType to) {
 /// Unary pointwise op; Not, IsNan, IsInf give Bool, the others keep the input's dtype.
 inline NodePtr unary(Op op, const NodePtr& x) {
   if (op_kind(op) != OpKind::Unary || op == Op::Cast) detail::invariant_failed(std::string("not unary: ") + op_name(op));
-  DType out = (op == Op::Not || op == Op::IsNan || op == Op::IsInf) ? DType::Bool : x->dtype;
+  DType out = has_flag(op, kBoolResult) ? DType::Bool : x->dtype;
   Node n = blank(op, out, x->device, x->shape, {x});
   return finish(std::move(n));
 }
@@ -118,7 +118,7 @@ inline NodePtr binary(Op op, const NodePtr& a, const NodePtr& b) {
   if (a->shape != b->shape || a->dtype != b->dtype)
     detail::invariant_failed(std::string(op_name(op)) + " inputs differ: " + a->shape.str() + " " +
                              dtype_name(a->dtype) + " vs " + b->shape.str() + " " + dtype_name(b->dtype));
-  DType out = (is_comparison(op) || op == Op::And || op == Op::Or) ? DType::Bool : a->dtype;
+  DType out = has_flag(op, kBoolResult) ? DType::Bool : a->dtype;
   Node n = blank(op, out, a->device, a->shape, {a, b});
   return finish(std::move(n));
 }

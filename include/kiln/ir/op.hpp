@@ -5,106 +5,176 @@
 
 namespace kiln::ir {
 
-enum class Op : std::uint8_t {
-  // Leaves.
-  Input,     ///< a realized buffer: shape, strides and dtype are structure, the pointer is bound at run time
-  Constant,  ///< a scalar (attrs.scalar / attrs.iscalar) of `dtype`, broadcast to `shape`
-  Iota,      ///< value = index along axis attrs.ints[0], as `dtype`
-  Random,    ///< Philox4x32-10 keyed by attrs.seed, counter = flat index; attrs.ints[0]: 0 uniform [0,1), 1 normal
-  // Unary pointwise (output dtype = input dtype, except Cast and Not/IsNan/IsInf -> Bool).
-  Neg, Abs, Exp, Exp2, Log, Log2, Log1p, Expm1, Sqrt, Rsqrt, Sin, Cos, Tan, Tanh, Erf,
-  Floor, Ceil, Round, Not, IsNan, IsInf, Cast,
-  // Binary pointwise: both inputs have the output's shape and one dtype (comparisons and
-  // And/Or give Bool).
-  Add, Sub, Mul, Div, Pow, Maximum, Minimum, Eq, Ne, Lt, Le, Gt, Ge, And, Or,
-  // Ternary pointwise: Where(cond Bool, a, b).
-  Where,
-  // Reductions over attrs.ints (sorted axes), keeping reduced dims as size 1.
-  ReduceSum, ReduceProd, ReduceMax, ReduceMin, ArgMax, ArgMin,
-  // Index maps: the output reads its input(s) at a remapped index; no arithmetic.
-  Broadcast,  ///< same rank; size-1 dims of the input repeat to the output's size
-  Reshape,    ///< same element order (row-major), new shape
-  Permute,    ///< output dim i = input dim attrs.ints[i]
-  Slice,      ///< attrs.ints = {axis, start, step}; output size along axis is shape[axis]
-  Concat,     ///< attrs.ints = {axis}; inputs joined along axis
+/// How the scheduler and the code generators weigh recomputing an op inline.
+enum class CostClass : std::uint8_t {
+  Free,            ///< leaves and index maps: an address, no arithmetic
+  Cheap,           ///< one or a few instructions
+  Divide,          ///< a division or square root: several cycles, not pipelined fully
+  Transcendental,  ///< a polynomial or a library call (exp, sin, pow, ...)
 };
 
 enum class OpKind : std::uint8_t { Leaf, Unary, Binary, Ternary, Reduce, IndexMap };
 
-constexpr OpKind op_kind(Op op) {
-  if (op <= Op::Random) return OpKind::Leaf;
-  if (op <= Op::Cast) return OpKind::Unary;
-  if (op <= Op::Or) return OpKind::Binary;
-  if (op == Op::Where) return OpKind::Ternary;
-  if (op <= Op::ArgMin) return OpKind::Reduce;
-  return OpKind::IndexMap;
-}
+/// Properties of a primitive that stages read instead of listing ops themselves.
+enum OpFlag : std::uint32_t {
+  kNoFlags = 0,
+  kBoolResult = 1u << 0,   ///< the result is Bool whatever the input dtype (comparisons, tests)
+  kFloatOnly = 1u << 1,    ///< defined on floating dtypes only (the front end promotes integers)
+  kIntOnly = 1u << 2,      ///< defined on integer (and, where kBoolToo, bool) dtypes only
+  kBoolToo = 1u << 3,      ///< with kIntOnly: bool inputs too (bitwise and/or/xor/not)
+  kMathCall = 1u << 4,     ///< computed by a math function, not an operator (CUDA counts these)
+  kComparison = 1u << 5,   ///< eq, ne, lt, le, gt, ge
+  kCommutative = 1u << 6,  ///< f(a, b) == f(b, a)
+};
 
+/// The op table: every primitive once, as X(enum name, printed name, kind, cost class, flags).
+/// Kinds are contiguous in the list (leaves, unary, binary, ternary, reductions, index maps);
+/// op_info() and everything derived from it read this list and nothing else. Each primitive's
+/// vector-Jacobian rule will be a column of this table (see OpInfo::vjp).
+#define KILN_IR_OPS(X)                                                                         \
+  /* Leaves. */                                                                                \
+  X(Input, "input", Leaf, Free, kNoFlags)                                                      \
+  X(Constant, "constant", Leaf, Free, kNoFlags)                                                \
+  X(Iota, "iota", Leaf, Free, kNoFlags)                                                        \
+  X(Random, "random", Leaf, Cheap, kNoFlags)                                                   \
+  /* Unary pointwise: output dtype = input dtype unless kBoolResult; Cast converts. */         \
+  X(Neg, "neg", Unary, Cheap, kNoFlags)                                                        \
+  X(Abs, "abs", Unary, Cheap, kNoFlags)                                                        \
+  X(Exp, "exp", Unary, Transcendental, kFloatOnly | kMathCall)                                 \
+  X(Exp2, "exp2", Unary, Transcendental, kFloatOnly | kMathCall)                               \
+  X(Log, "log", Unary, Transcendental, kFloatOnly | kMathCall)                                 \
+  X(Log2, "log2", Unary, Transcendental, kFloatOnly | kMathCall)                               \
+  X(Log1p, "log1p", Unary, Transcendental, kFloatOnly | kMathCall)                             \
+  X(Expm1, "expm1", Unary, Transcendental, kFloatOnly | kMathCall)                             \
+  X(Sqrt, "sqrt", Unary, Divide, kFloatOnly | kMathCall)                                       \
+  X(Rsqrt, "rsqrt", Unary, Divide, kFloatOnly | kMathCall)                                     \
+  X(Sin, "sin", Unary, Transcendental, kFloatOnly | kMathCall)                                 \
+  X(Cos, "cos", Unary, Transcendental, kFloatOnly | kMathCall)                                 \
+  X(Tan, "tan", Unary, Transcendental, kFloatOnly | kMathCall)                                 \
+  X(Tanh, "tanh", Unary, Transcendental, kFloatOnly | kMathCall)                               \
+  X(Erf, "erf", Unary, Transcendental, kFloatOnly | kMathCall)                                 \
+  X(Atan, "atan", Unary, Transcendental, kFloatOnly | kMathCall)                               \
+  X(Asin, "asin", Unary, Transcendental, kFloatOnly | kMathCall)                               \
+  X(Acos, "acos", Unary, Transcendental, kFloatOnly | kMathCall)                               \
+  X(Floor, "floor", Unary, Cheap, kNoFlags)                                                    \
+  X(Ceil, "ceil", Unary, Cheap, kNoFlags)                                                      \
+  X(Round, "round", Unary, Cheap, kNoFlags)                                                    \
+  X(Not, "not", Unary, Cheap, kBoolResult)                                                     \
+  X(IsNan, "isnan", Unary, Cheap, kBoolResult)                                                 \
+  X(IsInf, "isinf", Unary, Cheap, kBoolResult)                                                 \
+  X(BitNot, "bitwise_not", Unary, Cheap, kIntOnly | kBoolToo)                                  \
+  X(Cast, "cast", Unary, Cheap, kNoFlags)                                                      \
+  /* Binary pointwise: both inputs have the output's shape and one dtype. */                   \
+  X(Add, "add", Binary, Cheap, kCommutative)                                                   \
+  X(Sub, "sub", Binary, Cheap, kNoFlags)                                                       \
+  X(Mul, "mul", Binary, Cheap, kCommutative)                                                   \
+  X(Div, "div", Binary, Divide, kNoFlags)                                                      \
+  X(Pow, "pow", Binary, Transcendental, kMathCall)                                             \
+  X(Maximum, "maximum", Binary, Cheap, kCommutative)                                           \
+  X(Minimum, "minimum", Binary, Cheap, kCommutative)                                           \
+  X(Eq, "eq", Binary, Cheap, kBoolResult | kComparison | kCommutative)                         \
+  X(Ne, "ne", Binary, Cheap, kBoolResult | kComparison | kCommutative)                         \
+  X(Lt, "lt", Binary, Cheap, kBoolResult | kComparison)                                        \
+  X(Le, "le", Binary, Cheap, kBoolResult | kComparison)                                        \
+  X(Gt, "gt", Binary, Cheap, kBoolResult | kComparison)                                        \
+  X(Ge, "ge", Binary, Cheap, kBoolResult | kComparison)                                        \
+  X(And, "and", Binary, Cheap, kBoolResult | kCommutative)                                     \
+  X(Or, "or", Binary, Cheap, kBoolResult | kCommutative)                                       \
+  X(Atan2, "atan2", Binary, Transcendental, kFloatOnly | kMathCall)                            \
+  X(Hypot, "hypot", Binary, Transcendental, kFloatOnly | kMathCall | kCommutative)             \
+  X(Fmod, "fmod", Binary, Divide, kNoFlags)                                                    \
+  X(BitAnd, "bitwise_and", Binary, Cheap, kIntOnly | kBoolToo | kCommutative)                  \
+  X(BitOr, "bitwise_or", Binary, Cheap, kIntOnly | kBoolToo | kCommutative)                    \
+  X(BitXor, "bitwise_xor", Binary, Cheap, kIntOnly | kBoolToo | kCommutative)                  \
+  X(Shl, "left_shift", Binary, Cheap, kIntOnly)                                                \
+  X(Shr, "right_shift", Binary, Cheap, kIntOnly)                                               \
+  /* Ternary pointwise: Where(cond Bool, a, b). */                                             \
+  X(Where, "where", Ternary, Cheap, kNoFlags)                                                  \
+  /* Reductions over attrs.ints (sorted axes), keeping reduced dims as size 1. */               \
+  X(ReduceSum, "sum", Reduce, Free, kNoFlags)                                                  \
+  X(ReduceProd, "prod", Reduce, Free, kNoFlags)                                                \
+  X(ReduceMax, "max", Reduce, Free, kNoFlags)                                                  \
+  X(ReduceMin, "min", Reduce, Free, kNoFlags)                                                  \
+  X(ArgMax, "argmax", Reduce, Free, kNoFlags)                                                  \
+  X(ArgMin, "argmin", Reduce, Free, kNoFlags)                                                  \
+  /* Index maps: the output reads its input(s) at a remapped index; no arithmetic. */          \
+  X(Broadcast, "broadcast", IndexMap, Free, kNoFlags)                                          \
+  X(Reshape, "reshape", IndexMap, Free, kNoFlags)                                              \
+  X(Permute, "permute", IndexMap, Free, kNoFlags)                                              \
+  X(Slice, "slice", IndexMap, Free, kNoFlags)                                                  \
+  X(Concat, "concat", IndexMap, Free, kNoFlags)
+
+// Attributes and leaves, op by op:
+//   Input      a realized buffer: shape, strides and dtype are structure, the pointer is bound at run time
+//   Constant   a scalar (attrs.scalar / attrs.iscalar) of `dtype`, broadcast to `shape`
+//   Iota       value = index along axis attrs.ints[0], as `dtype`
+//   Random     Philox4x32-10 keyed by attrs.seed, counter = flat index; attrs.ints[0]: 0 uniform [0,1), 1 normal
+//   Shl/Shr    shifts by a count outside [0, bits) give 0 (Shr of a negative value: -1), as PyTorch
+//   Broadcast  same rank; size-1 dims of the input repeat to the output's size
+//   Reshape    same element order (row-major), new shape
+//   Permute    output dim i = input dim attrs.ints[i]
+//   Slice      attrs.ints = {axis, start, step}; output size along axis is shape[axis]
+//   Concat     attrs.ints = {axis}; inputs joined along axis
+
+enum class Op : std::uint8_t {
+#define KILN_IR_OP_ENUM(name, text, kind, cost, flags) name,
+  KILN_IR_OPS(KILN_IR_OP_ENUM)
+#undef KILN_IR_OP_ENUM
+};
+
+/// One row of the op table.
+struct OpInfo {
+  const char* name;
+  OpKind kind;
+  int arity;  ///< inputs; -1: any number (concat)
+  CostClass cost;
+  std::uint32_t flags;
+  /// The vector-Jacobian rule: declared here so that every primitive gets its gradient in the
+  /// same row; the rules are filled in by the autodiff stage (null: none yet).
+  const void* vjp = nullptr;
+};
+
+namespace table_detail {
+constexpr int kind_arity(OpKind k, Op op) {
+  return k == OpKind::Leaf ? 0 : k == OpKind::Binary ? 2 : k == OpKind::Ternary ? 3 : op == Op::Concat ? -1 : 1;
+}
+inline constexpr OpInfo kOpTable[] = {
+#define KILN_IR_OP_ROW(name, text, kind, cost, flags) \
+  OpInfo{text, OpKind::kind, kind_arity(OpKind::kind, Op::name), CostClass::cost, static_cast<std::uint32_t>(flags)},
+    KILN_IR_OPS(KILN_IR_OP_ROW)
+#undef KILN_IR_OP_ROW
+};
+}  // namespace table_detail
+
+/// Number of primitives.
+inline constexpr int kNumOps = static_cast<int>(sizeof(table_detail::kOpTable) / sizeof(table_detail::kOpTable[0]));
+
+/// The table row of `op`.
+constexpr const OpInfo& op_info(Op op) { return table_detail::kOpTable[static_cast<int>(op)]; }
+
+constexpr OpKind op_kind(Op op) { return op_info(op).kind; }
+constexpr bool has_flag(Op op, OpFlag f) { return (op_info(op).flags & f) != 0; }
 constexpr bool is_pointwise(Op op) {
   auto k = op_kind(op);
   return k == OpKind::Unary || k == OpKind::Binary || k == OpKind::Ternary;
 }
 constexpr bool is_reduction(Op op) { return op_kind(op) == OpKind::Reduce; }
 constexpr bool is_index_map(Op op) { return op_kind(op) == OpKind::IndexMap; }
-constexpr bool is_comparison(Op op) { return op >= Op::Eq && op <= Op::Ge; }
+constexpr bool is_comparison(Op op) { return has_flag(op, kComparison); }
+constexpr const char* op_name(Op op) { return static_cast<int>(op) < kNumOps ? op_info(op).name : "?"; }
 
-constexpr const char* op_name(Op op) {
-  switch (op) {
-    case Op::Input: return "input";
-    case Op::Constant: return "constant";
-    case Op::Iota: return "iota";
-    case Op::Random: return "random";
-    case Op::Neg: return "neg";
-    case Op::Abs: return "abs";
-    case Op::Exp: return "exp";
-    case Op::Exp2: return "exp2";
-    case Op::Log: return "log";
-    case Op::Log2: return "log2";
-    case Op::Log1p: return "log1p";
-    case Op::Expm1: return "expm1";
-    case Op::Sqrt: return "sqrt";
-    case Op::Rsqrt: return "rsqrt";
-    case Op::Sin: return "sin";
-    case Op::Cos: return "cos";
-    case Op::Tan: return "tan";
-    case Op::Tanh: return "tanh";
-    case Op::Erf: return "erf";
-    case Op::Floor: return "floor";
-    case Op::Ceil: return "ceil";
-    case Op::Round: return "round";
-    case Op::Not: return "not";
-    case Op::IsNan: return "isnan";
-    case Op::IsInf: return "isinf";
-    case Op::Cast: return "cast";
-    case Op::Add: return "add";
-    case Op::Sub: return "sub";
-    case Op::Mul: return "mul";
-    case Op::Div: return "div";
-    case Op::Pow: return "pow";
-    case Op::Maximum: return "maximum";
-    case Op::Minimum: return "minimum";
-    case Op::Eq: return "eq";
-    case Op::Ne: return "ne";
-    case Op::Lt: return "lt";
-    case Op::Le: return "le";
-    case Op::Gt: return "gt";
-    case Op::Ge: return "ge";
-    case Op::And: return "and";
-    case Op::Or: return "or";
-    case Op::Where: return "where";
-    case Op::ReduceSum: return "sum";
-    case Op::ReduceProd: return "prod";
-    case Op::ReduceMax: return "max";
-    case Op::ReduceMin: return "min";
-    case Op::ArgMax: return "argmax";
-    case Op::ArgMin: return "argmin";
-    case Op::Broadcast: return "broadcast";
-    case Op::Reshape: return "reshape";
-    case Op::Permute: return "permute";
-    case Op::Slice: return "slice";
-    case Op::Concat: return "concat";
-  }
-  return "?";
-}
+/// Every primitive, in table order (for tests and tools that cover them all).
+inline constexpr Op kAllOps[] = {
+#define KILN_IR_OP_LIST(name, text, kind, cost, flags) Op::name,
+    KILN_IR_OPS(KILN_IR_OP_LIST)
+#undef KILN_IR_OP_LIST
+};
+
+// The table lists kinds contiguously: a check that a row was not added out of place.
+static_assert([] {
+  for (int i = 1; i < kNumOps; ++i)
+    if (static_cast<int>(table_detail::kOpTable[i].kind) < static_cast<int>(table_detail::kOpTable[i - 1].kind)) return false;
+  return true;
+}());
 
 }  // namespace kiln::ir

@@ -312,13 +312,7 @@ class Scheduler {
   int cost(int id, std::vector<int>& memo) const {
     if (memo[static_cast<std::size_t>(id)] >= 0) return memo[static_cast<std::size_t>(id)];
     const ir::GraphNode& n = node(id);
-    int c;
-    switch (n.op) {
-      case ir::Op::Exp: case ir::Op::Exp2: case ir::Op::Log: case ir::Op::Log2: case ir::Op::Log1p: case ir::Op::Expm1:
-      case ir::Op::Sin: case ir::Op::Cos: case ir::Op::Tan: case ir::Op::Tanh: case ir::Op::Erf: case ir::Op::Pow: c = 20; break;
-      case ir::Op::Div: case ir::Op::Sqrt: case ir::Op::Rsqrt: c = 4; break;
-      default: c = ir::op_kind(n.op) == ir::OpKind::Leaf || ir::is_index_map(n.op) ? 0 : 1;
-    }
+    int c = inline_cost(n.op);
     if (!ir::is_reduction(n.op) && !forced_[static_cast<std::size_t>(id)])
       for (auto i : n.inputs) c = std::min(1 << 20, c + cost(i, memo));
     memo[static_cast<std::size_t>(id)] = c;
@@ -375,6 +369,19 @@ class Scheduler {
 
   /// Values cheaper than this are recomputed by every kernel that needs them.
   static constexpr int kCheapCost = 10;
+
+  /// The weight of computing `op` once, from its cost class; leaves (random numbers too) and
+  /// index maps are free here: they are recomputed wherever they are needed.
+  static int inline_cost(ir::Op op) {
+    if (ir::op_kind(op) == ir::OpKind::Leaf) return 0;
+    switch (ir::op_info(op).cost) {
+      case ir::CostClass::Transcendental: return 20;
+      case ir::CostClass::Divide: return 4;
+      case ir::CostClass::Cheap: return 1;
+      case ir::CostClass::Free: return 0;
+    }
+    return 1;
+  }
 
   struct Analysis {
     bool ok = true;

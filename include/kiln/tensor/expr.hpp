@@ -12,18 +12,43 @@
 
 #include "kiln/core/hash.hpp"
 #include "kiln/decomp/decompose.hpp"
+#include "kiln/decomp/elementwise.hpp"
 #include "kiln/runtime/host_allocator.hpp"
 #include "kiln/tensor/tensor.hpp"
 
 namespace kiln {
 
+/// The front end's pointwise functions, once each: X(enum name, printed name, dtype rule).
+/// Rules: Same (the input's dtype), ToFloat (integers and bools compute in float32), FloatIn
+/// (floating inputs only, as PyTorch), ToBool (a bool result), IntIn (integers, and bools where
+/// the primitive allows them), NoBool (not defined for bools). Lowering is in lower_unary /
+/// lower_binary: a primitive of the op table, or a composite of decomp/.
+#define KILN_UNARY_FNS(X)                                                                                 \
+  X(Neg, "neg", NoBool) X(Abs, "abs", Same) X(Exp, "exp", ToFloat) X(Exp2, "exp2", ToFloat)               \
+  X(Log, "log", ToFloat) X(Log2, "log2", ToFloat) X(Log1p, "log1p", ToFloat) X(Expm1, "expm1", ToFloat)   \
+  X(Sqrt, "sqrt", ToFloat) X(Rsqrt, "rsqrt", ToFloat) X(Sin, "sin", ToFloat) X(Cos, "cos", ToFloat)       \
+  X(Tan, "tan", ToFloat) X(Tanh, "tanh", ToFloat) X(Erf, "erf", ToFloat) X(Floor, "floor", NoBool)        \
+  X(Ceil, "ceil", NoBool) X(Round, "round", NoBool) X(Not, "logical_not", ToBool) X(IsNan, "isnan", ToBool) \
+  X(IsInf, "isinf", ToBool) X(Sigmoid, "sigmoid", ToFloat) X(Relu, "relu", NoBool) X(Gelu, "gelu", FloatIn) \
+  X(GeluTanh, "gelu(tanh)", FloatIn) X(Silu, "silu", FloatIn) X(Atan, "atan", ToFloat)                    \
+  X(Asin, "asin", ToFloat) X(Acos, "acos", ToFloat) X(Sinh, "sinh", ToFloat) X(Cosh, "cosh", ToFloat)     \
+  X(Asinh, "asinh", ToFloat) X(Acosh, "acosh", ToFloat) X(Atanh, "atanh", ToFloat)                        \
+  X(Reciprocal, "reciprocal", ToFloat) X(Sign, "sign", Same) X(Square, "square", Same)                    \
+  X(Trunc, "trunc", NoBool) X(BitNot, "bitwise_not", IntIn)
+#define KILN_BINARY_FNS(X)                                                                                \
+  X(Add, "add", Same) X(Sub, "sub", Same) X(Mul, "mul", Same) X(Div, "div", ToFloat) X(Pow, "pow", Same)  \
+  X(Maximum, "maximum", Same) X(Minimum, "minimum", Same) X(Eq, "eq", ToBool) X(Ne, "ne", ToBool)         \
+  X(Lt, "lt", ToBool) X(Le, "le", ToBool) X(Gt, "gt", ToBool) X(Ge, "ge", ToBool)                         \
+  X(And, "logical_and", ToBool) X(Or, "logical_or", ToBool) X(Xor, "logical_xor", ToBool)                 \
+  X(Atan2, "atan2", ToFloat) X(Hypot, "hypot", FloatIn) X(Fmod, "fmod", NoBool)                          \
+  X(Remainder, "remainder", NoBool) X(BitAnd, "bitwise_and", IntIn) X(BitOr, "bitwise_or", IntIn)         \
+  X(BitXor, "bitwise_xor", IntIn) X(Shl, "left_shift", IntIn) X(Shr, "right_shift", IntIn)
+
 /// Front-end pointwise functions: primitives plus pointwise composites (lowered by decomp/).
 enum class Fn : std::uint8_t {
-  // unary
-  Neg, Abs, Exp, Exp2, Log, Log2, Log1p, Expm1, Sqrt, Rsqrt, Sin, Cos, Tan, Tanh, Erf, Floor, Ceil, Round,
-  Not, IsNan, IsInf, Sigmoid, Relu, Gelu, GeluTanh, Silu,
-  // binary
-  Add, Sub, Mul, Div, Pow, Maximum, Minimum, Eq, Ne, Lt, Le, Gt, Ge, And, Or,
+#define KILN_FN_ENUM(name, text, rule) name,
+  KILN_UNARY_FNS(KILN_FN_ENUM) KILN_BINARY_FNS(KILN_FN_ENUM)
+#undef KILN_FN_ENUM
 };
 
 namespace detail {
@@ -81,38 +106,47 @@ struct ResultType {
   }
 };
 
-inline const char* fn_name(Fn f) {
-  static const char* names[] = {"neg", "abs", "exp", "exp2", "log", "log2", "log1p", "expm1", "sqrt", "rsqrt",
-                                "sin", "cos", "tan", "tanh", "erf", "floor", "ceil", "round", "logical_not",
-                                "isnan", "isinf", "sigmoid", "relu", "gelu", "gelu(tanh)", "silu", "add", "sub",
-                                "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
-                                "logical_and", "logical_or"};
-  return names[static_cast<int>(f)];
-}
+/// A pointwise function's dtype rule (see KILN_UNARY_FNS).
+enum class FnRule : std::uint8_t { Same, ToFloat, FloatIn, ToBool, IntIn, NoBool };
 
-constexpr bool is_float_fn(Fn f) {
-  switch (f) {
-    case Fn::Exp: case Fn::Exp2: case Fn::Log: case Fn::Log2: case Fn::Log1p: case Fn::Expm1: case Fn::Sqrt:
-    case Fn::Rsqrt: case Fn::Sin: case Fn::Cos: case Fn::Tan: case Fn::Tanh: case Fn::Erf: case Fn::Sigmoid:
-    case Fn::Gelu: case Fn::GeluTanh: case Fn::Silu:
-      return true;
-    default:
-      return false;
-  }
-}
+struct FnInfo {
+  const char* name;
+  FnRule rule;
+};
+inline constexpr FnInfo kFnTable[] = {
+#define KILN_FN_ROW(name, text, rule) FnInfo{text, FnRule::rule},
+    KILN_UNARY_FNS(KILN_FN_ROW) KILN_BINARY_FNS(KILN_FN_ROW)
+#undef KILN_FN_ROW
+};
+
+constexpr const FnInfo& fn_info(Fn f) { return kFnTable[static_cast<int>(f)]; }
+inline const char* fn_name(Fn f) { return fn_info(f).name; }
+constexpr bool is_float_fn(Fn f) { return fn_info(f).rule == FnRule::ToFloat; }
 constexpr bool is_compare_fn(Fn f) { return f >= Fn::Eq && f <= Fn::Ge; }
-constexpr bool is_logical_fn(Fn f) { return f == Fn::And || f == Fn::Or || f == Fn::Not; }
+constexpr bool is_logical_fn(Fn f) { return f == Fn::And || f == Fn::Or || f == Fn::Not || f == Fn::Xor; }
 
 /// Output dtype of unary `f` on `in` (of `shape`, for the message); throws DTypeError for
 /// unsupported combinations.
 inline DType unary_result(Fn f, DType in, const SmallShape& shape) {
-  if (f == Fn::Not || f == Fn::IsNan || f == Fn::IsInf) return DType::Bool;
-  if ((f == Fn::Gelu || f == Fn::GeluTanh || f == Fn::Silu) && !is_floating(in))  // as PyTorch
-    throw DTypeError(std::string(fn_name(f)) + ": expected a floating point tensor, got " + dtype_name(in) +
-                     shape.to_shape().str());
-  if (is_float_fn(f)) return is_floating(in) ? in : kDefaultFloat;
-  if (in == DType::Bool && (f == Fn::Neg || f == Fn::Floor || f == Fn::Ceil || f == Fn::Round || f == Fn::Relu))
-    throw DTypeError(std::string(fn_name(f)) + ": not supported for bool tensors, got bool" + shape.to_shape().str());
+  auto refuse = [&](const char* what) {
+    throw DTypeError(std::string(fn_name(f)) + ": " + what + ", got " + dtype_name(in) + shape.to_shape().str());
+  };
+  switch (fn_info(f).rule) {
+    case FnRule::ToBool: return DType::Bool;
+    case FnRule::FloatIn:  // as PyTorch
+      if (!is_floating(in)) refuse("expected a floating point tensor");
+      return in;
+    case FnRule::ToFloat: return is_floating(in) ? in : kDefaultFloat;
+    case FnRule::IntIn:
+      if (is_floating(in)) refuse("expected an integer or bool tensor");
+      return in;
+    case FnRule::NoBool:
+      if (in == DType::Bool) refuse("not supported for bool tensors");
+      return in;
+    case FnRule::Same:
+      if (f == Fn::Square && in == DType::Bool) return DType::Int64;  // torch.square: pow(x, 2)
+      return in;
+  }
   return in;
 }
 
@@ -122,15 +156,30 @@ struct BinaryTypes {
   DType out;
 };
 inline BinaryTypes binary_result(Fn f, DType common, DType a, DType b, const SmallShape& shape) {
-  if (f == Fn::And || f == Fn::Or) return {DType::Bool, DType::Bool};
+  auto refuse = [&](const char* what) {
+    throw DTypeError(std::string(fn_name(f)) + ": " + what + " (" + dtype_name(a) + ", " + dtype_name(b) + "; shape " +
+                     shape.to_shape().str() + ")");
+  };
+  if (f == Fn::And || f == Fn::Or || f == Fn::Xor) return {DType::Bool, DType::Bool};
   if (is_compare_fn(f)) return {common, DType::Bool};
-  if (f == Fn::Div) {
-    DType t = is_floating(common) ? common : kDefaultFloat;
-    return {t, t};
+  switch (fn_info(f).rule) {
+    case FnRule::ToFloat: {
+      DType t = is_floating(common) ? common : kDefaultFloat;
+      return {t, t};
+    }
+    case FnRule::FloatIn:
+      if (!is_floating(common)) refuse("expected floating point tensors");
+      break;
+    case FnRule::IntIn:
+      if (is_floating(common)) refuse("expected integer or bool tensors");
+      if (common == DType::Bool && (f == Fn::Shl || f == Fn::Shr)) refuse("not supported for bool tensors");
+      break;
+    case FnRule::NoBool:
+      if (common == DType::Bool) refuse("not supported for bool tensors");
+      break;
+    default: break;
   }
-  if (common == DType::Bool && (f == Fn::Sub || f == Fn::Pow))
-    throw DTypeError(std::string(fn_name(f)) + ": not supported for bool tensors (" + dtype_name(a) + ", " + dtype_name(b) +
-                     "; shape " + shape.to_shape().str() + ")");
+  if (common == DType::Bool && (f == Fn::Sub || f == Fn::Pow)) refuse("not supported for bool tensors");
   return {common, common};
 }
 
@@ -163,9 +212,22 @@ inline ir::NodePtr lower_unary(Fn f, const ir::NodePtr& x) {
     case Fn::Gelu: return decomp::gelu(x, false);
     case Fn::GeluTanh: return decomp::gelu(x, true);
     case Fn::Silu: return decomp::silu(x);
+    case Fn::Atan: return ir::unary(Op::Atan, x);
+    case Fn::Asin: return ir::unary(Op::Asin, x);
+    case Fn::Acos: return ir::unary(Op::Acos, x);
+    case Fn::Sinh: return decomp::sinh(x);
+    case Fn::Cosh: return decomp::cosh(x);
+    case Fn::Asinh: return decomp::asinh(x);
+    case Fn::Acosh: return decomp::acosh(x);
+    case Fn::Atanh: return decomp::atanh(x);
+    case Fn::Reciprocal: return ir::binary(Op::Div, decomp::scalar_like(1.0, x), x);
+    case Fn::Sign: return decomp::sign(x);
+    case Fn::Square: return x->dtype == DType::Bool ? x : ir::binary(Op::Mul, x, x);  // bool: cast to int64 first
+    case Fn::Trunc: return decomp::trunc(x);
+    case Fn::BitNot: return ir::unary(Op::BitNot, x);
     default: break;
   }
-  throw Error("lower_unary: not a unary function");
+  throw InternalError("lower_unary: not a unary function");
 }
 
 inline ir::NodePtr lower_binary(Fn f, const ir::NodePtr& a, const ir::NodePtr& b) {
@@ -187,9 +249,19 @@ inline ir::NodePtr lower_binary(Fn f, const ir::NodePtr& a, const ir::NodePtr& b
     case Fn::Ge: return ir::binary(Op::Ge, a, b);
     case Fn::And: return ir::binary(Op::And, a, b);
     case Fn::Or: return ir::binary(Op::Or, a, b);
+    case Fn::Xor: return decomp::logical_xor(a, b);
+    case Fn::Atan2: return ir::binary(Op::Atan2, a, b);
+    case Fn::Hypot: return ir::binary(Op::Hypot, a, b);
+    case Fn::Fmod: return ir::binary(Op::Fmod, a, b);
+    case Fn::Remainder: return decomp::remainder(a, b);
+    case Fn::BitAnd: return ir::binary(Op::BitAnd, a, b);
+    case Fn::BitOr: return ir::binary(Op::BitOr, a, b);
+    case Fn::BitXor: return ir::binary(Op::BitXor, a, b);
+    case Fn::Shl: return ir::binary(Op::Shl, a, b);
+    case Fn::Shr: return ir::binary(Op::Shr, a, b);
     default: break;
   }
-  throw Error("lower_binary: not a binary function");
+  throw InternalError("lower_binary: not a binary function");
 }
 
 }  // namespace detail

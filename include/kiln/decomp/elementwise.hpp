@@ -1,0 +1,124 @@
+#pragma once
+// Elementwise composites built from primitives that every backend already vectorises (exp,
+// expm1, log, log1p, sqrt, floor, ceil, comparisons and selects): sign, trunc, the hyperbolic
+// functions and their inverses, remainder, logical_xor. Each form is chosen for accuracy over
+// the whole range (no cancellation near 0, no overflow before the result overflows), and keeps
+// PyTorch's special values: NaN propagates, -0 stays -0 where the function is odd.
+#include <limits>
+#include <numbers>
+
+#include "kiln/decomp/decompose.hpp"
+
+namespace kiln::decomp {
+
+namespace elementwise_detail {
+inline NodePtr lt0(const NodePtr& x) { return ir::binary(Op::Lt, x, scalar_like(0.0, x)); }
+inline NodePtr abs(const NodePtr& x) { return ir::unary(Op::Abs, x); }
+/// An odd function's value from its value `r` at |x|: -r below 0, x itself at ±0 (keeps -0).
+inline NodePtr odd(const NodePtr& x, const NodePtr& r) {
+  return ir::where(lt0(x), ir::unary(Op::Neg, r), ir::where(ir::binary(Op::Eq, x, scalar_like(0.0, x)), x, r));
+}
+/// e^a / 2 for a >= 0, as (e^(a/2) / 2) e^(a/2): a/2 is exact and neither factor overflows
+/// before the result does (exp(a - ln 2) would round a - ln 2 and lose ~5 bits near a = 60).
+inline NodePtr half_exp(const NodePtr& a) {
+  NodePtr h = ir::unary(Op::Exp, mul(a, scalar_like(0.5, a)));
+  return mul(mul(h, scalar_like(0.5, a)), h);
+}
+/// Above this |x|, x * x overflows in `dtype` (f32: 2^64 is safe, f64: 2^500).
+inline double square_limit(const NodePtr& x) { return x->dtype == DType::Float64 ? 0x1p500 : 0x1p60; }
+}  // namespace elementwise_detail
+
+/// torch.sign: 1, -1 or 0 in x's dtype (NaN gives 0, as PyTorch's CPU kernel: (0 < x) - (x < 0)).
+inline NodePtr sign(const NodePtr& x) {
+  if (x->dtype == DType::Bool) return x;
+  NodePtr pos = ir::cast(ir::binary(Op::Gt, x, scalar_like(0.0, x)), x->dtype);
+  NodePtr neg = ir::cast(elementwise_detail::lt0(x), x->dtype);
+  return sub(pos, neg);
+}
+
+/// Rounds toward zero: ceil below 0 (so -0.5 gives -0), floor elsewhere; integers unchanged.
+inline NodePtr trunc(const NodePtr& x) {
+  if (!is_floating(x->dtype)) return x;
+  return ir::where(elementwise_detail::lt0(x), ir::unary(Op::Ceil, x), ir::unary(Op::Floor, x));
+}
+
+/// sinh: (expm1(x) - expm1(-x)) / 2 below |x| = 1 (no cancellation), else e^|x|/2 - e^-|x|/2
+/// (half_exp), finite up to the largest x whose sinh is.
+inline NodePtr sinh(const NodePtr& x) {
+  using namespace elementwise_detail;
+  return in_compute_dtype(x, [](const NodePtr& v) {
+    NodePtr a = abs(v);
+    NodePtr small = mul(sub(ir::unary(Op::Expm1, a), ir::unary(Op::Expm1, ir::unary(Op::Neg, a))), scalar_like(0.5, v));
+    NodePtr half_e = half_exp(a);
+    NodePtr large = sub(half_e, div(scalar_like(0.25, v), half_e));
+    NodePtr r = ir::where(ir::binary(Op::Lt, a, scalar_like(1.0, v)), small, large);
+    return odd(v, r);
+  });
+}
+
+/// cosh: e^|x|/2 + e^-|x|/2 (no cancellation anywhere), e^|x|/2 by half_exp.
+inline NodePtr cosh(const NodePtr& x) {
+  using namespace elementwise_detail;
+  return in_compute_dtype(x, [](const NodePtr& v) {
+    NodePtr half_e = half_exp(abs(v));
+    return add(half_e, div(scalar_like(0.25, v), half_e));
+  });
+}
+
+/// asinh: log1p(a + a^2 / (1 + sqrt(1 + a^2))) for a = |x| (exact near 0), log(a) + ln 2 where
+/// a^2 would overflow; odd.
+inline NodePtr asinh(const NodePtr& x) {
+  using namespace elementwise_detail;
+  return in_compute_dtype(x, [](const NodePtr& v) {
+    NodePtr a = abs(v);
+    NodePtr a2 = mul(a, a);
+    NodePtr one = scalar_like(1.0, v);
+    NodePtr core = ir::unary(Op::Log1p, add(a, div(a2, add(one, ir::unary(Op::Sqrt, add(one, a2))))));
+    NodePtr big = add(ir::unary(Op::Log, a), scalar_like(std::numbers::ln2, v));
+    NodePtr r = ir::where(ir::binary(Op::Gt, a, scalar_like(square_limit(v), v)), big, core);
+    return odd(v, r);
+  });
+}
+
+/// acosh: log1p(t + sqrt(t (t + 2))) with t = x - 1 (exact near 1), log(x) + ln 2 where the
+/// product would overflow; NaN below 1.
+inline NodePtr acosh(const NodePtr& x) {
+  using namespace elementwise_detail;
+  return in_compute_dtype(x, [](const NodePtr& v) {
+    NodePtr t = sub(v, scalar_like(1.0, v));
+    NodePtr core = ir::unary(Op::Log1p, add(t, ir::unary(Op::Sqrt, mul(t, add(t, scalar_like(2.0, v))))));
+    NodePtr big = add(ir::unary(Op::Log, v), scalar_like(std::numbers::ln2, v));
+    NodePtr r = ir::where(ir::binary(Op::Gt, v, scalar_like(square_limit(v), v)), big, core);
+    // Below 1 the product t (t + 2) is positive again for large negative x: NaN, not a value.
+    return ir::where(ir::binary(Op::Lt, v, scalar_like(1.0, v)), scalar_like(std::numeric_limits<double>::quiet_NaN(), v), r);
+  });
+}
+
+/// atanh: (log1p(x) - log1p(-x)) / 2. The two terms have opposite signs (no cancellation near
+/// 0), and near ±1 the small one of 1 ± x is exact inside log1p (a quotient (1+x)/(1-x) would
+/// round there and lose a third of the bits); ±inf at ±1, NaN beyond, -0 stays -0.
+inline NodePtr atanh(const NodePtr& x) {
+  return in_compute_dtype(x, [](const NodePtr& v) {
+    NodePtr d = sub(ir::unary(Op::Log1p, v), ir::unary(Op::Log1p, ir::unary(Op::Neg, v)));
+    return mul(d, scalar_like(0.5, v));
+  });
+}
+
+/// Python's modulus (torch.remainder): fmod, moved by one divisor when the signs of the result
+/// and the divisor differ, so the result takes the divisor's sign. Exact (no a - floor(a/b)*b).
+inline NodePtr remainder(const NodePtr& a, const NodePtr& b) {
+  using namespace elementwise_detail;
+  NodePtr r = ir::binary(Op::Fmod, a, b);
+  NodePtr zero = scalar_like(0.0, r);
+  NodePtr differ = ir::binary(Op::And, ir::binary(Op::Ne, r, zero), ir::binary(Op::Ne, lt0(r), lt0(b)));
+  return ir::where(differ, add(r, b), r);
+}
+
+/// logical_xor: true where exactly one of a, b is nonzero.
+inline NodePtr logical_xor(const NodePtr& a, const NodePtr& b) {
+  NodePtr za = ir::binary(Op::Ne, a, scalar_like(0.0, a));
+  NodePtr zb = ir::binary(Op::Ne, b, scalar_like(0.0, b));
+  return ir::binary(Op::Ne, za, zb);
+}
+
+}  // namespace kiln::decomp

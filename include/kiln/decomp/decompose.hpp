@@ -3,6 +3,7 @@
 // and dtypes the front end has already checked; 16-bit floats are computed in f32 and rounded
 // once at the end, as PyTorch's kernels do.
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <numbers>
 #include <vector>
@@ -40,36 +41,123 @@ NodePtr in_compute_dtype(const NodePtr& x, F&& f) {
   return ir::cast(f(ir::cast(x, DType::Float32)), x->dtype);
 }
 
+namespace detail {
+
+inline NodePtr neg(const NodePtr& a) { return ir::unary(Op::Neg, a); }
+inline NodePtr exp(const NodePtr& a) { return ir::unary(Op::Exp, a); }
+inline NodePtr cmp(Op op, const NodePtr& a, double b) { return ir::binary(op, a, scalar_like(b, a)); }
+
+// c[0] + t (c[1] + t (c[2] + ...)).
+inline NodePtr horner(const NodePtr& t, std::initializer_list<double> c) {
+  const double* k = c.end();
+  NodePtr s = scalar_like(*--k, t);
+  while (k != c.begin()) s = add(mul(s, t), scalar_like(*--k, t));
+  return s;
+}
+
+// x >= -FLT_MAX (-DBL_MAX): -inf becomes the lowest finite value, NaN stays NaN. A tail of the
+// form x * tiny then gives -0 at -inf instead of -inf * 0 = NaN.
+inline NodePtr finite_below(const NodePtr& x) {
+  double lowest = x->dtype == DType::Float64 ? std::numeric_limits<double>::lowest() : std::numeric_limits<float>::lowest();
+  return ir::binary(Op::Maximum, x, scalar_like(lowest, x));
+}
+
+// Phi(-a) exp(a^2/2) = erfc(a/sqrt2) exp(a^2/2) / 2 for a >= 0.7 (the scaled complementary error
+// function; smooth, ~0.4/a). Two weighted minimax polynomials joined by a select: in a - mid up
+// to `split`, and a * G(a) = H(1/a^2) beyond (an asymptotic variable). Relative errors of the
+// fits: f32 2^-30.8 / 2^-30.5 (coefficients rounded to float), f64 2^-56.4 / 2^-57.4.
+inline NodePtr gauss_tail_scaled(const NodePtr& a) {
+  NodePtr near, far;
+  double split;
+  if (a->dtype == DType::Float64) {
+    split = 4.0;
+    near = horner(sub(a, scalar_like(2.35, a)),
+                  {0x1.301d9be9e79e2p-3, -0x1.9972ad20338d1p-5, 0x1.fc851804b10cdp-7, -0x1.272e16f92f9c9p-8,
+                   0x1.435de072ff2c2p-10, -0x1.50a58f1221757p-12, 0x1.4ee5e551fa429p-14, -0x1.3fc20bb963d39p-16,
+                   0x1.261496746addfp-18, -0x1.054ed9da7a844p-20, 0x1.c1cc5dbbed032p-23, -0x1.77cb6ac8fa157p-25,
+                   0x1.315ba5403fdffp-27, -0x1.e378aae2ab3abp-30, 0x1.755e33878992dp-32, -0x1.19636cda84499p-34,
+                   0x1.9f94c98c47db1p-37, -0x1.30594fa79ce74p-39, 0x1.ac5f0f68ec244p-42, -0x1.077ffceb9e1e6p-44,
+                   0x1.7491d69b96e63p-47, -0x1.9abaa79d1f307p-49, 0x1.001774c422a8cp-51});
+    far = horner(div(scalar_like(1.0, a), mul(a, a)),
+                 {0x1.9884533d43651p-2, -0x1.9884533d4348cp-2, 0x1.32633e6dba425p+0, -0x1.7efc0ddcde131p+2,
+                  0x1.4f1c82eb033d9p+5, -0x1.78fee872b9d7ep+8, 0x1.0322b0b59220fp+12, -0x1.a45b05acc5a18p+15,
+                  0x1.86078b543b3a2p+19, -0x1.8dd7201bcaf54p+23, 0x1.a51cfd4d97d03p+27, -0x1.aef9ec73c25fap+31,
+                  0x1.8d9b1dff07376p+35, -0x1.3709580c9ee0fp+39, 0x1.86d37ea65a1dbp+42, -0x1.74f024c28b304p+45,
+                  0x1.f6b2d8139ef2dp+47, -0x1.a7e1446cfc356p+49, 0x1.4f0682aa492a5p+50});
+  } else {
+    split = 3.0;
+    near = horner(sub(a, scalar_like(1.85, a)),
+                  {0x1.6c93a0p-3, -0x1.1d2248p-4, 0x1.934faep-6, -0x1.06f0a0p-7, 0x1.402d52p-9, -0x1.6f89d6p-11,
+                   0x1.90da80p-13, -0x1.a0bfa6p-15, 0x1.980f50p-17, -0x1.8b04cap-19, 0x1.c1163ep-21, -0x1.83d4fcp-23});
+    far = horner(div(scalar_like(1.0, a), mul(a, a)),
+                 {0x1.988454p-2, -0x1.98842ep-2, 0x1.32576cp+0, -0x1.7d7872p+2, 0x1.42101ep+5, -0x1.345758p+8,
+                  0x1.1155f6p+11, -0x1.7256b6p+13, 0x1.3cf61ap+15, -0x1.f152b0p+15});
+  }
+  return ir::where(cmp(Op::Lt, a, split), near, div(far, a));
+}
+
+// x * Phi(x) for x <= -0.7, where 1 + erf(x/sqrt2) would cancel (ten bits lost at -3.6, all of
+// them below -5.5 in f32): x exp(-x^2/2) Phi(-|x|) exp(x^2/2). exp(-x^2/2) is taken from x
+// itself, never from a rounded x^2 or x/sqrt2 (whose rounding would cost |x|^2 ulp): with
+// h = x rounded to 8 (f64: 20) fraction bits, h^2/2 is exact and
+// exp(-x^2/2) = exp(-h^2/2) exp(-(x - h)(x + h)/2), the second exponent below 2^-5. Below -16
+// (f64: -40) the result is 0, so x is clamped there, which also keeps h exact and gives -0 at
+// -inf.
+inline NodePtr gelu_negative(const NodePtr& v) {
+  const bool f64 = v->dtype == DType::Float64;
+  NodePtr x = ir::binary(Op::Maximum, v, scalar_like(f64 ? -40.0 : -16.0, v));
+  NodePtr scale = scalar_like(f64 ? 0x1p20 : 0x1p8, v), unscale = scalar_like(f64 ? 0x1p-20 : 0x1p-8, v);
+  NodePtr h = mul(ir::unary(Op::Round, mul(x, scale)), unscale);
+  NodePtr half = scalar_like(0.5, v);
+  NodePtr e_hi = exp(neg(mul(mul(h, h), half)));
+  NodePtr e_lo = exp(neg(mul(mul(sub(x, h), add(x, h)), half)));
+  return mul(mul(mul(x, gauss_tail_scaled(ir::unary(Op::Abs, x))), e_lo), e_hi);
+}
+
+}  // namespace detail
+
+/// 1/(1+exp(-x)), as 1/(1+e) for x >= 0 and e/(1+e) below with e = exp(-|x|): exp never
+/// overflows, and the tail below -88 (f32) keeps its subnormal value instead of flushing to 0.
 inline NodePtr sigmoid(const NodePtr& x) {
   return in_compute_dtype(x, [](const NodePtr& v) {
     NodePtr one = scalar_like(1.0, v);
-    return div(one, add(one, ir::unary(Op::Exp, ir::unary(Op::Neg, v))));
+    NodePtr e = detail::exp(detail::neg(ir::unary(Op::Abs, v)));
+    return div(ir::where(detail::cmp(Op::Ge, v, 0.0), one, e), add(one, e));
   });
 }
 
 /// max(x, 0), NaN propagating.
 inline NodePtr relu(const NodePtr& x) { return ir::binary(Op::Maximum, x, scalar_like(0.0, x)); }
 
+/// x * sigmoid(x). The negative tail is x e/(1+e) with e = exp(-|x|/2)^2 and the product taken
+/// as (x E) E: exp(-|x|) alone turns subnormal at -87.3 while x e is still normal down to -91.8
+/// (f32); silu(-inf) = -0.
 inline NodePtr silu(const NodePtr& x) {
   return in_compute_dtype(x, [](const NodePtr& v) {
     NodePtr one = scalar_like(1.0, v);
-    return div(v, add(one, ir::unary(Op::Exp, ir::unary(Op::Neg, v))));
+    NodePtr e_half = detail::exp(detail::neg(mul(ir::unary(Op::Abs, v), scalar_like(0.5, v))));
+    NodePtr tail = mul(mul(detail::finite_below(v), e_half), e_half);
+    return div(ir::where(detail::cmp(Op::Ge, v, 0.0), v, tail), add(one, mul(e_half, e_half)));
   });
 }
 
-/// GELU: exact (erf) form, or the tanh approximation.
+/// GELU: exact (erf) form, or the tanh approximation. Both are evaluated without the
+/// cancellation of 1 + erf / 1 + tanh at negative x (docs/performance-math.md has the bounds);
+/// gelu(-inf) = -0.
 inline NodePtr gelu(const NodePtr& x, bool tanh_approx) {
   return in_compute_dtype(x, [tanh_approx](const NodePtr& v) {
     NodePtr half = scalar_like(0.5, v), one = scalar_like(1.0, v);
-    NodePtr inner;
     if (tanh_approx) {
+      // 0.5 x (1 + tanh(u)) = x sigmoid(2u), as silu with exp(-2|u|) = exp(-|u|)^2.
       NodePtr cube = mul(mul(v, v), v);
-      NodePtr arg = mul(scalar_like(std::sqrt(2.0 / std::numbers::pi), v), add(v, mul(scalar_like(0.044715, v), cube)));
-      inner = ir::unary(Op::Tanh, arg);
-    } else {
-      inner = ir::unary(Op::Erf, mul(v, scalar_like(1.0 / std::numbers::sqrt2, v)));
+      NodePtr u = mul(scalar_like(std::sqrt(2.0 / std::numbers::pi), v), add(v, mul(scalar_like(0.044715, v), cube)));
+      NodePtr e_half = detail::exp(detail::neg(ir::unary(Op::Abs, u)));
+      NodePtr tail = mul(mul(detail::finite_below(v), e_half), e_half);
+      return div(ir::where(detail::cmp(Op::Ge, v, 0.0), v, tail), add(one, mul(e_half, e_half)));
     }
-    return mul(mul(half, v), add(one, inner));
+    // 1 + erf(x/sqrt2) is in [0.48, 2] for x >= -0.7: no cancellation there.
+    NodePtr upper = mul(mul(half, v), add(one, ir::unary(Op::Erf, mul(v, scalar_like(1.0 / std::numbers::sqrt2, v)))));
+    return ir::where(detail::cmp(Op::Ge, v, -0.7), upper, detail::gelu_negative(v));
   });
 }
 
@@ -99,13 +187,29 @@ inline NodePtr var_keep(const NodePtr& x, const std::vector<std::int64_t>& axes,
   });
 }
 
-/// log(sum(exp(x))) over axes, kept; stable (max subtracted; infinite maxima handled as PyTorch).
+namespace detail {
+
+// log(sum(exp(x - m))) over axes, kept, as log1p(t) with t the sum less the 1 that one maximum
+// contributes: the terms below the maximum are summed apart and the other maxima counted, so a
+// row dominated by one element keeps log_softmax = -log1p(t) ~ -t instead of log(1 + t) = 0
+// once t < 2^-24. `shifted` = x - m. When m is infinite or NaN no element of `shifted` is 0 and
+// the result is log1p(-1) = -inf (callers rely on that).
+inline NodePtr log1p_sum_exp_below_max(const NodePtr& shifted, const std::vector<std::int64_t>& axes) {
+  NodePtr zero = scalar_like(0.0, shifted);
+  NodePtr below = ir::reduce(Op::ReduceSum, ir::where(cmp(Op::Lt, shifted, 0.0), exp(shifted), zero), axes);
+  NodePtr maxima = ir::reduce(Op::ReduceSum, ir::where(cmp(Op::Eq, shifted, 0.0), scalar_like(1.0, shifted), zero), axes);
+  return ir::unary(Op::Log1p, add(below, sub(maxima, scalar_like(1.0, maxima))));
+}
+
+}  // namespace detail
+
+/// log(sum(exp(x))) over axes, kept; stable (max subtracted; infinite maxima give the maximum,
+/// as PyTorch), and accurate when one element dominates (see log1p_sum_exp_below_max).
 inline NodePtr logsumexp_keep(const NodePtr& x, const std::vector<std::int64_t>& axes) {
   return in_compute_dtype(x, [&](const NodePtr& v) {
     NodePtr m = ir::reduce(Op::ReduceMax, v, axes);
-    NodePtr m_safe = ir::where(ir::unary(Op::IsInf, m), scalar_like(0.0, m), m);
-    NodePtr e = ir::unary(Op::Exp, sub(v, expand(m_safe, v->shape)));
-    return add(ir::unary(Op::Log, ir::reduce(Op::ReduceSum, e, axes)), m_safe);
+    NodePtr l = detail::log1p_sum_exp_below_max(sub(v, expand(m, v->shape)), axes);
+    return ir::where(ir::unary(Op::IsInf, m), m, add(m, l));
   });
 }
 
@@ -123,9 +227,9 @@ inline NodePtr softmax(const NodePtr& x, std::int64_t axis) {
 
 inline NodePtr log_softmax(const NodePtr& x, std::int64_t axis) {
   return in_compute_dtype(x, [&](const NodePtr& v) {
+    // An infinite or NaN maximum makes the whole row NaN, as in PyTorch: shifted - (-inf).
     NodePtr shifted = sub(v, expand(ir::reduce(Op::ReduceMax, v, {axis}), v->shape));
-    NodePtr lse = ir::unary(Op::Log, ir::reduce(Op::ReduceSum, ir::unary(Op::Exp, shifted), {axis}));
-    return sub(shifted, expand(lse, v->shape));
+    return sub(shifted, expand(detail::log1p_sum_exp_below_max(shifted, {axis}), v->shape));
   });
 }
 

@@ -1,11 +1,15 @@
-// The CPU workloads of WORKLOADS.md (CPU shapes), each timed with the reference executor
-// ("eager": op by op, every intermediate materialised) and with the JIT (fused, compiled),
-// beside a plain copy of memory measured in the same run. Every workload reports its bytes
-// (the least traffic a perfect kernel needs), so Google Benchmark prints bytes_per_second,
-// and `ratio_to_copy`: that bandwidth divided by the copy bandwidth measured at start-up.
+// The CPU workloads of the benchmark table (docs/performance.md, CPU shapes), each timed with
+// the reference executor ("eager": op by op, every intermediate materialised) and with the JIT
+// (fused, compiled), beside a plain copy of memory measured in the same run. Built on kiln's
+// benchmark kit (kiln/bench.hpp): every workload declares its bytes (the least traffic a
+// perfect kernel needs), and the kit reports GB/s, `x_copy` (that bandwidth divided by the
+// copy bandwidth measured at start-up; `ratio_to_copy` before the kit), `compile_ms` (the
+// untimed first call) and launches_per_call. Benchmarks keep Google Benchmark's real-time
+// registration, so their names (".../real_time") compare across versions.
 //
-//   bench_cpu --benchmark_out=cpu.json --benchmark_out_format=json
-//   KILN_NUM_THREADS=2 taskset -c 0,1 bench_cpu      # the 2-core setting of WORKLOADS.md
+//   bench_cpu --benchmark_out=cpu.json --benchmark_out_format=json   # or KILN_BENCH_JSON=cpu.json
+//   KILN_NUM_THREADS=2 taskset -c 0,1 bench_cpu      # the 2-core setting of the workload table
+//   scripts/plot-bench cpu.json cpu.png              # x_copy per workload, as a bar chart
 //
 // Beside them: Eigen Tensor peers (2-thread ThreadPoolDevice), the user's loop
 // `Tensor z = 2.0f * x + y; z.eval();`, the dispatch cost of cached expressions on 16 elements
@@ -17,9 +21,8 @@
 #include <unistd.h>
 
 #include <unsupported/Eigen/CXX11/Tensor>
-#include <kiln/core/version.hpp>
+#include <kiln/bench.hpp>
 #include <kiln/kiln.hpp>
-#include <sched.h>
 
 #include <algorithm>
 #include <array>
@@ -45,74 +48,28 @@ constexpr std::int64_t kM = 4096, kK = 4096;        // P4, R2, R3, N1, N3, N4, N
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-/// Threads of the copy baseline: KILN_NUM_THREADS, else the CPUs this process may run on.
-int copy_threads() {
-  if (const char* v = std::getenv("KILN_NUM_THREADS"); v && std::atoi(v) > 0) return std::atoi(v);
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
-
-/// Copies `bytes` from src to dst with `threads` threads, each memcpy'ing one contiguous part.
-void parallel_copy(char* dst, const char* src, std::size_t bytes, int threads) {
-  if (threads <= 1) {
-    std::memcpy(dst, src, bytes);
-    return;
-  }
-  std::vector<std::thread> pool;
-  const std::size_t part = (bytes / threads + 63) / 64 * 64;
-  for (int t = 0; t < threads; ++t) {
-    const std::size_t begin = std::min(bytes, part * t), end = std::min(bytes, begin + part);
-    pool.emplace_back([=] { std::memcpy(dst + begin, src + begin, end - begin); });
-  }
-  for (auto& th : pool) th.join();
-}
+const Device kCpu = Device::cpu();
 
 struct CopyBuffers {
   std::vector<char> src, dst;
   explicit CopyBuffers(std::size_t bytes) : src(bytes, 1), dst(bytes, 0) {}
 };
 
-/// Copy bandwidth (bytes read + bytes written per second) of 2^24 floats, best of 10 runs.
-double measure_copy_bandwidth() {
-  const std::size_t bytes = static_cast<std::size_t>(kN) * sizeof(float);
-  CopyBuffers b(bytes);
-  const int threads = copy_threads();
-  parallel_copy(b.dst.data(), b.src.data(), bytes, threads);  // touch the pages
-  double best = 0;
-  for (int rep = 0; rep < 10; ++rep) {
-    const auto t0 = Clock::now();
-    parallel_copy(b.dst.data(), b.src.data(), bytes, threads);
-    const double s = seconds_since(t0);
-    best = std::max(best, 2.0 * static_cast<double>(bytes) / s);
-  }
-  return best;
-}
-
-double g_copy_bytes_per_second = 0;  // set in main before any benchmark runs
-
-/// Declares the bytes one iteration moves and sets ratio_to_copy from the loop's wall time
-/// (a plain number: Google Benchmark's rate counters would print it per second).
-void report_bytes(benchmark::State& state, double bytes_per_iteration, double loop_seconds) {
-  state.SetBytesProcessed(static_cast<std::int64_t>(bytes_per_iteration) * state.iterations());
-  if (loop_seconds > 0)
-    state.counters["ratio_to_copy"] =
-        bytes_per_iteration * static_cast<double>(state.iterations()) / loop_seconds / g_copy_bytes_per_second;
-}
-
+/// The copy baseline itself (the kit measures the same loop once at start-up for x_copy).
 void BM_copy(benchmark::State& state) {
   const std::size_t bytes = static_cast<std::size_t>(kN) * sizeof(float);
   CopyBuffers b(bytes);
-  const int threads = static_cast<int>(state.range(0)) > 0 ? static_cast<int>(state.range(0)) : copy_threads();
-  parallel_copy(b.dst.data(), b.src.data(), bytes, threads);
+  const int threads = static_cast<int>(state.range(0)) > 0 ? static_cast<int>(state.range(0)) : bench::cpu_threads();
+  bench::parallel_memcpy(b.dst.data(), b.src.data(), bytes, threads);
   const auto t0 = Clock::now();
   for (auto _ : state) {
-    parallel_copy(b.dst.data(), b.src.data(), bytes, threads);
+    bench::parallel_memcpy(b.dst.data(), b.src.data(), bytes, threads);
     benchmark::ClobberMemory();
   }
   const double seconds = seconds_since(t0);
   state.counters["threads"] = threads;
-  report_bytes(state, 2.0 * static_cast<double>(bytes), seconds);
+  bench::report(state, kCpu, {.bytes = 2.0 * static_cast<double>(bytes)},
+                seconds / static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations())));
 }
 
 /// One workload: makes (and evaluates) its inputs, then builds its result from them.
@@ -189,18 +146,9 @@ void BM_workload(benchmark::State& state, const Workload& w, Backend backend) {
   set_backend(backend);
   try {
     const std::vector<Tensor> in = w.inputs();
-    w.compute(in).eval();  // warm-up: the JIT compiles (or loads from its cache) here
-    const Stats before = stats();
-    const auto t0 = Clock::now();
-    for (auto _ : state) {
-      Tensor r = w.compute(in);  // a new result each call, as a user's loop makes
-      r.eval();
-    }
-    const double seconds = seconds_since(t0);
-    const Stats after = stats();
-    state.counters["launches_per_call"] = static_cast<double>(after.launches - before.launches) /
-                                          static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
-    if (w.bytes > 0) report_bytes(state, w.bytes, seconds);
+    // A new result each call, as a user's loop makes; the kit's untimed first call compiles
+    // (or loads from the disk cache).
+    bench::run(state, kCpu, {.bytes = w.bytes}, [&] { return w.compute(in); });
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
   }
@@ -214,7 +162,7 @@ using EVec = Eigen::Tensor<float, 1, Eigen::RowMajor>;
 using EMat = Eigen::Tensor<float, 2, Eigen::RowMajor>;
 using EIdx = Eigen::Index;
 
-int eigen_threads() { return copy_threads(); }
+int eigen_threads() { return bench::cpu_threads(); }
 
 /// Fills an Eigen tensor from a kiln tensor (same values as kiln's inputs of that workload).
 template <class ET>
@@ -324,7 +272,8 @@ void BM_eigen(benchmark::State& state, const EigenWorkload& w) {
   }
   const double seconds = seconds_since(t0);
   state.counters["threads"] = eigen_threads();
-  report_bytes(state, w.bytes, seconds);
+  bench::report(state, kCpu, {.bytes = w.bytes},
+                seconds / static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations())));
 }
 
 // ---- the user's loop, dispatch overhead, compile times --------------------------------------
@@ -335,35 +284,25 @@ void BM_user_loop(benchmark::State& state) {
   Tensor x = randn({kN}, 1), y = randn({kN}, 2);
   x.eval();
   y.eval();
-  {
+  bench::run(state, kCpu, {.bytes = 3.0 * kN * 4}, [&] {
     Tensor z = 2.0f * x + y;
     z.eval();
-  }
-  const auto t0 = Clock::now();
-  for (auto _ : state) {
-    Tensor z = 2.0f * x + y;
-    z.eval();
-  }
-  report_bytes(state, 3.0 * kN * 4, seconds_since(t0));
+  });
 }
 
 /// Host cost of a cached typed expression on 16 elements: `z.assign(2.0f * x + y)`.
+/// (`compiles`, the timed loop's compiles, was this benchmark's counter before the kit; the kit
+/// reports loop_compiles only when it is not 0.)
 void BM_dispatch_assign_16(benchmark::State& state) {
   set_backend(Backend::Jit);
   Tensor x = randn({16}, 1), y = randn({16}, 2), z = zeros({16});
   x.eval();
   y.eval();
   z.eval();
-  z.assign(2.0f * x + y);
-  const Stats before = stats();
-  for (auto _ : state) {
+  bench::run(state, kCpu, {}, [&] {
     z.assign(2.0f * x + y);
     benchmark::ClobberMemory();
-  }
-  const Stats after = stats();
-  state.counters["compiles"] = static_cast<double>(after.compiles - before.compiles);
-  state.counters["launches_per_call"] =
-      static_cast<double>(after.launches - before.launches) / static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
+  });
 }
 
 /// The same through kiln::compile: a compiled function called on 16-element tensors.
@@ -373,23 +312,13 @@ void BM_dispatch_compile_16(benchmark::State& state) {
   x.eval();
   y.eval();
   auto f = kiln::compile([](const Tensor& a, const Tensor& b) { return 2.0f * a + b; });
-  {
-    Tensor r = f(x, y);
-    r.eval();
-  }
-  const Stats before = stats();
-  for (auto _ : state) {
-    Tensor r = f(x, y);
-    r.eval();
-  }
-  const Stats after = stats();
-  state.counters["compiles"] = static_cast<double>(after.compiles - before.compiles);
+  bench::run(state, kCpu, {}, [&] { return f(x, y); });
   state.counters["traces"] = static_cast<double>(f.stats().traces);
 }
 
 /// kiln::compile's modes on the CPU (docs/performance.md, "Modes"): a compiled graph called
 /// again and again, end to end (guard check, output allocation, launches), in `mode`. S1 is
-/// WORKLOADS.md's launch-bound chain (10 pointwise steps on 4096 elements: one fused kernel);
+/// the workload table's launch-bound chain (10 pointwise steps on 4096 elements: one fused kernel);
 /// "two_sums" (column and row sums of a 512x512 matrix, returned as a pair) is two kernels,
 /// each large enough for a team, where reduce-overhead's single parallel region (one launch,
 /// one barrier instead of a second region) can pay; "call_16" is `2*a + b` on 16 elements.
@@ -414,20 +343,16 @@ void BM_compiled_mode(benchmark::State& state, const std::string& graph, const s
     fn = [](const Tensor& a, const Tensor& b) { return std::pair<Tensor, Tensor>{2.0f * a + b, Tensor()}; };
   }
   auto f = kiln::compile(fn, opt);
-  for (int i = 0; i < 3; ++i) f(in[0], in[1]).first.eval();  // trace, compile (and tune) here
-  const Stats before = stats();
-  for (auto _ : state) {
+  // Trace, compile (and tune) in the kit's first call and two more untimed calls.
+  bench::run(state, kCpu, {}, [&] {
     auto r = f(in[0], in[1]);
     r.first.eval();
     if (r.second.defined()) r.second.eval();
-  }
-  const Stats after = stats();
-  state.counters["launches_per_call"] =
-      static_cast<double>(after.launches - before.launches) / static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
+  }, {.warmup = 2});
   state.counters["traces"] = static_cast<double>(f.stats().traces);
 }
 
-/// A WORKLOADS.md workload through kiln::compile in `mode` (max-autotune must be at least as
+/// A workload of the table through kiln::compile in `mode` (max-autotune must be at least as
 /// fast as default on each; its tuning happens in the warm-up call).
 void BM_workload_compiled(benchmark::State& state, const Workload& w, const std::string& mode) {
   set_backend(Backend::Jit);
@@ -438,20 +363,14 @@ void BM_workload_compiled(benchmark::State& state, const Workload& w, const std:
   auto compute = w.compute;
   auto f = kiln::compile(
       [compute](const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d) { return compute({a, b, c, d}); }, opt);
-  f(in[0], in[1], in[2], in[3]).eval();
-  const auto t0 = Clock::now();
-  for (auto _ : state) {
-    Tensor r = f(in[0], in[1], in[2], in[3]);
-    r.eval();
-  }
-  if (w.bytes > 0) report_bytes(state, w.bytes, seconds_since(t0));
+  bench::run(state, kCpu, {.bytes = w.bytes}, [&] { return f(in[0], in[1], in[2], in[3]); });
 }
 
 /// max-autotune against default on one workload, calls interleaved (default, tuned, default,
 /// tuned, ...) in one loop so that the machine's load and the process's memory state weigh on
 /// both alike: separate benchmarks run one after the other in one process measured the second
 /// 5-10 % slower whichever mode it was, on this shared 2-core machine. Reports each mode's
-/// median ms per call and tuned / default (the "at least as fast": <= 1 up to noise).
+/// median ms per call and tuned / default ("at least as fast": <= 1 up to noise).
 void BM_workload_autotune_vs_default(benchmark::State& state, const Workload& w) {
   set_backend(Backend::Jit);
   std::vector<Tensor> in = w.inputs();
@@ -563,9 +482,6 @@ void BM_disk_hit_new_process(benchmark::State& state) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-
   g_self_dir = std::filesystem::canonical("/proc/self/exe").parent_path().string();
   // A fresh disk cache for this run (removed at exit) unless the caller chose one.
   std::string fresh_cache;
@@ -576,12 +492,15 @@ int main(int argc, char** argv) {
       setenv("KILN_CACHE_DIR", tmpl, 1);
     }
   }
+  // The kit's flags (KILN_BENCH_JSON) and context (kiln version, threads, cache directory).
+  if (!bench::initialize(argc, argv)) {
+    if (!fresh_cache.empty()) std::filesystem::remove_all(fresh_cache);
+    return 1;
+  }
   benchmark::AddCustomContext("eigen_threads", std::to_string(eigen_threads()));
-
-  g_copy_bytes_per_second = measure_copy_bandwidth();
-  benchmark::AddCustomContext("copy_GB_per_s", std::to_string(g_copy_bytes_per_second / 1e9));
-  benchmark::AddCustomContext("copy_threads", std::to_string(copy_threads()));
-  benchmark::AddCustomContext("kiln_version", version_string);
+  // The copy baseline, measured at start-up as before the kit (the kit keeps it for x_copy).
+  benchmark::AddCustomContext("copy_GB_per_s", std::to_string(bench::copy_bandwidth(kCpu) / 1e9));
+  benchmark::AddCustomContext("copy_threads", std::to_string(bench::cpu_threads()));
 
   benchmark::RegisterBenchmark("copy/threads:all", BM_copy)->Arg(0)->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("copy/threads:1", BM_copy)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
@@ -614,8 +533,7 @@ int main(int argc, char** argv) {
           ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("cold_compile_fused", BM_cold_compile)->UseRealTime()->Iterations(5)->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("disk_hit_new_process", BM_disk_hit_new_process)->UseRealTime()->Iterations(9)->Unit(benchmark::kMillisecond);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
+  bench::run_benchmarks();
   if (!fresh_cache.empty()) std::filesystem::remove_all(fresh_cache);
   return 0;
 }

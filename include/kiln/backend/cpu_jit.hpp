@@ -83,11 +83,6 @@ inline bool same_structure(const ir::Graph& a, const ir::Graph& b) {
   return true;
 }
 
-inline std::string hex_key(std::uint64_t k) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(k));
-  return buf;
-}
 
 /// Threads of the kernels' OpenMP teams: KILN_NUM_THREADS, else the hardware's count.
 inline int cpu_threads() {
@@ -121,11 +116,11 @@ inline std::shared_ptr<const CpuPlan> build_cpu_plan(const ir::Graph& g, const C
   plan->options = options;
   plan->schedule = sched::schedule(g);
   if (log_enabled(LogChannel::schedule))
-    log(LogChannel::schedule, "graph " + hex_key(g.key) + ": " + std::to_string(plan->schedule.kernels.size()) +
+    log(LogChannel::schedule, "graph " + kiln::detail::hex64(g.key) + ": " + std::to_string(plan->schedule.kernels.size()) +
                                   " kernel(s)\n" + plan->schedule.str(g));
   codegen::CppOptions copt;
   copt.graph_entry = options.graph_entry || options.autotune_graph;
-  codegen::CppSource src = codegen::generate_cpp(g, plan->schedule, "kiln_" + hex_key(g.key), copt);
+  codegen::CppSource src = codegen::generate_cpp(g, plan->schedule, "kiln_" + kiln::detail::hex64(g.key), copt);
   auto& modules = runtime::CpuModuleCache::instance();
   plan->library = modules.get(src.source);
   pin_openmp_runtime();
@@ -293,7 +288,7 @@ inline codegen::CpuKernelFn chunk_variant(const CpuPlan& plan, std::size_t k, st
     p.chunk_len = (e0 + chunks - 1) / chunks;
     p.chunks = (e0 + p.chunk_len - 1) / p.chunk_len;
   }
-  codegen::CppSource src = codegen::generate_cpp(plan.graph, s, "kiln_" + hex_key(plan.graph.key) + "_c" + std::to_string(chunks), copt);
+  codegen::CppSource src = codegen::generate_cpp(plan.graph, s, "kiln_" + kiln::detail::hex64(plan.graph.key) + "_c" + std::to_string(chunks), copt);
   keep.push_back(runtime::CpuModuleCache::instance().get(src.source));
   return reinterpret_cast<codegen::CpuKernelFn>(keep.back()->symbol(src.entries.at(0).c_str()));
 }
@@ -460,7 +455,7 @@ inline CpuPlanPtr tune_cpu_plan(const detail::CpuPlan& plan, const RunArgs& args
   if (graph) tuned->graph_fn = tuned->graph_entry;
   tuned->tuned = true;
   runtime::store_tuning(plan.tune_key, detail::tuning_record(*tuned, graph));
-  log(LogChannel::cache, "autotune " + runtime::detail::autotune_tag(plan.tune_key) + ": graph " + detail::hex_key(g.key) +
+  log(LogChannel::cache, "autotune " + runtime::detail::autotune_tag(plan.tune_key) + ": graph " + kiln::detail::hex64(g.key) +
                              " tuned in " + std::to_string(std::chrono::duration<double, std::milli>(clock::now() - start).count()) +
                              " ms" + report);
   detail::CpuPlanCache::instance().replace(tuned);

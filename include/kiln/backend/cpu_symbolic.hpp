@@ -86,7 +86,7 @@ inline std::shared_ptr<const CpuSymbolicPlan> build_symbolic_plan(const ir::Grap
     auto temps = symbolic_temps(plan->schedule, p, why);
     if (!temps) return nullptr;
     plan->temps = std::move(*temps);
-    const std::string prefix = "kiln_sym_" + hex_key(g.key);
+    const std::string prefix = "kiln_sym_" + kiln::detail::hex64(g.key);
     codegen::CppSource src = codegen::generate_cpp(g, plan->schedule, prefix);
     // The same structure at another placeholder must give the same code (see the header).
     const std::int64_t q = p + 30;

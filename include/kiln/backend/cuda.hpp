@@ -119,11 +119,6 @@ inline bool same_graph(const ir::Graph& a, const ir::Graph& b) {
   return true;
 }
 
-inline std::string cuda_hex(std::uint64_t k) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(k));
-  return buf;
-}
 
 inline CudaTuning& cuda_tuning() {
   static CudaTuning t;
@@ -241,7 +236,7 @@ inline std::uint64_t alignment_hash(const codegen::CudaAlignment& a) {
 /// The kernels' names: the graph's key and the alignment class, so the variants of one graph
 /// for two classes differ in source (autotune candidates share it: their kernels compare by code).
 inline std::string cuda_kernel_prefix(const ir::Graph& g, const codegen::CudaAlignment& al) {
-  return "kiln_" + cuda_hex(g.key) + "_" + cuda_hex(alignment_hash(al)).substr(0, 4);
+  return "kiln_" + kiln::detail::hex64(g.key) + "_" + kiln::detail::hex64(alignment_hash(al)).substr(0, 4);
 }
 
 /// Per kernel of `s`, the target of `ctx` with that kernel's knobs (`per_kernel` empty: the defaults).
@@ -267,7 +262,7 @@ inline std::shared_ptr<CudaPlan> build_cuda_plan(const ir::Graph& g, const codeg
   runtime::CudaContext& ctx = runtime::cuda_context(g.device.index);
   plan->schedule = sched::schedule(g);
   if (log_enabled(LogChannel::schedule))
-    log(LogChannel::schedule, "graph " + cuda_hex(g.key) + " on " + g.device.str() + ": " +
+    log(LogChannel::schedule, "graph " + kiln::detail::hex64(g.key) + " on " + g.device.str() + ": " +
                                   std::to_string(plan->schedule.kernels.size()) + " kernel(s)\n" + plan->schedule.str(g));
   codegen::CudaSource src =
       codegen::generate_cuda(g, plan->schedule, cuda_kernel_prefix(g, al), cuda_targets(ctx, plan->schedule, per_kernel), al);
@@ -441,7 +436,7 @@ inline std::string explain_cuda(const ir::Graph& g) {
   std::string out = s.str(g);
   codegen::CudaTarget t;
   if (cuda_available() && g.device.is_cuda()) t = detail::cuda_target(runtime::cuda_context(g.device.index));
-  codegen::CudaSource src = codegen::generate_cuda(g, s, "kiln_" + detail::cuda_hex(g.key), t);
+  codegen::CudaSource src = codegen::generate_cuda(g, s, "kiln_" + kiln::detail::hex64(g.key), t);
   for (std::size_t k = 0; k < src.kernels.size(); ++k) out += "cuda kernel " + std::to_string(k) + ": " + src.kernels[k].strategy + "\n";
   return out;
 }
@@ -755,7 +750,7 @@ inline std::shared_ptr<const CudaPlan> tune_cuda_plan(const CudaPlan& plan, cons
     one_candidate = one_candidate && chosen[k] == chosen[0];
   }
   std::shared_ptr<CudaPlan> result = nk > 0 && one_candidate ? built[chosen[0]].plan : build_cuda_plan(g, plan.alignment, per_kernel);
-  log(LogChannel::cache, "autotune " + runtime::detail::autotune_tag(plan.tune_key) + ": graph " + cuda_hex(g.key) + " on " +
+  log(LogChannel::cache, "autotune " + runtime::detail::autotune_tag(plan.tune_key) + ": graph " + kiln::detail::hex64(g.key) + " on " +
                              g.device.str() + " tuned in " +
                              std::to_string(std::chrono::duration<double, std::milli>(clock::now() - start).count()) + " ms, " +
                              std::to_string(built.size()) + " candidate(s) compiled" + report);
@@ -880,7 +875,7 @@ class CudaGraphRunner {
         pick = instances_.back().get();
       } else {
         if (!warned_busy_) {
-          log(LogChannel::perf, "CUDA graph of graph " + detail::cuda_hex(graph_.key) + ": all " +
+          log(LogChannel::perf, "CUDA graph of graph " + kiln::detail::hex64(graph_.key) + ": all " +
                                     std::to_string(instances_.size()) +
                                     " instances' outputs are still held; running the kernels plainly into new buffers");
           warned_busy_ = true;
@@ -1023,7 +1018,7 @@ class CudaGraphRunner {
     if (log_enabled(LogChannel::perf)) {
       std::size_t copied = 0;
       for (auto& st : inst.static_inputs) copied += st != nullptr;
-      log(LogChannel::perf, "CUDA graph captured for graph " + detail::cuda_hex(graph_.key) + ": " +
+      log(LogChannel::perf, "CUDA graph captured for graph " + kiln::detail::hex64(graph_.key) + ": " +
                                 std::to_string(plan.functions.size()) + " kernel(s), " + std::to_string(copied) + " of " +
                                 std::to_string(leaves_) + " input(s) copied into static buffers, " +
                                 std::to_string(instances_.size()) + " instance(s)");

@@ -105,12 +105,12 @@ inline std::shared_ptr<const CudaSymbolicPlan> build_cuda_symbolic_plan(const ir
   plan->leaves = g.num_leaves();
   runtime::CudaContext& ctx = runtime::cuda_context(g.device.index);
   // The name carries the alignment class, so the variants of one graph differ in source.
-  const std::string prefix = "kiln_sym_" + cuda_hex(g.key) + "_" + cuda_hex(alignment_hash(al)).substr(0, 4);
+  const std::string prefix = "kiln_sym_" + kiln::detail::hex64(g.key) + "_" + kiln::detail::hex64(alignment_hash(al)).substr(0, 4);
   auto src = cuda_symbolic_source(g, prefix, cuda_target(ctx), al, plan->schedule, why);
   if (!src) return nullptr;
   plan->temps = *symbolic_temps(plan->schedule, kSymbolicPlaceholder, why);
   if (log_enabled(LogChannel::schedule))
-    log(LogChannel::schedule, "graph " + cuda_hex(g.key) + " on " + g.device.str() + ", symbolic size n: " +
+    log(LogChannel::schedule, "graph " + kiln::detail::hex64(g.key) + " on " + g.device.str() + ", symbolic size n: " +
                                   std::to_string(plan->schedule.kernels.size()) + " kernel(s)\n" + plan->schedule.str(g));
   auto& cache = runtime::CudaModuleCache::instance();
   for (auto& k : src->kernels) {

@@ -2,6 +2,7 @@
 // 64-bit hashing for structural keys (graph nodes, guards, cache entries).
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <string_view>
 
 namespace kiln::detail {
@@ -36,6 +37,14 @@ inline std::uint64_t hash_bytes(const void* data, std::size_t n, std::uint64_t s
   std::uint64_t h = seed;
   for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
   return h;
+}
+
+/// "00ab12..." : 16 lowercase hex digits of `v`, the spelling of keys in logs and file names.
+inline std::string hex64(std::uint64_t v) {
+  static const char digits[] = "0123456789abcdef";
+  std::string s(16, '0');
+  for (int i = 15; i >= 0; --i, v >>= 4) s[static_cast<std::size_t>(i)] = digits[v & 15];
+  return s;
 }
 
 }  // namespace kiln::detail

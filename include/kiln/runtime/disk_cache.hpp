@@ -38,12 +38,7 @@ namespace kiln::runtime {
 
 namespace detail {
 
-inline std::string hex64(std::uint64_t v) {
-  static const char digits[] = "0123456789abcdef";
-  std::string s(16, '0');
-  for (int i = 15; i >= 0; --i, v >>= 4) s[static_cast<std::size_t>(i)] = digits[v & 15];
-  return s;
-}
+using kiln::detail::hex64;
 
 // Word-at-a-time checksum of cache payloads (cubins can be megabytes; byte-wise FNV is slow).
 inline std::uint64_t checksum64(const void* data, std::size_t n) {

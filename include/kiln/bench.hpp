@@ -109,8 +109,8 @@ inline bool& manual_time_flag() {
 /// function again (it does, once per trial iteration count and per repetition): later calls
 /// find the kernels in memory, and their first call would report a cache hit as compile_ms.
 /// Google Benchmark 1.7 does not name the running instance to it either, so the kit's display
-/// reporter marks where one instance ends (`generation`); without it (RunSpecifiedBenchmarks
-/// called directly) every call reports its own first call.
+/// reporter marks where one instance ends (it empties `seen` when the instance is reported);
+/// without it (RunSpecifiedBenchmarks called directly) every call reports its own first call.
 struct FirstCall {
   double ms = 0, compiles = 0, disk_hits = 0;
 };

@@ -29,6 +29,8 @@ struct Limits {
   /// their parallel (OpenMP team above 32768 elements), blocked-sum (rows over 1024) and
   /// split-reduction paths.
   double big_graph_rate = 0.1;
+  /// Chance that a graph is also run through kiln::compile (trace, then replay on new values).
+  double compile_rate = 0.25;
 };
 
 /// How a program is built: on which device, and whether as its float64 twin (floating inputs
@@ -1457,6 +1459,7 @@ inline bool revalidate(Program& p) {
     Step& s = p.steps[static_cast<std::size_t>(v)];
     if (s.is_input) {
       if (static_cast<std::int64_t>(s.input.values.size()) != s.input.shape.numel()) return false;
+      if (s.input.arg && s.input.values2.size() != s.input.values.size()) return false;
       s.info = {s.input.dtype, s.input.shape};
       continue;
     }
@@ -1471,6 +1474,7 @@ inline bool revalidate(Program& p) {
   for (int o : p.outputs)
     if (o < 0 || o >= p.size()) return false;
   if (p.assign_output >= static_cast<int>(p.outputs.size())) return false;
+  if (p.compile_mode && p.assign_output >= 0) return false;
   if (p.assign_output >= 0) {
     p.assign_dst.shape = p.info(p.outputs[static_cast<std::size_t>(p.assign_output)]).shape;
     p.assign_dst.values.assign(static_cast<std::size_t>(p.assign_dst.shape.numel()), 0.0);
@@ -1565,7 +1569,22 @@ inline Program generate(std::uint64_t seed, std::uint64_t index, const Limits& l
         (!p.steps[static_cast<std::size_t>(v)].is_input || rng.chance(0.2)))
       p.outputs.push_back(v);
   }
-  if (rng.chance(lim.assign_rate)) {
+  if (rng.chance(lim.compile_rate)) {
+    p.compile_mode = static_cast<int>(rng.range(1, 3));
+    // Up to three inputs become arguments (not class targets: their new values must stay valid).
+    std::vector<bool> targets(p.steps.size(), false);
+    for (auto& st : p.steps)
+      if (!st.is_input && table[static_cast<std::size_t>(st.op.desc)].name.rfind("cross_entropy", 0) == 0)
+        targets[static_cast<std::size_t>(st.op.args[1].value)] = true;
+    int args = 0;
+    for (std::size_t v = 0; v < p.steps.size() && args < 3; ++v) {
+      Input& in = p.steps[v].input;
+      if (!p.steps[v].is_input || targets[v] || !rng.chance(0.7)) continue;
+      in.arg = true;
+      in.values2 = gen_values(rng, in.dtype, in.shape.numel(), lim.special_rate);
+      ++args;
+    }
+  } else if (rng.chance(lim.assign_rate)) {
     p.assign_output = 0;
     Input& d = p.assign_dst;
     d.dtype = rng.chance(0.7) ? p.info(last).dtype : g.dtype(kAll);

@@ -193,6 +193,10 @@ struct Input {
   Layout layout = Layout::Contiguous;
   std::vector<std::int64_t> perm;         // Permuted: buffer dim i holds logical dim perm[i]
   std::vector<std::int64_t> step, start;  // Strided
+  /// kiln::compile mode: the input is an argument of the compiled function, called first with
+  /// `values`, then with `values2` (same shape, dtype and layout: the replay).
+  bool arg = false;
+  std::vector<double> values2;
 };
 
 /// One operand of an op: an earlier value, or a C++ number.
@@ -241,6 +245,10 @@ struct Program {
   /// `assign_dst` (its dtype may differ: assign casts); -1 when no output is.
   int assign_output = -1;
   Input assign_dst;
+  /// 0: evaluated directly only; else also through kiln::compile (the inputs marked `arg` are
+  /// its arguments, the others captured), called twice: 1 "default", 2 "reduce-overhead",
+  /// 3 "default" with dynamic = true (kernels that read the sizes at launch).
+  int compile_mode = 0;
   const Info& info(int v) const { return steps[static_cast<std::size_t>(v)].info; }
   int size() const { return static_cast<int>(steps.size()); }
 };

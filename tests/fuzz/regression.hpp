@@ -5,6 +5,8 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "run.hpp"
@@ -33,14 +35,9 @@ Result evaluate_with(F& program, Backend b) {
   return r;
 }
 
-/// Checks that the default backend agrees with the reference executor on program(), a callable
-/// returning std::vector<Tensor>: same dtypes and shapes, NaN where NaN, the same infinities,
-/// finite values within torch.testing's default tolerance of their dtype.
-template <class F>
-void check_against_reference(F&& program) {
-  Result ref = evaluate_with(program, Backend::Eager);
+/// `jit` (a run of the default backend) against `ref`, element by element.
+inline void check_same(const Result& ref, const Result& jit) {
   REQUIRE_MESSAGE(ref.status == Result::Status::Ok, "reference: " << ref.error_type << ": " << ref.error);
-  Result jit = evaluate_with(program, Backend::Auto);
   REQUIRE_MESSAGE(jit.status == Result::Status::Ok, "default backend: " << jit.error_type << ": " << jit.error);
   REQUIRE(jit.values.size() == ref.values.size());
   for (std::size_t o = 0; o < ref.values.size(); ++o) {
@@ -56,6 +53,44 @@ void check_against_reference(F&& program) {
       }
     CHECK_MESSAGE(bad == 0, bad << " of " << ref.values[o].size() << " elements differ; " << first);
   }
+}
+
+/// Checks kiln::compile(program) (with `mode`, and dynamic = true when `dynamic`) against the
+/// reference executor: called with the N tensors `first`, then replayed with `second`.
+template <std::size_t N, class F>
+void check_compiled(F&& program, const std::string& mode, bool dynamic, const std::vector<Tensor>& first,
+                    const std::vector<Tensor>& second) {
+  REQUIRE(first.size() == N);
+  REQUIRE(second.size() == N);
+  auto apply = [&]<std::size_t... I>(auto& fn, const std::vector<Tensor>& a, std::index_sequence<I...>) { return fn(a[I]...); };
+  auto as_tuple = [](const std::vector<Tensor>& v) {
+    return std::make_tuple(v[0], v.size() > 1 ? v[1] : v[0], v.size() > 2 ? v[2] : v[0], v.size() > 3 ? v[3] : v[0]);
+  };
+  CompileOptions options;
+  options.mode = mode;
+  if (dynamic) options.dynamic = true;
+  auto f = kiln::compile([&](const auto&... ts) { return as_tuple(program(ts...)); }, options);
+  for (const auto* args : {&first, &second}) {
+    auto eager = [&] { return apply(program, *args, std::make_index_sequence<N>{}); };
+    Result ref = evaluate_with(eager, Backend::Eager);
+    std::size_t outputs = ref.values.size();
+    auto compiled = [&] {
+      auto t = apply(f, *args, std::make_index_sequence<N>{});
+      std::vector<Tensor> all = {std::get<0>(t), std::get<1>(t), std::get<2>(t), std::get<3>(t)};
+      return std::vector<Tensor>(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(std::min<std::size_t>(outputs, 4)));
+    };
+    Result got = evaluate_with(compiled, Backend::Auto);
+    CAPTURE(args == &first ? "first call" : "replay");
+    check_same(ref, got);
+  }
+}
+
+/// Checks that the default backend agrees with the reference executor on program(), a callable
+/// returning std::vector<Tensor>: same dtypes and shapes, NaN where NaN, the same infinities,
+/// finite values within torch.testing's default tolerance of their dtype.
+template <class F>
+void check_against_reference(F&& program) {
+  check_same(evaluate_with(program, Backend::Eager), evaluate_with(program, Backend::Auto));
 }
 
 }  // namespace kiln::fuzz

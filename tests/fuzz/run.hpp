@@ -100,9 +100,10 @@ inline std::string info_str(DType t, const Shape& s) { return std::string(dtype_
 /// their own dtype and widened, floating dtype parameters become f64, and ops whose result is
 /// floating widen their non-floating operands first (OpDesc::lift). Throws what the front end
 /// throws.
-inline Built build_program(const Program& p, const BuildCtx& ctx) {
+inline Built build_program(const Program& p, const BuildCtx& ctx, const std::vector<Tensor>* args = nullptr) {
   const auto& table = op_table();
   Built b;
+  std::size_t next_arg = 0;
   for (int v = 0; v < p.size(); ++v) {
     const Step& s = p.steps[static_cast<std::size_t>(v)];
     Tensor t;
@@ -115,7 +116,8 @@ inline Built build_program(const Program& p, const BuildCtx& ctx) {
       return Tensor(x * from_vector<double>(f, x.shape()));
     };
     if (s.is_input) {
-      t = make_input(s.input, ctx.device, b);
+      // Inside kiln::compile the arguments stand for the inputs marked `arg`.
+      t = args && s.input.arg ? (*args)[next_arg++] : make_input(s.input, ctx.device, b);
       if (ctx.f64 && is_floating(s.input.dtype)) t = nudge(t.to(f64), s.input.dtype);
     } else {
       const OpDesc& d = table[static_cast<std::size_t>(s.op.desc)];
@@ -319,7 +321,71 @@ enum class Kind {
   Crash,        ///< the process died (signal)
   Timeout,
   ProbeFailed,  ///< an invalid call did not raise the documented error
+  CompileMismatch,  ///< a kiln::compile call's values differ from the reference's
+  CompileError,     ///< a kiln::compile call threw where the reference evaluated
 };
+
+/// The program as kiln::compile's second call sees it: argument inputs hold their values2.
+inline Program second_call(const Program& p) {
+  Program q = p;
+  for (auto& st : q.steps)
+    if (st.is_input && st.input.arg) st.input.values = st.input.values2;
+  return q;
+}
+
+inline const char* compile_mode_name(int m) { return m == 2 ? "reduce-overhead" : "default"; }
+
+/// Calls `p` through kiln::compile twice (trace and compile, then replay on the second values)
+/// with its argument inputs; the outputs of each call.
+inline std::pair<Result, Result> run_compiled(const Program& p, Device dev) {
+  Result r[2];
+  set_backend(Backend::Jit);
+  std::vector<std::shared_ptr<void>> keep;  // host memory the captured inputs view
+  BuildCtx ctx{false, dev};
+  auto fn = [&p, &keep, ctx](const auto&... ts) {
+    std::vector<Tensor> given{ts...};
+    Built b = build_program(p, ctx, &given);
+    keep.insert(keep.end(), b.memory.begin(), b.memory.end());
+    std::vector<Tensor> o = b.outputs;
+    while (o.size() < 4) o.push_back(o[0]);
+    return std::make_tuple(o[0], o[1], o[2], o[3]);
+  };
+  CompileOptions opts;
+  opts.mode = compile_mode_name(p.compile_mode);
+  if (p.compile_mode == 3) opts.dynamic = true;
+  Program p2 = second_call(p);
+  Built held;
+  std::vector<Tensor> args[2];
+  try {
+    auto f = kiln::compile(fn, opts);
+    for (int c = 0; c < 2; ++c)
+      for (auto& st : (c ? p2 : p).steps)
+        if (st.is_input && st.input.arg) args[c].push_back(make_input(st.input, dev, held));
+    for (int c = 0; c < 2; ++c) {
+      try {
+        const auto& a = args[c];
+        auto out = a.size() == 0 ? f() : a.size() == 1 ? f(a[0]) : a.size() == 2 ? f(a[0], a[1]) : f(a[0], a[1], a[2]);
+        std::vector<Tensor> o = {std::get<0>(out), std::get<1>(out), std::get<2>(out), std::get<3>(out)};
+        for (std::size_t k = 0; k < p.outputs.size(); ++k) {
+          r[c].values.push_back(read_values(o[k]));
+          r[c].infos.push_back({o[k].dtype(), o[k].shape()});
+        }
+      } catch (const std::exception& e) {
+        r[c].status = Result::Status::EvalError;
+        r[c].error_type = error_type(e);
+        r[c].error = e.what();
+      }
+    }
+  } catch (const std::exception& e) {
+    for (auto& x : r) {
+      x.status = Result::Status::EvalError;
+      x.error_type = error_type(e);
+      x.error = e.what();
+    }
+  }
+  set_backend(Backend::Auto);
+  return {r[0], r[1]};
+}
 
 inline const char* kind_name(Kind k) {
   switch (k) {
@@ -336,6 +402,8 @@ inline const char* kind_name(Kind k) {
     case Kind::Crash: return "crash";
     case Kind::Timeout: return "timeout";
     case Kind::ProbeFailed: return "probe-failed";
+    case Kind::CompileMismatch: return "compile-mismatch";
+    case Kind::CompileError: return "compile-error";
   }
   return "?";
 }
@@ -353,7 +421,7 @@ struct Verdict {
   std::string signature() const {
     std::string s = kind_name(kind);
     if (kind == Kind::JitError || kind == Kind::RefError || kind == Kind::EvalError || kind == Kind::BuildError ||
-        kind == Kind::Rule || kind == Kind::Oracle)
+        kind == Kind::Rule || kind == Kind::Oracle || kind == Kind::CompileError)
       s += ":" + detail.substr(0, detail.find(": "));
     return s;
   }
@@ -514,6 +582,32 @@ inline Verdict check_program(const Program& p, Device device = Device::cpu(), bo
   }
   Verdict v = judge(p, ref, jit, floating ? &twin : nullptr, floating ? &nudged : nullptr);
   set_backend(Backend::Auto);
+  if (v.kind != Kind::Pass || !p.compile_mode) return v;
+  // kiln::compile: the first call against the same reference, the replay on new values against
+  // the reference of the program holding them.
+  auto calls = run_compiled(p, device);
+  Program p2 = second_call(p);
+  Result ref2 = run_program(p2, Backend::Eager, BuildCtx{false, Device::cpu()});
+  Result twin2, nudged2;
+  if (floating && calls.second.status == Result::Status::Ok) {
+    twin2 = run_program(p2, Backend::Eager, BuildCtx{true, Device::cpu()});
+    nudged2 = run_program(p2, Backend::Eager, BuildCtx{true, Device::cpu(), p.seed * 31 + p.index + 2});
+  }
+  set_backend(Backend::Auto);
+  for (int c = 0; c < 2; ++c) {
+    Verdict cv = c == 0 ? judge(p, ref, calls.first, floating ? &twin : nullptr, floating ? &nudged : nullptr)
+                        : judge(p2, ref2, calls.second, floating ? &twin2 : nullptr, floating ? &nudged2 : nullptr);
+    v.excused += cv.excused;
+    if (cv.kind == Kind::Pass || cv.kind == Kind::Inexact) continue;
+    std::string what = std::string("kiln::compile(mode ") + compile_mode_name(p.compile_mode) +
+                       (p.compile_mode == 3 ? ", dynamic" : "") + (c == 0 ? "), first call: " : "), replay on new values: ");
+    if (cv.kind == Kind::Mismatch) cv.kind = Kind::CompileMismatch;
+    else if (cv.kind == Kind::JitError) cv.kind = Kind::CompileError;
+    // An error keeps its type first, as signatures read it.
+    cv.detail = cv.kind == Kind::CompileError ? cv.detail.substr(0, cv.detail.find(": ")) + ": " + what + cv.detail.substr(cv.detail.find(": ") + 2)
+                                              : what + cv.detail;
+    return cv;
+  }
   return v;
 }
 
@@ -573,6 +667,7 @@ inline std::string input_cxx(const Input& in, const std::string& name, std::stri
   if (in.layout == Layout::Contiguous && !assign_target)
     return std::string("from_vector<") + ct + ">(" + values_literal(in.values, in.dtype) + ", " + ints_literal(in.shape) + ")";
   std::vector<double> buf = assign_target ? std::vector<double>(static_cast<std::size_t>(pl.buffer_size), poison(in.dtype)) : buffer_values(in);
+  if (buf.empty()) buf.push_back(poison(in.dtype));  // an empty vector's data() may be null, which from_blob rejects
   if (in.dtype == bool_) {
     std::string n = std::to_string(std::max<std::size_t>(buf.size(), 1));
     if (assign_target)
@@ -602,11 +697,25 @@ inline std::string op_cxx(const Program& p, int v) {
 /// The program as the body of a lambda returning its outputs, with buffers declared before it:
 ///   <decls>  auto program = [&] { Tensor v0 = ...; ...; return std::vector<Tensor>{...}; };
 inline std::string program_cxx(const Program& p) {
-  std::string decls, body;
+  std::string decls, body, params;
   bool kinf = false, kinfd = false;
+  int argn = 0;
   for (int v = 0; v < p.size(); ++v) {
     const Step& s = p.steps[static_cast<std::size_t>(v)];
-    std::string rhs = s.is_input ? input_cxx(s.input, "b" + std::to_string(v), decls) : op_cxx(p, v);
+    std::string rhs;
+    if (s.is_input && p.compile_mode && s.input.arg) {
+      // An argument of the compiled function: both calls' tensors are made before the lambda.
+      std::string a = "a" + std::to_string(argn++);
+      params += std::string(params.empty() ? "" : ", ") + "const Tensor& " + a;
+      Input second = s.input;
+      second.values = s.input.values2;
+      std::string e1 = input_cxx(s.input, "b" + std::to_string(v) + "_1", decls);
+      std::string e2 = input_cxx(second, "b" + std::to_string(v) + "_2", decls);
+      decls += "  Tensor " + a + "_1 = " + e1 + ";\n  Tensor " + a + "_2 = " + e2 + ";\n";
+      rhs = a;
+    } else {
+      rhs = s.is_input ? input_cxx(s.input, "b" + std::to_string(v), decls) : op_cxx(p, v);
+    }
     body += "    Tensor v" + std::to_string(v) + " = " + rhs + ";";
     if (!s.is_input && s.op.eval_after) body += " v" + std::to_string(v) + ".eval();";
     body += "  // " + info_str(s.info.dtype, s.info.shape) + "\n";
@@ -628,7 +737,7 @@ inline std::string program_cxx(const Program& p) {
   std::string consts;
   if (kinf) consts += "  [[maybe_unused]] const float kInf = std::numeric_limits<float>::infinity(), kNaN = std::numeric_limits<float>::quiet_NaN();\n";
   if (kinfd) consts += "  [[maybe_unused]] const double kInfD = std::numeric_limits<double>::infinity(), kNaND = std::numeric_limits<double>::quiet_NaN();\n";
-  std::string lam = "  auto program = [&] {\n" + body + "  };\n";
+  std::string lam = "  auto program = [&](" + params + ") {\n" + body + "  };\n";
   std::string res = consts + decls + lam;
   return res;
 }
@@ -638,8 +747,18 @@ inline std::string test_case_cxx(const Program& p, const std::string& title, con
   std::string s;
   std::istringstream lines(comment);
   for (std::string line; std::getline(lines, line);) s += "// " + line + "\n";
-  s += "TEST_CASE(\"" + title + "\") {\n" + program_cxx(p) + "  kiln::fuzz::check_against_reference(program);\n}\n";
-  return s;
+  s += "TEST_CASE(\"" + title + "\") {\n" + program_cxx(p);
+  if (!p.compile_mode) return s + "  kiln::fuzz::check_against_reference(program);\n}\n";
+  int n = 0;
+  std::string a1, a2;
+  for (auto& st : p.steps)
+    if (st.is_input && st.input.arg) {
+      a1 += std::string(n ? ", " : "") + "a" + std::to_string(n) + "_1";
+      a2 += std::string(n ? ", " : "") + "a" + std::to_string(n) + "_2";
+      ++n;
+    }
+  return s + "  kiln::fuzz::check_compiled<" + std::to_string(n) + ">(program, \"" + compile_mode_name(p.compile_mode) + "\", " +
+         (p.compile_mode == 3 ? "true" : "false") + ", {" + a1 + "}, {" + a2 + "});\n}\n";
 }
 
 }  // namespace kiln::fuzz

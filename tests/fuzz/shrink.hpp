@@ -34,12 +34,14 @@ inline Input resized(const Input& in, const Shape& to) {
   Input out = in;
   out.shape = to;
   out.values.assign(static_cast<std::size_t>(to.numel()), 0.0);
+  if (in.arg) out.values2.assign(out.values.size(), 0.0);
   Strides from = contiguous_strides(in.shape);
   std::vector<std::int64_t> idx(to.size(), 0);
   for (std::int64_t i = 0; i < to.numel(); ++i) {
     std::int64_t off = 0;
     for (std::size_t d = 0; d < to.size(); ++d) off += idx[d] * from[d];
     out.values[static_cast<std::size_t>(i)] = in.values[static_cast<std::size_t>(off)];
+    if (in.arg) out.values2[static_cast<std::size_t>(i)] = in.values2[static_cast<std::size_t>(off)];
     for (std::size_t d = to.size(); d-- > 0;) {
       if (++idx[d] < to[d]) break;
       idx[d] = 0;
@@ -68,6 +70,7 @@ class Shrinker {
       progress |= pass_values();
       progress |= pass_numbers();
       progress |= pass_params();
+      progress |= pass_compile();
     }
     stats_.ops_after = count_ops(best_);
     if (stats) *stats = stats_;
@@ -246,6 +249,7 @@ class Shrinker {
       if (cs.is_input) {
         cs.input.dtype = plain;
         for (auto& x : cs.input.values) x = round_to(x, plain);
+        for (auto& x : cs.input.values2) x = round_to(x, plain);
       } else {
         cs.op.p.dtype = plain;
       }
@@ -330,6 +334,34 @@ class Shrinker {
       if (g == "reduce" && !op.p.ints.empty()) {
         Program c = best_;
         c.steps[static_cast<std::size_t>(v)].op.p.ints.clear();
+        any |= attempt(c);
+      }
+    }
+    return any;
+  }
+
+  /// kiln::compile programs: the plain mode, fewer arguments, the replay on the same values.
+  bool pass_compile() {
+    if (!best_.compile_mode) return false;
+    bool any = false;
+    if (best_.compile_mode != 1) {
+      Program c = best_;
+      c.compile_mode = 1;
+      any |= attempt(c);
+    }
+    for (int v = 0; v < best_.size(); ++v) {
+      const Step& s = best_.steps[static_cast<std::size_t>(v)];
+      if (!s.is_input || !s.input.arg) continue;
+      Program c = best_;
+      c.steps[static_cast<std::size_t>(v)].input.arg = false;
+      c.steps[static_cast<std::size_t>(v)].input.values2.clear();
+      if (attempt(c)) {
+        any = true;
+        continue;
+      }
+      if (s.input.values2 != s.input.values) {
+        c = best_;
+        c.steps[static_cast<std::size_t>(v)].input.values2 = s.input.values;
         any |= attempt(c);
       }
     }

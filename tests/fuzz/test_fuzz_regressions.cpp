@@ -192,3 +192,20 @@ TEST_CASE("fuzz: seed 1 graph 137: an integer tensor compared with a number that
   auto program = [&] { return std::vector<Tensor>{x == 1e+300, x * 1e+300, maximum(x, -1e300)}; };
   kiln::fuzz::check_against_reference(program);
 }
+
+// kiln_fuzz --seed 2 --one 104 (and 12 more graphs of seeds 2 and 3; shrunk to no op at all):
+// ShapeError "assign: destination ... has elements that share memory (a broadcast view)" for an
+// empty destination. Row-major strides of a shape with a 0 in it hold zeros ([2, 0] has strides
+// {0, 1}), and assign's overlap check took the 0 stride of the size-2 dim for a broadcast; an
+// empty tensor has no elements to share (PyTorch: torch.zeros(2, 0).copy_(x) is a no-op).
+TEST_CASE("fuzz: seed 2 graph 104: assign into an empty destination") {
+  std::vector<float> out(1, 7680.0f);
+  Tensor dst = from_blob(out.data(), {2, 1, 0});
+  dst.assign(from_vector<float>({}, {2, 1, 0}));
+  CHECK(dst.shape() == Shape{2, 1, 0});
+  CHECK(out[0] == 7680.0f);
+  Tensor e = zeros({3, 0}).eval();
+  e.assign(ones({3, 0}));
+  e.assign(2.0f);
+  CHECK(e.numel() == 0);
+}

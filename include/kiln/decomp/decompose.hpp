@@ -67,7 +67,7 @@ inline NodePtr finite_below(const NodePtr& x) {
 // to `split`, and a * G(a) = H(1/a^2) beyond (an asymptotic variable). Relative errors of the
 // fits: f32 2^-30.8 / 2^-30.5 (coefficients rounded to float), f64 2^-56.4 / 2^-57.4.
 inline NodePtr gauss_tail_scaled(const NodePtr& a) {
-  NodePtr near, far;
+  NodePtr near, far, r = div(scalar_like(1.0, a), a);
   double split;
   if (a->dtype == DType::Float64) {
     split = 4.0;
@@ -78,7 +78,7 @@ inline NodePtr gauss_tail_scaled(const NodePtr& a) {
                    0x1.315ba5403fdffp-27, -0x1.e378aae2ab3abp-30, 0x1.755e33878992dp-32, -0x1.19636cda84499p-34,
                    0x1.9f94c98c47db1p-37, -0x1.30594fa79ce74p-39, 0x1.ac5f0f68ec244p-42, -0x1.077ffceb9e1e6p-44,
                    0x1.7491d69b96e63p-47, -0x1.9abaa79d1f307p-49, 0x1.001774c422a8cp-51});
-    far = horner(div(scalar_like(1.0, a), mul(a, a)),
+    far = horner(mul(r, r),
                  {0x1.9884533d43651p-2, -0x1.9884533d4348cp-2, 0x1.32633e6dba425p+0, -0x1.7efc0ddcde131p+2,
                   0x1.4f1c82eb033d9p+5, -0x1.78fee872b9d7ep+8, 0x1.0322b0b59220fp+12, -0x1.a45b05acc5a18p+15,
                   0x1.86078b543b3a2p+19, -0x1.8dd7201bcaf54p+23, 0x1.a51cfd4d97d03p+27, -0x1.aef9ec73c25fap+31,
@@ -89,29 +89,42 @@ inline NodePtr gauss_tail_scaled(const NodePtr& a) {
     near = horner(sub(a, scalar_like(1.85, a)),
                   {0x1.6c93a0p-3, -0x1.1d2248p-4, 0x1.934faep-6, -0x1.06f0a0p-7, 0x1.402d52p-9, -0x1.6f89d6p-11,
                    0x1.90da80p-13, -0x1.a0bfa6p-15, 0x1.980f50p-17, -0x1.8b04cap-19, 0x1.c1163ep-21, -0x1.83d4fcp-23});
-    far = horner(div(scalar_like(1.0, a), mul(a, a)),
-                 {0x1.988454p-2, -0x1.98842ep-2, 0x1.32576cp+0, -0x1.7d7872p+2, 0x1.42101ep+5, -0x1.345758p+8,
-                  0x1.1155f6p+11, -0x1.7256b6p+13, 0x1.3cf61ap+15, -0x1.f152b0p+15});
+    far = horner(mul(r, r), {0x1.988454p-2, -0x1.98842ep-2, 0x1.32576cp+0, -0x1.7d7872p+2, 0x1.42101ep+5,
+                             -0x1.345758p+8, 0x1.1155f6p+11, -0x1.7256b6p+13, 0x1.3cf61ap+15, -0x1.f152b0p+15});
   }
-  return ir::where(cmp(Op::Lt, a, split), near, div(far, a));
+  return ir::where(cmp(Op::Lt, a, split), near, mul(far, r));
 }
 
-// x * Phi(x) for x <= -0.7, where 1 + erf(x/sqrt2) would cancel (ten bits lost at -3.6, all of
-// them below -5.5 in f32): x exp(-x^2/2) Phi(-|x|) exp(x^2/2). exp(-x^2/2) is taken from x
-// itself, never from a rounded x^2 or x/sqrt2 (whose rounding would cost |x|^2 ulp): with
-// h = x rounded to 8 (f64: 20) fraction bits, h^2/2 is exact and
-// exp(-x^2/2) = exp(-h^2/2) exp(-(x - h)(x + h)/2), the second exponent below 2^-5. Below -16
-// (f64: -40) the result is 0, so x is clamped there, which also keeps h exact and gives -0 at
-// -inf.
-inline NodePtr gelu_negative(const NodePtr& v) {
+// gelu(x) = x Phi(x), with no erf and no cancellation anywhere (1 + erf(x/sqrt2) loses ten bits
+// at -3.6 and all of them below -5.5 in f32):
+//   |x| < 0.7: Phi(x) = 1/2 + x Q(x^2), Q = erf(x/sqrt2)/(2x) (minimax, relative 2^-29.6 f32,
+//              2^-58.1 f64);
+//   x <= -0.7: x exp(-x^2/2) G(|x|), G = gauss_tail_scaled;
+//   x >= 0.7:  x (1 - exp(-x^2/2) G(x)), 1 - Phi(-x) >= 0.75.
+// exp(-x^2/2) is taken from |x| itself, never from a rounded x^2 or x/sqrt2 (whose rounding would
+// cost |x|^2 ulp): with h = |x| rounded to 8 (f64: 20) fraction bits, h^2/2 is exact and
+// exp(-x^2/2) = exp(-h^2/2) exp(-d), d = (|x| - h)(|x| + h)/2 below 2^-5 (f64: 2^-15.6), whose
+// exp is a 4-term (f64: 3-term) Taylor polynomial. |x| is clamped at 16 (f64: 40), where the tail
+// is 0, which keeps h exact; the factor exp(-h^2/2), the one that can turn subnormal, is
+// multiplied last.
+inline NodePtr gelu_erf(const NodePtr& v) {
   const bool f64 = v->dtype == DType::Float64;
-  NodePtr x = ir::binary(Op::Maximum, v, scalar_like(f64 ? -40.0 : -16.0, v));
-  NodePtr scale = scalar_like(f64 ? 0x1p20 : 0x1p8, v), unscale = scalar_like(f64 ? 0x1p-20 : 0x1p-8, v);
-  NodePtr h = mul(ir::unary(Op::Round, mul(x, scale)), unscale);
-  NodePtr half = scalar_like(0.5, v);
+  NodePtr one = scalar_like(1.0, v), half = scalar_like(0.5, v);
+  NodePtr abs_v = ir::unary(Op::Abs, v);
+  NodePtr a = ir::binary(Op::Minimum, abs_v, scalar_like(f64 ? 40.0 : 16.0, v));
+  NodePtr h = mul(ir::unary(Op::Round, mul(a, scalar_like(f64 ? 0x1p20 : 0x1p8, v))), scalar_like(f64 ? 0x1p-20 : 0x1p-8, v));
   NodePtr e_hi = exp(neg(mul(mul(h, h), half)));
-  NodePtr e_lo = exp(neg(mul(mul(sub(x, h), add(x, h)), half)));
-  return mul(mul(mul(x, gauss_tail_scaled(ir::unary(Op::Abs, x))), e_lo), e_hi);
+  NodePtr t = neg(mul(mul(sub(a, h), add(a, h)), half));  // -d
+  NodePtr e_lo = f64 ? horner(t, {1.0, 1.0, 0.5, 1.0 / 6}) : horner(t, {1.0, 1.0, 0.5, 1.0 / 6, 1.0 / 24});
+  NodePtr g = mul(gauss_tail_scaled(a), e_lo);
+  NodePtr lower = mul(mul(finite_below(v), g), e_hi);
+  NodePtr upper = mul(v, sub(one, mul(g, e_hi)));
+  NodePtr q = f64 ? horner(mul(v, v), {0x1.9884533d43651p-2, -0x1.1058377e2cec1p-4, 0x1.46d0429765d63p-7,
+                                       -0x1.37403f697ce12p-10, 0x1.e42b0beae478bp-14, -0x1.3ce8b888f7128p-17,
+                                       0x1.657bc0cc09c81p-21, -0x1.604ea69b033a3p-25, 0x1.1816ad0983138p-29})
+                  : horner(mul(v, v), {0x1.988454p-2, -0x1.10582ap-4, 0x1.46c97ep-7, -0x1.360962p-10, 0x1.b62920p-14});
+  NodePtr middle = mul(v, add(half, mul(v, q)));
+  return ir::where(cmp(Op::Lt, abs_v, 0.7), middle, ir::where(cmp(Op::Lt, v, 0.0), lower, upper));
 }
 
 }  // namespace detail
@@ -146,18 +159,13 @@ inline NodePtr silu(const NodePtr& x) {
 /// gelu(-inf) = -0.
 inline NodePtr gelu(const NodePtr& x, bool tanh_approx) {
   return in_compute_dtype(x, [tanh_approx](const NodePtr& v) {
-    NodePtr half = scalar_like(0.5, v), one = scalar_like(1.0, v);
-    if (tanh_approx) {
-      // 0.5 x (1 + tanh(u)) = x sigmoid(2u), as silu with exp(-2|u|) = exp(-|u|)^2.
-      NodePtr cube = mul(mul(v, v), v);
-      NodePtr u = mul(scalar_like(std::sqrt(2.0 / std::numbers::pi), v), add(v, mul(scalar_like(0.044715, v), cube)));
-      NodePtr e_half = detail::exp(detail::neg(ir::unary(Op::Abs, u)));
-      NodePtr tail = mul(mul(detail::finite_below(v), e_half), e_half);
-      return div(ir::where(detail::cmp(Op::Ge, v, 0.0), v, tail), add(one, mul(e_half, e_half)));
-    }
-    // 1 + erf(x/sqrt2) is in [0.48, 2] for x >= -0.7: no cancellation there.
-    NodePtr upper = mul(mul(half, v), add(one, ir::unary(Op::Erf, mul(v, scalar_like(1.0 / std::numbers::sqrt2, v)))));
-    return ir::where(detail::cmp(Op::Ge, v, -0.7), upper, detail::gelu_negative(v));
+    if (!tanh_approx) return detail::gelu_erf(v);
+    // 0.5 x (1 + tanh(u)) = x sigmoid(2u), as silu with exp(-2|u|) = exp(-|u|)^2.
+    NodePtr cube = mul(mul(v, v), v);
+    NodePtr u = mul(scalar_like(std::sqrt(2.0 / std::numbers::pi), v), add(v, mul(scalar_like(0.044715, v), cube)));
+    NodePtr e_half = detail::exp(detail::neg(ir::unary(Op::Abs, u)));
+    NodePtr tail = mul(mul(detail::finite_below(v), e_half), e_half);
+    return div(ir::where(detail::cmp(Op::Ge, v, 0.0), v, tail), add(scalar_like(1.0, v), mul(e_half, e_half)));
   });
 }
 

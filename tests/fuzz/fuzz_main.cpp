@@ -24,6 +24,7 @@
 #include <map>
 #include <set>
 
+#include "probes.hpp"
 #include "shrink.hpp"
 
 using namespace kiln;
@@ -244,6 +245,8 @@ std::string headline(const std::string& d, std::size_t limit = 600) {
     std::uint64_t c0 = stats().compiles;
     double t0 = now_s();
     Verdict v = safe_check(p, dev, o.selftest);
+    Verdict pv = run_probe(static_cast<std::size_t>(i), o.seed, i);
+    write_all(fd, "P " + std::to_string(i) + " " + std::to_string(static_cast<int>(pv.kind)) + "\t" + escape(pv.detail) + "\n");
     write_all(fd, "R " + std::to_string(i) + " " + std::to_string(static_cast<int>(v.kind)) + " " +
                       std::to_string(stats().compiles - c0) + " " + std::to_string(now_s() - t0) + " " +
                       std::to_string(v.excused) + "\t" + escape(v.detail) + "\n");
@@ -279,6 +282,10 @@ void start_worker(Worker& w, const Options& o) {
   w.busy = false;
   w.killed = false;
 }
+
+/// Error probes that failed, and how many ran.
+std::vector<Record> g_probe_failures;
+std::size_t g_probes = 0;
 
 std::vector<Record> run_campaign(const Options& o) {
   std::vector<Record> records;
@@ -322,7 +329,19 @@ std::vector<Record> run_campaign(const Options& o) {
           for (std::size_t nl; (nl = w.buf.find('\n')) != std::string::npos;) {
             std::string line = w.buf.substr(0, nl);
             w.buf.erase(0, nl + 1);
-            if (line.rfind("B ", 0) == 0) {
+            if (line.rfind("P ", 0) == 0) {
+              std::istringstream is(line.substr(2, line.find('\t') - 2));
+              Record r;
+              int kind = 0;
+              is >> r.index >> kind;
+              r.verdict.kind = static_cast<Kind>(kind);
+              r.verdict.detail = unescape(line.substr(line.find('\t') + 1));
+              ++g_probes;
+              if (r.verdict.kind != Kind::Pass) {
+                std::printf("probe %llu: %s\n", static_cast<unsigned long long>(r.index), r.verdict.detail.substr(0, 300).c_str());
+                g_probe_failures.push_back(r);
+              }
+            } else if (line.rfind("B ", 0) == 0) {
               w.busy = true;
               w.started = now_s();
             } else if (line.rfind("R ", 0) == 0) {
@@ -378,6 +397,11 @@ std::vector<Record> run_in_process(const Options& o) {
     double t0 = now_s();
     r.verdict = safe_check(p, dev, o.selftest);
     r.compiles = static_cast<int>(stats().compiles - c0);
+    Record pr;
+    pr.index = i;
+    pr.verdict = run_probe(static_cast<std::size_t>(i), o.seed, i);
+    ++g_probes;
+    if (pr.verdict.kind != Kind::Pass) g_probe_failures.push_back(pr);
     r.seconds = now_s() - t0;
     if (is_bug(r.verdict.kind))
       std::printf("graph %llu: %s: %s\n", static_cast<unsigned long long>(i), kind_name(r.verdict.kind),
@@ -462,6 +486,14 @@ int main(int argc, char** argv) {
   if (o.selftest)
     std::printf("self-test: every JIT result was corrupted in one element; caught in %d of %zu graphs\n",
                 by_kind["mismatch"], records.size());
+  std::map<std::string, std::pair<int, std::string>> probe_kinds;
+  for (const Record& r : g_probe_failures) {
+    std::string name = r.verdict.detail.substr(0, r.verdict.detail.find(':'));
+    if (!probe_kinds[name].first++) probe_kinds[name].second = r.verdict.detail.substr(0, 400);
+  }
+  std::printf("error probes: %zu run, %zu failed (%zu of %zu kinds)\n", g_probes, g_probe_failures.size(), probe_kinds.size(),
+              probe_table().size());
+  for (auto& [name, c] : probe_kinds) std::printf("  %dx %s\n", c.first, c.second.c_str());
   std::printf("by op (graphs containing it / findings among them):\n");
   int col = 0;
   for (auto& [n, c] : by_op) {
@@ -532,5 +564,5 @@ int main(int argc, char** argv) {
       sum << r.index << "\t" << kind_name(r.verdict.kind) << "\t" << r.compiles << "\t" << r.seconds << "\t" << r.verdict.excused << "\t"
           << escape(r.verdict.detail, 300) << "\n";
   }
-  return (o.fail_on_find && !findings.empty()) ? 1 : 0;
+  return (o.fail_on_find && (!findings.empty() || !g_probe_failures.empty())) ? 1 : 0;
 }

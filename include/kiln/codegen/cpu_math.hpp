@@ -322,7 +322,9 @@ static inline float kiln_f32_tan_fast(float x) {
    them back untouched unless some lane is beyond 2^20 (a compare, a movmsk and a branch that
    is predicted not taken); only then are those lanes recomputed one by one, out of line.
    fn: 0 sin, 1 cos, 2 tan. The variants are written for every ISA the unit is compiled for
-   (b: SSE2, c: AVX, d: AVX2, e: AVX-512F), so that whichever GCC picks is defined. Clang 14's
+   (b: SSE2, c: AVX, d: AVX2, e: AVX-512F), so that whichever GCC picks is defined; being
+   extern (the compiler cannot see the calls it will make to them), they are compiled into
+   every unit that has this text, about 25 ms of compile time. Clang 14's
    loop vectoriser does not call `declare simd` variants, so there the fix-up is a plain
    branch: correct, but a loop of sin/cos/tan stays scalar. */
 #if defined(__cplusplus)
@@ -342,13 +344,24 @@ __attribute__((visibility("hidden"))) float kiln_f32_trig_big_1(float x, float y
   if (__builtin_expect(kiln_f32_abs(x) > 0x1p20f, 0)) kiln_f32_trig_big_lanes(&x, &y, 1, fn);
   return y;
 }
+/* The variant keeps x and y in registers on the common path (the copies to memory are in the
+   cold helper, whose by-value parameters would otherwise force a spill and a reload of y on
+   every call) and tests |x| > 2^20 as x * x > 2^40 (exact, false for NaN): a multiply, a
+   compare, a movmsk and a branch. */
 #define KILN_TRIG_BIG_VARIANT(isa, n, vf, vi, any)                                                           \
+  static __attribute__((noinline, cold)) vf kiln_f32_trig_big_fix_##isa(vf x, vf y, int fn) {                \
+    float xs[n], ys[n];                                                                                      \
+    __builtin_memcpy(xs, &x, sizeof x);                                                                      \
+    __builtin_memcpy(ys, &y, sizeof y);                                                                      \
+    kiln_f32_trig_big_lanes(xs, ys, n, fn);                                                                  \
+    __builtin_memcpy(&y, ys, sizeof y);                                                                      \
+    return y;                                                                                                \
+  }                                                                                                          \
   __attribute__((visibility("hidden"))) vf kiln_f32_trig_big_##isa(vf x, vf y, int fn)                      \
       __asm__("_ZGV" #isa "N" #n "vvu_kiln_f32_trig_big");                                                   \
   __attribute__((visibility("hidden"))) vf kiln_f32_trig_big_##isa(vf x, vf y, int fn) {                    \
-    vi big = (vf)((vi)x & 0x7fffffff) > 0x1p20f;                                                             \
-    if (__builtin_expect(any, 0)) kiln_f32_trig_big_lanes((const float*)&x, (float*)&y, n, fn);             \
-    return y;                                                                                                \
+    vi big = x * x > 0x1p40f;                                                                                \
+    return __builtin_expect(any, 0) ? kiln_f32_trig_big_fix_##isa(x, y, fn) : y;                              \
   }
 typedef float kiln_v4sf __attribute__((vector_size(16)));
 typedef int kiln_v4si __attribute__((vector_size(16)));
@@ -356,7 +369,9 @@ KILN_TRIG_BIG_VARIANT(b, 4, kiln_v4sf, kiln_v4si, __builtin_ia32_movmskps((kiln_
 #if defined(__AVX__)
 typedef float kiln_v8sf __attribute__((vector_size(32)));
 typedef int kiln_v8si __attribute__((vector_size(32)));
+#if !defined(__AVX2__) /* with AVX2, GCC always prefers d to c (same width, lower badness) */
 KILN_TRIG_BIG_VARIANT(c, 8, kiln_v8sf, kiln_v8si, __builtin_ia32_movmskps256((kiln_v8sf)big))
+#endif
 #endif
 #if defined(__AVX2__)
 KILN_TRIG_BIG_VARIANT(d, 8, kiln_v8sf, kiln_v8si, __builtin_ia32_movmskps256((kiln_v8sf)big))

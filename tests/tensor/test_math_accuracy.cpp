@@ -18,6 +18,7 @@
 #include "../codegen/cuda_emulator.hpp"
 #include "../codegen/cuda_test_util.hpp"
 #include "../support/reference.hpp"
+#include "kiln/runtime/nvrtc.hpp"
 
 using namespace kiln;
 namespace kt = kiln::testing;
@@ -506,6 +507,25 @@ std::vector<std::vector<double>> emulate(const std::vector<ir::NodePtr>& roots) 
 }  // namespace
 
 TEST_CASE("CUDA code (emulated on the host): the same composites and huge trig arguments within the bounds") {
+  SUBCASE("the composites' units compile with NVRTC for sm_90") {
+    if (!runtime::nvrtc_available()) {
+      MESSAGE("NVRTC not found, not compiled: " << runtime::nvrtc_unavailable_reason());
+      return;
+    }
+    for (DType dt : {DType::Float32, DType::Float64, DType::BFloat16}) {
+      ir::NodePtr x = host_leaf(std::vector<double>(64, 0.5), {8, 8}, dt);
+      std::vector<ir::NodePtr> roots;
+      for (const Composite& c : kComposites) roots.push_back(c.decomposed(x));
+      roots.push_back(decomp::log_softmax(x, 1));
+      roots.push_back(decomp::logsumexp_keep(x, {1}));
+      ir::Captured cap = kiln_cuda_test::capture(roots);
+      codegen::CudaSource src = codegen::generate_cuda(cap.graph, sched::schedule(cap.graph), "kiln_math", codegen::CudaTarget::sm90());
+      std::string cubin;
+      CAPTURE(dt);
+      CHECK_NOTHROW(cubin = runtime::compile_cuda_to_cubin(src.source, "kiln_math.cu", "sm_90"));
+      CHECK(cubin.compare(0, 4, "\x7f" "ELF") == 0);
+    }
+  }
   // The emulator runs the generated kernels with the host's libm standing in for CUDA's math
   // library, so this checks the decompositions as CUDA code generation lowers them; CUDA's own
   // sinf/cosf/tanf are full-range (Payne-Hanek beyond 105615) and within 2/2/4 ulp.

@@ -200,12 +200,16 @@ namespace detail {
 // log(sum(exp(x - m))) over axes, kept, as log1p(t) with t the sum less the 1 that one maximum
 // contributes: the terms below the maximum are summed apart and the other maxima counted, so a
 // row dominated by one element keeps log_softmax = -log1p(t) ~ -t instead of log(1 + t) = 0
-// once t < 2^-24. `shifted` = x - m. When m is infinite or NaN no element of `shifted` is 0 and
-// the result is log1p(-1) = -inf (callers rely on that).
+// once t < 2^-24. `shifted` = x - m. When m is infinite or NaN no element of `shifted` is >= 0
+// and the result is log1p(-1) = -inf (callers rely on that).
+// A maximum is counted by `shifted >= 0`, not `== 0`: a GPU compiler may contract x * c - m into
+// one fma, so the maximum's own shifted value is its product's rounding error, +-tiny, instead of
+// 0. Either sign stays right: +tiny counts as a maximum; -tiny adds exp(-tiny) ~ 1 to `below`
+// and one maximum fewer to the count, the same total.
 inline NodePtr log1p_sum_exp_below_max(const NodePtr& shifted, const std::vector<std::int64_t>& axes) {
   NodePtr zero = scalar_like(0.0, shifted);
   NodePtr below = ir::reduce(Op::ReduceSum, ir::where(cmp(Op::Lt, shifted, 0.0), exp(shifted), zero), axes);
-  NodePtr maxima = ir::reduce(Op::ReduceSum, ir::where(cmp(Op::Eq, shifted, 0.0), scalar_like(1.0, shifted), zero), axes);
+  NodePtr maxima = ir::reduce(Op::ReduceSum, ir::where(cmp(Op::Ge, shifted, 0.0), scalar_like(1.0, shifted), zero), axes);
   return ir::unary(Op::Log1p, add(below, sub(maxima, scalar_like(1.0, maxima))));
 }
 

@@ -3,6 +3,7 @@
 // per-size free lists instead of back to the system, so a loop that makes a new result each
 // iteration reuses memory whose pages are already mapped instead of faulting in fresh ones.
 #include <sys/mman.h>
+#include <sys/sysinfo.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -42,7 +43,10 @@ class HostAllocator {
   /// The block size `bytes` is rounded to: multiples of 64 up to 512 bytes, then four classes
   /// per power of two (at most 25% slack), so free lists are shared by similar sizes.
   static std::size_t size_class(std::size_t bytes) {
-    if (bytes > (std::size_t(1) << 60)) throw OutOfMemoryError(too_large(bytes));
+    // More than the machine's memory and swap can never be backed. Refused here rather than
+    // left to the system: with overcommit on, mmap grants it and the first touch of its pages
+    // gets the process killed instead of a typed error.
+    if (bytes > (std::size_t(1) << 60) || bytes > backable_bytes()) throw OutOfMemoryError(too_large(bytes));
     if (bytes <= 64) return 64;
     if (bytes <= 512) return (bytes + 63) / 64 * 64;
     unsigned width = static_cast<unsigned>(std::bit_width(bytes - 1));  // 2^width >= bytes
@@ -79,8 +83,19 @@ class HostAllocator {
     return p;
   }
 
+  /// Physical memory plus swap (once per process).
+  static std::size_t backable_bytes() {
+    static const std::size_t total = [] {
+      struct sysinfo si {};
+      if (::sysinfo(&si) != 0) return ~std::size_t(0);
+      return (static_cast<std::size_t>(si.totalram) + static_cast<std::size_t>(si.totalswap)) * si.mem_unit;
+    }();
+    return total;
+  }
+
   static std::string too_large(std::size_t bytes) {
-    return "cannot allocate " + std::to_string(bytes) + " bytes of host memory";
+    return "cannot allocate " + std::to_string(bytes) + " bytes of host memory (the machine has " +
+           std::to_string(backable_bytes()) + " bytes of memory and swap)";
   }
 
   void release(void* p, std::size_t cls) {

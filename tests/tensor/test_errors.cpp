@@ -234,8 +234,13 @@ TEST_CASE("pow, clamp, full and cross_entropy follow PyTorch's value rules") {
   // A class target outside [0, C): IndexError naming the target and C (host targets); the
   // ignore index is not one.
   Tensor logits = kt::make_tensor({0.5, 1, 2, -1, 0, 3}, {2, 3}, DType::Float32);
-  KILN_CHECK_THROWS_MENTIONING(IndexError, cross_entropy(logits, kt::make_int_tensor({7, 1}, {2})), "cross_entropy", "target 7", "3 classes");
-  KILN_CHECK_THROWS_MENTIONING(IndexError, cross_entropy(logits, kt::make_int_tensor({0, -1}, {2})), "cross_entropy", "target -1");
+  if (kt::on_cpu()) {
+    KILN_CHECK_THROWS_MENTIONING(IndexError, cross_entropy(logits, kt::make_int_tensor({7, 1}, {2})), "cross_entropy", "target 7", "3 classes");
+    KILN_CHECK_THROWS_MENTIONING(IndexError, cross_entropy(logits, kt::make_int_tensor({0, -1}, {2})), "cross_entropy", "target -1");
+  } else {  // device targets are not read by the front end: the loss is NaN instead
+    CHECK(std::isnan(cross_entropy(logits, kt::make_int_tensor({7, 1}, {2})).item<float>()));
+    CHECK(std::isnan(cross_entropy(logits, kt::make_int_tensor({0, -1}, {2})).item<float>()));
+  }
   Tensor ok = cross_entropy(logits, kt::make_int_tensor({2, -100}, {2}));
   CHECK(std::isfinite(ok.item<float>()));
   // Lazy targets are not read by the front end: an out-of-range one makes the loss NaN.

@@ -123,6 +123,7 @@ inline std::string format_values(const Tensor& t, std::size_t indent) {
 /// of long dimensions is elided for tensors of more than 1000 elements. Evaluates the tensor.
 inline std::string Tensor::str() const {
   if (!node_) return "Tensor(undefined)";
+  eval();  // printing is a read: the tensor itself is evaluated (then converted for the text)
   const std::string head = "tensor(";
   return head + detail::format_values(*this, head.size()) + ", dtype=" + dtype_name(dtype()) + ", shape=" + shape().str() +
          ", device=" + device().str() + ")";

@@ -38,9 +38,13 @@ struct Limits {
 struct BuildCtx {
   bool f64 = false;
   Device device = Device::cpu();
-  /// Float64 twin only: when non-zero, every floating input and created tensor is multiplied
-  /// by 1 + d, d uniform in [-eps, eps] of its program dtype (drawn from this seed). How far
-  /// the outputs move estimates how ill-conditioned they are (see judge).
+  /// Float64 twin only: when non-zero, the roundings in which the JIT may legitimately differ
+  /// from the reference are imitated by factors 1 + d (drawn from this seed): the floating
+  /// operands of reductions and composites (another summation order: blocked float sums
+  /// against the reference's double ones) with |d| <= 2 eps, and the results of the math
+  /// functions with |d| <= their documented ulp (OpDesc::ulp), eps being float's for
+  /// f16/bf16/f32 (computed in float) and double's for f64. How far the outputs move estimates
+  /// how ill-conditioned they are (see judge).
   std::uint64_t perturb = 0;
 };
 
@@ -340,6 +344,13 @@ struct OpDesc {
   /// int list, {i0}..{i3} one int, {keep} the flag, {dt} the dtype, {real} a double, {seed}.
   std::string cxx;
   double weight = 1;
+  /// The documented accuracy of the JIT's version in float, in ulp (docs/performance-math.md,
+  /// "Accuracy (float)", test bounds); 0 where the JIT and the reference round the same IEEE
+  /// operations. The nudged twin perturbs the op's result by this much (see judge).
+  double ulp = 0;
+  /// The op sums or multiplies many values (reductions but max/min/argmax/argmin, composites
+  /// holding such a reduction): the JIT's order of accumulation may differ from the reference's.
+  bool accumulates = false;
   /// In the float64 twin, non-floating operands from index lift_from on are widened to f64
   /// when the result is floating (i32 * 2.5f is f32 in the program, f64 in its twin).
   bool lift = true;
@@ -406,6 +417,12 @@ inline OpDesc unary_row(const char* name, DTypeSet accepts, rules::Unary rule, c
     return Info{out, x.shape};
   };
   d.build = [f](const Args& a) { return f(a.t[0]); };
+  // docs/performance-math.md, "Accuracy (float)": the test bound of each kiln_<fn>_f32.
+  static const std::vector<std::pair<std::string, double>> bounds = {
+      {"exp", 1.1}, {"exp2", 1.1}, {"expm1", 1.6}, {"log", 1.0}, {"log2", 1.8}, {"log1p", 1.0}, {"tanh", 2.6},
+      {"erf", 2.0}, {"sigmoid", 2.5}, {"sin", 1.7}, {"cos", 1.9}, {"tan", 3.2}};
+  for (auto& [n, u] : bounds)
+    if (n == name) d.ulp = u;
   return d;
 }
 
@@ -560,6 +577,7 @@ inline OpDesc reduce_row(const char* name, DTypeSet accepts, rules::Reduce rule,
     return Info{out, reduced_shape(x.shape, *axes, op.p.flag)};
   };
   d.build = [f](const Args& a) { return f(a.t[0], Axes(a.p().ints), a.p().flag); };
+  d.accumulates = rule != rules::Reduce::MaxMin && rule != rules::Reduce::Arg;
   return d;
 }
 
@@ -1247,6 +1265,7 @@ inline const std::vector<OpDesc>& op_table() {
         return Info{rules::float_of(x.dtype), x.shape};  // kiln: integer inputs give float32 (functions.hpp)
       };
       d.build = [f](const Args& a) { return f(a.t[0], a.p().ints[0]); };
+      d.accumulates = true;
       return d;
     };
     t.push_back(softmax_like("softmax", "softmax({0}, {i0})", [](const Tensor& x, std::int64_t a) { return softmax(x, a); }));
@@ -1280,6 +1299,7 @@ inline const std::vector<OpDesc>& op_table() {
       OpDesc d;
       d.name = "layer_norm";
       d.group = "composite";
+      d.accumulates = true;
       d.cxx = "layer_norm({0})";
       d.pick = norm_pick(0);
       d.predict = norm_predict(0);
@@ -1312,6 +1332,7 @@ inline const std::vector<OpDesc>& op_table() {
       OpDesc d;
       d.name = "cross_entropy";
       d.group = "composite";
+      d.accumulates = true;
       d.cxx = "cross_entropy({0}, {1}, {i0})";
       d.lift = false;  // the targets stay integers
       d.pick = [](Gen& g, OpInst& op) {

@@ -273,3 +273,14 @@ TEST_CASE("KILN_LOGS=output_code: the kernels without the prelude, the whole sou
   CHECK(source.find("kiln_tanh_f32") != std::string::npos);
   CHECK(source.find(kiln::detail::kKernelsBeginMarker) != std::string::npos);
 }
+
+TEST_CASE("assigning into an empty view with zero strides is a no-op, not a shared-memory error") {
+  // Found by the fuzzer on the H200 run: a [2, 0] destination over one element with strides
+  // {0, 1} was refused as a broadcast view although it has no element to share.
+  bool backing[1] = {true};
+  Tensor dst = from_blob(backing, {2, 0}, Device::cpu(), {0, 1});
+  Tensor v = slice(full({2, 1}, NAN, DType::Float32), 1, 2, -2, 1);  // float32[2, 0]
+  CHECK_NOTHROW(dst.assign(v));
+  CHECK(backing[0]);
+  CHECK_THROWS_AS(from_blob(backing, {2, 1}, Device::cpu(), {0, 1}).assign(ones({2, 1})), ShapeError);  // 2 elements, 1 address
+}

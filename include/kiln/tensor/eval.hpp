@@ -111,8 +111,10 @@ inline ir::NodePtr maybe_eval_big(ir::NodePtr node) {
   return node;
 }
 
-/// True if some element is reachable through two different indices (a broadcast view).
+/// True if some element is reachable through two different indices (a broadcast view). A view
+/// with no elements has none to share, whatever its strides.
 inline bool has_self_overlap(const Shape& shape, const Strides& strides) {
+  if (shape.numel() == 0) return false;
   for (std::size_t i = 0; i < shape.size(); ++i)
     if (shape[i] > 1 && strides[i] == 0) return true;
   return false;

@@ -209,3 +209,16 @@ TEST_CASE("fuzz: seed 2 graph 104: assign into an empty destination") {
   e.assign(2.0f);
   CHECK(e.numel() == 0);
 }
+
+// kiln_fuzz --seed 4 --one 2828 (shrunk from 8 ops to 3: var(tan(int64 ones [33, 33]), {},
+// false, 0.0) <= 0.0): the JIT's variance of a constant float32 tensor is not 0 but a few
+// ulp-squared, so `var(x) <= 0` is false where the reference (double accumulation) and PyTorch
+// (Welford: every x - mean is exactly 0) give exactly 0. The JIT's mean is a float32 blocked
+// sum divided by n, which is not exactly the constant, and the deviations from it do not vanish.
+TEST_CASE("fuzz: seed 4 graph 2828: the variance of a constant is exactly 0") {
+  Tensor x = tan(ones({33, 33}, i64));
+  CHECK(vals(var(x, {}, false, 0.0)) == std::vector<double>{0});
+  CHECK(vals(var(x, {}, false, 0.0) <= 0.0) == std::vector<double>{1});
+  CHECK(vals(var(full({1000}, 0.1, f32))) == std::vector<double>{0});
+  CHECK(vals(var(full({7, 129}, 1.7, f32), 1)) == std::vector<double>(7, 0.0));
+}

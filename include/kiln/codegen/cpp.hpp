@@ -19,6 +19,7 @@
 
 #include "kiln/codegen/cpu_math.hpp"
 #include "kiln/core/error.hpp"
+#include "kiln/codegen/c_integer.hpp"
 #include "kiln/core/generated.hpp"
 #include "kiln/core/half.hpp"
 #include "kiln/core/philox.hpp"
@@ -777,10 +778,9 @@ class KernelWriter {
         const std::string fn = n.op == Op::Atan ? "atan" : n.op == Op::Asin ? "asin" : "acos";
         return round16("__builtin_" + fn + (dbl ? "(" : "f(") + a + ")", t);
       }
-      case Op::BitNot:
-        if (fl) unsupported(n, it);
-        if (it == DType::Bool) return "(!" + a + ")";
-        return "((" + std::string(ctype(it)) + ")~" + a + ")";
+      case Op::BitNot: case Op::BitAnd: case Op::BitOr: case Op::BitXor: case Op::Shl: case Op::Shr:
+        if (!c_family::integer_expr_applies(n.op, it)) unsupported(n, it);
+        return c_family::integer_expr(n.op, it, ctype(it), a, b, needs_.ints);
       case Op::Sqrt:
         if (!fl) unsupported(n, it);
         return round16(std::string(dbl ? "__builtin_sqrt(" : "__builtin_sqrtf(") + a + ")", t);
@@ -814,18 +814,8 @@ class KernelWriter {
       }
       case Op::Fmod:
         if (fl) return round16(std::string(dbl ? "__builtin_fmod(" : "__builtin_fmodf(") + a + ", " + b + ")", t);
-        if (it == DType::Bool) unsupported(n, it);
-        needs_.ints = true;
-        return std::string(it == DType::Int32 ? "kiln_ifmod_i32(" : "kiln_ifmod_i64(") + a + ", " + b + ")";
-      case Op::BitAnd: case Op::BitOr: case Op::BitXor: {
-        if (fl) unsupported(n, it);
-        const char* op = n.op == Op::BitAnd ? " & " : n.op == Op::BitOr ? " | " : " ^ ";
-        return "((" + std::string(ctype(it)) + ")(" + a + op + b + "))";
-      }
-      case Op::Shl: case Op::Shr:
-        if (fl || it == DType::Bool) unsupported(n, it);
-        needs_.ints = true;
-        return std::string("kiln_") + (n.op == Op::Shl ? "shl" : "shr") + (it == DType::Int32 ? "_i32(" : "_i64(") + a + ", " + b + ")";
+        if (!c_family::integer_expr_applies(n.op, it)) unsupported(n, it);
+        return c_family::integer_expr(n.op, it, ctype(it), a, b, needs_.ints);
       case Op::Pow:
         if (fl) return round16(std::string(dbl ? "__builtin_pow(" : "__builtin_powf(") + a + ", " + b + ")", t);
         needs_.ints = true;

@@ -40,6 +40,7 @@
 
 #include "kiln/codegen/cuda_prelude.hpp"
 #include "kiln/core/error.hpp"
+#include "kiln/codegen/c_integer.hpp"
 #include "kiln/core/generated.hpp"
 #include "kiln/core/half.hpp"
 #include "kiln/core/hash.hpp"
@@ -1053,10 +1054,9 @@ class Writer {
       case Op::Atan: return fmath("atan");
       case Op::Asin: return fmath("asin");
       case Op::Acos: return fmath("acos");
-      case Op::BitNot:
-        if (fl) unsupported(n, it);
-        if (it == DType::Bool) return "(!" + a + ")";
-        return "((" + std::string(ctype(it)) + ")~" + a + ")";
+      case Op::BitNot: case Op::BitAnd: case Op::BitOr: case Op::BitXor: case Op::Shl: case Op::Shr:
+        if (!c_family::integer_expr_applies(n.op, it)) unsupported(n, it);
+        return c_family::integer_expr(n.op, it, ctype(it), a, b, needs_.ints);
       case Op::Sqrt: return fmath("sqrt");
       case Op::Rsqrt:
         if (!fl) unsupported(n, it);
@@ -1091,18 +1091,8 @@ class Writer {
       }
       case Op::Fmod:
         if (fl) return round16(std::string(dbl ? "fmod(" : "fmodf(") + a + ", " + b + ")", t);
-        if (it == DType::Bool) unsupported(n, it);
-        needs_.ints = true;
-        return std::string(it == DType::Int32 ? "kiln_ifmod_i32(" : "kiln_ifmod_i64(") + a + ", " + b + ")";
-      case Op::BitAnd: case Op::BitOr: case Op::BitXor: {
-        if (fl) unsupported(n, it);
-        const char* op = n.op == Op::BitAnd ? " & " : n.op == Op::BitOr ? " | " : " ^ ";
-        return "((" + std::string(ctype(it)) + ")(" + a + op + b + "))";
-      }
-      case Op::Shl: case Op::Shr:
-        if (fl || it == DType::Bool) unsupported(n, it);
-        needs_.ints = true;
-        return std::string("kiln_") + (n.op == Op::Shl ? "shl" : "shr") + (it == DType::Int32 ? "_i32(" : "_i64(") + a + ", " + b + ")";
+        if (!c_family::integer_expr_applies(n.op, it)) unsupported(n, it);
+        return c_family::integer_expr(n.op, it, ctype(it), a, b, needs_.ints);
       case Op::Pow:
         if (fl) return round16(std::string(dbl ? "pow(" : "powf(") + a + ", " + b + ")", t);
         needs_.ints = true;

@@ -185,8 +185,20 @@ inline NodePtr mean_keep(const NodePtr& x, const std::vector<std::int64_t>& axes
 }
 
 /// Variance with `correction` (1 = unbiased), reduced dims kept (floating x).
+/// The values are first shifted by the first element of their row (variance does not change
+/// under a shift): a constant row is then exactly 0 and its variance exactly 0, as PyTorch's
+/// Welford gives, whatever the order and precision of the sums; and rows far from 0 lose no
+/// bits to the mean's rounding.
 inline NodePtr var_keep(const NodePtr& x, const std::vector<std::int64_t>& axes, double correction) {
-  return in_compute_dtype(x, [&](const NodePtr& v) {
+  return in_compute_dtype(x, [&](const NodePtr& v0) {
+    NodePtr v = v0;
+    bool empty = false;
+    for (auto a : axes) empty = empty || v0->shape[static_cast<std::size_t>(a)] == 0;
+    if (!empty) {
+      NodePtr first = v0;
+      for (auto a : axes) first = ir::slice(first, a, 0, 1, 1);
+      v = sub(v0, expand(first, v0->shape));
+    }
     NodePtr m = expand(mean_keep(v, axes), v->shape);
     NodePtr d = sub(v, m);
     NodePtr ss = ir::reduce(Op::ReduceSum, mul(d, d), axes);

@@ -100,7 +100,11 @@ inline std::string float_literal(double v, bool is_double) {
   if (std::isnan(v)) return is_double ? "__builtin_nan(\"\")" : "__builtin_nanf(\"\")";
   if (std::isinf(v)) return std::string(v < 0 ? "-" : "") + (is_double ? "__builtin_inf()" : "__builtin_inff()");
   if (is_double) return "(" + hex_double(v) + ")";
-  return "(" + hex_double(static_cast<double>(static_cast<float>(v))) + "f)";
+  // A double beyond float's range rounds to inf as a float: spelled as inf, not as the hex
+  // text of an infinity ("0xinff", which no compiler reads).
+  const float f = static_cast<float>(v);
+  if (std::isinf(f)) return f < 0 ? "(-__builtin_inff())" : "__builtin_inff()";
+  return "(" + hex_double(static_cast<double>(f)) + "f)";
 }
 
 inline std::string int_literal(i64 v, DType t) {

@@ -209,7 +209,11 @@ inline std::string float_literal(double v, bool is_double) {
   if (std::isnan(v)) return is_double ? "KILN_NAN_D" : "KILN_NAN_F";
   if (std::isinf(v)) return std::string(v < 0 ? "(-" : "(") + (is_double ? "KILN_INF_D)" : "KILN_INF_F)");
   if (is_double) return "(" + hex_double(v) + ")";
-  return "(" + hex_double(static_cast<double>(static_cast<float>(v))) + "f)";
+  // A double beyond float's range rounds to inf as a float: spelled as inf, not as the hex
+  // text of an infinity ("0xinff": NVRTC's "invalid hexadecimal number").
+  const float f = static_cast<float>(v);
+  if (std::isinf(f)) return f < 0 ? "(-KILN_INF_F)" : "(KILN_INF_F)";
+  return "(" + hex_double(static_cast<double>(f)) + "f)";
 }
 
 inline std::string int_literal(i64 v, DType t) {

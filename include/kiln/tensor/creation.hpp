@@ -64,15 +64,21 @@ Tensor from_blob(T* data, const Shape& shape, Device device = Device::cpu(), Str
 }
 
 /// A tensor of `shape` filled with `value` (lazy: fused into its consumers).
-inline Tensor full(const Shape& shape, double value, DType dtype = f32, Device device = Device::cpu()) {
-  detail::check_creation_shape(shape, "full", dtype);
+namespace detail {
+/// `full` under the name the user called (errors name zeros and ones as such).
+inline Tensor filled(const Shape& shape, double value, DType dtype, Device device, const char* op) {
+  check_creation_shape(shape, op, dtype);
   return Tensor(ir::constant(value, dtype, shape, device));
 }
+}  // namespace detail
+inline Tensor full(const Shape& shape, double value, DType dtype = f32, Device device = Device::cpu()) {
+  return detail::filled(shape, value, dtype, device, "full");
+}
 inline Tensor zeros(const Shape& shape, DType dtype = f32, Device device = Device::cpu()) {
-  return full(shape, 0.0, dtype, device);
+  return detail::filled(shape, 0.0, dtype, device, "zeros");
 }
 inline Tensor ones(const Shape& shape, DType dtype = f32, Device device = Device::cpu()) {
-  return full(shape, 1.0, dtype, device);
+  return detail::filled(shape, 1.0, dtype, device, "ones");
 }
 
 /// 0, 1, ..., n-1.

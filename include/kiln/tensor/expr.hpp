@@ -293,7 +293,10 @@ bool number_is_argument(const ScalarExpr<T>& s, Device device) {
     return false;
   } else {
     const double v = static_cast<double>(s.value);
-    return !s.literal && device.is_cpu() && v != 0 && v != 1 && v != -1;
+    // While kiln::compile traces, numbers stay literals: the trace bakes them (its guards check
+    // number arguments), and a leaf made by the trace would be tied to none of its arguments,
+    // which stops its dynamic-shape inference.
+    return !s.literal && device.is_cpu() && !deferring_eval() && v != 0 && v != 1 && v != -1;
   }
 }
 

@@ -480,8 +480,8 @@ int main(int argc, char** argv) {
   std::printf("outcomes:");
   for (auto& [k, n] : by_kind) std::printf(" %s %d,", k.c_str(), n);
   std::printf("\nfindings: %zu\n", findings.size());
-  std::printf("float64 twin excused %zu elements in %zu graphs (outside the dtype tolerance of the reference, no further\n"
-              "  from float64 than %.0fx the reference's own distance)\n",
+  std::printf("excused: %zu elements in %zu graphs outside the dtype tolerance of the reference, ill-conditioned by the\n"
+              "  nudged float64 twin or no further from the twin than %.0fx the reference (docs/fuzzing.md)\n",
               excused_elements, excused_graphs, kTwinFactor);
   if (o.selftest)
     std::printf("self-test: every JIT result was corrupted in one element; caught in %d of %zu graphs\n",

@@ -224,13 +224,14 @@ TEST_CASE("fuzz: seed 4 graph 2828: the variance of a constant is exactly 0") {
 }
 
 // kiln_fuzz --seed 5 --one 1857 (shrunk from 5 ops to 2; 400 shrink runs): prod(arange(345, f32))
-// is 0 in the JIT and NaN in the reference. The exact product is 0 (the first factor), but the
-// reference multiplies in blocks, and a block without the 0 overflows (171! > DBL_MAX), so it
-// meets 0 * inf. Which is right is a decision, not a measurement: PyTorch's vectorised CPU prod
-// also keeps lanes that overflow apart from the lane holding the 0, so it most likely gives NaN
-// too (not checked: no PyTorch here). Kept, skipped, until the semantics are settled; the
-// tolerance model cannot excuse it (a relative nudge never moves an overflow).
-TEST_CASE("fuzz: seed 5 graph 1857: prod where partial products overflow and a factor is 0" * doctest::skip()) {
+// was 0 in the JIT and NaN in the reference. The exact product is 0 (the first factor); the
+// reference multiplied in blocks in double, and a block without the 0 overflowed (171! >
+// DBL_MAX), so it met 0 * inf. The reference now multiplies floats in long double, whose range
+// holds 344!, so it gives the exact 0 whatever the blocking; the JIT's 0 stands.
+TEST_CASE("fuzz: seed 5 graph 1857: prod where partial products overflow and a factor is 0") {
   auto program = [&]() { return std::vector<Tensor>{prod(arange(345, f32), {}, false)}; };
+  kiln::fuzz::check_against_reference(program);
+  CHECK(vals(prod(arange(345, f32), {}, false)) == std::vector<double>{0});
+  CHECK(vals(prod(arange(1, 346, 1, f64), {}, false)) == std::vector<double>{INFINITY});
   kiln::fuzz::check_against_reference(program);
 }

@@ -118,6 +118,25 @@ TEST_CASE("creation helpers: full_like, zeros_like, ones_like, empty, empty_like
   KILN_CHECK_THROWS_MENTIONING(ShapeError, chunk(r, 0), "chunk", "positive");
 }
 
+TEST_CASE("arange(start, end, step) as torch.arange: count, values, dtype, errors") {
+  const Device dev = kt::device();
+  Tensor a = arange(10, 0, -3, DType::Int64, dev);
+  CHECK(a.dtype() == DType::Int64);
+  CHECK(a.to_vector<std::int64_t>() == std::vector<std::int64_t>{10, 7, 4, 1});
+  CHECK(arange(2, 5).to_vector<std::int64_t>() == std::vector<std::int64_t>{2, 3, 4});
+  Tensor f = arange(0, 1, 0.1);  // a float bound or step: the default float dtype
+  CHECK(f.dtype() == DType::Float32);
+  REQUIRE(f.numel() == 10);
+  std::vector<float> fv = f.to_vector<float>();
+  for (int i = 0; i < 10; ++i) CHECK(fv[static_cast<std::size_t>(i)] == static_cast<float>(i * 0.1));  // start + i * step in double, then cast
+  CHECK(arange(1, 2.5, 0.5, DType::Float64, dev).to_vector<double>() == std::vector<double>{1, 1.5, 2});
+  CHECK(arange(0.5, 3, 1, DType::Int32, dev).to_vector<int>() == std::vector<int>{0, 1, 2});  // 0.5, 1.5, 2.5 truncated
+  CHECK(arange(3, 3).numel() == 0);
+  KILN_CHECK_THROWS_MENTIONING(ValueError, arange(0, 5, 0), "arange", "step", "nonzero");
+  KILN_CHECK_THROWS_MENTIONING(ValueError, arange(0, 5, -1), "arange", "sign", "end 5");
+  KILN_CHECK_THROWS_MENTIONING(ValueError, arange(0.0, INFINITY, 1), "arange", "finite");
+}
+
 TEST_CASE("stats: re-evaluating a compiled structure counts a plan hit, not a kernel lookup") {
   Tensor a = kt::make_tensor({1, 2, 3}, {3}, DType::Float32, Device::cpu()), b = kt::make_tensor({4, 5, 6}, {3}, DType::Float32, Device::cpu());
   Tensor first = a * b + 0.25f;

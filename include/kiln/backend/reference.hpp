@@ -453,12 +453,16 @@ inline void exec_binary(const ir::GraphNode& n, const Value& a, const Value& b, 
 // Policies: Acc is the accumulator, step folds in element k (flat index within the reduced
 // axes), merge joins the accumulators of two parts (the first part holding lower indices).
 template <class T, bool IsProd> struct SumProd {
-  using Acc = std::conditional_t<floating_v<T>, double, std::uint64_t>;  // floats in double; ints wrap
+  // Floats sum in double. They multiply in long double (x86's 64-bit mantissa and 15-bit
+  // exponent): a product whose partial products overflow double (171! does) but which holds a 0
+  // is 0 whatever the blocking, not 0 * inf = NaN. Integers wrap.
+  using Float = std::conditional_t<IsProd, long double, double>;
+  using Acc = std::conditional_t<floating_v<T>, Float, std::uint64_t>;
   using Out = T;
   static Acc init() { return Acc(IsProd ? 1 : 0); }
   static Acc step(Acc a, T x, i64) {
     Acc v;
-    if constexpr (floating_v<T>) v = static_cast<double>(load(x));
+    if constexpr (floating_v<T>) v = static_cast<Float>(static_cast<double>(load(x)));
     else v = static_cast<std::uint64_t>(static_cast<i64>(load(x)));
     return merge(a, v);
   }

@@ -46,7 +46,7 @@ inline NodePtr finish(Node n) {
   std::uint64_t count = 1;
   for (auto& in : n.inputs) {
     h = kiln::detail::hash_combine(h, in->realized() ? leaf_hash(*in) : in->hash);
-    depth = std::max(depth, in->realized() ? 0u : in->depth + 1);
+    depth = std::max(depth, in->realized() ? 1u : in->depth + 1);
     count += in->realized() ? 1u : in->count;
   }
   n.count = static_cast<std::uint32_t>(std::min<std::uint64_t>(count, 1u << 30));

@@ -1,8 +1,11 @@
 #pragma once
 // Tensor creation: from host data, over user memory, constants, ranges and random numbers.
+#include <cmath>
 #include <cstring>
 #include <optional>
+#include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kiln/tensor/eval.hpp"
@@ -85,6 +88,51 @@ inline Tensor ones(const Shape& shape, DType dtype = f32, Device device = Device
 inline Tensor arange(std::int64_t n, DType dtype = i64, Device device = Device::cpu()) {
   if (n < 0) throw ShapeError("arange: negative length " + std::to_string(n));
   return Tensor(ir::iota(Shape{n}, 0, dtype, device));
+}
+
+namespace detail {
+/// torch.arange(start, end, step): ceil((end - start) / step) values start + i * step, computed
+/// in int64 when every bound is an integer and the dtype is integral, else in double, then cast.
+inline Tensor arange_range(double start, double end, double step, bool integral_bounds, DType dtype, Device device) {
+  auto bounds = [&] {
+    std::ostringstream os;
+    os << "(start " << start << ", end " << end << ", step " << step << ")";
+    return os.str();
+  };
+  if (!std::isfinite(start) || !std::isfinite(end)) throw ValueError("arange: unsupported range " + bounds() + ": bounds must be finite");
+  if (step == 0 || !std::isfinite(step)) throw ValueError("arange: step must be finite and nonzero " + bounds());
+  if ((end - start) * step < 0) throw ValueError("arange: the bounds are inconsistent with the step's sign " + bounds());
+  const double count = std::ceil((end - start) / step);
+  if (count > 9.0e18) throw ValueError("arange: too many elements " + bounds());
+  const auto n = static_cast<std::int64_t>(count);
+  check_creation_shape(Shape{n}, "arange", dtype);
+  const DType compute = integral_bounds && !is_floating(dtype) ? DType::Int64 : DType::Float64;
+  const bool exact_int = compute == DType::Int64;
+  auto number = [&](double v) {
+    return exact_int ? ir::constant_int(static_cast<std::int64_t>(v), compute, Shape{n}, device) : ir::constant(v, compute, Shape{n}, device);
+  };
+  ir::NodePtr values = ir::iota(Shape{n}, 0, compute, device);
+  if (step != 1) values = ir::binary(ir::Op::Mul, values, number(step));
+  if (start != 0) values = ir::binary(ir::Op::Add, values, number(start));
+  return Tensor(compute == dtype ? values : ir::cast(values, dtype));
+}
+}  // namespace detail
+
+/// start, start + step, ... below `end` (above it for a negative step), as torch.arange: the
+/// dtype is int64 when every bound is an integer, else the default float (f32).
+template <class A, class B, class C = std::int64_t>
+  requires(std::is_arithmetic_v<A> && std::is_arithmetic_v<B> && std::is_arithmetic_v<C>)
+Tensor arange(A start, B end, C step = 1) {
+  constexpr bool integral = std::is_integral_v<A> && std::is_integral_v<B> && std::is_integral_v<C>;
+  return detail::arange_range(static_cast<double>(start), static_cast<double>(end), static_cast<double>(step), integral,
+                              integral ? DType::Int64 : kDefaultFloat, Device::cpu());
+}
+/// The same with an explicit dtype and device.
+template <class A, class B, class C>
+  requires(std::is_arithmetic_v<A> && std::is_arithmetic_v<B> && std::is_arithmetic_v<C>)
+Tensor arange(A start, B end, C step, DType dtype, Device device = Device::cpu()) {
+  constexpr bool integral = std::is_integral_v<A> && std::is_integral_v<B> && std::is_integral_v<C>;
+  return detail::arange_range(static_cast<double>(start), static_cast<double>(end), static_cast<double>(step), integral, dtype, device);
 }
 
 /// Uniform numbers in [0, 1) from Philox4x32-10 keyed by `seed` (element i uses counter i:

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <kiln/kiln.hpp>
+#include <kiln/backend/dispatch.hpp>
 #include <kiln/backend/cuda.hpp>
 #include <kiln/runtime/cuda_graph.hpp>
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include <kiln/kiln.hpp>
+#include <kiln/backend/dispatch.hpp>
 
 using namespace kiln;
 

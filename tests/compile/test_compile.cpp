@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <kiln/kiln.hpp>
+#include <kiln/backend/reference.hpp>
 
 #include "../support/compile_util.hpp"
 

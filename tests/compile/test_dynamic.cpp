@@ -8,6 +8,8 @@
 #include <vector>
 
 #include <kiln/kiln.hpp>
+#include <kiln/codegen/cpp.hpp>
+#include <kiln/sched/schedule.hpp>
 
 #include "../support/compile_util.hpp"
 #include "../support/device.hpp"

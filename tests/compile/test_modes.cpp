@@ -15,6 +15,8 @@
 #include <vector>
 
 #include <kiln/kiln.hpp>
+#include <kiln/backend/cpu_jit.hpp>
+#include <kiln/runtime/autotune.hpp>
 #include <kiln/runtime/process.hpp>
 
 #include "../support/child_process.hpp"

@@ -1,10 +1,15 @@
 // The whole consumer program of tests/consume/*: it only has to compile against kiln's
-// headers, link with what kiln::kiln brings, and compute something through the public API.
+// headers, link with what kiln::kiln (or kiln::kiln_compiled) brings, and compute something
+// through the public API.
 #include <kiln/core/version.hpp>
 #include <kiln/kiln.hpp>
 
 #include <cstdio>
 #include <cstring>
+
+#if defined(KILN_EXPECT_COMPILED) && !defined(KILN_COMPILED_LIBRARY)
+#error "linking kiln::kiln_compiled must define KILN_COMPILED_LIBRARY"
+#endif
 
 int main() {
   using namespace kiln;

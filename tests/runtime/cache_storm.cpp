@@ -17,6 +17,7 @@
 // mostly share them through the cache: a process that finds an entry damaged compiles it
 // again and publishes it for the others.
 #include <kiln/kiln.hpp>
+#include <kiln/runtime/disk_cache.hpp>
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -10,6 +10,7 @@
 #include <string>
 
 #include <kiln/kiln.hpp>
+#include <kiln/runtime/disk_cache.hpp>
 
 namespace kiln::testing {
 

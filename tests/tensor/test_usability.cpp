@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../support/reference.hpp"
+#include "kiln/core/generated.hpp"
 
 using namespace kiln;
 namespace kt = kiln::testing;
@@ -147,7 +148,7 @@ TEST_CASE("stats: re-evaluating a compiled structure counts a plan hit, not a ke
   Stats s = stats();
   CHECK(s.graphs == 1);
   CHECK(s.compiles == 0);
-  if (get_backend() != Backend::Eager && backend::cpu_jit_available()) {
+  if (get_backend() != Backend::Eager && backend::entry::cpu_uses_jit(backend::Mode::Auto)) {
     CHECK(s.plan_hits == 1);
     CHECK(s.memory_hits == 0);  // the whole plan was reused: no kernel was looked up
   }
@@ -177,7 +178,7 @@ TEST_CASE("KILN_LOGS: a misspelt channel is a warning that lists the valid ones"
 }
 
 TEST_CASE("numbers are kernel arguments: a learning-rate schedule compiles once") {
-  if (get_backend() == Backend::Eager || !backend::cpu_jit_available()) return;
+  if (get_backend() == Backend::Eager || !backend::entry::cpu_uses_jit(backend::Mode::Auto)) return;
   // A CPU feature (CUDA graphs keep numbers literal): tensors on the CPU whatever the device under test.
   Tensor w = kt::make_tensor({1, 2, 3, 4}, {4}, DType::Float32, Device::cpu());
   Tensor g = kt::make_tensor({0.5, -1, 2, 8}, {4}, DType::Float32, Device::cpu());
@@ -230,7 +231,7 @@ TEST_CASE("numbers are kernel arguments: a learning-rate schedule compiles once"
 }
 
 TEST_CASE("lazy evaluation at a second leading size compiles the symbolic-size kernels once") {
-  if (get_backend() == Backend::Eager || !backend::cpu_jit_available()) return;
+  if (get_backend() == Backend::Eager || !backend::entry::cpu_uses_jit(backend::Mode::Auto)) return;
   kiln::reset();  // no structure met before
   std::vector<std::uint64_t> compiles;
   for (std::int64_t rows : {5, 9, 12, 17, 3, 40}) {
@@ -259,7 +260,7 @@ TEST_CASE("lazy evaluation at a second leading size compiles the symbolic-size k
 }
 
 TEST_CASE("KILN_LOGS=output_code: the kernels without the prelude, the whole source kept in the cache directory") {
-  if (get_backend() == Backend::Eager || !backend::cpu_jit_available()) return;
+  if (get_backend() == Backend::Eager || !backend::entry::cpu_uses_jit(backend::Mode::Auto)) return;
   kiln::reset();  // the module below must be built (or loaded from disk) in this process
   std::FILE* capture = std::tmpfile();
   REQUIRE(capture);

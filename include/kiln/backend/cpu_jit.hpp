@@ -39,21 +39,6 @@
 
 namespace kiln::backend {
 
-/// How a CPU plan launches its kernels: kiln::compile's modes on the CPU.
-struct CpuLaunchOptions {
-  /// "reduce-overhead": one call of the graph entry runs every kernel inside one OpenMP
-  /// parallel region (a barrier between kernels), instead of one call and one region per kernel.
-  bool graph_entry = false;
-  /// "max-autotune*": each kernel's thread count (and a split reduction's chunking) is timed on
-  /// the first run and the fastest kept; the choice is stored in the disk cache beside the kernels.
-  /// PreparedGraph applies it to CUDA graphs too: their kernels' code-generation knobs are timed
-  /// (backend/cuda.hpp, tune_cuda_plan).
-  bool autotune = false;
-  /// "max-autotune": the graph entry is timed too, against the tuned kernels one by one.
-  bool autotune_graph = false;
-  bool operator==(const CpuLaunchOptions&) const = default;
-};
-
 namespace detail {
 
 /// Everything needed to run one graph structure: its schedule and its loaded kernels.

@@ -23,10 +23,6 @@
 
 namespace kiln::backend {
 
-/// The placeholder a symbolic leading size has in the graphs given to cpu_symbolic_plan (large
-/// and odd, so that no static size is mistaken for it and no size-based choice is made small).
-inline constexpr std::int64_t kSymbolicPlaceholder = 1000003;
-
 namespace detail {
 
 /// Kernels of one graph structure whose leading size is read at launch.

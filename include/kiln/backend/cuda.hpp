@@ -1049,14 +1049,6 @@ class CudaGraphRunner {
   bool graphs_checked_ = false, graphs_ok_ = false, warned_busy_ = false;
 };
 
-/// A GraphRunner-shaped callable around a CudaGraphRunner (kiln::compile's "kiln" backend in
-/// "reduce-overhead" on CUDA); called with caller-owned outputs it copies the results there,
-/// and kiln::compile's replays find it (std::function::target) to take the results as they are.
-struct CudaGraphRunFn {
-  std::shared_ptr<CudaGraphRunner> runner;
-  void operator()(const ir::Graph&, const RunArgs& args) const { runner->run_into(args); }
-};
-
 /// Drops every cached CUDA plan (the compiled modules stay loaded).
 inline void clear_cuda_plans() { detail::CudaPlanCache::instance().clear(); }
 

@@ -1,5 +1,6 @@
 #pragma once
-// The seam where backends plug in: run a captured graph over bound buffers.
+// The types every executor shares: the buffers bound to a graph, the executor modes, the CPU
+// launch options of kiln::compile's modes.
 #include <cstdint>
 #include <vector>
 
@@ -20,6 +21,29 @@ enum class Mode {
   Eager,  ///< the reference executor: op by op, every intermediate materialised
   Jit,    ///< fused, generated and compiled kernels
 };
+
+/// How a CPU plan launches its kernels: kiln::compile's modes on the CPU.
+struct CpuLaunchOptions {
+  /// "reduce-overhead": one call of the graph entry runs every kernel inside one OpenMP
+  /// parallel region (a barrier between kernels), instead of one call and one region per kernel.
+  bool graph_entry = false;
+  /// "max-autotune*": each kernel's thread count (and a split reduction's chunking) is timed on
+  /// the first run and the fastest kept; the choice is stored in the disk cache beside the kernels.
+  /// PreparedGraph applies it to CUDA graphs too: their kernels' code-generation knobs are timed
+  /// (backend/cuda.hpp, tune_cuda_plan).
+  bool autotune = false;
+  /// "max-autotune": the graph entry is timed too, against the tuned kernels one by one.
+  bool autotune_graph = false;
+  bool operator==(const CpuLaunchOptions&) const = default;
+};
+
+/// The placeholder a symbolic leading size has in the graphs given to the symbolic-size plans
+/// (large and odd, so that no static size is mistaken for it and no size-based choice is made
+/// small; graphs that hold it as a real size are specialised instead).
+inline constexpr std::int64_t kSymbolicPlaceholder = 1000003;
+
+class PreparedGraph;    // backend/dispatch.hpp
+class CudaGraphRunner;  // backend/cuda.hpp
 
 namespace detail {
 

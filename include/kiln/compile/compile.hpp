@@ -22,9 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "kiln/backend/cpu_symbolic.hpp"
-#include "kiln/backend/cuda_symbolic.hpp"
-#include "kiln/backend/reference.hpp"
+#include "kiln/backend/entry.hpp"
 #include "kiln/compile/symbolic.hpp"
 #include "kiln/core/log.hpp"
 #include "kiln/tensor/creation.hpp"
@@ -58,7 +56,7 @@ struct CompileStats {
 };
 
 /// Runs a captured graph over bound buffers.
-using GraphRunner = std::function<void(const ir::Graph&, const backend::RunArgs&)>;
+using GraphRunner = backend::GraphRun;
 /// Makes the runner for a captured graph (called once per new graph).
 using BackendFactory = std::function<GraphRunner(const ir::Graph&, const CompileOptions&)>;
 
@@ -87,13 +85,13 @@ struct BackendRegistry {
       // CUDA graphs): the graph's launches are captured into a CUDA graph and replayed
       // (backend::CudaGraphRunner); replays take its static outputs as results.
       if (g.device.is_cuda() && (o.mode == "reduce-overhead" || o.mode == "max-autotune") && !g.outputs.empty())
-        return backend::CudaGraphRunFn{std::make_shared<backend::CudaGraphRunner>(g, 2, o.mode == "max-autotune")};
-      auto prepared = std::make_shared<backend::PreparedGraph>(g, Backend::Auto, cpu_launch_options(o.mode));
-      return [prepared](const ir::Graph&, const backend::RunArgs& a) { prepared->run(a); };
+        return backend::CudaGraphRunFn{backend::entry::cuda_graph_runner(g, 2, o.mode == "max-autotune")};
+      auto prepared = backend::entry::prepare(g, Backend::Auto, cpu_launch_options(o.mode));
+      return [prepared](const ir::Graph&, const backend::RunArgs& a) { backend::entry::run_prepared(*prepared, a); };
     };
     factories["trace"] = [](const ir::Graph& g, const CompileOptions&) -> GraphRunner {
-      auto prepared = std::make_shared<backend::PreparedGraph>(g, Backend::Eager);
-      return [prepared](const ir::Graph&, const backend::RunArgs& a) { prepared->run(a); };
+      auto prepared = backend::entry::prepare(g, Backend::Eager);
+      return [prepared](const ir::Graph&, const backend::RunArgs& a) { backend::entry::run_prepared(*prepared, a); };
     };
     // "eager" never captures: it is handled by the caller (the function runs op by op).
     factories["eager"] = factories["trace"];
@@ -875,7 +873,7 @@ class Compiled {
     if (s.options.mode != "default")
       return specialised(cuda && s.options.mode == "reduce-overhead" ? "mode reduce-overhead captures a CUDA graph per size"
                                                                      : "mode " + s.options.mode + " tunes kernels per size");
-    if (cuda ? !backend::cuda_jit_available() : !backend::cpu_uses_jit(Backend::Auto)) return nullptr;
+    if (cuda ? !backend::entry::cuda_jit_available() : !backend::entry::cpu_uses_jit(Backend::Auto)) return nullptr;
     const detail::SymbolicGraph& sg = *e.symbolic;
     for (auto& nd : graph.nodes)
       for (auto d : nd.shape)
@@ -893,20 +891,8 @@ class Compiled {
     ir::Graph canonical = detail::canonical_graph(sg, *values, strides, backend::kSymbolicPlaceholder);
     std::size_t probe = 0;
     while (sg.dims[probe].empty() || sg.dims[probe][0].sym != sg.leading) ++probe;
-    if (cuda) {
-      // Kernels for 16-byte aligned buffers (fresh allocations are); other alignment classes
-      // get theirs at their first run, or the graph at its size where they cannot have them.
-      auto plan = backend::cuda_symbolic_plan(canonical, why);
-      if (!plan) return specialised(why);
-      return [plan, probe](const ir::Graph& g, const backend::RunArgs& a) {
-        if (!backend::run_cuda_symbolic(*plan, a, g.nodes[probe].shape[0])) backend::run_cuda(g, a);
-      };
-    }
-    auto plan = backend::cpu_symbolic_plan(canonical, why);
-    if (!plan) return specialised(why);
-    return [plan, probe](const ir::Graph& g, const backend::RunArgs& a) {
-      backend::run_cpu_symbolic(*plan, a, g.nodes[probe].shape[0]);
-    };
+    if (auto run = backend::entry::symbolic_runner(canonical, probe, why)) return run;
+    return specialised(why);
   }
 
   template <class R>
@@ -935,7 +921,7 @@ class Compiled {
       }
       if (const auto* cuda_graph = r.runner.template target<backend::CudaGraphRunFn>()) {
         // Results are the instance's static outputs (no copy, no allocation).
-        cuda_graph->runner->run(a.inputs, storages);
+        backend::entry::run_cuda_graph(*cuda_graph->runner, a.inputs, storages);
       } else {
         for (auto out : r.graph.outputs) {
           const ir::GraphNode& g = r.graph.nodes[out];
@@ -1008,8 +994,7 @@ inline void reset() {
   for (auto& c : live) (*c)();
   detail::typed_cache_generation().fetch_add(1);
   detail::clear_kernel_caches();
-  backend::clear_symbolic_plans();
-  backend::clear_sizes_seen();
+  backend::entry::clear_symbolic_state();
 }
 
 }  // namespace kiln

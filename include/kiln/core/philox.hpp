@@ -8,7 +8,8 @@
 // text (kiln::philox::kPhiloxSource) that code generators paste into generated C++ and CUDA
 // kernels. Hence the plain C-like subset (no std::, no <cstdint> types): it must compile under
 // NVRTC, which has no standard library.
-#include <math.h>  // ::sqrtf, ::logf, ::cosf, ::sqrt, ::log, ::cos, the names the shared text uses
+#include <math.h>  // ::sqrtf, ::logf, ::cosf, ::sqrt, ::log, ::cos, the names the shared text uses (qualified:
+                   // kiln::log and kiln::cos, declared first by a user of the front end, would hide them)
 
 #ifndef KILN_HOST_DEVICE
 #if defined(__CUDACC_RTC__)
@@ -113,13 +114,13 @@ KILN_DUAL_SOURCE(
       Result r = philox_element(seed, index);
       float u1 = ((float)r.r0 + 1.0f) * 2.3283064365386962890625e-10f; /* 2^-32 */
       float u2 = (float)r.r1 * 2.3283064365386962890625e-10f;
-      return sqrtf(-2.0f * logf(u1)) * cosf(6.283185307179586f * u2);
+      return ::sqrtf(-2.0f * ::logf(u1)) * ::cosf(6.283185307179586f * u2);
     }
     KILN_HOST_DEVICE inline double normal_f64(unsigned long long seed, unsigned long long index) {
       Result r = philox_element(seed, index);
       double u1 = ((double)r.r0 + 1.0) * 2.3283064365386962890625e-10;
       double u2 = (double)r.r1 * 2.3283064365386962890625e-10;
-      return sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925286766559 * u2);
+      return ::sqrt(-2.0 * ::log(u1)) * ::cos(6.283185307179586476925286766559 * u2);
     })
 
 }  // namespace kiln::philox

@@ -7,7 +7,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "kiln/backend/dispatch.hpp"
+#include "kiln/backend/entry.hpp"
 #include "kiln/core/env.hpp"
 #include "kiln/core/log.hpp"
 #include "kiln/core/stats.hpp"
@@ -39,7 +39,7 @@ inline Backend& backend_mode() {
   return mode;
 }
 
-inline StoragePtr allocate(std::size_t bytes, Device device) { return backend::allocate(bytes, device); }
+inline StoragePtr allocate(std::size_t bytes, Device device) { return backend::entry::allocate(bytes, device); }
 
 /// Memory for the value of `n` (row-major). An impossible request is an OutOfMemoryError that
 /// names the op, the shape, the dtype and the bytes, raised before anything is compiled.
@@ -59,17 +59,17 @@ inline StoragePtr allocate_value(const ir::Node& n, const char* op) {
 /// Runs a captured graph with the executor `mode` selects.
 inline void run_graph_with(const ir::Graph& g, const backend::RunArgs& args, Backend mode) {
   if (log_enabled(LogChannel::graph)) log(LogChannel::graph, "evaluating graph\n" + g.str());
-  backend::run(g, args, mode);
+  backend::entry::run(g, args, mode);
 }
 
 /// Runs a captured graph with the executor set_backend / KILN_BACKEND selects.
 inline void run_graph(const ir::Graph& g, const backend::RunArgs& args) { run_graph_with(g, args, backend_mode()); }
 
 /// How the selected executor would run `g` (its kernels), as text.
-inline std::string explain_graph(const ir::Graph& g) { return backend::explain(g, backend_mode()); }
+inline std::string explain_graph(const ir::Graph& g) { return backend::entry::explain(g, backend_mode()); }
 
 /// Drops every compiled kernel and plan the executors keep in memory.
-inline void clear_kernel_caches() { backend::clear_caches(); }
+inline void clear_kernel_caches() { backend::entry::clear_caches(); }
 
 inline const void* leaf_pointer(const ir::Node& n) {
   return static_cast<const char*>(n.buffer->storage->data) + n.buffer->offset * static_cast<std::int64_t>(itemsize(n.dtype));
@@ -177,7 +177,7 @@ inline void copy_to_host_contiguous(const ir::NodePtr& node, void* out) {
   if (n == 0) return;
   if (!node->device.is_cpu()) {
     ir::NodePtr src = kiln::is_contiguous(node->shape, node->buffer->strides) ? node : contiguous_copy(node);
-    backend::copy_bytes(out, Device::cpu(), leaf_pointer(*src), src->device, static_cast<std::size_t>(n) * es);
+    backend::entry::copy_bytes(out, Device::cpu(), leaf_pointer(*src), src->device, static_cast<std::size_t>(n) * es);
     return;
   }
   const ir::BufferView& b = *node->buffer;
@@ -292,7 +292,7 @@ inline Tensor Tensor::to(Device device) const {
   ir::Node target = *src;
   target.device = device;
   StoragePtr st = detail::allocate_value(target, "to");
-  backend::copy_bytes(st->data, device, detail::leaf_pointer(*src), src->device, bytes);
+  backend::entry::copy_bytes(st->data, device, detail::leaf_pointer(*src), src->device, bytes);
   return Tensor(ir::input(ir::BufferView{st, 0, contiguous_strides(shape())}, shape(), dtype(), device));
 }
 

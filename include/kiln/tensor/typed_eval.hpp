@@ -101,7 +101,7 @@ void collect_leaves(const E& e, TypedLeaves& out) {
 struct TypedEntry {
   std::vector<std::int64_t> words;
   std::uint64_t generation = 0;
-  std::shared_ptr<backend::PreparedGraph> prepared;
+  std::shared_ptr<const backend::PreparedGraph> prepared;
   std::vector<std::int32_t> leaf_source;  ///< per graph leaf: tensor leaf i (>= 0) or number argument -i-1
   std::vector<DType> number_dtype;        ///< per number argument: the dtype its leaf holds
 };
@@ -190,7 +190,7 @@ bool typed_assign(const E& value, const ir::NodePtr& dest) {
     c.graph.output_strides[0] = dst.strides;
     c.graph.rehash();
     if (log_enabled(LogChannel::graph)) log(LogChannel::graph, "evaluating graph\n" + c.graph.str());
-    e.prepared = std::make_shared<backend::PreparedGraph>(std::move(c.graph), backend_mode(), backend::CpuLaunchOptions{}, true);
+    e.prepared = backend::entry::prepare(std::move(c.graph), backend_mode(), backend::CpuLaunchOptions{}, true);
     entry = &cache.emplace(key, std::move(e))->second;
   }
   for (std::size_t k = 0; k < L.num_numbers; ++k) {
@@ -203,7 +203,7 @@ bool typed_assign(const E& value, const ir::NodePtr& dest) {
   for (auto src : entry->leaf_source)
     args.inputs.push_back(src >= 0 ? leaf_pointer(*L.tensors[src]) : static_cast<const void*>(L.slots[-src - 1]));
   args.outputs.push_back(static_cast<char*>(dst.storage->data) + dst.offset * static_cast<std::int64_t>(itemsize(dest->dtype)));
-  entry->prepared->run(args);
+  backend::entry::run_prepared(*entry->prepared, args);
   counters().graphs++;
   return true;
 }

@@ -38,4 +38,6 @@ run_step("configure" ${CMAKE_COMMAND}
   ${consumer_args})
 run_step("build" ${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run_step("run" ${WORK_DIR}/build/consumer)
-run_step("run compiled" ${WORK_DIR}/build/consumer_compiled)
+if(MODE STREQUAL "find_package")
+  run_step("run compiled" ${WORK_DIR}/build/consumer_compiled)
+endif()

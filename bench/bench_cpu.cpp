@@ -198,6 +198,18 @@ const std::vector<EigenWorkload>& eigen_workloads() {
            z->device(d) = 0.5f * v * (1.0f + (0.7978845608f * (v + 0.044715f * (v * v * v))).tanh());
          });
        }},
+      {"P3_16x_sin_chain", 2.0 * kN * 4,
+       [] {
+         // As an Eigen user writes a chain built in a loop: one evaluation per step (an Eigen
+         // expression's type cannot grow at run time), in place, Eigen's vectorised sin.
+         auto x = std::make_shared<EVec>(kN), z = std::make_shared<EVec>(kN);
+         fill_from(*x, randn({kN}, 1));
+         return std::function<void(Eigen::ThreadPoolDevice&)>([x, z](Eigen::ThreadPoolDevice& d) {
+           const Eigen::internal::scalar_sin_op<float> sin_op;  // Eigen::Tensor has no .sin(): its vectorised psin
+           z->device(d) = x->unaryExpr(sin_op) * 1.01f + 0.5f;
+           for (int i = 1; i < 16; ++i) z->device(d) = z->unaryExpr(sin_op) * 1.01f + 0.5f;
+         });
+       }},
       {"P4_broadcast_affine", 2.0 * kM * kK * 4,
        [] {
          auto X = std::make_shared<EMat>(kM, kK), Z = std::make_shared<EMat>(kM, kK);

@@ -119,6 +119,21 @@ TEST_CASE("creation helpers: full_like, zeros_like, ones_like, empty, empty_like
   KILN_CHECK_THROWS_MENTIONING(ShapeError, chunk(r, 0), "chunk", "positive");
 }
 
+// A user's own names beside `using namespace kiln;`: kiln's internal tags (the expression
+// types' function enum) live in kiln::detail, so these are not ambiguous (this file would not
+// compile otherwise).
+struct Fn {
+  int arity = 2;
+};
+enum class Tier { Low, High };
+
+TEST_CASE("a user's Fn and Tier next to using namespace kiln") {
+  Fn f;
+  CHECK(f.arity == 2);
+  CHECK(Tier::High != Tier::Low);
+  CHECK((exp(kt::make_tensor({0}, {1}, DType::Float32)) * 2.0f).item<float>() == 2.0f);
+}
+
 TEST_CASE("arange(start, end, step) as torch.arange: count, values, dtype, errors") {
   const Device dev = kt::device();
   Tensor a = arange(10, 0, -3, DType::Int64, dev);

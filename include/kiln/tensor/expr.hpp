@@ -44,14 +44,16 @@ namespace kiln {
   X(Remainder, "remainder", NoBool) X(BitAnd, "bitwise_and", IntIn) X(BitOr, "bitwise_or", IntIn)         \
   X(BitXor, "bitwise_xor", IntIn) X(Shl, "left_shift", IntIn) X(Shr, "right_shift", IntIn)
 
+namespace detail {
+
 /// Front-end pointwise functions: primitives plus pointwise composites (lowered by decomp/).
+/// Internal (the expression types' tag), so that a user's own `Fn` beside `using namespace
+/// kiln;` is not ambiguous.
 enum class Fn : std::uint8_t {
 #define KILN_FN_ENUM(name, text, rule) name,
   KILN_UNARY_FNS(KILN_FN_ENUM) KILN_BINARY_FNS(KILN_FN_ENUM)
 #undef KILN_FN_ENUM
 };
-
-namespace detail {
 
 /// Rank limit of typed expressions (their shapes live inline, without heap allocation).
 inline constexpr std::size_t kMaxExprRank = 8;
@@ -394,7 +396,7 @@ ir::NodePtr operand_node(const E& e, DType dtype, const SmallShape& shape, Devic
 }  // namespace detail
 
 /// f(a), elementwise.
-template <Fn F, class A>
+template <detail::Fn F, class A>
 struct UnaryExpr : Expr<UnaryExpr<F, A>> {
   A a;
   DType out_dtype;
@@ -418,14 +420,14 @@ struct UnaryExpr : Expr<UnaryExpr<F, A>> {
   }
   ir::NodePtr build() const {
     DType in = detail::info_of(a).dtype;
-    DType operand = (F == Fn::Not || F == Fn::IsNan || F == Fn::IsInf) ? in : out_dtype;
+    DType operand = (F == detail::Fn::Not || F == detail::Fn::IsNan || F == detail::Fn::IsInf) ? in : out_dtype;
     return detail::lower_unary(F, ir::cast(a.build(), operand));
   }
   Shape shape_() const { return out_shape.to_shape(); }
 };
 
 /// f(a, b), elementwise with broadcasting and type promotion.
-template <Fn F, class A, class B>
+template <detail::Fn F, class A, class B>
 struct BinaryExpr : Expr<BinaryExpr<F, A, B>> {
   A a;
   B b;
@@ -439,7 +441,7 @@ struct BinaryExpr : Expr<BinaryExpr<F, A, B>> {
 
   BinaryExpr(const A& x, const B& y) : a(x), b(y) {
     static_assert(!(detail::is_scalar_expr<A>::value && detail::is_scalar_expr<B>::value));
-    if constexpr (F == Fn::Pow && detail::is_scalar_expr<B>::value) b.literal = true;  // x^2 compiles to x * x
+    if constexpr (F == detail::Fn::Pow && detail::is_scalar_expr<B>::value) b.literal = true;  // x^2 compiles to x * x
     const char* name = detail::fn_name(F);
     if constexpr (detail::is_scalar_expr<A>::value) {
       out_shape = detail::shape_of(b, name);
@@ -460,7 +462,7 @@ struct BinaryExpr : Expr<BinaryExpr<F, A, B>> {
     auto types = detail::binary_result(F, rt.result(), ia.dtype, ib.dtype, out_shape);
     operand_dtype = types.operand;
     out_dtype = types.out;
-    if constexpr (F == Fn::Pow && detail::is_scalar_expr<B>::value) {
+    if constexpr (F == detail::Fn::Pow && detail::is_scalar_expr<B>::value) {
       // As torch.pow: an integer exponent given as a number may not be negative for an
       // integer (or bool) base; a tensor exponent follows integer pow's rules instead.
       using T = decltype(b.value);

@@ -24,7 +24,7 @@ concept BinaryOperands = (TensorLike<A> && (TensorLike<B> || Scalar<B>)) || (Sca
   template <class A>                                                \
     requires TensorLike<A>                                          \
   auto name(const A& a) {                                           \
-    return UnaryExpr<Fn::F, std::remove_cvref_t<A>>(a.derived());   \
+    return UnaryExpr<detail::Fn::F, std::remove_cvref_t<A>>(a.derived());   \
   }
 
 /// Elementwise functions (PyTorch semantics; integer inputs of float functions give float32).
@@ -71,26 +71,26 @@ KILN_UNARY_FN(operator~, BitNot)
 template <class A>
   requires TensorLike<A>
 Tensor gelu(const A& a, bool tanh_approx = false) {
-  if (tanh_approx) return UnaryExpr<Fn::GeluTanh, std::remove_cvref_t<A>>(a.derived());
-  return UnaryExpr<Fn::Gelu, std::remove_cvref_t<A>>(a.derived());
+  if (tanh_approx) return UnaryExpr<detail::Fn::GeluTanh, std::remove_cvref_t<A>>(a.derived());
+  return UnaryExpr<detail::Fn::Gelu, std::remove_cvref_t<A>>(a.derived());
 }
 
 template <class A>
   requires TensorLike<A>
 auto operator-(const A& a) {
-  return UnaryExpr<Fn::Neg, std::remove_cvref_t<A>>(a.derived());
+  return UnaryExpr<detail::Fn::Neg, std::remove_cvref_t<A>>(a.derived());
 }
 template <class A>
   requires TensorLike<A>
 auto operator!(const A& a) {
-  return UnaryExpr<Fn::Not, std::remove_cvref_t<A>>(a.derived());
+  return UnaryExpr<detail::Fn::Not, std::remove_cvref_t<A>>(a.derived());
 }
 
 #define KILN_BINARY_FN(name, F)                                                                   \
   template <class A, class B>                                                                     \
     requires detail::BinaryOperands<A, B>                                                         \
   auto name(const A& a, const B& b) {                                                             \
-    return BinaryExpr<Fn::F, detail::operand_t<A>, detail::operand_t<B>>(detail::as_operand(a),   \
+    return BinaryExpr<detail::Fn::F, detail::operand_t<A>, detail::operand_t<B>>(detail::as_operand(a),   \
                                                                          detail::as_operand(b));  \
   }
 

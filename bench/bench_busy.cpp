@@ -73,8 +73,7 @@ class Hogs {
 void host_work(double us) {
   if (us <= 0) return;
   const auto until = Clock::now() + std::chrono::duration<double, std::micro>(us);
-  while (Clock::now() < until) {
-  }
+  while (Clock::now() < until) {}
 }
 
 /// Times `body` call by call beside `hogs` busy threads, `gap_us` of host work before each call.
@@ -112,28 +111,35 @@ void pointwise(benchmark::State& state, std::int64_t n, int hogs, double gap_us)
   x.eval();
   y.eval();
   z.eval();
-  timed(state, [&] { z.assign(2.0f * x + y); }, hogs, gap_us);
+  timed(
+      state, [&] { z.assign(2.0f * x + y); }, hogs, gap_us);
 }
 
 /// softmax over the last axis of rows x cols: one fused row kernel.
 void softmax_rows(benchmark::State& state, std::int64_t rows, std::int64_t cols, int hogs, double gap_us) {
   Tensor x = randn({rows, cols}, 1);
   x.eval();
-  timed(state, [&] {
-    Tensor s = softmax(x, -1);
-    s.eval();
-  }, hogs, gap_us);
+  timed(
+      state,
+      [&] {
+        Tensor s = softmax(x, -1);
+        s.eval();
+      },
+      hogs, gap_us);
 }
 
 /// 16 x `x = sin(x) * 1.01 + 0.5` over n elements: a costly pointwise kernel.
 void sin_chain(benchmark::State& state, std::int64_t n, int hogs, double gap_us) {
   Tensor x = randn({n}, 1);
   x.eval();
-  timed(state, [&] {
-    Tensor v = x;
-    for (int i = 0; i < 16; ++i) v = sin(v) * 1.01f + 0.5f;
-    v.eval();
-  }, hogs, gap_us);
+  timed(
+      state,
+      [&] {
+        Tensor v = x;
+        for (int i = 0; i < 16; ++i) v = sin(v) * 1.01f + 0.5f;
+        v.eval();
+      },
+      hogs, gap_us);
 }
 
 /// CPUs this process may run on (not KILN_NUM_THREADS: the hogs load the machine, whatever the
@@ -184,7 +190,8 @@ int main(int argc, char** argv) {
     for (std::int64_t e : {32768, 65536, 131072, 262144, 524288, 1048576, 4194304})
       bench::add("threshold/pointwise/n:" + std::to_string(e) + g, pointwise, e, 0, gap)->Unit(benchmark::kMicrosecond);
     for (std::int64_t r : {32, 64, 128, 256, 512, 1024})
-      bench::add("threshold/softmax/rows:" + std::to_string(r) + "x1024" + g, softmax_rows, r, std::int64_t{1024}, 0, gap)
+      bench::add("threshold/softmax/rows:" + std::to_string(r) + "x1024" + g, softmax_rows, r, std::int64_t{1024}, 0,
+                 gap)
           ->Unit(benchmark::kMicrosecond);
     for (std::int64_t e : {32768, 65536, 131072})
       bench::add("threshold/sin16/n:" + std::to_string(e) + g, sin_chain, e, 0, gap)->Unit(benchmark::kMicrosecond);

@@ -92,7 +92,10 @@ Tensor gelu_written_out(const Tensor& x) {
 
 const std::vector<Workload>& workloads() {
   static const std::vector<Workload> w = {
-      {"P1_2x_plus_y", [] { return evaluated({randn({kN}, 1), randn({kN}, 2)}); },
+      {"P1_2x_plus_y",
+       [] {
+         return evaluated({randn({kN}, 1), randn({kN}, 2)});
+       },
        [](const auto& in) -> Tensor { return 2.0f * in[0] + in[1]; }, 3.0 * kN * 4},
       {"P2_gelu_tanh_8ops", [] { return evaluated({randn({kN}, 1)}); },
        [](const auto& in) { return gelu_written_out(in[0]); }, 2.0 * kN * 4},
@@ -104,24 +107,47 @@ const std::vector<Workload>& workloads() {
        },
        2.0 * kN * 4},
       {"P4_broadcast_affine",
-       [] { return evaluated({randn({kM, kK}, 1), randn({kM, 1}, 2), rand({kK}, 3), randn({kK}, 4)}); },
-       [](const auto& in) -> Tensor { return (in[0] - in[1]) * in[2] + in[3]; }, 2.0 * kM * kK * 4},
+       [] {
+         return evaluated({randn({kM, kK}, 1), randn({kM, 1}, 2), rand({kK}, 3), randn({kK}, 4)});
+       },
+       [](const auto& in) -> Tensor { return (in[0] - in[1]) * in[2] + in[3]; }, 2.0 * kM* kK * 4},
       {"R1_sum_x_squared", [] { return evaluated({randn({kN}, 1)}); },
        [](const auto& in) { return sum(in[0] * in[0]); }, 1.0 * kN * 4},
-      {"R2_row_sum", [] { return evaluated({randn({kM, kK}, 1)}); },
+      {"R2_row_sum",
+       [] {
+         return evaluated({randn({kM, kK}, 1)});
+       },
        [](const auto& in) { return sum(in[0], {1}); }, 1.0 * kM * kK * 4},
-      {"R3_column_sum", [] { return evaluated({randn({kM, kK}, 1)}); },
+      {"R3_column_sum",
+       [] {
+         return evaluated({randn({kM, kK}, 1)});
+       },
        [](const auto& in) { return sum(in[0], {0}); }, 1.0 * kM * kK * 4},
-      {"N1_softmax", [] { return evaluated({randn({kM, kK}, 1)}); },
+      {"N1_softmax",
+       [] {
+         return evaluated({randn({kM, kK}, 1)});
+       },
        [](const auto& in) { return softmax(in[0], -1); }, 2.0 * kM * kK * 4},
-      {"N2_softmax_short_rows", [] { return evaluated({randn({16384, 1024}, 1)}); },
+      {"N2_softmax_short_rows",
+       [] {
+         return evaluated({randn({16384, 1024}, 1)});
+       },
        [](const auto& in) { return softmax(in[0], -1); }, 2.0 * 16384 * 1024 * 4},
-      {"N3_layer_norm", [] { return evaluated({randn({kM, kK}, 1), rand({kK}, 2), randn({kK}, 3)}); },
+      {"N3_layer_norm",
+       [] {
+         return evaluated({randn({kM, kK}, 1), rand({kK}, 2), randn({kK}, 3)});
+       },
        [](const auto& in) { return layer_norm(in[0], in[1], in[2], 1e-5); }, 2.0 * kM * kK * 4},
-      {"N4_rms_norm_written_out", [] { return evaluated({randn({kM, kK}, 1), rand({kK}, 2)}); },
+      {"N4_rms_norm_written_out",
+       [] {
+         return evaluated({randn({kM, kK}, 1), rand({kK}, 2)});
+       },
        [](const auto& in) -> Tensor { return in[0] * rsqrt(mean(in[0] * in[0], {-1}, true) + 1e-6f) * in[1]; },
-       2.0 * kM * kK * 4},
-      {"N5_softmax_bf16", [] { return evaluated({randn({kM, kK}, 1, bf16)}); },
+       2.0 * kM* kK * 4},
+      {"N5_softmax_bf16",
+       [] {
+         return evaluated({randn({kM, kK}, 1, bf16)});
+       },
        [](const auto& in) { return softmax(in[0], -1); }, 2.0 * kM * kK * 2},
       {"N6_cross_entropy",
        [] {
@@ -130,7 +156,10 @@ const std::vector<Workload>& workloads() {
          return evaluated({randn({rows, classes}, 1), targets});
        },
        [](const auto& in) { return cross_entropy(in[0], in[1]); }, 1.0 * 2048 * 32768 * 4},
-      {"S1_10x_relu_chain_4096", [] { return evaluated({randn({4096}, 1), rand({4096}, 2)}); },
+      {"S1_10x_relu_chain_4096",
+       [] {
+         return evaluated({randn({4096}, 1), rand({4096}, 2)});
+       },
        [](const auto& in) {
          Tensor x = in[0];
          for (int i = 0; i < 10; ++i) x = relu(x * in[1] + 0.1f);
@@ -155,7 +184,6 @@ void BM_workload(benchmark::State& state, const Workload& w, Backend backend) {
   set_backend(saved);
 }
 
-
 // ---- Eigen Tensor peers -------------------------------------------------------------------
 
 using EVec = Eigen::Tensor<float, 1, Eigen::RowMajor>;
@@ -168,7 +196,8 @@ int eigen_threads() { return bench::cpu_threads(); }
 template <class ET>
 void fill_from(ET& dst, const Tensor& src) {
   const std::vector<float> v = src.to_vector<float>();
-  std::memcpy(dst.data(), v.data(), sizeof(float) * std::min<std::size_t>(v.size(), static_cast<std::size_t>(dst.size())));
+  std::memcpy(dst.data(), v.data(),
+              sizeof(float) * std::min<std::size_t>(v.size(), static_cast<std::size_t>(dst.size())));
 }
 
 struct EigenWorkload {
@@ -356,11 +385,13 @@ void BM_compiled_mode(benchmark::State& state, const std::string& graph, const s
   }
   auto f = kiln::compile(fn, opt);
   // Trace, compile (and tune) in the kit's first call and two more untimed calls.
-  bench::run(state, kCpu, {}, [&] {
-    auto r = f(in[0], in[1]);
-    r.first.eval();
-    if (r.second.defined()) r.second.eval();
-  }, {.warmup = 2});
+  bench::run(state, kCpu, {},
+             [&] {
+               auto r = f(in[0], in[1]);
+               r.first.eval();
+               if (r.second.defined()) r.second.eval();
+             },
+             {.warmup = 2});
   state.counters["traces"] = static_cast<double>(f.stats().traces);
 }
 
@@ -374,7 +405,10 @@ void BM_workload_compiled(benchmark::State& state, const Workload& w, const std:
   opt.mode = mode;
   auto compute = w.compute;
   auto f = kiln::compile(
-      [compute](const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d) { return compute({a, b, c, d}); }, opt);
+      [compute](const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d) {
+        return compute({a, b, c, d});
+      },
+      opt);
   bench::run(state, kCpu, {.bytes = w.bytes}, [&] { return f(in[0], in[1], in[2], in[3]); });
 }
 
@@ -392,7 +426,10 @@ void BM_workload_autotune_vs_default(benchmark::State& state, const Workload& w)
     CompileOptions opt;
     opt.mode = mode;
     return kiln::compile(
-        [compute](const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d) { return compute({a, b, c, d}); }, opt);
+        [compute](const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d) {
+          return compute({a, b, c, d});
+        },
+        opt);
   };
   auto def = make("default");
   auto tuned = make("max-autotune");
@@ -530,23 +567,37 @@ int main(int argc, char** argv) {
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("user_loop_2x_plus_y", BM_user_loop)->UseRealTime()->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("dispatch_assign_16", BM_dispatch_assign_16)->UseRealTime()->Unit(benchmark::kNanosecond);
-  benchmark::RegisterBenchmark("dispatch_compile_16", BM_dispatch_compile_16)->UseRealTime()->Unit(benchmark::kNanosecond);
+  benchmark::RegisterBenchmark("dispatch_assign_16", BM_dispatch_assign_16)
+      ->UseRealTime()
+      ->Unit(benchmark::kNanosecond);
+  benchmark::RegisterBenchmark("dispatch_compile_16", BM_dispatch_compile_16)
+      ->UseRealTime()
+      ->Unit(benchmark::kNanosecond);
   for (const Workload& w : workloads())
-    benchmark::RegisterBenchmark((std::string(w.id) + "/autotune_vs_default").c_str(), BM_workload_autotune_vs_default, w)
-        ->UseRealTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark((std::string(w.id) + "/autotune_vs_default").c_str(), BM_workload_autotune_vs_default,
+                                 w)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
   for (const Workload& w : workloads())
     for (const char* mode : {"default", "max-autotune"})
-      benchmark::RegisterBenchmark((std::string(w.id) + "/compiled_" + mode).c_str(), BM_workload_compiled, w, std::string(mode))
+      benchmark::RegisterBenchmark((std::string(w.id) + "/compiled_" + mode).c_str(), BM_workload_compiled, w,
+                                   std::string(mode))
           ->UseRealTime()
           ->Unit(w.bytes > 0 ? benchmark::kMillisecond : benchmark::kMicrosecond);
   for (const char* graph : {"S1", "two_sums", "call_16"})
     for (const char* mode : {"default", "reduce-overhead", "max-autotune"})
-      benchmark::RegisterBenchmark((std::string("compiled_") + graph + "/" + mode).c_str(), BM_compiled_mode, std::string(graph), std::string(mode))
+      benchmark::RegisterBenchmark((std::string("compiled_") + graph + "/" + mode).c_str(), BM_compiled_mode,
+                                   std::string(graph), std::string(mode))
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark("cold_compile_fused", BM_cold_compile)->UseRealTime()->Iterations(5)->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("disk_hit_new_process", BM_disk_hit_new_process)->UseRealTime()->Iterations(9)->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("cold_compile_fused", BM_cold_compile)
+      ->UseRealTime()
+      ->Iterations(5)
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("disk_hit_new_process", BM_disk_hit_new_process)
+      ->UseRealTime()
+      ->Iterations(9)
+      ->Unit(benchmark::kMillisecond);
   bench::run_benchmarks();
   if (!fresh_cache.empty()) std::filesystem::remove_all(fresh_cache);
   return 0;

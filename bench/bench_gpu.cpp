@@ -51,7 +51,8 @@ NodePtr realize(const NodePtr& root) {
   StoragePtr st = runtime::allocate_cuda(static_cast<std::size_t>(root->numel()) * itemsize(root->dtype), 0);
   backend::RunArgs args;
   for (auto& leaf : c.leaves)
-    args.inputs.push_back(static_cast<char*>(leaf->buffer->storage->data) + leaf->buffer->offset * static_cast<std::int64_t>(itemsize(leaf->dtype)));
+    args.inputs.push_back(static_cast<char*>(leaf->buffer->storage->data) +
+                          leaf->buffer->offset * static_cast<std::int64_t>(itemsize(leaf->dtype)));
   args.outputs.push_back(st->data);
   backend::run_cuda(c.graph, args);
   return ir::input(ir::BufferView{st, 0, contiguous_strides(root->shape)}, root->shape, root->dtype, kDev);
@@ -100,28 +101,43 @@ std::vector<Workload> workloads() {
                  return std::vector<NodePtr>{x};
                }});
   w.push_back({"P4", 2.0 * kM * kK * 4, [] {
-                 NodePtr X = normal({kM, kK}, f32, 5), mu = normal({kM, 1}, f32, 6), s = normal({kK}, f32, 7), b = normal({kK}, f32, 8);
-                 return std::vector<NodePtr>{add(mul(sub(X, ir::broadcast(mu, X->shape)), decomp::expand(s, X->shape)), decomp::expand(b, X->shape))};
+                 NodePtr X = normal({kM, kK}, f32, 5), mu = normal({kM, 1}, f32, 6), s = normal({kK}, f32, 7),
+                         b = normal({kK}, f32, 8);
+                 return std::vector<NodePtr>{add(mul(sub(X, ir::broadcast(mu, X->shape)), decomp::expand(s, X->shape)),
+                                                 decomp::expand(b, X->shape))};
                }});
   w.push_back({"R1", 1.0 * kN * 4, [] {
                  NodePtr x = normal({kN}, f32, 9);
                  return std::vector<NodePtr>{ir::reshape(red(Op::ReduceSum, mul(x, x), {0}), Shape{})};
                }});
-  w.push_back({"R2", 1.0 * kM * kK * 4, [] { return std::vector<NodePtr>{ir::reshape(red(Op::ReduceSum, normal({kM, kK}, f32, 10), {1}), Shape{kM})}; }});
-  w.push_back({"R3", 1.0 * kM * kK * 4, [] { return std::vector<NodePtr>{ir::reshape(red(Op::ReduceSum, normal({kM, kK}, f32, 11), {0}), Shape{kK})}; }});
-  w.push_back({"N1", 2.0 * kM * kK * 4, [] { return std::vector<NodePtr>{decomp::softmax(normal({kM, kK}, f32, 12, 3.0), 1)}; }});
-  w.push_back({"N2", 2.0 * 65536 * 1024 * 4, [] { return std::vector<NodePtr>{decomp::softmax(normal({65536, 1024}, f32, 13, 3.0), 1)}; }});
+  w.push_back(
+      {"R2", 1.0 * kM * kK * 4, [] {
+         return std::vector<NodePtr>{ir::reshape(red(Op::ReduceSum, normal({kM, kK}, f32, 10), {1}), Shape{kM})};
+       }});
+  w.push_back(
+      {"R3", 1.0 * kM * kK * 4, [] {
+         return std::vector<NodePtr>{ir::reshape(red(Op::ReduceSum, normal({kM, kK}, f32, 11), {0}), Shape{kK})};
+       }});
+  w.push_back({"N1", 2.0 * kM * kK * 4, [] {
+                 return std::vector<NodePtr>{decomp::softmax(normal({kM, kK}, f32, 12, 3.0), 1)};
+               }});
+  w.push_back({"N2", 2.0 * 65536 * 1024 * 4, [] {
+                 return std::vector<NodePtr>{decomp::softmax(normal({65536, 1024}, f32, 13, 3.0), 1)};
+               }});
   w.push_back({"N3", 2.0 * kM * kK * 4, [] {
                  NodePtr X = normal({kM, kK}, f32, 14), wt = normal({kK}, f32, 15), b = normal({kK}, f32, 16);
                  return std::vector<NodePtr>{decomp::layer_norm(X, wt, b, 1e-5)};
                }});
   w.push_back({"N4", 2.0 * kM * kK * 4, [] {
                  NodePtr X = normal({kM, kK}, f32, 17), wt = normal({kK}, f32, 18);
-                 NodePtr ms = div(red(Op::ReduceSum, mul(X, X), {1}), ir::constant(static_cast<double>(kK), f32, {kM, 1}, kDev));
+                 NodePtr ms =
+                     div(red(Op::ReduceSum, mul(X, X), {1}), ir::constant(static_cast<double>(kK), f32, {kM, 1}, kDev));
                  NodePtr rs = ir::unary(Op::Rsqrt, add(ms, cst(1e-6, ms)));
                  return std::vector<NodePtr>{mul(mul(X, ir::broadcast(rs, X->shape)), decomp::expand(wt, X->shape))};
                }});
-  w.push_back({"N5", 2.0 * kM * kK * 2, [] { return std::vector<NodePtr>{decomp::softmax(normal({kM, kK}, bf16, 19, 3.0), 1)}; }});
+  w.push_back({"N5", 2.0 * kM * kK * 2, [] {
+                 return std::vector<NodePtr>{decomp::softmax(normal({kM, kK}, bf16, 19, 3.0), 1)};
+               }});
   w.push_back({"N6", 1.0 * 8192 * 32768 * 4, [] {
                  NodePtr logits = normal({8192, 32768}, f32, 20, 2.0);
                  NodePtr u = ir::random({8192}, 21, 0, f32, kDev);
@@ -144,7 +160,8 @@ Bound bind_graph(const std::vector<NodePtr>& roots) {
   Bound b;
   b.captured = ir::capture(roots, kDev);
   for (auto& leaf : b.captured.leaves)
-    b.args.inputs.push_back(static_cast<char*>(leaf->buffer->storage->data) + leaf->buffer->offset * static_cast<std::int64_t>(itemsize(leaf->dtype)));
+    b.args.inputs.push_back(static_cast<char*>(leaf->buffer->storage->data) +
+                            leaf->buffer->offset * static_cast<std::int64_t>(itemsize(leaf->dtype)));
   for (auto& r : roots) {
     b.outputs.push_back(runtime::allocate_cuda(static_cast<std::size_t>(r->numel()) * itemsize(r->dtype), 0));
     b.args.outputs.push_back(b.outputs.back()->data);
@@ -175,8 +192,10 @@ void run_workload(benchmark::State& state, const Workload& w, const std::string&
   if (skip_without_gpu(state)) return;
   Bound b = bind_graph(w.build());
   auto run = [&] {
-    if (autotune) backend::run_cuda_autotuned(b.captured.graph, b.args);
-    else backend::run_cuda(b.captured.graph, b.args);
+    if (autotune)
+      backend::run_cuda_autotuned(b.captured.graph, b.args);
+    else
+      backend::run_cuda(b.captured.graph, b.args);
   };
   // The kit: an untimed first call (compile_ms) and one warm-up, then batches of 10 calls
   // between CUDA events, one batch per benchmark iteration.
@@ -317,7 +336,8 @@ int child_disk_hit() {
   double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   runtime::synchronize_cuda(0);
   Stats after = stats();
-  std::printf("disk_hit_ms=%.3f compiles=%llu disk_hits=%llu\n", t, static_cast<unsigned long long>(after.compiles - before.compiles),
+  std::printf("disk_hit_ms=%.3f compiles=%llu disk_hits=%llu\n", t,
+              static_cast<unsigned long long>(after.compiles - before.compiles),
               static_cast<unsigned long long>(after.disk_hits - before.disk_hits));
   return 0;
 }
@@ -352,7 +372,8 @@ void BM_cached_launch_executor(benchmark::State& state) {
   Bound b = bind_graph({add(mul(cst(2.0, x), x), y)});
   backend::run_cuda(b.captured.graph, b.args);
   runtime::synchronize_cuda(0);
-  time_calls_us(state, "cached launch host time (run_cuda), us", false, [&] { backend::run_cuda(b.captured.graph, b.args); });
+  time_calls_us(state, "cached launch host time (run_cuda), us", false,
+                [&] { backend::run_cuda(b.captured.graph, b.args); });
 }
 
 /// The floor under every launch figure: cuLaunchKernel alone, queuing the 16-element kernel
@@ -367,13 +388,15 @@ void BM_launch_floor(benchmark::State& state) {
   const runtime::CudaContext& ctx = runtime::cuda_context(0);
   const auto& api = runtime::detail::cuda_driver_state().api;
   std::vector<void*> argv(plan->num_args, nullptr);
-  for (std::size_t i = 0; i < b.args.inputs.size() && i < plan->leaves; ++i) argv[i] = const_cast<void*>(b.args.inputs[i]);
+  for (std::size_t i = 0; i < b.args.inputs.size() && i < plan->leaves; ++i)
+    argv[i] = const_cast<void*>(b.args.inputs[i]);
   argv[plan->leaves] = b.args.outputs[0];
   void* params[] = {argv.data()};
   const auto& info = plan->kernels[0];
   ctx.make_current();
   time_calls_us(state, "launch floor (cuLaunchKernel alone), us", false, [&] {
-    api.launch_kernel(plan->functions[0], info.grid, 1, 1, info.block, 1, 1, info.shared_bytes, ctx.stream, params, nullptr);
+    api.launch_kernel(plan->functions[0], info.grid, 1, 1, info.block, 1, 1, info.shared_bytes, ctx.stream, params,
+                      nullptr);
   });
 }
 
@@ -416,8 +439,9 @@ void BM_compiled_call(benchmark::State& state, const char* mode) {
     Tensor y = step(x, w);
     y.eval();
     runtime::synchronize_cuda(0);
-    const std::string label = std::string(mode) == "default" ? "compiled call host time, us"
-                                                            : std::string("compiled call host time (") + mode + "), us";
+    const std::string label = std::string(mode) == "default"
+                                  ? "compiled call host time, us"
+                                  : std::string("compiled call host time (") + mode + "), us";
     time_calls_us(state, label, false, [&] {
       Tensor r = step(x, w);
       benchmark::DoNotOptimize(r);
@@ -435,10 +459,12 @@ void BM_S1_compiled(benchmark::State& state, const char* mode) {
     Tensor x = randn({4096}, 37, f32, kDev), y = randn({4096}, 38, f32, kDev);
     CompileOptions opt;
     opt.mode = mode;
-    auto f = kiln::compile([](Tensor a, const Tensor& b) {
-      for (int i = 0; i < 10; ++i) a = relu(a * b + 0.1f);
-      return a;
-    }, opt);
+    auto f = kiln::compile(
+        [](Tensor a, const Tensor& b) {
+          for (int i = 0; i < 10; ++i) a = relu(a * b + 0.1f);
+          return a;
+        },
+        opt);
     Tensor r0 = f(x, y);
     r0.eval();
     runtime::synchronize_cuda(0);
@@ -458,12 +484,14 @@ void register_all(bool variants) {
   static std::vector<Workload> ws = workloads();
   for (auto& w : ws)
     bench::add((std::string("BM_") + w.id).c_str(), [&w](benchmark::State& s) { run_workload(s, w, w.id); })
-        ->Iterations(5)->Unit(benchmark::kMillisecond);
+        ->Iterations(5)
+        ->Unit(benchmark::kMillisecond);
   // max-autotune beside the default of every workload: it must never be slower.
   for (auto& w : ws)
     bench::add((std::string("BM_") + w.id + "/max-autotune").c_str(),
-                                 [&w](benchmark::State& s) { run_workload(s, w, std::string(w.id) + " max-autotune", true); })
-        ->Iterations(5)->Unit(benchmark::kMillisecond);
+               [&w](benchmark::State& s) { run_workload(s, w, std::string(w.id) + " max-autotune", true); })
+        ->Iterations(5)
+        ->Unit(benchmark::kMillisecond);
   if (variants) {
     struct V {
       const char* name;
@@ -474,7 +502,10 @@ void register_all(bool variants) {
     static std::vector<V> vs = {
         {"pointwise_lanes_heavy", {"P3"}, &backend::detail::CudaTuning::pointwise_lanes_heavy, {1, 4}},
         {"row_unroll_uncached", {"N6"}, &backend::detail::CudaTuning::row_unroll_uncached, {8, 32}},
-        {"row_vectors_per_thread_uncached", {"N6"}, &backend::detail::CudaTuning::row_vectors_per_thread_uncached, {4, 16, 64}},
+        {"row_vectors_per_thread_uncached",
+         {"N6"},
+         &backend::detail::CudaTuning::row_vectors_per_thread_uncached,
+         {4, 16, 64}},
         {"column_split_interleave", {"R3"}, &backend::detail::CudaTuning::column_split_interleave, {1}},
         {"column_unroll", {"R3"}, &backend::detail::CudaTuning::column_unroll, {8}},
         {"warp_row_vectors", {"N2"}, &backend::detail::CudaTuning::warp_row_vectors, {4, 8}},
@@ -494,17 +525,24 @@ void register_all(bool variants) {
                 backend::detail::cuda_tuning() = saved;
                 backend::clear_cuda_plans();
               };
-              bench::add(("BM_" + label).c_str(), [&w, with_variant, label](benchmark::State& s) {
-                with_variant([&] { run_workload(s, w, label); });
-              })->Iterations(3)->Unit(benchmark::kMillisecond);
-              bench::add(("BM_nvrtc_compile/" + label).c_str(), [&w, with_variant, label](benchmark::State& s) {
-                with_variant([&] { BM_nvrtc_compile(s, w, label); });
-              })->Iterations(5)->Unit(benchmark::kMillisecond);
+              bench::add(
+                  ("BM_" + label).c_str(),
+                  [&w, with_variant, label](benchmark::State& s) { with_variant([&] { run_workload(s, w, label); }); })
+                  ->Iterations(3)
+                  ->Unit(benchmark::kMillisecond);
+              bench::add(("BM_nvrtc_compile/" + label).c_str(),
+                         [&w, with_variant, label](benchmark::State& s) {
+                           with_variant([&] { BM_nvrtc_compile(s, w, label); });
+                         })
+                  ->Iterations(5)
+                  ->Unit(benchmark::kMillisecond);
             }
   }
   for (auto& w : ws)
-    bench::add((std::string("BM_nvrtc_compile/") + w.id).c_str(), [&w](benchmark::State& s) { BM_nvrtc_compile(s, w, w.id); })
-        ->Iterations(5)->Unit(benchmark::kMillisecond);
+    bench::add((std::string("BM_nvrtc_compile/") + w.id).c_str(),
+               [&w](benchmark::State& s) { BM_nvrtc_compile(s, w, w.id); })
+        ->Iterations(5)
+        ->Unit(benchmark::kMillisecond);
   bench::add("BM_first_compile", BM_first_compile)->Iterations(7)->Unit(benchmark::kMillisecond);
   bench::add("BM_disk_hit_new_process", BM_disk_hit_new_process)->Iterations(5)->Unit(benchmark::kMillisecond);
   bench::add("BM_launch_floor", BM_launch_floor)->Iterations(5)->Unit(benchmark::kMicrosecond);
@@ -512,11 +550,15 @@ void register_all(bool variants) {
   bench::add("BM_cached_launch_executor", BM_cached_launch_executor)->Iterations(5)->Unit(benchmark::kMicrosecond);
   bench::add("BM_cached_launch_typed", BM_cached_launch_typed)->Iterations(5)->Unit(benchmark::kMicrosecond);
   for (const char* mode : {"default", "reduce-overhead"})
-    bench::add((std::string("BM_compiled_call/") + mode).c_str(), [mode](benchmark::State& s) { BM_compiled_call(s, mode); })
-        ->Iterations(5)->Unit(benchmark::kMicrosecond);
+    bench::add((std::string("BM_compiled_call/") + mode).c_str(),
+               [mode](benchmark::State& s) { BM_compiled_call(s, mode); })
+        ->Iterations(5)
+        ->Unit(benchmark::kMicrosecond);
   for (const char* mode : {"default", "reduce-overhead"})
-    bench::add((std::string("BM_S1_compiled/") + mode).c_str(), [mode](benchmark::State& s) { BM_S1_compiled(s, mode); })
-        ->Iterations(5)->Unit(benchmark::kMicrosecond);
+    bench::add((std::string("BM_S1_compiled/") + mode).c_str(),
+               [mode](benchmark::State& s) { BM_S1_compiled(s, mode); })
+        ->Iterations(5)
+        ->Unit(benchmark::kMicrosecond);
 }
 
 void print_summary() {
@@ -530,20 +572,24 @@ void print_summary() {
   }
   if (unavailable().empty()) {
     const auto& ctx = runtime::cuda_context(0);
-    std::printf("device: %s (%s, %d SMs), driver CUDA %s, NVRTC %s, copy %.1f GB/s\n", ctx.name.c_str(), ctx.arch().c_str(),
-                ctx.sm_count, runtime::cuda_driver_version().c_str(), runtime::nvrtc_version().c_str(), copy_gbps());
+    std::printf("device: %s (%s, %d SMs), driver CUDA %s, NVRTC %s, copy %.1f GB/s\n", ctx.name.c_str(),
+                ctx.arch().c_str(), ctx.sm_count, runtime::cuda_driver_version().c_str(),
+                runtime::nvrtc_version().c_str(), copy_gbps());
   }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (const char* child = std::getenv("KILN_BENCH_CHILD"); child && std::string(child) == "disk_hit") return child_disk_hit();
+  if (const char* child = std::getenv("KILN_BENCH_CHILD"); child && std::string(child) == "disk_hit")
+    return child_disk_hit();
   bool variants = false;
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
-    if (std::string(argv[i]) == "--variants") variants = true;
-    else args.push_back(argv[i]);
+    if (std::string(argv[i]) == "--variants")
+      variants = true;
+    else
+      args.push_back(argv[i]);
   }
   // The kit's flags (KILN_BENCH_JSON), context and reporter.
   if (!bench::initialize(static_cast<int>(args.size()), args.data())) return 1;

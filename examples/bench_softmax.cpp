@@ -8,7 +8,7 @@
 using namespace kiln;
 
 static void softmax_rows(benchmark::State& state) {
-  const Device device = bench::default_device();  // KILN_DEVICE, else the CPU
+  const Device device = bench::default_device();          // KILN_DEVICE, else the CPU
   if (bench::skip_if_unavailable(state, device)) return;  // no GPU: skipped, with the reason
   const std::int64_t rows = state.range(0), cols = 4096;
   Tensor x = randn({rows, cols}, /*seed=*/1, f32, device);

@@ -46,8 +46,10 @@ int main() {
   t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < 10; ++i) gelu_layer(x, w, b).eval();
   const double later = ms_since(t0) / 10;
-  std::printf("  first call %.1f ms (trace + compile; a second process finds the kernel in the disk cache),"
-              " later calls %.3f ms\n", first, later);
+  std::printf(
+      "  first call %.1f ms (trace + compile; a second process finds the kernel in the disk cache),"
+      " later calls %.3f ms\n",
+      first, later);
   print_stats("after 11 calls:", gelu_layer.stats());
   std::printf("%s", kiln::explain(gelu_layer, x, w, b).c_str());
 

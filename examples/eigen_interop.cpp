@@ -24,14 +24,16 @@ int main() {
   // ...or written straight into Eigen's memory through the view.
   Eigen::MatrixXf b(4, 6);
   from_eigen(b).assign(tanh(t) * 0.5f);
-  std::printf("b == 0.5 tanh(a): %s\n", (b - 0.5f * a.array().tanh().matrix()).cwiseAbs().maxCoeff() < 1e-6f ? "yes" : "no");
+  std::printf("b == 0.5 tanh(a): %s\n",
+              (b - 0.5f * a.array().tanh().matrix()).cwiseAbs().maxCoeff() < 1e-6f ? "yes" : "no");
 
   // An Eigen Map over an evaluated tensor: Eigen reads kiln's buffer in place.
   Tensor y = layer_norm(t, Tensor{}, Tensor{}, 1e-5);
   y.eval();
   auto m = to_eigen<Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>>(y);
   std::printf("layer_norm row means seen by Eigen: %.1e .. %.1e (map over kiln's memory: %s)\n",
-              m.rowwise().mean().minCoeff(), m.rowwise().mean().maxCoeff(), m.data() == y.data_ptr<float>() ? "yes" : "no");
+              m.rowwise().mean().minCoeff(), m.rowwise().mean().maxCoeff(),
+              m.data() == y.data_ptr<float>() ? "yes" : "no");
 
   // Eigen::Tensor works as well; its default column-major layout is kept as strides.
   Eigen::Tensor<float, 3> e(2, 3, 4);

@@ -43,7 +43,7 @@ int main() {
               static_cast<long long>(rows));
   std::printf("layer_norm: mean of row 0 before the affine part should be ~0: %.2e\n",
               mean(slice((normed - bias) / weight, 0, 0, 1)).item<float>());
-  std::printf("largest error vs float64 loops: softmax %.2e (relative), layer_norm %.2e, log_softmax %.2e\n",
-              worst_p, worst_n, worst_l);
+  std::printf("largest error vs float64 loops: softmax %.2e (relative), layer_norm %.2e, log_softmax %.2e\n", worst_p,
+              worst_n, worst_l);
   return worst_p < 1e-5 && worst_n < 1e-4 && worst_l < 1e-4 ? 0 : 1;
 }

@@ -151,10 +151,8 @@ inline void collect(std::vector<Tensor>& out, const Tensor& t) {
   if (t.defined()) out.push_back(t);
 }
 template <class E>
-  requires TensorLike<E>
-void collect(std::vector<Tensor>& out, const E& e) {
-  out.push_back(Tensor(e));
-}
+requires TensorLike<E>
+void collect(std::vector<Tensor>& out, const E& e) { out.push_back(Tensor(e)); }
 
 template <class T>
 struct is_tuple_like : std::false_type {};
@@ -187,8 +185,10 @@ void evaluate_result(R&& r) {
 
 template <class Body>
 void call(Body& body) {
-  if constexpr (std::is_void_v<std::invoke_result_t<Body&>>) body();
-  else evaluate_result(body());
+  if constexpr (std::is_void_v<std::invoke_result_t<Body&>>)
+    body();
+  else
+    evaluate_result(body());
 }
 
 /// Sets a thread's manual-time flag for one scope (restored also when the benchmark throws).
@@ -258,8 +258,7 @@ inline bool skip_if_unavailable(benchmark::State& state, Device device) {
   const std::string why = unavailable_reason(device);
   if (why.empty()) return false;
   state.SkipWithError(("kiln::bench: skipped on " + device.str() + ": " + why).c_str());
-  for (auto _ : state) {
-  }
+  for (auto _ : state) {}
   return true;
 }
 
@@ -390,9 +389,9 @@ Measurement run(benchmark::State& state, Device device, const Work& work, Body&&
   const bool manual = detail::manual_time_flag();
   const int batch = options.batch > 0 ? options.batch : (manual && device.is_cuda() ? 10 : 1);
   if (!manual && batch != 1) {
-    state.SkipWithError("kiln::bench: Options::batch > 1 needs manual time (register with kiln::bench::add or KILN_BENCH)");
-    for (auto _ : state) {
-    }
+    state.SkipWithError(
+        "kiln::bench: Options::batch > 1 needs manual time (register with kiln::bench::add or KILN_BENCH)");
+    for (auto _ : state) {}
     return m;
   }
   try {
@@ -535,12 +534,12 @@ inline int run_main(int argc, char** argv) {
 
 /// Registers `fn` (a `void(benchmark::State&)`) under its own name with the kit's timing (see
 /// kiln::bench::add). More settings follow as with BENCHMARK: `KILN_BENCH(f)->Arg(1024);`.
-#define KILN_BENCH(fn)                                                                     \
-  [[maybe_unused]] static ::benchmark::internal::Benchmark* KILN_BENCH_CONCAT(kiln_bench_, \
-                                                                               __COUNTER__) = ::kiln::bench::add(#fn, fn)
+#define KILN_BENCH(fn)                                                                                    \
+  [[maybe_unused]] static ::benchmark::internal::Benchmark* KILN_BENCH_CONCAT(kiln_bench_, __COUNTER__) = \
+      ::kiln::bench::add(#fn, fn)
 
 /// Defines main(): flags (and KILN_BENCH_JSON), then every registered benchmark. Write it as a
 /// statement: `KILN_BENCH_MAIN();`.
-#define KILN_BENCH_MAIN()                                                          \
+#define KILN_BENCH_MAIN()                                                         \
   int main(int argc, char** argv) { return ::kiln::bench::run_main(argc, argv); } \
   int main(int, char**)

@@ -31,15 +31,26 @@ namespace kiln {
 namespace detail {
 
 /// The kiln storage type of an Eigen scalar (they share their bit layout).
-template <class S> struct eigen_to_kiln { using type = S; };
-template <> struct eigen_to_kiln<Eigen::half> { using type = Half; };
-template <> struct eigen_to_kiln<Eigen::bfloat16> { using type = BFloat16; };
+template <class S>
+struct eigen_to_kiln {
+  using type = S;
+};
+template <>
+struct eigen_to_kiln<Eigen::half> {
+  using type = Half;
+};
+template <>
+struct eigen_to_kiln<Eigen::bfloat16> {
+  using type = BFloat16;
+};
 template <class S>
 using eigen_to_kiln_t = typename eigen_to_kiln<std::remove_const_t<S>>::type;
 
 template <class S>
-concept EigenScalar = requires { dtype_of<eigen_to_kiln_t<S>>::value; } &&
-                      sizeof(eigen_to_kiln_t<S>) == sizeof(std::remove_const_t<S>);
+concept EigenScalar = requires {
+  dtype_of<eigen_to_kiln_t<S>>::value;
+}
+&&sizeof(eigen_to_kiln_t<S>) == sizeof(std::remove_const_t<S>);
 
 template <class T>
 concept EigenDense = std::is_base_of_v<Eigen::DenseBase<T>, T>;
@@ -47,14 +58,16 @@ concept EigenDense = std::is_base_of_v<Eigen::DenseBase<T>, T>;
 /// Dense Eigen objects whose coefficients sit in memory at fixed strides (Matrix, Array, Map,
 /// Ref, Block of those): these can be viewed without a copy.
 template <class T>
-concept EigenDirect = EigenDense<T> && (int(T::Flags) & Eigen::DirectAccessBit) != 0;
+concept EigenDirect = EigenDense<T> &&(int(T::Flags) & Eigen::DirectAccessBit) != 0;
 
 /// Types that own their coefficients: viewing a temporary of one would dangle.
 template <class T>
 concept EigenPlain = std::is_base_of_v<Eigen::PlainObjectBase<T>, T>;
 
-template <class T> struct is_eigen_map : std::false_type {};
-template <class P, int O, class S> struct is_eigen_map<Eigen::Map<P, O, S>> : std::true_type {
+template <class T>
+struct is_eigen_map : std::false_type {};
+template <class P, int O, class S>
+struct is_eigen_map<Eigen::Map<P, O, S>> : std::true_type {
   using plain = std::remove_const_t<P>;
   static constexpr int options = O;  // Eigen::Unaligned, Aligned16, ...
   using stride = S;
@@ -72,10 +85,12 @@ StrideT make_stride(Eigen::Index outer, Eigen::Index inner) {
 }
 
 #if KILN_HAS_EIGEN_TENSOR
-template <class T> struct is_eigen_tensor : std::false_type {};
+template <class T>
+struct is_eigen_tensor : std::false_type {};
 template <class S, int R, int O, class I>
 struct is_eigen_tensor<Eigen::Tensor<S, R, O, I>> : std::true_type {};
-template <class T> struct is_eigen_tensor_map : std::false_type {};
+template <class T>
+struct is_eigen_tensor_map : std::false_type {};
 template <class P, int O, template <class> class MP>
 struct is_eigen_tensor_map<Eigen::TensorMap<P, O, MP>> : std::true_type {
   using plain = P;
@@ -148,10 +163,8 @@ void copy_row_major(const Tensor& t, S* out) {
 /// Eigen object. The Eigen object must outlive every use of the tensor (as with from_blob), so
 /// temporaries of owning types (Matrix, Array) are rejected at compile time.
 template <class M>
-  requires detail::EigenDirect<std::remove_cvref_t<M>> &&
-           detail::EigenScalar<typename std::remove_cvref_t<M>::Scalar> &&
-           (std::is_lvalue_reference_v<M> || !detail::EigenPlain<std::remove_cvref_t<M>>)
-Tensor from_eigen(M&& m) {
+requires detail::EigenDirect<std::remove_cvref_t<M>> && detail::EigenScalar<typename std::remove_cvref_t<M>::Scalar> &&
+    (std::is_lvalue_reference_v<M> || !detail::EigenPlain<std::remove_cvref_t<M>>)Tensor from_eigen(M&& m) {
   using D = std::remove_cvref_t<M>;
   using K = detail::eigen_to_kiln_t<typename D::Scalar>;
   // const Eigen objects still give a tensor (kiln's views are not const-typed); writing
@@ -172,11 +185,11 @@ Tensor from_eigen(M&& m) {
 /// A tensor viewing an Eigen::Tensor or Eigen::TensorMap: no copy; ColMajor (Eigen's default)
 /// gives column-major strides over the same shape, so `t[i, j, k]` is `e(i, j, k)`.
 template <class E>
-  requires(detail::is_eigen_tensor<std::remove_cvref_t<E>>::value ||
-           detail::is_eigen_tensor_map<std::remove_cvref_t<E>>::value) &&
-          detail::EigenScalar<typename std::remove_cvref_t<E>::Scalar> &&
-          (std::is_lvalue_reference_v<E> || !detail::is_eigen_tensor<std::remove_cvref_t<E>>::value)
-Tensor from_eigen(E&& e) {
+requires(detail::is_eigen_tensor<std::remove_cvref_t<E>>::value ||
+         detail::is_eigen_tensor_map<std::remove_cvref_t<E>>::value) &&
+    detail::EigenScalar<typename std::remove_cvref_t<E>::Scalar> &&
+    (std::is_lvalue_reference_v<E> || !detail::is_eigen_tensor<std::remove_cvref_t<E>>::value) Tensor
+    from_eigen(E&& e) {
   using D = std::remove_cvref_t<E>;
   using K = detail::eigen_to_kiln_t<typename D::Scalar>;
   constexpr int rank = D::NumIndices;
@@ -328,10 +341,12 @@ Target to_eigen(const Tensor& t) {
 
 /// Maps must not outlive their tensor: a map over a temporary tensor would dangle at once.
 template <class Target>
-  requires detail::is_eigen_map<Target>::value
+requires detail::is_eigen_map<Target>::value
 #if KILN_HAS_EIGEN_TENSOR
-           || detail::is_eigen_tensor_map<Target>::value
+    || detail::is_eigen_tensor_map<Target>::value
 #endif
-Target to_eigen(Tensor&&) = delete;
+        Target
+        to_eigen(Tensor&&)
+= delete;
 
 }  // namespace kiln

@@ -36,9 +36,12 @@ inline NodePtr input(const Shape& shape, DType dt, unsigned seed, Strides stride
     using T = decltype(tag);
     T* p = static_cast<T*>(st->data);
     for (std::int64_t i = 0; i < alloc; ++i) {
-      if constexpr (std::is_same_v<T, bool>) p[i] = (rng() & 1) != 0;
-      else if constexpr (std::is_integral_v<T>) p[i] = static_cast<T>(static_cast<int>(rng() % 19) - 9);
-      else p[i] = T(static_cast<float>(nd(rng) * scale));
+      if constexpr (std::is_same_v<T, bool>)
+        p[i] = (rng() & 1) != 0;
+      else if constexpr (std::is_integral_v<T>)
+        p[i] = static_cast<T>(static_cast<int>(rng() % 19) - 9);
+      else
+        p[i] = T(static_cast<float>(nd(rng) * scale));
     }
   });
   return ir::input(ir::BufferView{st, offset, std::move(strides)}, shape, dt, cpu());
@@ -59,7 +62,9 @@ inline NodePtr sub(const NodePtr& a, const NodePtr& b) { return ir::binary(Op::S
 inline NodePtr mul(const NodePtr& a, const NodePtr& b) { return ir::binary(Op::Mul, a, b); }
 inline NodePtr div(const NodePtr& a, const NodePtr& b) { return ir::binary(Op::Div, a, b); }
 inline NodePtr un(Op op, const NodePtr& a) { return ir::unary(op, a); }
-inline NodePtr red(Op op, const NodePtr& a, std::vector<std::int64_t> axes) { return ir::reduce(op, a, std::move(axes)); }
+inline NodePtr red(Op op, const NodePtr& a, std::vector<std::int64_t> axes) {
+  return ir::reduce(op, a, std::move(axes));
+}
 /// Broadcast `x` (same rank, or fewer dims: leading 1s added) to `shape`.
 inline NodePtr expand(const NodePtr& x, const Shape& shape) {
   NodePtr r = x;
@@ -87,7 +92,9 @@ inline Outputs make_outputs(const ir::Graph& g, unsigned char fill) {
   Outputs o;
   for (std::size_t k = 0; k < g.outputs.size(); ++k) {
     const ir::GraphNode& n = g.nodes[static_cast<std::size_t>(g.outputs[k])];
-    std::size_t bytes = static_cast<std::size_t>(std::max<std::int64_t>(1, extent_elems(n.shape, g.output_strides[k]))) * itemsize(n.dtype);
+    std::size_t bytes =
+        static_cast<std::size_t>(std::max<std::int64_t>(1, extent_elems(n.shape, g.output_strides[k]))) *
+        itemsize(n.dtype);
     o.buffers.push_back(runtime::allocate_host(bytes));
     std::memset(o.buffers.back()->data, fill, bytes);
     o.pointers.push_back(o.buffers.back()->data);
@@ -98,7 +105,8 @@ inline Outputs make_outputs(const ir::Graph& g, unsigned char fill) {
 inline backend::RunArgs args_for(const ir::Captured& c, const Outputs& o) {
   backend::RunArgs a;
   for (auto& leaf : c.leaves)
-    a.inputs.push_back(static_cast<const char*>(leaf->buffer->storage->data) + leaf->buffer->offset * static_cast<std::int64_t>(itemsize(leaf->dtype)));
+    a.inputs.push_back(static_cast<const char*>(leaf->buffer->storage->data) +
+                       leaf->buffer->offset * static_cast<std::int64_t>(itemsize(leaf->dtype)));
   a.outputs = o.pointers;
   return a;
 }
@@ -108,11 +116,16 @@ struct Tol {
 };
 inline Tol default_tol(DType t) {
   switch (t) {
-    case DType::Float16: return {2e-3, 1e-5};
-    case DType::BFloat16: return {1.6e-2, 1e-5};
-    case DType::Float32: return {2e-5, 1e-6};
-    case DType::Float64: return {1e-12, 1e-14};
-    default: return {0, 0};
+    case DType::Float16:
+      return {2e-3, 1e-5};
+    case DType::BFloat16:
+      return {1.6e-2, 1e-5};
+    case DType::Float32:
+      return {2e-5, 1e-6};
+    case DType::Float64:
+      return {1e-12, 1e-14};
+    default:
+      return {0, 0};
   }
 }
 
@@ -129,16 +142,20 @@ inline double as_double(const void* base, std::int64_t off, DType dt) {
   visit_dtype(dt, [&](auto tag) {
     using T = decltype(tag);
     const T x = static_cast<const T*>(base)[off];
-    if constexpr (std::is_same_v<T, bool>) v = x ? 1.0 : 0.0;
-    else if constexpr (std::is_integral_v<T> || std::is_same_v<T, double>) v = static_cast<double>(x);
-    else v = static_cast<double>(static_cast<float>(x));
+    if constexpr (std::is_same_v<T, bool>)
+      v = x ? 1.0 : 0.0;
+    else if constexpr (std::is_integral_v<T> || std::is_same_v<T, double>)
+      v = static_cast<double>(x);
+    else
+      v = static_cast<double>(static_cast<float>(x));
   });
   return v;
 }
 
 /// Runs `roots` (captured together) through run_cpu_jit and run_reference and compares.
 /// `out_strides` (optional, per output) makes the outputs strided views.
-inline Check run_both(const std::vector<NodePtr>& roots, std::vector<Strides> out_strides = {}, double tol_scale = 1.0) {
+inline Check run_both(const std::vector<NodePtr>& roots, std::vector<Strides> out_strides = {},
+                      double tol_scale = 1.0) {
   ir::Captured c = ir::capture(roots, cpu());
   if (!out_strides.empty()) {
     for (std::size_t k = 0; k < out_strides.size(); ++k)
@@ -165,9 +182,12 @@ inline Check run_both(const std::vector<NodePtr>& roots, std::vector<Strides> ou
       for (std::size_t d = 0; d < idx.size(); ++d) off += idx[d] * st[d];
       double a = as_double(jit.pointers[k], off, n.dtype), b = as_double(ref.pointers[k], off, n.dtype);
       bool ok;
-      if (std::isnan(b)) ok = std::isnan(a);
-      else if (std::isinf(b)) ok = a == b;
-      else ok = std::fabs(a - b) <= tol_scale * (tol.atol + tol.rtol * std::fabs(b));
+      if (std::isnan(b))
+        ok = std::isnan(a);
+      else if (std::isinf(b))
+        ok = a == b;
+      else
+        ok = std::fabs(a - b) <= tol_scale * (tol.atol + tol.rtol * std::fabs(b));
       if (!ok) {
         r.mismatch = "output " + std::to_string(k) + " (" + dtype_name(n.dtype) + n.shape.str() + ") element " +
                      std::to_string(i) + ": jit " + std::to_string(a) + " vs reference " + std::to_string(b) + "\n" +

@@ -97,7 +97,8 @@ TEST_CASE("cpu jit: WORKLOADS.md workloads at IR level, fused == reference, kern
   }
   SUBCASE("N4 rms_norm written out") {
     NodePtr X = input({M, K}, f32, 17), w = input({K}, f32, 18);
-    NodePtr ms = div(red(Op::ReduceSum, mul(X, X), {1}), cst(static_cast<double>(K), ir::constant(0, f32, {M, 1}, cpu())));
+    NodePtr ms =
+        div(red(Op::ReduceSum, mul(X, X), {1}), cst(static_cast<double>(K), ir::constant(0, f32, {M, 1}, cpu())));
     NodePtr y = mul(mul(X, ir::broadcast(un(Op::Rsqrt, add(ms, cst(1e-6, ms))), X->shape)), expand(w, X->shape));
     expect(run_both({y}), 1);
   }
@@ -111,7 +112,8 @@ TEST_CASE("cpu jit: WORKLOADS.md workloads at IR level, fused == reference, kern
     for (std::int64_t i = 0; i < M; ++i) t[static_cast<std::size_t>(i)] = (i * 37) % K;
     NodePtr targets = input_values<std::int64_t>({M}, t);
     NodePtr logp = log_softmax_ir(logits, 1);
-    NodePtr onehot = ir::binary(Op::Eq, ir::iota({M, K}, 1, i64, cpu()), ir::broadcast(ir::reshape(targets, {M, 1}), {M, K}));
+    NodePtr onehot =
+        ir::binary(Op::Eq, ir::iota({M, K}, 1, i64, cpu()), ir::broadcast(ir::reshape(targets, {M, 1}), {M, K}));
     NodePtr picked = red(Op::ReduceSum, ir::where(onehot, logp, cst(0.0, logp)), {1});
     NodePtr total = red(Op::ReduceSum, un(Op::Neg, picked), {0});
     NodePtr loss = ir::reshape(div(total, cst(static_cast<double>(M), total)), Shape{});
@@ -137,7 +139,7 @@ TEST_CASE("cpu jit: WORKLOADS.md workloads at IR level, fused == reference, kern
 TEST_CASE("cpu jit: layouts (strided, transposed, sliced, broadcast leaves; strided outputs; lazy index maps)") {
   const std::int64_t R = 48, C = 40;
   SUBCASE("transposed and sliced leaves, pointwise and reductions") {
-    NodePtr t = input({R, C}, f32, 30, {1, R}, R * C);                 // a [C, R] buffer viewed transposed
+    NodePtr t = input({R, C}, f32, 30, {1, R}, R * C);                             // a [C, R] buffer viewed transposed
     NodePtr s = input({R, C}, f32, 31, {2 * C + 3, 2}, 2 * C * R + 3 * R + 2, 5);  // every other column, padded rows
     expect(run_both({add(t, s), red(Op::ReduceSum, t, {1}), red(Op::ReduceMax, s, {0})}), 2);  // add joins a reduction
   }
@@ -153,10 +155,10 @@ TEST_CASE("cpu jit: layouts (strided, transposed, sliced, broadcast leaves; stri
   }
   SUBCASE("lazy permute, slice, reshape (even and uneven splits), concat") {
     NodePtr x = input({R, C}, f32, 36), y = input({C, R}, f32, 37);
-    NodePtr p = ir::permute(add(x, cst(1.0, x)), {1, 0});                       // [C, R]
-    NodePtr sl = ir::slice(mul(y, y), 1, 3, 10, 4);                               // [C, 10]
-    NodePtr flat = ir::reshape(p, Shape{C * R});                                  // merge after permute
-    NodePtr split = ir::reshape(add(flat, cst(2.0, flat)), Shape{R, C});          // uneven: [C*R] -> [R, C]
+    NodePtr p = ir::permute(add(x, cst(1.0, x)), {1, 0});                             // [C, R]
+    NodePtr sl = ir::slice(mul(y, y), 1, 3, 10, 4);                                   // [C, 10]
+    NodePtr flat = ir::reshape(p, Shape{C * R});                                      // merge after permute
+    NodePtr split = ir::reshape(add(flat, cst(2.0, flat)), Shape{R, C});              // uneven: [C*R] -> [R, C]
     NodePtr odd = ir::reshape(ir::permute(un(Op::Neg, x), {1, 0}), Shape{8, 5, 48});  // C*R = 1920 = 8*5*48
     NodePtr cat0 = ir::concat({p, un(Op::Abs, y), ir::slice(p, 1, 0, 10, 1)}, 1);
     NodePtr cat1 = ir::concat({add(x, x), ir::slice(mul(x, x), 0, 5, 7, 1)}, 0);
@@ -177,30 +179,35 @@ TEST_CASE("cpu jit: dtypes") {
       NodePtr a = input(sh, dt, 40), b = input(sh, dt, 41);
       NodePtr y = add(mul(a, b), div(un(Op::Exp, a), add(un(Op::Abs, b), cst(1.0, b))));
       NodePtr z = un(Op::Sqrt, un(Op::Abs, sub(a, b)));
-      expect(run_both({y, z, red(Op::ReduceSum, y, {1}), red(Op::ReduceMax, a, {0}), ir::cast(y, f32), ir::cast(a, i32)}), 2);
+      expect(
+          run_both({y, z, red(Op::ReduceSum, y, {1}), red(Op::ReduceMax, a, {0}), ir::cast(y, f32), ir::cast(a, i32)}),
+          2);
     }
   }
   SUBCASE("f64") {
     NodePtr a = input(sh, f64, 42), b = input(sh, f64, 43);
     NodePtr y = add(un(Op::Tanh, a), mul(un(Op::Log1p, un(Op::Abs, b)), un(Op::Erf, a)));
-    expect(run_both({y, red(Op::ReduceSum, y, {1}), red(Op::ReduceProd, add(cst(1.0, a), mul(cst(0.01, a), a)), {0})}), 2);
+    expect(run_both({y, red(Op::ReduceSum, y, {1}), red(Op::ReduceProd, add(cst(1.0, a), mul(cst(0.01, a), a)), {0})}),
+           2);
   }
   SUBCASE("int32, int64: wrapping arithmetic, division, pow, reductions") {
     for (DType dt : {i32, i64}) {
       NodePtr a = input(sh, dt, 44), b = input(sh, dt, 45);
       NodePtr big = mul(a, cst(dt == i32 ? 2147483000.0 : 9.2e18, a));
-      expect(run_both({add(mul(a, b), big), div(a, b), ir::binary(Op::Pow, a, un(Op::Abs, b)), un(Op::Neg, a), un(Op::Abs, a),
-                       ir::binary(Op::Maximum, a, b), red(Op::ReduceSum, a, {1}), red(Op::ReduceProd, b, {0}),
-                       red(Op::ReduceMin, a, {1}), red(Op::ArgMax, b, {1}), red(Op::ArgMin, a, {0}), ir::cast(a, f32),
-                       ir::cast(a, dt == i32 ? i64 : i32), ir::binary(Op::Lt, a, b)}),
+      expect(run_both({add(mul(a, b), big), div(a, b), ir::binary(Op::Pow, a, un(Op::Abs, b)), un(Op::Neg, a),
+                       un(Op::Abs, a), ir::binary(Op::Maximum, a, b), red(Op::ReduceSum, a, {1}),
+                       red(Op::ReduceProd, b, {0}), red(Op::ReduceMin, a, {1}), red(Op::ArgMax, b, {1}),
+                       red(Op::ArgMin, a, {0}), ir::cast(a, f32), ir::cast(a, dt == i32 ? i64 : i32),
+                       ir::binary(Op::Lt, a, b)}),
              2);
     }
   }
   SUBCASE("bool: logic, arithmetic on 0/1, reductions, casts") {
     NodePtr a = input(sh, bool_, 46), b = input(sh, bool_, 47);
     expect(run_both({ir::binary(Op::And, a, b), ir::binary(Op::Or, a, un(Op::Not, b)), add(a, b), mul(a, b), sub(a, b),
-                     red(Op::ReduceSum, a, {1}), red(Op::ReduceMax, a, {0}), red(Op::ReduceMin, b, {1}), red(Op::ArgMax, a, {1}),
-                     ir::cast(a, f32), ir::cast(a, i64), ir::where(a, input(sh, f32, 48), input(sh, f32, 49))}),
+                     red(Op::ReduceSum, a, {1}), red(Op::ReduceMax, a, {0}), red(Op::ReduceMin, b, {1}),
+                     red(Op::ArgMax, a, {1}), ir::cast(a, f32), ir::cast(a, i64),
+                     ir::where(a, input(sh, f32, 48), input(sh, f32, 49))}),
            2);
   }
   SUBCASE("casts between every pair") {
@@ -225,13 +232,13 @@ TEST_CASE("cpu jit: NaN, Inf and signed zeros behave as in the reference") {
   std::vector<float> va = {1.f, -0.f, 0.f, nan, inf, -inf, 2.5f, -2.5f, 0.5f, -0.5f, 3.f, nan, 1.5f, -1.5f, 7.f, -7.f};
   std::vector<float> vb = {nan, 0.f, -0.f, 1.f, -inf, inf, 0.f, -0.f, 2.f, 2.f, 3.f, 4.f, -1.f, 1.f, 0.f, -0.f};
   NodePtr a = input_values<float>({4, 4}, va), b = input_values<float>({4, 4}, vb);
-  expect(run_both({ir::binary(Op::Maximum, a, b), ir::binary(Op::Minimum, a, b), div(a, b), un(Op::Floor, a), un(Op::Ceil, a),
-                   un(Op::Round, a), un(Op::Neg, a), un(Op::Abs, a), un(Op::Sqrt, a), un(Op::Rsqrt, a), un(Op::Exp, a),
-                   un(Op::Log, a), un(Op::IsNan, a), un(Op::IsInf, b), ir::cast(a, i32), ir::cast(a, bool_),
-                   ir::binary(Op::Pow, a, b), mul(a, b)}),
+  expect(run_both({ir::binary(Op::Maximum, a, b), ir::binary(Op::Minimum, a, b), div(a, b), un(Op::Floor, a),
+                   un(Op::Ceil, a), un(Op::Round, a), un(Op::Neg, a), un(Op::Abs, a), un(Op::Sqrt, a), un(Op::Rsqrt, a),
+                   un(Op::Exp, a), un(Op::Log, a), un(Op::IsNan, a), un(Op::IsInf, b), ir::cast(a, i32),
+                   ir::cast(a, bool_), ir::binary(Op::Pow, a, b), mul(a, b)}),
          1);
-  expect(run_both({red(Op::ReduceMax, a, {1}), red(Op::ReduceMin, a, {0}), red(Op::ArgMax, a, {1}), red(Op::ArgMin, a, {0}),
-                   red(Op::ReduceSum, b, {1}), red(Op::ReduceProd, a, {0})}),
+  expect(run_both({red(Op::ReduceMax, a, {1}), red(Op::ReduceMin, a, {0}), red(Op::ArgMax, a, {1}),
+                   red(Op::ArgMin, a, {0}), red(Op::ReduceSum, b, {1}), red(Op::ReduceProd, a, {0})}),
          2);
 }
 
@@ -250,7 +257,8 @@ TEST_CASE("cpu jit: leaves, generators, size 0, outputs that are inputs") {
   }
   SUBCASE("size-0 tensors and reductions over empty axes") {
     NodePtr e = input({0, 5}, f32, 60);
-    expect(run_both({add(e, e), red(Op::ReduceSum, e, {0}), red(Op::ReduceSum, e, {1}), red(Op::ReduceProd, e, {0})}), 2);
+    expect(run_both({add(e, e), red(Op::ReduceSum, e, {0}), red(Op::ReduceSum, e, {1}), red(Op::ReduceProd, e, {0})}),
+           2);
   }
   SUBCASE("an input and a constant as outputs, one node output twice") {
     NodePtr x = input({7, 3}, f32, 61, {1, 7}, 21);
@@ -294,8 +302,8 @@ TEST_CASE("cpu jit: fusion boundaries") {
   const std::int64_t S = 32;
   SUBCASE("a reduction read at other rows is materialised and read by a second kernel") {
     NodePtr x = input({S, S}, f32, 80);
-    NodePtr rs = red(Op::ReduceSum, x, {1});                          // [S, 1]
-    NodePtr t = ir::permute(ir::broadcast(rs, {S, S}), {1, 0});        // row i reads rs[j]
+    NodePtr rs = red(Op::ReduceSum, x, {1});                     // [S, 1]
+    NodePtr t = ir::permute(ir::broadcast(rs, {S, S}), {1, 0});  // row i reads rs[j]
     expect(run_both({red(Op::ReduceSum, mul(x, t), {1})}), 2);
   }
   SUBCASE("a reduction output also read by another kernel comes from the output buffer") {
@@ -311,7 +319,8 @@ TEST_CASE("cpu jit: fusion boundaries") {
   }
   SUBCASE("row and column reductions of one input: two kernels, both exact") {
     NodePtr x = input({S, 3 * S}, f32, 84);
-    NodePtr y = div(x, mul(ir::broadcast(red(Op::ReduceSum, x, {1}), x->shape), ir::broadcast(red(Op::ReduceMax, x, {0}), x->shape)));
+    NodePtr y = div(x, mul(ir::broadcast(red(Op::ReduceSum, x, {1}), x->shape),
+                           ir::broadcast(red(Op::ReduceMax, x, {0}), x->shape)));
     expect(run_both({y}), 2);
   }
 }
@@ -361,7 +370,8 @@ TEST_CASE("cpu jit: plan cache and threads") {
 
 TEST_CASE("cpu jit: an expensive value needed by several kernels is computed once") {
   NodePtr x = input({48, 64}, f32, 100);
-  NodePtr t = un(Op::Tanh, mul(un(Op::Exp, x), cst(0.5, x)));  // costly: recomputing it would repeat two transcendental calls
+  NodePtr t =
+      un(Op::Tanh, mul(un(Op::Exp, x), cst(0.5, x)));  // costly: recomputing it would repeat two transcendental calls
   Check c = run_both({red(Op::ReduceSum, t, {1}), red(Op::ReduceSum, t, {0})});
   expect(c, 2);
   CHECK(c.schedule.find("temp 0") != std::string::npos);

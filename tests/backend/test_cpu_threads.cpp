@@ -56,7 +56,8 @@ std::vector<std::string> run_with_team(const std::vector<NodePtr>& roots, int th
   std::vector<std::string> bytes;
   for (std::size_t k = 0; k < c.graph.outputs.size(); ++k) {
     const ir::GraphNode& n = c.graph.nodes[static_cast<std::size_t>(c.graph.outputs[k])];
-    bytes.emplace_back(static_cast<const char*>(out.pointers[k]), static_cast<std::size_t>(n.shape.numel()) * itemsize(n.dtype));
+    bytes.emplace_back(static_cast<const char*>(out.pointers[k]),
+                       static_cast<std::size_t>(n.shape.numel()) * itemsize(n.dtype));
   }
   return bytes;
 }
@@ -87,7 +88,8 @@ TEST_CASE("cpu threads: kernel_team for small, mid-size and large kernels") {
     CHECK(teams({two_x_plus_y(4096)}, 2, ThreadPolicy::Static) == std::vector<int>{1});
   }
   SUBCASE("a large pointwise kernel gets the configured count") {
-    for (int threads : {1, 2, 3, 8}) CHECK(teams({two_x_plus_y(std::int64_t{1} << 22)}, threads) == std::vector<int>{threads});
+    for (int threads : {1, 2, 3, 8})
+      CHECK(teams({two_x_plus_y(std::int64_t{1} << 22)}, threads) == std::vector<int>{threads});
   }
   SUBCASE("softmax of 256 rows of 1024: enough work for 2 threads, not for 64") {
     std::vector<int> t = teams({softmax_rows(256, 1024)}, 2);
@@ -125,8 +127,10 @@ TEST_CASE("cpu threads: kernel_team for small, mid-size and large kernels") {
 TEST_CASE("cpu threads: KILN_NUM_THREADS and KILN_THREAD_POLICY") {
   const char* set = std::getenv("KILN_NUM_THREADS");
   const long n = set ? std::atol(set) : 0;
-  if (n > 0) CHECK(backend::detail::cpu_threads() == n);
-  else CHECK(backend::detail::cpu_threads() == backend::detail::available_cpus());
+  if (n > 0)
+    CHECK(backend::detail::cpu_threads() == n);
+  else
+    CHECK(backend::detail::cpu_threads() == backend::detail::available_cpus());
   // The plan of a large kernel launches with cpu_threads(), a small one's with 1.
   ir::Captured big = ir::capture({two_x_plus_y(std::int64_t{1} << 22)}, cpu());
   ir::Captured small = ir::capture({two_x_plus_y(65536)}, cpu());
@@ -183,13 +187,15 @@ TEST_CASE("cpu threads: results are identical for teams of 1 and 2") {
   std::vector<std::pair<const char*, std::vector<NodePtr>>> cases = {
       {"pointwise", {two_x_plus_y(big)}},
       {"softmax rows", {softmax_rows(256, 1024)}},
-      {"sum of everything (split into chunks)", {red(Op::ReduceSum, mul(input({big}, f32, 6), input({big}, f32, 7)), {0})}},
+      {"sum of everything (split into chunks)",
+       {red(Op::ReduceSum, mul(input({big}, f32, 6), input({big}, f32, 7)), {0})}},
       {"column sums", {red(Op::ReduceSum, input({512, 1024}, f32, 8), {0})}},
       {"row sums of few rows (split)", {red(Op::ReduceSum, input({3, 100000}, f64, 9), {1})}},
   };
   for (auto& [name, roots] : cases) {
     CAPTURE(name);
-    std::vector<std::string> one = run_with_team(roots, 1), two = run_with_team(roots, 2), three = run_with_team(roots, 3);
+    std::vector<std::string> one = run_with_team(roots, 1), two = run_with_team(roots, 2),
+                             three = run_with_team(roots, 3);
     REQUIRE(one.size() == two.size());
     for (std::size_t k = 0; k < one.size(); ++k) {
       CHECK(one[k] == two[k]);

@@ -196,14 +196,17 @@ TEST_CASE("cuda: plans are cached by structure and alignment; results are determ
 
 TEST_CASE("cuda: KILN_LOGS=output_code prints the CUDA source of a new kernel") {
   if (!have_gpu()) return;
-  std::string path = (std::filesystem::temp_directory_path() / ("kiln_cuda_output_code_" + std::to_string(::getpid()) + ".log")).string();
+  std::string path =
+      (std::filesystem::temp_directory_path() / ("kiln_cuda_output_code_" + std::to_string(::getpid()) + ".log"))
+          .string();
   std::FILE* f = std::fopen(path.c_str(), "w");
   REQUIRE(f);
   set_log_output(f);
   set_logs("output_code");
   // A constant no other test uses, so the source is new to this process.
   NodePtr x = input({1000}, f32, 14);
-  GpuRun r = run_gpu({mul(x, cst(1.0 + 1.0 / static_cast<double>(reinterpret_cast<std::uintptr_t>(&path) % 9973 + 7), x))});
+  GpuRun r =
+      run_gpu({mul(x, cst(1.0 + 1.0 / static_cast<double>(reinterpret_cast<std::uintptr_t>(&path) % 9973 + 7), x))});
   set_logs("");
   set_log_output(nullptr);
   std::fclose(f);

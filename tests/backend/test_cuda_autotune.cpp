@@ -118,8 +118,10 @@ TEST_CASE("cuda autotune: only candidates that change a kernel's code are kept, 
     CHECK(contains(v.candidates, rows8));
     CHECK(contains(v.candidates, col2));
     // Candidate positions in v.candidates of the row and column knobs.
-    const std::size_t at_rows8 = static_cast<std::size_t>(std::find(v.candidates.begin(), v.candidates.end(), rows8) - v.candidates.begin());
-    const std::size_t at_col2 = static_cast<std::size_t>(std::find(v.candidates.begin(), v.candidates.end(), col2) - v.candidates.begin());
+    const std::size_t at_rows8 =
+        static_cast<std::size_t>(std::find(v.candidates.begin(), v.candidates.end(), rows8) - v.candidates.begin());
+    const std::size_t at_col2 =
+        static_cast<std::size_t>(std::find(v.candidates.begin(), v.candidates.end(), col2) - v.candidates.begin());
     std::size_t row_kernel = 0;
     ir::Captured c = capture(two_kernel_roots(512, 8192));
     sched::Schedule s = sched::schedule(c.graph);
@@ -153,7 +155,9 @@ TEST_CASE("cuda autotune: one unit with other knobs per kernel: each kernel is t
   CHECK_THROWS_AS(codegen::generate_cuda(c.graph, s, "t", std::vector<codegen::CudaTarget>{a}), Error);
   if (runtime::nvrtc_available()) {
     std::string cubin = runtime::compile_cuda_to_cubin(mixed.source, "mixed.cu", "sm_90");
-    CHECK(cubin.compare(0, 4, "\x7f" "ELF") == 0);
+    CHECK(cubin.compare(0, 4,
+                        "\x7f"
+                        "ELF") == 0);
   }
 }
 
@@ -231,7 +235,9 @@ bool have_gpu() { return kiln::testing::have_gpu("the GPU autotune and launch gr
 
 const Device kGpu = Device::cuda(0);
 
-std::vector<testing::ModeWorkload> gpu_workloads() { return testing::mode_workloads(kGpu, {1 << 16, 64, 1024, 512, 2048}); }
+std::vector<testing::ModeWorkload> gpu_workloads() {
+  return testing::mode_workloads(kGpu, {1 << 16, 64, 1024, 512, 2048});
+}
 
 const char* const kTunedIds[] = {"P1", "P3", "R1", "R3", "N1", "N6", "S1"};
 
@@ -247,8 +253,8 @@ bool has_choices(const testing::ModeWorkload& w, const std::vector<Tensor>& in) 
   Tensor r = w.compute(in);
   ir::Captured c = ir::capture({r.node()}, kGpu);
   const auto& ctx = runtime::cuda_context(0);
-  auto v = backend::detail::cuda_tuning_variants(c.graph, sched::schedule(c.graph), backend::detail::cuda_target(ctx), {},
-                                                 backend::detail::cuda_tuning_candidates());
+  auto v = backend::detail::cuda_tuning_variants(c.graph, sched::schedule(c.graph), backend::detail::cuda_target(ctx),
+                                                 {}, backend::detail::cuda_tuning_candidates());
   for (auto& k : v.variants)
     if (k.size() > 1) return true;
   return false;
@@ -333,7 +339,8 @@ TEST_CASE("cuda autotune: child (run by the test above)") {
   CHECK(s.timed_runs == 0);
   CHECK(s.tunings == 0);
   CHECK(s.disk_hits == std::size(kTunedIds));
-  if (s.timed_runs == 0 && s.tunings == 0 && s.disk_hits == std::size(kTunedIds)) std::printf("KILN_CUDA_AUTOTUNE_CHILD_OK\n");
+  if (s.timed_runs == 0 && s.tunings == 0 && s.disk_hits == std::size(kTunedIds))
+    std::printf("KILN_CUDA_AUTOTUNE_CHILD_OK\n");
 }
 
 TEST_CASE("cuda launch graphs: new arguments per launch, also queued back to back without waiting") {

@@ -122,7 +122,8 @@ TEST_CASE("cuda graph: inputs at new addresses are copied into static buffers (o
   w.eval();
   // Every x is kept alive, so each call's x is at a new address (a freed block could come back).
   std::vector<Tensor> xs;
-  for (int i = 0; i < 6; ++i) xs.push_back(Tensor(randn({1000}, 100 + static_cast<std::uint64_t>(i), f32, kGpu)).eval());
+  for (int i = 0; i < 6; ++i)
+    xs.push_back(Tensor(randn({1000}, 100 + static_cast<std::uint64_t>(i), f32, kGpu)).eval());
   const std::uint64_t c0 = captures();
   for (int i = 0; i < 6; ++i) {
     CAPTURE(i);
@@ -323,7 +324,8 @@ TEST_CASE("cuda: PreparedGraph binds a plan per alignment class (more classes th
       std::vector<float> got(static_cast<std::size_t>(n)), want(static_cast<std::size_t>(n));
       runtime::copy_device_to_host(got.data(), po, bytes, 0);
       runtime::copy_device_to_host(want.data(), ref->data, bytes, 0);
-      for (std::size_t i = 0; i < got.size(); ++i) CHECK(std::fabs(got[i] - want[i]) <= 1e-6f * (1.0f + std::fabs(want[i])));
+      for (std::size_t i = 0; i < got.size(); ++i)
+        CHECK(std::fabs(got[i] - want[i]) <= 1e-6f * (1.0f + std::fabs(want[i])));
     }
   }
   // Too few pointers: the error run_cuda gives.

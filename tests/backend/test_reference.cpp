@@ -23,20 +23,32 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 const Device kCpu = Device::cpu();
 
 // Host vectors of storage type T (bool kept as bytes: std::vector<bool> has no data()).
-template <class T> using Elem = std::conditional_t<std::is_same_v<T, bool>, std::uint8_t, T>;
-template <class T> using Vec = std::vector<Elem<T>>;
+template <class T>
+using Elem = std::conditional_t<std::is_same_v<T, bool>, std::uint8_t, T>;
+template <class T>
+using Vec = std::vector<Elem<T>>;
 
-template <class T> T from_double(double v) {
-  if constexpr (std::is_same_v<T, bool>) return v != 0;
-  else if constexpr (std::is_integral_v<T>) return static_cast<T>(v);
-  else return T(v);
+template <class T>
+T from_double(double v) {
+  if constexpr (std::is_same_v<T, bool>)
+    return v != 0;
+  else if constexpr (std::is_integral_v<T>)
+    return static_cast<T>(v);
+  else
+    return T(v);
 }
-template <class T> double to_double(T v) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) return static_cast<float>(v);
-  else return static_cast<double>(v);
+template <class T>
+double to_double(T v) {
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+    return static_cast<float>(v);
+  else
+    return static_cast<double>(v);
 }
 // The value `v` rounded to the storage type, as a double.
-template <class T> double round_to(double v) { return to_double(from_double<T>(v)); }
+template <class T>
+double round_to(double v) {
+  return to_double(from_double<T>(v));
+}
 
 /// A realized input leaf over a fresh 64-byte aligned buffer holding `data` at element `offset`.
 template <class T>
@@ -46,7 +58,8 @@ NodePtr leaf_raw(const Vec<T>& data, Shape shape, Strides strides, std::int64_t 
   return ir::input(ir::BufferView{st, offset, std::move(strides)}, std::move(shape), dtype_v<T>, kCpu);
 }
 /// A contiguous input leaf from doubles converted to T.
-template <class T> NodePtr leaf(const std::vector<double>& values, Shape shape) {
+template <class T>
+NodePtr leaf(const std::vector<double>& values, Shape shape) {
   Vec<T> data;
   for (double v : values) data.push_back(from_double<T>(v));
   Strides st = contiguous_strides(shape);
@@ -87,35 +100,48 @@ Run run_graph(const std::vector<NodePtr>& roots, const std::vector<Strides>& str
   return r;
 }
 
-template <class T> Vec<T> read(const StoragePtr& s, std::int64_t n) {
+template <class T>
+Vec<T> read(const StoragePtr& s, std::int64_t n) {
   Vec<T> v(static_cast<std::size_t>(n));
   if (n) std::memcpy(v.data(), s->data, static_cast<std::size_t>(n) * sizeof(T));
   return v;
 }
-template <class T> Vec<T> run1(const NodePtr& root) {
+template <class T>
+Vec<T> run1(const NodePtr& root) {
   Run r = run_graph({root});
   CHECK(r.launches == r.primitives);
   return read<T>(r.outputs[0], root->shape.numel());
 }
-template <class T> std::vector<double> run1d(const NodePtr& root) {
+template <class T>
+std::vector<double> run1d(const NodePtr& root) {
   std::vector<double> out;
   for (auto v : run1<T>(root)) out.push_back(to_double(static_cast<T>(v)));
   return out;
 }
 
 // torch.testing's default tolerances.
-template <class T> double rtol() {
-  if constexpr (std::is_same_v<T, Half>) return 1e-3;
-  else if constexpr (std::is_same_v<T, BFloat16>) return 1.6e-2;
-  else if constexpr (std::is_same_v<T, float>) return 1.3e-6;
-  else return 1e-7;
+template <class T>
+double rtol() {
+  if constexpr (std::is_same_v<T, Half>)
+    return 1e-3;
+  else if constexpr (std::is_same_v<T, BFloat16>)
+    return 1.6e-2;
+  else if constexpr (std::is_same_v<T, float>)
+    return 1.3e-6;
+  else
+    return 1e-7;
 }
-template <class T> double atol() {
-  if constexpr (std::is_same_v<T, float>) return 1e-5;
-  else if constexpr (std::is_same_v<T, double>) return 1e-7;
-  else return 1e-5;
+template <class T>
+double atol() {
+  if constexpr (std::is_same_v<T, float>)
+    return 1e-5;
+  else if constexpr (std::is_same_v<T, double>)
+    return 1e-7;
+  else
+    return 1e-5;
 }
-template <class T> bool close(double got, double want) {
+template <class T>
+bool close(double got, double want) {
   if (std::isnan(want)) return std::isnan(got);
   if (std::isinf(want)) return got == want;
   return std::fabs(got - want) <= atol<T>() + rtol<T>() * std::fabs(want);
@@ -168,7 +194,8 @@ TEST_CASE("random uniform: Philox counter = flat index, every floating dtype in 
   const std::uint64_t seed = 0x5eed00000001ull;
   const std::int64_t n = 4099;
   auto raw = [&](std::int64_t i) {
-    return philox::philox4x32_10(static_cast<unsigned>(i), 0, 0, 0, static_cast<unsigned>(seed), static_cast<unsigned>(seed >> 32));
+    return philox::philox4x32_10(static_cast<unsigned>(i), 0, 0, 0, static_cast<unsigned>(seed),
+                                 static_cast<unsigned>(seed >> 32));
   };
   auto f32 = run1<float>(ir::random({n}, seed, 0, DType::Float32, kCpu));
   auto f64 = run1<double>(ir::random({n}, seed, 0, DType::Float64, kCpu));
@@ -321,7 +348,8 @@ TEST_CASE_TEMPLATE("unary on integers wraps and rounding ops are identities", T,
     CHECK(nan[i] == 0);
     CHECK(inf[i] == 0);
   }
-  for (Op op : {Op::Exp, Op::Log, Op::Sqrt, Op::Sin, Op::Erf, Op::Rsqrt}) CHECK_THROWS_AS(run_graph({ir::unary(op, x)}), DTypeError);
+  for (Op op : {Op::Exp, Op::Log, Op::Sqrt, Op::Sin, Op::Erf, Op::Rsqrt})
+    CHECK_THROWS_AS(run_graph({ir::unary(op, x)}), DTypeError);
 }
 
 TEST_CASE("unary on bool: Not, IsNan, IsInf") {
@@ -450,9 +478,10 @@ TEST_CASE_TEMPLATE("comparisons follow IEEE", T, float, double, Half, BFloat16, 
     Op op;
     bool (*f)(double, double);
   };
-  const Case cases[] = {{Op::Eq, [](double x, double y) { return x == y; }}, {Op::Ne, [](double x, double y) { return x != y; }},
-                        {Op::Lt, [](double x, double y) { return x < y; }},  {Op::Le, [](double x, double y) { return x <= y; }},
-                        {Op::Gt, [](double x, double y) { return x > y; }},  {Op::Ge, [](double x, double y) { return x >= y; }}};
+  const Case cases[] = {
+      {Op::Eq, [](double x, double y) { return x == y; }}, {Op::Ne, [](double x, double y) { return x != y; }},
+      {Op::Lt, [](double x, double y) { return x < y; }},  {Op::Le, [](double x, double y) { return x <= y; }},
+      {Op::Gt, [](double x, double y) { return x > y; }},  {Op::Ge, [](double x, double y) { return x >= y; }}};
   for (const Case& c : cases) {
     auto got = run1<bool>(ir::binary(c.op, a, b));
     for (std::size_t i = 0; i < as.size(); ++i) {
@@ -522,7 +551,10 @@ TEST_CASE("pointwise over broadcast, transposed and offset inputs, strided outpu
   auto x = leaf_raw<double>(buf, {3, 4}, {5, 1}, 2);
   auto y = leaf_raw<double>({10, 20, 30, 40}, {3, 4}, {0, 1});
   auto z = ir::binary(Op::Mul, ir::binary(Op::Add, x, y), ir::permute(ir::permute(opaque(x), {1, 0}), {1, 0}));
-  auto want = [&](int i, int j) { double xv = buf[2 + i * 5 + j]; return (xv + 10.0 * (j + 1)) * xv; };
+  auto want = [&](int i, int j) {
+    double xv = buf[2 + i * 5 + j];
+    return (xv + 10.0 * (j + 1)) * xv;
+  };
   // Column-major output, and a padded one (row stride 6).
   Run r = run_graph({z, z}, {{1, 3}, {6, 1}}, {12, 18});
   auto cm = read<double>(r.outputs[0], 12);
@@ -541,7 +573,8 @@ namespace {
 
 // Brute-force reduction of `x` (row-major values of `shape`) over `axes` in double, with the
 // flat index within the reduced axes for argmax/argmin.
-std::vector<double> reduce_ref(Op op, const std::vector<double>& x, const Shape& shape, const std::vector<std::int64_t>& axes) {
+std::vector<double> reduce_ref(Op op, const std::vector<double>& x, const Shape& shape,
+                               const std::vector<std::int64_t>& axes) {
   Shape out = shape;
   std::vector<bool> red(shape.size(), false);
   for (auto a : axes) red[a] = true, out[a] = 1;
@@ -556,15 +589,25 @@ std::vector<double> reduce_ref(Op op, const std::vector<double>& x, const Shape&
     for (std::size_t d = shape.size(); d-- > 0;) {
       std::int64_t c = rem % shape[d];
       rem /= shape[d];
-      if (red[d]) k += c * kmul, kmul *= shape[d];
-      else o += c * ost[d];
+      if (red[d])
+        k += c * kmul, kmul *= shape[d];
+      else
+        o += c * ost[d];
     }
     double v = x[i];
     switch (op) {
-      case Op::ReduceSum: acc[o] += v; break;
-      case Op::ReduceProd: acc[o] *= v; break;
-      case Op::ReduceMax: acc[o] = std::isnan(acc[o]) || std::isnan(v) ? kNaN : std::max(acc[o], v); break;
-      case Op::ReduceMin: acc[o] = std::isnan(acc[o]) || std::isnan(v) ? kNaN : std::min(acc[o], v); break;
+      case Op::ReduceSum:
+        acc[o] += v;
+        break;
+      case Op::ReduceProd:
+        acc[o] *= v;
+        break;
+      case Op::ReduceMax:
+        acc[o] = std::isnan(acc[o]) || std::isnan(v) ? kNaN : std::max(acc[o], v);
+        break;
+      case Op::ReduceMin:
+        acc[o] = std::isnan(acc[o]) || std::isnan(v) ? kNaN : std::min(acc[o], v);
+        break;
       default: {
         // Elements of one output arrive in increasing k, so "strictly better" keeps the first.
         bool mx = op == Op::ArgMax;
@@ -579,21 +622,26 @@ std::vector<double> reduce_ref(Op op, const std::vector<double>& x, const Shape&
 }
 
 template <class T>
-void check_reduction(Op op, const NodePtr& x, const std::vector<double>& values, const std::vector<std::int64_t>& axes) {
+void check_reduction(Op op, const NodePtr& x, const std::vector<double>& values,
+                     const std::vector<std::int64_t>& axes) {
   auto r = ir::reduce(op, x, axes);
   std::vector<double> got = op == Op::ArgMax || op == Op::ArgMin ? run1d<std::int64_t>(r) : run1d<T>(r);
   auto want = reduce_ref(op, values, x->shape, axes);
   REQUIRE(got.size() == want.size());
   for (std::size_t i = 0; i < got.size(); ++i) {
-    INFO(ir::op_name(op), " of ", x->shape.str(), " over ", axes.size(), " axes, output ", i, ": ", got[i], " vs ", want[i]);
-    if (op == Op::ArgMax || op == Op::ArgMin) CHECK(got[i] == want[i]);
-    else CHECK(close<T>(got[i], round_to<T>(want[i])));
+    INFO(ir::op_name(op), " of ", x->shape.str(), " over ", axes.size(), " axes, output ", i, ": ", got[i], " vs ",
+         want[i]);
+    if (op == Op::ArgMax || op == Op::ArgMin)
+      CHECK(got[i] == want[i]);
+    else
+      CHECK(close<T>(got[i], round_to<T>(want[i])));
   }
 }
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("reductions over every axis subset of a 3-d tensor", T, float, double, Half, BFloat16, std::int32_t, std::int64_t) {
+TEST_CASE_TEMPLATE("reductions over every axis subset of a 3-d tensor", T, float, double, Half, BFloat16, std::int32_t,
+                   std::int64_t) {
   const Shape shape{3, 4, 5};
   std::vector<double> v(60);
   for (int i = 0; i < 60; ++i) v[i] = static_cast<double>((i * 37) % 11) - 4.0;  // ties galore
@@ -603,13 +651,15 @@ TEST_CASE_TEMPLATE("reductions over every axis subset of a 3-d tensor", T, float
     std::vector<std::int64_t> axes;
     for (int d = 0; d < 3; ++d)
       if (mask & (1 << d)) axes.push_back(d);
-    for (Op op : {Op::ReduceSum, Op::ReduceMax, Op::ReduceMin, Op::ArgMax, Op::ArgMin}) check_reduction<T>(op, x, v, axes);
+    for (Op op : {Op::ReduceSum, Op::ReduceMax, Op::ReduceMin, Op::ArgMax, Op::ArgMin})
+      check_reduction<T>(op, x, v, axes);
   }
   // Prod over a short axis (values stay exactly representable).
   check_reduction<T>(Op::ReduceProd, x, v, {0});
 }
 
-TEST_CASE_TEMPLATE("reductions of transposed and wide inputs (tiled and pairwise paths)", T, float, double, std::int64_t) {
+TEST_CASE_TEMPLATE("reductions of transposed and wide inputs (tiled and pairwise paths)", T, float, double,
+                   std::int64_t) {
   // [37, 40] dense: axis 0 reduces across rows (outputs side by side); [3, 2100] axis 0 in
   // tiles of 1024 outputs plus a remainder; [300, 3] axis 0 is a strided run longer than one
   // pairwise block; then transposed views.
@@ -692,7 +742,8 @@ TEST_CASE("sum accuracy: 4M f32 elements within 1e-7, 4M f64 pairwise") {
   auto s = run1<float>(ir::reduce(Op::ReduceSum, ir::random({n}, seed, 0, DType::Float32, kCpu), {0}))[0];
   long double exact = 0;
   for (std::int64_t i = 0; i < n; ++i)
-    exact += std::ldexp(static_cast<long double>(philox::philox4x32_10(static_cast<unsigned>(i), 0, 0, 0, seed, 0).r0 >> 8), -24);
+    exact += std::ldexp(
+        static_cast<long double>(philox::philox4x32_10(static_cast<unsigned>(i), 0, 0, 0, seed, 0).r0 >> 8), -24);
   CHECK(std::fabs(static_cast<long double>(s) - exact) / exact <= 1e-7L);
   // 0.1 four million times: a plain double loop is off by ~1e-10 relative; pairwise by ~1e-15.
   auto d = run1<double>(ir::reduce(Op::ReduceSum, ir::constant(0.1, DType::Float64, {n}, kCpu), {0}))[0];
@@ -742,7 +793,8 @@ TEST_CASE("index maps: permute, broadcast, slice, reshape, concat") {
   REQUIRE(cat0.size() == 16);
   for (int i = 0; i < 4; ++i) CHECK(cat0[i] == 100 + i);
   for (int i = 0; i < 12; ++i) CHECK(cat0[4 + i] == i);
-  auto cat1 = run1d<float>(ir::concat({x, ir::permute(opaque(leaf<float>({-1, -2, -3, -4, -5, -6}, {2, 3})), {1, 0})}, 1));
+  auto cat1 =
+      run1d<float>(ir::concat({x, ir::permute(opaque(leaf<float>({-1, -2, -3, -4, -5, -6}, {2, 3})), {1, 0})}, 1));
   for (int i = 0; i < 3; ++i) {
     for (int j = 0; j < 4; ++j) CHECK(cat1[i * 6 + j] == 4 * i + j);
     CHECK(cat1[i * 6 + 4] == -1 - i);
@@ -757,7 +809,8 @@ TEST_CASE("index maps: permute, broadcast, slice, reshape, concat") {
 // ---- leaves ---------------------------------------------------------------------------------
 
 TEST_CASE("constants and iota of every dtype") {
-  CHECK(run1d<float>(ir::constant(0.1, DType::Float32, {2, 2}, kCpu)) == std::vector<double>(4, static_cast<float>(0.1)));
+  CHECK(run1d<float>(ir::constant(0.1, DType::Float32, {2, 2}, kCpu)) ==
+        std::vector<double>(4, static_cast<float>(0.1)));
   CHECK(run1d<Half>(ir::constant(-2.5, DType::Float16, {3}, kCpu)) == std::vector<double>(3, -2.5));
   CHECK(run1d<BFloat16>(ir::constant(kInf, DType::BFloat16, {1}, kCpu))[0] == kInf);
   CHECK(std::isnan(run1d<double>(ir::constant(kNaN, DType::Float64, {}, kCpu))[0]));
@@ -770,8 +823,10 @@ TEST_CASE("constants and iota of every dtype") {
   CHECK(run1<std::int64_t>(ir::iota({3, 2}, 0, DType::Int64, kCpu)) == Vec<std::int64_t>{0, 0, 1, 1, 2, 2});
   CHECK(run1<bool>(ir::iota({3}, 0, DType::Bool, kCpu)) == Vec<bool>{0, 1, 1});
   // Iota and constants through arithmetic (zero-stride values in binary ops).
-  auto flat = ir::binary(Op::Add, ir::binary(Op::Mul, ir::iota({3, 4}, 0, DType::Int32, kCpu), ir::constant_int(4, DType::Int32, {3, 4}, kCpu)),
-                         ir::iota({3, 4}, 1, DType::Int32, kCpu));
+  auto flat = ir::binary(
+      Op::Add,
+      ir::binary(Op::Mul, ir::iota({3, 4}, 0, DType::Int32, kCpu), ir::constant_int(4, DType::Int32, {3, 4}, kCpu)),
+      ir::iota({3, 4}, 1, DType::Int32, kCpu));
   auto f = run1<std::int32_t>(flat);
   for (int i = 0; i < 12; ++i) CHECK(f[i] == i);
 }

@@ -199,13 +199,17 @@ inline Module load(const kiln::codegen::CudaSource& src) {
   unit += src.source;
   unit += "\nstruct kiln_emu_call { void (*fn)(kiln_args); kiln_args a; };\n";
   unit += "static void kiln_emu_body(void* p) { kiln_emu_call* c = (kiln_emu_call*)p; c->fn(c->a); }\n";
-  unit += "extern \"C\" void kiln_emu_launch(const char* name, unsigned grid, unsigned block, unsigned smem, void** args) {\n";
+  unit +=
+      "extern \"C\" void kiln_emu_launch(const char* name, unsigned grid, unsigned block, unsigned smem, void** args) "
+      "{\n";
   unit += "  kiln_emu_call c; c.fn = nullptr; memcpy(c.a.p, args, sizeof c.a.p);\n";
   for (auto& k : src.kernels) unit += "  if (!strcmp(name, \"" + k.name + "\")) c.fn = " + k.name + ";\n";
   unit += "  if (!c.fn) { fprintf(stderr, \"no kernel %s\\n\", name); abort(); }\n";
   unit += "  ::kiln_emu::run_grid(grid, block, smem, kiln_emu_body, &c);\n}\n";
   if (src.symbolic) {
-    unit += "extern \"C\" void kiln_emu_launch_n(const char* name, unsigned grid, unsigned block, unsigned smem, void** args, long long n) {\n";
+    unit +=
+        "extern \"C\" void kiln_emu_launch_n(const char* name, unsigned grid, unsigned block, unsigned smem, void** "
+        "args, long long n) {\n";
     unit += "  kiln_emu_call c; c.fn = nullptr; memcpy(c.a.p, args, sizeof c.a.p); c.a.n = n;\n";
     for (auto& k : src.kernels) unit += "  if (!strcmp(name, \"" + k.name + "\")) c.fn = " + k.name + ";\n";
     unit += "  if (!c.fn) { fprintf(stderr, \"no kernel %s\\n\", name); abort(); }\n";
@@ -281,7 +285,8 @@ inline RunInfo run(const kiln::ir::Graph& g, const kiln::backend::RunArgs& args,
   for (auto p : args.outputs) argv.push_back(p);
   std::vector<StoragePtr> keep;
   for (auto& t : s.temps) {
-    keep.push_back(runtime::allocate_host(static_cast<std::size_t>(std::max<std::int64_t>(1, t.shape.numel())) * itemsize(t.dtype)));
+    keep.push_back(runtime::allocate_host(static_cast<std::size_t>(std::max<std::int64_t>(1, t.shape.numel())) *
+                                          itemsize(t.dtype)));
     std::memset(keep.back()->data, 0xCD, keep.back()->bytes);
     argv.push_back(keep.back()->data);
   }

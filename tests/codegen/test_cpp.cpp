@@ -70,8 +70,9 @@ TEST_CASE("codegen: sizes and strides are constants; the prelude is lean") {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%a", static_cast<double>(0.1f));
   CHECK(has(s, std::string(buf).substr(0, 6)));
-  for (const char* heavy : {"#include <cmath>", "#include <algorithm>", "#include <vector>", "#include <math.h>"}) CHECK(!has(s, heavy));
-  CHECK(!has(s, "kiln_f2h"));  // 16-bit helpers only when a 16-bit dtype appears
+  for (const char* heavy : {"#include <cmath>", "#include <algorithm>", "#include <vector>", "#include <math.h>"})
+    CHECK(!has(s, heavy));
+  CHECK(!has(s, "kiln_f2h"));            // 16-bit helpers only when a 16-bit dtype appears
   CHECK(!has(s, "kiln_exp_f32(float"));  // the math prelude only when a transcendental op appears
   std::string h = generate({bin(Op::Add, leaf({8}, f16), leaf({8}, f16))}).source;
   CHECK(has(h, "kiln_f2h"));
@@ -83,7 +84,7 @@ TEST_CASE("codegen: OpenMP teams only for work worth sharing") {
   CHECK(!has(generate({bin(Op::Add, leaf({100, 100}), leaf({100, 100}))}).source, "omp parallel"));
   std::string big = generate({bin(Op::Add, leaf({300, 300}), leaf({300, 300}))}).source;
   CHECK(has(big, "#pragma omp parallel num_threads(nth)"));  // the kernel's entry opens the team
-  CHECK(has(big, "#pragma omp for"));                         // its body shares the loop (orphaned)
+  CHECK(has(big, "#pragma omp for"));                        // its body shares the loop (orphaned)
   CHECK(!has(generate({softmax(leaf({16, 256}))}).source, "omp parallel"));
   CHECK(has(generate({softmax(leaf({256, 256}))}).source, "#pragma omp for schedule(static) nowait"));
 }
@@ -115,12 +116,11 @@ TEST_CASE("codegen: the inner loops of fused kernels vectorise (GCC without -ffa
   NodePtr ms = red(Op::ReduceSum, bin(Op::Mul, x, x), {1});
   NodePtr rms = bin(Op::Mul, x, ir::broadcast(ir::unary(Op::Rsqrt, bin(Op::Add, ms, cst(1e-6, ms))), x->shape));
   for (auto roots : {std::vector<NodePtr>{p4}, std::vector<NodePtr>{softmax(x)}, std::vector<NodePtr>{rms},
-                     std::vector<NodePtr>{red(Op::ReduceSum, x, {0})}, std::vector<NodePtr>{ir::cast(softmax(ir::cast(leaf({128, 512}, bf16), f32)), bf16)}}) {
+                     std::vector<NodePtr>{red(Op::ReduceSum, x, {0})},
+                     std::vector<NodePtr>{ir::cast(softmax(ir::cast(leaf({128, 512}, bf16), f32)), bf16)}}) {
     std::string src = generate(roots).source;
     std::string path = "/tmp/kiln-vec-" + std::to_string(::getpid()) + ".cpp";
-    {
-      std::ofstream(path) << src;
-    }
+    { std::ofstream(path) << src; }
     std::vector<std::string> argv = cxx->command();
     for (auto& f : cxx->flags()) argv.push_back(f);
     argv.insert(argv.end(), {"-fopt-info-vec-optimized", "-c", path, "-o", "/dev/null"});
@@ -130,7 +130,8 @@ TEST_CASE("codegen: the inner loops of fused kernels vectorise (GCC without -ffa
     // Every `omp simd` loop is reported vectorised (GCC names a line inside the loop).
     std::set<int> vectorised;
     std::regex re(":([0-9]+):[0-9]+: optimized: loop vectorized");
-    for (std::sregex_iterator it(r.output.begin(), r.output.end(), re), end; it != end; ++it) vectorised.insert(std::stoi((*it)[1]));
+    for (std::sregex_iterator it(r.output.begin(), r.output.end(), re), end; it != end; ++it)
+      vectorised.insert(std::stoi((*it)[1]));
     std::vector<std::string> lines;
     for (std::size_t pos = 0; pos <= src.size();) {
       std::size_t nl = src.find('\n', pos);
@@ -196,7 +197,8 @@ extern "C" void back(const unsigned short* h, float* fh, float* fb, long n) {
     std::memcpy(&f, &b, 4);
     fs.push_back(f);
   }
-  for (float f : {65504.0f, 65519.99f, 65520.0f, 5.9604645e-08f, 2.9802322e-08f, 2.9802326e-08f, 1.0f + 1.0f / 2048, -0.0f})
+  for (float f :
+       {65504.0f, 65519.99f, 65520.0f, 5.9604645e-08f, 2.9802322e-08f, 2.9802326e-08f, 1.0f + 1.0f / 2048, -0.0f})
     fs.push_back(f);
   std::vector<unsigned short> h(fs.size()), b(fs.size());
   conv(fs.data(), h.data(), b.data(), static_cast<long>(fs.size()));

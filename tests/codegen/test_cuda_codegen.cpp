@@ -27,7 +27,8 @@ bool have_host_compiler() {
 }
 
 /// Generates the unit of `roots` and compiles it for sm_90 and sm_80.
-void compile_both(const std::string& name, const std::vector<NodePtr>& roots, const std::vector<Strides>& out_strides = {}) {
+void compile_both(const std::string& name, const std::vector<NodePtr>& roots,
+                  const std::vector<Strides>& out_strides = {}) {
   ir::Captured c = capture(roots, out_strides);
   sched::Schedule s = sched::schedule(c.graph);
   for (auto target : {codegen::CudaTarget::sm90(), codegen::CudaTarget::sm80()}) {
@@ -41,14 +42,18 @@ void compile_both(const std::string& name, const std::vector<NodePtr>& roots, co
       continue;
     }
     CHECK_MESSAGE(cubin.size() > 4, name);
-    CHECK_MESSAGE(cubin.compare(0, 4, "\x7f" "ELF") == 0, name);  // a cubin, not PTX
+    CHECK_MESSAGE(cubin.compare(0, 4,
+                                "\x7f"
+                                "ELF") == 0,
+                  name);  // a cubin, not PTX
   }
 }
 
 /// Runs `roots` in the emulator for `target` and with the reference executor; "" when they
 /// agree. `strategies` (optional) receives each kernel's strategy line.
-std::string emulate_on(const std::vector<NodePtr>& roots, const codegen::CudaTarget& target, std::vector<std::string>* strategies = nullptr,
-                       const std::vector<Strides>& out_strides = {}, double tol_scale = 1.0, std::uint64_t* kernels = nullptr) {
+std::string emulate_on(const std::vector<NodePtr>& roots, const codegen::CudaTarget& target,
+                       std::vector<std::string>* strategies = nullptr, const std::vector<Strides>& out_strides = {},
+                       double tol_scale = 1.0, std::uint64_t* kernels = nullptr) {
   ir::Captured c = capture(roots, out_strides);
   Outputs got = make_outputs(c.graph, 0xAB), want = make_outputs(c.graph, 0xAB);
   backend::run_reference(c.graph, args_for(c, want));
@@ -63,8 +68,8 @@ std::string emulate_on(const std::vector<NodePtr>& roots, const codegen::CudaTar
 }
 
 /// The same on the emulator's small target (3 multiprocessors).
-std::string emulate(const std::vector<NodePtr>& roots, const std::vector<Strides>& out_strides = {}, bool index64 = false,
-                    double tol_scale = 1.0, std::uint64_t* kernels = nullptr) {
+std::string emulate(const std::vector<NodePtr>& roots, const std::vector<Strides>& out_strides = {},
+                    bool index64 = false, double tol_scale = 1.0, std::uint64_t* kernels = nullptr) {
   codegen::CudaTarget t = kiln_cuda_emu::small_target();
   t.index64 = index64;
   return emulate_on(roots, t, nullptr, out_strides, tol_scale, kernels);
@@ -139,7 +144,8 @@ TEST_CASE("cuda codegen: launch strategies at the GPU shapes of WORKLOADS.md (H2
     CHECK(has(s[0], "pointwise, 4 lane(s)"));
   }
   {
-    NodePtr X = shape_only({M, K}, f32), mu = shape_only({M, 1}, f32), sc = shape_only({K}, f32), b = shape_only({K}, f32);
+    NodePtr X = shape_only({M, K}, f32), mu = shape_only({M, 1}, f32), sc = shape_only({K}, f32),
+            b = shape_only({K}, f32);
     auto s = strategies({add(mul(sub(X, ir::broadcast(mu, X->shape)), expand(sc, X->shape)), expand(b, X->shape))});
     REQUIRE(s.size() == 1);
     CHECK(has(s[0], "pointwise, 4 lane(s)"));
@@ -166,8 +172,9 @@ TEST_CASE("cuda codegen: launch strategies at the GPU shapes of WORKLOADS.md (H2
   // would unroll 32 floats per thread, slower to compile and to run); N5: 8 bf16 lanes.
   {
     NodePtr X = shape_only({M, K}, f32), w = shape_only({K}, f32), b = shape_only({K}, f32);
-    for (auto& roots : {std::vector<NodePtr>{decomp::softmax(X, 1)}, std::vector<NodePtr>{decomp::layer_norm(X, w, b, 1e-5)},
-                        std::vector<NodePtr>{decomp::rms_norm(X, w, 1e-6)}}) {
+    for (auto& roots :
+         {std::vector<NodePtr>{decomp::softmax(X, 1)}, std::vector<NodePtr>{decomp::layer_norm(X, w, b, 1e-5)},
+          std::vector<NodePtr>{decomp::rms_norm(X, w, 1e-6)}}) {
       auto s = strategies(roots);
       REQUIRE(s.size() == 1);
       CHECK(has(s[0], "cached in registers"));
@@ -196,7 +203,8 @@ TEST_CASE("cuda codegen: launch strategies at the GPU shapes of WORKLOADS.md (H2
   }
 }
 
-TEST_CASE("cuda emulator: rows at the warp-per-row limit, with a warp or two per row, compute what the reference does") {
+TEST_CASE(
+    "cuda emulator: rows at the warp-per-row limit, with a warp or two per row, compute what the reference does") {
   if (!have_host_compiler()) return;
   // 1000 columns (a partial last vector slot) and 1024; warp_row_vectors 8 gives them a warp,
   // 4 (the default) two warps and a block reduction.
@@ -251,16 +259,17 @@ TEST_CASE("cuda emulator: one-hot picks (sum of where(iota == t, x, 0)) load one
     NodePtr xb = input({M, C}, bf16, 43);
     run("int32 bf16", {pick_sum(xb, ir::iota(Shape{M, C}, 1, DType::Int32, Device::cpu()), t2i)}, true);
     // Beside an ordinary row sum in the same kernel, and with the classes on the left.
-    run("beside a row sum", {pick_sum(x, t2, ir::iota(Shape{M, C}, 1, DType::Int64, Device::cpu())), red(Op::ReduceSum, x, {1})},
-        true);
+    run("beside a row sum",
+        {pick_sum(x, t2, ir::iota(Shape{M, C}, 1, DType::Int64, Device::cpu())), red(Op::ReduceSum, x, {1})}, true);
   }
   SUBCASE("long rows split over blocks pick in the block that combines the row") {
     const std::int64_t R = 20000;
     NodePtr x = input({2, R}, f32, 44);
     NodePtr t2 = expand(ir::reshape(input_values<std::int64_t>({2}, {R - 3, 17}), Shape{2, 1}), Shape{2, R});
     std::vector<std::string> strat;
-    std::string r = emulate_on({pick_sum(x, ir::iota(Shape{2, R}, 1, DType::Int64, Device::cpu()), t2), red(Op::ReduceMax, x, {1})},
-                               small, &strat);
+    std::string r =
+        emulate_on({pick_sum(x, ir::iota(Shape{2, R}, 1, DType::Int64, Device::cpu()), t2), red(Op::ReduceMax, x, {1})},
+                   small, &strat);
     CHECK_MESSAGE(r.empty(), r);
     REQUIRE(strat.size() == 1);
     CHECK(has(strat[0], "split row reduction"));
@@ -288,9 +297,9 @@ TEST_CASE("cuda emulator: column reductions split over many blocks combine every
   t.sm_count = 132;
   NodePtr X = input({40000, 24}, f32, 47), I = input({40000, 24}, i32, 48);
   std::vector<std::string> strat;
-  std::string r = emulate_on({red(Op::ReduceSum, X, {0}), red(Op::ReduceMax, X, {0}), red(Op::ArgMax, X, {0}),
-                              red(Op::ReduceSum, I, {0})},
-                             t, &strat);
+  std::string r = emulate_on(
+      {red(Op::ReduceSum, X, {0}), red(Op::ReduceMax, X, {0}), red(Op::ArgMax, X, {0}), red(Op::ReduceSum, I, {0})}, t,
+      &strat);
   CHECK_MESSAGE(r.empty(), r);
   REQUIRE(!strat.empty());
   for (auto& s : strat) CHECK_MESSAGE(has(s, "156 split(s)"), s);
@@ -316,7 +325,8 @@ TEST_CASE("cuda emulator: a reduction of a one-row reduction's result, used besi
     NodePtr xi = ir::cast(x, DType::Int32);
     NodePtr am = ir::reshape(red(Op::ArgMax, ir::reshape(xi, Shape{15}), {0}), Shape{1, 1});
     NodePtr sm = decomp::softmax(ir::cast(am, f32), 1);
-    CHECK_MESSAGE(emulate({ir::where(mask, ir::cast(xi, f32), expand(sm, Shape{3, 5}))}).empty(), "where of a one-row softmax");
+    CHECK_MESSAGE(emulate({ir::where(mask, ir::cast(xi, f32), expand(sm, Shape{3, 5}))}).empty(),
+                  "where of a one-row softmax");
   }
 }
 
@@ -361,7 +371,7 @@ using LeafFn = std::function<NodePtr(const Shape&, DType, unsigned)>;
 struct SymCase {
   std::string name;
   std::function<std::vector<NodePtr>(std::int64_t, const LeafFn&)> build;
-  std::size_t kernels = 1;                            ///< kernels of its schedule
+  std::size_t kernels = 1;                                  ///< kernels of its schedule
   std::vector<std::int64_t> sizes = {0, 1, 3, 7, 33, 300};  ///< emulated sizes
 };
 
@@ -379,16 +389,22 @@ std::vector<SymCase> sym_cases() {
                  return std::vector<NodePtr>{decomp::softmax(leaf({n, 64}, f32, 4), 1)};
                }});
   v.push_back({"symbolic layer_norm", [](std::int64_t n, const LeafFn& leaf) {
-                 return std::vector<NodePtr>{decomp::layer_norm(leaf({n, 300}, f32, 5), leaf({300}, f32, 6), leaf({300}, f32, 7), 1e-5)};
+                 return std::vector<NodePtr>{
+                     decomp::layer_norm(leaf({n, 300}, f32, 5), leaf({300}, f32, 6), leaf({300}, f32, 7), 1e-5)};
                }});
-  v.push_back({"symbolic rms_norm of long rows (a block per row)", [](std::int64_t n, const LeafFn& leaf) {
+  v.push_back({"symbolic rms_norm of long rows (a block per row)",
+               [](std::int64_t n, const LeafFn& leaf) {
                  return std::vector<NodePtr>{decomp::rms_norm(leaf({n, 2000}, f32, 8), leaf({2000}, f32, 9), 1e-6)};
-               }, 1, {0, 1, 3, 33}});
-  v.push_back({"symbolic row sums through a temporary into a 3-d pointwise", [](std::int64_t n, const LeafFn& leaf) {
+               },
+               1,
+               {0, 1, 3, 33}});
+  v.push_back({"symbolic row sums through a temporary into a 3-d pointwise",
+               [](std::int64_t n, const LeafFn& leaf) {
                  NodePtr X = leaf({n, 64}, f32, 10), Y = leaf({n, 4, 64}, f32, 11);
                  NodePtr r = ir::reshape(red(Op::ReduceSum, X, {1}), {n, 1, 1});
                  return std::vector<NodePtr>{add(ir::broadcast(r, Y->shape), Y)};
-               }, 2});
+               },
+               2});
   return v;
 }
 
@@ -438,7 +454,9 @@ TEST_CASE("cuda codegen: symbolic sizes: one unit for every size, identical at t
           FAIL_CHECK(c.name << " for " << target.arch() << ": " << e.what());
           continue;
         }
-        CHECK(cubin.compare(0, 4, "\x7f" "ELF") == 0);
+        CHECK(cubin.compare(0, 4,
+                            "\x7f"
+                            "ELF") == 0);
       }
     }
   }
@@ -478,14 +496,16 @@ TEST_CASE("cuda codegen: symbolic sizes: reductions over the symbolic size are r
     std::string why;
   };
   NodePtr X = shape_only({p, 64}, f32), Y = shape_only({p, 3, 64}, f32);
-  for (auto& r : {Refused{"a column sum over the size", {red(Op::ReduceSum, X, {0})}, "reduces over the symbolic size"},
-                  Refused{"a sum over everything", {red(Op::ReduceSum, X, {0, 1})}, "reduces over the symbolic size"},
-                  Refused{"a middle axis beside the size (column strategy)", {red(Op::ReduceSum, Y, {1})}, "column strategy"}}) {
+  for (auto& r :
+       {Refused{"a column sum over the size", {red(Op::ReduceSum, X, {0})}, "reduces over the symbolic size"},
+        Refused{"a sum over everything", {red(Op::ReduceSum, X, {0, 1})}, "reduces over the symbolic size"},
+        Refused{"a middle axis beside the size (column strategy)", {red(Op::ReduceSum, Y, {1})}, "column strategy"}}) {
     CAPTURE(r.name);
     ir::Captured c = capture(r.roots);
     sched::Schedule s;
     std::string why;
-    CHECK_FALSE(backend::detail::cuda_symbolic_source(c.graph, "k", codegen::CudaTarget::sm90(), {}, s, why).has_value());
+    CHECK_FALSE(
+        backend::detail::cuda_symbolic_source(c.graph, "k", codegen::CudaTarget::sm90(), {}, s, why).has_value());
     CHECK_MESSAGE(has(why, r.why), why);
     sched::Schedule s2 = sched::schedule(c.graph, p);
     try {

@@ -51,7 +51,8 @@ TEST_CASE("compile: first call traces, later calls replay and equal the uncompil
   }
 }
 
-TEST_CASE("compile: tuples, numbers, views of arguments and captured constants come back as the function returns them") {
+TEST_CASE(
+    "compile: tuples, numbers, views of arguments and captured constants come back as the function returns them") {
   Tensor bias = seq(8, 0.25f);
   auto fn = [bias](const Tensor& x, float a) {
     return std::make_tuple(x * a + bias, sum(x), transpose(reshape(x, {2, 4}), 0, 1), 42, bias);
@@ -209,8 +210,8 @@ TEST_CASE("compile: unknown backend or mode names list the valid ones") {
   }
   opt.backend = "kiln";
   opt.mode = "fast";
-  CHECK_THROWS_WITH_AS(kiln::compile([](const Tensor& x) { return x; }, opt),
-                       doctest::Contains("reduce-overhead"), Error);
+  CHECK_THROWS_WITH_AS(kiln::compile([](const Tensor& x) { return x; }, opt), doctest::Contains("reduce-overhead"),
+                       Error);
 }
 
 TEST_CASE("compile: logs name recompiles, guards, graph breaks and new graphs") {
@@ -221,7 +222,8 @@ TEST_CASE("compile: logs name recompiles, guards, graph breaks and new graphs") 
   auto g = kiln::compile([](const Tensor& x) { return x / sum(x).item<float>(); });
   g(seq(4, 1.0f) + 10.0f);
   std::string text = logs.text();
-  CHECK(text.find("[kiln:recompiles] recompiling: guard on argument 0 failed: expected float32[4]") != std::string::npos);
+  CHECK(text.find("[kiln:recompiles] recompiling: guard on argument 0 failed: expected float32[4]") !=
+        std::string::npos);
   CHECK(text.find("got float32[6]") != std::string::npos);
   CHECK(text.find("[kiln:guards] new guard entry") != std::string::npos);
   CHECK(text.find("[kiln:graph_breaks] graph break: item()") != std::string::npos);

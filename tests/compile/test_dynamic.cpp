@@ -23,7 +23,8 @@ namespace {
 
 Tensor rows(std::int64_t n, std::int64_t m, float scale = 1.0f, Device device = testing::device()) {
   std::vector<float> v(static_cast<std::size_t>(n * m));
-  for (std::int64_t i = 0; i < n * m; ++i) v[static_cast<std::size_t>(i)] = scale * (static_cast<float>((i * 7) % 13) - 6.0f) / 4.0f;
+  for (std::int64_t i = 0; i < n * m; ++i)
+    v[static_cast<std::size_t>(i)] = scale * (static_cast<float>((i * 7) % 13) - 6.0f) / 4.0f;
   return from_vector(v, {n, m}).to(device).eval();
 }
 
@@ -63,7 +64,11 @@ Counts run_loop(RowFn fn, std::optional<bool> dynamic) {
     const std::uint64_t before = kernels_built();
     Tensor y = f(x, w);
     built += kernels_built() - before;
-    check_equal(y, uncompiled([&] { Tensor t = fn(x, w); t.eval(); return t; }));
+    check_equal(y, uncompiled([&] {
+                  Tensor t = fn(x, w);
+                  t.eval();
+                  return t;
+                }));
   };
   for (std::int64_t n : {3, 5, 7, 9}) call(rows(n, 64, 1.0f + static_cast<float>(n) / 8.0f));
   const std::uint64_t first = built;
@@ -109,7 +114,7 @@ TEST_CASE("dynamic: sizes 0, 1 and 2+ are distinct guards; each gives the uncomp
     Tensor x = rows(n, 64);
     check_equal(f(x, w), softmax_fn(x, w));
   }
-  CHECK(f.stats().traces == 3);      // 2+, 1, 0
+  CHECK(f.stats().traces == 3);  // 2+, 1, 0
   CHECK(f.stats().recompiles == 2);
 }
 
@@ -118,7 +123,7 @@ TEST_CASE("dynamic: reshapes, reductions over the batch and several outputs foll
   opt.dynamic = true;
   auto fn = [](const Tensor& x, const Tensor& b) {
     Tensor y = reshape(x, {x.shape()[0], 8, 8}) + reshape(b, {1, 8, 8});  // split the row
-    Tensor flat = reshape(y, {-1});                                           // batch * 64
+    Tensor flat = reshape(y, {-1});                                       // batch * 64
     return std::make_tuple(sum(y, {1}), flat * 2.0f, sum(x, {0}), layer_norm(x));
   };
   auto f = kiln::compile(fn, opt);
@@ -189,7 +194,11 @@ TEST_CASE("dynamic: one symbolic kernel serves small (one thread) and large (a t
     const std::uint64_t before = kernels_built();
     Tensor y = f(x, 1.5f);
     built += kernels_built() - before;
-    check_equal(y, uncompiled([&] { Tensor t = fn(x, 1.5f); t.eval(); return t; }));
+    check_equal(y, uncompiled([&] {
+                  Tensor t = fn(x, 1.5f);
+                  t.eval();
+                  return t;
+                }));
   }
   CHECK(f.stats().traces == 1);
   CHECK(built == 1);
@@ -208,11 +217,17 @@ TEST_CASE("dynamic: kernels that cannot read the size at launch are compiled per
     const std::uint64_t before = kernels_built();
     Tensor y = f(x);
     built += kernels_built() - before;
-    check_equal(y, uncompiled([&] { Tensor t = fn(x); t.eval(); return t; }));
+    check_equal(y, uncompiled([&] {
+                  Tensor t = fn(x);
+                  t.eval();
+                  return t;
+                }));
   }
   CHECK(f.stats().traces == 1);
-  if (testing::on_cpu()) CHECK(built == 2);
-  else CHECK(built >= 2);
+  if (testing::on_cpu())
+    CHECK(built == 2);
+  else
+    CHECK(built >= 2);
   CHECK(logs.text().find("dynamic entry: kernels compiled for these sizes (symbolic arg 0 dim 0 not read at launch)") !=
         std::string::npos);
 }
@@ -307,7 +322,11 @@ TEST_CASE("dynamic: on CUDA one symbolic unit (one NVRTC compile) serves every b
       Tensor y = f(x, w);
       built += kernels_built() - (before.compiles + before.disk_hits);
       compiles += kiln::stats().compiles - before.compiles;
-      check_equal(y, uncompiled([&] { Tensor t = fn(x, w); t.eval(); return t; }));
+      check_equal(y, uncompiled([&] {
+                    Tensor t = fn(x, w);
+                    t.eval();
+                    return t;
+                  }));
     }
     CHECK(f.stats().traces == 1);
     CHECK(f.stats().recompiles == 0);
@@ -332,7 +351,11 @@ TEST_CASE("dynamic: on CUDA a symbolic temporary, an unaligned input and reduce-
       const std::uint64_t before = kernels_built();
       Tensor z = f(x, y);
       built += kernels_built() - before;
-      check_equal(z, uncompiled([&] { Tensor t = temp_fn(x, y); t.eval(); return t; }));
+      check_equal(z, uncompiled([&] {
+                    Tensor t = temp_fn(x, y);
+                    t.eval();
+                    return t;
+                  }));
     }
     CHECK(f.stats().traces == 1);
     CHECK(built == 1);
@@ -348,7 +371,11 @@ TEST_CASE("dynamic: on CUDA a symbolic temporary, an unaligned input and reduce-
       const std::uint64_t before = kernels_built();
       Tensor y = f(x, w);
       built += kernels_built() - before;
-      check_equal(y, uncompiled([&] { Tensor t = pointwise_fn(x, w); t.eval(); return t; }));
+      check_equal(y, uncompiled([&] {
+                    Tensor t = pointwise_fn(x, w);
+                    t.eval();
+                    return t;
+                  }));
     }
     CHECK(f.stats().traces == 1);
     CHECK(built == 2);  // the aligned unit (made with the runner) and the unaligned one (first run)
@@ -361,9 +388,14 @@ TEST_CASE("dynamic: on CUDA a symbolic temporary, an unaligned input and reduce-
     Tensor w = reshape(rows(1, 64, 0.5f, gpu), {64}).eval();
     for (std::int64_t n : {3, 5}) {
       Tensor x = rows(n, 64, 1.0f, gpu);
-      check_equal(f(x, w), uncompiled([&] { Tensor t = softmax_fn(x, w); t.eval(); return t; }));
+      check_equal(f(x, w), uncompiled([&] {
+                    Tensor t = softmax_fn(x, w);
+                    t.eval();
+                    return t;
+                  }));
     }
     CHECK(f.stats().traces == 1);
-    CHECK(logs.text().find("not read at launch): mode reduce-overhead captures a CUDA graph per size") != std::string::npos);
+    CHECK(logs.text().find("not read at launch): mode reduce-overhead captures a CUDA graph per size") !=
+          std::string::npos);
   }
 }

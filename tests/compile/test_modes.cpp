@@ -83,7 +83,8 @@ TEST_CASE("modes: the graph entry runs every kernel in one parallel region") {
   CHECK(entry.find("#pragma omp parallel", entry.find("#pragma omp parallel") + 1) == std::string::npos);
   std::size_t bodies = 0, barriers = 0;
   for (std::size_t p = entry.find("_body("); p != std::string::npos; p = entry.find("_body(", p + 1)) ++bodies;
-  for (std::size_t p = entry.find("omp barrier"); p != std::string::npos; p = entry.find("omp barrier", p + 1)) ++barriers;
+  for (std::size_t p = entry.find("omp barrier"); p != std::string::npos; p = entry.find("omp barrier", p + 1))
+    ++barriers;
   CHECK(bodies == s.kernels.size());
   CHECK(barriers == s.kernels.size() - 1);
   // The kernel bodies share work with orphaned constructs only: no region of their own.

@@ -27,7 +27,8 @@ using namespace kiln;
 
 namespace {
 
-const DType kAll[] = {DType::Bool, DType::Int32, DType::Int64, DType::Float16, DType::BFloat16, DType::Float32, DType::Float64};
+const DType kAll[] = {DType::Bool,     DType::Int32,   DType::Int64,  DType::Float16,
+                      DType::BFloat16, DType::Float32, DType::Float64};
 
 /// Independent decoding of an IEEE binary format with `exp_bits` exponent and `man_bits`
 /// mantissa bits.
@@ -37,9 +38,12 @@ double decode(std::uint32_t bits, int exp_bits, int man_bits) {
   const bool neg = (bits >> (man_bits + exp_bits)) & 1u;
   const int bias = (1 << (exp_bits - 1)) - 1;
   double v;
-  if (ex == (1u << exp_bits) - 1) v = man ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
-  else if (ex == 0) v = std::ldexp(static_cast<double>(man), 1 - bias - man_bits);
-  else v = std::ldexp(static_cast<double>(man | (1u << man_bits)), static_cast<int>(ex) - bias - man_bits);
+  if (ex == (1u << exp_bits) - 1)
+    v = man ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+  else if (ex == 0)
+    v = std::ldexp(static_cast<double>(man), 1 - bias - man_bits);
+  else
+    v = std::ldexp(static_cast<double>(man | (1u << man_bits)), static_cast<int>(ex) - bias - man_bits);
   return neg ? -v : v;
 }
 
@@ -57,8 +61,10 @@ std::uint32_t encode_nearest(float f, int exp_bits, int man_bits) {
   if (a >= next_after_max) return sign | inf;
   while (hi - lo > 1) {
     std::uint32_t mid = (lo + hi) / 2;
-    if (value(mid) <= a) lo = mid;
-    else hi = mid;
+    if (value(mid) <= a)
+      lo = mid;
+    else
+      hi = mid;
   }
   const double dl = a - value(lo), dh = value(hi) - a;
   std::uint32_t pick = dl < dh ? lo : dh < dl ? hi : ((lo & 1u) ? hi : lo);  // tie: even mantissa
@@ -182,7 +188,8 @@ TEST_CASE("float -> Half and BFloat16 round to nearest even, overflow to Inf, un
     if (std::isnan(f)) continue;
     std::uint32_t eh = encode_nearest(f, 5, 10);
     std::uint32_t eb = encode_nearest(f, 8, 7);
-    if (Half(f).bits != eh && bad_half++ < 5) FAIL_CHECK("Half(" << f << ") bits " << Half(f).bits << " expected " << eh);
+    if (Half(f).bits != eh && bad_half++ < 5)
+      FAIL_CHECK("Half(" << f << ") bits " << Half(f).bits << " expected " << eh);
     if (BFloat16(f).bits != eb && bad_bf++ < 5)
       FAIL_CHECK("BFloat16(" << f << ") bits " << BFloat16(f).bits << " expected " << eb);
   }
@@ -217,7 +224,7 @@ TEST_CASE("Shape, strides, contiguity") {
   CHECK(is_contiguous(s, {12, 4, 1}));
   CHECK_FALSE(is_contiguous(s, {1, 2, 6}));
   CHECK(is_contiguous(Shape{2, 1, 4}, {4, 999, 1}));  // size-1 dims ignored
-  CHECK_FALSE(is_contiguous(Shape{2, 4}, {8, 1}));     // padded rows
+  CHECK_FALSE(is_contiguous(Shape{2, 4}, {8, 1}));    // padded rows
   std::vector<std::int64_t> v = {5, 6};
   CHECK(Shape(v).str() == "[5, 6]");
 }
@@ -244,7 +251,7 @@ TEST_CASE("normalize_axis and Axes") {
   CHECK(normalize_axis(-1, 3, "op", Shape{1, 2, 3}) == 2);
   CHECK(normalize_axis(-3, 3, "op", Shape{1, 2, 3}) == 0);
   CHECK(normalize_axis(2, 3, "op", Shape{1, 2, 3}) == 2);
-  CHECK(normalize_axis(0, 0, "op", Shape{}) == 0);   // PyTorch accepts 0 and -1 on 0-dim tensors
+  CHECK(normalize_axis(0, 0, "op", Shape{}) == 0);  // PyTorch accepts 0 and -1 on 0-dim tensors
   CHECK(normalize_axis(-1, 0, "op", Shape{}) == 0);
   CHECK_THROWS_AS(normalize_axis(3, 3, "op", Shape{1, 2, 3}), ShapeError);
   CHECK_THROWS_AS(normalize_axis(-4, 3, "op", Shape{1, 2, 3}), ShapeError);

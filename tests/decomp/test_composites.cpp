@@ -29,8 +29,7 @@ kt::Ref ref_softmax_axis(const kt::Ref& a, std::int64_t axis, bool log_form) {
     std::vector<double> line;
     for (std::int64_t k = 0; k < n; ++k) line.push_back(a.v[i + k * st]);
     double lse = kt::ref_logsumexp(line);
-    for (std::int64_t k = 0; k < n; ++k)
-      r.v[i + k * st] = log_form ? line[k] - lse : std::exp(line[k] - lse);
+    for (std::int64_t k = 0; k < n; ++k) r.v[i + k * st] = log_form ? line[k] - lse : std::exp(line[k] - lse);
   }
   return r;
 }
@@ -120,10 +119,10 @@ TEST_CASE("rms_norm with and without weight; the default eps is the dtype's mach
     KILN_CHECK_CLOSE(y, kt::ref_rms_norm_last(rx, wv, 1e-6));
     KILN_CHECK_CLOSE(rms_norm(x, Tensor{}, 1e-6), kt::ref_rms_norm_last(rx, {}, 1e-6));
     // Tiny rows make eps matter: torch.nn.functional.rms_norm uses torch.finfo(dtype).eps.
-    const double eps = dt == DType::Float64    ? std::ldexp(1.0, -52)
-                       : dt == DType::Float32  ? std::ldexp(1.0, -23)
-                       : dt == DType::Float16  ? std::ldexp(1.0, -10)
-                                               : std::ldexp(1.0, -7);
+    const double eps = dt == DType::Float64   ? std::ldexp(1.0, -52)
+                       : dt == DType::Float32 ? std::ldexp(1.0, -23)
+                       : dt == DType::Float16 ? std::ldexp(1.0, -10)
+                                              : std::ldexp(1.0, -7);
     const double tiny = dt == DType::Float64 ? 1e-8 : dt == DType::Float32 ? 1e-4 : 0.01;
     auto tv = kt::uniform_values(6, tiny, 2 * tiny, dt, 7);
     Tensor t = kt::make_tensor(tv, {2, 3}, dt);
@@ -144,7 +143,8 @@ TEST_CASE("cross_entropy: mean over targets, ignore_index") {
     KILN_CHECK_CLOSE(loss, std::vector<double>{kt::ref_cross_entropy(rl, tv)});
     // Targets equal to ignore_index (-100 by default) leave the mean.
     std::vector<std::int64_t> ti = {3, -100, 6, -100, 1};
-    KILN_CHECK_CLOSE(cross_entropy(logits, kt::make_int_tensor(ti, {5})), std::vector<double>{kt::ref_cross_entropy(rl, ti)});
+    KILN_CHECK_CLOSE(cross_entropy(logits, kt::make_int_tensor(ti, {5})),
+                     std::vector<double>{kt::ref_cross_entropy(rl, ti)});
     std::vector<std::int64_t> tc = {3, 4, 6, 4, 1};
     KILN_CHECK_CLOSE(cross_entropy(logits, kt::make_int_tensor(tc, {5}), 4),
                      std::vector<double>{kt::ref_cross_entropy(rl, tc, 4)});
@@ -168,9 +168,9 @@ TEST_CASE("cross_entropy: mean over targets, ignore_index") {
 TEST_CASE("composites lower to primitives only; 16-bit inputs computed in f32 and rounded once") {
   Tensor x = kt::make_tensor(kt::uniform_values(12, -1, 1, DType::Float16), {3, 4}, DType::Float16);
   Tensor w = kt::make_tensor({1, 1, 1, 1}, {4}, DType::Float16);
-  const std::vector<Tensor> composites = {softmax(x),    log_softmax(x), layer_norm(x, w, w), rms_norm(x, w),
-                                          gelu(x),       gelu(x, true),  silu(x),             sigmoid(x),
-                                          mean(x, 1),    var(x, 1),      logsumexp(x, 1)};
+  const std::vector<Tensor> composites = {
+      softmax(x), log_softmax(x), layer_norm(x, w, w), rms_norm(x, w), gelu(x),        gelu(x, true),
+      silu(x),    sigmoid(x),     mean(x, 1),          var(x, 1),      logsumexp(x, 1)};
   for (const Tensor& t : composites) {
     CAPTURE(t.str());
     ir::Captured c = ir::capture({t.node()}, t.device());
@@ -180,8 +180,10 @@ TEST_CASE("composites lower to primitives only; 16-bit inputs computed in f32 an
     int to_f16 = 0;
     for (auto& n : c.graph.nodes) {
       if (n.op == ir::Op::Input || ir::is_index_map(n.op)) continue;
-      if (n.op == ir::Op::Cast && n.dtype == DType::Float16) ++to_f16;
-      else CHECK(n.dtype != DType::Float16);
+      if (n.op == ir::Op::Cast && n.dtype == DType::Float16)
+        ++to_f16;
+      else
+        CHECK(n.dtype != DType::Float16);
     }
     CHECK(to_f16 == 1);
     CHECK(t.dtype() == DType::Float16);

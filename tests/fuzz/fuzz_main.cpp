@@ -66,26 +66,45 @@ Options parse(int argc, char** argv) {
       if (i + 1 >= argc) usage(("missing value after " + a).c_str());
       return argv[++i];
     };
-    if (a == "--graphs") o.graphs = std::stoull(val());
-    else if (a == "--seed") o.seed = std::stoull(val());
-    else if (a == "--first") o.first = std::stoull(val());
-    else if (a == "--device") o.device = val();
-    else if (a == "--jobs") o.jobs = std::max(1, std::stoi(val()));
-    else if (a == "--max-ops") o.lim.max_ops = std::stoi(val());
-    else if (a == "--max-elems") o.lim.max_elems = std::stoll(val());
-    else if (a == "--out") o.out = val();
-    else if (a == "--shrink-seconds") o.shrink_seconds = std::stod(val());
-    else if (a == "--shrink-max") o.shrink_max = std::stoi(val());
-    else if (a == "--no-shrink") o.shrink_max = 0;
-    else if (a == "--graph-timeout") o.graph_timeout = std::stod(val());
-    else if (a == "--no-fork") o.fork = false;
-    else if (a == "--no-fail") o.fail_on_find = false;
-    else if (a == "--selftest") o.selftest = true, o.shrink_max = 0;
-    else if (a == "--print") o.print = std::stol(val());
-    else if (a == "--one") o.one = std::stol(val());
-    else usage(("unknown option " + a).c_str());
+    if (a == "--graphs")
+      o.graphs = std::stoull(val());
+    else if (a == "--seed")
+      o.seed = std::stoull(val());
+    else if (a == "--first")
+      o.first = std::stoull(val());
+    else if (a == "--device")
+      o.device = val();
+    else if (a == "--jobs")
+      o.jobs = std::max(1, std::stoi(val()));
+    else if (a == "--max-ops")
+      o.lim.max_ops = std::stoi(val());
+    else if (a == "--max-elems")
+      o.lim.max_elems = std::stoll(val());
+    else if (a == "--out")
+      o.out = val();
+    else if (a == "--shrink-seconds")
+      o.shrink_seconds = std::stod(val());
+    else if (a == "--shrink-max")
+      o.shrink_max = std::stoi(val());
+    else if (a == "--no-shrink")
+      o.shrink_max = 0;
+    else if (a == "--graph-timeout")
+      o.graph_timeout = std::stod(val());
+    else if (a == "--no-fork")
+      o.fork = false;
+    else if (a == "--no-fail")
+      o.fail_on_find = false;
+    else if (a == "--selftest")
+      o.selftest = true, o.shrink_max = 0;
+    else if (a == "--print")
+      o.print = std::stol(val());
+    else if (a == "--one")
+      o.one = std::stol(val());
+    else
+      usage(("unknown option " + a).c_str());
   }
-  if (o.device != "cpu" && o.device != "cuda" && o.device.rfind("cuda:", 0) != 0) usage("--device must be cpu or cuda[:N]");
+  if (o.device != "cpu" && o.device != "cuda" && o.device.rfind("cuda:", 0) != 0)
+    usage("--device must be cpu or cuda[:N]");
   return o;
 }
 
@@ -95,19 +114,21 @@ Device device_of(const std::string& s) {
   return Device::cuda(std::stoi(s.substr(5)));
 }
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // ---- verdicts across processes ----------------------------------------------------------------
 
 std::string escape(const std::string& s, std::size_t limit = 4000) {
   std::string o;
   for (char c : s.substr(0, limit)) {
-    if (c == '\n') o += "\\n";
-    else if (c == '\t') o += ' ';
-    else if (c == '\\') o += "\\\\";
-    else o += c;
+    if (c == '\n')
+      o += "\\n";
+    else if (c == '\t')
+      o += ' ';
+    else if (c == '\\')
+      o += "\\\\";
+    else
+      o += c;
   }
   return o;
 }
@@ -246,7 +267,8 @@ std::string headline(const std::string& d, std::size_t limit = 600) {
     double t0 = now_s();
     Verdict v = safe_check(p, dev, o.selftest);
     Verdict pv = run_probe(static_cast<std::size_t>(i), o.seed, i);
-    write_all(fd, "P " + std::to_string(i) + " " + std::to_string(static_cast<int>(pv.kind)) + "\t" + escape(pv.detail) + "\n");
+    write_all(fd, "P " + std::to_string(i) + " " + std::to_string(static_cast<int>(pv.kind)) + "\t" +
+                      escape(pv.detail) + "\n");
     write_all(fd, "R " + std::to_string(i) + " " + std::to_string(static_cast<int>(v.kind)) + " " +
                       std::to_string(stats().compiles - c0) + " " + std::to_string(now_s() - t0) + " " +
                       std::to_string(v.excused) + "\t" + escape(v.detail) + "\n");
@@ -260,7 +282,7 @@ struct Worker {
   int fd = -1;
   std::string buf;
   std::vector<std::uint64_t> todo;
-  std::size_t pos = 0;     // todo[pos] is the graph in progress (or next)
+  std::size_t pos = 0;  // todo[pos] is the graph in progress (or next)
   bool busy = false;
   double started = 0;
   bool killed = false;
@@ -301,7 +323,8 @@ std::vector<Record> run_campaign(const Options& o) {
                   headline(r.verdict.detail, 300).c_str());
     }
     if (done >= next_report) {
-      std::printf("[%zu/%llu] %zu findings, %.0f s\n", done, static_cast<unsigned long long>(o.graphs), bugs, now_s() - t0);
+      std::printf("[%zu/%llu] %zu findings, %.0f s\n", done, static_cast<unsigned long long>(o.graphs), bugs,
+                  now_s() - t0);
       next_report += 50;
     }
     std::fflush(stdout);
@@ -338,7 +361,8 @@ std::vector<Record> run_campaign(const Options& o) {
               r.verdict.detail = unescape(line.substr(line.find('\t') + 1));
               ++g_probes;
               if (r.verdict.kind != Kind::Pass) {
-                std::printf("probe %llu: %s\n", static_cast<unsigned long long>(r.index), r.verdict.detail.substr(0, 300).c_str());
+                std::printf("probe %llu: %s\n", static_cast<unsigned long long>(r.index),
+                            r.verdict.detail.substr(0, 300).c_str());
                 g_probe_failures.push_back(r);
               }
             } else if (line.rfind("B ", 0) == 0) {
@@ -366,9 +390,10 @@ std::vector<Record> run_campaign(const Options& o) {
             Record r;
             r.index = w.todo[w.pos];
             r.verdict.kind = w.killed ? Kind::Timeout : Kind::Crash;
-            r.verdict.detail = w.killed ? "timeout: more than " + std::to_string(static_cast<int>(o.graph_timeout)) + " s"
-                                        : WIFSIGNALED(status) ? "crash: " + signal_name(WTERMSIG(status))
-                                                              : "crash: the worker exited mid-graph";
+            r.verdict.detail = w.killed
+                                   ? "timeout: more than " + std::to_string(static_cast<int>(o.graph_timeout)) + " s"
+                               : WIFSIGNALED(status) ? "crash: " + signal_name(WTERMSIG(status))
+                                                     : "crash: the worker exited mid-graph";
             r.seconds = now_s() - w.started;
             record(r);
             ++w.pos;
@@ -437,7 +462,8 @@ int main(int argc, char** argv) {
 
   if (o.print >= 0) {
     Program p = generate(o.seed, static_cast<std::uint64_t>(o.print), o.lim);
-    std::cout << test_case_cxx(p, title_of(p), "kiln_fuzz --seed " + std::to_string(o.seed) + " --print " + std::to_string(o.print));
+    std::cout << test_case_cxx(p, title_of(p),
+                               "kiln_fuzz --seed " + std::to_string(o.seed) + " --print " + std::to_string(o.print));
     return 0;
   }
   if (o.one >= 0) {
@@ -480,9 +506,10 @@ int main(int argc, char** argv) {
   std::printf("outcomes:");
   for (auto& [k, n] : by_kind) std::printf(" %s %d,", k.c_str(), n);
   std::printf("\nfindings: %zu\n", findings.size());
-  std::printf("excused: %zu elements in %zu graphs outside the dtype tolerance of the reference, ill-conditioned by the\n"
-              "  nudged float64 twin or no further from the twin than %.0fx the reference (docs/fuzzing.md)\n",
-              excused_elements, excused_graphs, kTwinFactor);
+  std::printf(
+      "excused: %zu elements in %zu graphs outside the dtype tolerance of the reference, ill-conditioned by the\n"
+      "  nudged float64 twin or no further from the twin than %.0fx the reference (docs/fuzzing.md)\n",
+      excused_elements, excused_graphs, kTwinFactor);
   if (o.selftest)
     std::printf("self-test: every JIT result was corrupted in one element; caught in %d of %zu graphs\n",
                 by_kind["mismatch"], records.size());
@@ -491,8 +518,8 @@ int main(int argc, char** argv) {
     std::string name = r.verdict.detail.substr(0, r.verdict.detail.find(':'));
     if (!probe_kinds[name].first++) probe_kinds[name].second = r.verdict.detail.substr(0, 400);
   }
-  std::printf("error probes: %zu run, %zu failed (%zu of %zu kinds)\n", g_probes, g_probe_failures.size(), probe_kinds.size(),
-              probe_table().size());
+  std::printf("error probes: %zu run, %zu failed (%zu of %zu kinds)\n", g_probes, g_probe_failures.size(),
+              probe_kinds.size(), probe_table().size());
   for (auto& [name, c] : probe_kinds) std::printf("  %dx %s\n", c.first, c.second.c_str());
   std::printf("by op (graphs containing it / findings among them):\n");
   int col = 0;
@@ -515,7 +542,8 @@ int main(int argc, char** argv) {
   std::vector<const Record*> to_shrink;
   for (std::size_t round = 0; to_shrink.size() < static_cast<std::size_t>(o.shrink_max) && round < 3; ++round)
     for (auto& s : sig_order)
-      if (round < by_sig[s].size() && to_shrink.size() < static_cast<std::size_t>(o.shrink_max)) to_shrink.push_back(by_sig[s][round]);
+      if (round < by_sig[s].size() && to_shrink.size() < static_cast<std::size_t>(o.shrink_max))
+        to_shrink.push_back(by_sig[s][round]);
   Device dev = device_of(o.device);
   std::map<std::string, std::string> distinct;  // signature + shrunk ops -> report
   int file_no = 0;
@@ -537,9 +565,10 @@ int main(int argc, char** argv) {
     ShrinkStats st;
     Program small = sh.run(p, &st);
     std::string key = want + " | " + join(op_names(small));
-    std::string comment = "kiln_fuzz --seed " + std::to_string(o.seed) + " --one " + std::to_string(r->index) + " (shrunk from " +
-                          std::to_string(st.ops_before) + " ops to " + std::to_string(st.ops_after) + ", " +
-                          std::to_string(st.runs) + " runs)\n" + kind_name(last.kind) + ": " + headline(last.detail);
+    std::string comment = "kiln_fuzz --seed " + std::to_string(o.seed) + " --one " + std::to_string(r->index) +
+                          " (shrunk from " + std::to_string(st.ops_before) + " ops to " + std::to_string(st.ops_after) +
+                          ", " + std::to_string(st.runs) + " runs)\n" + kind_name(last.kind) + ": " +
+                          headline(last.detail);
     std::string cxx = test_case_cxx(small, title_of(small), comment);
     std::string path;
     if (!o.out.empty()) {
@@ -559,10 +588,11 @@ int main(int argc, char** argv) {
   }
   if (!o.out.empty()) {
     std::ofstream sum(o.out + "/summary.txt");
-    sum << "seed " << o.seed << " graphs " << records.size() << " findings " << findings.size() << " seconds " << campaign_s << "\n";
+    sum << "seed " << o.seed << " graphs " << records.size() << " findings " << findings.size() << " seconds "
+        << campaign_s << "\n";
     for (const Record& r : records)
-      sum << r.index << "\t" << kind_name(r.verdict.kind) << "\t" << r.compiles << "\t" << r.seconds << "\t" << r.verdict.excused << "\t"
-          << escape(r.verdict.detail, 300) << "\n";
+      sum << r.index << "\t" << kind_name(r.verdict.kind) << "\t" << r.compiles << "\t" << r.seconds << "\t"
+          << r.verdict.excused << "\t" << escape(r.verdict.detail, 300) << "\n";
   }
   return (o.fail_on_find && (!findings.empty() || !g_probe_failures.empty())) ? 1 : 0;
 }

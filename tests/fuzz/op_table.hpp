@@ -67,10 +67,14 @@ Tensor with_operand(const Args& a, std::size_t k, F&& f) {
   const Operand& o = a.op.args[k];
   if (!o.is_number()) return f(a.t[k]);
   switch (o.number.kind) {
-    case Number::Kind::Float: return f(static_cast<float>(o.number.value));
-    case Number::Kind::Double: return f(o.number.value);
-    case Number::Kind::Int: return f(static_cast<std::int64_t>(o.number.value));
-    case Number::Kind::Bool: return f(o.number.value != 0);
+    case Number::Kind::Float:
+      return f(static_cast<float>(o.number.value));
+    case Number::Kind::Double:
+      return f(o.number.value);
+    case Number::Kind::Int:
+      return f(static_cast<std::int64_t>(o.number.value));
+    case Number::Kind::Bool:
+      return f(o.number.value != 0);
   }
   throw Error("fuzz: bad number kind");
 }
@@ -81,8 +85,10 @@ template <class F>
 Tensor with_operands2(const Args& a, std::size_t i, std::size_t j, F&& f) {
   return with_operand(a, i, [&](const auto& x) {
     return with_operand(a, j, [&](const auto& y) -> Tensor {
-      if constexpr (TensorLike<decltype(x)> || TensorLike<decltype(y)>) return f(x, y);
-      else throw Error("fuzz: two numbers given to a binary op");
+      if constexpr (TensorLike<decltype(x)> || TensorLike<decltype(y)>)
+        return f(x, y);
+      else
+        throw Error("fuzz: two numbers given to a binary op");
     });
   });
 }
@@ -140,7 +146,8 @@ struct Gen {
       in.layout = Layout::Permuted;
       in.perm.resize(r);
       for (std::size_t i = 0; i < r; ++i) in.perm[i] = static_cast<std::int64_t>(i);
-      for (std::size_t i = r; i-- > 1;) std::swap(in.perm[i], in.perm[static_cast<std::size_t>(rng.below(static_cast<std::int64_t>(i) + 1))]);
+      for (std::size_t i = r; i-- > 1;)
+        std::swap(in.perm[i], in.perm[static_cast<std::size_t>(rng.below(static_cast<std::int64_t>(i) + 1))]);
       if (r == 2) std::swap(in.perm[0], in.perm[1]);  // never the identity for a matrix
       return;
     }
@@ -217,8 +224,10 @@ struct Gen {
     if (mode < 4) return o;
     if (mode < 7) {
       for (auto& d : o) {
-        if (d == 1 && rng.chance(0.5)) d = dim();
-        else if (rng.chance(0.4)) d = 1;
+        if (d == 1 && rng.chance(0.5))
+          d = dim();
+        else if (rng.chance(0.4))
+          d = 1;
       }
     } else if (mode < 8) {
       std::size_t drop = static_cast<std::size_t>(rng.below(static_cast<std::int64_t>(s.size()) + 1));
@@ -261,7 +270,10 @@ struct Gen {
   Number number() {
     Number n;
     int k = static_cast<int>(rng.below(20));
-    n.kind = k < 9 ? Number::Kind::Float : k < 12 ? Number::Kind::Double : k < 18 ? Number::Kind::Int : Number::Kind::Bool;
+    n.kind = k < 9    ? Number::Kind::Float
+             : k < 12 ? Number::Kind::Double
+             : k < 18 ? Number::Kind::Int
+                      : Number::Kind::Bool;
     static const std::vector<double> reals = {0, 1, -1, 2, 0.5, -2.5, 3, 1e-3, 100, 1e4, 0.1};
     static const std::vector<double> special = {-0.0, HUGE_VAL, -HUGE_VAL, NAN, 1e30, 1e-40, 1e300};
     static const std::vector<double> ints = {0, 1, -1, 2, 3, -7, 100, 65536, 2147483647, -2147483648.0};
@@ -273,8 +285,12 @@ struct Gen {
         n.value = v;
         break;
       }
-      case Number::Kind::Int: n.value = rng.pick(ints); break;
-      case Number::Kind::Bool: n.value = static_cast<double>(rng.below(2)); break;
+      case Number::Kind::Int:
+        n.value = rng.pick(ints);
+        break;
+      case Number::Kind::Bool:
+        n.value = static_cast<double>(rng.below(2));
+        break;
     }
     return n;
   }
@@ -297,8 +313,13 @@ inline std::vector<double> gen_values(Rng& r, DType t, std::int64_t n, double sp
     int mode = static_cast<int>(r.below(10));
     std::int64_t lo = mode < 6 ? -5 : mode < 9 ? -100 : -70000, hi = -lo;
     std::vector<double> extremes = t == i32 ? std::vector<double>{-2147483648.0, 2147483647.0, 0, -1, 65536}
-                                            : std::vector<double>{-9223372036854775808.0, 4611686018427387904.0,
-                                                                  -4611686018427387904.0, 9007199254740993.0, 0, -1, 4294967296.0};
+                                            : std::vector<double>{-9223372036854775808.0,
+                                                                  4611686018427387904.0,
+                                                                  -4611686018427387904.0,
+                                                                  9007199254740993.0,
+                                                                  0,
+                                                                  -1,
+                                                                  4294967296.0};
     for (auto& x : v) x = special && r.chance(share) ? r.pick(extremes) : static_cast<double>(r.range(lo, hi));
     for (auto& x : v) x = round_to(x, t);
     return v;
@@ -306,17 +327,23 @@ inline std::vector<double> gen_values(Rng& r, DType t, std::int64_t n, double sp
   int mode = static_cast<int>(r.below(10));
   for (auto& x : v) {
     double u = r.uniform();
-    if (mode < 4) x = -3 + 6 * u;
-    else if (mode < 6) x = std::sqrt(-2 * std::log(1 - u)) * std::cos(6.283185307179586 * r.uniform());
-    else if (mode < 7) x = static_cast<double>(r.range(-4, 4));
-    else if (mode < 8) x = (r.chance(0.5) ? -1 : 1) * std::pow(10.0, -6 + 12 * u);
-    else x = 10 * u;
+    if (mode < 4)
+      x = -3 + 6 * u;
+    else if (mode < 6)
+      x = std::sqrt(-2 * std::log(1 - u)) * std::cos(6.283185307179586 * r.uniform());
+    else if (mode < 7)
+      x = static_cast<double>(r.range(-4, 4));
+    else if (mode < 8)
+      x = (r.chance(0.5) ? -1 : 1) * std::pow(10.0, -6 + 12 * u);
+    else
+      x = 10 * u;
   }
   if (special) {
     double huge = t == f16 ? 6e4 : t == f64 ? 1e300 : 1e30;
     double tiny = t == f16 ? 6.2e-5 : t == f64 ? 2.3e-308 : 1.2e-38;
     double denorm = t == f16 ? 3e-6 : t == f64 ? 1e-310 : t == bf16 ? 1e-39 : 1e-40;
-    std::vector<double> sv = {HUGE_VAL, -HUGE_VAL, NAN, -0.0, 0.0, huge, -huge, tiny, denorm, -denorm, dtype_max(t), -dtype_max(t)};
+    std::vector<double> sv = {HUGE_VAL, -HUGE_VAL, NAN,    -0.0,    0.0,          huge,
+                              -huge,    tiny,      denorm, -denorm, dtype_max(t), -dtype_max(t)};
     for (auto& x : v)
       if (r.chance(share)) x = r.pick(sv);
   }
@@ -331,8 +358,9 @@ using PredictFn = std::function<std::optional<Info>(const Program&, const OpInst
 using BuildFn = std::function<Tensor(const Args&)>;
 /// Exact values of the op's result computed without kiln (leaves and casts), from the values
 /// and dtypes of its operands.
-using OracleFn = std::function<std::vector<double>(const OpInst&, const Info& out, const std::vector<std::vector<double>>& operands,
-                                                   const std::vector<DType>& operand_dtypes)>;
+using OracleFn =
+    std::function<std::vector<double>(const OpInst&, const Info& out, const std::vector<std::vector<double>>& operands,
+                                      const std::vector<DType>& operand_dtypes)>;
 
 struct OpDesc {
   std::string name;
@@ -362,7 +390,9 @@ struct OpDesc {
 
 namespace rules {
 
-inline const Info* tensor_info(const Program& p, const Operand& o) { return o.is_number() ? nullptr : &p.info(o.value); }
+inline const Info* tensor_info(const Program& p, const Operand& o) {
+  return o.is_number() ? nullptr : &p.info(o.value);
+}
 inline Typed typed(const Program& p, const Operand& o) {
   if (o.is_number()) return {o.number.wrapped_dtype(), 0};
   const Info& i = p.info(o.value);
@@ -398,8 +428,8 @@ enum class Reduce { SumProd, FloatOnly, MaxMin, Arg, LogSumExp };
 inline Operand T(int v) { return Operand{v, {}}; }
 inline Operand N(Number n) { return Operand{-1, n}; }
 
-inline OpDesc unary_row(const char* name, DTypeSet accepts, rules::Unary rule, const char* cxx, Tensor (*f)(const Tensor&),
-                        double weight = 0.35) {
+inline OpDesc unary_row(const char* name, DTypeSet accepts, rules::Unary rule, const char* cxx,
+                        Tensor (*f)(const Tensor&), double weight = 0.35) {
   OpDesc d;
   d.name = name;
   d.group = "unary";
@@ -424,8 +454,8 @@ inline OpDesc unary_row(const char* name, DTypeSet accepts, rules::Unary rule, c
   // tails": the CPU bounds of gelu, silu and sigmoid, and gelu's tanh form 6 + 4|2u| ulp, u its
   // tanh argument.
   static const std::vector<std::pair<std::string, double>> bounds = {
-      {"exp", 1.1}, {"exp2", 1.1}, {"expm1", 1.6}, {"log", 1.0}, {"log2", 1.8}, {"log1p", 1.0}, {"tanh", 2.6},
-      {"erf", 2.0}, {"sigmoid", 2.5}, {"sin", 1.7}, {"cos", 1.9}, {"tan", 3.2}, {"gelu", 6}, {"silu", 5}};
+      {"exp", 1.1}, {"exp2", 1.1},    {"expm1", 1.6}, {"log", 1.0}, {"log2", 1.8}, {"log1p", 1.0}, {"tanh", 2.6},
+      {"erf", 2.0}, {"sigmoid", 2.5}, {"sin", 1.7},   {"cos", 1.9}, {"tan", 3.2},  {"gelu", 6},    {"silu", 5}};
   for (auto& [n, u] : bounds)
     if (n == name) d.ulp = u;
   if (std::string(name) == "gelu_tanh") {
@@ -477,7 +507,8 @@ OpDesc binary_row(const char* name, DTypeSet accepts, rules::Binary rule, const 
     DType common = result_type({rules::typed(p, op.args[0]), rules::typed(p, op.args[1])});
     DType out = common;
     switch (rule) {
-      case rules::Binary::Arith: break;
+      case rules::Binary::Arith:
+        break;
       case rules::Binary::NoBool:
         // semantics.md: `bool - bool` is a DTypeError (as PyTorch).
         if (common == bool_) return std::nullopt;
@@ -487,9 +518,13 @@ OpDesc binary_row(const char* name, DTypeSet accepts, rules::Binary rule, const 
         // PyTorch: "Integers to negative integer powers are not allowed" (a number exponent).
         if (category(common) == 1 && op.args[1].is_number() && op.args[1].number.value < 0) return std::nullopt;
         break;
-      case rules::Binary::TrueDiv: out = rules::float_of(common); break;
+      case rules::Binary::TrueDiv:
+        out = rules::float_of(common);
+        break;
       case rules::Binary::Compare:
-      case rules::Binary::Logical: out = bool_; break;
+      case rules::Binary::Logical:
+        out = bool_;
+        break;
     }
     return Info{out, *shape};
   };
@@ -536,8 +571,10 @@ inline Shape reduced_shape(const Shape& s, const std::vector<std::int64_t>& axes
   Shape out;
   for (std::size_t d = 0; d < s.size(); ++d) {
     bool r = std::find(axes.begin(), axes.end(), static_cast<std::int64_t>(d)) != axes.end();
-    if (!r) out.push_back(s[d]);
-    else if (keep) out.push_back(1);
+    if (!r)
+      out.push_back(s[d]);
+    else if (keep)
+      out.push_back(1);
   }
   return out;
 }
@@ -565,9 +602,14 @@ inline OpDesc reduce_row(const char* name, DTypeSet accepts, rules::Reduce rule,
     if (!axes) return std::nullopt;
     DType out = x.dtype;
     switch (rule) {
-      case rules::Reduce::SumProd: out = is_floating(x.dtype) ? x.dtype : i64; break;
-      case rules::Reduce::FloatOnly: break;
-      case rules::Reduce::LogSumExp: out = rules::float_of(x.dtype); break;
+      case rules::Reduce::SumProd:
+        out = is_floating(x.dtype) ? x.dtype : i64;
+        break;
+      case rules::Reduce::FloatOnly:
+        break;
+      case rules::Reduce::LogSumExp:
+        out = rules::float_of(x.dtype);
+        break;
       case rules::Reduce::MaxMin:
       case rules::Reduce::Arg:
         // semantics.md: max/min/argmax/argmin over an empty dimension are ShapeErrors.
@@ -595,8 +637,10 @@ inline OpDesc reduce_row(const char* name, DTypeSet accepts, rules::Reduce rule,
 inline std::vector<double> cast_values(const std::vector<double>& v, DType from, DType to) {
   std::vector<double> out(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) {
-    if (!is_floating(from) && to == i32) out[i] = static_cast<double>(static_cast<std::int32_t>(static_cast<std::int64_t>(v[i])));
-    else out[i] = round_to(v[i], to);
+    if (!is_floating(from) && to == i32)
+      out[i] = static_cast<double>(static_cast<std::int32_t>(static_cast<std::int64_t>(v[i])));
+    else
+      out[i] = round_to(v[i], to);
   }
   return out;
 }
@@ -621,7 +665,8 @@ inline std::vector<std::int64_t> pick_reshape(Rng& r, std::int64_t n, bool& infe
     m /= d;
   }
   if (rank > 0) dims.push_back(m);
-  for (std::size_t i = dims.size(); i-- > 1;) std::swap(dims[i], dims[static_cast<std::size_t>(r.below(static_cast<std::int64_t>(i) + 1))]);
+  for (std::size_t i = dims.size(); i-- > 1;)
+    std::swap(dims[i], dims[static_cast<std::size_t>(r.below(static_cast<std::int64_t>(i) + 1))]);
   inferred = !dims.empty() && r.chance(0.3);
   if (inferred) dims[static_cast<std::size_t>(r.below(static_cast<std::int64_t>(dims.size())))] = -1;
   return dims;
@@ -646,50 +691,84 @@ inline const std::vector<OpDesc>& op_table() {
   static const std::vector<OpDesc> table = [] {
     std::vector<OpDesc> t;
     // -- unary pointwise
-    t.push_back(unary_row("neg", kNotBool, Unary::Same, "-{0}", [](const Tensor& x) -> Tensor { return -x; }, 0.6));
-    t.push_back(unary_row("abs", kAll, Unary::Same, "abs({0})", [](const Tensor& x) -> Tensor { return abs(x); }, 0.6));
+    t.push_back(unary_row(
+        "neg", kNotBool, Unary::Same, "-{0}", [](const Tensor& x) -> Tensor { return -x; }, 0.6));
+    t.push_back(unary_row(
+        "abs", kAll, Unary::Same, "abs({0})", [](const Tensor& x) -> Tensor { return abs(x); }, 0.6));
     t.push_back(unary_row("exp", kAll, Unary::Float, "exp({0})", [](const Tensor& x) -> Tensor { return exp(x); }));
     t.push_back(unary_row("exp2", kAll, Unary::Float, "exp2({0})", [](const Tensor& x) -> Tensor { return exp2(x); }));
     t.push_back(unary_row("log", kAll, Unary::Float, "log({0})", [](const Tensor& x) -> Tensor { return log(x); }));
     t.push_back(unary_row("log2", kAll, Unary::Float, "log2({0})", [](const Tensor& x) -> Tensor { return log2(x); }));
-    t.push_back(unary_row("log1p", kAll, Unary::Float, "log1p({0})", [](const Tensor& x) -> Tensor { return log1p(x); }));
-    t.push_back(unary_row("expm1", kAll, Unary::Float, "expm1({0})", [](const Tensor& x) -> Tensor { return expm1(x); }));
+    t.push_back(
+        unary_row("log1p", kAll, Unary::Float, "log1p({0})", [](const Tensor& x) -> Tensor { return log1p(x); }));
+    t.push_back(
+        unary_row("expm1", kAll, Unary::Float, "expm1({0})", [](const Tensor& x) -> Tensor { return expm1(x); }));
     t.push_back(unary_row("sqrt", kAll, Unary::Float, "sqrt({0})", [](const Tensor& x) -> Tensor { return sqrt(x); }));
-    t.push_back(unary_row("rsqrt", kAll, Unary::Float, "rsqrt({0})", [](const Tensor& x) -> Tensor { return rsqrt(x); }));
+    t.push_back(
+        unary_row("rsqrt", kAll, Unary::Float, "rsqrt({0})", [](const Tensor& x) -> Tensor { return rsqrt(x); }));
     t.push_back(unary_row("sin", kAll, Unary::Float, "sin({0})", [](const Tensor& x) -> Tensor { return sin(x); }));
     t.push_back(unary_row("cos", kAll, Unary::Float, "cos({0})", [](const Tensor& x) -> Tensor { return cos(x); }));
     t.push_back(unary_row("tan", kAll, Unary::Float, "tan({0})", [](const Tensor& x) -> Tensor { return tan(x); }));
     t.push_back(unary_row("tanh", kAll, Unary::Float, "tanh({0})", [](const Tensor& x) -> Tensor { return tanh(x); }));
     t.push_back(unary_row("erf", kAll, Unary::Float, "erf({0})", [](const Tensor& x) -> Tensor { return erf(x); }));
-    t.push_back(unary_row("sigmoid", kAll, Unary::Float, "sigmoid({0})", [](const Tensor& x) -> Tensor { return sigmoid(x); }));
-    t.push_back(unary_row("floor", kNotBool, Unary::Same, "floor({0})", [](const Tensor& x) -> Tensor { return floor(x); }));
-    t.push_back(unary_row("ceil", kNotBool, Unary::Same, "ceil({0})", [](const Tensor& x) -> Tensor { return ceil(x); }));
-    t.push_back(unary_row("round", kNotBool, Unary::Same, "round({0})", [](const Tensor& x) -> Tensor { return round(x); }));
-    t.push_back(unary_row("relu", kNotBool, Unary::Same, "relu({0})", [](const Tensor& x) -> Tensor { return relu(x); }, 0.6));
+    t.push_back(
+        unary_row("sigmoid", kAll, Unary::Float, "sigmoid({0})", [](const Tensor& x) -> Tensor { return sigmoid(x); }));
+    t.push_back(
+        unary_row("floor", kNotBool, Unary::Same, "floor({0})", [](const Tensor& x) -> Tensor { return floor(x); }));
+    t.push_back(
+        unary_row("ceil", kNotBool, Unary::Same, "ceil({0})", [](const Tensor& x) -> Tensor { return ceil(x); }));
+    t.push_back(
+        unary_row("round", kNotBool, Unary::Same, "round({0})", [](const Tensor& x) -> Tensor { return round(x); }));
+    t.push_back(unary_row(
+        "relu", kNotBool, Unary::Same, "relu({0})", [](const Tensor& x) -> Tensor { return relu(x); }, 0.6));
     // semantics.md / PyTorch: gelu and silu need a floating input.
-    t.push_back(unary_row("gelu", kFloats, Unary::Same, "gelu({0})", [](const Tensor& x) -> Tensor { return gelu(x); }, 0.5));
-    t.push_back(unary_row("gelu_tanh", kFloats, Unary::Same, "gelu({0}, true)", [](const Tensor& x) -> Tensor { return gelu(x, true); }, 0.5));
-    t.push_back(unary_row("silu", kFloats, Unary::Same, "silu({0})", [](const Tensor& x) -> Tensor { return silu(x); }, 0.5));
-    t.push_back(unary_row("logical_not", kAll, Unary::Bool, "!{0}", [](const Tensor& x) -> Tensor { return !x; }, 0.5));
-    t.push_back(unary_row("isnan", kAll, Unary::Bool, "isnan({0})", [](const Tensor& x) -> Tensor { return isnan(x); }, 0.5));
-    t.push_back(unary_row("isinf", kAll, Unary::Bool, "isinf({0})", [](const Tensor& x) -> Tensor { return isinf(x); }, 0.5));
+    t.push_back(unary_row(
+        "gelu", kFloats, Unary::Same, "gelu({0})", [](const Tensor& x) -> Tensor { return gelu(x); }, 0.5));
+    t.push_back(unary_row(
+        "gelu_tanh", kFloats, Unary::Same, "gelu({0}, true)", [](const Tensor& x) -> Tensor { return gelu(x, true); },
+        0.5));
+    t.push_back(unary_row(
+        "silu", kFloats, Unary::Same, "silu({0})", [](const Tensor& x) -> Tensor { return silu(x); }, 0.5));
+    t.push_back(unary_row(
+        "logical_not", kAll, Unary::Bool, "!{0}", [](const Tensor& x) -> Tensor { return !x; }, 0.5));
+    t.push_back(unary_row(
+        "isnan", kAll, Unary::Bool, "isnan({0})", [](const Tensor& x) -> Tensor { return isnan(x); }, 0.5));
+    t.push_back(unary_row(
+        "isinf", kAll, Unary::Bool, "isinf({0})", [](const Tensor& x) -> Tensor { return isinf(x); }, 0.5));
 
     // -- binary pointwise (a tensor and a tensor or a C++ number, broadcasting)
-    t.push_back(binary_row("add", kAll, Binary::Arith, "{0} + {1}", [](const auto& a, const auto& b) -> Tensor { return a + b; }));
-    t.push_back(binary_row("sub", kAll, Binary::NoBool, "{0} - {1}", [](const auto& a, const auto& b) -> Tensor { return a - b; }));
-    t.push_back(binary_row("mul", kAll, Binary::Arith, "{0} * {1}", [](const auto& a, const auto& b) -> Tensor { return a * b; }));
-    t.push_back(binary_row("div", kAll, Binary::TrueDiv, "{0} / {1}", [](const auto& a, const auto& b) -> Tensor { return a / b; }));
-    t.push_back(binary_row("pow", kAll, Binary::Pow, "pow({0}, {1})", [](const auto& a, const auto& b) -> Tensor { return pow(a, b); }));
-    t.push_back(binary_row("maximum", kAll, Binary::Arith, "maximum({0}, {1})", [](const auto& a, const auto& b) -> Tensor { return maximum(a, b); }));
-    t.push_back(binary_row("minimum", kAll, Binary::Arith, "minimum({0}, {1})", [](const auto& a, const auto& b) -> Tensor { return minimum(a, b); }));
-    t.push_back(binary_row("eq", kAll, Binary::Compare, "{0} == {1}", [](const auto& a, const auto& b) -> Tensor { return a == b; }, 0.5));
-    t.push_back(binary_row("ne", kAll, Binary::Compare, "{0} != {1}", [](const auto& a, const auto& b) -> Tensor { return a != b; }, 0.5));
-    t.push_back(binary_row("lt", kAll, Binary::Compare, "{0} < {1}", [](const auto& a, const auto& b) -> Tensor { return a < b; }, 0.5));
-    t.push_back(binary_row("le", kAll, Binary::Compare, "{0} <= {1}", [](const auto& a, const auto& b) -> Tensor { return a <= b; }, 0.5));
-    t.push_back(binary_row("gt", kAll, Binary::Compare, "{0} > {1}", [](const auto& a, const auto& b) -> Tensor { return a > b; }, 0.5));
-    t.push_back(binary_row("ge", kAll, Binary::Compare, "{0} >= {1}", [](const auto& a, const auto& b) -> Tensor { return a >= b; }, 0.5));
-    t.push_back(binary_row("logical_and", kAll, Binary::Logical, "{0} && {1}", [](const auto& a, const auto& b) -> Tensor { return a && b; }, 0.5));
-    t.push_back(binary_row("logical_or", kAll, Binary::Logical, "{0} || {1}", [](const auto& a, const auto& b) -> Tensor { return a || b; }, 0.5));
+    t.push_back(binary_row("add", kAll, Binary::Arith, "{0} + {1}",
+                           [](const auto& a, const auto& b) -> Tensor { return a + b; }));
+    t.push_back(binary_row("sub", kAll, Binary::NoBool, "{0} - {1}",
+                           [](const auto& a, const auto& b) -> Tensor { return a - b; }));
+    t.push_back(binary_row("mul", kAll, Binary::Arith, "{0} * {1}",
+                           [](const auto& a, const auto& b) -> Tensor { return a * b; }));
+    t.push_back(binary_row("div", kAll, Binary::TrueDiv, "{0} / {1}",
+                           [](const auto& a, const auto& b) -> Tensor { return a / b; }));
+    t.push_back(binary_row("pow", kAll, Binary::Pow, "pow({0}, {1})",
+                           [](const auto& a, const auto& b) -> Tensor { return pow(a, b); }));
+    t.push_back(binary_row("maximum", kAll, Binary::Arith, "maximum({0}, {1})",
+                           [](const auto& a, const auto& b) -> Tensor { return maximum(a, b); }));
+    t.push_back(binary_row("minimum", kAll, Binary::Arith, "minimum({0}, {1})",
+                           [](const auto& a, const auto& b) -> Tensor { return minimum(a, b); }));
+    t.push_back(binary_row(
+        "eq", kAll, Binary::Compare, "{0} == {1}", [](const auto& a, const auto& b) -> Tensor { return a == b; }, 0.5));
+    t.push_back(binary_row(
+        "ne", kAll, Binary::Compare, "{0} != {1}", [](const auto& a, const auto& b) -> Tensor { return a != b; }, 0.5));
+    t.push_back(binary_row(
+        "lt", kAll, Binary::Compare, "{0} < {1}", [](const auto& a, const auto& b) -> Tensor { return a < b; }, 0.5));
+    t.push_back(binary_row(
+        "le", kAll, Binary::Compare, "{0} <= {1}", [](const auto& a, const auto& b) -> Tensor { return a <= b; }, 0.5));
+    t.push_back(binary_row(
+        "gt", kAll, Binary::Compare, "{0} > {1}", [](const auto& a, const auto& b) -> Tensor { return a > b; }, 0.5));
+    t.push_back(binary_row(
+        "ge", kAll, Binary::Compare, "{0} >= {1}", [](const auto& a, const auto& b) -> Tensor { return a >= b; }, 0.5));
+    t.push_back(binary_row(
+        "logical_and", kAll, Binary::Logical, "{0} && {1}",
+        [](const auto& a, const auto& b) -> Tensor { return a && b; }, 0.5));
+    t.push_back(binary_row(
+        "logical_or", kAll, Binary::Logical, "{0} || {1}",
+        [](const auto& a, const auto& b) -> Tensor { return a || b; }, 0.5));
 
     // -- ternary: where(cond, a, b) and clamp(x, lo, hi), operands tensors or numbers
     {
@@ -743,7 +822,8 @@ inline const std::vector<OpDesc>& op_table() {
         auto shape = rules::broadcast(shapes);
         if (!shape) return std::nullopt;
         // torch.clamp promotes over all three operands at once (result_type(x, min, max)).
-        DType out = result_type({rules::typed(p, op.args[0]), rules::typed(p, op.args[1]), rules::typed(p, op.args[2])});
+        DType out =
+            result_type({rules::typed(p, op.args[0]), rules::typed(p, op.args[1]), rules::typed(p, op.args[2])});
         if (out == bool_) return std::nullopt;  // PyTorch: clamp is not implemented for bool
         return Info{out, *shape};
       };
@@ -774,17 +854,17 @@ inline const std::vector<OpDesc>& op_table() {
         return Info{op.p.dtype, p.info(op.args[0].value).shape};
       };
       d.build = [](const Args& a) { return a.t[0].to(a.dt(a.p().dtype)); };
-      d.oracle = [](const OpInst& op, const Info&, const std::vector<std::vector<double>>& v, const std::vector<DType>& dt) {
-        return cast_values(v[0], dt[0], op.p.dtype);
-      };
+      d.oracle = [](const OpInst& op, const Info&, const std::vector<std::vector<double>>& v,
+                    const std::vector<DType>& dt) { return cast_values(v[0], dt[0], op.p.dtype); };
       t.push_back(d);
     }
 
     // -- reductions
     t.push_back(reduce_row("sum", kAll, Reduce::SumProd, "sum({0}, {ints}, {keep})",
                            [](const Tensor& x, const Axes& a, bool k) { return sum(x, a, k); }));
-    t.push_back(reduce_row("prod", kAll, Reduce::SumProd, "prod({0}, {ints}, {keep})",
-                           [](const Tensor& x, const Axes& a, bool k) { return prod(x, a, k); }, 0.8));
+    t.push_back(reduce_row(
+        "prod", kAll, Reduce::SumProd, "prod({0}, {ints}, {keep})",
+        [](const Tensor& x, const Axes& a, bool k) { return prod(x, a, k); }, 0.8));
     t.push_back(reduce_row("mean", kFloats, Reduce::FloatOnly, "mean({0}, {ints}, {keep})",
                            [](const Tensor& x, const Axes& a, bool k) { return mean(x, a, k); }));
     t.push_back(reduce_row("max", kAll, Reduce::MaxMin, "max({0}, {ints}, {keep})",
@@ -862,7 +942,8 @@ inline const std::vector<OpDesc>& op_table() {
         std::int64_t r = static_cast<std::int64_t>(g.info(x).shape.size());
         op.p.ints.resize(static_cast<std::size_t>(r));
         for (std::int64_t i = 0; i < r; ++i) op.p.ints[static_cast<std::size_t>(i)] = i;
-        for (std::int64_t i = r; i-- > 1;) std::swap(op.p.ints[static_cast<std::size_t>(i)], op.p.ints[static_cast<std::size_t>(g.rng.below(i + 1))]);
+        for (std::int64_t i = r; i-- > 1;)
+          std::swap(op.p.ints[static_cast<std::size_t>(i)], op.p.ints[static_cast<std::size_t>(g.rng.below(i + 1))]);
         for (auto& v : op.p.ints)
           if (g.rng.chance(0.2)) v -= r;
         return true;
@@ -928,7 +1009,8 @@ inline const std::vector<OpDesc>& op_table() {
           return g.rng.range(-n - 2, n + 2);
         };
         std::int64_t start = g.rng.chance(0.3) ? 0 : bound(), stop = g.rng.chance(0.3) ? n : bound();
-        std::int64_t step = g.rng.chance(0.03) ? std::numeric_limits<std::int64_t>::max() : g.rng.pick(std::vector<std::int64_t>{1, 1, 1, 2, 3, 5});
+        std::int64_t step = g.rng.chance(0.03) ? std::numeric_limits<std::int64_t>::max()
+                                               : g.rng.pick(std::vector<std::int64_t>{1, 1, 1, 2, 3, 5});
         op.p.ints = {g.rng.chance(0.2) ? axis - r : axis, start, stop, step};
         return true;
       };
@@ -939,7 +1021,8 @@ inline const std::vector<OpDesc>& op_table() {
         auto a = rules::axis(op.p.ints[0], x.shape.size());
         if (!a) return std::nullopt;
         Shape s = x.shape;
-        s[static_cast<std::size_t>(*a)] = slice_count(s[static_cast<std::size_t>(*a)], op.p.ints[1], op.p.ints[2], op.p.ints[3]);
+        s[static_cast<std::size_t>(*a)] =
+            slice_count(s[static_cast<std::size_t>(*a)], op.p.ints[1], op.p.ints[2], op.p.ints[3]);
         return Info{x.dtype, s};
       };
       d.build = [](const Args& a) { return slice(a.t[0], a.p().ints[0], a.p().ints[1], a.p().ints[2], a.p().ints[3]); };
@@ -1069,7 +1152,8 @@ inline const std::vector<OpDesc>& op_table() {
         int pieces = static_cast<int>(g.rng.range(1, 3));
         for (int k = 0; k < pieces; ++k) {
           Shape o = s;
-          o[static_cast<std::size_t>(axis)] = g.rng.chance(0.3) ? s[static_cast<std::size_t>(axis)] : g.rng.pick(std::vector<std::int64_t>{0, 1, 3, 7});
+          o[static_cast<std::size_t>(axis)] =
+              g.rng.chance(0.3) ? s[static_cast<std::size_t>(axis)] : g.rng.pick(std::vector<std::int64_t>{0, 1, 3, 7});
           int v = g.rng.chance(0.3) ? g.existing([&](const Info& i) { return i.shape == o; }) : -1;
           if (v < 0) v = g.input(g.rng.chance(0.6) ? g.info(x).dtype : g.dtype(kAll), o);
           op.args.push_back(T(v));
@@ -1136,7 +1220,8 @@ inline const std::vector<OpDesc>& op_table() {
       // splits by ceil(n / c), and c empty pieces when n == 0 (ATen's chunk).
       auto piece_predict = [](int mode) {
         return [mode](const Program& p, const OpInst& op) -> std::optional<Info> {
-          if (op.args.size() != 1 || op.args[0].is_number() || op.p.ints.size() < (mode == 1 ? 2u : 3u)) return std::nullopt;
+          if (op.args.size() != 1 || op.args[0].is_number() || op.p.ints.size() < (mode == 1 ? 2u : 3u))
+            return std::nullopt;
           const Info& x = p.info(op.args[0].value);
           if (x.shape.empty()) return std::nullopt;
           auto a = rules::axis(op.p.ints[mode == 1 ? 0 : 1], x.shape.size());
@@ -1177,7 +1262,9 @@ inline const std::vector<OpDesc>& op_table() {
       d.cxx = "split({0}, {i0}, {i1})[{i2}]";
       d.pick = piece_pick(0);
       d.predict = piece_predict(0);
-      d.build = [](const Args& a) { return split(a.t[0], a.p().ints[0], a.p().ints[1])[static_cast<std::size_t>(a.p().ints[2])]; };
+      d.build = [](const Args& a) {
+        return split(a.t[0], a.p().ints[0], a.p().ints[1])[static_cast<std::size_t>(a.p().ints[2])];
+      };
       t.push_back(d);
       d.name = "split_sizes";
       d.cxx = "split({0}, std::vector<std::int64_t>{ints2}, {i0})[{i1}]";
@@ -1192,7 +1279,9 @@ inline const std::vector<OpDesc>& op_table() {
       d.cxx = "chunk({0}, {i0}, {i1})[{i2}]";
       d.pick = piece_pick(2);
       d.predict = piece_predict(2);
-      d.build = [](const Args& a) { return chunk(a.t[0], a.p().ints[0], a.p().ints[1])[static_cast<std::size_t>(a.p().ints[2])]; };
+      d.build = [](const Args& a) {
+        return chunk(a.t[0], a.p().ints[0], a.p().ints[1])[static_cast<std::size_t>(a.p().ints[2])];
+      };
       t.push_back(d);
     }
     {
@@ -1217,7 +1306,9 @@ inline const std::vector<OpDesc>& op_table() {
       for (int kind = 0; kind < 3; ++kind) {
         d.name = kind == 0 ? "full_like" : kind == 1 ? "zeros_like" : "ones_like";
         d.group = "creation";
-        d.cxx = kind == 0 ? "full_like({0}, {real}{optdt})" : kind == 1 ? "zeros_like({0}{optdt})" : "ones_like({0}{optdt})";
+        d.cxx = kind == 0   ? "full_like({0}, {real}{optdt})"
+                : kind == 1 ? "zeros_like({0}{optdt})"
+                            : "ones_like({0}{optdt})";
         d.weight = 0.4;
         d.lift = false;
         d.pick = [kind](Gen& g, OpInst& op) {
@@ -1245,7 +1336,8 @@ inline const std::vector<OpDesc>& op_table() {
           if (kind == 0) return full_like(a.t[0], v, dt);
           return kind == 1 ? zeros_like(a.t[0], dt) : ones_like(a.t[0], dt);
         };
-        d.oracle = [kind](const OpInst& op, const Info& out, const std::vector<std::vector<double>>&, const std::vector<DType>&) {
+        d.oracle = [kind](const OpInst& op, const Info& out, const std::vector<std::vector<double>>&,
+                          const std::vector<DType>&) {
           double v = kind == 0 ? op.p.real : kind == 1 ? 0.0 : 1.0;
           return std::vector<double>(static_cast<std::size_t>(out.shape.numel()), round_to(v, out.dtype));
         };
@@ -1277,8 +1369,10 @@ inline const std::vector<OpDesc>& op_table() {
       d.accumulates = true;
       return d;
     };
-    t.push_back(softmax_like("softmax", "softmax({0}, {i0})", [](const Tensor& x, std::int64_t a) { return softmax(x, a); }));
-    t.push_back(softmax_like("log_softmax", "log_softmax({0}, {i0})", [](const Tensor& x, std::int64_t a) { return log_softmax(x, a); }));
+    t.push_back(
+        softmax_like("softmax", "softmax({0}, {i0})", [](const Tensor& x, std::int64_t a) { return softmax(x, a); }));
+    t.push_back(softmax_like("log_softmax", "log_softmax({0}, {i0})",
+                             [](const Tensor& x, std::int64_t a) { return log_softmax(x, a); }));
 
     auto norm_predict = [](std::size_t params) {
       return [params](const Program& p, const OpInst& op) -> std::optional<Info> {
@@ -1299,7 +1393,8 @@ inline const std::vector<OpDesc>& op_table() {
         int x = g.operand(kFloats, {}, 1);
         if (x < 0) return false;
         op.args = {T(x)};
-        for (std::size_t k = 0; k < params; ++k) op.args.push_back(T(g.input(g.info(x).dtype, Shape{g.info(x).shape.back()})));
+        for (std::size_t k = 0; k < params; ++k)
+          op.args.push_back(T(g.input(g.info(x).dtype, Shape{g.info(x).shape.back()})));
         op.p.real = g.rng.pick(std::vector<double>{1e-5, 1e-3, 0.0, 1e-6});
         return true;
       };
@@ -1345,7 +1440,8 @@ inline const std::vector<OpDesc>& op_table() {
       d.cxx = "cross_entropy({0}, {1}, {i0})";
       d.lift = false;  // the targets stay integers
       d.pick = [](Gen& g, OpInst& op) {
-        int x = g.operand(kFloats, [](const Info& i) { return i.shape[1] > 0; }, 2, 2);
+        int x = g.operand(
+            kFloats, [](const Info& i) { return i.shape[1] > 0; }, 2, 2);
         if (x < 0) return false;
         std::int64_t n = g.info(x).shape[0], c = g.info(x).shape[1];
         std::int64_t ignore = g.rng.chance(0.7) ? -100 : g.rng.range(-1, c - 1);
@@ -1353,7 +1449,9 @@ inline const std::vector<OpDesc>& op_table() {
         st.is_input = true;
         st.input.dtype = g.rng.chance(0.8) ? i64 : i32;
         st.input.shape = Shape{n};
-        for (std::int64_t i = 0; i < n; ++i) st.input.values.push_back(g.rng.chance(0.2) ? static_cast<double>(ignore) : static_cast<double>(g.rng.below(c)));
+        for (std::int64_t i = 0; i < n; ++i)
+          st.input.values.push_back(g.rng.chance(0.2) ? static_cast<double>(ignore)
+                                                      : static_cast<double>(g.rng.below(c)));
         g.layout(st.input);
         st.info = {st.input.dtype, st.input.shape};
         g.prog.steps.push_back(st);
@@ -1362,16 +1460,18 @@ inline const std::vector<OpDesc>& op_table() {
         return true;
       };
       d.predict = [](const Program& p, const OpInst& op) -> std::optional<Info> {
-        if (op.args.size() != 2 || op.args[0].is_number() || op.args[1].is_number() || op.p.ints.size() != 1) return std::nullopt;
+        if (op.args.size() != 2 || op.args[0].is_number() || op.args[1].is_number() || op.p.ints.size() != 1)
+          return std::nullopt;
         const Info& x = p.info(op.args[0].value);
         const Step& ts = p.steps[static_cast<std::size_t>(op.args[1].value)];
-        if (!is_floating(x.dtype) || x.shape.size() != 2 || !ts.is_input || (ts.info.dtype != i64 && ts.info.dtype != i32) ||
-            ts.info.shape != Shape{x.shape[0]})
+        if (!is_floating(x.dtype) || x.shape.size() != 2 || !ts.is_input ||
+            (ts.info.dtype != i64 && ts.info.dtype != i32) || ts.info.shape != Shape{x.shape[0]})
           return std::nullopt;
         // A target outside [0, C) that is not ignore_index is an error (PyTorch: "Target 7 is out
         // of bounds"); the fuzzer only makes valid targets.
         for (double v : ts.input.values)
-          if (v != static_cast<double>(op.p.ints[0]) && (v < 0 || v >= static_cast<double>(x.shape[1]))) return std::nullopt;
+          if (v != static_cast<double>(op.p.ints[0]) && (v < 0 || v >= static_cast<double>(x.shape[1])))
+            return std::nullopt;
         return Info{x.dtype, Shape{}};
       };
       d.build = [](const Args& a) { return cross_entropy(a.t[0], a.t[1], a.p().ints[0]); };
@@ -1391,7 +1491,8 @@ inline const std::vector<OpDesc>& op_table() {
         op.p.dtype = g.dtype(dtypes);
         op.p.seed = static_cast<std::uint64_t>(g.rng.range(0, 1000));
         if (value) {
-          static const std::vector<double> vals = {0, 1, -1, 2.5, -0.5, 1e-3, 3, 100, 1e30, NAN, HUGE_VAL, -HUGE_VAL, -0.0, 65504, 70000};
+          static const std::vector<double> vals = {0,    1,   -1,       2.5,       -0.5, 1e-3,  3,    100,
+                                                   1e30, NAN, HUGE_VAL, -HUGE_VAL, -0.0, 65504, 70000};
           op.p.real = g.rng.pick(vals);
         }
         return true;
@@ -1412,7 +1513,8 @@ inline const std::vector<OpDesc>& op_table() {
         if (a.ctx.f64 && is_floating(a.p().dtype)) return full(s, round_to(a.p().real, a.p().dtype), f64, a.ctx.device);
         return full(s, a.p().real, a.p().dtype, a.ctx.device);
       };
-      d.oracle = [](const OpInst& op, const Info& out, const std::vector<std::vector<double>>&, const std::vector<DType>&) {
+      d.oracle = [](const OpInst& op, const Info& out, const std::vector<std::vector<double>>&,
+                    const std::vector<DType>&) {
         // semantics.md: the value converts as a cast does (NaN and out-of-range -> the minimum).
         return std::vector<double>(static_cast<std::size_t>(out.shape.numel()), round_to(op.p.real, op.p.dtype));
       };
@@ -1420,14 +1522,20 @@ inline const std::vector<OpDesc>& op_table() {
     }
     {
       OpDesc d = creation("zeros", "zeros({ints}, {dt})", kAll, false);
-      d.build = [](const Args& a) { return zeros(Shape(a.p().ints.begin(), a.p().ints.end()), a.dt(a.p().dtype), a.ctx.device); };
-      d.oracle = [](const OpInst&, const Info& out, const std::vector<std::vector<double>>&, const std::vector<DType>&) {
+      d.build = [](const Args& a) {
+        return zeros(Shape(a.p().ints.begin(), a.p().ints.end()), a.dt(a.p().dtype), a.ctx.device);
+      };
+      d.oracle = [](const OpInst&, const Info& out, const std::vector<std::vector<double>>&,
+                    const std::vector<DType>&) {
         return std::vector<double>(static_cast<std::size_t>(out.shape.numel()), 0.0);
       };
       t.push_back(d);
       d = creation("ones", "ones({ints}, {dt})", kAll, false);
-      d.build = [](const Args& a) { return ones(Shape(a.p().ints.begin(), a.p().ints.end()), a.dt(a.p().dtype), a.ctx.device); };
-      d.oracle = [](const OpInst&, const Info& out, const std::vector<std::vector<double>>&, const std::vector<DType>&) {
+      d.build = [](const Args& a) {
+        return ones(Shape(a.p().ints.begin(), a.p().ints.end()), a.dt(a.p().dtype), a.ctx.device);
+      };
+      d.oracle = [](const OpInst&, const Info& out, const std::vector<std::vector<double>>&,
+                    const std::vector<DType>&) {
         return std::vector<double>(static_cast<std::size_t>(out.shape.numel()), 1.0);
       };
       t.push_back(d);
@@ -1449,7 +1557,8 @@ inline const std::vector<OpDesc>& op_table() {
         Tensor r = arange(a.p().ints[0], a.p().dtype, a.ctx.device);
         return a.ctx.f64 && is_floating(a.p().dtype) ? r.to(f64) : r;
       };
-      d.oracle = [](const OpInst& op, const Info& out, const std::vector<std::vector<double>>&, const std::vector<DType>&) {
+      d.oracle = [](const OpInst& op, const Info& out, const std::vector<std::vector<double>>&,
+                    const std::vector<DType>&) {
         std::vector<double> v(static_cast<std::size_t>(out.shape.numel()));
         for (std::size_t i = 0; i < v.size(); ++i) v[i] = round_to(static_cast<double>(i), op.p.dtype);
         return v;
@@ -1458,10 +1567,12 @@ inline const std::vector<OpDesc>& op_table() {
     }
     for (int normal = 0; normal < 2; ++normal) {
       // semantics.md: rand/randn need a floating dtype.
-      OpDesc d = creation(normal ? "randn" : "rand", normal ? "randn({ints}, {seed}, {dt})" : "rand({ints}, {seed}, {dt})", kFloats, false);
+      OpDesc d = creation(normal ? "randn" : "rand",
+                          normal ? "randn({ints}, {seed}, {dt})" : "rand({ints}, {seed}, {dt})", kFloats, false);
       d.build = [normal](const Args& a) {
         Shape s(a.p().ints.begin(), a.p().ints.end());
-        Tensor r = normal ? randn(s, a.p().seed, a.p().dtype, a.ctx.device) : rand(s, a.p().seed, a.p().dtype, a.ctx.device);
+        Tensor r =
+            normal ? randn(s, a.p().seed, a.p().dtype, a.ctx.device) : rand(s, a.p().seed, a.p().dtype, a.ctx.device);
         return a.ctx.f64 ? r.to(f64) : r;
       };
       t.push_back(d);

@@ -29,11 +29,15 @@ struct Rng {
   }
   double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
   /// Uniform in [0, n).
-  std::int64_t below(std::int64_t n) { return n <= 0 ? 0 : static_cast<std::int64_t>(next() % static_cast<std::uint64_t>(n)); }
+  std::int64_t below(std::int64_t n) {
+    return n <= 0 ? 0 : static_cast<std::int64_t>(next() % static_cast<std::uint64_t>(n));
+  }
   std::int64_t range(std::int64_t lo, std::int64_t hi) { return lo + below(hi - lo + 1); }
   bool chance(double p) { return uniform() < p; }
   template <class T>
-  const T& pick(const std::vector<T>& v) { return v[static_cast<std::size_t>(below(static_cast<std::int64_t>(v.size())))]; }
+  const T& pick(const std::vector<T>& v) {
+    return v[static_cast<std::size_t>(below(static_cast<std::int64_t>(v.size())))];
+  }
 };
 
 /// The generator of graph `index` of campaign `seed` (independent streams per graph).
@@ -58,13 +62,20 @@ inline const DType kDTypes[] = {bool_, i32, i64, f16, bf16, f32, f64};
 /// The C++ spelling of a dtype constant.
 inline const char* dtype_cxx(DType t) {
   switch (t) {
-    case DType::Bool: return "bool_";
-    case DType::Int32: return "i32";
-    case DType::Int64: return "i64";
-    case DType::Float16: return "f16";
-    case DType::BFloat16: return "bf16";
-    case DType::Float32: return "f32";
-    case DType::Float64: return "f64";
+    case DType::Bool:
+      return "bool_";
+    case DType::Int32:
+      return "i32";
+    case DType::Int64:
+      return "i64";
+    case DType::Float16:
+      return "f16";
+    case DType::BFloat16:
+      return "bf16";
+    case DType::Float32:
+      return "f32";
+    case DType::Float64:
+      return "f64";
   }
   return "?";
 }
@@ -72,13 +83,20 @@ inline const char* dtype_cxx(DType t) {
 /// The C++ element type of a dtype, as a reproducer spells it.
 inline const char* ctype_cxx(DType t) {
   switch (t) {
-    case DType::Bool: return "bool";
-    case DType::Int32: return "std::int32_t";
-    case DType::Int64: return "std::int64_t";
-    case DType::Float16: return "Half";
-    case DType::BFloat16: return "BFloat16";
-    case DType::Float32: return "float";
-    case DType::Float64: return "double";
+    case DType::Bool:
+      return "bool";
+    case DType::Int32:
+      return "std::int32_t";
+    case DType::Int64:
+      return "std::int64_t";
+    case DType::Float16:
+      return "Half";
+    case DType::BFloat16:
+      return "BFloat16";
+    case DType::Float32:
+      return "float";
+    case DType::Float64:
+      return "double";
   }
   return "?";
 }
@@ -87,17 +105,22 @@ inline const char* ctype_cxx(DType t) {
 /// the x86 rule kiln documents for out-of-range values; bool is v != 0).
 inline double round_to(double v, DType t) {
   switch (t) {
-    case DType::Bool: return v != 0.0 ? 1.0 : 0.0;
+    case DType::Bool:
+      return v != 0.0 ? 1.0 : 0.0;
     case DType::Int32:
       if (!(v > -2147483649.0 && v < 2147483648.0)) return -2147483648.0;
       return static_cast<double>(static_cast<std::int32_t>(v));
     case DType::Int64:
       if (!(v >= -9223372036854775808.0 && v < 9223372036854775808.0)) return -9223372036854775808.0;
       return static_cast<double>(static_cast<std::int64_t>(v));
-    case DType::Float16: return static_cast<float>(Half(static_cast<float>(v)));
-    case DType::BFloat16: return static_cast<float>(BFloat16(static_cast<float>(v)));
-    case DType::Float32: return static_cast<double>(static_cast<float>(v));
-    case DType::Float64: return v;
+    case DType::Float16:
+      return static_cast<float>(Half(static_cast<float>(v)));
+    case DType::BFloat16:
+      return static_cast<float>(BFloat16(static_cast<float>(v)));
+    case DType::Float32:
+      return static_cast<double>(static_cast<float>(v));
+    case DType::Float64:
+      return v;
   }
   return v;
 }
@@ -105,20 +128,28 @@ inline double round_to(double v, DType t) {
 /// Largest finite value of a floating dtype.
 inline double dtype_max(DType t) {
   switch (t) {
-    case DType::Float16: return 65504.0;
-    case DType::BFloat16: return 3.3895313892515355e38;
-    case DType::Float32: return std::numeric_limits<float>::max();
-    default: return std::numeric_limits<double>::max();
+    case DType::Float16:
+      return 65504.0;
+    case DType::BFloat16:
+      return 3.3895313892515355e38;
+    case DType::Float32:
+      return std::numeric_limits<float>::max();
+    default:
+      return std::numeric_limits<double>::max();
   }
 }
 
 /// torch.finfo(t).eps (the default eps of rms_norm).
 inline double dtype_eps(DType t) {
   switch (t) {
-    case DType::Float16: return 0.0009765625;
-    case DType::BFloat16: return 0.0078125;
-    case DType::Float64: return 2.220446049250313e-16;
-    default: return 1.1920928955078125e-07;
+    case DType::Float16:
+      return 0.0009765625;
+    case DType::BFloat16:
+      return 0.0078125;
+    case DType::Float64:
+      return 2.220446049250313e-16;
+    default:
+      return 1.1920928955078125e-07;
   }
 }
 
@@ -156,7 +187,11 @@ inline DType result_type(const std::vector<Typed>& ops) {
   // combine_categories(higher, lower): a lower tier only counts when it is of a higher category.
   auto combine = [](bool& hh, DType& hi, bool hl, DType lo) {
     if (!hl) return;
-    if (!hh) { hh = true; hi = lo; return; }
+    if (!hh) {
+      hh = true;
+      hi = lo;
+      return;
+    }
     if (category(hi) == 2) return;
     if (hi == bool_ || category(lo) == 2) hi = promote(hi, lo);
   };
@@ -216,10 +251,10 @@ struct Params {
 };
 
 struct OpInst {
-  int desc = 0;                  ///< row of the op table
+  int desc = 0;  ///< row of the op table
   std::vector<Operand> args;
   Params p;
-  bool eval_after = false;       ///< evaluate this value as soon as it is built (realized views downstream)
+  bool eval_after = false;  ///< evaluate this value as soon as it is built (realized views downstream)
 };
 
 /// What a value is, as the generator predicts it (the front end must agree).
@@ -289,23 +324,33 @@ inline std::string int_literal(double v, DType t) {
 /// An element of dtype `t` as a C++ expression of its storage type.
 inline std::string element_literal(double v, DType t) {
   switch (t) {
-    case DType::Bool: return v != 0 ? "true" : "false";
+    case DType::Bool:
+      return v != 0 ? "true" : "false";
     case DType::Int32:
-    case DType::Int64: return int_literal(v, t);
-    case DType::Float16: return "Half(" + real_literal(v, false) + ")";
-    case DType::BFloat16: return "BFloat16(" + real_literal(v, false) + ")";
-    case DType::Float32: return real_literal(v, false);
-    case DType::Float64: return real_literal(v, true);
+    case DType::Int64:
+      return int_literal(v, t);
+    case DType::Float16:
+      return "Half(" + real_literal(v, false) + ")";
+    case DType::BFloat16:
+      return "BFloat16(" + real_literal(v, false) + ")";
+    case DType::Float32:
+      return real_literal(v, false);
+    case DType::Float64:
+      return real_literal(v, true);
   }
   return "?";
 }
 
 inline std::string number_literal(const Number& n) {
   switch (n.kind) {
-    case Number::Kind::Float: return real_literal(n.value, false);
-    case Number::Kind::Double: return real_literal(n.value, true);
-    case Number::Kind::Int: return int_literal(n.value, i64);
-    case Number::Kind::Bool: return n.value != 0 ? "true" : "false";
+    case Number::Kind::Float:
+      return real_literal(n.value, false);
+    case Number::Kind::Double:
+      return real_literal(n.value, true);
+    case Number::Kind::Int:
+      return int_literal(n.value, i64);
+    case Number::Kind::Bool:
+      return n.value != 0 ? "true" : "false";
   }
   return "?";
 }
@@ -314,8 +359,10 @@ inline std::string ints_literal(const std::vector<std::int64_t>& v) {
   std::string s = "{";
   for (std::size_t i = 0; i < v.size(); ++i) {
     if (i) s += ", ";
-    if (v[i] == std::numeric_limits<std::int64_t>::max()) s += "INT64_MAX";
-    else s += std::to_string(v[i]);
+    if (v[i] == std::numeric_limits<std::int64_t>::max())
+      s += "INT64_MAX";
+    else
+      s += std::to_string(v[i]);
   }
   return s + "}";
 }

@@ -49,7 +49,9 @@ inline void check_same(const Result& ref, const Result& jit) {
     std::string first;
     for (std::size_t i = 0; i < ref.values[o].size(); ++i)
       if (!element_close(jit.values[o][i], ref.values[o][i], 0, false, ref.infos[o].dtype)) {
-        if (!bad++) first = "element " + std::to_string(i) + ": default backend " + num_str(jit.values[o][i]) + ", reference " + num_str(ref.values[o][i]);
+        if (!bad++)
+          first = "element " + std::to_string(i) + ": default backend " + num_str(jit.values[o][i]) + ", reference " +
+                  num_str(ref.values[o][i]);
       }
     CHECK_MESSAGE(bad == 0, bad << " of " << ref.values[o].size() << " elements differ; " << first);
   }
@@ -62,7 +64,9 @@ void check_compiled(F&& program, const std::string& mode, bool dynamic, const st
                     const std::vector<Tensor>& second) {
   REQUIRE(first.size() == N);
   REQUIRE(second.size() == N);
-  auto apply = [&]<std::size_t... I>(auto& fn, const std::vector<Tensor>& a, std::index_sequence<I...>) { return fn(a[I]...); };
+  auto apply = [&]<std::size_t... I>(auto& fn, const std::vector<Tensor>& a, std::index_sequence<I...>) {
+    return fn(a[I]...);
+  };
   auto as_tuple = [](const std::vector<Tensor>& v) {
     return std::make_tuple(v[0], v.size() > 1 ? v[1] : v[0], v.size() > 2 ? v[2] : v[0], v.size() > 3 ? v[3] : v[0]);
   };
@@ -77,7 +81,8 @@ void check_compiled(F&& program, const std::string& mode, bool dynamic, const st
     auto compiled = [&] {
       auto t = apply(f, *args, std::make_index_sequence<N>{});
       std::vector<Tensor> all = {std::get<0>(t), std::get<1>(t), std::get<2>(t), std::get<3>(t)};
-      return std::vector<Tensor>(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(std::min<std::size_t>(outputs, 4)));
+      return std::vector<Tensor>(all.begin(),
+                                 all.begin() + static_cast<std::ptrdiff_t>(std::min<std::size_t>(outputs, 4)));
     };
     Result got = evaluate_with(compiled, Backend::Auto);
     CAPTURE(args == &first ? "first call" : "replay");

@@ -26,14 +26,16 @@ inline std::vector<double> read_values(const Tensor& t) {
     std::vector<double> out;
     out.reserve(raw.size());
     for (std::size_t i = 0; i < raw.size(); ++i) {
-      if constexpr (std::is_same_v<T, bool>) out.push_back(raw[i] ? 1.0 : 0.0);
-      else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) out.push_back(static_cast<float>(raw[i]));
-      else out.push_back(static_cast<double>(raw[i]));
+      if constexpr (std::is_same_v<T, bool>)
+        out.push_back(raw[i] ? 1.0 : 0.0);
+      else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+        out.push_back(static_cast<float>(raw[i]));
+      else
+        out.push_back(static_cast<double>(raw[i]));
     }
     return out;
   });
 }
-
 
 /// The tensors of one build, and the memory that from_blob views read.
 struct Built {
@@ -51,9 +53,12 @@ template <class T>
 std::shared_ptr<void> host_array(const std::vector<double>& v, T** out) {
   std::shared_ptr<T[]> a(new T[v.size() ? v.size() : 1]);
   for (std::size_t i = 0; i < v.size(); ++i) {
-    if constexpr (std::is_same_v<T, bool>) a[i] = v[i] != 0;
-    else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) a[i] = T(static_cast<float>(v[i]));
-    else a[i] = static_cast<T>(v[i]);
+    if constexpr (std::is_same_v<T, bool>)
+      a[i] = v[i] != 0;
+    else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+      a[i] = T(static_cast<float>(v[i]));
+    else
+      a[i] = static_cast<T>(v[i]);
   }
   *out = a.get();
   return a;
@@ -64,9 +69,12 @@ std::vector<T> typed_vector(const std::vector<double>& v) {
   std::vector<T> out;
   out.reserve(v.size());
   for (double x : v) {
-    if constexpr (std::is_same_v<T, bool>) out.push_back(x != 0);
-    else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) out.push_back(T(static_cast<float>(x)));
-    else out.push_back(static_cast<T>(x));
+    if constexpr (std::is_same_v<T, bool>)
+      out.push_back(x != 0);
+    else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+      out.push_back(T(static_cast<float>(x)));
+    else
+      out.push_back(static_cast<T>(x));
   }
   return out;
 }
@@ -77,13 +85,18 @@ inline Tensor make_input(const Input& in, Device device, Built& b, bool assign_t
   return visit_dtype(in.dtype, [&](auto tag) -> Tensor {
     using T = decltype(tag);
     Placement pl = placement(in);
-    if (in.layout == Layout::Contiguous && !assign_target) return from_vector<T>(typed_vector<T>(in.values), in.shape, device);
-    std::vector<double> buf = assign_target ? std::vector<double>(static_cast<std::size_t>(pl.buffer_size), poison(in.dtype)) : buffer_values(in);
+    if (in.layout == Layout::Contiguous && !assign_target)
+      return from_vector<T>(typed_vector<T>(in.values), in.shape, device);
+    std::vector<double> buf = assign_target
+                                  ? std::vector<double>(static_cast<std::size_t>(pl.buffer_size), poison(in.dtype))
+                                  : buffer_values(in);
     if (device.is_cpu()) {
       T* p = nullptr;
       auto mem = host_array<T>(buf, &p);
-      if (assign_target) b.assign_memory = mem;
-      else b.memory.push_back(mem);
+      if (assign_target)
+        b.assign_memory = mem;
+      else
+        b.memory.push_back(mem);
       return from_blob(p + pl.offset, in.shape, Device::cpu(), pl.strides);
     }
     std::size_t r = in.shape.size();
@@ -144,10 +157,10 @@ inline Built build_program(const Program& p, const BuildCtx& ctx, const std::vec
       for (std::size_t k = 0; k < s.op.args.size(); ++k) {
         const Operand& o = s.op.args[k];
         Tensor a = o.is_number() ? Tensor{} : b.values[static_cast<std::size_t>(o.value)];
-        if (ctx.f64 && d.lift && k >= d.lift_from && a.defined() && !is_floating(a.dtype()) && is_floating(s.info.dtype))
+        if (ctx.f64 && d.lift && k >= d.lift_from && a.defined() && !is_floating(a.dtype()) &&
+            is_floating(s.info.dtype))
           a = a.to(f64);
-        if (a.defined() && d.accumulates)
-          a = nudge(a, p.info(o.value).dtype == f64 ? f64 : f32, 2, k);
+        if (a.defined() && d.accumulates) a = nudge(a, p.info(o.value).dtype == f64 ? f64 : f32, 2, k);
         args.push_back(a);
       }
       t = d.build(Args{args, s.op, ctx, p});
@@ -157,7 +170,8 @@ inline Built build_program(const Program& p, const BuildCtx& ctx, const std::vec
         Rng r(ctx.perturb ^ ((static_cast<std::uint64_t>(v) * 8 + 7) * 0x9e3779b97f4a7c15ull));
         double eps = s.info.dtype == f64 ? dtype_eps(f64) : dtype_eps(f32);
         std::vector<double> f(xv.size());
-        for (std::size_t i = 0; i < f.size(); ++i) f[i] = 1 + (2 * r.uniform() - 1) * std::max(d.ulp, d.ulp_of(xv[i])) * eps;
+        for (std::size_t i = 0; i < f.size(); ++i)
+          f[i] = 1 + (2 * r.uniform() - 1) * std::max(d.ulp, d.ulp_of(xv[i])) * eps;
         t = Tensor(t * from_vector<double>(f, t.shape()));
       } else if (d.ulp > 0) {
         t = nudge(t, s.info.dtype, s.info.dtype == f64 ? std::max(4.0, d.ulp) : d.ulp, 7);
@@ -167,7 +181,8 @@ inline Built build_program(const Program& p, const BuildCtx& ctx, const std::vec
     if (!ctx.f64 && (t.dtype() != s.info.dtype || t.shape() != s.info.shape)) {
       std::string what = s.is_input ? "input" : table[static_cast<std::size_t>(s.op.desc)].name;
       b.rule_failures.push_back(what + ": v" + std::to_string(v) + " = " + what + "(...): PyTorch's rules give " +
-                                info_str(s.info.dtype, s.info.shape) + ", kiln gives " + info_str(t.dtype(), t.shape()));
+                                info_str(s.info.dtype, s.info.shape) + ", kiln gives " +
+                                info_str(t.dtype(), t.shape()));
     }
     b.values.push_back(t);
   }
@@ -221,7 +236,8 @@ inline Result run_program(const Program& p, Backend mode, const BuildCtx& ctx, b
       Tensor dst = make_input(p.assign_dst, ctx.device, b, true);
       if (ctx.f64 && is_floating(p.assign_dst.dtype)) {
         // The twin has no user buffer of the program's dtype: it casts as assign would.
-        b.outputs[static_cast<std::size_t>(p.assign_output)] = b.outputs[static_cast<std::size_t>(p.assign_output)].to(f64);
+        b.outputs[static_cast<std::size_t>(p.assign_output)] =
+            b.outputs[static_cast<std::size_t>(p.assign_output)].to(f64);
       } else {
         dst.assign(b.outputs[static_cast<std::size_t>(p.assign_output)]);
         b.outputs[static_cast<std::size_t>(p.assign_output)] = dst;
@@ -240,8 +256,10 @@ inline Result run_program(const Program& p, Backend mode, const BuildCtx& ctx, b
           using T = decltype(tag);
           const T* q = static_cast<const T*>(b.assign_memory.get());
           for (std::int64_t i = 0; i < pl.buffer_size; ++i) {
-            if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) whole.push_back(static_cast<float>(q[i]));
-            else whole.push_back(static_cast<double>(q[i]));
+            if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+              whole.push_back(static_cast<float>(q[i]));
+            else
+              whole.push_back(static_cast<double>(q[i]));
           }
         });
       } else if (b.assign_base.defined()) {
@@ -267,7 +285,8 @@ inline Result run_program(const Program& p, Backend mode, const BuildCtx& ctx, b
           operand_values.push_back(o.is_number() ? std::vector<double>{o.number.value}
                                                  : read_values(b.values[static_cast<std::size_t>(o.value)]));
         std::vector<DType> operand_dtypes;
-        for (auto& o : s.op.args) operand_dtypes.push_back(o.is_number() ? o.number.wrapped_dtype() : p.info(o.value).dtype);
+        for (auto& o : s.op.args)
+          operand_dtypes.push_back(o.is_number() ? o.number.wrapped_dtype() : p.info(o.value).dtype);
         std::vector<double> want = d.oracle(s.op, s.info, operand_values, operand_dtypes);
         std::vector<double> got = read_values(b.values[static_cast<std::size_t>(v)]);
         for (std::size_t i = 0; i < want.size() && i < got.size(); ++i) {
@@ -275,7 +294,8 @@ inline Result run_program(const Program& p, Backend mode, const BuildCtx& ctx, b
           if (!same) {
             std::ostringstream os;
             os.precision(17);
-            os << d.name << ": v" << v << " element " << i << " is " << got[i] << ", the documented rule gives " << want[i];
+            os << d.name << ": v" << v << " element " << i << " is " << got[i] << ", the documented rule gives "
+               << want[i];
             if (!s.op.args.empty() && !s.op.args[0].is_number() && i < operand_values[0].size())
               os << " (operand " << operand_values[0][i] << ")";
             r.checks.push_back(os.str());
@@ -300,11 +320,16 @@ struct Tolerance {
 };
 inline Tolerance tolerance(DType t) {
   switch (t) {
-    case DType::Float16: return {1e-3, 1e-5};
-    case DType::BFloat16: return {1.6e-2, 1e-5};
-    case DType::Float32: return {1.3e-6, 1e-5};
-    case DType::Float64: return {1e-7, 1e-7};
-    default: return {0, 0};
+    case DType::Float16:
+      return {1e-3, 1e-5};
+    case DType::BFloat16:
+      return {1.6e-2, 1e-5};
+    case DType::Float32:
+      return {1.3e-6, 1e-5};
+    case DType::Float64:
+      return {1e-7, 1e-7};
+    default:
+      return {0, 0};
   }
 }
 
@@ -314,17 +339,17 @@ inline constexpr double kTwinFactor = 4.0;
 
 enum class Kind {
   Pass,
-  Mismatch,     ///< values differ beyond the tolerance model
-  JitError,     ///< the JIT threw (CompileError, ...) where the reference evaluated
-  RefError,     ///< the reference threw where the JIT evaluated
-  EvalError,    ///< both threw while evaluating a valid program
-  BuildError,   ///< the front end rejected a program PyTorch's rules accept
-  Rule,         ///< the front end's dtype or shape contradicts PyTorch's rules
-  Oracle,       ///< the reference contradicts an exact documented rule (casts, creation)
-  Assign,       ///< assign wrote outside its destination
-  Crash,        ///< the process died (signal)
+  Mismatch,    ///< values differ beyond the tolerance model
+  JitError,    ///< the JIT threw (CompileError, ...) where the reference evaluated
+  RefError,    ///< the reference threw where the JIT evaluated
+  EvalError,   ///< both threw while evaluating a valid program
+  BuildError,  ///< the front end rejected a program PyTorch's rules accept
+  Rule,        ///< the front end's dtype or shape contradicts PyTorch's rules
+  Oracle,      ///< the reference contradicts an exact documented rule (casts, creation)
+  Assign,      ///< assign wrote outside its destination
+  Crash,       ///< the process died (signal)
   Timeout,
-  ProbeFailed,  ///< an invalid call did not raise the documented error
+  ProbeFailed,      ///< an invalid call did not raise the documented error
   CompileMismatch,  ///< a kiln::compile call's values differ from the reference's
   CompileError,     ///< a kiln::compile call threw where the reference evaluated
 };
@@ -393,20 +418,34 @@ inline std::pair<Result, Result> run_compiled(const Program& p, Device dev) {
 
 inline const char* kind_name(Kind k) {
   switch (k) {
-    case Kind::Pass: return "pass";
-    case Kind::Mismatch: return "mismatch";
-    case Kind::JitError: return "jit-error";
-    case Kind::RefError: return "reference-error";
-    case Kind::EvalError: return "eval-error";
-    case Kind::BuildError: return "build-error";
-    case Kind::Rule: return "dtype-shape-rule";
-    case Kind::Oracle: return "oracle";
-    case Kind::Assign: return "assign";
-    case Kind::Crash: return "crash";
-    case Kind::Timeout: return "timeout";
-    case Kind::ProbeFailed: return "probe-failed";
-    case Kind::CompileMismatch: return "compile-mismatch";
-    case Kind::CompileError: return "compile-error";
+    case Kind::Pass:
+      return "pass";
+    case Kind::Mismatch:
+      return "mismatch";
+    case Kind::JitError:
+      return "jit-error";
+    case Kind::RefError:
+      return "reference-error";
+    case Kind::EvalError:
+      return "eval-error";
+    case Kind::BuildError:
+      return "build-error";
+    case Kind::Rule:
+      return "dtype-shape-rule";
+    case Kind::Oracle:
+      return "oracle";
+    case Kind::Assign:
+      return "assign";
+    case Kind::Crash:
+      return "crash";
+    case Kind::Timeout:
+      return "timeout";
+    case Kind::ProbeFailed:
+      return "probe-failed";
+    case Kind::CompileMismatch:
+      return "compile-mismatch";
+    case Kind::CompileError:
+      return "compile-error";
   }
   return "?";
 }
@@ -447,7 +486,8 @@ inline std::string num_str(double x) {
 ///  - finite values: within torch.testing's tolerance of the reference, widened by twice the
 ///    spread; or else no further from the twin than kTwinFactor times the reference is.
 /// `excused` is set when an element passes only through the spread or the twin.
-inline bool element_close(double j, double r, double t, bool have_t, DType dt, double spread = 0, bool* excused = nullptr) {
+inline bool element_close(double j, double r, double t, bool have_t, DType dt, double spread = 0,
+                          bool* excused = nullptr) {
   auto excuse = [&] {
     if (excused) *excused = true;
     return true;
@@ -505,7 +545,8 @@ inline std::string describe_index(std::size_t i, const Shape& s) {
 
 /// The verdict on the JIT's result given the reference's, the float64 twin's and the nudged
 /// twin's.
-inline Verdict judge(const Program& p, const Result& ref, const Result& jit, const Result* twin, const Result* nudged = nullptr) {
+inline Verdict judge(const Program& p, const Result& ref, const Result& jit, const Result* twin,
+                     const Result* nudged = nullptr) {
   Verdict v;
   auto fail = [&](Kind k, std::string d) {
     v.kind = k;
@@ -527,8 +568,8 @@ inline Verdict judge(const Program& p, const Result& ref, const Result& jit, con
     const Info& ri = ref.infos[o];
     const Info& ji = jit.infos[o];
     if (ri.dtype != ji.dtype || ri.shape != ji.shape)
-      return fail(Kind::Mismatch, "output " + std::to_string(o) + ": jit " + info_str(ji.dtype, ji.shape) + ", reference " +
-                                      info_str(ri.dtype, ri.shape));
+      return fail(Kind::Mismatch, "output " + std::to_string(o) + ": jit " + info_str(ji.dtype, ji.shape) +
+                                      ", reference " + info_str(ri.dtype, ri.shape));
     const auto& rv = ref.values[o];
     const auto& jv = jit.values[o];
     bool have_t = twin_ok && twin->values[o].size() == rv.size();
@@ -547,10 +588,11 @@ inline Verdict judge(const Program& p, const Result& ref, const Result& jit, con
     }
     if (bad) {
       double t = have_t ? twin->values[o][first] : NAN;
-      std::string d = "output " + std::to_string(o) + " (v" + std::to_string(p.outputs[o]) + ", " + info_str(ri.dtype, ri.shape) +
-                      "): " + std::to_string(bad) + " of " + std::to_string(rv.size()) + " elements differ; first at " +
-                      describe_index(first, ri.shape) + ": jit " + num_str(jv[first]) + ", reference " + num_str(rv[first]) +
-                      ", float64 twin " + num_str(t) + " (moves by " + num_str(spread[first]) + " under a 1-eps nudge)";
+      std::string d = "output " + std::to_string(o) + " (v" + std::to_string(p.outputs[o]) + ", " +
+                      info_str(ri.dtype, ri.shape) + "): " + std::to_string(bad) + " of " + std::to_string(rv.size()) +
+                      " elements differ; first at " + describe_index(first, ri.shape) + ": jit " + num_str(jv[first]) +
+                      ", reference " + num_str(rv[first]) + ", float64 twin " + num_str(t) + " (moves by " +
+                      num_str(spread[first]) + " under a 1-eps nudge)";
       return fail(Kind::Mismatch, d);
     }
   }
@@ -564,10 +606,14 @@ inline void corrupt(Result& r) {
     if (r.values[o].empty()) continue;
     double& x = r.values[o][0];
     DType t = r.infos[o].dtype;
-    if (t == bool_) x = x != 0 ? 0 : 1;
-    else if (!is_floating(t)) x += 1;
-    else if (!std::isfinite(x)) x = std::isnan(x) ? 0 : -x;
-    else x = x * 1.05 + (x >= 0 ? 0.05 : -0.05);
+    if (t == bool_)
+      x = x != 0 ? 0 : 1;
+    else if (!is_floating(t))
+      x += 1;
+    else if (!std::isfinite(x))
+      x = std::isnan(x) ? 0 : -x;
+    else
+      x = x * 1.05 + (x >= 0 ? 0.05 : -0.05);
     return;
   }
 }
@@ -605,11 +651,15 @@ inline Verdict check_program(const Program& p, Device device = Device::cpu(), bo
     v.excused += cv.excused;
     if (cv.kind == Kind::Pass) continue;
     std::string what = std::string("kiln::compile(mode ") + compile_mode_name(p.compile_mode) +
-                       (p.compile_mode == 3 ? ", dynamic" : "") + (c == 0 ? "), first call: " : "), replay on new values: ");
-    if (cv.kind == Kind::Mismatch) cv.kind = Kind::CompileMismatch;
-    else if (cv.kind == Kind::JitError) cv.kind = Kind::CompileError;
+                       (p.compile_mode == 3 ? ", dynamic" : "") +
+                       (c == 0 ? "), first call: " : "), replay on new values: ");
+    if (cv.kind == Kind::Mismatch)
+      cv.kind = Kind::CompileMismatch;
+    else if (cv.kind == Kind::JitError)
+      cv.kind = Kind::CompileError;
     // An error keeps its type first, as signatures read it.
-    cv.detail = cv.kind == Kind::CompileError ? cv.detail.substr(0, cv.detail.find(": ")) + ": " + what + cv.detail.substr(cv.detail.find(": ") + 2)
+    cv.detail = cv.kind == Kind::CompileError ? cv.detail.substr(0, cv.detail.find(": ")) + ": " + what +
+                                                    cv.detail.substr(cv.detail.find(": ") + 2)
                                               : what + cv.detail;
     return cv;
   }
@@ -627,23 +677,33 @@ inline std::string render(const std::string& tpl, const std::vector<std::string>
       std::string tok = j == std::string::npos ? "" : tpl.substr(i + 1, j - i - 1);
       std::string rep;
       bool known = true;
-      if (tok.size() == 1 && tok[0] >= '0' && tok[0] <= '9' && static_cast<std::size_t>(tok[0] - '0') < args.size()) rep = args[static_cast<std::size_t>(tok[0] - '0')];
+      if (tok.size() == 1 && tok[0] >= '0' && tok[0] <= '9' && static_cast<std::size_t>(tok[0] - '0') < args.size())
+        rep = args[static_cast<std::size_t>(tok[0] - '0')];
       else if (tok == "args") {
         rep = "{";
         for (std::size_t k = 0; k < args.size(); ++k) rep += (k ? ", " : "") + args[k];
         rep += "}";
-      } else if (tok == "ints") rep = ints_literal(p.ints);
-      else if (tok.size() == 2 && tok[0] == 'i' && tok[1] >= '0' && tok[1] <= '3' && static_cast<std::size_t>(tok[1] - '0') < p.ints.size()) {
+      } else if (tok == "ints")
+        rep = ints_literal(p.ints);
+      else if (tok.size() == 2 && tok[0] == 'i' && tok[1] >= '0' && tok[1] <= '3' &&
+               static_cast<std::size_t>(tok[1] - '0') < p.ints.size()) {
         std::int64_t x = p.ints[static_cast<std::size_t>(tok[1] - '0')];
         rep = x == std::numeric_limits<std::int64_t>::max() ? "INT64_MAX" : std::to_string(x);
       } else if (tok == "ints2") {
-        rep = ints_literal(p.ints.size() > 2 ? std::vector<std::int64_t>(p.ints.begin() + 2, p.ints.end()) : std::vector<std::int64_t>{});
-      } else if (tok == "optdt") rep = p.flag ? std::string(", ") + dtype_cxx(p.dtype) : "";
-      else if (tok == "keep") rep = p.flag ? "true" : "false";
-      else if (tok == "dt") rep = dtype_cxx(p.dtype);
-      else if (tok == "real") rep = real_literal(p.real, true);
-      else if (tok == "seed") rep = std::to_string(p.seed);
-      else known = false;
+        rep = ints_literal(p.ints.size() > 2 ? std::vector<std::int64_t>(p.ints.begin() + 2, p.ints.end())
+                                             : std::vector<std::int64_t>{});
+      } else if (tok == "optdt")
+        rep = p.flag ? std::string(", ") + dtype_cxx(p.dtype) : "";
+      else if (tok == "keep")
+        rep = p.flag ? "true" : "false";
+      else if (tok == "dt")
+        rep = dtype_cxx(p.dtype);
+      else if (tok == "real")
+        rep = real_literal(p.real, true);
+      else if (tok == "seed")
+        rep = std::to_string(p.seed);
+      else
+        known = false;
       if (known) {
         out += rep;
         i = j;
@@ -670,25 +730,32 @@ inline std::string input_cxx(const Input& in, const std::string& name, std::stri
   Placement pl = placement(in);
   const char* ct = ctype_cxx(in.dtype);
   if (in.layout == Layout::Contiguous && !assign_target)
-    return std::string("from_vector<") + ct + ">(" + values_literal(in.values, in.dtype) + ", " + ints_literal(in.shape) + ")";
-  std::vector<double> buf = assign_target ? std::vector<double>(static_cast<std::size_t>(pl.buffer_size), poison(in.dtype)) : buffer_values(in);
+    return std::string("from_vector<") + ct + ">(" + values_literal(in.values, in.dtype) + ", " +
+           ints_literal(in.shape) + ")";
+  std::vector<double> buf = assign_target
+                                ? std::vector<double>(static_cast<std::size_t>(pl.buffer_size), poison(in.dtype))
+                                : buffer_values(in);
   if (buf.empty()) buf.push_back(poison(in.dtype));  // an empty vector's data() may be null, which from_blob rejects
   if (in.dtype == bool_) {
     std::string n = std::to_string(std::max<std::size_t>(buf.size(), 1));
     if (assign_target)
-      decls += "  std::unique_ptr<bool[]> " + name + "(new bool[" + n + "]);\n  std::fill_n(" + name + ".get(), " + n + ", true);\n";
+      decls += "  std::unique_ptr<bool[]> " + name + "(new bool[" + n + "]);\n  std::fill_n(" + name + ".get(), " + n +
+               ", true);\n";
     else
       decls += "  std::unique_ptr<bool[]> " + name + "(new bool[" + n + "]" + values_literal(buf, in.dtype) + ");\n";
-    return "from_blob(" + name + ".get() + " + std::to_string(pl.offset) + ", " + ints_literal(in.shape) + ", Device::cpu(), " +
-           ints_literal(pl.strides) + ")";
+    return "from_blob(" + name + ".get() + " + std::to_string(pl.offset) + ", " + ints_literal(in.shape) +
+           ", Device::cpu(), " + ints_literal(pl.strides) + ")";
   }
   if (assign_target)
-    decls += "  std::vector<" + std::string(ct) + "> " + name + "(" + std::to_string(buf.size()) + ", " + element_literal(poison(in.dtype), in.dtype) + ");\n";
+    decls += "  std::vector<" + std::string(ct) + "> " + name + "(" + std::to_string(buf.size()) + ", " +
+             element_literal(poison(in.dtype), in.dtype) + ");\n";
   else
     decls += "  std::vector<" + std::string(ct) + "> " + name + " = " + values_literal(buf, in.dtype) + ";\n";
-  std::string what = in.layout == Layout::Permuted ? "permuted" : in.layout == Layout::Strided ? "strided" : "contiguous";
-  return "from_blob(" + name + ".data() + " + std::to_string(pl.offset) + ", " + ints_literal(in.shape) + ", Device::cpu(), " +
-         ints_literal(pl.strides) + ")  /* " + what + " */";
+  std::string what = in.layout == Layout::Permuted  ? "permuted"
+                     : in.layout == Layout::Strided ? "strided"
+                                                    : "contiguous";
+  return "from_blob(" + name + ".data() + " + std::to_string(pl.offset) + ", " + ints_literal(in.shape) +
+         ", Device::cpu(), " + ints_literal(pl.strides) + ")  /* " + what + " */";
 }
 
 /// The op call of step v as C++.
@@ -740,8 +807,14 @@ inline std::string program_cxx(const Program& p) {
   kinf = all.find("kInf") != std::string::npos || all.find("kNaN") != std::string::npos;
   kinfd = all.find("kInfD") != std::string::npos || all.find("kNaND") != std::string::npos;
   std::string consts;
-  if (kinf) consts += "  [[maybe_unused]] const float kInf = std::numeric_limits<float>::infinity(), kNaN = std::numeric_limits<float>::quiet_NaN();\n";
-  if (kinfd) consts += "  [[maybe_unused]] const double kInfD = std::numeric_limits<double>::infinity(), kNaND = std::numeric_limits<double>::quiet_NaN();\n";
+  if (kinf)
+    consts +=
+        "  [[maybe_unused]] const float kInf = std::numeric_limits<float>::infinity(), kNaN = "
+        "std::numeric_limits<float>::quiet_NaN();\n";
+  if (kinfd)
+    consts +=
+        "  [[maybe_unused]] const double kInfD = std::numeric_limits<double>::infinity(), kNaND = "
+        "std::numeric_limits<double>::quiet_NaN();\n";
   std::string lam = "  auto program = [&](" + params + ") {\n" + body + "  };\n";
   std::string res = consts + decls + lam;
   return res;
@@ -762,8 +835,8 @@ inline std::string test_case_cxx(const Program& p, const std::string& title, con
       a2 += std::string(n ? ", " : "") + "a" + std::to_string(n) + "_2";
       ++n;
     }
-  return s + "  kiln::fuzz::check_compiled<" + std::to_string(n) + ">(program, \"" + compile_mode_name(p.compile_mode) + "\", " +
-         (p.compile_mode == 3 ? "true" : "false") + ", {" + a1 + "}, {" + a2 + "});\n}\n";
+  return s + "  kiln::fuzz::check_compiled<" + std::to_string(n) + ">(program, \"" + compile_mode_name(p.compile_mode) +
+         "\", " + (p.compile_mode == 3 ? "true" : "false") + ", {" + a1 + "}, {" + a2 + "});\n}\n";
 }
 
 }  // namespace kiln::fuzz

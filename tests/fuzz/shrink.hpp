@@ -158,7 +158,8 @@ class Shrinker {
   bool pass_flags() {
     bool any = false;
     for (int v = 0; v < best_.size(); ++v) {
-      if (best_.steps[static_cast<std::size_t>(v)].is_input || !best_.steps[static_cast<std::size_t>(v)].op.eval_after) continue;
+      if (best_.steps[static_cast<std::size_t>(v)].is_input || !best_.steps[static_cast<std::size_t>(v)].op.eval_after)
+        continue;
       Program c = best_;
       c.steps[static_cast<std::size_t>(v)].op.eval_after = false;
       any |= attempt(c);
@@ -290,7 +291,8 @@ class Shrinker {
         for (std::size_t lo = 0; lo < n; lo += chunk) {
           std::size_t hi = std::min(n, lo + chunk);
           bool already = true;
-          for (std::size_t i = lo; i < hi; ++i) already = already && simple(best_.steps[static_cast<std::size_t>(v)].input.values[i]);
+          for (std::size_t i = lo; i < hi; ++i)
+            already = already && simple(best_.steps[static_cast<std::size_t>(v)].input.values[i]);
           if (already) continue;
           any |= attempt(with(lo, hi, 1.0)) || attempt(with(lo, hi, 0.0));
         }

@@ -130,7 +130,8 @@ TEST_CASE("structural hashes: equal structure equal; shapes, dtypes, strides, co
   CHECK(expr(x3, y3).node()->hash != e1.node()->hash);
   CHECK(key(expr(x3, y3)) != key(e1));
   // Different dtype.
-  Tensor x4 = realized({1, 2, 3, 4, 5, 6}, {2, 3}, DType::Float64), y4 = realized({1, 2, 3, 4, 5, 6}, {2, 3}, DType::Float64);
+  Tensor x4 = realized({1, 2, 3, 4, 5, 6}, {2, 3}, DType::Float64),
+         y4 = realized({1, 2, 3, 4, 5, 6}, {2, 3}, DType::Float64);
   CHECK(expr(x4, y4).node()->hash != e1.node()->hash);
   CHECK(key(expr(x4, y4)) != key(e1));
   // Different strides of an input with the same shape (a transposed view of a [3, 2] tensor).
@@ -150,7 +151,9 @@ TEST_CASE("structural hashes: equal structure equal; shapes, dtypes, strides, co
   // Numbers that change the code stay literals everywhere: pow's exponent (x^2 is x * x).
   CHECK(Tensor(pow(x1, 2.0f)).node()->hash != Tensor(pow(x1, 3.0f)).node()->hash);
   // Constant nodes differ by value.
-  auto scaled = [&](double v) { return ir::binary(ir::Op::Mul, x1.node(), ir::constant(v, DType::Float32, Shape{2, 3}, dev)); };
+  auto scaled = [&](double v) {
+    return ir::binary(ir::Op::Mul, x1.node(), ir::constant(v, DType::Float32, Shape{2, 3}, dev));
+  };
   CHECK(scaled(2.0)->hash != scaled(3.0)->hash);
   CHECK(ir::capture({scaled(2.0)}, dev).graph.key != ir::capture({scaled(3.0)}, dev).graph.key);
   CHECK(scaled(2.0)->hash == scaled(2.0)->hash);

@@ -115,9 +115,7 @@ int child_main(const std::string& result_path, int threads, int iterations) {
 
 // ---- the driver -------------------------------------------------------------------------------
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 void sleep_ms(int ms) {
   timespec ts{ms / 1000, (ms % 1000) * 1000000L};
@@ -275,7 +273,8 @@ class Storm {
     for (const auto& p : stale_planted_)
       if (exists(p)) fail_check("stale leftover not reaped: " + p);
     for (const auto& p : fresh_planted_)
-      if (!exists(p) && now_s() - t0 < 3000) fail_check("fresh temporary file reaped (it may belong to a store in progress): " + p);
+      if (!exists(p) && now_s() - t0 < 3000)
+        fail_check("fresh temporary file reaped (it may belong to a store in progress): " + p);
     cache_bytes_ = 0;
     for (const auto& n : names_in(cache_)) {
       struct stat st {};
@@ -319,8 +318,13 @@ class Storm {
     const int n = tally_.runs++;
     c.result = root_ + "/logs/" + std::to_string(n) + ".result";
     c.log = root_ + "/logs/" + std::to_string(n) + ".log";
-    std::vector<std::string> args = {self_, "--child", c.result, "--threads", std::to_string(opt_.threads),
-                                      "--iterations", std::to_string(opt_.iterations)};
+    std::vector<std::string> args = {self_,
+                                     "--child",
+                                     c.result,
+                                     "--threads",
+                                     std::to_string(opt_.threads),
+                                     "--iterations",
+                                     std::to_string(opt_.iterations)};
     std::vector<std::string> env = child_env();
     std::vector<char*> argv, envp;
     for (auto& a : args) argv.push_back(a.data());
@@ -454,8 +458,10 @@ class Storm {
           kinds.pop_back();
           // One that found nothing to damage (every entry already replaced by something that
           // is not a file, say) is the next one tried.
-          if (inject(static_cast<Kind>(kind))) ++tally_.injected[kind];
-          else kinds.push_back(kind);
+          if (inject(static_cast<Kind>(kind)))
+            ++tally_.injected[kind];
+          else
+            kinds.push_back(kind);
         }
         ++next;
       }
@@ -474,7 +480,8 @@ class Storm {
         // Seen ended but not yet reaped, so its process group id cannot have been reused:
         // whatever it left running (a compiler) goes with it, then it is reaped.
         siginfo_t info{};
-        if (::waitid(P_PID, static_cast<id_t>(c.pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == c.pid) {
+        if (::waitid(P_PID, static_cast<id_t>(c.pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+            info.si_pid == c.pid) {
           ::kill(-c.pid, SIGKILL);
           int status = 0;
           ::waitpid(c.pid, &status, 0);
@@ -486,8 +493,8 @@ class Storm {
       }
       sleep_ms(5);
     }
-    std::printf("  round %d: %d processes done (%d correct, %d killed so far)\n", r + 1, opt_.processes,
-                tally_.correct, tally_.killed);
+    std::printf("  round %d: %d processes done (%d correct, %d killed so far)\n", r + 1, opt_.processes, tally_.correct,
+                tally_.killed);
     std::fflush(stdout);
     // A directory at an entry's path keeps that key a miss (a store cannot rename over it):
     // correct, but each later process would compile that kernel again.
@@ -633,7 +640,8 @@ class Storm {
         }
         return true;
       }
-      case kKinds: break;
+      case kKinds:
+        break;
     }
     return false;
   }
@@ -649,13 +657,14 @@ class Storm {
     for (int k = 0; k < kKinds; ++k) total_injected += tally_.injected[k];
 
     const bool pass = ran && tally_.failures.empty() && checks_failed_.empty();
-    std::printf("cache storm: %d processes x %d threads, %d rounds, seed %llu, %.1f s\n", opt_.processes,
-                opt_.threads, rounds_done_, opt_.seed, elapsed);
+    std::printf("cache storm: %d processes x %d threads, %d rounds, seed %llu, %.1f s\n", opt_.processes, opt_.threads,
+                rounds_done_, opt_.seed, elapsed);
     std::printf("  runs: %d (correct %d, killed %d; wrong %d, errors %d, crashed %d, hung %d)\n", tally_.runs,
                 tally_.correct, tally_.killed, tally_.wrong, tally_.errors, tally_.crashed, tally_.hung);
-    std::printf("  kills: %d planned, %d SIGKILLs sent to live processes (whole process groups, compilers "
-                "included), %d landed\n",
-                kills_planned_, tally_.kills_sent, tally_.killed);
+    std::printf(
+        "  kills: %d planned, %d SIGKILLs sent to live processes (whole process groups, compilers "
+        "included), %d landed\n",
+        kills_planned_, tally_.kills_sent, tally_.killed);
     std::printf("  corruptions: %d:", total_injected);
     for (int k = 0; k < kKinds; ++k) std::printf("%s %s %d", k ? "," : "", kKindNames[k], tally_.injected[k]);
     std::printf("\n");
@@ -667,15 +676,18 @@ class Storm {
     std::printf("  cleanup: %zu stale leftovers planted, %zu fresh .tmp kept; filler entries evicted %zu of %zu\n",
                 stale_planted_.size(), fresh_planted_.size(), fillers_.size() - static_cast<std::size_t>(fillers_left),
                 fillers_.size());
-    std::printf("  at the end: %llu bytes of entries (bound %llu), %d scratch dirs and %d .tmp files left "
-                "(younger than an hour: kept)\n",
-                static_cast<unsigned long long>(cache_bytes_), static_cast<unsigned long long>(max_bytes_),
-                scratch_left, tmp_left);
+    std::printf(
+        "  at the end: %llu bytes of entries (bound %llu), %d scratch dirs and %d .tmp files left "
+        "(younger than an hour: kept)\n",
+        static_cast<unsigned long long>(cache_bytes_), static_cast<unsigned long long>(max_bytes_), scratch_left,
+        tmp_left);
     for (const auto& f : tally_.failures) std::printf("FAILURE %s\n", f.c_str());
     for (const auto& f : checks_failed_) std::printf("CHECK FAILED %s\n", f.c_str());
     std::printf("cache storm: %s\n", pass ? "PASS" : "FAIL");
-    if (opt_.keep || !pass) std::printf("  directory kept: %s\n", root_.c_str());
-    else remove_tree(root_);
+    if (opt_.keep || !pass)
+      std::printf("  directory kept: %s\n", root_.c_str());
+    else
+      remove_tree(root_);
     return pass ? 0 : 1;
   }
 
@@ -691,12 +703,13 @@ class Storm {
 };
 
 int usage() {
-  std::fprintf(stderr,
-               "usage: kiln_cache_storm [--short] [--processes N] [--threads N] [--rounds N] [--seconds S]\n"
-               "                        [--iterations N] [--injections N] [--kill-fraction F]\n"
-               "                        [--child-timeout S] [--seed N] [--dir PARENT] [--keep]\n"
-               "  --short: 6 processes x 2 threads, 4 rounds of 4 corruptions (every kind at least once): what ctest runs\n"
-               "  default: 16 processes x 4 threads, 6 rounds of 6 corruptions\n");
+  std::fprintf(
+      stderr,
+      "usage: kiln_cache_storm [--short] [--processes N] [--threads N] [--rounds N] [--seconds S]\n"
+      "                        [--iterations N] [--injections N] [--kill-fraction F]\n"
+      "                        [--child-timeout S] [--seed N] [--dir PARENT] [--keep]\n"
+      "  --short: 6 processes x 2 threads, 4 rounds of 4 corruptions (every kind at least once): what ctest runs\n"
+      "  default: 16 processes x 4 threads, 6 rounds of 6 corruptions\n");
   return 2;
 }
 
@@ -726,16 +739,26 @@ int main(int argc, char** argv) {
                 a == "--injections" || a == "--seconds" || a == "--kill-fraction" || a == "--child-timeout" ||
                 a == "--seed" || a == "--dir") &&
                (v = value()) != nullptr) {
-      if (a == "--processes") o.processes = std::max(1, std::atoi(v));
-      else if (a == "--threads") o.threads = std::max(1, std::atoi(v));
-      else if (a == "--rounds") o.rounds = std::max(1, std::atoi(v));
-      else if (a == "--iterations") o.iterations = std::max(1, std::atoi(v));
-      else if (a == "--injections") o.injections = std::max(0, std::atoi(v));
-      else if (a == "--seconds") o.seconds = std::atof(v);
-      else if (a == "--kill-fraction") o.kill_fraction = std::atof(v);
-      else if (a == "--child-timeout") o.child_timeout = std::atof(v);
-      else if (a == "--seed") o.seed = std::strtoull(v, nullptr, 10);
-      else o.parent = v;
+      if (a == "--processes")
+        o.processes = std::max(1, std::atoi(v));
+      else if (a == "--threads")
+        o.threads = std::max(1, std::atoi(v));
+      else if (a == "--rounds")
+        o.rounds = std::max(1, std::atoi(v));
+      else if (a == "--iterations")
+        o.iterations = std::max(1, std::atoi(v));
+      else if (a == "--injections")
+        o.injections = std::max(0, std::atoi(v));
+      else if (a == "--seconds")
+        o.seconds = std::atof(v);
+      else if (a == "--kill-fraction")
+        o.kill_fraction = std::atof(v);
+      else if (a == "--child-timeout")
+        o.child_timeout = std::atof(v);
+      else if (a == "--seed")
+        o.seed = std::strtoull(v, nullptr, 10);
+      else
+        o.parent = v;
     } else {
       return usage();
     }

@@ -34,8 +34,11 @@ struct TempDir {
   ~TempDir() {
     ::nftw(
         path.c_str(),
-        [](const char* p, const struct stat*, int, struct FTW*) { ::remove(p); return 0; }, 16,
-        FTW_DEPTH | FTW_PHYS);
+        [](const char* p, const struct stat*, int, struct FTW*) {
+          ::remove(p);
+          return 0;
+        },
+        16, FTW_DEPTH | FTW_PHYS);
   }
 };
 
@@ -45,12 +48,16 @@ struct ScopedEnv {
   std::optional<std::string> old;
   ScopedEnv(std::string n, std::optional<std::string> value) : name(std::move(n)) {
     if (const char* v = std::getenv(name.c_str())) old = v;
-    if (value) ::setenv(name.c_str(), value->c_str(), 1);
-    else ::unsetenv(name.c_str());
+    if (value)
+      ::setenv(name.c_str(), value->c_str(), 1);
+    else
+      ::unsetenv(name.c_str());
   }
   ~ScopedEnv() {
-    if (old) ::setenv(name.c_str(), old->c_str(), 1);
-    else ::unsetenv(name.c_str());
+    if (old)
+      ::setenv(name.c_str(), old->c_str(), 1);
+    else
+      ::unsetenv(name.c_str());
   }
 };
 
@@ -94,4 +101,3 @@ inline const kiln::runtime::CxxCompiler& test_compiler() {
 }
 
 }  // namespace kiln_test
-

@@ -361,7 +361,9 @@ TEST_CASE("cuda gpu: allocation and copies round trip") {
   CHECK(a->bytes == n * sizeof(float));
   // Generated kernels use 16-byte vector loads on whole buffers.
   CHECK(reinterpret_cast<std::uintptr_t>(a->data) % 16 == 0);
-  MESSAGE("allocation alignment: " << (reinterpret_cast<std::uintptr_t>(a->data) & -reinterpret_cast<std::uintptr_t>(a->data)) << " bytes");
+  MESSAGE("allocation alignment: " << (reinterpret_cast<std::uintptr_t>(a->data) &
+                                       -reinterpret_cast<std::uintptr_t>(a->data))
+                                   << " bytes");
   rt::copy_host_to_device(a->data, host.data(), n * sizeof(float), 0);
   rt::copy_device_to_device(b->data, a->data, n * sizeof(float), 0);
   rt::copy_device_to_host(back.data(), b->data, n * sizeof(float), 0);
@@ -500,8 +502,8 @@ TEST_CASE("cuda gpu: events time kernels; graphs capture and replay them; launch
   stop.synchronize();
   float ms = stop.elapsed_ms_since(start);
   CHECK(ms > 0.f);
-  MESSAGE("axpy over " << n << " floats: " << ms / 10 << " ms, "
-                       << 3.0 * n * sizeof(float) / (ms / 10 * 1e-3) / 1e9 << " GB/s");
+  MESSAGE("axpy over " << n << " floats: " << ms / 10 << " ms, " << 3.0 * n * sizeof(float) / (ms / 10 * 1e-3) / 1e9
+                       << " GB/s");
 
   // Capture two launches into a graph and replay it three times: from x = 1 and y = 0, each
   // launch adds 2 to every y.

@@ -153,9 +153,10 @@ TEST_CASE("runtime: a compiler without working OpenMP is used without -fopenmp")
   CHECK(std::find(flags.begin(), flags.end(), "-fopenmp") == flags.end());
   CHECK(std::find(flags.begin(), flags.end(), "-fopenmp-simd") != flags.end());
   std::string out = tmp.path + "/simd.so";
-  cxx->compile("extern \"C\" int g(const int* x) { int s = 0;\n#pragma omp simd reduction(+:s)\n"
-               "for (int i = 0; i < 8; ++i) s += x[i];\nreturn s; }\n",
-               out);
+  cxx->compile(
+      "extern \"C\" int g(const int* x) { int s = 0;\n#pragma omp simd reduction(+:s)\n"
+      "for (int i = 0; i < 8; ++i) s += x[i];\nreturn s; }\n",
+      out);
   SharedLibrary lib(out);
   int x[8] = {1, 2, 3, 4, 5, 6, 7, 8};
   CHECK(reinterpret_cast<int (*)(const int*)>(lib.symbol("g"))(x) == 36);

@@ -28,7 +28,11 @@ using kiln_test::TempDir;
 using kiln_test::write_file;
 
 namespace {
-const std::string kPayload = std::string("\x7f" "ELF\0\0binary\xff payload", 20) + std::string(1000, 'z');
+const std::string kPayload = std::string(
+                                 "\x7f"
+                                 "ELF\0\0binary\xff payload",
+                                 20) +
+                             std::string(1000, 'z');
 
 // Sets a file's (or directory's) access and modification times `seconds_ago` into the past,
 // without following a symlink.
@@ -369,8 +373,8 @@ TEST_CASE("runtime: DiskCache sizes an entry by its verified header, so a giant 
     expect = "length mismatch";
   }
   SUBCASE("a header that claims a 64 GiB payload, in a file of that size") {
-    std::string head = std::string("KILNCE01") + u64_bytes(key.size()) + u64_bytes(std::uint64_t{64} << 30) +
-                       u64_bytes(0) + key;
+    std::string head =
+        std::string("KILNCE01") + u64_bytes(key.size()) + u64_bytes(std::uint64_t{64} << 30) + u64_bytes(0) + key;
     make_sparse(path, head, static_cast<off_t>(head.size()) + giant);
     expect = "oversize header";
   }
@@ -380,8 +384,8 @@ TEST_CASE("runtime: DiskCache sizes an entry by its verified header, so a giant 
     expect = "oversize header";
   }
   SUBCASE("a header whose sizes overflow when added") {
-    write_file(path, std::string("KILNCE01") + u64_bytes(key.size()) + u64_bytes(~std::uint64_t{0} - 8) +
-                         u64_bytes(0) + key);
+    write_file(path,
+               std::string("KILNCE01") + u64_bytes(key.size()) + u64_bytes(~std::uint64_t{0} - 8) + u64_bytes(0) + key);
     expect = "oversize header";
   }
 
@@ -562,7 +566,7 @@ TEST_CASE("runtime: DiskCache keeps the most recently used entries within its si
       age(cache.path_for(key(i), ".so"), 400 - 100 * i);  // key 0 oldest ... key 3 newest
     }
     REQUIRE(cache.load(key(0), ".so").value() == payload);  // now key 0 is the newest
-    cache.store(key(4), ".so", payload);  // 5 entries > 4.5: evict down to 90% of the bound
+    cache.store(key(4), ".so", payload);                    // 5 entries > 4.5: evict down to 90% of the bound
     CHECK(file_exists(cache.path_for(key(0), ".so")));
     CHECK_FALSE(file_exists(cache.path_for(key(1), ".so")));
     CHECK(file_exists(cache.path_for(key(2), ".so")));

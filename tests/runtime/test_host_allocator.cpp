@@ -79,7 +79,7 @@ TEST_CASE("runtime: the host cache is bounded and can be released") {
   }  // 32 MiB released into a 10 MiB cache
   auto st = host_allocator_stats();
   CHECK(st.cached_bytes <= (std::size_t(10) << 20));
-  CHECK(st.cached_bytes >= (std::size_t(8) << 20));  // two 4 MiB blocks fit
+  CHECK(st.cached_bytes >= (std::size_t(8) << 20));           // two 4 MiB blocks fit
   kiln::runtime::set_host_cache_limit(std::size_t(4) << 20);  // shrinking drops what is over
   CHECK(host_allocator_stats().cached_bytes <= (std::size_t(4) << 20));
 

@@ -75,8 +75,12 @@ bool have_nvrtc() {
 
 bool is_cuda_elf(const std::string& bytes) {
   // ELF magic, 64-bit class, e_machine (offset 18, little endian) == EM_CUDA (190).
-  return bytes.size() > 64 && std::memcmp(bytes.data(), "\x7f" "ELF", 4) == 0 && bytes[4] == 2 &&
-         static_cast<unsigned char>(bytes[18]) == 190 && bytes[19] == 0;
+  return bytes.size() > 64 &&
+         std::memcmp(bytes.data(),
+                     "\x7f"
+                     "ELF",
+                     4) == 0 &&
+         bytes[4] == 2 && static_cast<unsigned char>(bytes[18]) == 190 && bytes[19] == 0;
 }
 
 }  // namespace
@@ -116,7 +120,8 @@ TEST_CASE("nvrtc: the axpy and block-reduction kernels compile to cubins for sm_
     CHECK(cubin.find("block_sum") != std::string::npos);
   }
   // Different targets give different machine code.
-  CHECK(compile_cuda_to_cubin(kKernels, "kernels.cu", "sm_90") != compile_cuda_to_cubin(kKernels, "kernels.cu", "sm_80"));
+  CHECK(compile_cuda_to_cubin(kKernels, "kernels.cu", "sm_90") !=
+        compile_cuda_to_cubin(kKernels, "kernels.cu", "sm_80"));
 }
 
 TEST_CASE("nvrtc: in-memory headers are found by #include") {

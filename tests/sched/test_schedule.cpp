@@ -41,8 +41,8 @@ Sched plan(const std::vector<NodePtr>& roots) {
 
 TEST_CASE("sched: pointwise chains, broadcasts and index maps are one loop nest") {
   NodePtr x = leaf({64, 32}), mu = leaf({64, 1}), w = leaf({32});
-  NodePtr y = bin(Op::Mul, bin(Op::Sub, x, ir::broadcast(mu, x->shape)),
-                  ir::broadcast(ir::reshape(w, {1, 32}), x->shape));
+  NodePtr y =
+      bin(Op::Mul, bin(Op::Sub, x, ir::broadcast(mu, x->shape)), ir::broadcast(ir::reshape(w, {1, 32}), x->shape));
   auto r = plan({ir::permute(ir::unary(Op::Exp, y), {1, 0})});
   REQUIRE(r.s.kernels.size() == 1);
   const sched::Kernel& k = r.s.kernels[0];
@@ -96,7 +96,8 @@ TEST_CASE("sched: row kernels") {
     auto r = plan({red(Op::ReduceSum, x, {1}), bin(Op::Mul, x, x)});
     REQUIRE(r.s.kernels.size() == 1);
     bool full_in_pass1 = false;
-    for (auto& st : r.s.kernels[0].stores) full_in_pass1 = full_in_pass1 || (st.level == sched::Level::Full && st.pass == 1);
+    for (auto& st : r.s.kernels[0].stores)
+      full_in_pass1 = full_in_pass1 || (st.level == sched::Level::Full && st.pass == 1);
     CHECK(full_in_pass1);
     CHECK(r.s.kernels[0].passes == 1);
   }
@@ -116,7 +117,7 @@ TEST_CASE("sched: column and full reductions") {
     const sched::Kernel& k = r.s.kernels[0];
     CHECK(k.loops.column);
     CHECK(k.loops.blocks * k.loops.block >= 1024);
-    CHECK(k.loops.block == 1024);  // whole rows: one contiguous run per row
+    CHECK(k.loops.block == 1024);                  // whole rows: one contiguous run per row
     CHECK(k.loops.tiles() * k.loops.chunks >= 8);  // threads share the rows instead
   }
   SUBCASE("a transposed input makes a row sum a column walk") {

@@ -30,7 +30,10 @@ inline std::vector<Tensor> evaluated(std::vector<Tensor> ts) {
 inline std::vector<ModeWorkload> mode_workloads(Device dev, ModeWorkloadSizes s) {
   const std::int64_t N = s.n, M = s.m, K = s.k;
   return {
-      {"P1", [=] { return evaluated({randn({N}, 1, f32, dev), randn({N}, 2, f32, dev)}); },
+      {"P1",
+       [=] {
+         return evaluated({randn({N}, 1, f32, dev), randn({N}, 2, f32, dev)});
+       },
        [](const auto& in) -> Tensor { return 2.0f * in[0] + in[1]; }},
       {"P2", [=] { return evaluated({randn({N}, 1, f32, dev)}); },
        [](const auto& in) -> Tensor {
@@ -45,19 +48,46 @@ inline std::vector<ModeWorkload> mode_workloads(Device dev, ModeWorkloadSizes s)
        }},
       {"P4",
        [=] {
-         return evaluated({randn({M, K}, 1, f32, dev), randn({M, 1}, 2, f32, dev), rand({K}, 3, f32, dev), randn({K}, 4, f32, dev)});
+         return evaluated(
+             {randn({M, K}, 1, f32, dev), randn({M, 1}, 2, f32, dev), rand({K}, 3, f32, dev), randn({K}, 4, f32, dev)});
        },
        [](const auto& in) -> Tensor { return (in[0] - in[1]) * in[2] + in[3]; }},
       {"R1", [=] { return evaluated({randn({N}, 1, f32, dev)}); }, [](const auto& in) { return sum(in[0] * in[0]); }},
-      {"R2", [=] { return evaluated({randn({M, K}, 1, f32, dev)}); }, [](const auto& in) { return sum(in[0], {1}); }},
-      {"R3", [=] { return evaluated({randn({M, K}, 1, f32, dev)}); }, [](const auto& in) { return sum(in[0], {0}); }},
-      {"N1", [=] { return evaluated({randn({M, K}, 1, f32, dev)}); }, [](const auto& in) { return softmax(in[0], -1); }},
-      {"N2", [=] { return evaluated({randn({s.short_rows, 128}, 1, f32, dev)}); }, [](const auto& in) { return softmax(in[0], -1); }},
-      {"N3", [=] { return evaluated({randn({M, K}, 1, f32, dev), rand({K}, 2, f32, dev), randn({K}, 3, f32, dev)}); },
+      {"R2",
+       [=] {
+         return evaluated({randn({M, K}, 1, f32, dev)});
+       },
+       [](const auto& in) { return sum(in[0], {1}); }},
+      {"R3",
+       [=] {
+         return evaluated({randn({M, K}, 1, f32, dev)});
+       },
+       [](const auto& in) { return sum(in[0], {0}); }},
+      {"N1",
+       [=] {
+         return evaluated({randn({M, K}, 1, f32, dev)});
+       },
+       [](const auto& in) { return softmax(in[0], -1); }},
+      {"N2",
+       [=] {
+         return evaluated({randn({s.short_rows, 128}, 1, f32, dev)});
+       },
+       [](const auto& in) { return softmax(in[0], -1); }},
+      {"N3",
+       [=] {
+         return evaluated({randn({M, K}, 1, f32, dev), rand({K}, 2, f32, dev), randn({K}, 3, f32, dev)});
+       },
        [](const auto& in) { return layer_norm(in[0], in[1], in[2], 1e-5); }},
-      {"N4", [=] { return evaluated({randn({M, K}, 1, f32, dev), rand({K}, 2, f32, dev)}); },
+      {"N4",
+       [=] {
+         return evaluated({randn({M, K}, 1, f32, dev), rand({K}, 2, f32, dev)});
+       },
        [](const auto& in) -> Tensor { return in[0] * rsqrt(mean(in[0] * in[0], {-1}, true) + 1e-6f) * in[1]; }},
-      {"N5", [=] { return evaluated({randn({M, K}, 1, bf16, dev)}); }, [](const auto& in) { return softmax(in[0], -1); }},
+      {"N5",
+       [=] {
+         return evaluated({randn({M, K}, 1, bf16, dev)});
+       },
+       [](const auto& in) { return softmax(in[0], -1); }},
       {"N6",
        [=] {
          const std::int64_t rows = 16;
@@ -65,7 +95,10 @@ inline std::vector<ModeWorkload> mode_workloads(Device dev, ModeWorkloadSizes s)
          return evaluated({randn({rows, s.classes}, 1, f32, dev), targets});
        },
        [](const auto& in) { return cross_entropy(in[0], in[1]); }},
-      {"S1", [=] { return evaluated({randn({4096}, 1, f32, dev), rand({4096}, 2, f32, dev)}); },
+      {"S1",
+       [=] {
+         return evaluated({randn({4096}, 1, f32, dev), rand({4096}, 2, f32, dev)});
+       },
        [](const auto& in) {
          Tensor x = in[0];
          for (int i = 0; i < 10; ++i) x = relu(x * in[1] + 0.1f);

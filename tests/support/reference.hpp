@@ -31,15 +31,20 @@ struct Tolerance {
 /// torch.testing's default tolerances for results of `dtype`; integers and bool are exact.
 inline Tolerance tolerance(DType dtype) {
   switch (dtype) {
-    case DType::Float16: return {1e-3, 1e-5};
-    case DType::BFloat16: return {1.6e-2, 1e-5};
-    case DType::Float32: return {1.3e-6, 1e-5};
-    case DType::Float64: return {1e-7, 1e-7};
-    default: return {0.0, 0.0};
+    case DType::Float16:
+      return {1e-3, 1e-5};
+    case DType::BFloat16:
+      return {1.6e-2, 1e-5};
+    case DType::Float32:
+      return {1.3e-6, 1e-5};
+    case DType::Float64:
+      return {1e-7, 1e-7};
+    default:
+      return {0.0, 0.0};
   }
 }
 
-inline const DType kAllDTypes[] = {DType::Bool, DType::Int32, DType::Int64, DType::Float16,
+inline const DType kAllDTypes[] = {DType::Bool,     DType::Int32,   DType::Int64,  DType::Float16,
                                    DType::BFloat16, DType::Float32, DType::Float64};
 inline const DType kFloatDTypes[] = {DType::Float16, DType::BFloat16, DType::Float32, DType::Float64};
 inline const DType kIntDTypes[] = {DType::Int32, DType::Int64};
@@ -50,13 +55,20 @@ inline const DType kIntDTypes[] = {DType::Int32, DType::Int64};
 /// kiln's Half/BFloat16 do; integers truncate; bool is v != 0, NaN included).
 inline double round_to(double v, DType dtype) {
   switch (dtype) {
-    case DType::Bool: return v != 0.0 ? 1.0 : 0.0;
-    case DType::Int32: return static_cast<double>(static_cast<std::int32_t>(v));
-    case DType::Int64: return static_cast<double>(static_cast<std::int64_t>(v));
-    case DType::Float16: return static_cast<float>(Half(static_cast<float>(v)));
-    case DType::BFloat16: return static_cast<float>(BFloat16(static_cast<float>(v)));
-    case DType::Float32: return static_cast<double>(static_cast<float>(v));
-    case DType::Float64: return v;
+    case DType::Bool:
+      return v != 0.0 ? 1.0 : 0.0;
+    case DType::Int32:
+      return static_cast<double>(static_cast<std::int32_t>(v));
+    case DType::Int64:
+      return static_cast<double>(static_cast<std::int64_t>(v));
+    case DType::Float16:
+      return static_cast<float>(Half(static_cast<float>(v)));
+    case DType::BFloat16:
+      return static_cast<float>(BFloat16(static_cast<float>(v)));
+    case DType::Float32:
+      return static_cast<double>(static_cast<float>(v));
+    case DType::Float64:
+      return v;
   }
   return v;
 }
@@ -109,9 +121,12 @@ inline Tensor make_tensor(const std::vector<double>& v, const Shape& shape, DTyp
     std::vector<T> data;
     data.reserve(v.size());
     for (double x : v) {
-      if constexpr (std::is_same_v<T, bool>) data.push_back(x != 0.0);
-      else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) data.push_back(T(static_cast<float>(x)));
-      else data.push_back(static_cast<T>(x));
+      if constexpr (std::is_same_v<T, bool>)
+        data.push_back(x != 0.0);
+      else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+        data.push_back(T(static_cast<float>(x)));
+      else
+        data.push_back(static_cast<T>(x));
     }
     return from_vector<T>(data, shape, dev);
   });
@@ -134,9 +149,12 @@ inline std::vector<double> values(const Tensor& t) {
     std::vector<double> out;
     out.reserve(raw.size());
     for (std::size_t i = 0; i < raw.size(); ++i) {
-      if constexpr (std::is_same_v<T, bool>) out.push_back(raw[i] ? 1.0 : 0.0);
-      else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) out.push_back(static_cast<float>(raw[i]));
-      else out.push_back(static_cast<double>(raw[i]));
+      if constexpr (std::is_same_v<T, bool>)
+        out.push_back(raw[i] ? 1.0 : 0.0);
+      else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+        out.push_back(static_cast<float>(raw[i]));
+      else
+        out.push_back(static_cast<double>(raw[i]));
     }
     return out;
   });
@@ -145,7 +163,8 @@ inline std::vector<double> values(const Tensor& t) {
 /// The elements of an integer or bool tensor, exactly.
 inline std::vector<std::int64_t> int_values(const Tensor& t) {
   switch (t.dtype()) {
-    case DType::Int64: return t.to_vector<std::int64_t>();
+    case DType::Int64:
+      return t.to_vector<std::int64_t>();
     case DType::Int32: {
       auto v = t.to_vector<std::int32_t>();
       return std::vector<std::int64_t>(v.begin(), v.end());
@@ -156,7 +175,8 @@ inline std::vector<std::int64_t> int_values(const Tensor& t) {
       for (bool b : v) out.push_back(b ? 1 : 0);
       return out;
     }
-    default: throw std::invalid_argument(std::string("int_values of a ") + dtype_name(t.dtype()) + " tensor");
+    default:
+      throw std::invalid_argument(std::string("int_values of a ") + dtype_name(t.dtype()) + " tensor");
   }
 }
 
@@ -238,7 +258,9 @@ struct Groups {
 };
 inline Groups group_by(const Ref& a, std::vector<std::int64_t> axes_in, bool keepdim) {
   auto axes = norm_axes(std::move(axes_in), a.shape.size());
-  auto reduced = [&](std::size_t d) { return std::find(axes.begin(), axes.end(), static_cast<std::int64_t>(d)) != axes.end(); };
+  auto reduced = [&](std::size_t d) {
+    return std::find(axes.begin(), axes.end(), static_cast<std::int64_t>(d)) != axes.end();
+  };
   Shape kept_full;  // keepdim shape
   for (std::size_t d = 0; d < a.shape.size(); ++d) kept_full.push_back(reduced(d) ? 1 : a.shape[d]);
   Groups g;
@@ -250,8 +272,10 @@ inline Groups group_by(const Ref& a, std::vector<std::int64_t> axes_in, bool kee
     g.groups[o].push_back(a.v[i]);
   }
   for (std::size_t d = 0; d < a.shape.size(); ++d)
-    if (!reduced(d)) g.shape.push_back(a.shape[d]);
-    else if (keepdim) g.shape.push_back(1);
+    if (!reduced(d))
+      g.shape.push_back(a.shape[d]);
+    else if (keepdim)
+      g.shape.push_back(1);
   return g;
 }
 
@@ -407,9 +431,12 @@ inline std::string close_report(const std::vector<double>& actual, const std::ve
   for (std::size_t i = 0; i < actual.size(); ++i) {
     double a = actual[i], e = expected[i];
     bool ok;
-    if (std::isnan(e) || std::isnan(a)) ok = std::isnan(e) && std::isnan(a);
-    else if (std::isinf(e) || std::isinf(a)) ok = a == e;
-    else ok = std::fabs(a - e) <= tol.atol + tol.rtol * std::fabs(e);
+    if (std::isnan(e) || std::isnan(a))
+      ok = std::isnan(e) && std::isnan(a);
+    else if (std::isinf(e) || std::isinf(a))
+      ok = a == e;
+    else
+      ok = std::fabs(a - e) <= tol.atol + tol.rtol * std::fabs(e);
     if (!ok) {
       ++bad;
       if (shown++ < 5) out += "  [" + std::to_string(i) + "] actual " + fmt(a) + " expected " + fmt(e) + "\n";
@@ -440,12 +467,14 @@ inline std::string close_report(const Tensor& t, const Ref& expected, Tolerance 
 /// Exact comparison of an integer or bool tensor.
 inline std::string exact_report(const Tensor& t, const std::vector<std::int64_t>& expected) {
   auto a = int_values(t);
-  if (a.size() != expected.size()) return "size " + std::to_string(a.size()) + " != expected " + std::to_string(expected.size());
+  if (a.size() != expected.size())
+    return "size " + std::to_string(a.size()) + " != expected " + std::to_string(expected.size());
   std::string out;
   std::size_t bad = 0;
   for (std::size_t i = 0; i < a.size(); ++i)
     if (a[i] != expected[i] && bad++ < 5)
-      out += "  [" + std::to_string(i) + "] actual " + std::to_string(a[i]) + " expected " + std::to_string(expected[i]) + "\n";
+      out += "  [" + std::to_string(i) + "] actual " + std::to_string(a[i]) + " expected " +
+             std::to_string(expected[i]) + "\n";
   if (!bad) return "";
   return std::to_string(bad) + " of " + std::to_string(a.size()) + " elements differ:\n" + out;
 }
@@ -460,17 +489,17 @@ inline bool mentions(const std::string& what, std::initializer_list<std::string>
 }  // namespace kiln::testing
 
 /// CHECK that a tensor (or vector) is close to the expected values; reports the first mismatches.
-#define KILN_CHECK_CLOSE(...)                                              \
-  do {                                                                     \
+#define KILN_CHECK_CLOSE(...)                                                    \
+  do {                                                                           \
     const std::string kiln_report_ = ::kiln::testing::close_report(__VA_ARGS__); \
-    CHECK_MESSAGE(kiln_report_.empty(), kiln_report_);                     \
+    CHECK_MESSAGE(kiln_report_.empty(), kiln_report_);                           \
   } while (0)
 
 /// CHECK that an integer or bool tensor equals the expected values exactly.
-#define KILN_CHECK_EXACT(...)                                              \
-  do {                                                                     \
+#define KILN_CHECK_EXACT(...)                                                    \
+  do {                                                                           \
     const std::string kiln_report_ = ::kiln::testing::exact_report(__VA_ARGS__); \
-    CHECK_MESSAGE(kiln_report_.empty(), kiln_report_);                     \
+    CHECK_MESSAGE(kiln_report_.empty(), kiln_report_);                           \
   } while (0)
 
 /// CHECK that `stmt` throws `Type` whose message mentions every string that follows.

@@ -137,7 +137,7 @@ TEST_CASE("rand: [0, 1), counter-based Philox, seeds") {
     mean /= static_cast<double>(v.size());
     CHECK(lo >= 0.0);
     CHECK(hi < 1.0);
-    CHECK(std::fabs(mean - 0.5) < 0.01);  // std of the mean: 0.29 / 256
+    CHECK(std::fabs(mean - 0.5) < 0.01);                   // std of the mean: 0.29 / 256
     CHECK(kt::values(rand({1 << 16}, 42, dt, dev)) == v);  // same seed, same numbers
     auto w = kt::values(rand({1 << 16}, 43, dt, dev));
     std::size_t same = 0;
@@ -174,7 +174,7 @@ TEST_CASE("randn: standard normal statistics and determinism") {
     m /= n;
     for (double x : v) sq += (x - m) * (x - m);
     double sd = std::sqrt(sq / (n - 1));
-    CHECK(std::fabs(m) < 0.01);        // 5 sigma of the mean is 0.0098
+    CHECK(std::fabs(m) < 0.01);  // 5 sigma of the mean is 0.0098
     CHECK(std::fabs(sd - 1.0) < 0.01);
     CHECK(kt::values(randn({n}, 5, dt, dev)) == v);
   }
@@ -229,7 +229,8 @@ TEST_CASE("to(DType): PyTorch's casting rules") {
   }
   SUBCASE("narrowing float conversions round to nearest even") {
     const double e11 = std::ldexp(1.0, -11), e8 = std::ldexp(1.0, -8);
-    Tensor f = kt::make_tensor({1 + e11, 1 + 3 * e11, 65504, 65520, 1e-8, -1e-8, nan, -inf, 6.0e-8}, {9}, DType::Float32);
+    Tensor f =
+        kt::make_tensor({1 + e11, 1 + 3 * e11, 65504, 65520, 1e-8, -1e-8, nan, -inf, 6.0e-8}, {9}, DType::Float32);
     auto h = kt::values(f.to(DType::Float16));
     KILN_CHECK_CLOSE(h, std::vector<double>{1, 1 + 4 * e11, 65504, inf, 0, -0.0, nan, -inf, std::ldexp(1.0, -24)},
                      kt::Tolerance{});
@@ -410,8 +411,8 @@ TEST_CASE("assign in place and with aliasing reads before it writes") {
   }
   SUBCASE("other handles and views of the storage see the new values") {
     Tensor x = square();
-    Tensor alias = x;                 // a copy of the handle
-    Tensor col = slice(x, 1, 2, 3);   // a view
+    Tensor alias = x;                // a copy of the handle
+    Tensor col = slice(x, 1, 2, 3);  // a view
     x.assign(x * -1.0f);
     KILN_CHECK_CLOSE(alias, kt::Ref{{0, -1, -2, -3, -4, -5, -6, -7, -8}, {3, 3}});
     KILN_CHECK_CLOSE(col, kt::Ref{{-2, -5, -8}, {3, 1}});
@@ -512,7 +513,7 @@ TEST_CASE("lazy graphs are bounded: chains of 1000 ops evaluate as they grow") {
   reset_stats();
   Tensor x = x0;
   for (int i = 0; i < 1000; ++i) x = x + 1.0f;
-  CHECK(stats().graphs >= 9);        // depth limit 100: evaluated on the way
+  CHECK(stats().graphs >= 9);  // depth limit 100: evaluated on the way
   CHECK(x.node()->depth <= 101);
   KILN_CHECK_CLOSE(x, kt::Ref{iota_values(64, 1000), {64}}, kt::Tolerance{});
   // Node-count bound: x = (x + x) * 0.5 doubles the unshared node count every step.
@@ -547,7 +548,8 @@ TEST_CASE("typed expressions are safe to hold in auto after their operands' hand
   // The expression's C++ type carries its structure.
   using E1 = decltype(e);
   static_assert(E1::kStructKey != decltype(std::declval<Tensor>() + std::declval<Tensor>())::kStructKey);
-  static_assert(decltype(std::declval<Tensor>() * 2.0f)::kStructKey == decltype(std::declval<Tensor>() * 3.0f)::kStructKey);
+  static_assert(decltype(std::declval<Tensor>() * 2.0f)::kStructKey ==
+                decltype(std::declval<Tensor>() * 3.0f)::kStructKey);
 }
 
 TEST_CASE("Tensor::describe, str and undefined tensors") {

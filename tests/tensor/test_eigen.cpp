@@ -44,9 +44,13 @@ void check_same_matrix(const Tensor& t, const M& m) {
 // Views of temporaries would dangle: from_eigen rejects temporaries of owning Eigen types and
 // to_eigen rejects a map over a temporary tensor, at compile time. Views of views are fine.
 template <class M>
-concept ViewableTemporary = requires { from_eigen(std::declval<M>()); };
+concept ViewableTemporary = requires {
+  from_eigen(std::declval<M>());
+};
 template <class M>
-concept ConvertibleTemporary = requires { to_eigen<M>(std::declval<Tensor>()); };
+concept ConvertibleTemporary = requires {
+  to_eigen<M>(std::declval<Tensor>());
+};
 static_assert(!ViewableTemporary<Eigen::MatrixXf>);
 static_assert(ViewableTemporary<Eigen::MatrixXf&>);
 static_assert(ViewableTemporary<Eigen::Map<Eigen::MatrixXf>>);

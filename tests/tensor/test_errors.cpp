@@ -47,7 +47,8 @@ TEST_CASE("mismatched shapes: ShapeError naming the op, both shapes and the dtyp
   KILN_CHECK_THROWS_MENTIONING(ShapeError, (void)(in.f23 + in.h4), "add", "[2, 3]", "[4]", "float32", "float16");
   KILN_CHECK_THROWS_MENTIONING(ShapeError, (void)(in.i23 * in.h4), "mul", "[2, 3]", "[4]", "int32", "float16");
   KILN_CHECK_THROWS_MENTIONING(ShapeError, (void)(in.f23 < in.h4), "lt", "[2, 3]", "[4]", "float32", "float16");
-  KILN_CHECK_THROWS_MENTIONING(ShapeError, (void)(maximum(in.h4, in.i23)), "maximum", "[4]", "[2, 3]", "float16", "int32");
+  KILN_CHECK_THROWS_MENTIONING(ShapeError, (void)(maximum(in.h4, in.i23)), "maximum", "[4]", "[2, 3]", "float16",
+                               "int32");
   KILN_CHECK_THROWS_MENTIONING(ShapeError, (void)(pow(in.f23, in.h4)), "pow", "[2, 3]", "[4]");
   // Deep inside a typed expression: the failing op is the one named.
   KILN_CHECK_THROWS_MENTIONING(ShapeError, (void)(exp(in.f23 * 2.0f) - in.h4 * 3.0f), "sub", "[2, 3]", "[4]");
@@ -124,7 +125,8 @@ TEST_CASE("other shape errors name the op and the shapes") {
   KILN_CHECK_THROWS_MENTIONING(ShapeError, cross_entropy(in.f23, kt::make_int_tensor({0, 1, 2}, {3})), "cross_entropy",
                                "[2, 3]", "[3]");
   KILN_CHECK_THROWS_MENTIONING(ShapeError, cross_entropy(in.h4, in.i64v), "cross_entropy", "[4]");
-  KILN_CHECK_THROWS_MENTIONING(ShapeError, from_vector<float>({1, 2, 3}, {2, 2}, kt::device()), "from_vector", "[2, 2]");
+  KILN_CHECK_THROWS_MENTIONING(ShapeError, from_vector<float>({1, 2, 3}, {2, 2}, kt::device()), "from_vector",
+                               "[2, 2]");
   KILN_CHECK_THROWS_MENTIONING(ShapeError, zeros({2, -1}, f32, kt::device()), "[2, -1]");
   KILN_CHECK_THROWS_MENTIONING(ShapeError, arange(-3), "arange");
   KILN_CHECK_THROWS_MENTIONING(ShapeError, in.f23.item<float>(), "item", "[2, 3]");
@@ -173,7 +175,8 @@ TEST_CASE("undefined tensors and errors inside a chain leave earlier results usa
   check_still_works();
 }
 
-TEST_CASE("shape ops name the input's dtype; sizes past int64 and impossible memory are typed errors before anything runs") {
+TEST_CASE(
+    "shape ops name the input's dtype; sizes past int64 and impossible memory are typed errors before anything runs") {
   Inputs in;
   {
     NothingRan guard;
@@ -193,11 +196,13 @@ TEST_CASE("shape ops name the input's dtype; sizes past int64 and impossible mem
     KILN_CHECK_THROWS_MENTIONING(ShapeError, zeros({big, big}), "zeros", "[1099511627776, 1099511627776]");
     KILN_CHECK_THROWS_MENTIONING(ShapeError, zeros({std::int64_t(1) << 62}), "zeros", "bytes");
     KILN_CHECK_THROWS_MENTIONING(ShapeError, randn({std::int64_t(1) << 31, std::int64_t(1) << 31, 4}, 1), "randn");
-    KILN_CHECK_THROWS_MENTIONING(ShapeError, broadcast_to(ones({1}), {huge, huge}), "broadcast_to", "[4294967296, 4294967296]");
+    KILN_CHECK_THROWS_MENTIONING(ShapeError, broadcast_to(ones({1}), {huge, huge}), "broadcast_to",
+                                 "[4294967296, 4294967296]");
     KILN_CHECK_THROWS_MENTIONING(ShapeError, (void)(ones({big, 1}) + ones({1, big})), "add", "too many elements");
     float one = 0;
     KILN_CHECK_THROWS_MENTIONING(ShapeError, from_blob(&one, {huge, huge}), "from_blob", "[4294967296, 4294967296]");
-    KILN_CHECK_THROWS_MENTIONING(ValueError, from_blob(static_cast<float*>(nullptr), {3}), "from_blob", "null", "float32[3]");
+    KILN_CHECK_THROWS_MENTIONING(ValueError, from_blob(static_cast<float*>(nullptr), {3}), "from_blob", "null",
+                                 "float32[3]");
     CHECK(from_blob(static_cast<float*>(nullptr), {0}).numel() == 0);  // an empty view needs no memory
     CHECK(guard.unchanged());
   }
@@ -208,7 +213,8 @@ TEST_CASE("shape ops name the input's dtype; sizes past int64 and impossible mem
   {
     NothingRan guard;
     Tensor t = zeros({std::int64_t(1) << 61}, DType::Bool);  // 2 EiB: past any address space
-    KILN_CHECK_THROWS_MENTIONING(OutOfMemoryError, t.eval(), "eval", "bool[2305843009213693952]", "2305843009213693952 bytes");
+    KILN_CHECK_THROWS_MENTIONING(OutOfMemoryError, t.eval(), "eval", "bool[2305843009213693952]",
+                                 "2305843009213693952 bytes");
     CHECK(guard.unchanged());
   }
   check_still_works();
@@ -221,10 +227,12 @@ TEST_CASE("pow, clamp, full and cross_entropy follow PyTorch's value rules") {
   KILN_CHECK_CLOSE(pow(arange(3), 2), std::vector<double>{0, 1, 4});
   KILN_CHECK_CLOSE(pow(arange(3).to(DType::Float32), -1), std::vector<double>{INFINITY, 1, 0.5});
   // A tensor exponent follows integer pow (1, -1 exact; other bases 0), as torch.pow does.
-  KILN_CHECK_CLOSE(pow(kt::make_int_tensor({1, -1, 2}, {3}), kt::make_int_tensor({-1, -1, -1}, {3})), std::vector<double>{1, -1, 0});
+  KILN_CHECK_CLOSE(pow(kt::make_int_tensor({1, -1, 2}, {3}), kt::make_int_tensor({-1, -1, -1}, {3})),
+                   std::vector<double>{1, -1, 0});
   // clamp's dtype is the result type of all three at once: bool, 0-dim f64 and f32 give f32.
   CHECK(clamp(ones({3}, DType::Bool), full({}, 0.5, DType::Float64), zeros({3})).dtype() == DType::Float32);
-  KILN_CHECK_CLOSE(clamp(ones({3}, DType::Bool), full({}, 0.5, DType::Float64), zeros({3})), std::vector<double>{0, 0, 0});
+  KILN_CHECK_CLOSE(clamp(ones({3}, DType::Bool), full({}, 0.5, DType::Float64), zeros({3})),
+                   std::vector<double>{0, 0, 0});
   CHECK(clamp(ones({3}, DType::Int32), full({}, 2, DType::Int64), 5).dtype() == DType::Int32);
   // A constant follows the cast rule: NaN and out-of-range values give the minimum.
   CHECK(full({3}, NAN, DType::Int32).to_vector<std::int32_t>() == std::vector<std::int32_t>(3, INT32_MIN));
@@ -235,8 +243,10 @@ TEST_CASE("pow, clamp, full and cross_entropy follow PyTorch's value rules") {
   // ignore index is not one.
   Tensor logits = kt::make_tensor({0.5, 1, 2, -1, 0, 3}, {2, 3}, DType::Float32);
   if (kt::on_cpu()) {
-    KILN_CHECK_THROWS_MENTIONING(IndexError, cross_entropy(logits, kt::make_int_tensor({7, 1}, {2})), "cross_entropy", "target 7", "3 classes");
-    KILN_CHECK_THROWS_MENTIONING(IndexError, cross_entropy(logits, kt::make_int_tensor({0, -1}, {2})), "cross_entropy", "target -1");
+    KILN_CHECK_THROWS_MENTIONING(IndexError, cross_entropy(logits, kt::make_int_tensor({7, 1}, {2})), "cross_entropy",
+                                 "target 7", "3 classes");
+    KILN_CHECK_THROWS_MENTIONING(IndexError, cross_entropy(logits, kt::make_int_tensor({0, -1}, {2})), "cross_entropy",
+                                 "target -1");
   } else {  // device targets are not read by the front end: the loss is NaN instead
     CHECK(std::isnan(cross_entropy(logits, kt::make_int_tensor({7, 1}, {2})).item<float>()));
     CHECK(std::isnan(cross_entropy(logits, kt::make_int_tensor({0, -1}, {2})).item<float>()));

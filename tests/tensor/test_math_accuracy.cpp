@@ -44,10 +44,14 @@ struct Format {
 };
 Format format(DType dt) {
   switch (dt) {
-    case DType::Float16: return {10, -14};
-    case DType::BFloat16: return {7, -126};
-    case DType::Float32: return {23, -126};
-    default: return {52, -1022};
+    case DType::Float16:
+      return {10, -14};
+    case DType::BFloat16:
+      return {7, -126};
+    case DType::Float32:
+      return {23, -126};
+    default:
+      return {52, -1022};
   }
 }
 
@@ -168,15 +172,32 @@ TEST_CASE("sin, cos, tan are accurate at huge and moderate arguments") {
   // Huge arguments (the fast Cody-Waite reduction covers |x| <= 2^20; beyond it libm's
   // Payne-Hanek takes over), values just around 2^20, and floats nearest to multiples of pi/2
   // (where the reduced argument is smallest and a short reduction loses it).
-  std::vector<double> huge = {1e8,   1e30,   3e38,    -1e20,  -1e8,   3.4028234663852886e38, -3.4028234663852886e38,
-                              1e10,  123456789.0, 0x1p20, 0x1.000002p20, -0x1.000002p20, 0x1p24 + 2, 1.5e7,
-                              2e6,   1e6,    -4.5e15, 7.77e22, 0x1p127, -0x1.fffffep126};
+  std::vector<double> huge = {1e8,
+                              1e30,
+                              3e38,
+                              -1e20,
+                              -1e8,
+                              3.4028234663852886e38,
+                              -3.4028234663852886e38,
+                              1e10,
+                              123456789.0,
+                              0x1p20,
+                              0x1.000002p20,
+                              -0x1.000002p20,
+                              0x1p24 + 2,
+                              1.5e7,
+                              2e6,
+                              1e6,
+                              -4.5e15,
+                              7.77e22,
+                              0x1p127,
+                              -0x1.fffffep126};
   std::vector<double> near_pi2;
   for (int k : {1, 2, 3, 4, 5, 7, 10, 100, 1000, 12345, 100000, 1000000, 10000000, 100000000}) {
     const double c = k * std::numbers::pi / 2;
     const double f = static_cast<float>(c);
-    near_pi2.insert(near_pi2.end(), {f, std::nextafter(static_cast<float>(f), 0.0f), std::nextafter(static_cast<float>(f), 1e38f),
-                                     -f});
+    near_pi2.insert(near_pi2.end(),
+                    {f, std::nextafter(static_cast<float>(f), 0.0f), std::nextafter(static_cast<float>(f), 1e38f), -f});
   }
   for (double& x : huge) x = kt::round_to(x, DType::Float32);
   std::vector<double> moderate = sweep(-100.0, 100.0, 4000, DType::Float32);
@@ -196,9 +217,16 @@ TEST_CASE("sin, cos, tan are accurate at huge and moderate arguments") {
       }
       SUBCASE((tag + "after a cast from int64").c_str()) {
         // .to(f32) rounds the integer to the nearest float; sin of that float is the reference.
-        std::vector<std::int64_t> ints = {100000000,           1000000007,          123456789012345LL, -98765432109876LL,
-                                          4611686018427387904LL, 9223372036854775807LL, -9223372036854775807LL - 1,
-                                          1LL << 40,           3,                   -2};
+        std::vector<std::int64_t> ints = {100000000,
+                                          1000000007,
+                                          123456789012345LL,
+                                          -98765432109876LL,
+                                          4611686018427387904LL,
+                                          9223372036854775807LL,
+                                          -9223372036854775807LL - 1,
+                                          1LL << 40,
+                                          3,
+                                          -2};
         Tensor i = kt::make_int_tensor(ints, {static_cast<std::int64_t>(ints.size())});
         std::vector<double> xs, got = kt::values(apply_trig(fn, i.to(DType::Float32)));
         std::vector<long double> want;
@@ -274,24 +302,25 @@ double bound_silu(double, DType) { return kt::on_cpu() ? 5.0 : 7.0; }
 double bound_sigmoid(double, DType) { return kt::on_cpu() ? 2.5 : 3.5; }
 
 const Composite kComposites[] = {
-    {"gelu", [](const Tensor& x) -> Tensor { return gelu(x); }, [](const ir::NodePtr& x) { return decomp::gelu(x, false); },
-     ref_gelu, bound_gelu},
+    {"gelu", [](const Tensor& x) -> Tensor { return gelu(x); },
+     [](const ir::NodePtr& x) { return decomp::gelu(x, false); }, ref_gelu, bound_gelu},
     {"gelu(tanh)", [](const Tensor& x) -> Tensor { return gelu(x, true); },
      [](const ir::NodePtr& x) { return decomp::gelu(x, true); }, ref_gelu_tanh, bound_gelu_tanh},
-    {"silu", [](const Tensor& x) -> Tensor { return silu(x); }, [](const ir::NodePtr& x) { return decomp::silu(x); }, ref_silu,
-     bound_silu},
-    {"sigmoid", [](const Tensor& x) -> Tensor { return sigmoid(x); }, [](const ir::NodePtr& x) { return decomp::sigmoid(x); },
-     ref_sigmoid, bound_sigmoid},
+    {"silu", [](const Tensor& x) -> Tensor { return silu(x); }, [](const ir::NodePtr& x) { return decomp::silu(x); },
+     ref_silu, bound_silu},
+    {"sigmoid", [](const Tensor& x) -> Tensor { return sigmoid(x); },
+     [](const ir::NodePtr& x) { return decomp::sigmoid(x); }, ref_sigmoid, bound_sigmoid},
 };
 
 /// [-20, 20] every 1/256 (the switch points of the piecewise forms fall on it) and the far
 /// tails; kSpecials apart.
 std::vector<double> composite_inputs(DType dt) {
   std::vector<double> xs = sweep(-20.0, 20.0, 10240, dt);
-  for (double x : {-0.7, -0.70000005, -0.69999999, -3.0, -3.0000002, -2.9999998, -4.0, -4.0000001, -3.9999999, -10.3,
-                   -13.1, -14.0, -14.5, -16.0, -20.5, -30.0, -37.5, -38.5, -40.0, -50.0, -87.0, -87.5, -88.8, -90.0, -91.5,
-                   -95.0, -100.0, -103.5, -104.5, -200.0, -745.5, -1e10, -3.4e38, -1.7e308, 30.0, 100.0, 1e10, 3.4e38,
-                   1e-30, -1e-30, 1e-45, -1e-45, 0.0, -0.0})
+  for (double x : {-0.7,   -0.70000005, -0.69999999, -3.0,   -3.0000002, -2.9999998, -4.0,     -4.0000001, -3.9999999,
+                   -10.3,  -13.1,       -14.0,       -14.5,  -16.0,      -20.5,      -30.0,    -37.5,      -38.5,
+                   -40.0,  -50.0,       -87.0,       -87.5,  -88.8,      -90.0,      -91.5,    -95.0,      -100.0,
+                   -103.5, -104.5,      -200.0,      -745.5, -1e10,      -3.4e38,    -1.7e308, 30.0,       100.0,
+                   1e10,   3.4e38,      1e-30,       -1e-30, 1e-45,      -1e-45,     0.0,      -0.0})
     if (std::isfinite(kt::round_to(x, dt))) xs.push_back(kt::round_to(x, dt));  // -3.4e38 is -inf in f16
   return xs;
 }
@@ -379,8 +408,9 @@ std::vector<Rows> row_sets(DType dt) {
     sets[2].rows.push_back(row);
   }
   const double big = dt == DType::Float64 ? 1e300 : dt == DType::Float16 ? 6e4 : 1e30;
-  sets[3].rows = {{-kInf, 0.0, 1.0}, {kInf, 0.0, 1.0}, {kNan, 1.0, 2.0}, {-kInf, -kInf, -kInf}, {kInf, kInf, 1.0},
-                  {-kInf, 2.0, -kInf}, {big, -big, 0.0}, {-big, -big, -big}, {big, big, big}, {-20.0, -kInf, 20.0}};
+  sets[3].rows = {{-kInf, 0.0, 1.0}, {kInf, 0.0, 1.0},    {kNan, 1.0, 2.0}, {-kInf, -kInf, -kInf},
+                  {kInf, kInf, 1.0}, {-kInf, 2.0, -kInf}, {big, -big, 0.0}, {-big, -big, -big},
+                  {big, big, big},   {-20.0, -kInf, 20.0}};
   for (auto& row : sets[3].rows)
     for (auto& x : row) x = kt::round_to(x, dt);
   return sets;
@@ -421,7 +451,8 @@ TEST_CASE("log_softmax and logsumexp: accurate when one element dominates, over 
         double worst_ls = 0, worst_lse = 0;
         std::string where_ls, where_lse;
         for (const Rows& set : row_sets(dt)) {
-          const std::int64_t n = static_cast<std::int64_t>(set.rows.size()), k = static_cast<std::int64_t>(set.rows[0].size());
+          const std::int64_t n = static_cast<std::int64_t>(set.rows.size()),
+                             k = static_cast<std::int64_t>(set.rows[0].size());
           std::vector<double> flat;
           for (auto& row : set.rows) flat.insert(flat.end(), row.begin(), row.end());
           Tensor x = kt::make_tensor(flat, {n, k}, dt);
@@ -436,8 +467,10 @@ TEST_CASE("log_softmax and logsumexp: accurate when one element dominates, over 
               long double t = 0;
               bool skipped = false;
               for (double v : row) {
-                if (v == m && !skipped) skipped = true;
-                else t += std::exp(static_cast<long double>(v) - m);
+                if (v == m && !skipped)
+                  skipped = true;
+                else
+                  t += std::exp(static_cast<long double>(v) - m);
               }
               l = std::log1p(t);
             }
@@ -448,7 +481,8 @@ TEST_CASE("log_softmax and logsumexp: accurate when one element dominates, over 
               double ratio = std::fabs(got_lse - want_lse) / lse_tolerance(m, l, want_lse, dt, kLogSumExpK);
               if (!(ratio <= worst_lse)) {
                 worst_lse = ratio;
-                where_lse = "row [" + kt::fmt(row[0]) + ", ...]: got " + kt::fmt(got_lse) + ", want " + kt::fmt(static_cast<double>(want_lse));
+                where_lse = "row [" + kt::fmt(row[0]) + ", ...]: got " + kt::fmt(got_lse) + ", want " +
+                            kt::fmt(static_cast<double>(want_lse));
               }
             }
             for (std::int64_t j = 0; j < k; ++j) {
@@ -465,8 +499,8 @@ TEST_CASE("log_softmax and logsumexp: accurate when one element dominates, over 
               double ratio = std::fabs(got - want) / lse_tolerance(shifted, l, want, dt, kLogSoftmaxK);
               if (!(ratio <= worst_ls)) {
                 worst_ls = ratio;
-                where_ls = "row [" + kt::fmt(row[0]) + ", ...] element " + std::to_string(j) + ": got " + kt::fmt(got) + ", want " +
-                           kt::fmt(static_cast<double>(want));
+                where_ls = "row [" + kt::fmt(row[0]) + ", ...] element " + std::to_string(j) + ": got " + kt::fmt(got) +
+                           ", want " + kt::fmt(static_cast<double>(want));
               }
             }
           }
@@ -498,7 +532,8 @@ std::vector<std::vector<double>> emulate(const std::vector<ir::NodePtr>& roots) 
   std::vector<std::vector<double>> out;
   for (std::size_t k = 0; k < roots.size(); ++k) {
     std::vector<double> v;
-    for (std::int64_t i = 0; i < roots[k]->numel(); ++i) v.push_back(kiln_cuda_test::as_double(got.pointers[k], i, roots[k]->dtype));
+    for (std::int64_t i = 0; i < roots[k]->numel(); ++i)
+      v.push_back(kiln_cuda_test::as_double(got.pointers[k], i, roots[k]->dtype));
     out.push_back(v);
   }
   return out;
@@ -519,11 +554,14 @@ TEST_CASE("CUDA code (emulated on the host): the same composites and huge trig a
       roots.push_back(decomp::log_softmax(x, 1));
       roots.push_back(decomp::logsumexp_keep(x, {1}));
       ir::Captured cap = kiln_cuda_test::capture(roots);
-      codegen::CudaSource src = codegen::generate_cuda(cap.graph, sched::schedule(cap.graph), "kiln_math", codegen::CudaTarget::sm90());
+      codegen::CudaSource src =
+          codegen::generate_cuda(cap.graph, sched::schedule(cap.graph), "kiln_math", codegen::CudaTarget::sm90());
       std::string cubin;
       CAPTURE(dt);
       CHECK_NOTHROW(cubin = runtime::compile_cuda_to_cubin(src.source, "kiln_math.cu", "sm_90"));
-      CHECK(cubin.compare(0, 4, "\x7f" "ELF") == 0);
+      CHECK(cubin.compare(0, 4,
+                          "\x7f"
+                          "ELF") == 0);
     }
   }
   // The emulator runs the generated kernels with the host's libm standing in for CUDA's math
@@ -546,9 +584,11 @@ TEST_CASE("CUDA code (emulated on the host): the same composites and huge trig a
   }
   SUBCASE("sin, cos, tan at huge arguments, float32") {
     std::vector<double> xs = {1e8, 1e30, 3e38, -1e20, 0x1p20, 0x1.000002p20, 1.5e7, 2e6, 0.5, -2.0, 100.0};
-    for (auto [op, fn] : {std::pair{ir::Op::Sin, "sin"}, std::pair{ir::Op::Cos, "cos"}, std::pair{ir::Op::Tan, "tan"}}) {
+    for (auto [op, fn] :
+         {std::pair{ir::Op::Sin, "sin"}, std::pair{ir::Op::Cos, "cos"}, std::pair{ir::Op::Tan, "tan"}}) {
       CAPTURE(fn);
-      std::vector<double> got = emulate({ir::unary(op, host_leaf(xs, {static_cast<std::int64_t>(xs.size())}, DType::Float32))})[0];
+      std::vector<double> got =
+          emulate({ir::unary(op, host_leaf(xs, {static_cast<std::int64_t>(xs.size())}, DType::Float32))})[0];
       std::vector<long double> want;
       for (double x : xs) want.push_back(ref_trig(fn, static_cast<float>(x)));
       Worst w = worst_of(xs, got, want, [&](std::size_t i) { return ulp_error(got[i], want[i], DType::Float32); });
@@ -577,7 +617,8 @@ TEST_CASE("CUDA code (emulated on the host): the same composites and huge trig a
       const long double lse = ref_lse(row);
       if (has_nan || !std::isfinite(m)) {
         CHECK_MESSAGE(same_special(out[1][static_cast<std::size_t>(r)], lse), "logsumexp row " << r);
-        for (int j = 0; j < 4; ++j) CHECK_MESSAGE(std::isnan(out[0][static_cast<std::size_t>(r * 4 + j)]), "log_softmax row " << r);
+        for (int j = 0; j < 4; ++j)
+          CHECK_MESSAGE(std::isnan(out[0][static_cast<std::size_t>(r * 4 + j)]), "log_softmax row " << r);
         continue;
       }
       worst_lse = std::max(worst_lse, static_cast<double>(std::fabs(out[1][static_cast<std::size_t>(r)] - lse)) /
@@ -589,8 +630,9 @@ TEST_CASE("CUDA code (emulated on the host): the same composites and huge trig a
           CHECK(same_special(got, want));
           continue;
         }
-        worst_ls = std::max(worst_ls, static_cast<double>(std::fabs(got - want)) / lse_tolerance(row[static_cast<std::size_t>(j)] - m, lse - m, want,
-                                                                            DType::Float32, kLogSoftmaxK));
+        worst_ls = std::max(worst_ls, static_cast<double>(std::fabs(got - want)) /
+                                          lse_tolerance(row[static_cast<std::size_t>(j)] - m, lse - m, want,
+                                                        DType::Float32, kLogSoftmaxK));
       }
     }
     CHECK(worst_ls <= 1.0);

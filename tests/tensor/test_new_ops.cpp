@@ -26,17 +26,22 @@ const double kNan = std::numeric_limits<double>::quiet_NaN();
 
 /// Inputs over each function's whole domain: zeros of both signs, tiny, around 1, large, huge,
 /// infinities and NaN.
-const std::vector<double> kValues = {-0.0, 0.0,  1e-30, -1e-30, 1e-6,  -1e-6, 0.25,  -0.25, 0.5,  -0.5,  0.999,
-                                     -0.999, 1.0, -1.0, 1.001,  -1.001, 1.5, -1.5,  2.0,   -3.25, 7.0,  -10.0, 30.0,
-                                     -60.0, 88.5, -89.2, 200.0, 1e10,  -1e10, 1e30,  -1e30, kInf, -kInf, kNan};
+const std::vector<double> kValues = {-0.0, 0.0,   1e-30,  -1e-30, 1e-6, -1e-6, 0.25,   -0.25, 0.5,
+                                     -0.5, 0.999, -0.999, 1.0,    -1.0, 1.001, -1.001, 1.5,   -1.5,
+                                     2.0,  -3.25, 7.0,    -10.0,  30.0, -60.0, 88.5,   -89.2, 200.0,
+                                     1e10, -1e10, 1e30,   -1e30,  kInf, -kInf, kNan};
 
 /// float64 of `v` as it is stored in `dt` (the reference a dtype's result is held to).
 double stored(double v, DType dt) {
   switch (dt) {
-    case DType::Float32: return static_cast<float>(v);
-    case DType::Float16: return static_cast<float>(Half(static_cast<float>(v)));
-    case DType::BFloat16: return static_cast<float>(BFloat16(static_cast<float>(v)));
-    default: return v;
+    case DType::Float32:
+      return static_cast<float>(v);
+    case DType::Float16:
+      return static_cast<float>(Half(static_cast<float>(v)));
+    case DType::BFloat16:
+      return static_cast<float>(BFloat16(static_cast<float>(v)));
+    default:
+      return v;
   }
 }
 
@@ -53,8 +58,8 @@ void check_unary(const char* name, const std::function<Tensor(const Tensor&)>& f
   KILN_CHECK_CLOSE(f(x), want);
 }
 
-void check_binary(const char* name, const std::function<Tensor(const Tensor&, const Tensor&)>& f, double (*ref)(double, double),
-                  DType dt) {
+void check_binary(const char* name, const std::function<Tensor(const Tensor&, const Tensor&)>& f,
+                  double (*ref)(double, double), DType dt) {
   std::vector<double> a, b;
   for (double u : kValues)
     for (double v : {-2.5, -1.0, -0.0, 0.0, 0.75, 3.0, 1e20, kInf, kNan}) {
@@ -82,39 +87,57 @@ const DType kFloats[] = {DType::Float32, DType::Float64, DType::Float16, DType::
 
 TEST_CASE("new unary functions against float64, special values included, in every floating dtype") {
   for (DType dt : kFloats) {
-    check_unary("atan", [](const Tensor& x) { return Tensor(atan(x)); }, [](double v) { return std::atan(v); }, dt);
-    check_unary("asin", [](const Tensor& x) { return Tensor(asin(x)); }, [](double v) { return std::asin(v); }, dt);
-    check_unary("acos", [](const Tensor& x) { return Tensor(acos(x)); }, [](double v) { return std::acos(v); }, dt);
-    check_unary("sinh", [](const Tensor& x) { return Tensor(sinh(x)); }, [](double v) { return std::sinh(v); }, dt);
-    check_unary("cosh", [](const Tensor& x) { return Tensor(cosh(x)); }, [](double v) { return std::cosh(v); }, dt);
-    check_unary("asinh", [](const Tensor& x) { return Tensor(asinh(x)); }, [](double v) { return std::asinh(v); }, dt);
-    check_unary("acosh", [](const Tensor& x) { return Tensor(acosh(x)); }, [](double v) { return std::acosh(v); }, dt);
-    check_unary("atanh", [](const Tensor& x) { return Tensor(atanh(x)); }, [](double v) { return std::atanh(v); }, dt);
-    check_unary("reciprocal", [](const Tensor& x) { return Tensor(reciprocal(x)); }, [](double v) { return 1.0 / v; }, dt);
-    check_unary("sign", [](const Tensor& x) { return Tensor(sign(x)); }, torch_sign, dt);
-    check_unary("square", [](const Tensor& x) { return Tensor(square(x)); }, [](double v) { return v * v; }, dt);
-    check_unary("trunc", [](const Tensor& x) { return Tensor(trunc(x)); }, [](double v) { return std::trunc(v); }, dt);
+    check_unary(
+        "atan", [](const Tensor& x) { return Tensor(atan(x)); }, [](double v) { return std::atan(v); }, dt);
+    check_unary(
+        "asin", [](const Tensor& x) { return Tensor(asin(x)); }, [](double v) { return std::asin(v); }, dt);
+    check_unary(
+        "acos", [](const Tensor& x) { return Tensor(acos(x)); }, [](double v) { return std::acos(v); }, dt);
+    check_unary(
+        "sinh", [](const Tensor& x) { return Tensor(sinh(x)); }, [](double v) { return std::sinh(v); }, dt);
+    check_unary(
+        "cosh", [](const Tensor& x) { return Tensor(cosh(x)); }, [](double v) { return std::cosh(v); }, dt);
+    check_unary(
+        "asinh", [](const Tensor& x) { return Tensor(asinh(x)); }, [](double v) { return std::asinh(v); }, dt);
+    check_unary(
+        "acosh", [](const Tensor& x) { return Tensor(acosh(x)); }, [](double v) { return std::acosh(v); }, dt);
+    check_unary(
+        "atanh", [](const Tensor& x) { return Tensor(atanh(x)); }, [](double v) { return std::atanh(v); }, dt);
+    check_unary(
+        "reciprocal", [](const Tensor& x) { return Tensor(reciprocal(x)); }, [](double v) { return 1.0 / v; }, dt);
+    check_unary(
+        "sign", [](const Tensor& x) { return Tensor(sign(x)); }, torch_sign, dt);
+    check_unary(
+        "square", [](const Tensor& x) { return Tensor(square(x)); }, [](double v) { return v * v; }, dt);
+    check_unary(
+        "trunc", [](const Tensor& x) { return Tensor(trunc(x)); }, [](double v) { return std::trunc(v); }, dt);
   }
   // Signs of zero: odd functions keep -0, trunc(-0.5) is -0.
   Tensor z = kt::make_tensor({-0.0, -0.5}, {2}, DType::Float32);
-  for (Tensor r : {Tensor(sinh(z)), Tensor(asinh(z)), Tensor(atanh(z)), Tensor(atan(z)), Tensor(asin(z)), Tensor(trunc(z))})
+  for (Tensor r :
+       {Tensor(sinh(z)), Tensor(asinh(z)), Tensor(atanh(z)), Tensor(atan(z)), Tensor(asin(z)), Tensor(trunc(z))})
     CHECK(std::signbit(r.to_vector<float>()[0]));
   CHECK(std::signbit(Tensor(trunc(z)).to_vector<float>()[1]));
 }
 
 TEST_CASE("new binary functions against float64, special values included") {
   for (DType dt : kFloats) {
-    check_binary("atan2", [](const Tensor& a, const Tensor& b) { return Tensor(atan2(a, b)); },
-                 [](double a, double b) { return std::atan2(a, b); }, dt);
-    check_binary("hypot", [](const Tensor& a, const Tensor& b) { return Tensor(hypot(a, b)); },
-                 [](double a, double b) { return std::hypot(a, b); }, dt);
-    check_binary("fmod", [](const Tensor& a, const Tensor& b) { return Tensor(fmod(a, b)); },
-                 [](double a, double b) { return std::fmod(a, b); }, dt);
-    check_binary("remainder", [](const Tensor& a, const Tensor& b) { return Tensor(remainder(a, b)); }, py_remainder, dt);
+    check_binary(
+        "atan2", [](const Tensor& a, const Tensor& b) { return Tensor(atan2(a, b)); },
+        [](double a, double b) { return std::atan2(a, b); }, dt);
+    check_binary(
+        "hypot", [](const Tensor& a, const Tensor& b) { return Tensor(hypot(a, b)); },
+        [](double a, double b) { return std::hypot(a, b); }, dt);
+    check_binary(
+        "fmod", [](const Tensor& a, const Tensor& b) { return Tensor(fmod(a, b)); },
+        [](double a, double b) { return std::fmod(a, b); }, dt);
+    check_binary(
+        "remainder", [](const Tensor& a, const Tensor& b) { return Tensor(remainder(a, b)); }, py_remainder, dt);
   }
   // Python's sign rule: the result takes the divisor's sign; operator% is remainder.
-  KILN_CHECK_CLOSE(kt::make_tensor({-7, 7, -7, 7}, {4}, DType::Float32) % kt::make_tensor({3, -3, -3, 3}, {4}, DType::Float32),
-                   std::vector<double>{2, -2, -1, 1});
+  KILN_CHECK_CLOSE(
+      kt::make_tensor({-7, 7, -7, 7}, {4}, DType::Float32) % kt::make_tensor({3, -3, -3, 3}, {4}, DType::Float32),
+      std::vector<double>{2, -2, -1, 1});
 }
 
 TEST_CASE("integer functions: bitwise ops, shifts, fmod, remainder, sign, square exactly, as PyTorch") {
@@ -128,8 +151,9 @@ TEST_CASE("integer functions: bitwise ops, shifts, fmod, remainder, sign, square
   KILN_CHECK_EXACT(left_shift(a, s), {-14, INT64_MIN, 0, 0, 256, 3, 0});
   KILN_CHECK_EXACT(a >> s, {-4, -1, 0, 0, 16, 3, INT64_MIN / 2});
   KILN_CHECK_EXACT(right_shift(kt::make_int_tensor({-5, 5}, {2}, DType::Int32), 40), {-1, 0});
-  KILN_CHECK_EXACT(left_shift(kt::make_int_tensor({1, 1}, {2}, DType::Int32), kt::make_int_tensor({31, 32}, {2}, DType::Int32)),
-                   {INT32_MIN, 0});
+  KILN_CHECK_EXACT(
+      left_shift(kt::make_int_tensor({1, 1}, {2}, DType::Int32), kt::make_int_tensor({31, 32}, {2}, DType::Int32)),
+      {INT32_MIN, 0});
   // fmod keeps the dividend's sign; remainder takes the divisor's; by 0 both give 0 (kiln's
   // integer division rule; PyTorch raises there).
   KILN_CHECK_EXACT(fmod(a, 3), {-1, -1, 0, 2, 1, 0, -2});
@@ -149,8 +173,9 @@ TEST_CASE("integer functions: bitwise ops, shifts, fmod, remainder, sign, square
   CHECK(square(t).dtype() == DType::Int64);
   CHECK(sign(t).dtype() == DType::Bool);
   // logical_xor on any dtype: nonzero is true, NaN is true.
-  KILN_CHECK_EXACT(logical_xor(kt::make_tensor({0, 2.5, kNan, 0}, {4}, DType::Float32), kt::make_int_tensor({0, 0, 1, 3}, {4})),
-                   {0, 1, 0, 1});
+  KILN_CHECK_EXACT(
+      logical_xor(kt::make_tensor({0, 2.5, kNan, 0}, {4}, DType::Float32), kt::make_int_tensor({0, 0, 1, 3}, {4})),
+      {0, 1, 0, 1});
 }
 
 TEST_CASE("new functions follow PyTorch's dtype rules, with typed errors") {
@@ -170,16 +195,20 @@ TEST_CASE("new functions follow PyTorch's dtype rules, with typed errors") {
   KILN_CHECK_THROWS_MENTIONING(DTypeError, (void)hypot(i, i), "hypot", "int32");
   KILN_CHECK_THROWS_MENTIONING(DTypeError, (void)trunc(kt::make_tensor({1}, {1}, DType::Bool)), "trunc", "bool");
   KILN_CHECK_THROWS_MENTIONING(DTypeError, (void)fmod(kt::make_tensor({1}, {1}, DType::Bool), true), "fmod", "bool");
-  KILN_CHECK_THROWS_MENTIONING(ShapeError, (void)atan2(f, kt::make_tensor({1, 2, 3}, {3}, DType::Float32)), "atan2", "[2]", "[3]");
+  KILN_CHECK_THROWS_MENTIONING(ShapeError, (void)atan2(f, kt::make_tensor({1, 2, 3}, {3}, DType::Float32)), "atan2",
+                               "[2]", "[3]");
 }
 
-TEST_CASE("every primitive of the op table, on every dtype it is defined for, fused by the CPU JIT as the reference computes it") {
+TEST_CASE(
+    "every primitive of the op table, on every dtype it is defined for, fused by the CPU JIT as the reference computes "
+    "it") {
   if (!backend::cpu_jit_available()) return;
   for (DType dt : kiln_cuda_test::kDTypes) {
     CAPTURE(std::string(dtype_name(dt)));
     std::vector<ir::NodePtr> roots = kiln_cuda_test::op_batch(dt);
     ir::Captured c = kiln_cuda_test::capture(roots);
-    kiln_cuda_test::Outputs got = kiln_cuda_test::make_outputs(c.graph, 0xAB), want = kiln_cuda_test::make_outputs(c.graph, 0xCD);
+    kiln_cuda_test::Outputs got = kiln_cuda_test::make_outputs(c.graph, 0xAB),
+                            want = kiln_cuda_test::make_outputs(c.graph, 0xCD);
     backend::run_reference(c.graph, kiln_cuda_test::args_for(c, want));
     backend::run_cpu_jit(c.graph, kiln_cuda_test::args_for(c, got));
     std::string diff = kiln_cuda_test::compare(c.graph, got.pointers, want.pointers);

@@ -36,8 +36,8 @@ struct UnaryCase {
   const char* name;
   TensorFn f;
   double (*ref)(double);
-  double lo, hi;          // domain of the test inputs
-  bool integer_inputs;    // also defined for integer and bool inputs (result float32)
+  double lo, hi;        // domain of the test inputs
+  bool integer_inputs;  // also defined for integer and bool inputs (result float32)
 };
 
 std::vector<UnaryCase> float_unary_cases() {
@@ -45,11 +45,15 @@ std::vector<UnaryCase> float_unary_cases() {
       {"exp", [](const Tensor& x) -> Tensor { return exp(x); }, [](double x) { return std::exp(x); }, -4, 4, true},
       {"exp2", [](const Tensor& x) -> Tensor { return exp2(x); }, [](double x) { return std::exp2(x); }, -4, 4, true},
       {"log", [](const Tensor& x) -> Tensor { return log(x); }, [](double x) { return std::log(x); }, 0.05, 10, true},
-      {"log2", [](const Tensor& x) -> Tensor { return log2(x); }, [](double x) { return std::log2(x); }, 0.05, 10, true},
-      {"log1p", [](const Tensor& x) -> Tensor { return log1p(x); }, [](double x) { return std::log1p(x); }, -0.9, 5, true},
-      {"expm1", [](const Tensor& x) -> Tensor { return expm1(x); }, [](double x) { return std::expm1(x); }, -3, 3, true},
+      {"log2", [](const Tensor& x) -> Tensor { return log2(x); }, [](double x) { return std::log2(x); }, 0.05, 10,
+       true},
+      {"log1p", [](const Tensor& x) -> Tensor { return log1p(x); }, [](double x) { return std::log1p(x); }, -0.9, 5,
+       true},
+      {"expm1", [](const Tensor& x) -> Tensor { return expm1(x); }, [](double x) { return std::expm1(x); }, -3, 3,
+       true},
       {"sqrt", [](const Tensor& x) -> Tensor { return sqrt(x); }, [](double x) { return std::sqrt(x); }, 0, 10, true},
-      {"rsqrt", [](const Tensor& x) -> Tensor { return rsqrt(x); }, [](double x) { return 1.0 / std::sqrt(x); }, 0.05, 10, true},
+      {"rsqrt", [](const Tensor& x) -> Tensor { return rsqrt(x); }, [](double x) { return 1.0 / std::sqrt(x); }, 0.05,
+       10, true},
       {"sin", [](const Tensor& x) -> Tensor { return sin(x); }, [](double x) { return std::sin(x); }, -6, 6, true},
       {"cos", [](const Tensor& x) -> Tensor { return cos(x); }, [](double x) { return std::cos(x); }, -6, 6, true},
       {"tan", [](const Tensor& x) -> Tensor { return tan(x); }, [](double x) { return std::tan(x); }, -1.4, 1.4, true},
@@ -59,7 +63,8 @@ std::vector<UnaryCase> float_unary_cases() {
       // PyTorch defines gelu and silu for floating tensors only.
       {"gelu", [](const Tensor& x) -> Tensor { return gelu(x); }, kt::ref_gelu, -5, 5, false},
       {"gelu(tanh)", [](const Tensor& x) -> Tensor { return gelu(x, true); }, kt::ref_gelu_tanh, -5, 5, false},
-      {"silu", [](const Tensor& x) -> Tensor { return silu(x); }, [](double x) { return x * kt::ref_sigmoid(x); }, -8, 8, false},
+      {"silu", [](const Tensor& x) -> Tensor { return silu(x); }, [](double x) { return x * kt::ref_sigmoid(x); }, -8,
+       8, false},
   };
 }
 
@@ -163,19 +168,28 @@ struct BinaryCase {
 
 std::vector<BinaryCase> arithmetic_cases() {
   return {
-      {"add", [](const Tensor& a, const Tensor& b) -> Tensor { return a + b; }, [](double a, double b) { return a + b; }, false},
-      {"sub", [](const Tensor& a, const Tensor& b) -> Tensor { return a - b; }, [](double a, double b) { return a - b; }, false},
-      {"mul", [](const Tensor& a, const Tensor& b) -> Tensor { return a * b; }, [](double a, double b) { return a * b; }, false},
+      {"add", [](const Tensor& a, const Tensor& b) -> Tensor { return a + b; },
+       [](double a, double b) { return a + b; }, false},
+      {"sub", [](const Tensor& a, const Tensor& b) -> Tensor { return a - b; },
+       [](double a, double b) { return a - b; }, false},
+      {"mul", [](const Tensor& a, const Tensor& b) -> Tensor { return a * b; },
+       [](double a, double b) { return a * b; }, false},
       {"maximum", [](const Tensor& a, const Tensor& b) -> Tensor { return maximum(a, b); },
        [](double a, double b) { return std::max(a, b); }, false},
       {"minimum", [](const Tensor& a, const Tensor& b) -> Tensor { return minimum(a, b); },
        [](double a, double b) { return std::min(a, b); }, false},
-      {"eq", [](const Tensor& a, const Tensor& b) -> Tensor { return a == b; }, [](double a, double b) { return double(a == b); }, true},
-      {"ne", [](const Tensor& a, const Tensor& b) -> Tensor { return a != b; }, [](double a, double b) { return double(a != b); }, true},
-      {"lt", [](const Tensor& a, const Tensor& b) -> Tensor { return a < b; }, [](double a, double b) { return double(a < b); }, true},
-      {"le", [](const Tensor& a, const Tensor& b) -> Tensor { return a <= b; }, [](double a, double b) { return double(a <= b); }, true},
-      {"gt", [](const Tensor& a, const Tensor& b) -> Tensor { return a > b; }, [](double a, double b) { return double(a > b); }, true},
-      {"ge", [](const Tensor& a, const Tensor& b) -> Tensor { return a >= b; }, [](double a, double b) { return double(a >= b); }, true},
+      {"eq", [](const Tensor& a, const Tensor& b) -> Tensor { return a == b; },
+       [](double a, double b) { return double(a == b); }, true},
+      {"ne", [](const Tensor& a, const Tensor& b) -> Tensor { return a != b; },
+       [](double a, double b) { return double(a != b); }, true},
+      {"lt", [](const Tensor& a, const Tensor& b) -> Tensor { return a < b; },
+       [](double a, double b) { return double(a < b); }, true},
+      {"le", [](const Tensor& a, const Tensor& b) -> Tensor { return a <= b; },
+       [](double a, double b) { return double(a <= b); }, true},
+      {"gt", [](const Tensor& a, const Tensor& b) -> Tensor { return a > b; },
+       [](double a, double b) { return double(a > b); }, true},
+      {"ge", [](const Tensor& a, const Tensor& b) -> Tensor { return a >= b; },
+       [](double a, double b) { return double(a >= b); }, true},
   };
 }
 
@@ -220,7 +234,8 @@ TEST_CASE("division is true division; integer inputs give float32") {
     CHECK(y.dtype() == out);
     KILN_CHECK_CLOSE(y, kt::zip({av, {2, 3}}, {bv, {3}}, [](double a, double b) { return a / b; }));
   }
-  Tensor q = kt::make_int_tensor({7, -7, 1, 0}, {4}, DType::Int32) / kt::make_int_tensor({2, 2, 0, 0}, {4}, DType::Int32);
+  Tensor q =
+      kt::make_int_tensor({7, -7, 1, 0}, {4}, DType::Int32) / kt::make_int_tensor({2, 2, 0, 0}, {4}, DType::Int32);
   CHECK(q.dtype() == DType::Float32);
   KILN_CHECK_CLOSE(q, std::vector<double>{3.5, -3.5, INFINITY, NAN});
 }
@@ -244,10 +259,12 @@ TEST_CASE("pow on every numeric dtype") {
   }
   // Negative bases with integral exponents are defined; with fractional ones they are NaN.
   Tensor b = kt::make_tensor({-2, -2, -8, 4}, {4}, DType::Float32);
-  KILN_CHECK_CLOSE(pow(b, kt::make_tensor({3, 2, 0.5, -0.5}, {4}, DType::Float32)), std::vector<double>{-8, 4, NAN, 0.5});
+  KILN_CHECK_CLOSE(pow(b, kt::make_tensor({3, 2, 0.5, -0.5}, {4}, DType::Float32)),
+                   std::vector<double>{-8, 4, NAN, 0.5});
   KILN_CHECK_CLOSE(pow(b, 2), std::vector<double>{4, 4, 64, 16});
   KILN_CHECK_CLOSE(pow(2.0f, b), std::vector<double>{0.25, 0.25, 1.0 / 256, 16});
-  CHECK_THROWS_AS(pow(kt::make_tensor({1, 0}, {2}, DType::Bool), kt::make_tensor({1, 1}, {2}, DType::Bool)), DTypeError);
+  CHECK_THROWS_AS(pow(kt::make_tensor({1, 0}, {2}, DType::Bool), kt::make_tensor({1, 1}, {2}, DType::Bool)),
+                  DTypeError);
 }
 
 TEST_CASE("int64 arithmetic is exact beyond 2^53") {

@@ -24,8 +24,8 @@ struct Reduction {
   const char* name;
   ReduceFn f;
   GroupFn ref;
-  bool arg;          // argmax/argmin: one axis or none, int64 result
-  bool float_only;   // mean, var: DTypeError on integer/bool inputs
+  bool arg;         // argmax/argmin: one axis or none, int64 result
+  bool float_only;  // mean, var: DTypeError on integer/bool inputs
 };
 
 std::vector<Reduction> reductions() {
@@ -63,7 +63,8 @@ std::vector<double> inputs_for(const std::string& name, DType dt, std::size_t n,
   return kt::values_for(dt, n, -3, 3, seed);
 }
 
-const std::vector<std::vector<std::int64_t>> kAxesCases = {{}, {0}, {1}, {2}, {-1}, {-2}, {0, 2}, {-1, -3}, {2, 0, 1}, {1, -1}};
+const std::vector<std::vector<std::int64_t>> kAxesCases = {{},   {0},    {1},      {2},       {-1},
+                                                           {-2}, {0, 2}, {-1, -3}, {2, 0, 1}, {1, -1}};
 
 }  // namespace
 
@@ -264,8 +265,8 @@ TEST_CASE("reductions of strided views and of lazy expressions") {
   kt::Ref rl = kt::map(rb, [](double v) { return v * 2 + 1; });
   KILN_CHECK_CLOSE(sum(lazy, 1), kt::reduce(rl, {1}, false, kt::ref_sum));
   KILN_CHECK_CLOSE(var(lazy, {0, 2}, true), kt::reduce(rl, {0, 2}, true, [](auto& g) { return kt::ref_var(g); }));
-  KILN_CHECK_CLOSE(logsumexp(base * 3.0f, -1), kt::reduce(kt::map(rb, [](double v) { return v * 3; }), {-1}, false,
-                                                          kt::ref_logsumexp));
+  KILN_CHECK_CLOSE(logsumexp(base * 3.0f, -1),
+                   kt::reduce(kt::map(rb, [](double v) { return v * 3; }), {-1}, false, kt::ref_logsumexp));
   // A reduction of a reduction, and of a broadcast.
   KILN_CHECK_CLOSE(max(sum(base, 2), 0), kt::reduce(kt::reduce(rb, {2}, false, kt::ref_sum), {0}, false, kt::ref_max));
   Tensor row = kt::make_tensor({1, 2, 3}, {3, 1}, DType::Float32);
@@ -275,13 +276,16 @@ TEST_CASE("reductions of strided views and of lazy expressions") {
 TEST_CASE("var: correction argument") {
   auto in = kt::uniform_values(12, -2, 2, DType::Float64, 5);
   Tensor x = kt::make_tensor(in, {3, 4}, DType::Float64);
-  KILN_CHECK_CLOSE(var(x, 1, false, 0.0), kt::reduce({in, {3, 4}}, {1}, false, [](auto& g) { return kt::ref_var(g, 0.0); }));
-  KILN_CHECK_CLOSE(var(x, 1, false, 1.0), kt::reduce({in, {3, 4}}, {1}, false, [](auto& g) { return kt::ref_var(g, 1.0); }));
+  KILN_CHECK_CLOSE(var(x, 1, false, 0.0),
+                   kt::reduce({in, {3, 4}}, {1}, false, [](auto& g) { return kt::ref_var(g, 0.0); }));
+  KILN_CHECK_CLOSE(var(x, 1, false, 1.0),
+                   kt::reduce({in, {3, 4}}, {1}, false, [](auto& g) { return kt::ref_var(g, 1.0); }));
   KILN_CHECK_CLOSE(var(x), std::vector<double>{kt::ref_var(in, 1.0)});
 }
 
 TEST_CASE("logsumexp with infinities") {
-  Tensor x = kt::make_tensor({-INFINITY, -INFINITY, INFINITY, 1, INFINITY, -INFINITY, 1000, 1000}, {4, 2}, DType::Float32);
+  Tensor x =
+      kt::make_tensor({-INFINITY, -INFINITY, INFINITY, 1, INFINITY, -INFINITY, 1000, 1000}, {4, 2}, DType::Float32);
   // Rows: all -inf -> -inf; +inf with a number -> +inf; +inf with -inf -> +inf; large finite stays finite.
   KILN_CHECK_CLOSE(logsumexp(x, 1), std::vector<double>{-INFINITY, INFINITY, INFINITY, 1000 + std::log(2.0)});
 }

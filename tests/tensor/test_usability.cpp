@@ -45,11 +45,13 @@ TEST_CASE("printing: values, dtype, shape and device, the middle of large tensor
   const std::string dev = "device=" + kt::device().str() + ")";
   auto on = [&](std::string text) {  // the expected text with the device under test
     const std::string cpu = "device=cpu)";
-    for (std::size_t at = 0; (at = text.find(cpu, at)) != std::string::npos; at += dev.size()) text.replace(at, cpu.size(), dev);
+    for (std::size_t at = 0; (at = text.find(cpu, at)) != std::string::npos; at += dev.size())
+      text.replace(at, cpu.size(), dev);
     return text;
   };
   Tensor x = kt::make_tensor({1, 2.5, -3, 4}, {2, 2}, DType::Float32);
-  CHECK(x.str() == on("tensor([[ 1.0000,  2.5000],\n        [-3.0000,  4.0000]], dtype=float32, shape=[2, 2], device=cpu)"));
+  CHECK(x.str() ==
+        on("tensor([[ 1.0000,  2.5000],\n        [-3.0000,  4.0000]], dtype=float32, shape=[2, 2], device=cpu)"));
   std::ostringstream os;
   os << x;
   CHECK(os.str() == x.str());
@@ -57,10 +59,12 @@ TEST_CASE("printing: values, dtype, shape and device, the middle of large tensor
   es << x * 2.0f;  // an expression prints its value
   CHECK(es.str() == on("tensor([[ 2.,  5.],\n        [-6.,  8.]], dtype=float32, shape=[2, 2], device=cpu)"));
   CHECK(kt::make_int_tensor({3, -12}, {2}).str() == on("tensor([  3, -12], dtype=int64, shape=[2], device=cpu)"));
-  CHECK((x > 2.0f).str() == on("tensor([[False,  True],\n        [False,  True]], dtype=bool, shape=[2, 2], device=cpu)"));
+  CHECK((x > 2.0f).str() ==
+        on("tensor([[False,  True],\n        [False,  True]], dtype=bool, shape=[2, 2], device=cpu)"));
   CHECK(full({}, 0.5, DType::Float32, kt::device()).str() == on("tensor(0.5000, dtype=float32, shape=[], device=cpu)"));
   CHECK(zeros({0, 3}, DType::Float32, kt::device()).str() == on("tensor([], dtype=float32, shape=[0, 3], device=cpu)"));
-  CHECK(kt::make_tensor({NAN, INFINITY, 1.5}, {3}, DType::Float64).str() == on("tensor([   nan,    inf, 1.5000], dtype=float64, shape=[3], device=cpu)"));
+  CHECK(kt::make_tensor({NAN, INFINITY, 1.5}, {3}, DType::Float64).str() ==
+        on("tensor([   nan,    inf, 1.5000], dtype=float64, shape=[3], device=cpu)"));
   CHECK(kt::make_tensor({1e-6, 1}, {2}, DType::Float32).str().find("1.0000e-06") != std::string::npos);
   // More than 1000 elements: three at each end of every dimension.
   std::string big = arange(2000, DType::Int64, kt::device()).str();
@@ -109,7 +113,8 @@ TEST_CASE("creation helpers: full_like, zeros_like, ones_like, empty, empty_like
   std::vector<Tensor> sized = split(r, std::vector<std::int64_t>{1, 4}, -1);
   REQUIRE(sized.size() == 2);
   CHECK(sized[1].to_vector<std::int64_t>() == std::vector<std::int64_t>{1, 2, 3, 4, 6, 7, 8, 9});
-  KILN_CHECK_THROWS_MENTIONING(ShapeError, split(r, std::vector<std::int64_t>{1, 3}, 1), "split", "add up to 4", "int64[2, 5]");
+  KILN_CHECK_THROWS_MENTIONING(ShapeError, split(r, std::vector<std::int64_t>{1, 3}, 1), "split", "add up to 4",
+                               "int64[2, 5]");
   KILN_CHECK_THROWS_MENTIONING(ShapeError, split(r, 0, 1), "split", "positive");
   std::vector<Tensor> ch = chunk(arange(5), 3);  // ceil(5 / 3) = 2 per piece
   REQUIRE(ch.size() == 3);
@@ -144,7 +149,8 @@ TEST_CASE("arange(start, end, step) as torch.arange: count, values, dtype, error
   CHECK(f.dtype() == DType::Float32);
   REQUIRE(f.numel() == 10);
   std::vector<float> fv = f.to_vector<float>();
-  for (int i = 0; i < 10; ++i) CHECK(fv[static_cast<std::size_t>(i)] == static_cast<float>(i * 0.1));  // start + i * step in double, then cast
+  for (int i = 0; i < 10; ++i)
+    CHECK(fv[static_cast<std::size_t>(i)] == static_cast<float>(i * 0.1));  // start + i * step in double, then cast
   CHECK(arange(1, 2.5, 0.5, DType::Float64, dev).to_vector<double>() == std::vector<double>{1, 1.5, 2});
   CHECK(arange(0.5, 3, 1, DType::Int32, dev).to_vector<int>() == std::vector<int>{0, 1, 2});  // 0.5, 1.5, 2.5 truncated
   CHECK(arange(3, 3).numel() == 0);
@@ -154,7 +160,8 @@ TEST_CASE("arange(start, end, step) as torch.arange: count, values, dtype, error
 }
 
 TEST_CASE("stats: re-evaluating a compiled structure counts a plan hit, not a kernel lookup") {
-  Tensor a = kt::make_tensor({1, 2, 3}, {3}, DType::Float32, Device::cpu()), b = kt::make_tensor({4, 5, 6}, {3}, DType::Float32, Device::cpu());
+  Tensor a = kt::make_tensor({1, 2, 3}, {3}, DType::Float32, Device::cpu()),
+         b = kt::make_tensor({4, 5, 6}, {3}, DType::Float32, Device::cpu());
   Tensor first = a * b + 0.25f;
   first.eval();  // the plan of this structure now exists
   reset_stats();
@@ -230,7 +237,8 @@ TEST_CASE("numbers are kernel arguments: a learning-rate schedule compiles once"
   // Numbers keep their dtype's rounding: 1.7 in float16 is 1.7001953125.
   Tensor h = kt::make_tensor({1, 2}, {2}, DType::Float16, Device::cpu());
   KILN_CHECK_CLOSE(h * 1.7f, std::vector<double>{1.7001953125, 3.400390625}, kt::Tolerance{0, 0});
-  CHECK((kt::make_int_tensor({1, 2}, {2}, DType::Int32, Device::cpu()) * 7).to_vector<int>() == std::vector<int>{7, 14});
+  CHECK((kt::make_int_tensor({1, 2}, {2}, DType::Int32, Device::cpu()) * 7).to_vector<int>() ==
+        std::vector<int>{7, 14});
   // A fill with a new number each time reuses the fill kernel.
   out.assign(3.5f);
   reset_stats();
@@ -293,8 +301,8 @@ TEST_CASE("KILN_LOGS=output_code: the kernels without the prelude, the whole sou
   CHECK(std::isfinite(total));
   REQUIRE(text.find("[kiln:output_code] cpu module") != std::string::npos);
   CHECK(text.find("prelude of") != std::string::npos);
-  CHECK(text.find("_body(void* const* args") != std::string::npos);  // the kernel is shown
-  CHECK(text.find("kiln_tanh_f32(") != std::string::npos);           // called by the kernel
+  CHECK(text.find("_body(void* const* args") != std::string::npos);            // the kernel is shown
+  CHECK(text.find("kiln_tanh_f32(") != std::string::npos);                     // called by the kernel
   CHECK(text.find("static inline float kiln_tanh_f32") == std::string::npos);  // not the prelude's definition
   // The named source outlives the process (under the cache directory) and holds everything.
   const std::size_t at = text.find("(source: ") + 9;
@@ -317,5 +325,6 @@ TEST_CASE("assigning into an empty view with zero strides is a no-op, not a shar
   Tensor v = slice(full({2, 1}, NAN, DType::Float32), 1, 2, -2, 1);  // float32[2, 0]
   CHECK_NOTHROW(dst.assign(v));
   CHECK(backing[0]);
-  CHECK_THROWS_AS(from_blob(backing, {2, 1}, Device::cpu(), {0, 1}).assign(ones({2, 1})), ShapeError);  // 2 elements, 1 address
+  CHECK_THROWS_AS(from_blob(backing, {2, 1}, Device::cpu(), {0, 1}).assign(ones({2, 1})),
+                  ShapeError);  // 2 elements, 1 address
 }

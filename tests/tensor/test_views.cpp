@@ -243,7 +243,8 @@ TEST_CASE("shape ops on lazy tensors compute the same values") {
   KILN_CHECK_CLOSE(concat({lazy(), slice(lazy(), 0, 1, 2)}, 0), ref_concat({rx, ref_slice(rx, 0, 1, 1, 1)}, 0));
   // Views of lazy tensors feeding further arithmetic.
   Tensor y = transpose(lazy(), 0, 2) * 3.0f - slice(permute(lazy(), {2, 1, 0}), 0, 0, 4);
-  kt::Ref ry = kt::zip(ref_permute(rx, {2, 1, 0}), ref_permute(rx, {2, 1, 0}), [](double a, double b) { return a * 3 - b; });
+  kt::Ref ry =
+      kt::zip(ref_permute(rx, {2, 1, 0}), ref_permute(rx, {2, 1, 0}), [](double a, double b) { return a * 3 - b; });
   KILN_CHECK_CLOSE(y, ry);
 }
 
@@ -294,16 +295,17 @@ TEST_CASE("non-contiguous inputs to every kind of op") {
   Tensor base = kt::make_tensor(vals, {5, 6}, DType::Float32);
   base.eval();
   const kt::Ref rb{vals, {5, 6}};
-  Tensor t = transpose(base, 0, 1);          // [6, 5], strides (1, 6)
-  Tensor s = slice(base, 1, 1, 6, 2);        // [5, 3], strides (6, 2), offset 1
+  Tensor t = transpose(base, 0, 1);    // [6, 5], strides (1, 6)
+  Tensor s = slice(base, 1, 1, 6, 2);  // [5, 3], strides (6, 2), offset 1
   const kt::Ref rt = ref_permute(rb, {1, 0});
   const kt::Ref rs = ref_slice(rb, 1, 1, 3, 2);
   REQUIRE_FALSE(t.is_contiguous());
   REQUIRE_FALSE(s.is_contiguous());
   // unary, binary (two different layouts), ternary, cast
   KILN_CHECK_CLOSE(log(t), kt::map(rt, [](double v) { return std::log(v); }));
-  KILN_CHECK_CLOSE(s * transpose(slice(t, 0, 0, 6, 2), 0, 1),
-                   kt::zip(rs, ref_permute(ref_slice(rt, 0, 0, 3, 2), {1, 0}), [](double a, double b) { return a * b; }));
+  KILN_CHECK_CLOSE(
+      s * transpose(slice(t, 0, 0, 6, 2), 0, 1),
+      kt::zip(rs, ref_permute(ref_slice(rt, 0, 0, 3, 2), {1, 0}), [](double a, double b) { return a * b; }));
   KILN_CHECK_CLOSE(where(s > 1.0f, s, -s), kt::map(rs, [](double v) { return v > 1 ? v : -v; }));
   KILN_CHECK_CLOSE(t.to(DType::Float64), rt);
   KILN_CHECK_EXACT(s.to(DType::Int32), [&] {
@@ -319,7 +321,8 @@ TEST_CASE("non-contiguous inputs to every kind of op") {
   // shape ops and broadcasting with a strided operand
   KILN_CHECK_CLOSE(reshape(t, {30}), reshaped(rt, {30}));
   KILN_CHECK_CLOSE(concat({s, s}, 1), ref_concat({rs, rs}, 1));
-  KILN_CHECK_CLOSE(slice(s, 0, 0, 1) + s, kt::zip(ref_slice(rs, 0, 0, 1, 1), rs, [](double a, double b) { return a + b; }));
+  KILN_CHECK_CLOSE(slice(s, 0, 0, 1) + s,
+                   kt::zip(ref_slice(rs, 0, 0, 1, 1), rs, [](double a, double b) { return a + b; }));
   // to_vector and item of views
   CHECK(kt::values(t) == rt.v);
   CHECK(slice(slice(t, 0, 2, 3), 1, 4, 5).item<float>() == static_cast<float>(vals[4 * 6 + 2]));

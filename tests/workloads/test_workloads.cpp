@@ -60,7 +60,8 @@ TEST_CASE("P4: (X - mu) * s + b with mu [M,1], s and b [K]") {
   Tensor out = (X.t - mu.t) * s.t + b.t;
   CHECK(out.shape() == Shape{m, k});
   kt::Ref d = kt::zip(X.r, mu.r, [](double a, double c) { return a - c; });
-  kt::Ref e = kt::zip(kt::zip(d, s.r, [](double a, double c) { return a * c; }), b.r, [](double a, double c) { return a + c; });
+  kt::Ref e =
+      kt::zip(kt::zip(d, s.r, [](double a, double c) { return a * c; }), b.r, [](double a, double c) { return a + c; });
   KILN_CHECK_CLOSE(out, e);
 }
 

@@ -92,8 +92,8 @@ inline DynamicRun cpu_dynamic_plan(const ir::Graph& g) {
   std::string why;
   CpuSymbolicPlanPtr plan = cpu_symbolic_plan(erased->graph, why);
   if (before != 0 && log_enabled(LogChannel::recompiles)) {
-    const std::string head = "lazy graph " + kiln::detail::hex64(g.key) + ": leading size " + std::to_string(before) + " -> " +
-                             std::to_string(erased->size) + ": ";
+    const std::string head = "lazy graph " + kiln::detail::hex64(g.key) + ": leading size " + std::to_string(before) +
+                             " -> " + std::to_string(erased->size) + ": ";
     log(LogChannel::recompiles, plan ? head + "compiling the symbolic-size kernels (one compile for every size)"
                                      : head + "stays per size (" + why + ")");
   }

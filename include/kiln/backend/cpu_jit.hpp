@@ -77,7 +77,6 @@ inline bool same_structure(const ir::Graph& a, const ir::Graph& b) {
   return true;
 }
 
-
 /// CPUs this process may run on: its affinity mask (taskset, cpusets), else the hardware's count.
 inline int available_cpus() {
   static const int n = [] {
@@ -147,13 +146,19 @@ inline double kernel_work(const ir::Graph& g, const sched::Schedule& s, std::siz
   const double space = static_cast<double>(kern.space.numel());
   const double passes = kern.kind == sched::KernelKind::Reduce ? std::max(1, kern.passes) : 1;
   auto numel = [&](int n) { return static_cast<double>(g.nodes[static_cast<std::size_t>(n)].shape.numel()); };
-  auto words = [&](int n) { return numel(n) * static_cast<double>(itemsize(g.nodes[static_cast<std::size_t>(n)].dtype)) / 4.0; };
+  auto words = [&](int n) {
+    return numel(n) * static_cast<double>(itemsize(g.nodes[static_cast<std::size_t>(n)].dtype)) / 4.0;
+  };
   auto weight = [](ir::Op op) {
     switch (ir::op_info(op).cost) {
-      case ir::CostClass::Transcendental: return 20.0;
-      case ir::CostClass::Divide: return 4.0;
-      case ir::CostClass::Cheap: return 1.0;
-      case ir::CostClass::Free: return 0.0;
+      case ir::CostClass::Transcendental:
+        return 20.0;
+      case ir::CostClass::Divide:
+        return 4.0;
+      case ir::CostClass::Cheap:
+        return 1.0;
+      case ir::CostClass::Free:
+        return 0.0;
     }
     return 1.0;
   };
@@ -211,7 +216,8 @@ inline std::int64_t parallel_items(const sched::Kernel& kern) {
 /// and `items`.
 inline int team_size(double work, std::int64_t items, int threads) {
   const double by_work = std::floor(work / kThreadWork);
-  const double most = static_cast<double>(std::min<std::int64_t>(std::max(threads, 1), std::max<std::int64_t>(items, 1)));
+  const double most =
+      static_cast<double>(std::min<std::int64_t>(std::max(threads, 1), std::max<std::int64_t>(items, 1)));
   return static_cast<int>(std::clamp(by_work, 1.0, most));
 }
 
@@ -240,7 +246,8 @@ class CpuLoad {
   double free_cpus() {
     const std::int64_t now = now_ns();
     std::int64_t due = next_sample_.load(std::memory_order_relaxed);
-    if (now >= due && next_sample_.compare_exchange_strong(due, now + kSampleNs, std::memory_order_relaxed)) sample(now);
+    if (now >= due && next_sample_.compare_exchange_strong(due, now + kSampleNs, std::memory_order_relaxed))
+      sample(now);
     return std::max(0.0, static_cast<double>(available_cpus()) - busy_.load(std::memory_order_relaxed));
   }
 
@@ -276,7 +283,8 @@ class CpuLoad {
   static constexpr std::int64_t kForgetNs = 1'000'000'000;  // a sample this much older is not smoothed in
 
   static std::int64_t now_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
   }
 
   void sample(std::int64_t now) {
@@ -370,8 +378,9 @@ inline std::shared_ptr<const CpuPlan> build_cpu_plan(const ir::Graph& g, const C
   plan->options = options;
   plan->schedule = sched::schedule(g);
   if (log_enabled(LogChannel::schedule))
-    log(LogChannel::schedule, "graph " + kiln::detail::hex64(g.key) + ": " + std::to_string(plan->schedule.kernels.size()) +
-                                  " kernel(s)\n" + plan->schedule.str(g));
+    log(LogChannel::schedule, "graph " + kiln::detail::hex64(g.key) + ": " +
+                                  std::to_string(plan->schedule.kernels.size()) + " kernel(s)\n" +
+                                  plan->schedule.str(g));
   codegen::CppOptions copt;
   copt.graph_entry = options.graph_entry || options.autotune_graph;
   codegen::CppSource src = codegen::generate_cpp(g, plan->schedule, "kiln_" + kiln::detail::hex64(g.key), copt);
@@ -396,7 +405,8 @@ inline std::shared_ptr<const CpuPlan> build_cpu_plan(const ir::Graph& g, const C
   if (policy == ThreadPolicy::Fixed) plan->graph_team = cpu_threads();
   for (auto& k : plan->schedule.kernels) plan->chunks.push_back(k.loops.chunks);
   if (log_enabled(LogChannel::schedule)) {
-    std::string teams = "graph " + kiln::detail::hex64(g.key) + ": teams (of " + std::to_string(cpu_threads()) + " threads):";
+    std::string teams =
+        "graph " + kiln::detail::hex64(g.key) + ": teams (of " + std::to_string(cpu_threads()) + " threads):";
     for (std::size_t k = 0; k < plan->threads.size(); ++k)
       teams += " kernel " + std::to_string(k) + " " + std::to_string(plan->threads[k]) + " (work " +
                std::to_string(static_cast<long long>(plan->work[k])) + ")";
@@ -406,7 +416,8 @@ inline std::shared_ptr<const CpuPlan> build_cpu_plan(const ir::Graph& g, const C
     // The choice depends on the code (the module's key spells out source, compiler, flags and
     // machine), on the threads available and on whether the graph entry competes.
     plan->tune_key = "kiln autotune cpu v1\nthreads: " + std::to_string(cpu_threads()) +
-                     "\ngraph entry: " + (options.autotune_graph ? "timed" : "off") + "\n" + modules.key_text(src.source);
+                     "\ngraph entry: " + (options.autotune_graph ? "timed" : "off") + "\n" +
+                     modules.key_text(src.source);
     if (auto record = runtime::load_tuning(plan->tune_key)) apply_tuning(*plan, *record);
   }
   return plan;
@@ -518,11 +529,12 @@ struct CpuArgv {
 inline void bind_cpu_args(const CpuPlan& plan, const RunArgs& args, CpuArgv& a) {
   const ir::Graph& g = plan.graph;
   if (args.outputs.size() != g.outputs.size())
-    throw Error("CPU JIT: " + std::to_string(args.outputs.size()) + " output pointers for " + std::to_string(g.outputs.size()) +
-                " outputs");
+    throw Error("CPU JIT: " + std::to_string(args.outputs.size()) + " output pointers for " +
+                std::to_string(g.outputs.size()) + " outputs");
   const std::size_t leaves = g.num_leaves();
   if (args.inputs.size() < leaves)
-    throw Error("CPU JIT: " + std::to_string(args.inputs.size()) + " input pointers for " + std::to_string(leaves) + " leaves");
+    throw Error("CPU JIT: " + std::to_string(args.inputs.size()) + " input pointers for " + std::to_string(leaves) +
+                " leaves");
   const std::size_t total = leaves + args.outputs.size() + plan.temp_bytes.size();
   if (total > 32) {
     a.big.resize(total);
@@ -556,11 +568,13 @@ inline codegen::CpuKernelFn chunk_variant(const CpuPlan& plan, std::size_t k, st
     copt.pointwise_pieces = chunks;
   } else {
     std::int64_t e0 = 1;
-    for (int d : p.groups[static_cast<std::size_t>(p.red_groups.front())]) e0 *= s.kernels[k].space[static_cast<std::size_t>(d)];
+    for (int d : p.groups[static_cast<std::size_t>(p.red_groups.front())])
+      e0 *= s.kernels[k].space[static_cast<std::size_t>(d)];
     p.chunk_len = (e0 + chunks - 1) / chunks;
     p.chunks = (e0 + p.chunk_len - 1) / p.chunk_len;
   }
-  codegen::CppSource src = codegen::generate_cpp(plan.graph, s, "kiln_" + kiln::detail::hex64(plan.graph.key) + "_c" + std::to_string(chunks), copt);
+  codegen::CppSource src = codegen::generate_cpp(
+      plan.graph, s, "kiln_" + kiln::detail::hex64(plan.graph.key) + "_c" + std::to_string(chunks), copt);
   keep.push_back(runtime::CpuModuleCache::instance().get(src.source));
   return reinterpret_cast<codegen::CpuKernelFn>(keep.back()->symbol(src.entries.at(0).c_str()));
 }
@@ -576,7 +590,8 @@ inline std::vector<std::int64_t> chunk_candidates(const sched::Kernel& k) {
   }
   if (k.loops.chunks <= 1 || k.loops.red_groups.empty()) return c;
   std::int64_t e0 = 1;
-  for (int d : k.loops.groups[static_cast<std::size_t>(k.loops.red_groups.front())]) e0 *= k.space[static_cast<std::size_t>(d)];
+  for (int d : k.loops.groups[static_cast<std::size_t>(k.loops.red_groups.front())])
+    e0 *= k.space[static_cast<std::size_t>(d)];
   for (std::int64_t v : {k.loops.chunks / 2, k.loops.chunks * 2})
     if (v >= 1 && v <= e0 && std::find(c.begin(), c.end(), v) == c.end()) c.push_back(v);
   return c;
@@ -673,7 +688,8 @@ inline CpuPlanPtr tune_cpu_plan(const detail::CpuPlan& plan, const RunArgs& args
       tuned->tuned = true;
       return tuned;
     }
-    outs.push_back(runtime::allocate_host(static_cast<std::size_t>(std::max<std::int64_t>(span, 1)) * itemsize(n.dtype)));
+    outs.push_back(
+        runtime::allocate_host(static_cast<std::size_t>(std::max<std::int64_t>(span, 1)) * itemsize(n.dtype)));
     priv.outputs.push_back(outs.back()->data);
   }
   detail::CpuArgv a;
@@ -682,8 +698,10 @@ inline CpuPlanPtr tune_cpu_plan(const detail::CpuPlan& plan, const RunArgs& args
   std::string report;
   for (std::size_t k = 0; k < plan.kernels.size(); ++k) {
     const sched::Kernel& kern = plan.schedule.kernels[k];
-    std::vector<int> teams = kern.loops.parallel ? detail::thread_candidates(detail::cpu_threads(), plan.threads[k]) : std::vector<int>{plan.threads[k]};
-    std::vector<std::int64_t> chunkings = kern.loops.parallel ? detail::chunk_candidates(kern) : std::vector<std::int64_t>{kern.loops.chunks};
+    std::vector<int> teams = kern.loops.parallel ? detail::thread_candidates(detail::cpu_threads(), plan.threads[k])
+                                                 : std::vector<int>{plan.threads[k]};
+    std::vector<std::int64_t> chunkings =
+        kern.loops.parallel ? detail::chunk_candidates(kern) : std::vector<std::int64_t>{kern.loops.chunks};
     if (teams.size() * chunkings.size() <= 1) {  // nothing to choose: the kernel still runs once
       plan.kernels[k](argv, plan.threads[k]);
       continue;
@@ -696,7 +714,8 @@ inline CpuPlanPtr tune_cpu_plan(const detail::CpuPlan& plan, const RunArgs& args
     std::vector<Choice> choices;
     std::vector<std::function<void()>> runs;
     for (std::int64_t c : chunkings) {
-      codegen::CpuKernelFn fn = c == kern.loops.chunks ? plan.kernels[k] : detail::chunk_variant(plan, k, c, tuned->variants);
+      codegen::CpuKernelFn fn =
+          c == kern.loops.chunks ? plan.kernels[k] : detail::chunk_variant(plan, k, c, tuned->variants);
       for (int t : teams) {
         choices.push_back({fn, t, c});
         runs.push_back([fn, t, argv] { fn(argv, t); });
@@ -716,21 +735,23 @@ inline CpuPlanPtr tune_cpu_plan(const detail::CpuPlan& plan, const RunArgs& args
   bool graph = false;
   if (plan.options.autotune_graph && plan.graph_entry) {
     const detail::CpuPlan* t = tuned.get();
-    std::vector<std::function<void()>> runs{
-        [t, argv] {
-          for (std::size_t k = 0; k < t->kernels.size(); ++k) t->kernels[k](argv, t->threads[k]);
-        },
-        [t, argv] { t->graph_entry(argv, t->graph_team); }};
+    std::vector<std::function<void()>> runs{[t, argv] {
+                                              for (std::size_t k = 0; k < t->kernels.size(); ++k)
+                                                t->kernels[k](argv, t->threads[k]);
+                                            },
+                                            [t, argv] { t->graph_entry(argv, t->graph_team); }};
     std::vector<double> times;
     graph = runtime::pick_fastest(runs, {}, &times) == 1;
-    report += "\n  graph entry: " + std::string(graph ? "chosen" : "not chosen") + " (" + std::to_string(times[1] * 1e6) +
-              " us; kernels one by one " + std::to_string(times[0] * 1e6) + " us, first round)";
+    report += "\n  graph entry: " + std::string(graph ? "chosen" : "not chosen") + " (" +
+              std::to_string(times[1] * 1e6) + " us; kernels one by one " + std::to_string(times[0] * 1e6) +
+              " us, first round)";
   }
   if (graph) tuned->graph_fn = tuned->graph_entry;
   tuned->tuned = true;
   runtime::store_tuning(plan.tune_key, detail::tuning_record(*tuned, graph));
-  log(LogChannel::cache, "autotune " + runtime::detail::autotune_tag(plan.tune_key) + ": graph " + kiln::detail::hex64(g.key) +
-                             " tuned in " + std::to_string(std::chrono::duration<double, std::milli>(clock::now() - start).count()) +
+  log(LogChannel::cache, "autotune " + runtime::detail::autotune_tag(plan.tune_key) + ": graph " +
+                             kiln::detail::hex64(g.key) + " tuned in " +
+                             std::to_string(std::chrono::duration<double, std::milli>(clock::now() - start).count()) +
                              " ms" + report);
   detail::CpuPlanCache::instance().replace(tuned);
   return tuned;
@@ -742,8 +763,8 @@ inline CpuPlanPtr tune_cpu_plan(const detail::CpuPlan& plan, const RunArgs& args
 /// is not defined for, DeviceError unless the graph is on the CPU.
 inline void run_cpu_jit(const ir::Graph& g, const RunArgs& args) {
   if (args.outputs.size() != g.outputs.size() || g.output_strides.size() != g.outputs.size())
-    throw Error("CPU JIT: " + std::to_string(args.outputs.size()) + " output pointers for " + std::to_string(g.outputs.size()) +
-                " outputs");
+    throw Error("CPU JIT: " + std::to_string(args.outputs.size()) + " output pointers for " +
+                std::to_string(g.outputs.size()) + " outputs");
   CpuPlanPtr plan = cpu_plan(g);
   run_cpu_plan(*plan, args);
 }

@@ -51,13 +51,14 @@ inline ir::Graph with_placeholder(const ir::Graph& g, std::int64_t from, std::in
 /// The symbolic-size temporaries of `s` (a schedule of `g` at placeholder `p`), or nullopt with
 /// `why` when one has the size as an inner dim.
 inline std::optional<std::vector<CpuSymbolicPlan::TempSize>> symbolic_temps(const sched::Schedule& s, std::int64_t p,
-                                                                          std::string& why) {
+                                                                            std::string& why) {
   std::vector<CpuSymbolicPlan::TempSize> temps;
   for (auto& t : s.temps) {
     CpuSymbolicPlan::TempSize ts;
     ts.bytes = itemsize(t.dtype);
     for (std::size_t d = 0; d < t.shape.size(); ++d) {
-      if (t.shape[d] == p && d == 0) ts.symbolic = true;
+      if (t.shape[d] == p && d == 0)
+        ts.symbolic = true;
       else if (t.shape[d] == p) {
         why = "a temporary has the symbolic size as an inner dim";
         return std::nullopt;
@@ -133,9 +134,9 @@ inline CpuSymbolicPlanPtr cpu_symbolic_plan(const ir::Graph& g, std::string& why
 inline void run_cpu_symbolic(const detail::CpuSymbolicPlan& plan, const RunArgs& args, std::int64_t size) {
   const std::size_t leaves = plan.graph.num_leaves();
   if (args.outputs.size() != plan.graph.outputs.size() || args.inputs.size() < leaves)
-    throw Error("CPU JIT: " + std::to_string(args.inputs.size()) + " inputs and " + std::to_string(args.outputs.size()) +
-                " outputs for a graph of " + std::to_string(leaves) + " leaves and " + std::to_string(plan.graph.outputs.size()) +
-                " outputs");
+    throw Error("CPU JIT: " + std::to_string(args.inputs.size()) + " inputs and " +
+                std::to_string(args.outputs.size()) + " outputs for a graph of " + std::to_string(leaves) +
+                " leaves and " + std::to_string(plan.graph.outputs.size()) + " outputs");
   std::vector<void*> argv(leaves + args.outputs.size() + plan.temps.size() + 1);
   for (std::size_t i = 0; i < leaves; ++i) argv[i] = const_cast<void*>(args.inputs[i]);
   for (std::size_t i = 0; i < args.outputs.size(); ++i) argv[leaves + i] = args.outputs[i];

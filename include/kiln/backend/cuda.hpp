@@ -60,7 +60,7 @@ struct CudaTuning {
 
 /// Everything needed to run one graph structure on one device with one buffer alignment.
 struct CudaPlan {
-  ir::Graph graph;                  ///< the structure (compared on lookup: keys can collide)
+  ir::Graph graph;                   ///< the structure (compared on lookup: keys can collide)
   codegen::CudaAlignment alignment;  ///< which leaves and outputs were 16-byte aligned
   sched::Schedule schedule;
   std::vector<codegen::CudaKernelInfo> kernels;
@@ -68,7 +68,7 @@ struct CudaPlan {
   std::vector<std::size_t> temp_bytes;
   std::size_t num_args = 0;
   std::size_t leaves = 0;  ///< graph.num_leaves(), counted once
-  StoragePtr scratch;  ///< cross-block partials; reused by every run (runs are ordered on the stream)
+  StoragePtr scratch;      ///< cross-block partials; reused by every run (runs are ordered on the stream)
   int device = 0;
   /// The alignment class as bits (inputs, then outputs), for callers that bind plans
   /// (PreparedGraph); meaningful only when mask_ok (at most 64 buffers).
@@ -118,7 +118,6 @@ inline bool same_graph(const ir::Graph& a, const ir::Graph& b) {
   }
   return true;
 }
-
 
 inline CudaTuning& cuda_tuning() {
   static CudaTuning t;
@@ -203,7 +202,8 @@ inline void apply_tuning(codegen::CudaTarget& t, const CudaTuning& tune) {
   if (tune.column_unroll > 0) t.column_unroll = tune.column_unroll;
   if (tune.pointwise_lanes_heavy > 0) t.pointwise_lanes_heavy = tune.pointwise_lanes_heavy;
   if (tune.row_unroll_uncached > 0) t.row_unroll_uncached = tune.row_unroll_uncached;
-  if (tune.row_vectors_per_thread_uncached > 0) t.row_vectors_per_thread_uncached = tune.row_vectors_per_thread_uncached;
+  if (tune.row_vectors_per_thread_uncached > 0)
+    t.row_vectors_per_thread_uncached = tune.row_vectors_per_thread_uncached;
   if (tune.column_split_interleave != 0) t.column_split_interleave = tune.column_split_interleave > 0;
   if (tune.pointwise_block > 0) t.pointwise_block = tune.pointwise_block;
   if (tune.warp_rows_per_block > 0) t.warp_rows_per_block = tune.warp_rows_per_block;
@@ -263,9 +263,10 @@ inline std::shared_ptr<CudaPlan> build_cuda_plan(const ir::Graph& g, const codeg
   plan->schedule = sched::schedule(g);
   if (log_enabled(LogChannel::schedule))
     log(LogChannel::schedule, "graph " + kiln::detail::hex64(g.key) + " on " + g.device.str() + ": " +
-                                  std::to_string(plan->schedule.kernels.size()) + " kernel(s)\n" + plan->schedule.str(g));
-  codegen::CudaSource src =
-      codegen::generate_cuda(g, plan->schedule, cuda_kernel_prefix(g, al), cuda_targets(ctx, plan->schedule, per_kernel), al);
+                                  std::to_string(plan->schedule.kernels.size()) + " kernel(s)\n" +
+                                  plan->schedule.str(g));
+  codegen::CudaSource src = codegen::generate_cuda(g, plan->schedule, cuda_kernel_prefix(g, al),
+                                                   cuda_targets(ctx, plan->schedule, per_kernel), al);
   auto& cache = runtime::CudaModuleCache::instance();
   for (auto& k : src.kernels) {
     runtime::cu::CUfunction fn = cache.get_function(src.source, k.name, g.device.index);
@@ -329,7 +330,8 @@ inline std::shared_ptr<CudaPlan> build_autotune_plan(const ir::Graph& g, const c
       ctx, codegen::generate_cuda(g, sch, cuda_kernel_prefix(g, al), cuda_targets(ctx, sch, {}), al).source);
   std::shared_ptr<CudaPlan> plan;
   std::vector<CudaTuning> per_kernel;
-  if (auto record = runtime::load_tuning(key); record && parse_cuda_tuning_record(*record, sch.kernels.size(), per_kernel)) {
+  if (auto record = runtime::load_tuning(key);
+      record && parse_cuda_tuning_record(*record, sch.kernels.size(), per_kernel)) {
     plan = build_cuda_plan(g, al, per_kernel);
     plan->tuned = true;
   } else {
@@ -437,7 +439,8 @@ inline std::string explain_cuda(const ir::Graph& g) {
   codegen::CudaTarget t;
   if (cuda_available() && g.device.is_cuda()) t = detail::cuda_target(runtime::cuda_context(g.device.index));
   codegen::CudaSource src = codegen::generate_cuda(g, s, "kiln_" + kiln::detail::hex64(g.key), t);
-  for (std::size_t k = 0; k < src.kernels.size(); ++k) out += "cuda kernel " + std::to_string(k) + ": " + src.kernels[k].strategy + "\n";
+  for (std::size_t k = 0; k < src.kernels.size(); ++k)
+    out += "cuda kernel " + std::to_string(k) + ": " + src.kernels[k].strategy + "\n";
   return out;
 }
 
@@ -449,7 +452,8 @@ inline void check_cuda_run(const ir::Graph& g, const RunArgs& args, std::size_t 
   if (!g.device.is_cuda()) [[unlikely]]
     throw DeviceError("CUDA executor: the graph is on " + g.device.str() + "; it runs CUDA graphs only");
   if (!cuda_available()) [[unlikely]]
-    throw DeviceError("CUDA executor: cannot run a graph on " + g.device.str() + ": CUDA is unavailable: " + cuda_unavailable_reason());
+    throw DeviceError("CUDA executor: cannot run a graph on " + g.device.str() +
+                      ": CUDA is unavailable: " + cuda_unavailable_reason());
   if (args.outputs.size() != g.outputs.size() || g.output_strides.size() != g.outputs.size()) [[unlikely]]
     throw Error("CUDA executor: " + std::to_string(args.outputs.size()) + " output pointers for " +
                 std::to_string(g.outputs.size()) + " outputs");
@@ -474,7 +478,8 @@ inline bool launch_via_graph(const CudaPlan& plan, const runtime::CudaContext& c
       plan.launch_graph = runtime::CudaLaunchGraph::build(ctx, ks, argv, arg_bytes);
     } catch (const Error& e) {
       plan.launch_graph_failed = true;
-      log(LogChannel::perf, std::string("CUDA launch graph unavailable for a plan (kernels launch one by one): ") + e.what());
+      log(LogChannel::perf,
+          std::string("CUDA launch graph unavailable for a plan (kernels launch one by one): ") + e.what());
       return false;
     }
   }
@@ -500,7 +505,8 @@ inline void enqueue_cuda_plan(const CudaPlan& plan, const runtime::CudaContext& 
   }
   for (std::size_t i = 0; i < leaves; ++i) argv[i] = const_cast<void*>(inputs[i]);
   for (std::size_t i = 0; i < num_outputs; ++i) argv[leaves + i] = outputs[i];
-  for (std::size_t i = 0; i < plan.temp_offsets.size(); ++i) argv[leaves + num_outputs + i] = temps + plan.temp_offsets[i];
+  for (std::size_t i = 0; i < plan.temp_offsets.size(); ++i)
+    argv[leaves + num_outputs + i] = temps + plan.temp_offsets[i];
   argv[plan.num_args - 1] = plan.scratch ? plan.scratch->data : nullptr;
   void* params[] = {argv};
   const auto& api = runtime::detail::cuda_driver_state().api;
@@ -514,7 +520,8 @@ inline void enqueue_cuda_plan(const CudaPlan& plan, const runtime::CudaContext& 
     // The context was made current once above (runtime::launch_kernel would check it again
     // per kernel); the message is runtime::launch_kernel's.
     runtime::detail::cuda_check(
-        api.launch_kernel(plan.functions[k], info.grid, 1, 1, info.block, 1, 1, info.shared_bytes, stream, params, nullptr),
+        api.launch_kernel(plan.functions[k], info.grid, 1, 1, info.block, 1, 1, info.shared_bytes, stream, params,
+                          nullptr),
         "cuLaunchKernel", [&] {
           return "on cuda:" + std::to_string(ctx.index) + (capturing ? " while capturing a CUDA graph" : "") +
                  " with grid (" + std::to_string(info.grid) + ",1,1) block (" + std::to_string(info.block) +
@@ -554,7 +561,8 @@ namespace detail {
 /// max-autotune's candidate knobs on CUDA, the default first: one knob moved at a time, around
 /// the defaults (codegen::CudaTarget): block size (pointwise threads per block, threads per
 /// row), rows per block (warp-per-row kernels), vector width (lanes of heavy kernels, column
-/// vectors), unroll (pointwise, uncached rows, columns) and the split of reductions. A candidate that leaves a kernel's code unchanged is not compiled or timed for it.
+/// vectors), unroll (pointwise, uncached rows, columns) and the split of reductions. A candidate that leaves a kernel's
+/// code unchanged is not compiled or timed for it.
 inline std::vector<CudaTuning> cuda_tuning_candidates() {
   std::vector<CudaTuning> c(1);
   auto one = [&](int CudaTuning::*knob, int value) {
@@ -601,8 +609,9 @@ struct TuningVariants {
 
 /// TuningVariants of `s` (the schedule of `g`) for `base` (the device) and alignment class
 /// `al`: code generation only, nothing compiled. Kernels compare by their code's hash.
-inline TuningVariants cuda_tuning_variants(const ir::Graph& g, const sched::Schedule& s, const codegen::CudaTarget& base,
-                                           const codegen::CudaAlignment& al, const std::vector<CudaTuning>& cands) {
+inline TuningVariants cuda_tuning_variants(const ir::Graph& g, const sched::Schedule& s,
+                                           const codegen::CudaTarget& base, const codegen::CudaAlignment& al,
+                                           const std::vector<CudaTuning>& cands) {
   const std::size_t nk = s.kernels.size();
   TuningVariants v;
   v.variants.resize(nk);
@@ -655,7 +664,8 @@ inline std::shared_ptr<const CudaPlan> tune_cuda_plan(const CudaPlan& plan, cons
   std::vector<void*> outputs;
   for (std::size_t o = 0; o < g.outputs.size(); ++o) {
     const ir::GraphNode& n = g.nodes[static_cast<std::size_t>(g.outputs[o])];
-    const std::int64_t span = span_elements(n.shape, g.output_strides[o]) * static_cast<std::int64_t>(itemsize(n.dtype));
+    const std::int64_t span =
+        span_elements(n.shape, g.output_strides[o]) * static_cast<std::int64_t>(itemsize(n.dtype));
     if (span < 0) {  // an output walked backwards: not timed, the defaults stay
       auto p = build_cuda_plan(g, plan.alignment);
       return settle(p, std::vector<CudaTuning>(nk));
@@ -693,12 +703,13 @@ inline std::shared_ptr<const CudaPlan> tune_cuda_plan(const CudaPlan& plan, cons
   auto launch = [&](Built& b, std::size_t k) {
     void* params[] = {b.argv.data()};
     const codegen::CudaKernelInfo& info = b.plan->kernels[k];
-    runtime::detail::cuda_check(api.launch_kernel(b.plan->functions[k], info.grid, 1, 1, info.block, 1, 1, info.shared_bytes,
-                                                  ctx.stream, params, nullptr),
+    runtime::detail::cuda_check(api.launch_kernel(b.plan->functions[k], info.grid, 1, 1, info.block, 1, 1,
+                                                  info.shared_bytes, ctx.stream, params, nullptr),
                                 "cuLaunchKernel", "while autotuning");
   };
   runtime::cu::CUevent ev[2] = {nullptr, nullptr};
-  for (auto& e : ev) runtime::detail::cuda_check(api.event_create(&e, runtime::cu::CU_EVENT_DEFAULT), "cuEventCreate", "autotune");
+  for (auto& e : ev)
+    runtime::detail::cuda_check(api.event_create(&e, runtime::cu::CU_EVENT_DEFAULT), "cuEventCreate", "autotune");
   struct Events {
     runtime::cu::CUevent* ev;
     ~Events() {
@@ -749,11 +760,12 @@ inline std::shared_ptr<const CudaPlan> tune_cuda_plan(const CudaPlan& plan, cons
     per_kernel[k] = built[chosen[k]].tuning;
     one_candidate = one_candidate && chosen[k] == chosen[0];
   }
-  std::shared_ptr<CudaPlan> result = nk > 0 && one_candidate ? built[chosen[0]].plan : build_cuda_plan(g, plan.alignment, per_kernel);
-  log(LogChannel::cache, "autotune " + runtime::detail::autotune_tag(plan.tune_key) + ": graph " + kiln::detail::hex64(g.key) + " on " +
-                             g.device.str() + " tuned in " +
-                             std::to_string(std::chrono::duration<double, std::milli>(clock::now() - start).count()) + " ms, " +
-                             std::to_string(built.size()) + " candidate(s) compiled" + report);
+  std::shared_ptr<CudaPlan> result =
+      nk > 0 && one_candidate ? built[chosen[0]].plan : build_cuda_plan(g, plan.alignment, per_kernel);
+  log(LogChannel::cache, "autotune " + runtime::detail::autotune_tag(plan.tune_key) + ": graph " +
+                             kiln::detail::hex64(g.key) + " on " + g.device.str() + " tuned in " +
+                             std::to_string(std::chrono::duration<double, std::milli>(clock::now() - start).count()) +
+                             " ms, " + std::to_string(built.size()) + " candidate(s) compiled" + report);
   return settle(result, per_kernel);
 }
 
@@ -764,7 +776,8 @@ inline std::mutex& cuda_tune_mutex() {
 
 /// The max-autotune plan of `g` for alignment class `al`, tuned on the buffers of `args` the
 /// first time (one graph at a time: tuning times the GPU, which another tuning would disturb).
-inline std::shared_ptr<const CudaPlan> tuned_cuda_plan(const ir::Graph& g, const codegen::CudaAlignment& al, const RunArgs& args) {
+inline std::shared_ptr<const CudaPlan> tuned_cuda_plan(const ir::Graph& g, const codegen::CudaAlignment& al,
+                                                       const RunArgs& args) {
   auto plan = CudaPlanCache::instance().get(g, al, true);
   if (plan->tuned) return plan;
   std::lock_guard<std::mutex> lock(cuda_tune_mutex());
@@ -785,11 +798,11 @@ inline void run_cuda_autotuned(const ir::Graph& g, const RunArgs& args) {
 
 /// Counters of one CudaGraphRunner.
 struct CudaGraphStats {
-  std::uint64_t captures = 0;     ///< graphs captured (new instances and re-captures)
-  std::uint64_t replays = 0;      ///< runs served by one cuGraphLaunch
-  std::uint64_t input_copies = 0; ///< inputs copied into static buffers
-  std::uint64_t plain_runs = 0;   ///< runs launched kernel by kernel (no CUDA graphs, or every instance busy)
-  std::size_t instances = 0;      ///< captured instances held now
+  std::uint64_t captures = 0;      ///< graphs captured (new instances and re-captures)
+  std::uint64_t replays = 0;       ///< runs served by one cuGraphLaunch
+  std::uint64_t input_copies = 0;  ///< inputs copied into static buffers
+  std::uint64_t plain_runs = 0;    ///< runs launched kernel by kernel (no CUDA graphs, or every instance busy)
+  std::size_t instances = 0;       ///< captured instances held now
 };
 
 /// "reduce-overhead" on CUDA: one graph's launches captured once into a CUDA graph and
@@ -903,7 +916,8 @@ class CudaGraphRunner {
           api.memcpy_dtod_async(runtime::detail::device_address(pick->static_inputs[i]->data),
                                 runtime::detail::device_address(static_cast<const char*>(inputs[i]) - leaf_lead_[i]),
                                 leaf_span_[i], ctx.stream),
-          "cuMemcpyDtoDAsync", [&] { return "copying input " + std::to_string(i) + " into a CUDA graph's static buffer"; });
+          "cuMemcpyDtoDAsync",
+          [&] { return "copying input " + std::to_string(i) + " into a CUDA graph's static buffer"; });
       ++stats_.input_copies;
     }
     pick->exec->launch();
@@ -935,7 +949,7 @@ class CudaGraphRunner {
   struct Instance {
     std::shared_ptr<const detail::CudaPlan> plan;
     std::vector<const void*> captured_inputs;  ///< where the graph reads input i
-    std::vector<StoragePtr> static_inputs;     ///< non-null: input i is copied here first (at lead bytes before the read)
+    std::vector<StoragePtr> static_inputs;  ///< non-null: input i is copied here first (at lead bytes before the read)
     std::vector<StoragePtr> outputs;
     StoragePtr temps;
     std::unique_ptr<runtime::CudaGraph> exec;
@@ -1011,16 +1025,16 @@ class CudaGraphRunner {
     char* temps = inst.temps ? static_cast<char*>(inst.temps->data) : nullptr;
     const detail::CudaPlan& plan = *inst.plan;
     inst.exec = runtime::CudaGraph::capture(ctx, [&](runtime::cu::CUstream stream) {
-      detail::enqueue_cuda_plan(plan, ctx, bound.inputs.data(), leaves_, bound.outputs.data(), bound.outputs.size(), temps,
-                                stream);
+      detail::enqueue_cuda_plan(plan, ctx, bound.inputs.data(), leaves_, bound.outputs.data(), bound.outputs.size(),
+                                temps, stream);
     });
     ++stats_.captures;
     if (log_enabled(LogChannel::perf)) {
       std::size_t copied = 0;
       for (auto& st : inst.static_inputs) copied += st != nullptr;
       log(LogChannel::perf, "CUDA graph captured for graph " + kiln::detail::hex64(graph_.key) + ": " +
-                                std::to_string(plan.functions.size()) + " kernel(s), " + std::to_string(copied) + " of " +
-                                std::to_string(leaves_) + " input(s) copied into static buffers, " +
+                                std::to_string(plan.functions.size()) + " kernel(s), " + std::to_string(copied) +
+                                " of " + std::to_string(leaves_) + " input(s) copied into static buffers, " +
                                 std::to_string(instances_.size()) + " instance(s)");
     }
   }
@@ -1032,8 +1046,10 @@ class CudaGraphRunner {
       outputs[o] = runtime::allocate_cuda(output_span_[o], graph_.device.index);
       args.outputs.push_back(outputs[o]->data);
     }
-    if (autotune_) run_cuda_autotuned(graph_, args);
-    else run_cuda(graph_, args);
+    if (autotune_)
+      run_cuda_autotuned(graph_, args);
+    else
+      run_cuda(graph_, args);
     ++stats_.plain_runs;
   }
 

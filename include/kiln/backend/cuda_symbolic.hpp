@@ -57,7 +57,8 @@ inline codegen::CudaAlignment explicit_alignment(const ir::Graph& g, const codeg
 
 inline bool same_launch(const codegen::CudaKernelInfo& a, const codegen::CudaKernelInfo& b) {
   return a.name == b.name && a.grid == b.grid && a.block == b.block && a.shared_bytes == b.shared_bytes &&
-         a.grid_rule.units_per_size == b.grid_rule.units_per_size && a.grid_rule.size_divisor == b.grid_rule.size_divisor &&
+         a.grid_rule.units_per_size == b.grid_rule.units_per_size &&
+         a.grid_rule.size_divisor == b.grid_rule.size_divisor &&
          a.grid_rule.units_per_block == b.grid_rule.units_per_block && a.grid_rule.max_grid == b.grid_rule.max_grid;
 }
 
@@ -67,7 +68,8 @@ inline bool same_launch(const codegen::CudaKernelInfo& a, const codegen::CudaKer
 /// or the code depends on the size (generated again at another placeholder, it differs).
 /// Throws DTypeError as generate_cuda does. Needs no GPU (the tests call it).
 inline std::optional<codegen::CudaSource> cuda_symbolic_source(const ir::Graph& g, const std::string& prefix,
-                                                               const codegen::CudaTarget& target, const codegen::CudaAlignment& al,
+                                                               const codegen::CudaTarget& target,
+                                                               const codegen::CudaAlignment& al,
                                                                sched::Schedule& schedule, std::string& why) {
   const std::int64_t p = kSymbolicPlaceholder;
   try {
@@ -80,7 +82,8 @@ inline std::optional<codegen::CudaSource> cuda_symbolic_source(const ir::Graph& 
     const std::int64_t q = p + 30;
     ir::Graph h = with_placeholder(g, p, q);
     codegen::CudaSource other = codegen::generate_cuda(h, sched::schedule(h, q), prefix, target, al);
-    bool same = other.source == src.source && other.scratch_bytes == src.scratch_bytes && other.kernels.size() == src.kernels.size();
+    bool same = other.source == src.source && other.scratch_bytes == src.scratch_bytes &&
+                other.kernels.size() == src.kernels.size();
     for (std::size_t k = 0; same && k < src.kernels.size(); ++k) same = same_launch(src.kernels[k], other.kernels[k]);
     if (!same) {
       why = "the generated CUDA code depends on the size (it would be wrong for other sizes)";
@@ -96,7 +99,8 @@ inline std::optional<codegen::CudaSource> cuda_symbolic_source(const ir::Graph& 
 }
 
 /// The plan of `g` for alignment class `al` (explicit), or null with `why`.
-inline std::shared_ptr<const CudaSymbolicPlan> build_cuda_symbolic_plan(const ir::Graph& g, const codegen::CudaAlignment& al,
+inline std::shared_ptr<const CudaSymbolicPlan> build_cuda_symbolic_plan(const ir::Graph& g,
+                                                                        const codegen::CudaAlignment& al,
                                                                         std::string& why) {
   auto plan = std::make_shared<CudaSymbolicPlan>();
   plan->graph = g;
@@ -105,13 +109,15 @@ inline std::shared_ptr<const CudaSymbolicPlan> build_cuda_symbolic_plan(const ir
   plan->leaves = g.num_leaves();
   runtime::CudaContext& ctx = runtime::cuda_context(g.device.index);
   // The name carries the alignment class, so the variants of one graph differ in source.
-  const std::string prefix = "kiln_sym_" + kiln::detail::hex64(g.key) + "_" + kiln::detail::hex64(alignment_hash(al)).substr(0, 4);
+  const std::string prefix =
+      "kiln_sym_" + kiln::detail::hex64(g.key) + "_" + kiln::detail::hex64(alignment_hash(al)).substr(0, 4);
   auto src = cuda_symbolic_source(g, prefix, cuda_target(ctx), al, plan->schedule, why);
   if (!src) return nullptr;
   plan->temps = *symbolic_temps(plan->schedule, kSymbolicPlaceholder, why);
   if (log_enabled(LogChannel::schedule))
-    log(LogChannel::schedule, "graph " + kiln::detail::hex64(g.key) + " on " + g.device.str() + ", symbolic size n: " +
-                                  std::to_string(plan->schedule.kernels.size()) + " kernel(s)\n" + plan->schedule.str(g));
+    log(LogChannel::schedule, "graph " + kiln::detail::hex64(g.key) + " on " + g.device.str() +
+                                  ", symbolic size n: " + std::to_string(plan->schedule.kernels.size()) +
+                                  " kernel(s)\n" + plan->schedule.str(g));
   auto& cache = runtime::CudaModuleCache::instance();
   for (auto& k : src->kernels) {
     runtime::cu::CUfunction fn = cache.get_function(src->source, k.name, g.device.index);
@@ -141,14 +147,19 @@ inline RememberingPlanCache<CudaSymbolicId, CudaSymbolicPlan>& cuda_symbolic_pla
 
 /// The symbolic plan of `g` for alignment class `al` (explicit: explicit_alignment), from the
 /// cache or built now.
-inline std::shared_ptr<const CudaSymbolicPlan> cached_cuda_symbolic_plan(const ir::Graph& g, const codegen::CudaAlignment& al,
+inline std::shared_ptr<const CudaSymbolicPlan> cached_cuda_symbolic_plan(const ir::Graph& g,
+                                                                         const codegen::CudaAlignment& al,
                                                                          std::string& why) {
   return cuda_symbolic_plans().get(
       kiln::detail::hash_combine(g.key, alignment_hash(al)),
       [&](const CudaSymbolicId& id) {
         return id.alignment.inputs == al.inputs && id.alignment.outputs == al.outputs && same_graph(id.graph, g);
       },
-      [&](std::string& w) { return build_cuda_symbolic_plan(g, al, w); }, [&] { return CudaSymbolicId{g, al}; }, why);
+      [&](std::string& w) { return build_cuda_symbolic_plan(g, al, w); },
+      [&] {
+        return CudaSymbolicId{g, al};
+      },
+      why);
 }
 
 /// Whether `plan`'s kernels may run on these buffers: every buffer it reads or writes with
@@ -170,10 +181,13 @@ using CudaSymbolicPlanPtr = std::shared_ptr<const detail::CudaSymbolicPlan>;
 /// `al` (default: all 16-byte aligned): compiled once per structure and class, and cached.
 /// Null, with `why`, when some kernel cannot read the size at launch (the caller then compiles
 /// per size). Throws CompileError / DTypeError / DeviceError as run_cuda does.
-inline CudaSymbolicPlanPtr cuda_symbolic_plan(const ir::Graph& g, std::string& why, const codegen::CudaAlignment& al = {}) {
-  if (!g.device.is_cuda()) throw DeviceError("CUDA executor: the graph is on " + g.device.str() + "; it runs CUDA graphs only");
+inline CudaSymbolicPlanPtr cuda_symbolic_plan(const ir::Graph& g, std::string& why,
+                                              const codegen::CudaAlignment& al = {}) {
+  if (!g.device.is_cuda())
+    throw DeviceError("CUDA executor: the graph is on " + g.device.str() + "; it runs CUDA graphs only");
   if (!cuda_available())
-    throw DeviceError("CUDA executor: cannot run a graph on " + g.device.str() + ": CUDA is unavailable: " + cuda_unavailable_reason());
+    throw DeviceError("CUDA executor: cannot run a graph on " + g.device.str() +
+                      ": CUDA is unavailable: " + cuda_unavailable_reason());
   return detail::cached_cuda_symbolic_plan(g, detail::explicit_alignment(g, al), why);
 }
 
@@ -215,7 +229,8 @@ inline bool run_cuda_symbolic(const detail::CudaSymbolicPlan& plan, const RunArg
   const std::size_t nout = args.outputs.size();
   for (std::size_t i = 0; i < pl.leaves; ++i) put(i, args.inputs[i]);
   for (std::size_t i = 0; i < nout; ++i) put(pl.leaves + i, args.outputs[i]);
-  for (std::size_t i = 0; i < offsets.size(); ++i) put(pl.leaves + nout + i, temps ? static_cast<char*>(temps->data) + offsets[i] : nullptr);
+  for (std::size_t i = 0; i < offsets.size(); ++i)
+    put(pl.leaves + nout + i, temps ? static_cast<char*>(temps->data) + offsets[i] : nullptr);
   put(pl.num_args - 1, pl.scratch ? pl.scratch->data : nullptr);
   const long long n = size;
   std::memcpy(&words[pl.num_args], &n, sizeof n);
@@ -225,13 +240,14 @@ inline bool run_cuda_symbolic(const detail::CudaSymbolicPlan& plan, const RunArg
   for (std::size_t k = 0; k < pl.functions.size(); ++k) {
     const codegen::CudaKernelInfo& info = pl.kernels[k];
     const unsigned grid = info.grid_for(size);
-    runtime::detail::cuda_check(
-        api.launch_kernel(pl.functions[k], grid, 1, 1, info.block, 1, 1, info.shared_bytes, ctx.stream, params, nullptr),
-        "cuLaunchKernel", [&] {
-          return "on cuda:" + std::to_string(ctx.index) + " with grid (" + std::to_string(grid) + ",1,1) block (" +
-                 std::to_string(info.block) + ",1,1), " + std::to_string(info.shared_bytes) +
-                 " bytes of dynamic shared memory and symbolic size " + std::to_string(size);
-        });
+    runtime::detail::cuda_check(api.launch_kernel(pl.functions[k], grid, 1, 1, info.block, 1, 1, info.shared_bytes,
+                                                  ctx.stream, params, nullptr),
+                                "cuLaunchKernel", [&] {
+                                  return "on cuda:" + std::to_string(ctx.index) + " with grid (" +
+                                         std::to_string(grid) + ",1,1) block (" + std::to_string(info.block) +
+                                         ",1,1), " + std::to_string(info.shared_bytes) +
+                                         " bytes of dynamic shared memory and symbolic size " + std::to_string(size);
+                                });
     kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
   }
   return true;

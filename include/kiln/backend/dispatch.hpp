@@ -35,8 +35,10 @@ inline void copy_bytes(void* dst, Device dst_device, const void* src, Device src
   }
   // CUDA copies run in order on the device's stream (after every kernel queued there);
   // reading back to the host waits for them.
-  if (src_device.is_cpu() && dst_device.is_cuda()) return runtime::copy_host_to_device(dst, src, bytes, dst_device.index);
-  if (src_device.is_cuda() && dst_device.is_cpu()) return runtime::copy_device_to_host(dst, src, bytes, src_device.index);
+  if (src_device.is_cpu() && dst_device.is_cuda())
+    return runtime::copy_host_to_device(dst, src, bytes, dst_device.index);
+  if (src_device.is_cuda() && dst_device.is_cpu())
+    return runtime::copy_device_to_host(dst, src, bytes, src_device.index);
   if (src_device.is_cuda() && dst_device.is_cuda()) {
     if (src_device.index == dst_device.index) return runtime::copy_device_to_device(dst, src, bytes, src_device.index);
     // Between two GPUs: staged through the host.
@@ -150,12 +152,15 @@ inline void run_cpu_lazy(const ir::Graph& g, const RunArgs& args) {
 inline void run(const ir::Graph& g, const RunArgs& args, Mode mode) {
   // CUDA graphs run as generated kernels: fused, or one primitive at a time in eager mode.
   if (g.device.is_cuda()) {
-    if (mode == Mode::Eager) return run_op_by_op(g, args, [](const ir::Graph& one, const RunArgs& a) { run_cuda(one, a); });
+    if (mode == Mode::Eager)
+      return run_op_by_op(g, args, [](const ir::Graph& one, const RunArgs& a) { run_cuda(one, a); });
     return run_cuda(g, args);
   }
   if (!g.device.is_cpu()) throw DeviceError("no executor for device " + g.device.str());
-  if (cpu_uses_jit(mode)) run_cpu_lazy(g, args);
-  else run_reference(g, args);
+  if (cpu_uses_jit(mode))
+    run_cpu_lazy(g, args);
+  else
+    run_reference(g, args);
 }
 
 /// A graph bound once to the executor `mode` selects, for callers that run one structure many

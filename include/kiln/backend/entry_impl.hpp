@@ -31,7 +31,8 @@ KILN_ENTRY bool cpu_uses_jit(Mode mode) { return backend::cpu_uses_jit(mode); }
 
 KILN_ENTRY bool cuda_jit_available() { return backend::cuda_jit_available(); }
 
-KILN_ENTRY std::shared_ptr<const PreparedGraph> prepare(ir::Graph g, Mode mode, CpuLaunchOptions launch, bool auto_dynamic) {
+KILN_ENTRY std::shared_ptr<const PreparedGraph> prepare(ir::Graph g, Mode mode, CpuLaunchOptions launch,
+                                                        bool auto_dynamic) {
   return std::make_shared<const PreparedGraph>(std::move(g), mode, launch, auto_dynamic);
 }
 
@@ -60,7 +61,9 @@ KILN_ENTRY GraphRun symbolic_runner(const ir::Graph& canonical, std::size_t prob
   }
   auto plan = backend::cpu_symbolic_plan(canonical, why);
   if (!plan) return nullptr;
-  return [plan, probe](const ir::Graph& g, const RunArgs& a) { backend::run_cpu_symbolic(*plan, a, g.nodes[probe].shape[0]); };
+  return [plan, probe](const ir::Graph& g, const RunArgs& a) {
+    backend::run_cpu_symbolic(*plan, a, g.nodes[probe].shape[0]);
+  };
 }
 
 }  // namespace kiln::backend::entry

@@ -34,38 +34,63 @@ using i64 = std::int64_t;
 // ---- element types --------------------------------------------------------------------------
 
 // The type values of a storage type are computed in: f16/bf16 in f32, bool as a 0/1 integer.
-template <class T> struct ComputeOf { using type = T; };
-template <> struct ComputeOf<bool> { using type = i64; };
-template <> struct ComputeOf<Half> { using type = float; };
-template <> struct ComputeOf<BFloat16> { using type = float; };
-template <class T> using compute_t = typename ComputeOf<T>::type;
-template <class T> inline constexpr bool floating_v = std::is_floating_point_v<compute_t<T>>;
+template <class T>
+struct ComputeOf {
+  using type = T;
+};
+template <>
+struct ComputeOf<bool> {
+  using type = i64;
+};
+template <>
+struct ComputeOf<Half> {
+  using type = float;
+};
+template <>
+struct ComputeOf<BFloat16> {
+  using type = float;
+};
+template <class T>
+using compute_t = typename ComputeOf<T>::type;
+template <class T>
+inline constexpr bool floating_v = std::is_floating_point_v<compute_t<T>>;
 
-template <class T> inline compute_t<T> load(T v) { return static_cast<compute_t<T>>(v); }
-template <class T, class C> inline T store(C c) {
-  if constexpr (std::is_same_v<T, bool>) return c != 0;
-  else return static_cast<T>(c);
+template <class T>
+inline compute_t<T> load(T v) {
+  return static_cast<compute_t<T>>(v);
+}
+template <class T, class C>
+inline T store(C c) {
+  if constexpr (std::is_same_v<T, bool>)
+    return c != 0;
+  else
+    return static_cast<T>(c);
 }
 
 // Integer arithmetic wraps; done in unsigned because signed overflow is UB.
-template <class C> inline C wrap_add(C a, C b) {
+template <class C>
+inline C wrap_add(C a, C b) {
   using U = std::make_unsigned_t<C>;
   return static_cast<C>(static_cast<U>(a) + static_cast<U>(b));
 }
-template <class C> inline C wrap_sub(C a, C b) {
+template <class C>
+inline C wrap_sub(C a, C b) {
   using U = std::make_unsigned_t<C>;
   return static_cast<C>(static_cast<U>(a) - static_cast<U>(b));
 }
-template <class C> inline C wrap_mul(C a, C b) {
+template <class C>
+inline C wrap_mul(C a, C b) {
   using U = std::make_unsigned_t<C>;
   return static_cast<C>(static_cast<U>(a) * static_cast<U>(b));
 }
-template <class C> inline C int_div(C a, C b) {
+template <class C>
+inline C int_div(C a, C b) {
   if (b == 0) return 0;
   if (b == -1) return wrap_sub<C>(0, a);  // min / -1 overflows in hardware
   return a / b;
 }
-template <class C> inline C int_pow(C base, C e) {
+template <class C>
+inline C int_pow(C base, C e) {
   if (e < 0) {
     if (base == 1) return 1;
     if (base == -1) return (e & 1) ? -1 : 1;
@@ -83,24 +108,28 @@ template <class C> inline C int_pow(C base, C e) {
 
 /// Integer fmod: the sign of the dividend, as C's %; by 0 gives 0 (as integer division does),
 /// and by -1 gives 0 (INT_MIN % -1 is undefined in C).
-template <class C> inline C int_fmod(C a, C b) {
+template <class C>
+inline C int_fmod(C a, C b) {
   if (b == 0 || b == -1) return 0;
   return static_cast<C>(a % b);
 }
 /// PyTorch's shifts: a count outside [0, bits) shifts everything out (left: 0; right: the sign).
-template <class C> inline C shift_left(C a, C b) {
+template <class C>
+inline C shift_left(C a, C b) {
   constexpr C bits = static_cast<C>(sizeof(C) * 8);
   if (b < 0 || b >= bits) return 0;
   return static_cast<C>(static_cast<std::make_unsigned_t<C>>(a) << b);
 }
-template <class C> inline C shift_right(C a, C b) {
+template <class C>
+inline C shift_right(C a, C b) {
   constexpr C bits = static_cast<C>(sizeof(C) * 8);
   if (b < 0 || b >= bits) return a < 0 ? C(-1) : C(0);
   return static_cast<C>(a >> b);
 }
 
 /// The value of `s` converted to `D` by kiln's (PyTorch's, on x86) rules.
-template <class D, class S> inline D cast_value(S s) {
+template <class D, class S>
+inline D cast_value(S s) {
   if constexpr (std::is_same_v<D, S>) {
     return s;
   } else if constexpr (std::is_same_v<D, bool>) {
@@ -137,7 +166,8 @@ inline Value allocate(const Shape& shape, DType dtype) {
 
 /// N operands walked together over one shape: size-1 dims dropped, dims that are contiguous
 /// for every operand merged (so a dense tensor is one flat loop).
-template <std::size_t N> struct Loop {
+template <std::size_t N>
+struct Loop {
   std::vector<i64> sizes;
   std::vector<std::array<i64, N>> strides;
 };
@@ -308,65 +338,102 @@ inline void exec_unary(const ir::GraphNode& n, DType in_dtype, const Value& a, V
   using C = compute_t<T>;
   const Shape& shape = n.shape;
   auto math = [&](auto f) {
-    if constexpr (floating_v<T>) map_unary<T>(a, o, shape, [f](T x) { return store<T>(f(load(x))); });
-    else unsupported(n, in_dtype);
+    if constexpr (floating_v<T>)
+      map_unary<T>(a, o, shape, [f](T x) { return store<T>(f(load(x))); });
+    else
+      unsupported(n, in_dtype);
   };
   auto same = [&](auto f) { map_unary<T>(a, o, shape, [f](T x) { return store<T>(f(load(x))); }); };
   auto identity = [&] { map_unary<T>(a, o, shape, [](T x) { return x; }); };
   switch (n.op) {
     case Op::Neg:
-      if constexpr (floating_v<T>) return same([](C x) { return -x; });
-      else return same([](C x) { return wrap_sub<C>(0, x); });
+      if constexpr (floating_v<T>)
+        return same([](C x) { return -x; });
+      else
+        return same([](C x) { return wrap_sub<C>(0, x); });
     case Op::Abs:
-      if constexpr (floating_v<T>) return same([](C x) { return std::fabs(x); });
-      else return same([](C x) { return x < 0 ? wrap_sub<C>(0, x) : x; });
-    case Op::Exp: return math([](auto x) { return std::exp(x); });
-    case Op::Exp2: return math([](auto x) { return std::exp2(x); });
-    case Op::Log: return math([](auto x) { return std::log(x); });
-    case Op::Log2: return math([](auto x) { return std::log2(x); });
-    case Op::Log1p: return math([](auto x) { return std::log1p(x); });
-    case Op::Expm1: return math([](auto x) { return std::expm1(x); });
-    case Op::Sqrt: return math([](auto x) { return std::sqrt(x); });
-    case Op::Rsqrt: return math([](auto x) { return decltype(x)(1) / std::sqrt(x); });
-    case Op::Sin: return math([](auto x) { return std::sin(x); });
-    case Op::Cos: return math([](auto x) { return std::cos(x); });
-    case Op::Tan: return math([](auto x) { return std::tan(x); });
-    case Op::Tanh: return math([](auto x) { return std::tanh(x); });
-    case Op::Erf: return math([](auto x) { return std::erf(x); });
-    case Op::Atan: return math([](auto x) { return std::atan(x); });
-    case Op::Asin: return math([](auto x) { return std::asin(x); });
-    case Op::Acos: return math([](auto x) { return std::acos(x); });
+      if constexpr (floating_v<T>)
+        return same([](C x) { return std::fabs(x); });
+      else
+        return same([](C x) { return x < 0 ? wrap_sub<C>(0, x) : x; });
+    case Op::Exp:
+      return math([](auto x) { return std::exp(x); });
+    case Op::Exp2:
+      return math([](auto x) { return std::exp2(x); });
+    case Op::Log:
+      return math([](auto x) { return std::log(x); });
+    case Op::Log2:
+      return math([](auto x) { return std::log2(x); });
+    case Op::Log1p:
+      return math([](auto x) { return std::log1p(x); });
+    case Op::Expm1:
+      return math([](auto x) { return std::expm1(x); });
+    case Op::Sqrt:
+      return math([](auto x) { return std::sqrt(x); });
+    case Op::Rsqrt:
+      return math([](auto x) { return decltype(x)(1) / std::sqrt(x); });
+    case Op::Sin:
+      return math([](auto x) { return std::sin(x); });
+    case Op::Cos:
+      return math([](auto x) { return std::cos(x); });
+    case Op::Tan:
+      return math([](auto x) { return std::tan(x); });
+    case Op::Tanh:
+      return math([](auto x) { return std::tanh(x); });
+    case Op::Erf:
+      return math([](auto x) { return std::erf(x); });
+    case Op::Atan:
+      return math([](auto x) { return std::atan(x); });
+    case Op::Asin:
+      return math([](auto x) { return std::asin(x); });
+    case Op::Acos:
+      return math([](auto x) { return std::acos(x); });
     case Op::BitNot:
-      if constexpr (std::is_same_v<T, bool>) return map_unary<T>(a, o, shape, [](T x) -> bool { return !x; });
-      else if constexpr (!floating_v<T>) return same([](C x) { return static_cast<C>(~x); });
-      else unsupported(n, in_dtype);
+      if constexpr (std::is_same_v<T, bool>)
+        return map_unary<T>(a, o, shape, [](T x) -> bool { return !x; });
+      else if constexpr (!floating_v<T>)
+        return same([](C x) { return static_cast<C>(~x); });
+      else
+        unsupported(n, in_dtype);
     case Op::Floor:
-      if constexpr (floating_v<T>) return same([](C x) { return std::floor(x); });
-      else return identity();
+      if constexpr (floating_v<T>)
+        return same([](C x) { return std::floor(x); });
+      else
+        return identity();
     case Op::Ceil:
-      if constexpr (floating_v<T>) return same([](C x) { return std::ceil(x); });
-      else return identity();
+      if constexpr (floating_v<T>)
+        return same([](C x) { return std::ceil(x); });
+      else
+        return identity();
     case Op::Round:
       // nearbyint in the default rounding mode: halves to even, as torch.round.
-      if constexpr (floating_v<T>) return same([](C x) { return std::nearbyint(x); });
-      else return identity();
-    case Op::Not: return map_unary<T>(a, o, shape, [](T x) -> bool { return load(x) == 0; });
+      if constexpr (floating_v<T>)
+        return same([](C x) { return std::nearbyint(x); });
+      else
+        return identity();
+    case Op::Not:
+      return map_unary<T>(a, o, shape, [](T x) -> bool { return load(x) == 0; });
     case Op::IsNan:
       return map_unary<T>(a, o, shape, [](T x) -> bool {
-        if constexpr (floating_v<T>) return std::isnan(load(x));
-        else return false;
+        if constexpr (floating_v<T>)
+          return std::isnan(load(x));
+        else
+          return false;
       });
     case Op::IsInf:
       return map_unary<T>(a, o, shape, [](T x) -> bool {
-        if constexpr (floating_v<T>) return std::isinf(load(x));
-        else return false;
+        if constexpr (floating_v<T>)
+          return std::isinf(load(x));
+        else
+          return false;
       });
     case Op::Cast:
       return visit_dtype(n.dtype, [&](auto out_tag) {
         using D = decltype(out_tag);
         map_unary<T>(a, o, shape, [](T x) { return cast_value<D>(x); });
       });
-    default: break;
+    default:
+      break;
   }
   throw Error(std::string("reference executor: not a unary op: ") + ir::op_name(n.op));
 }
@@ -388,60 +455,100 @@ inline void exec_binary(const ir::GraphNode& n, const Value& a, const Value& b, 
   constexpr bool fl = floating_v<T>;
   switch (n.op) {
     case Op::Add:
-      if constexpr (fl) return arith([](C x, C y) { return x + y; });
-      else return arith([](C x, C y) { return wrap_add(x, y); });
+      if constexpr (fl)
+        return arith([](C x, C y) { return x + y; });
+      else
+        return arith([](C x, C y) { return wrap_add(x, y); });
     case Op::Sub:
-      if constexpr (fl) return arith([](C x, C y) { return x - y; });
-      else return arith([](C x, C y) { return wrap_sub(x, y); });
+      if constexpr (fl)
+        return arith([](C x, C y) { return x - y; });
+      else
+        return arith([](C x, C y) { return wrap_sub(x, y); });
     case Op::Mul:
-      if constexpr (fl) return arith([](C x, C y) { return x * y; });
-      else return arith([](C x, C y) { return wrap_mul(x, y); });
+      if constexpr (fl)
+        return arith([](C x, C y) { return x * y; });
+      else
+        return arith([](C x, C y) { return wrap_mul(x, y); });
     case Op::Div:
-      if constexpr (fl) return arith([](C x, C y) { return x / y; });
-      else return arith([](C x, C y) { return int_div(x, y); });
+      if constexpr (fl)
+        return arith([](C x, C y) { return x / y; });
+      else
+        return arith([](C x, C y) { return int_div(x, y); });
     case Op::Pow:
-      if constexpr (fl) return arith([](C x, C y) { return std::pow(x, y); });
-      else return arith([](C x, C y) { return int_pow(x, y); });
+      if constexpr (fl)
+        return arith([](C x, C y) { return std::pow(x, y); });
+      else
+        return arith([](C x, C y) { return int_pow(x, y); });
     case Op::Maximum:
-      if constexpr (fl) return arith([](C x, C y) { return x != x ? x : y != y ? y : (x < y ? y : x); });
-      else return arith([](C x, C y) { return x < y ? y : x; });
+      if constexpr (fl)
+        return arith([](C x, C y) { return x != x ? x : y != y ? y : (x < y ? y : x); });
+      else
+        return arith([](C x, C y) { return x < y ? y : x; });
     case Op::Minimum:
-      if constexpr (fl) return arith([](C x, C y) { return x != x ? x : y != y ? y : (y < x ? y : x); });
-      else return arith([](C x, C y) { return y < x ? y : x; });
-    case Op::Eq: return test([](C x, C y) { return x == y; });
-    case Op::Ne: return test([](C x, C y) { return x != y; });
-    case Op::Lt: return test([](C x, C y) { return x < y; });
-    case Op::Le: return test([](C x, C y) { return x <= y; });
-    case Op::Gt: return test([](C x, C y) { return x > y; });
-    case Op::Ge: return test([](C x, C y) { return x >= y; });
-    case Op::And: return test([](C x, C y) { return x != 0 && y != 0; });
-    case Op::Or: return test([](C x, C y) { return x != 0 || y != 0; });
+      if constexpr (fl)
+        return arith([](C x, C y) { return x != x ? x : y != y ? y : (y < x ? y : x); });
+      else
+        return arith([](C x, C y) { return y < x ? y : x; });
+    case Op::Eq:
+      return test([](C x, C y) { return x == y; });
+    case Op::Ne:
+      return test([](C x, C y) { return x != y; });
+    case Op::Lt:
+      return test([](C x, C y) { return x < y; });
+    case Op::Le:
+      return test([](C x, C y) { return x <= y; });
+    case Op::Gt:
+      return test([](C x, C y) { return x > y; });
+    case Op::Ge:
+      return test([](C x, C y) { return x >= y; });
+    case Op::And:
+      return test([](C x, C y) { return x != 0 && y != 0; });
+    case Op::Or:
+      return test([](C x, C y) { return x != 0 || y != 0; });
     case Op::Atan2:
-      if constexpr (fl) return arith([](C x, C y) { return std::atan2(x, y); });
-      else break;
+      if constexpr (fl)
+        return arith([](C x, C y) { return std::atan2(x, y); });
+      else
+        break;
     case Op::Hypot:
-      if constexpr (fl) return arith([](C x, C y) { return std::hypot(x, y); });
-      else break;
+      if constexpr (fl)
+        return arith([](C x, C y) { return std::hypot(x, y); });
+      else
+        break;
     case Op::Fmod:
-      if constexpr (fl) return arith([](C x, C y) { return std::fmod(x, y); });
-      else if constexpr (!std::is_same_v<T, bool>) return arith([](C x, C y) { return int_fmod(x, y); });
-      else break;
+      if constexpr (fl)
+        return arith([](C x, C y) { return std::fmod(x, y); });
+      else if constexpr (!std::is_same_v<T, bool>)
+        return arith([](C x, C y) { return int_fmod(x, y); });
+      else
+        break;
     case Op::BitAnd:
-      if constexpr (!fl) return arith([](C x, C y) { return static_cast<C>(x & y); });
-      else break;
+      if constexpr (!fl)
+        return arith([](C x, C y) { return static_cast<C>(x & y); });
+      else
+        break;
     case Op::BitOr:
-      if constexpr (!fl) return arith([](C x, C y) { return static_cast<C>(x | y); });
-      else break;
+      if constexpr (!fl)
+        return arith([](C x, C y) { return static_cast<C>(x | y); });
+      else
+        break;
     case Op::BitXor:
-      if constexpr (!fl) return arith([](C x, C y) { return static_cast<C>(x ^ y); });
-      else break;
+      if constexpr (!fl)
+        return arith([](C x, C y) { return static_cast<C>(x ^ y); });
+      else
+        break;
     case Op::Shl:
-      if constexpr (!fl && !std::is_same_v<T, bool>) return arith([](C x, C y) { return shift_left(x, y); });
-      else break;
+      if constexpr (!fl && !std::is_same_v<T, bool>)
+        return arith([](C x, C y) { return shift_left(x, y); });
+      else
+        break;
     case Op::Shr:
-      if constexpr (!fl && !std::is_same_v<T, bool>) return arith([](C x, C y) { return shift_right(x, y); });
-      else break;
-    default: break;
+      if constexpr (!fl && !std::is_same_v<T, bool>)
+        return arith([](C x, C y) { return shift_right(x, y); });
+      else
+        break;
+    default:
+      break;
   }
   // A binary primitive that broke out of the switch is not defined for T's dtype.
   if (ir::op_kind(n.op) == ir::OpKind::Binary) unsupported(n, dtype_v<T>);
@@ -452,7 +559,8 @@ inline void exec_binary(const ir::GraphNode& n, const Value& a, const Value& b, 
 
 // Policies: Acc is the accumulator, step folds in element k (flat index within the reduced
 // axes), merge joins the accumulators of two parts (the first part holding lower indices).
-template <class T, bool IsProd> struct SumProd {
+template <class T, bool IsProd>
+struct SumProd {
   // Floats sum in double. They multiply in long double (x86's 64-bit mantissa and 15-bit
   // exponent): a product whose partial products overflow double (171! does) but which holds a 0
   // is 0 whatever the blocking, not 0 * inf = NaN. Integers wrap.
@@ -462,26 +570,35 @@ template <class T, bool IsProd> struct SumProd {
   static Acc init() { return Acc(IsProd ? 1 : 0); }
   static Acc step(Acc a, T x, i64) {
     Acc v;
-    if constexpr (floating_v<T>) v = static_cast<Float>(static_cast<double>(load(x)));
-    else v = static_cast<std::uint64_t>(static_cast<i64>(load(x)));
+    if constexpr (floating_v<T>)
+      v = static_cast<Float>(static_cast<double>(load(x)));
+    else
+      v = static_cast<std::uint64_t>(static_cast<i64>(load(x)));
     return merge(a, v);
   }
   static Acc merge(Acc a, Acc b) {
-    if constexpr (IsProd) return a * b;
-    else return a + b;
+    if constexpr (IsProd)
+      return a * b;
+    else
+      return a + b;
   }
   static Out finish(Acc a) {
-    if constexpr (floating_v<T>) return store<T>(static_cast<compute_t<T>>(a));
-    else return store<T>(static_cast<compute_t<T>>(static_cast<i64>(a)));
+    if constexpr (floating_v<T>)
+      return store<T>(static_cast<compute_t<T>>(a));
+    else
+      return store<T>(static_cast<compute_t<T>>(static_cast<i64>(a)));
   }
 };
 
-template <class T, bool IsMax> struct Extreme {
+template <class T, bool IsMax>
+struct Extreme {
   using Acc = compute_t<T>;
   using Out = T;
   static Acc init() {
-    if constexpr (floating_v<T>) return IsMax ? -std::numeric_limits<Acc>::infinity() : std::numeric_limits<Acc>::infinity();
-    else return static_cast<Acc>(IsMax ? std::numeric_limits<T>::lowest() : std::numeric_limits<T>::max());
+    if constexpr (floating_v<T>)
+      return IsMax ? -std::numeric_limits<Acc>::infinity() : std::numeric_limits<Acc>::infinity();
+    else
+      return static_cast<Acc>(IsMax ? std::numeric_limits<T>::lowest() : std::numeric_limits<T>::max());
   }
   static Acc merge(Acc a, Acc x) {
     if constexpr (floating_v<T>) {
@@ -493,7 +610,8 @@ template <class T, bool IsMax> struct Extreme {
   static Out finish(Acc a) { return store<T>(a); }
 };
 
-template <class T, bool IsMax> struct ArgExtreme {
+template <class T, bool IsMax>
+struct ArgExtreme {
   using C = compute_t<T>;
   struct Acc {
     C val;
@@ -529,7 +647,8 @@ template <class T, bool IsMax> struct ArgExtreme {
 // The reduced region of one output: `outer` positions (coalesced dims) times a strided run.
 // Summation is pairwise over runs and over positions, with double accumulators, so millions
 // of elements keep full float accuracy.
-template <class R, class T> struct Reduction {
+template <class R, class T>
+struct Reduction {
   using Acc = typename R::Acc;
   static constexpr i64 kBlock = 128;
   std::vector<i64> outer_sizes, outer_strides;
@@ -665,13 +784,20 @@ inline void reduce_kernel(const ir::GraphNode& n, const Shape& in_shape, const V
 template <class T>
 inline void exec_reduce(const ir::GraphNode& n, const Shape& in_shape, const Value& in, Value& o) {
   switch (n.op) {
-    case Op::ReduceSum: return reduce_kernel<SumProd<T, false>, T>(n, in_shape, in, o);
-    case Op::ReduceProd: return reduce_kernel<SumProd<T, true>, T>(n, in_shape, in, o);
-    case Op::ReduceMax: return reduce_kernel<Extreme<T, true>, T>(n, in_shape, in, o);
-    case Op::ReduceMin: return reduce_kernel<Extreme<T, false>, T>(n, in_shape, in, o);
-    case Op::ArgMax: return reduce_kernel<ArgExtreme<T, true>, T>(n, in_shape, in, o);
-    case Op::ArgMin: return reduce_kernel<ArgExtreme<T, false>, T>(n, in_shape, in, o);
-    default: break;
+    case Op::ReduceSum:
+      return reduce_kernel<SumProd<T, false>, T>(n, in_shape, in, o);
+    case Op::ReduceProd:
+      return reduce_kernel<SumProd<T, true>, T>(n, in_shape, in, o);
+    case Op::ReduceMax:
+      return reduce_kernel<Extreme<T, true>, T>(n, in_shape, in, o);
+    case Op::ReduceMin:
+      return reduce_kernel<Extreme<T, false>, T>(n, in_shape, in, o);
+    case Op::ArgMax:
+      return reduce_kernel<ArgExtreme<T, true>, T>(n, in_shape, in, o);
+    case Op::ArgMin:
+      return reduce_kernel<ArgExtreme<T, false>, T>(n, in_shape, in, o);
+    default:
+      break;
   }
   throw Error(std::string("reference executor: not a reduction: ") + ir::op_name(n.op));
 }
@@ -687,8 +813,10 @@ inline Value exec_leaf(const ir::GraphNode& n, const Value* into) {
     visit_dtype(n.dtype, [&](auto tag) {
       using T = decltype(tag);
       T x;
-      if constexpr (floating_v<T>) x = cast_value<T>(n.attrs.scalar);
-      else x = cast_value<T>(n.attrs.iscalar);
+      if constexpr (floating_v<T>)
+        x = cast_value<T>(n.attrs.scalar);
+      else
+        x = cast_value<T>(n.attrs.iscalar);
       std::memcpy(v.data, &x, sizeof(T));
     });
     return v;
@@ -731,20 +859,30 @@ inline Value exec_leaf(const ir::GraphNode& n, const Value* into) {
   };
   switch (n.dtype) {
     case DType::Float32:
-      if (normal) fill(reinterpret_cast<float*>(v.data), [&](unsigned long long i) { return philox::normal_f32(seed, i); });
-      else fill(reinterpret_cast<float*>(v.data), [&](unsigned long long i) { return philox::uniform_f32(seed, i); });
+      if (normal)
+        fill(reinterpret_cast<float*>(v.data), [&](unsigned long long i) { return philox::normal_f32(seed, i); });
+      else
+        fill(reinterpret_cast<float*>(v.data), [&](unsigned long long i) { return philox::uniform_f32(seed, i); });
       break;
     case DType::Float64:
-      if (normal) fill(reinterpret_cast<double*>(v.data), [&](unsigned long long i) { return philox::normal_f64(seed, i); });
-      else fill(reinterpret_cast<double*>(v.data), [&](unsigned long long i) { return philox::uniform_f64(seed, i); });
+      if (normal)
+        fill(reinterpret_cast<double*>(v.data), [&](unsigned long long i) { return philox::normal_f64(seed, i); });
+      else
+        fill(reinterpret_cast<double*>(v.data), [&](unsigned long long i) { return philox::uniform_f64(seed, i); });
       break;
     case DType::Float16:
-      if (normal) fill(reinterpret_cast<Half*>(v.data), [&](unsigned long long i) { return Half(philox::normal_f32(seed, i)); });
-      else fill(reinterpret_cast<Half*>(v.data), [&](unsigned long long i) { return Half(philox::uniform_f16(seed, i)); });
+      if (normal)
+        fill(reinterpret_cast<Half*>(v.data), [&](unsigned long long i) { return Half(philox::normal_f32(seed, i)); });
+      else
+        fill(reinterpret_cast<Half*>(v.data), [&](unsigned long long i) { return Half(philox::uniform_f16(seed, i)); });
       break;
     default:  // BFloat16
-      if (normal) fill(reinterpret_cast<BFloat16*>(v.data), [&](unsigned long long i) { return BFloat16(philox::normal_f32(seed, i)); });
-      else fill(reinterpret_cast<BFloat16*>(v.data), [&](unsigned long long i) { return BFloat16(philox::uniform_bf16(seed, i)); });
+      if (normal)
+        fill(reinterpret_cast<BFloat16*>(v.data),
+             [&](unsigned long long i) { return BFloat16(philox::normal_f32(seed, i)); });
+      else
+        fill(reinterpret_cast<BFloat16*>(v.data),
+             [&](unsigned long long i) { return BFloat16(philox::uniform_bf16(seed, i)); });
       break;
   }
   return v;
@@ -752,7 +890,8 @@ inline Value exec_leaf(const ir::GraphNode& n, const Value* into) {
 
 // ---- index maps -----------------------------------------------------------------------------
 
-inline Value exec_index_map(const ir::Graph& g, const ir::GraphNode& n, const std::vector<Value>& vals, const Value* into) {
+inline Value exec_index_map(const ir::Graph& g, const ir::GraphNode& n, const std::vector<Value>& vals,
+                            const Value* into) {
   const ir::GraphNode& src = g.nodes[static_cast<std::size_t>(n.inputs[0])];
   const Value& a = vals[static_cast<std::size_t>(n.inputs[0])];
   const i64 isz = static_cast<i64>(itemsize(n.dtype));
@@ -765,7 +904,8 @@ inline Value exec_index_map(const ir::Graph& g, const ir::GraphNode& n, const st
     }
     case Op::Permute: {
       Value v = a;
-      for (std::size_t d = 0; d < n.shape.size(); ++d) v.strides[d] = a.strides[static_cast<std::size_t>(n.attrs.ints[d])];
+      for (std::size_t d = 0; d < n.shape.size(); ++d)
+        v.strides[d] = a.strides[static_cast<std::size_t>(n.attrs.ints[d])];
       return v;
     }
     case Op::Slice: {
@@ -793,13 +933,14 @@ inline Value exec_index_map(const ir::Graph& g, const ir::GraphNode& n, const st
       for (auto in : n.inputs) {
         const ir::GraphNode& part = g.nodes[static_cast<std::size_t>(in)];
         if (part.shape.numel() > 0)
-          copy_value(vals[static_cast<std::size_t>(in)], out.data + pos * out.strides[axis] * isz, out.strides, part.shape,
-                     n.dtype);
+          copy_value(vals[static_cast<std::size_t>(in)], out.data + pos * out.strides[axis] * isz, out.strides,
+                     part.shape, n.dtype);
         pos += part.shape[axis];
       }
       return out;
     }
-    default: break;
+    default:
+      break;
   }
   throw Error(std::string("reference executor: not an index map: ") + ir::op_name(n.op));
 }
@@ -808,8 +949,10 @@ inline Value exec_node(const ir::Graph& g, const ir::GraphNode& n, const std::ve
   auto in = [&](std::size_t k) -> const Value& { return vals[static_cast<std::size_t>(n.inputs[k])]; };
   auto in_node = [&](std::size_t k) -> const ir::GraphNode& { return g.nodes[static_cast<std::size_t>(n.inputs[k])]; };
   switch (ir::op_kind(n.op)) {
-    case ir::OpKind::Leaf: return exec_leaf(n, into);
-    case ir::OpKind::IndexMap: return exec_index_map(g, n, vals, into);
+    case ir::OpKind::Leaf:
+      return exec_leaf(n, into);
+    case ir::OpKind::IndexMap:
+      return exec_index_map(g, n, vals, into);
     case ir::OpKind::Unary: {
       Value o = into ? *into : allocate(n.shape, n.dtype);
       DType dt = in_node(0).dtype;

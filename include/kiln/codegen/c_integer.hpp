@@ -18,14 +18,25 @@ inline std::string integer_expr(ir::Op op, DType it, const char* ctype, const st
   using ir::Op;
   const std::string width = it == DType::Int32 ? "_i32(" : "_i64(";
   switch (op) {
-    case Op::BitNot: return it == DType::Bool ? "(!" + a + ")" : "((" + std::string(ctype) + ")~" + a + ")";
-    case Op::BitAnd: return "((" + std::string(ctype) + ")(" + a + " & " + b + "))";
-    case Op::BitOr: return "((" + std::string(ctype) + ")(" + a + " | " + b + "))";
-    case Op::BitXor: return "((" + std::string(ctype) + ")(" + a + " ^ " + b + "))";
-    case Op::Shl: needs_ints = true; return "kiln_shl" + width + a + ", " + b + ")";
-    case Op::Shr: needs_ints = true; return "kiln_shr" + width + a + ", " + b + ")";
-    case Op::Fmod: needs_ints = true; return "kiln_ifmod" + width + a + ", " + b + ")";
-    default: return "";
+    case Op::BitNot:
+      return it == DType::Bool ? "(!" + a + ")" : "((" + std::string(ctype) + ")~" + a + ")";
+    case Op::BitAnd:
+      return "((" + std::string(ctype) + ")(" + a + " & " + b + "))";
+    case Op::BitOr:
+      return "((" + std::string(ctype) + ")(" + a + " | " + b + "))";
+    case Op::BitXor:
+      return "((" + std::string(ctype) + ")(" + a + " ^ " + b + "))";
+    case Op::Shl:
+      needs_ints = true;
+      return "kiln_shl" + width + a + ", " + b + ")";
+    case Op::Shr:
+      needs_ints = true;
+      return "kiln_shr" + width + a + ", " + b + ")";
+    case Op::Fmod:
+      needs_ints = true;
+      return "kiln_ifmod" + width + a + ", " + b + ")";
+    default:
+      return "";
   }
 }
 

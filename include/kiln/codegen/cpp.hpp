@@ -4,8 +4,8 @@
 // of a kernel is shared among an OpenMP team (only when the work is large enough to pay for
 // the team). Each kernel's body is a static function with orphaned worksharing (`omp for`,
 // `omp single` for serial combine steps): its own entry wraps it in a parallel region, and
-// the optional graph entry calls every body inside one region. Inner loops are contiguous `omp simd` loops whose reductions are split across
-// lanes (and accumulate floats in double), so GCC vectorises them without -ffast-math: NaN,
+// the optional graph entry calls every body inside one region. Inner loops are contiguous `omp simd` loops whose
+// reductions are split across lanes (and accumulate floats in double), so GCC vectorises them without -ffast-math: NaN,
 // Inf and signed zeros behave as in the reference executor (backend/reference.hpp), whose
 // semantics every expression below reproduces.
 #include <charconv>
@@ -26,7 +26,6 @@
 #include "kiln/ir/graph.hpp"
 #include "kiln/sched/index.hpp"
 #include "kiln/sched/schedule.hpp"
-
 
 namespace kiln::codegen {
 
@@ -59,32 +58,43 @@ using CpuKernelFn = void (*)(void* const* args, int nthreads);
 
 namespace detail {
 
-using sched::i64;
-using sched::IndexExpr;
-using sched::Index;
 using ir::Op;
+using sched::i64;
+using sched::Index;
+using sched::IndexExpr;
 
 /// C type values of `t` are computed in.
 inline const char* ctype(DType t) {
   switch (t) {
-    case DType::Bool: return "bool";
-    case DType::Int32: return "int";
-    case DType::Int64: return "long long";
-    case DType::Float64: return "double";
-    default: return "float";
+    case DType::Bool:
+      return "bool";
+    case DType::Int32:
+      return "int";
+    case DType::Int64:
+      return "long long";
+    case DType::Float64:
+      return "double";
+    default:
+      return "float";
   }
 }
 
 /// C type values of `t` are stored as.
 inline const char* stype(DType t) {
   switch (t) {
-    case DType::Bool: return "unsigned char";
-    case DType::Int32: return "int";
-    case DType::Int64: return "long long";
+    case DType::Bool:
+      return "unsigned char";
+    case DType::Int32:
+      return "int";
+    case DType::Int64:
+      return "long long";
     case DType::Float16:
-    case DType::BFloat16: return "unsigned short";
-    case DType::Float32: return "float";
-    case DType::Float64: return "double";
+    case DType::BFloat16:
+      return "unsigned short";
+    case DType::Float32:
+      return "float";
+    case DType::Float64:
+      return "double";
   }
   return "?";
 }
@@ -109,7 +119,8 @@ inline std::string float_literal(double v, bool is_double) {
 
 inline std::string int_literal(i64 v, DType t) {
   if (t == DType::Bool) return v ? "true" : "false";
-  if (t == DType::Int32) return "((int)" + std::to_string(static_cast<std::int32_t>(static_cast<std::uint32_t>(v))) + ")";
+  if (t == DType::Int32)
+    return "((int)" + std::to_string(static_cast<std::int32_t>(static_cast<std::uint32_t>(v))) + ")";
   if (v == std::numeric_limits<i64>::min()) return "(-9223372036854775807LL - 1)";
   return "(" + std::to_string(v) + "LL)";
 }
@@ -119,8 +130,10 @@ inline std::string constant_literal(const ir::GraphNode& n) {
   DType t = n.dtype;
   if (is_floating(t)) {
     double v = n.attrs.scalar;
-    if (t == DType::Float16) v = static_cast<float>(Half(static_cast<float>(v)));
-    else if (t == DType::BFloat16) v = static_cast<float>(BFloat16(static_cast<float>(v)));
+    if (t == DType::Float16)
+      v = static_cast<float>(Half(static_cast<float>(v)));
+    else if (t == DType::BFloat16)
+      v = static_cast<float>(BFloat16(static_cast<float>(v)));
     return float_literal(v, t == DType::Float64);
   }
   return int_literal(n.attrs.iscalar, t);
@@ -232,7 +245,11 @@ static inline float kiln_rb(float f) { return kiln_b2f(kiln_f2b(f)); }
 class KernelWriter {
  public:
   KernelWriter(const ir::Graph& g, const sched::Schedule& s, int kid, Needs& needs)
-      : g_(g), s_(s), k_(s.kernels[static_cast<std::size_t>(kid)]), kid_(kid), needs_(needs),
+      : g_(g),
+        s_(s),
+        k_(s.kernels[static_cast<std::size_t>(kid)]),
+        kid_(kid),
+        needs_(needs),
         sym_(s.symbolic != 0 && !k_.space.empty() && k_.space[0] == s.symbolic) {
     std::string why;
     if (!sched::symbolic_kernel(s, static_cast<std::size_t>(kid), &why))
@@ -240,7 +257,8 @@ class KernelWriter {
   }
 
   std::string write(const std::string& name) {
-    if (k_.kind == sched::KernelKind::Reduce && k_.loops.chunks == 1 && !k_.loops.column && k_.passes > 1 && !analysis_) {
+    if (k_.kind == sched::KernelKind::Reduce && k_.loops.chunks == 1 && !k_.loops.column && k_.passes > 1 &&
+        !analysis_) {
       // A dry run finds the expensive values that a later pass would recompute.
       Needs scratch;
       KernelWriter dry(g_, s_, kid_, scratch);
@@ -250,11 +268,16 @@ class KernelWriter {
       plan_stash();
     }
     ws_ = k_.loops.parallel;
-    if (sym_) decls_.push_back("const long long " + std::string(kSizeVar) + " = *(const long long*)args[" + std::to_string(size_slot()) + "];");
+    if (sym_)
+      decls_.push_back("const long long " + std::string(kSizeVar) + " = *(const long long*)args[" +
+                       std::to_string(size_slot()) + "];");
     scopes_.push_back(Scope{});
-    if (k_.kind == sched::KernelKind::Pointwise) pointwise();
-    else if (k_.loops.chunks > 1) reduce_split();
-    else reduce_tiles();
+    if (k_.kind == sched::KernelKind::Pointwise)
+      pointwise();
+    else if (k_.loops.chunks > 1)
+      reduce_split();
+    else
+      reduce_tiles();
     end_serial();
     body_name_ = name + "_body";
     // The body's worksharing is orphaned: it runs inside whatever team calls it, so one body
@@ -268,8 +291,10 @@ class KernelWriter {
     out += "  (void)scratch;\n";
     for (auto& d : decls_) out += "  " + d + "\n";
     // A single-threaded kernel runs on one thread of the team; the others go on to the barrier.
-    if (ws_) out += code;
-    else out += "  #pragma omp single nowait\n  {\n" + code + "  }\n";
+    if (ws_)
+      out += code;
+    else
+      out += "  #pragma omp single nowait\n  {\n" + code + "  }\n";
     out += "}\n";
     out += "extern \"C\" void " + name + "(void* const* args, int nth) {\n";
     out += "  (void)nth;\n";
@@ -324,7 +349,8 @@ class KernelWriter {
   int top() const { return static_cast<int>(scopes_.size()) - 1; }
   void line(const std::string& text) { line_at(top(), text); }
   void line_at(int scope, const std::string& text) {
-    scopes_[static_cast<std::size_t>(scope)].code += std::string(2 * static_cast<std::size_t>(scope + 1), ' ') + text + "\n";
+    scopes_[static_cast<std::size_t>(scope)].code +=
+        std::string(2 * static_cast<std::size_t>(scope + 1), ' ') + text + "\n";
   }
   /// Opens a block (`header` is e.g. a for statement, `pragma` a line above it) that defines
   /// the loop variables of `dims`.
@@ -407,8 +433,10 @@ class KernelWriter {
     i64 e = 1;
     bool sym = false;
     for (int d : dims) {
-      if (sym_ && d == 0) sym = true;
-      else e *= k_.space[static_cast<std::size_t>(d)];
+      if (sym_ && d == 0)
+        sym = true;
+      else
+        e *= k_.space[static_cast<std::size_t>(d)];
     }
     if (!sym) return std::to_string(e) + "LL";
     return e == 1 ? std::string(kSizeVar) : "(" + std::string(kSizeVar) + " * " + std::to_string(e) + "LL)";
@@ -450,9 +478,11 @@ class KernelWriter {
           throw Error("kiln codegen: index not affine in merged loop dims (internal error)");
       }
       if (c == 0) continue;
-      s += (s.empty() ? "" : " + ") + (c == 1 ? std::string() : "(" + std::to_string(c) + "LL)*") + var(static_cast<int>(gi));
+      s += (s.empty() ? "" : " + ") + (c == 1 ? std::string() : "(" + std::to_string(c) + "LL)*") +
+           var(static_cast<int>(gi));
     }
-    if (e.constant != 0 || s.empty()) s += (s.empty() ? "" : " + ") + std::string("(") + std::to_string(e.constant) + "LL)";
+    if (e.constant != 0 || s.empty())
+      s += (s.empty() ? "" : " + ") + std::string("(") + std::to_string(e.constant) + "LL)";
     return "(" + s + ")";
   }
 
@@ -482,24 +512,36 @@ class KernelWriter {
     std::string t = stype(dt);
     // Outputs may alias inputs only element for element (the front end's rule), which keeps
     // __restrict's promise for every loop below (each element is read before it is written).
-    decls_.push_back(std::string(write ? "" : "const ") + t + "* __restrict " + name + " = (" + (write ? "" : "const ") + t +
-                     "*)args[" + std::to_string(slot) + "];");
+    decls_.push_back(std::string(write ? "" : "const ") + t + "* __restrict " + name + " = (" +
+                     (write ? "" : "const ") + t + "*)args[" + std::to_string(slot) + "];");
   }
   std::string load(const std::string& ptr, const std::string& off, DType dt) {
     std::string e = ptr + "[" + off + "]";
     switch (dt) {
-      case DType::Bool: return "(" + e + " != 0)";
-      case DType::Float16: needs_.half = true; return "kiln_h2f(" + e + ")";
-      case DType::BFloat16: needs_.bf16 = true; return "kiln_b2f(" + e + ")";
-      default: return e;
+      case DType::Bool:
+        return "(" + e + " != 0)";
+      case DType::Float16:
+        needs_.half = true;
+        return "kiln_h2f(" + e + ")";
+      case DType::BFloat16:
+        needs_.bf16 = true;
+        return "kiln_b2f(" + e + ")";
+      default:
+        return e;
     }
   }
   std::string to_storage(const std::string& v, DType dt) {
     switch (dt) {
-      case DType::Bool: return "(unsigned char)(" + v + ")";
-      case DType::Float16: needs_.half = true; return "kiln_f2h(" + v + ")";
-      case DType::BFloat16: needs_.bf16 = true; return "kiln_f2b(" + v + ")";
-      default: return v;
+      case DType::Bool:
+        return "(unsigned char)(" + v + ")";
+      case DType::Float16:
+        needs_.half = true;
+        return "kiln_f2h(" + v + ")";
+      case DType::BFloat16:
+        needs_.bf16 = true;
+        return "kiln_f2b(" + v + ")";
+      default:
+        return v;
     }
   }
   /// Rounds an f32 result to the precision of a 16-bit dtype (the reference rounds every op).
@@ -562,10 +604,18 @@ class KernelWriter {
     // number its generator (1), a reduction's value is already in a register (0).
     int c = 1;
     switch (ir::op_info(n.op).cost) {
-      case ir::CostClass::Transcendental: c = 20; break;
-      case ir::CostClass::Divide: c = 4; break;
-      case ir::CostClass::Free: c = ir::op_kind(n.op) == ir::OpKind::Leaf || ir::is_reduction(n.op) ? 0 : 1; break;
-      case ir::CostClass::Cheap: c = 1; break;
+      case ir::CostClass::Transcendental:
+        c = 20;
+        break;
+      case ir::CostClass::Divide:
+        c = 4;
+        break;
+      case ir::CostClass::Free:
+        c = ir::op_kind(n.op) == ir::OpKind::Leaf || ir::is_reduction(n.op) ? 0 : 1;
+        break;
+      case ir::CostClass::Cheap:
+        c = 1;
+        break;
     }
     if (!ir::is_reduction(n.op))
       for (auto i : n.inputs) c = std::min(1 << 20, c + cost(i));
@@ -581,7 +631,9 @@ class KernelWriter {
     for (auto& key : stash_) {
       int id = std::stoi(key.substr(0, key.find('|')));
       DType dt = node(id).dtype;
-      i64 bytes = row * static_cast<i64>(is_floating(dt) && dt != DType::Float64 ? 4 : dt == DType::Float64 || dt == DType::Int64 ? 8 : 4);
+      i64 bytes = row * static_cast<i64>(is_floating(dt) && dt != DType::Float64      ? 4
+                                         : dt == DType::Float64 || dt == DType::Int64 ? 8
+                                                                                      : 4);
       if (row > kStashMaxRow || total + bytes > kStashBudget) continue;
       total += bytes;
       std::string name = "stash" + std::to_string(stash_names_.size());
@@ -599,10 +651,12 @@ class KernelWriter {
       return scope_for(m);
     };
     const sched::Location& stored = s_.location[static_cast<std::size_t>(id)];
-    if (!ir::is_reduction(n.op) && stored.kind != sched::Location::None && s_.owner[static_cast<std::size_t>(id)] != kid_) {
+    if (!ir::is_reduction(n.op) && stored.kind != sched::Location::None &&
+        s_.owner[static_cast<std::size_t>(id)] != kid_) {
       // Computed once by an earlier kernel (the scheduler found it too costly to recompute).
       IndexExpr off = sched::strided_offset(idx, stored.strides, n.shape);
-      return emit(scope_for(off.dep_mask()), key, n.dtype, load(pointer(stored.kind, stored.index, n.dtype, false), render(off), n.dtype));
+      return emit(scope_for(off.dep_mask()), key, n.dtype,
+                  load(pointer(stored.kind, stored.index, n.dtype, false), render(off), n.dtype));
     }
     switch (ir::op_kind(n.op)) {
       case ir::OpKind::Leaf: {
@@ -625,7 +679,8 @@ class KernelWriter {
           return Val{it->second.text, sc};
         }
         const sched::Location& loc = s_.location[static_cast<std::size_t>(id)];
-        if (loc.kind == sched::Location::None) throw Error("kiln codegen: a reduction read from memory has no buffer (internal error)");
+        if (loc.kind == sched::Location::None)
+          throw Error("kiln codegen: a reduction read from memory has no buffer (internal error)");
         IndexExpr off = sched::strided_offset(idx, loc.strides, n.shape);
         return emit(scope_for(off.dep_mask()), key, n.dtype,
                     load(pointer(loc.kind, loc.index, n.dtype, false), render(off), n.dtype));
@@ -653,10 +708,12 @@ class KernelWriter {
           sc = std::max(sc, parts.back().scope);
         }
         std::string e = parts.back().expr;
-        for (std::size_t k = parts.size() - 1; k-- > 0;) e = "(" + pos + " < " + std::to_string(ends[k]) + "LL ? " + parts[k].expr + " : " + e + ")";
+        for (std::size_t k = parts.size() - 1; k-- > 0;)
+          e = "(" + pos + " < " + std::to_string(ends[k]) + "LL ? " + parts[k].expr + " : " + e + ")";
         return emit(sc, key, n.dtype, e);
       }
-      default: break;
+      default:
+        break;
     }
     // Pointwise: inputs at the same index.
     std::vector<Val> in;
@@ -670,29 +727,39 @@ class KernelWriter {
 
   std::string cast_from_i64(const std::string& v, DType t) {
     switch (t) {
-      case DType::Bool: return "(" + v + " != 0)";
-      case DType::Int32: return "(int)" + v;
-      case DType::Int64: return v;
-      case DType::Float64: return "(double)" + v;
-      case DType::Float32: return "(float)" + v;
-      default: return round16("(float)" + v, t);
+      case DType::Bool:
+        return "(" + v + " != 0)";
+      case DType::Int32:
+        return "(int)" + v;
+      case DType::Int64:
+        return v;
+      case DType::Float64:
+        return "(double)" + v;
+      case DType::Float32:
+        return "(float)" + v;
+      default:
+        return round16("(float)" + v, t);
     }
   }
 
   std::string random_expr(const ir::GraphNode& n, const Index& idx) {
     needs_.philox = true;
     if (!is_floating(n.dtype))
-      throw DTypeError(std::string("kiln codegen: random of dtype ") + dtype_name(n.dtype) + " (shape " + n.shape.str() +
-                       "): only floating dtypes");
+      throw DTypeError(std::string("kiln codegen: random of dtype ") + dtype_name(n.dtype) + " (shape " +
+                       n.shape.str() + "): only floating dtypes");
     const bool normal = !n.attrs.ints.empty() && n.attrs.ints[0] == 1;
     std::string args = "(unsigned long long)" + std::to_string(n.attrs.seed) + "ULL, (unsigned long long)" +
                        render(sched::flat_index(idx, n.shape));
     std::string ns = "kiln::philox::";
     switch (n.dtype) {
-      case DType::Float32: return ns + (normal ? "normal_f32(" : "uniform_f32(") + args + ")";
-      case DType::Float64: return ns + (normal ? "normal_f64(" : "uniform_f64(") + args + ")";
-      case DType::Float16: return normal ? round16(ns + "normal_f32(" + args + ")", n.dtype) : ns + "uniform_f16(" + args + ")";
-      default: return normal ? round16(ns + "normal_f32(" + args + ")", n.dtype) : ns + "uniform_bf16(" + args + ")";
+      case DType::Float32:
+        return ns + (normal ? "normal_f32(" : "uniform_f32(") + args + ")";
+      case DType::Float64:
+        return ns + (normal ? "normal_f64(" : "uniform_f64(") + args + ")";
+      case DType::Float16:
+        return normal ? round16(ns + "normal_f32(" + args + ")", n.dtype) : ns + "uniform_f16(" + args + ")";
+      default:
+        return normal ? round16(ns + "normal_f32(" + args + ")", n.dtype) : ns + "uniform_bf16(" + args + ")";
     }
   }
 
@@ -720,7 +787,9 @@ class KernelWriter {
   std::string cast_expr(const std::string& a, DType from, DType to) {
     if (from == to) return a;
     if (to == DType::Bool) return "(" + a + " != 0)";
-    if (from == DType::Bool) return is_floating(to) ? std::string(ctype(to)) + "(" + a + " ? 1 : 0)" : "(" + std::string(ctype(to)) + ")(" + a + " ? 1 : 0)";
+    if (from == DType::Bool)
+      return is_floating(to) ? std::string(ctype(to)) + "(" + a + " ? 1 : 0)"
+                             : "(" + std::string(ctype(to)) + ")(" + a + " ? 1 : 0)";
     if (is_integral(to)) {
       if (is_floating(from)) {
         needs_.ints = true;
@@ -758,31 +827,52 @@ class KernelWriter {
       case Op::Neg:
         if (fl) return "(-" + a + ")";
         if (it == DType::Bool) return a;
-        return it == DType::Int32 ? "(int)(0u - (unsigned)" + a + ")" : "(long long)(0ull - (unsigned long long)" + a + ")";
+        return it == DType::Int32 ? "(int)(0u - (unsigned)" + a + ")"
+                                  : "(long long)(0ull - (unsigned long long)" + a + ")";
       case Op::Abs:
         if (fl) return std::string(dbl ? "__builtin_fabs(" : "__builtin_fabsf(") + a + ")";
         if (it == DType::Bool) return a;
-        return "(" + a + " < 0 ? " + (it == DType::Int32 ? "(int)(0u - (unsigned)" + a + ")" : "(long long)(0ull - (unsigned long long)" + a + ")") + " : " + a + ")";
+        return "(" + a + " < 0 ? " +
+               (it == DType::Int32 ? "(int)(0u - (unsigned)" + a + ")"
+                                   : "(long long)(0ull - (unsigned long long)" + a + ")") +
+               " : " + a + ")";
       case Op::Exp:
         if (it == DType::Float32 && nonpositive_shift(n.inputs[0])) return math("exp_nonpos", a, it);
         return fmath("exp");
-      case Op::Exp2: return fmath("exp2");
-      case Op::Log: return fmath("log");
-      case Op::Log2: return fmath("log2");
-      case Op::Log1p: return fmath("log1p");
-      case Op::Expm1: return fmath("expm1");
-      case Op::Sin: return fmath("sin");
-      case Op::Cos: return fmath("cos");
-      case Op::Tan: return fmath("tan");
-      case Op::Tanh: return fmath("tanh");
-      case Op::Erf: return fmath("erf");
+      case Op::Exp2:
+        return fmath("exp2");
+      case Op::Log:
+        return fmath("log");
+      case Op::Log2:
+        return fmath("log2");
+      case Op::Log1p:
+        return fmath("log1p");
+      case Op::Expm1:
+        return fmath("expm1");
+      case Op::Sin:
+        return fmath("sin");
+      case Op::Cos:
+        return fmath("cos");
+      case Op::Tan:
+        return fmath("tan");
+      case Op::Tanh:
+        return fmath("tanh");
+      case Op::Erf:
+        return fmath("erf");
       // Scalar libm (correctly rounded to within 1 ulp); not vectorised yet.
-      case Op::Atan: case Op::Asin: case Op::Acos: {
+      case Op::Atan:
+      case Op::Asin:
+      case Op::Acos: {
         if (!fl) unsupported(n, it);
         const std::string fn = n.op == Op::Atan ? "atan" : n.op == Op::Asin ? "asin" : "acos";
         return round16("__builtin_" + fn + (dbl ? "(" : "f(") + a + ")", t);
       }
-      case Op::BitNot: case Op::BitAnd: case Op::BitOr: case Op::BitXor: case Op::Shl: case Op::Shr:
+      case Op::BitNot:
+      case Op::BitAnd:
+      case Op::BitOr:
+      case Op::BitXor:
+      case Op::Shl:
+      case Op::Shr:
         if (!c_family::integer_expr_applies(n.op, it)) unsupported(n, it);
         return c_family::integer_expr(n.op, it, ctype(it), a, b, needs_.ints);
       case Op::Sqrt:
@@ -798,20 +888,29 @@ class KernelWriter {
       case Op::Round:
         // nearbyint in the default rounding mode: halves to even, as torch.round.
         return fl ? std::string(dbl ? "__builtin_nearbyint(" : "__builtin_nearbyintf(") + a + ")" : a;
-      case Op::Not: return "(" + a + " == 0)";
-      case Op::IsNan: return fl ? "(" + a + " != " + a + ")" : "false";
+      case Op::Not:
+        return "(" + a + " == 0)";
+      case Op::IsNan:
+        return fl ? "(" + a + " != " + a + ")" : "false";
       case Op::IsInf:
-        return fl ? "(" + std::string(dbl ? "__builtin_fabs(" : "__builtin_fabsf(") + a + ") == " + (dbl ? "__builtin_inf()" : "__builtin_inff()") + ")" : "false";
-      case Op::Cast: return cast_expr(a, it, t);
-      case Op::Add: return fl ? round16("(" + a + " + " + b + ")", t) : wrap("+");
-      case Op::Sub: return fl ? round16("(" + a + " - " + b + ")", t) : wrap("-");
-      case Op::Mul: return fl ? round16("(" + a + " * " + b + ")", t) : wrap("*");
+        return fl ? "(" + std::string(dbl ? "__builtin_fabs(" : "__builtin_fabsf(") + a +
+                        ") == " + (dbl ? "__builtin_inf()" : "__builtin_inff()") + ")"
+                  : "false";
+      case Op::Cast:
+        return cast_expr(a, it, t);
+      case Op::Add:
+        return fl ? round16("(" + a + " + " + b + ")", t) : wrap("+");
+      case Op::Sub:
+        return fl ? round16("(" + a + " - " + b + ")", t) : wrap("-");
+      case Op::Mul:
+        return fl ? round16("(" + a + " * " + b + ")", t) : wrap("*");
       case Op::Div:
         if (fl) return round16("(" + a + " / " + b + ")", t);
         needs_.ints = true;
         if (it == DType::Bool) return "(kiln_idiv_i64((long long)" + a + ", (long long)" + b + ") != 0)";
         return std::string(it == DType::Int32 ? "kiln_idiv_i32(" : "kiln_idiv_i64(") + a + ", " + b + ")";
-      case Op::Atan2: case Op::Hypot: {
+      case Op::Atan2:
+      case Op::Hypot: {
         if (!fl) unsupported(n, it);
         const std::string fn = n.op == Op::Atan2 ? "atan2" : "hypot";
         return round16("__builtin_" + fn + (dbl ? "(" : "f(") + a + ", " + b + ")", t);
@@ -826,21 +925,35 @@ class KernelWriter {
         if (it == DType::Bool) return "(kiln_ipow_i64((long long)" + a + ", (long long)" + b + ") != 0)";
         return std::string(it == DType::Int32 ? "kiln_ipow_i32(" : "kiln_ipow_i64(") + a + ", " + b + ")";
       case Op::Maximum:
-        if (fl) return "(" + a + " != " + a + " ? " + a + " : " + b + " != " + b + " ? " + b + " : (" + a + " < " + b + " ? " + b + " : " + a + "))";
+        if (fl)
+          return "(" + a + " != " + a + " ? " + a + " : " + b + " != " + b + " ? " + b + " : (" + a + " < " + b +
+                 " ? " + b + " : " + a + "))";
         return "(" + a + " < " + b + " ? " + b + " : " + a + ")";
       case Op::Minimum:
-        if (fl) return "(" + a + " != " + a + " ? " + a + " : " + b + " != " + b + " ? " + b + " : (" + b + " < " + a + " ? " + b + " : " + a + "))";
+        if (fl)
+          return "(" + a + " != " + a + " ? " + a + " : " + b + " != " + b + " ? " + b + " : (" + b + " < " + a +
+                 " ? " + b + " : " + a + "))";
         return "(" + b + " < " + a + " ? " + b + " : " + a + ")";
-      case Op::Eq: return "(" + a + " == " + b + ")";
-      case Op::Ne: return "(" + a + " != " + b + ")";
-      case Op::Lt: return "(" + a + " < " + b + ")";
-      case Op::Le: return "(" + a + " <= " + b + ")";
-      case Op::Gt: return "(" + a + " > " + b + ")";
-      case Op::Ge: return "(" + a + " >= " + b + ")";
-      case Op::And: return "((" + a + " != 0) & (" + b + " != 0))";
-      case Op::Or: return "((" + a + " != 0) | (" + b + " != 0))";
-      case Op::Where: return "(" + a + " ? " + b + " : " + in[2].expr + ")";
-      default: break;
+      case Op::Eq:
+        return "(" + a + " == " + b + ")";
+      case Op::Ne:
+        return "(" + a + " != " + b + ")";
+      case Op::Lt:
+        return "(" + a + " < " + b + ")";
+      case Op::Le:
+        return "(" + a + " <= " + b + ")";
+      case Op::Gt:
+        return "(" + a + " > " + b + ")";
+      case Op::Ge:
+        return "(" + a + " >= " + b + ")";
+      case Op::And:
+        return "((" + a + " != 0) & (" + b + " != 0))";
+      case Op::Or:
+        return "((" + a + " != 0) | (" + b + " != 0))";
+      case Op::Where:
+        return "(" + a + " ? " + b + " : " + in[2].expr + ")";
+      default:
+        break;
     }
     throw Error(std::string("kiln codegen: no code for op ") + ir::op_name(n.op));
   }
@@ -862,11 +975,14 @@ class KernelWriter {
           // the same position is written: the row buffer can be a stash (less cache traffic).
           line_at(tile_scope_, std::string(stype(n.dtype)) + "* " + buf + " = " + reuse + ";");
         else
-          line_at(tile_scope_, std::string("alignas(64) ") + stype(n.dtype) + " " + buf + "[" + std::to_string(row_length()) + "];");
+          line_at(tile_scope_,
+                  std::string("alignas(64) ") + stype(n.dtype) + " " + buf + "[" + std::to_string(row_length()) + "];");
         line(buf + "[" + stash_pos_ + "] = " + to_storage(v.expr, n.dtype) + ";");
         IndexExpr base = off;
-        for (int d : k_.loops.groups[static_cast<std::size_t>(k_.loops.red_groups.front())]) base.coeff[static_cast<std::size_t>(d)] = 0;
-        streams_.push_back(Stream{buf, "&" + p + "[" + render(base) + "]", row_length() * static_cast<i64>(itemsize(n.dtype))});
+        for (int d : k_.loops.groups[static_cast<std::size_t>(k_.loops.red_groups.front())])
+          base.coeff[static_cast<std::size_t>(d)] = 0;
+        streams_.push_back(
+            Stream{buf, "&" + p + "[" + render(base) + "]", row_length() * static_cast<i64>(itemsize(n.dtype))});
         continue;
       }
       line(p + "[" + render(off) + "] = " + to_storage(v.expr, n.dtype) + ";");
@@ -884,7 +1000,8 @@ class KernelWriter {
   bool streamable(const sched::Location& t, const ir::GraphNode& n, const IndexExpr& off) const {
     const auto& p = k_.loops;
     // Symbolic sizes: how large the output is is known only at launch; rows are written directly.
-    if (sym_ || t.kind != sched::Location::Output || !off.affine() || p.column || p.red_groups.size() != 1) return false;
+    if (sym_ || t.kind != sched::Location::Output || !off.affine() || p.column || p.red_groups.size() != 1)
+      return false;
     const i64 elem = static_cast<i64>(itemsize(n.dtype));
     const i64 row = row_length();
     if (row * elem > kStreamMaxRowBytes || row * elem < 256 || n.shape.numel() * elem < kStreamMinBytes) return false;
@@ -906,7 +1023,8 @@ class KernelWriter {
     return "";
   }
   void flush_streams() {
-    for (auto& st : streams_) line("kiln_stream_row(" + st.dst + ", " + st.buf + ", " + std::to_string(st.bytes) + "LL);");
+    for (auto& st : streams_)
+      line("kiln_stream_row(" + st.dst + ", " + st.buf + ", " + std::to_string(st.bytes) + "LL);");
     if (!streams_.empty()) needs_.stream = true;
     streams_.clear();
   }
@@ -925,8 +1043,11 @@ class KernelWriter {
     std::vector<int> outer(order.begin(), order.end() - 1);
     int inner = order.back();
     if (outer.empty()) {
-      std::string pragma = p.parallel ? shared_loop(" simd schedule(simd:static" + piece(extent(inner)) + ")") : "#pragma omp simd";
-      open(pragma, "for (long long " + var(inner) + " = 0; " + var(inner) + " < " + extent_text(inner) + "; ++" + var(inner) + ")",
+      std::string pragma =
+          p.parallel ? shared_loop(" simd schedule(simd:static" + piece(extent(inner)) + ")") : "#pragma omp simd";
+      open(pragma,
+           "for (long long " + var(inner) + " = 0; " + var(inner) + " < " + extent_text(inner) + "; ++" + var(inner) +
+               ")",
            group_mask(inner));
     } else {
       std::size_t lead = 1;
@@ -934,18 +1055,27 @@ class KernelWriter {
       while (p.parallel && lead < outer.size() && lead_extent < 16) lead_extent *= extent(outer[lead++]);
       std::string pragma = p.parallel ? shared_loop(" schedule(static" + piece(lead_extent) + ")") : "";
       if (lead == 1) {
-        open(pragma, "for (long long " + var(outer[0]) + " = 0; " + var(outer[0]) + " < " + extent_text(outer[0]) + "; ++" + var(outer[0]) + ")",
+        open(pragma,
+             "for (long long " + var(outer[0]) + " = 0; " + var(outer[0]) + " < " + extent_text(outer[0]) + "; ++" +
+                 var(outer[0]) + ")",
              group_mask(outer[0]));
       } else {
         std::uint64_t m = 0;
         for (std::size_t j = 0; j < lead; ++j) m |= group_mask(outer[j]);
-        open(pragma, "for (long long t = 0; t < " + extents_text(std::vector<int>(outer.begin(), outer.begin() + static_cast<long>(lead))) + "; ++t)", m);
+        open(pragma,
+             "for (long long t = 0; t < " +
+                 extents_text(std::vector<int>(outer.begin(), outer.begin() + static_cast<long>(lead))) + "; ++t)",
+             m);
         decode("t", std::vector<int>(outer.begin(), outer.begin() + static_cast<long>(lead)));
       }
       for (std::size_t j = lead; j < outer.size(); ++j)
-        open("", "for (long long " + var(outer[j]) + " = 0; " + var(outer[j]) + " < " + extent_text(outer[j]) + "; ++" + var(outer[j]) + ")",
+        open("",
+             "for (long long " + var(outer[j]) + " = 0; " + var(outer[j]) + " < " + extent_text(outer[j]) + "; ++" +
+                 var(outer[j]) + ")",
              group_mask(outer[j]));
-      open("#pragma omp simd", "for (long long " + var(inner) + " = 0; " + var(inner) + " < " + extent_text(inner) + "; ++" + var(inner) + ")",
+      open("#pragma omp simd",
+           "for (long long " + var(inner) + " = 0; " + var(inner) + " < " + extent_text(inner) + "; ++" + var(inner) +
+               ")",
            group_mask(inner));
     }
     for (auto& st : k_.stores) store(st, sched::identity_index(k_.space));
@@ -974,7 +1104,7 @@ class KernelWriter {
     int node;
     Op op;
     DType in, out;
-    bool fl;       // floating input
+    bool fl;  // floating input
     std::string acc_t;
     bool flag = false, arg = false;
     std::string init;
@@ -1014,7 +1144,8 @@ class KernelWriter {
           r.init = mx ? "0LL" : "1LL";
         } else {
           r.acc_t = ctype(r.in);
-          r.init = r.in == DType::Int32 ? (mx ? "(-2147483647 - 1)" : "2147483647") : (mx ? "(-9223372036854775807LL - 1)" : "9223372036854775807LL");
+          r.init = r.in == DType::Int32 ? (mx ? "(-2147483647 - 1)" : "2147483647")
+                                        : (mx ? "(-9223372036854775807LL - 1)" : "9223372036854775807LL");
         }
         break;
       }
@@ -1031,11 +1162,16 @@ class KernelWriter {
   /// OpenMP reduction clauses for the scalar accumulators of `r`.
   std::string clause(const Red& r) const {
     switch (r.op) {
-      case Op::ReduceSum: return " reduction(+:" + (r.sub.empty() ? r.name : r.sub) + ")";
-      case Op::ReduceProd: return " reduction(*:" + r.name + ")";
-      case Op::ReduceMax: return " reduction(max:" + r.name + ")" + (r.flag ? " reduction(|:f" + r.name + ")" : "");
-      case Op::ReduceMin: return " reduction(min:" + r.name + ")" + (r.flag ? " reduction(|:f" + r.name + ")" : "");
-      default: return "";
+      case Op::ReduceSum:
+        return " reduction(+:" + (r.sub.empty() ? r.name : r.sub) + ")";
+      case Op::ReduceProd:
+        return " reduction(*:" + r.name + ")";
+      case Op::ReduceMax:
+        return " reduction(max:" + r.name + ")" + (r.flag ? " reduction(|:f" + r.name + ")" : "");
+      case Op::ReduceMin:
+        return " reduction(min:" + r.name + ")" + (r.flag ? " reduction(|:f" + r.name + ")" : "");
+      default:
+        return "";
     }
   }
 
@@ -1048,7 +1184,8 @@ class KernelWriter {
     } else {
       line(r.acc_t + " " + r.name + arr + ";");
       if (r.arg) line("long long x" + r.name + arr + ";");
-      line("for (long long kk = 0; kk < kn; ++kk) { " + r.name + "[kk] = " + r.init + (r.arg ? "; x" + r.name + "[kk] = -1" : "") + "; }");
+      line("for (long long kk = 0; kk < kn; ++kk) { " + r.name + "[kk] = " + r.init +
+           (r.arg ? "; x" + r.name + "[kk] = -1" : "") + "; }");
     }
   }
 
@@ -1067,25 +1204,29 @@ class KernelWriter {
         const char* cmp = r.op == Op::ReduceMax ? " > " : " < ";
         std::string vv = r.in == DType::Bool ? "(long long)" + v : v;
         if (!r.fl) return a + " = " + vv + cmp + a + " ? " + vv + " : " + a + ";";
-        if (!f.empty()) return a + " = " + v + cmp + a + " ? " + v + " : " + a + "; " + f + " |= (" + v + " != " + v + ");";
+        if (!f.empty())
+          return a + " = " + v + cmp + a + " ? " + v + " : " + a + "; " + f + " |= (" + v + " != " + v + ");";
         // NaN sticks: once `a` is NaN every comparison is false.
         return a + " = (" + v + cmp + a + " || " + v + " != " + v + ") ? " + v + " : " + a + ";";
       }
       default: {
         std::string vv = r.in == DType::Bool ? "(long long)" + v : v;
-        return "{ " + r.acc_t + " cv = " + vv + "; long long ck = " + k + "; if (" + take(r, a, x, "cv", "ck") + ") { " + a + " = cv; " + x + " = ck; } }";
+        return "{ " + r.acc_t + " cv = " + vv + "; long long ck = " + k + "; if (" + take(r, a, x, "cv", "ck") +
+               ") { " + a + " = cv; " + x + " = ck; } }";
       }
     }
   }
 
   /// Whether candidate (cv, ck) replaces (a, x) in an arg reduction (the reference's rule: the
   /// extreme wins, NaN counts as the extreme, ties go to the lower index).
-  std::string take(const Red& r, const std::string& a, const std::string& x, const std::string& cv, const std::string& ck) const {
+  std::string take(const Red& r, const std::string& a, const std::string& x, const std::string& cv,
+                   const std::string& ck) const {
     const char* cmp = is_max(r) ? " > " : " < ";
     std::string plain = "(" + cv + cmp + a + " || (" + cv + " == " + a + " && " + ck + " < " + x + "))";
     if (r.fl) {
       std::string an = "(" + a + " != " + a + ")", bn = "(" + cv + " != " + cv + ")";
-      plain = "((" + an + " || " + bn + ") ? ((" + an + " && " + bn + ") ? " + ck + " < " + x + " : " + bn + ") : " + plain + ")";
+      plain = "((" + an + " || " + bn + ") ? ((" + an + " && " + bn + ") ? " + ck + " < " + x + " : " + bn +
+              ") : " + plain + ")";
     }
     return "(" + ck + " >= 0 && (" + x + " < 0 || " + plain + "))";
   }
@@ -1101,9 +1242,12 @@ class KernelWriter {
       case Op::ReduceMax:
       case Op::ReduceMin:
         if (r.out == DType::Bool) return "(" + a + " != 0)";
-        if (r.fl && !f.empty()) return "(" + f + " ? " + (r.in == DType::Float64 ? "__builtin_nan(\"\")" : "__builtin_nanf(\"\")") + " : " + a + ")";
+        if (r.fl && !f.empty())
+          return "(" + f + " ? " + (r.in == DType::Float64 ? "__builtin_nan(\"\")" : "__builtin_nanf(\"\")") + " : " +
+                 a + ")";
         return a;
-      default: return "(" + x + " < 0 ? 0LL : " + x + ")";
+      default:
+        return "(" + x + " < 0 ? 0LL : " + x + ")";
     }
   }
 
@@ -1113,7 +1257,8 @@ class KernelWriter {
     i64 mult = 1;
     for (std::size_t d = k_.space.size(); d-- > 0;) {
       if (!k_.reduced[d] || k_.space[d] == 1) continue;
-      f = sched::ix_add(f, sched::ix_scale(sched::ix_var(static_cast<int>(d), static_cast<int>(k_.space.size())), mult));
+      f = sched::ix_add(f,
+                        sched::ix_scale(sched::ix_var(static_cast<int>(d), static_cast<int>(k_.space.size())), mult));
       mult *= k_.space[d];
     }
     return render(f);
@@ -1177,7 +1322,8 @@ class KernelWriter {
         b = "be";
       }
       std::string pragma = innermost && simd_ok ? "#pragma omp simd" + clauses : "";
-      open(pragma, "for (long long " + var(gi) + " = " + a + "; " + var(gi) + " < " + b + "; ++" + var(gi) + ")", group_mask(gi));
+      open(pragma, "for (long long " + var(gi) + " = " + a + "; " + var(gi) + " < " + b + "; ++" + var(gi) + ")",
+           group_mask(gi));
       ++opened;
     }
     if (p.column) {
@@ -1206,8 +1352,10 @@ class KernelWriter {
     std::string pos = need_pos ? reduced_position() : "0";
     for (auto& r : reds) {
       Val v = value(node(r.node).inputs[0], id);
-      if (p.column) line(step(r, r.name + "[kk]", "x" + r.name + "[kk]", "", v.expr, pos));
-      else line(step(r, r.name, "x" + r.name, r.flag ? "f" + r.name : "", v.expr, pos));
+      if (p.column)
+        line(step(r, r.name + "[kk]", "x" + r.name + "[kk]", "", v.expr, pos));
+      else
+        line(step(r, r.name, "x" + r.name, r.flag ? "f" + r.name : "", v.expr, pos));
     }
     for (auto& st : k_.stores)
       if (st.level == sched::Level::Full && st.pass == pass) store(st, id);
@@ -1218,7 +1366,8 @@ class KernelWriter {
     const auto& p = k_.loops;
     const i64 ki = extent(p.vec_group);
     line("const long long k0 = (" + t + " % " + std::to_string(p.blocks) + "LL) * " + std::to_string(p.block) + "LL;");
-    line("const long long kn = " + std::to_string(ki) + "LL - k0 < " + std::to_string(p.block) + "LL ? " + std::to_string(ki) + "LL - k0 : " + std::to_string(p.block) + "LL;");
+    line("const long long kn = " + std::to_string(ki) + "LL - k0 < " + std::to_string(p.block) + "LL ? " +
+         std::to_string(ki) + "LL - k0 : " + std::to_string(p.block) + "LL;");
   }
   void tile_vars(const std::string& t) {
     const auto& p = k_.loops;
@@ -1253,7 +1402,8 @@ class KernelWriter {
   /// parallel region), so every thread sees the same one.
   std::string acc_array(const std::string& type, const std::string& name, i64 count) {
     arrays_.push_back(std::to_string(std::max<i64>(1, count)) + "LL * (long long)sizeof(" + type + ")");
-    decls_.push_back(type + "* __restrict " + name + " = (" + type + "*)scratch[" + std::to_string(arrays_.size() - 1) + "];");
+    decls_.push_back(type + "* __restrict " + name + " = (" + type + "*)scratch[" + std::to_string(arrays_.size() - 1) +
+                     "];");
     return name;
   }
 
@@ -1266,7 +1416,8 @@ class KernelWriter {
       const std::string id = std::to_string(r.node);
       const std::string pv = "fp" + id, px = "fx" + id, a = "fa" + id, x = "fax" + id, f = "faf" + id;
       // Unique names, no braces: values hoisted into this scope must stay visible after it.
-      line(r.acc_t + " " + a + " = " + r.init + "; long long " + x + " = -1; int " + f + " = 0; (void)" + x + "; (void)" + f + ";");
+      line(r.acc_t + " " + a + " = " + r.init + "; long long " + x + " = -1; int " + f + " = 0; (void)" + x +
+           "; (void)" + f + ";");
       if (p.column) {
         open("", "for (long long kk = 0; kk < kn; ++kk)", group_mask(p.vec_group));
         line("const long long " + var(p.vec_group) + " = k0 + kk;");
@@ -1278,20 +1429,26 @@ class KernelWriter {
       if (r.arg) line(px + "[" + t + "] = " + x + ";");
     }
   }
-  std::string nan_of(const Red& r) const { return r.in == DType::Float64 ? "__builtin_nan(\"\")" : "__builtin_nanf(\"\")"; }
+  std::string nan_of(const Red& r) const {
+    return r.in == DType::Float64 ? "__builtin_nan(\"\")" : "__builtin_nanf(\"\")";
+  }
 
   /// Merges partial (pv, px) into (a, x): the combine step of split and final reductions.
-  std::string merge(const Red& r, const std::string& a, const std::string& x, const std::string& pv, const std::string& px) const {
+  std::string merge(const Red& r, const std::string& a, const std::string& x, const std::string& pv,
+                    const std::string& px) const {
     switch (r.op) {
-      case Op::ReduceSum: return a + " += " + pv + ";";
-      case Op::ReduceProd: return a + " *= " + pv + ";";
+      case Op::ReduceSum:
+        return a + " += " + pv + ";";
+      case Op::ReduceProd:
+        return a + " *= " + pv + ";";
       case Op::ReduceMax:
       case Op::ReduceMin: {
         const char* cmp = r.op == Op::ReduceMax ? " > " : " < ";
         if (!r.fl) return a + " = " + pv + cmp + a + " ? " + pv + " : " + a + ";";
         return a + " = (" + pv + cmp + a + " || " + pv + " != " + pv + ") ? " + pv + " : " + a + ";";
       }
-      default: return "if (" + take(r, a, x, pv, px) + ") { " + a + " = " + pv + "; " + x + " = " + px + "; }";
+      default:
+        return "if (" + take(r, a, x, pv, px) + ") { " + a + " = " + pv + "; " + x + " = " + px + "; }";
     }
   }
 
@@ -1307,7 +1464,8 @@ class KernelWriter {
       std::string a = "fin" + std::to_string(r.node), x = "finx" + std::to_string(r.node);
       line(r.acc_t + " " + a + " = " + r.init + "; long long " + x + " = -1; (void)" + x + ";");
       line("for (long long t = 0; t < " + std::to_string(tiles) + "LL; ++t) { " +
-           merge(r, a, x, "fp" + std::to_string(r.node) + "[t]", r.arg ? "fx" + std::to_string(r.node) + "[t]" : "0") + " }");
+           merge(r, a, x, "fp" + std::to_string(r.node) + "[t]", r.arg ? "fx" + std::to_string(r.node) + "[t]" : "0") +
+           " }");
       std::string res = "r" + std::to_string(r.node);
       line("const " + std::string(ctype(r.out)) + " " + res + " = " + finish(r, a, x, "") + ";");
       bound_[r.node] = Binding{res, 0, top()};
@@ -1330,7 +1488,8 @@ class KernelWriter {
     std::vector<Red> fins = final_reds();
     declare_final_partials(fins, tiles);
     open(shared_loop(" schedule(static)"),
-         "for (long long t = 0; t < " + (sym_ ? extents_text(p.kept_groups) : std::to_string(tiles) + "LL") + "; ++t)", kept_mask());
+         "for (long long t = 0; t < " + (sym_ ? extents_text(p.kept_groups) : std::to_string(tiles) + "LL") + "; ++t)",
+         kept_mask());
     tile_vars("t");
     tile_scope_ = top();
     for (auto& d : stash_decls_) line(d);
@@ -1351,10 +1510,12 @@ class KernelWriter {
         std::string res = "r" + std::to_string(r.node);
         if (p.column) {
           line(std::string(ctype(r.out)) + " " + res + "[" + std::to_string(p.block) + "];");
-          line("for (long long kk = 0; kk < kn; ++kk) " + res + "[kk] = " + finish(r, r.name + "[kk]", "x" + r.name + "[kk]", "") + ";");
+          line("for (long long kk = 0; kk < kn; ++kk) " + res +
+               "[kk] = " + finish(r, r.name + "[kk]", "x" + r.name + "[kk]", "") + ";");
           bound_[r.node] = Binding{res + "[kk]", group_mask(p.vec_group), 1};
         } else {
-          line("const " + std::string(ctype(r.out)) + " " + res + " = " + finish(r, r.name, "x" + r.name, r.flag ? "f" + r.name : "") + ";");
+          line("const " + std::string(ctype(r.out)) + " " + res + " = " +
+               finish(r, r.name, "x" + r.name, r.flag ? "f" + r.name : "") + ";");
           bound_[r.node] = Binding{res, 0, 1};
         }
       }
@@ -1375,14 +1536,17 @@ class KernelWriter {
     const i64 lanes = p.column ? p.block : 1;
     const i64 e0 = extent(p.red_groups.front());
     std::vector<Red> fins = final_reds();
-    auto lane = [&](const std::string& base) { return p.column ? base + " * " + std::to_string(lanes) + "LL + kk" : base; };
+    auto lane = [&](const std::string& base) {
+      return p.column ? base + " * " + std::to_string(lanes) + "LL + kk" : base;
+    };
     for (int pass = 1; pass <= k_.passes; ++pass) {
       std::vector<Red> reds = phase_reds(pass);
       for (auto& r : reds) {
         acc_array(r.acc_t, "pp" + std::to_string(r.node), tiles * chunks * lanes);
         if (r.arg) acc_array("long long", "px" + std::to_string(r.node), tiles * chunks * lanes);
       }
-      open(shared_loop(" schedule(static)"), "for (long long u = 0; u < " + std::to_string(tiles * chunks) + "LL; ++u)", kept_mask());
+      open(shared_loop(" schedule(static)"), "for (long long u = 0; u < " + std::to_string(tiles * chunks) + "LL; ++u)",
+           kept_mask());
       line("const long long t = u / " + std::to_string(chunks) + "LL, ch = u % " + std::to_string(chunks) + "LL;");
       tile_vars("t");
       line("const long long lo = ch * " + std::to_string(p.chunk_len) + "LL;");
@@ -1416,7 +1580,9 @@ class KernelWriter {
         line(r.acc_t + " a = " + r.init + "; long long x = -1; (void)x;");
         std::string at = "(t * " + std::to_string(chunks) + "LL + c)";
         line("for (long long c = 0; c < " + std::to_string(chunks) + "LL; ++c) { " +
-             merge(r, "a", "x", "pp" + std::to_string(r.node) + "[" + lane(at) + "]", r.arg ? "px" + std::to_string(r.node) + "[" + lane(at) + "]" : "0") + " }");
+             merge(r, "a", "x", "pp" + std::to_string(r.node) + "[" + lane(at) + "]",
+                   r.arg ? "px" + std::to_string(r.node) + "[" + lane(at) + "]" : "0") +
+             " }");
         line(res + "[" + lane("t") + "] = " + finish(r, "a", "x", "") + ";");
         if (p.column) close();
         close();
@@ -1456,6 +1622,7 @@ class KernelWriter {
   std::vector<std::string> decls_;
   std::vector<std::string> arrays_;  // byte counts (C text) of the scratch arrays
   bool ws_ = false, serial_open_ = false;
+
  public:
   i64 pointwise_pieces_ = 0;  // CppOptions::pointwise_pieces, for this kernel
  private:

@@ -62,8 +62,8 @@ struct CudaTarget {
   bool index64 = false;  ///< 64-bit index math even where 32 bits suffice (tests use it)
   // Tuning: the defaults are the variants measured best on an H200 (bench_gpu --variants;
   // docs/performance-gpu.md has the figures).
-  int pointwise_block = 256;       ///< threads per block of pointwise kernels
-  int warp_rows_per_block = 8;     ///< rows per block of row kernels with a warp per row (short rows)
+  int pointwise_block = 256;    ///< threads per block of pointwise kernels
+  int warp_rows_per_block = 8;  ///< rows per block of row kernels with a warp per row (short rows)
   /// A row of at most 32 x lanes x this many elements gets a warp, a longer one a block. Each
   /// thread's share of a row is unrolled, and NVRTC's time grows with it. 4: N2 (1024-wide
   /// rows, then 64 threads per row) 0.985 x copy and compiled by NVRTC in 78 ms on an H200's
@@ -77,11 +77,11 @@ struct CudaTarget {
   /// (0: as many as 16-byte loads give). Two: P3 (16 sinf per element) 1.094 -> 0.905 ms on an
   /// H200, fewer live registers per thread.
   int pointwise_lanes_heavy = 2;
-  int row_unroll_uncached = 4;        ///< unroll of a row pass whose row is not cached on chip
+  int row_unroll_uncached = 4;               ///< unroll of a row pass whose row is not cached on chip
   int row_vectors_per_thread_uncached = 32;  ///< sets the threads per row of long rows not cached on chip
-  bool column_split_interleave = false;  ///< column splits take interleaved row groups
-  int column_vectors_per_thread = 1;  ///< 16-byte vectors per thread across the columns of column reductions
-  int column_unroll = 4;              ///< rows in flight per thread in column reductions
+  bool column_split_interleave = false;      ///< column splits take interleaved row groups
+  int column_vectors_per_thread = 1;         ///< 16-byte vectors per thread across the columns of column reductions
+  int column_unroll = 4;                     ///< rows in flight per thread in column reductions
   /// Rows too long for registers stay in shared memory (one row per multiprocessor at a time),
   /// else they are re-read per pass, mostly from L2 (two rows per multiprocessor overlap).
   bool row_cache_shared = false;
@@ -134,11 +134,11 @@ struct CudaGridRule {
 
 /// How one generated kernel is launched.
 struct CudaKernelInfo {
-  std::string name;            ///< `extern "C"` symbol
-  unsigned grid = 1;           ///< blocks (x); 0 when grid_rule sets it at launch
-  unsigned block = 1;          ///< threads per block (x)
-  unsigned shared_bytes = 0;   ///< dynamic shared memory
-  std::string strategy;        ///< one line for logs and explain
+  std::string name;             ///< `extern "C"` symbol
+  unsigned grid = 1;            ///< blocks (x); 0 when grid_rule sets it at launch
+  unsigned block = 1;           ///< threads per block (x)
+  unsigned shared_bytes = 0;    ///< dynamic shared memory
+  std::string strategy;         ///< one line for logs and explain
   std::uint64_t code_hash = 0;  ///< hash of the kernel's code (equal: the same kernel; autotune skips repeats)
   /// Kernels over a symbolic size: how the grid follows the size (units_per_size 0: static).
   CudaGridRule grid_rule;
@@ -176,24 +176,35 @@ using sched::IndexExpr;
 /// C type values of `t` are computed in.
 inline const char* ctype(DType t) {
   switch (t) {
-    case DType::Bool: return "bool";
-    case DType::Int32: return "int";
-    case DType::Int64: return "long long";
-    case DType::Float64: return "double";
-    default: return "float";
+    case DType::Bool:
+      return "bool";
+    case DType::Int32:
+      return "int";
+    case DType::Int64:
+      return "long long";
+    case DType::Float64:
+      return "double";
+    default:
+      return "float";
   }
 }
 
 /// C type values of `t` are stored as.
 inline const char* stype(DType t) {
   switch (t) {
-    case DType::Bool: return "unsigned char";
-    case DType::Int32: return "int";
-    case DType::Int64: return "long long";
+    case DType::Bool:
+      return "unsigned char";
+    case DType::Int32:
+      return "int";
+    case DType::Int64:
+      return "long long";
     case DType::Float16:
-    case DType::BFloat16: return "unsigned short";
-    case DType::Float32: return "float";
-    case DType::Float64: return "double";
+    case DType::BFloat16:
+      return "unsigned short";
+    case DType::Float32:
+      return "float";
+    case DType::Float64:
+      return "double";
   }
   return "?";
 }
@@ -218,7 +229,8 @@ inline std::string float_literal(double v, bool is_double) {
 
 inline std::string int_literal(i64 v, DType t) {
   if (t == DType::Bool) return v ? "true" : "false";
-  if (t == DType::Int32) return "((int)" + std::to_string(static_cast<std::int32_t>(static_cast<std::uint32_t>(v))) + ")";
+  if (t == DType::Int32)
+    return "((int)" + std::to_string(static_cast<std::int32_t>(static_cast<std::uint32_t>(v))) + ")";
   if (v == std::numeric_limits<i64>::min()) return "(-9223372036854775807LL - 1)";
   return "(" + std::to_string(v) + "LL)";
 }
@@ -228,8 +240,10 @@ inline std::string constant_literal(const ir::GraphNode& n) {
   DType t = n.dtype;
   if (is_floating(t)) {
     double v = n.attrs.scalar;
-    if (t == DType::Float16) v = static_cast<float>(Half(static_cast<float>(v)));
-    else if (t == DType::BFloat16) v = static_cast<float>(BFloat16(static_cast<float>(v)));
+    if (t == DType::Float16)
+      v = static_cast<float>(Half(static_cast<float>(v)));
+    else if (t == DType::BFloat16)
+      v = static_cast<float>(BFloat16(static_cast<float>(v)));
     return float_literal(v, t == DType::Float64);
   }
   return int_literal(n.attrs.iscalar, t);
@@ -298,22 +312,27 @@ inline bool is_max(const Red& r) { return r.op == Op::ReduceMax || r.op == Op::A
 /// Whether candidate (cv, ck) replaces (a, x) in an arg reduction (the reference's rule: the
 /// extreme wins, NaN counts as the extreme, ties go to the lower index; index-aware, so
 /// partial results may be combined in any grouping).
-inline std::string take(const Red& r, const std::string& a, const std::string& x, const std::string& cv, const std::string& ck) {
+inline std::string take(const Red& r, const std::string& a, const std::string& x, const std::string& cv,
+                        const std::string& ck) {
   const char* cmp = is_max(r) ? " > " : " < ";
   std::string plain = "(" + cv + cmp + a + " || (" + cv + " == " + a + " && " + ck + " < " + x + "))";
   if (r.fl) {
     std::string an = "(" + a + " != " + a + ")", bn = "(" + cv + " != " + cv + ")";
-    plain = "((" + an + " || " + bn + ") ? ((" + an + " && " + bn + ") ? " + ck + " < " + x + " : " + bn + ") : " + plain + ")";
+    plain = "((" + an + " || " + bn + ") ? ((" + an + " && " + bn + ") ? " + ck + " < " + x + " : " + bn +
+            ") : " + plain + ")";
   }
   return "(" + ck + " >= 0 && (" + x + " < 0 || " + plain + "))";
 }
 
 /// Folds value `v` (at flat position `k` along the reduced dims, for arg reductions) into the
 /// accumulator `a` (`x` its index). NaN sticks in max/min: once `a` is NaN no comparison is true.
-inline std::string step(const Red& r, const std::string& a, const std::string& x, const std::string& v, const std::string& k) {
+inline std::string step(const Red& r, const std::string& a, const std::string& x, const std::string& v,
+                        const std::string& k) {
   switch (r.op) {
-    case Op::ReduceSum: return a + " += " + (r.fl ? "(double)" + v : "(unsigned long long)(long long)" + v) + ";";
-    case Op::ReduceProd: return a + " *= " + (r.fl ? "(double)" + v : "(unsigned long long)(long long)" + v) + ";";
+    case Op::ReduceSum:
+      return a + " += " + (r.fl ? "(double)" + v : "(unsigned long long)(long long)" + v) + ";";
+    case Op::ReduceProd:
+      return a + " *= " + (r.fl ? "(double)" + v : "(unsigned long long)(long long)" + v) + ";";
     case Op::ReduceMax:
     case Op::ReduceMin: {
       const char* cmp = r.op == Op::ReduceMax ? " > " : " < ";
@@ -325,17 +344,20 @@ inline std::string step(const Red& r, const std::string& a, const std::string& x
     }
     default: {
       std::string vv = r.in == DType::Bool ? "(long long)" + v : v;
-      return "{ const " + r.acc_t + " cv = " + vv + "; const long long ck = " + k + "; if (" + take(r, a, x, "cv", "ck") +
-             ") { " + a + " = cv; " + x + " = ck; } }";
+      return "{ const " + r.acc_t + " cv = " + vv + "; const long long ck = " + k + "; if (" +
+             take(r, a, x, "cv", "ck") + ") { " + a + " = cv; " + x + " = ck; } }";
     }
   }
 }
 
 /// Merges partial (pv, px) into (a, x).
-inline std::string merge(const Red& r, const std::string& a, const std::string& x, const std::string& pv, const std::string& px) {
+inline std::string merge(const Red& r, const std::string& a, const std::string& x, const std::string& pv,
+                         const std::string& px) {
   switch (r.op) {
-    case Op::ReduceSum: return a + " += " + pv + ";";
-    case Op::ReduceProd: return a + " *= " + pv + ";";
+    case Op::ReduceSum:
+      return a + " += " + pv + ";";
+    case Op::ReduceProd:
+      return a + " *= " + pv + ";";
     case Op::ReduceMax:
     case Op::ReduceMin: {
       const char* cmp = r.op == Op::ReduceMax ? " > " : " < ";
@@ -343,8 +365,8 @@ inline std::string merge(const Red& r, const std::string& a, const std::string& 
       return "{ const " + r.acc_t + " cv = " + pv + "; " + a + " = (cv" + cmp + a + " || cv != cv) ? cv : " + a + "; }";
     }
     default:
-      return "{ const " + r.acc_t + " cv = " + pv + "; const long long ck = " + px + "; if (" + take(r, a, x, "cv", "ck") +
-             ") { " + a + " = cv; " + x + " = ck; } }";
+      return "{ const " + r.acc_t + " cv = " + pv + "; const long long ck = " + px + "; if (" +
+             take(r, a, x, "cv", "ck") + ") { " + a + " = cv; " + x + " = ck; } }";
   }
 }
 
@@ -354,19 +376,24 @@ inline std::string merge(const Red& r, const std::string& a, const std::string& 
 inline std::string online_step(const Red& r, const std::string& m, const std::string& s, const std::string& v) {
   const bool dbl = r.in == DType::Float64;
   const std::string t = r.acc_t, ex = dbl ? "exp(" : "expf(", ninf = dbl ? "(-KILN_INF_D)" : "(-KILN_INF_F)";
-  return "{ const " + t + " cv = " + v + "; const " + t + " nm = (cv > " + m + " || cv != cv) ? cv : " + m + "; if (nm != " + m +
-         ") { " + s + " *= (double)" + ex + m + " - nm); " + m + " = nm; } " + s + " += (cv == " + ninf + " && " + m + " == " +
-         ninf + ") ? 0.0 : (double)" + ex + "cv - " + m + "); }";
+  return "{ const " + t + " cv = " + v + "; const " + t + " nm = (cv > " + m + " || cv != cv) ? cv : " + m +
+         "; if (nm != " + m + ") { " + s + " *= (double)" + ex + m + " - nm); " + m + " = nm; } " + s +
+         " += (cv == " + ninf + " && " + m + " == " + ninf + ") ? 0.0 : (double)" + ex + "cv - " + m + "); }";
 }
 
 /// Type of a chunk of `bytes` bytes (a whole vector access, or one 16-byte piece of it).
 inline const char* chunk_type(std::size_t bytes) {
   switch (bytes) {
-    case 16: return "uint4";
-    case 8: return "uint2";
-    case 4: return "unsigned int";
-    case 2: return "unsigned short";
-    default: return "unsigned char";
+    case 16:
+      return "uint4";
+    case 8:
+      return "uint2";
+    case 4:
+      return "unsigned int";
+    case 2:
+      return "unsigned short";
+    default:
+      return "unsigned char";
   }
 }
 
@@ -381,7 +408,13 @@ class Writer {
  public:
   Writer(const ir::Graph& g, const sched::Schedule& s, int kid, const CudaTarget& target, const CudaAlignment& align,
          Needs& needs, std::size_t scratch_offset)
-      : g_(g), s_(s), k_(s.kernels[static_cast<std::size_t>(kid)]), kid_(kid), t_(target), al_(align), needs_(needs),
+      : g_(g),
+        s_(s),
+        k_(s.kernels[static_cast<std::size_t>(kid)]),
+        kid_(kid),
+        t_(target),
+        al_(align),
+        needs_(needs),
         scratch_offset_(scratch_offset) {
     leaves_ = g.num_leaves();
     nargs_ = leaves_ + g.outputs.size() + s.temps.size() + 1;
@@ -400,10 +433,14 @@ class Writer {
   CudaKernelInfo write(const std::string& name, std::string& code, std::size_t& scratch) {
     info_.name = name;
     scopes_.push_back(Scope{});
-    if (k_.kind == sched::KernelKind::Pointwise) pointwise();
-    else if (k_.loops.column) columns();
-    else if (use_split()) split_rows();
-    else rows();
+    if (k_.kind == sched::KernelKind::Pointwise)
+      pointwise();
+    else if (k_.loops.column)
+      columns();
+    else if (use_split())
+      split_rows();
+    else
+      rows();
     while (scopes_.size() > 1) close();
     std::string out;
     if (!globals_.empty()) out += globals_;
@@ -440,7 +477,9 @@ class Writer {
   int top() const { return static_cast<int>(scopes_.size()) - 1; }
   std::string indent(int scope) const { return std::string(2 * static_cast<std::size_t>(scope + 1), ' '); }
   void line(const std::string& text) { line_at(top(), text); }
-  void line_at(int scope, const std::string& text) { scopes_[static_cast<std::size_t>(scope)].code += indent(scope) + text + "\n"; }
+  void line_at(int scope, const std::string& text) {
+    scopes_[static_cast<std::size_t>(scope)].code += indent(scope) + text + "\n";
+  }
   /// Opens a block (`header` e.g. a for or if statement) that defines the variables of `dims`.
   void open(const std::string& header, std::uint64_t dims = 0, const std::string& pragma = "") {
     std::string h;
@@ -497,7 +536,8 @@ class Writer {
       const std::string& t = e.text;
       auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
       for (std::size_t i = 0; i < t.size();) {
-        if (t.compare(i, v.size(), v) == 0 && (i == 0 || !ident(t[i - 1])) && (i + v.size() == t.size() || !ident(t[i + v.size()]))) {
+        if (t.compare(i, v.size(), v) == 0 && (i == 0 || !ident(t[i - 1])) &&
+            (i + v.size() == t.size() || !ident(t[i + v.size()]))) {
           out += "(" + v + " + " + std::to_string(lane) + ")";
           i += v.size();
         } else {
@@ -556,8 +596,8 @@ class Writer {
     std::string t = stype(dt);
     // Outputs alias inputs only element for element (the front end's rule); every element is
     // read before it is written by the same thread, which keeps __restrict__'s promise.
-    decls_.push_back(std::string(write ? "" : "const ") + t + "* __restrict__ " + name + " = (" + (write ? "" : "const ") + t +
-                     "*)a.p[" + std::to_string(slot) + "];");
+    decls_.push_back(std::string(write ? "" : "const ") + t + "* __restrict__ " + name + " = (" +
+                     (write ? "" : "const ") + t + "*)a.p[" + std::to_string(slot) + "];");
   }
   std::string leaf_pointer(const ir::GraphNode& n) {
     std::string name = "in" + std::to_string(n.leaf);
@@ -587,8 +627,8 @@ class Writer {
   std::string scratch_array(const std::string& type, i64 count, std::size_t elem_bytes) {
     scratch_bytes_ = (scratch_bytes_ + 15) / 16 * 16;
     std::string name = fresh("kiln_sp");
-    decls_.push_back(type + "* __restrict__ " + name + " = (" + type + "*)((char*)a.p[" + std::to_string(nargs_ - 1) + "] + " +
-                     std::to_string(scratch_offset_ + scratch_bytes_) + ");");
+    decls_.push_back(type + "* __restrict__ " + name + " = (" + type + "*)((char*)a.p[" + std::to_string(nargs_ - 1) +
+                     "] + " + std::to_string(scratch_offset_ + scratch_bytes_) + ");");
     scratch_bytes_ += static_cast<std::size_t>(std::max<i64>(1, count)) * elem_bytes;
     return name;
   }
@@ -629,7 +669,8 @@ class Writer {
       if (!cs.loaded) {
         cs.loaded = true;
         for (std::size_t j = 0; j < nch; ++j)
-          line_at(sc, c.text[j] + " = *(const " + ct + "*)(" + ptr + " + " + render(off) + (j ? " + " + lit(static_cast<i64>(j * per)) : "") + ");");
+          line_at(sc, c.text[j] + " = *(const " + ct + "*)(" + ptr + " + " + render(off) +
+                          (j ? " + " + lit(static_cast<i64>(j * per)) : "") + ");");
       }
       return c;
     }
@@ -643,8 +684,8 @@ class Writer {
     }
     std::string name = fresh("w");
     for (std::size_t j = 0; j < nch; ++j) {
-      line_at(sc, "const " + std::string(ct) + " " + name + "_" + std::to_string(j) + " = *(const " + ct + "*)(" + ptr + " + " +
-                      render(off) + (j ? " + " + lit(static_cast<i64>(j * per)) : "") + ");");
+      line_at(sc, "const " + std::string(ct) + " " + name + "_" + std::to_string(j) + " = *(const " + ct + "*)(" + ptr +
+                      " + " + render(off) + (j ? " + " + lit(static_cast<i64>(j * per)) : "") + ");");
       c.text.push_back(name + "_" + std::to_string(j));
     }
     scopes_[static_cast<std::size_t>(sc)].memo[mkey] = Val{name, sc, true};
@@ -659,8 +700,10 @@ class Writer {
     const std::string& ch = c.text[ci];
     auto word = [&](std::size_t w) { return ch + word_name(c.chunk_bytes, w); };
     switch (sz) {
-      case 8: return "(((unsigned long long)" + word(bb / 4 + 1) + " << 32) | (unsigned long long)" + word(bb / 4) + ")";
-      case 4: return word(bb / 4);
+      case 8:
+        return "(((unsigned long long)" + word(bb / 4 + 1) + " << 32) | (unsigned long long)" + word(bb / 4) + ")";
+      case 4:
+        return word(bb / 4);
       case 2:
         if (c.chunk_bytes == 2) return ch;
         return "(unsigned short)(" + word(bb / 4) + ((bb % 4) ? " >> 16" : "") + ")";
@@ -671,43 +714,73 @@ class Writer {
   }
   std::string from_bits(const std::string& bits, DType dt) {
     switch (dt) {
-      case DType::Bool: return "(" + bits + " != 0)";
-      case DType::Int32: return "(int)" + bits;
-      case DType::Int64: return "(long long)" + bits;
-      case DType::Float16: needs_.half = true; return "kiln_h2f(" + bits + ")";
-      case DType::BFloat16: needs_.bf16 = true; return "kiln_b2f(" + bits + ")";
-      case DType::Float32: return "__uint_as_float(" + bits + ")";
-      case DType::Float64: return "__longlong_as_double((long long)" + bits + ")";
+      case DType::Bool:
+        return "(" + bits + " != 0)";
+      case DType::Int32:
+        return "(int)" + bits;
+      case DType::Int64:
+        return "(long long)" + bits;
+      case DType::Float16:
+        needs_.half = true;
+        return "kiln_h2f(" + bits + ")";
+      case DType::BFloat16:
+        needs_.bf16 = true;
+        return "kiln_b2f(" + bits + ")";
+      case DType::Float32:
+        return "__uint_as_float(" + bits + ")";
+      case DType::Float64:
+        return "__longlong_as_double((long long)" + bits + ")";
     }
     return bits;
   }
   std::string scalar_load(const std::string& ptr, const std::string& off, DType dt) {
     std::string e = ptr + "[" + off + "]";
     switch (dt) {
-      case DType::Bool: return "(" + e + " != 0)";
-      case DType::Float16: needs_.half = true; return "kiln_h2f(" + e + ")";
-      case DType::BFloat16: needs_.bf16 = true; return "kiln_b2f(" + e + ")";
-      default: return e;
+      case DType::Bool:
+        return "(" + e + " != 0)";
+      case DType::Float16:
+        needs_.half = true;
+        return "kiln_h2f(" + e + ")";
+      case DType::BFloat16:
+        needs_.bf16 = true;
+        return "kiln_b2f(" + e + ")";
+      default:
+        return e;
     }
   }
   std::string to_storage(const std::string& v, DType dt) {
     switch (dt) {
-      case DType::Bool: return "(unsigned char)(" + v + ")";
-      case DType::Float16: needs_.half = true; return "kiln_f2h(" + v + ")";
-      case DType::BFloat16: needs_.bf16 = true; return "kiln_f2b(" + v + ")";
-      default: return v;
+      case DType::Bool:
+        return "(unsigned char)(" + v + ")";
+      case DType::Float16:
+        needs_.half = true;
+        return "kiln_f2h(" + v + ")";
+      case DType::BFloat16:
+        needs_.bf16 = true;
+        return "kiln_f2b(" + v + ")";
+      default:
+        return v;
     }
   }
   /// The value's bits as an unsigned integer of its item size (for vector stores).
   std::string to_bits(const std::string& v, DType dt) {
     switch (dt) {
-      case DType::Bool: return "(unsigned int)(" + v + " ? 1u : 0u)";
-      case DType::Int32: return "(unsigned int)" + v;
-      case DType::Int64: return "(unsigned long long)" + v;
-      case DType::Float16: needs_.half = true; return "(unsigned int)kiln_f2h(" + v + ")";
-      case DType::BFloat16: needs_.bf16 = true; return "(unsigned int)kiln_f2b(" + v + ")";
-      case DType::Float32: return "__float_as_uint(" + v + ")";
-      case DType::Float64: return "(unsigned long long)__double_as_longlong(" + v + ")";
+      case DType::Bool:
+        return "(unsigned int)(" + v + " ? 1u : 0u)";
+      case DType::Int32:
+        return "(unsigned int)" + v;
+      case DType::Int64:
+        return "(unsigned long long)" + v;
+      case DType::Float16:
+        needs_.half = true;
+        return "(unsigned int)kiln_f2h(" + v + ")";
+      case DType::BFloat16:
+        needs_.bf16 = true;
+        return "(unsigned int)kiln_f2b(" + v + ")";
+      case DType::Float32:
+        return "__float_as_uint(" + v + ")";
+      case DType::Float64:
+        return "(unsigned long long)__double_as_longlong(" + v + ")";
     }
     return v;
   }
@@ -754,7 +827,8 @@ class Writer {
         for (int j = 0; j < lanes; ++j) {
           Val v = stored_value(st.node, idx, j);
           std::string b = fresh("b");
-          line(std::string(sz == 8 ? "const unsigned long long " : "const unsigned int ") + b + " = " + to_bits(v.expr, n.dtype) + ";");
+          line(std::string(sz == 8 ? "const unsigned long long " : "const unsigned int ") + b + " = " +
+               to_bits(v.expr, n.dtype) + ";");
           bits.push_back(b);
         }
         const std::size_t per_chunk = cb / sz;
@@ -773,11 +847,15 @@ class Writer {
             }
           }
           std::string ct = chunk_type(cb);
-          std::string target = "*(" + ct + "*)(" + p + " + " + render(off) + (c ? " + " + lit(static_cast<i64>(c * per_chunk)) : "") + ")";
+          std::string target = "*(" + ct + "*)(" + p + " + " + render(off) +
+                               (c ? " + " + lit(static_cast<i64>(c * per_chunk)) : "") + ")";
           std::string val;
-          if (cb == 16) val = "make_uint4(" + words[0] + ", " + words[1] + ", " + words[2] + ", " + words[3] + ")";
-          else if (cb == 8) val = "make_uint2(" + words[0] + ", " + words[1] + ")";
-          else val = "(" + ct + ")(" + words[0] + ")";
+          if (cb == 16)
+            val = "make_uint4(" + words[0] + ", " + words[1] + ", " + words[2] + ", " + words[3] + ")";
+          else if (cb == 8)
+            val = "make_uint2(" + words[0] + ", " + words[1] + ")";
+          else
+            val = "(" + ct + ")(" + words[0] + ")";
           line(target + " = " + val + ";");
         }
         continue;
@@ -795,7 +873,8 @@ class Writer {
   /// without rounding twice.
   Val stored_value(int id, const Index& idx, int lane) {
     const ir::GraphNode& n = node(id);
-    if (n.op == Op::Cast && (n.dtype == DType::Float16 || n.dtype == DType::BFloat16) && node(n.inputs[0]).dtype == DType::Float32)
+    if (n.op == Op::Cast && (n.dtype == DType::Float16 || n.dtype == DType::BFloat16) &&
+        node(n.inputs[0]).dtype == DType::Float32)
       return value(n.inputs[0], idx, lane);
     return value(id, idx, lane);
   }
@@ -829,7 +908,8 @@ class Writer {
     const ir::GraphNode& n = node(id);
     // A value another kernel stored (an output or a temporary that this kernel reads, not only
     // a reduction) is loaded, as the schedule ordered this kernel after that one to do.
-    if (!ir::is_reduction(n.op) && ir::op_kind(n.op) != ir::OpKind::Leaf && sched::detail::reads_memory(s_, id, kid_, g_)) {
+    if (!ir::is_reduction(n.op) && ir::op_kind(n.op) != ir::OpKind::Leaf &&
+        sched::detail::reads_memory(s_, id, kid_, g_)) {
       const sched::Location& loc = s_.location[static_cast<std::size_t>(id)];
       IndexExpr off = sched::strided_offset(idx, loc.strides, n.shape);
       return load_access(location_pointer(loc, n.dtype, false), n.dtype, off, location_aligned(loc),
@@ -839,14 +919,15 @@ class Writer {
       case ir::OpKind::Leaf: {
         if (n.op == Op::Input) {
           IndexExpr off = sched::strided_offset(idx, n.strides, n.shape);
-          return load_access(leaf_pointer(n), n.dtype, off, al_.input(n.leaf), "L" + std::to_string(id) + "|" + off.key(), key,
-                             lane);
+          return load_access(leaf_pointer(n), n.dtype, off, al_.input(n.leaf),
+                             "L" + std::to_string(id) + "|" + off.key(), key, lane);
         }
         if (n.op == Op::Constant) return Val{constant_literal(n), 0, false};
         if (n.op == Op::Iota) {
           const IndexExpr& e = idx[static_cast<std::size_t>(n.attrs.ints.at(0))];
           bool ld = lane_dep(e);
-          return emit(scope_for(e.dep_mask()), key, ld, lane, n.dtype, cast_from_index(render(e, ld ? lane : 0), n.dtype));
+          return emit(scope_for(e.dep_mask()), key, ld, lane, n.dtype,
+                      cast_from_index(render(e, ld ? lane : 0), n.dtype));
         }
         IndexExpr flat = sched::flat_index(idx, n.shape);
         bool ld = lane_dep(flat);
@@ -897,7 +978,8 @@ class Writer {
           e = "(" + pos + " < " + lit(ends[k]) + " ? " + parts[k].expr + " : " + e + ")";
         return emit(sc, key, ld, lane, n.dtype, e);
       }
-      default: break;
+      default:
+        break;
     }
     auto cached = vcache_.find(key);
     if (cached != vcache_.end() && cached->second.pass > 0 && cached->second.pass < cur_pass_)
@@ -921,7 +1003,9 @@ class Writer {
   }
 
   /// Register slot of the current position's lane in a row's value cache.
-  std::string value_slot(int lane) const { return "(" + slot_var_ + ") * " + std::to_string(vec_) + " + " + std::to_string(lane); }
+  std::string value_slot(int lane) const {
+    return "(" + slot_var_ + ") * " + std::to_string(vec_) + " + " + std::to_string(lane);
+  }
 
   /// Transcendental values along the row that more than one pass computes (softmax's
   /// exp(x - max): the sum's pass and the output's pass): kept in registers after the first.
@@ -935,13 +1019,16 @@ class Writer {
         const std::string key = std::to_string(nid) + "|" + sched::index_key(idx);
         if (!seen.insert(key).second) return;
         const ir::GraphNode& n = node(nid);
-        if (ir::op_kind(n.op) == ir::OpKind::Leaf || ir::op_kind(n.op) == ir::OpKind::Reduce || ir::op_kind(n.op) == ir::OpKind::IndexMap) return;
+        if (ir::op_kind(n.op) == ir::OpKind::Leaf || ir::op_kind(n.op) == ir::OpKind::Reduce ||
+            ir::op_kind(n.op) == ir::OpKind::IndexMap)
+          return;
         if (sched::detail::reads_memory(s_, nid, kid_, g_)) return;  // stored by another kernel: loaded, not computed
         if (ir::has_flag(n.op, ir::kMathCall) && n.dtype == DType::Float32) {
           passes[key].insert(pass);
           nodes[key] = nid;
         }
-        for (std::size_t k = 0; k < n.inputs.size(); ++k) walk(n.inputs[k], sched::input_index(g_, n, k, idx, k_.space));
+        for (std::size_t k = 0; k < n.inputs.size(); ++k)
+          walk(n.inputs[k], sched::input_index(g_, n, k, idx, k_.space));
       };
       for (std::size_t j = 0; j < k_.reductions.size(); ++j)
         if (folded_in(j, pass)) walk(node(k_.reductions[j]).inputs[0], id);
@@ -970,28 +1057,38 @@ class Writer {
 
   std::string cast_from_index(const std::string& v, DType t) {
     switch (t) {
-      case DType::Bool: return "(" + v + " != 0)";
-      case DType::Int32: return "(int)" + v;
-      case DType::Int64: return "(long long)" + v;
-      case DType::Float64: return "(double)" + v;
-      case DType::Float32: return "(float)" + v;
-      default: return round16("(float)" + v, t);
+      case DType::Bool:
+        return "(" + v + " != 0)";
+      case DType::Int32:
+        return "(int)" + v;
+      case DType::Int64:
+        return "(long long)" + v;
+      case DType::Float64:
+        return "(double)" + v;
+      case DType::Float32:
+        return "(float)" + v;
+      default:
+        return round16("(float)" + v, t);
     }
   }
 
   std::string random_expr(const ir::GraphNode& n, const std::string& flat) {
     needs_.philox = true;
     if (!is_floating(n.dtype))
-      throw DTypeError(std::string("kiln CUDA codegen: random of dtype ") + dtype_name(n.dtype) + " (shape " + n.shape.str() +
-                       "): only floating dtypes");
+      throw DTypeError(std::string("kiln CUDA codegen: random of dtype ") + dtype_name(n.dtype) + " (shape " +
+                       n.shape.str() + "): only floating dtypes");
     const bool normal = !n.attrs.ints.empty() && n.attrs.ints[0] == 1;
     std::string args = "(unsigned long long)" + std::to_string(n.attrs.seed) + "ULL, (unsigned long long)" + flat;
     std::string ns = "kiln::philox::";
     switch (n.dtype) {
-      case DType::Float32: return ns + (normal ? "normal_f32(" : "uniform_f32(") + args + ")";
-      case DType::Float64: return ns + (normal ? "normal_f64(" : "uniform_f64(") + args + ")";
-      case DType::Float16: return normal ? round16(ns + "normal_f32(" + args + ")", n.dtype) : ns + "uniform_f16(" + args + ")";
-      default: return normal ? round16(ns + "normal_f32(" + args + ")", n.dtype) : ns + "uniform_bf16(" + args + ")";
+      case DType::Float32:
+        return ns + (normal ? "normal_f32(" : "uniform_f32(") + args + ")";
+      case DType::Float64:
+        return ns + (normal ? "normal_f64(" : "uniform_f64(") + args + ")";
+      case DType::Float16:
+        return normal ? round16(ns + "normal_f32(" + args + ")", n.dtype) : ns + "uniform_f16(" + args + ")";
+      default:
+        return normal ? round16(ns + "normal_f32(" + args + ")", n.dtype) : ns + "uniform_bf16(" + args + ")";
     }
   }
 
@@ -1037,45 +1134,77 @@ class Writer {
       case Op::Neg:
         if (fl) return "(-" + a + ")";
         if (it == DType::Bool) return a;
-        return it == DType::Int32 ? "(int)(0u - (unsigned)" + a + ")" : "(long long)(0ull - (unsigned long long)" + a + ")";
+        return it == DType::Int32 ? "(int)(0u - (unsigned)" + a + ")"
+                                  : "(long long)(0ull - (unsigned long long)" + a + ")";
       case Op::Abs:
         if (fl) return std::string(dbl ? "fabs(" : "fabsf(") + a + ")";
         if (it == DType::Bool) return a;
         return "(" + a + " < 0 ? " +
-               (it == DType::Int32 ? "(int)(0u - (unsigned)" + a + ")" : "(long long)(0ull - (unsigned long long)" + a + ")") +
+               (it == DType::Int32 ? "(int)(0u - (unsigned)" + a + ")"
+                                   : "(long long)(0ull - (unsigned long long)" + a + ")") +
                " : " + a + ")";
-      case Op::Exp: return fmath("exp");
-      case Op::Exp2: return fmath("exp2");
-      case Op::Log: return fmath("log");
-      case Op::Log2: return fmath("log2");
-      case Op::Log1p: return fmath("log1p");
-      case Op::Expm1: return fmath("expm1");
-      case Op::Sin: return fmath("sin");
-      case Op::Cos: return fmath("cos");
-      case Op::Tan: return fmath("tan");
-      case Op::Tanh: return fmath("tanh");
-      case Op::Erf: return fmath("erf");
-      case Op::Atan: return fmath("atan");
-      case Op::Asin: return fmath("asin");
-      case Op::Acos: return fmath("acos");
-      case Op::BitNot: case Op::BitAnd: case Op::BitOr: case Op::BitXor: case Op::Shl: case Op::Shr:
+      case Op::Exp:
+        return fmath("exp");
+      case Op::Exp2:
+        return fmath("exp2");
+      case Op::Log:
+        return fmath("log");
+      case Op::Log2:
+        return fmath("log2");
+      case Op::Log1p:
+        return fmath("log1p");
+      case Op::Expm1:
+        return fmath("expm1");
+      case Op::Sin:
+        return fmath("sin");
+      case Op::Cos:
+        return fmath("cos");
+      case Op::Tan:
+        return fmath("tan");
+      case Op::Tanh:
+        return fmath("tanh");
+      case Op::Erf:
+        return fmath("erf");
+      case Op::Atan:
+        return fmath("atan");
+      case Op::Asin:
+        return fmath("asin");
+      case Op::Acos:
+        return fmath("acos");
+      case Op::BitNot:
+      case Op::BitAnd:
+      case Op::BitOr:
+      case Op::BitXor:
+      case Op::Shl:
+      case Op::Shr:
         if (!c_family::integer_expr_applies(n.op, it)) unsupported(n, it);
         return c_family::integer_expr(n.op, it, ctype(it), a, b, needs_.ints);
-      case Op::Sqrt: return fmath("sqrt");
+      case Op::Sqrt:
+        return fmath("sqrt");
       case Op::Rsqrt:
         if (!fl) unsupported(n, it);
         // 1/sqrt(x) with two correctly rounded steps, as the reference (rsqrtf is approximate).
         return round16(std::string(dbl ? "(1.0 / sqrt(" : "(1.0f / sqrtf(") + a + "))", t);
-      case Op::Floor: return fl ? std::string(dbl ? "floor(" : "floorf(") + a + ")" : a;
-      case Op::Ceil: return fl ? std::string(dbl ? "ceil(" : "ceilf(") + a + ")" : a;
-      case Op::Round: return fl ? std::string(dbl ? "rint(" : "rintf(") + a + ")" : a;  // halves to even
-      case Op::Not: return "(" + a + " == 0)";
-      case Op::IsNan: return fl ? "(" + a + " != " + a + ")" : "false";
-      case Op::IsInf: return fl ? "(" + std::string(dbl ? "fabs(" : "fabsf(") + a + ") == " + inf + ")" : "false";
-      case Op::Cast: return cast_expr(a, it, t);
-      case Op::Add: return fl ? round16("(" + a + " + " + b + ")", t) : wrap("+");
-      case Op::Sub: return fl ? round16("(" + a + " - " + b + ")", t) : wrap("-");
-      case Op::Mul: return fl ? round16("(" + a + " * " + b + ")", t) : wrap("*");
+      case Op::Floor:
+        return fl ? std::string(dbl ? "floor(" : "floorf(") + a + ")" : a;
+      case Op::Ceil:
+        return fl ? std::string(dbl ? "ceil(" : "ceilf(") + a + ")" : a;
+      case Op::Round:
+        return fl ? std::string(dbl ? "rint(" : "rintf(") + a + ")" : a;  // halves to even
+      case Op::Not:
+        return "(" + a + " == 0)";
+      case Op::IsNan:
+        return fl ? "(" + a + " != " + a + ")" : "false";
+      case Op::IsInf:
+        return fl ? "(" + std::string(dbl ? "fabs(" : "fabsf(") + a + ") == " + inf + ")" : "false";
+      case Op::Cast:
+        return cast_expr(a, it, t);
+      case Op::Add:
+        return fl ? round16("(" + a + " + " + b + ")", t) : wrap("+");
+      case Op::Sub:
+        return fl ? round16("(" + a + " - " + b + ")", t) : wrap("-");
+      case Op::Mul:
+        return fl ? round16("(" + a + " * " + b + ")", t) : wrap("*");
       case Op::Div:
         if (fl && !dbl && t_.reciprocal_div && in[1].scope < in[0].scope) {
           // A divisor computed outside the loop (softmax's row sum): one division per row and a
@@ -1088,7 +1217,8 @@ class Writer {
         needs_.ints = true;
         if (it == DType::Bool) return "(kiln_idiv_i64((long long)" + a + ", (long long)" + b + ") != 0)";
         return std::string(it == DType::Int32 ? "kiln_idiv_i32(" : "kiln_idiv_i64(") + a + ", " + b + ")";
-      case Op::Atan2: case Op::Hypot: {
+      case Op::Atan2:
+      case Op::Hypot: {
         if (!fl) unsupported(n, it);
         const std::string fn = n.op == Op::Atan2 ? "atan2" : "hypot";
         return round16(fn + (dbl ? "(" : "f(") + a + ", " + b + ")", t);
@@ -1103,21 +1233,35 @@ class Writer {
         if (it == DType::Bool) return "(kiln_ipow_i64((long long)" + a + ", (long long)" + b + ") != 0)";
         return std::string(it == DType::Int32 ? "kiln_ipow_i32(" : "kiln_ipow_i64(") + a + ", " + b + ")";
       case Op::Maximum:
-        if (fl) return "(" + a + " != " + a + " ? " + a + " : " + b + " != " + b + " ? " + b + " : (" + a + " < " + b + " ? " + b + " : " + a + "))";
+        if (fl)
+          return "(" + a + " != " + a + " ? " + a + " : " + b + " != " + b + " ? " + b + " : (" + a + " < " + b +
+                 " ? " + b + " : " + a + "))";
         return "(" + a + " < " + b + " ? " + b + " : " + a + ")";
       case Op::Minimum:
-        if (fl) return "(" + a + " != " + a + " ? " + a + " : " + b + " != " + b + " ? " + b + " : (" + b + " < " + a + " ? " + b + " : " + a + "))";
+        if (fl)
+          return "(" + a + " != " + a + " ? " + a + " : " + b + " != " + b + " ? " + b + " : (" + b + " < " + a +
+                 " ? " + b + " : " + a + "))";
         return "(" + b + " < " + a + " ? " + b + " : " + a + ")";
-      case Op::Eq: return "(" + a + " == " + b + ")";
-      case Op::Ne: return "(" + a + " != " + b + ")";
-      case Op::Lt: return "(" + a + " < " + b + ")";
-      case Op::Le: return "(" + a + " <= " + b + ")";
-      case Op::Gt: return "(" + a + " > " + b + ")";
-      case Op::Ge: return "(" + a + " >= " + b + ")";
-      case Op::And: return "((" + a + " != 0) & (" + b + " != 0))";
-      case Op::Or: return "((" + a + " != 0) | (" + b + " != 0))";
-      case Op::Where: return "(" + a + " ? " + b + " : " + in[2].expr + ")";
-      default: break;
+      case Op::Eq:
+        return "(" + a + " == " + b + ")";
+      case Op::Ne:
+        return "(" + a + " != " + b + ")";
+      case Op::Lt:
+        return "(" + a + " < " + b + ")";
+      case Op::Le:
+        return "(" + a + " <= " + b + ")";
+      case Op::Gt:
+        return "(" + a + " > " + b + ")";
+      case Op::Ge:
+        return "(" + a + " >= " + b + ")";
+      case Op::And:
+        return "((" + a + " != 0) & (" + b + " != 0))";
+      case Op::Or:
+        return "((" + a + " != 0) | (" + b + " != 0))";
+      case Op::Where:
+        return "(" + a + " ? " + b + " : " + in[2].expr + ")";
+      default:
+        break;
     }
     throw Error(std::string("kiln CUDA codegen: no code for op ") + ir::op_name(n.op));
   }
@@ -1141,7 +1285,8 @@ class Writer {
       v.reduction = [&](int q, const Index& i) {
         if (s_.owner[static_cast<std::size_t>(q)] == kid_) return;
         const ir::GraphNode& nn = node(q);
-        acc.push_back({sched::strided_offset(i, s_.location[static_cast<std::size_t>(q)].strides, nn.shape), itemsize(nn.dtype)});
+        acc.push_back(
+            {sched::strided_offset(i, s_.location[static_cast<std::size_t>(q)].strides, nn.shape), itemsize(nn.dtype)});
       };
       std::unordered_set<std::string> seen;
       sched::detail::walk(g_, root, idx, k_.space, v, seen);
@@ -1275,10 +1420,13 @@ class Writer {
       info_.grid = 0;
       info_.grid_rule = CudaGridRule{per_n, v, per_block, t_.sm_count * i64(256)};
       nv = "kiln_nv";
-      line("const long long kiln_nv = " + (per_n % v == 0 ? std::string(kSizeVar) + " * " + lit(per_n / v)
-                                                          : std::string(kSizeVar) + " * " + lit(per_n) + " / " + lit(v)) + ";");
+      line("const long long kiln_nv = " +
+           (per_n % v == 0 ? std::string(kSizeVar) + " * " + lit(per_n / v)
+                           : std::string(kSizeVar) + " * " + lit(per_n) + " / " + lit(v)) +
+           ";");
     } else {
-      info_.grid = static_cast<unsigned>(std::max<i64>(1, std::min<i64>((nvec + per_block - 1) / per_block, t_.sm_count * i64(256))));
+      info_.grid = static_cast<unsigned>(
+          std::max<i64>(1, std::min<i64>((nvec + per_block - 1) / per_block, t_.sm_count * i64(256))));
     }
     info_.strategy = "pointwise, " + std::to_string(v) + " lane(s) per thread, grid " +
                      (sym_ ? rule_text(info_.grid_rule) : std::to_string(info_.grid)) + "x" + std::to_string(block);
@@ -1315,10 +1463,12 @@ class Writer {
     if (sym_ ? per_n % v != 0 : tail > 0) {
       // The elements the vectors leave over, one per thread of the first block.
       set_vec(inner, 1);
-      const std::string left = sym_ ? "(long long)threadIdx.x < " + std::string(kSizeVar) + " * " + lit(per_n) + " - " + nv + " * " + lit(v)
-                                    : "threadIdx.x < " + std::to_string(tail);
+      const std::string left =
+          sym_ ? "(long long)threadIdx.x < " + std::string(kSizeVar) + " * " + lit(per_n) + " - " + nv + " * " + lit(v)
+               : "threadIdx.x < " + std::to_string(tail);
       open("if (blockIdx.x == 0 && " + left + ")", groups_mask(p.order));
-      line("const " + it_ + " " + var(inner) + " = " + (sym_ ? nv + " * " + lit(v) : lit(nvec * v)) + " + (" + it_ + ")threadIdx.x;");
+      line("const " + it_ + " " + var(inner) + " = " + (sym_ ? nv + " * " + lit(v) : lit(nvec * v)) + " + (" + it_ +
+           ")threadIdx.x;");
       for (auto& st : k_.stores) store(st, sched::identity_index(k_.space));
       close();
     }
@@ -1358,14 +1508,20 @@ class Writer {
     for (int f : k_.finals) v.push_back(red_info(g_, f));
     return v;
   }
-  static std::string acc_name(const Red& r, const std::string& suffix = "") { return "a" + std::to_string(r.node) + suffix; }
-  static std::string idx_name(const Red& r, const std::string& suffix = "") { return "x" + std::to_string(r.node) + suffix; }
+  static std::string acc_name(const Red& r, const std::string& suffix = "") {
+    return "a" + std::to_string(r.node) + suffix;
+  }
+  static std::string idx_name(const Red& r, const std::string& suffix = "") {
+    return "x" + std::to_string(r.node) + suffix;
+  }
   void declare_acc(const Red& r, const std::string& suffix = "") {
     line(r.acc_t + " " + acc_name(r, suffix) + " = " + r.init + ";");
     if (r.arg) line("long long " + idx_name(r, suffix) + " = -1;");
     if (r.online_sum >= 0) line("double " + sum_name(r, suffix) + " = 0.0;");
   }
-  static std::string sum_name(const Red& r, const std::string& suffix = "") { return "a" + std::to_string(r.online_sum) + suffix; }
+  static std::string sum_name(const Red& r, const std::string& suffix = "") {
+    return "a" + std::to_string(r.online_sum) + suffix;
+  }
   std::string finish(const Red& r, const std::string& a, const std::string& x) {
     switch (r.op) {
       case Op::ReduceSum:
@@ -1377,7 +1533,8 @@ class Writer {
       case Op::ReduceMin:
         if (r.out == DType::Bool) return "(" + a + " != 0)";
         return a;
-      default: return "(" + x + " < 0 ? 0LL : " + x + ")";
+      default:
+        return "(" + x + " < 0 ? 0LL : " + x + ")";
     }
   }
   /// The position of the element along the reduced dims, row-major (arg reductions).
@@ -1386,7 +1543,8 @@ class Writer {
     i64 mult = 1;
     for (std::size_t d = k_.space.size(); d-- > 0;) {
       if (!k_.reduced[d] || k_.space[d] == 1) continue;
-      f = sched::ix_add(f, sched::ix_scale(sched::ix_var(static_cast<int>(d), static_cast<int>(k_.space.size())), mult));
+      f = sched::ix_add(f,
+                        sched::ix_scale(sched::ix_var(static_cast<int>(d), static_cast<int>(k_.space.size())), mult));
       mult *= k_.space[d];
     }
     return "(long long)" + render(f, lane);
@@ -1410,9 +1568,12 @@ class Writer {
       case Op::Exp:
       case Op::Exp2:
       case Op::Abs:
-      case Op::Sqrt: return true;
-      case Op::Mul: return n.inputs[0] == n.inputs[1];
-      default: return false;
+      case Op::Sqrt:
+        return true;
+      case Op::Mul:
+        return n.inputs[0] == n.inputs[1];
+      default:
+        return false;
     }
   }
   static std::string pairwise(std::vector<std::string> v) {
@@ -1426,13 +1587,15 @@ class Writer {
   }
   /// Online max and sum of exp over the lanes of one vector: the vector's max first, so the
   /// running max (and the rescale of the sum) changes at most once per vector.
-  static std::string online_step_vector(const Red& r, const std::string& m, const std::string& s, const std::vector<std::string>& v) {
+  static std::string online_step_vector(const Red& r, const std::string& m, const std::string& s,
+                                        const std::vector<std::string>& v) {
     const bool dbl = r.in == DType::Float64;
     const std::string t = r.acc_t, ex = dbl ? "exp(" : "expf(", ninf = dbl ? "(-KILN_INF_D)" : "(-KILN_INF_F)";
     std::string out = "{ " + t + " vm = " + v[0] + "; ";
-    for (std::size_t j = 1; j < v.size(); ++j) out += "vm = (" + v[j] + " > vm || " + v[j] + " != " + v[j] + ") ? " + v[j] + " : vm; ";
-    out += "const " + t + " nm = (vm > " + m + " || vm != vm) ? vm : " + m + "; if (nm != " + m + ") { " + s + " *= (double)" + ex +
-           m + " - nm); " + m + " = nm; } ";
+    for (std::size_t j = 1; j < v.size(); ++j)
+      out += "vm = (" + v[j] + " > vm || " + v[j] + " != " + v[j] + ") ? " + v[j] + " : vm; ";
+    out += "const " + t + " nm = (vm > " + m + " || vm != vm) ? vm : " + m + "; if (nm != " + m + ") { " + s +
+           " *= (double)" + ex + m + " - nm); " + m + " = nm; } ";
     std::vector<std::string> terms;
     for (auto& x : v) terms.push_back(ex + x + " - " + m + ")");
     // Each term is at most 1 (or NaN): added in the compute type first. While the max is
@@ -1445,19 +1608,24 @@ class Writer {
     Index id = sched::identity_index(k_.space);
     const int lanes = vec_ > 1 ? vec_ : 1;
     for (auto& r : reds) {
-      if (!per_lane && lanes > 1 && (r.online_sum >= 0 || (r.op == Op::ReduceSum && r.fl && r.in != DType::Float64 &&
-                                                            nonnegative(node(r.node).inputs[0])))) {
+      if (!per_lane && lanes > 1 &&
+          (r.online_sum >= 0 ||
+           (r.op == Op::ReduceSum && r.fl && r.in != DType::Float64 && nonnegative(node(r.node).inputs[0])))) {
         std::vector<std::string> vals;
         for (int j = 0; j < lanes; ++j) vals.push_back(value(node(r.node).inputs[0], id, j).expr);
-        if (r.online_sum >= 0) line(online_step_vector(r, acc_name(r), sum_name(r), vals));
-        else line(acc_name(r) + " += (double)" + pairwise(vals) + ";");
+        if (r.online_sum >= 0)
+          line(online_step_vector(r, acc_name(r), sum_name(r), vals));
+        else
+          line(acc_name(r) + " += (double)" + pairwise(vals) + ";");
         continue;
       }
       for (int j = 0; j < lanes; ++j) {
         Val v = value(node(r.node).inputs[0], id, j);
         std::string sfx = per_lane ? "_" + std::to_string(j) : "";
-        if (r.online_sum >= 0) line(online_step(r, acc_name(r, sfx), sum_name(r, sfx), v.expr));
-        else line(step(r, acc_name(r, sfx), idx_name(r, sfx), v.expr, r.arg ? reduced_position(j) : "0"));
+        if (r.online_sum >= 0)
+          line(online_step(r, acc_name(r, sfx), sum_name(r, sfx), v.expr));
+        else
+          line(step(r, acc_name(r, sfx), idx_name(r, sfx), v.expr, r.arg ? reduced_position(j) : "0"));
       }
     }
     for (auto& st : k_.stores)
@@ -1476,7 +1644,8 @@ class Writer {
       merges.push_back("{ const " + r.acc_t + " pv = __shfl_xor_sync(0xffffffffu, " + a + ", o);" +
                        (r.arg ? " const long long px = __shfl_xor_sync(0xffffffffu, " + x + ", o);" : "") + " " +
                        merge(r, a, x, "pv", r.arg ? "px" : "0") + " }");
-      if (r.online_sum >= 0) sums.push_back(sum_name(r, sfx) + " += __shfl_xor_sync(0xffffffffu, " + sum_name(r, sfx) + ", o);");
+      if (r.online_sum >= 0)
+        sums.push_back(sum_name(r, sfx) + " += __shfl_xor_sync(0xffffffffu, " + sum_name(r, sfx) + ", o);");
     }
     if (sums.empty()) {
       butterfly(merges);
@@ -1484,7 +1653,8 @@ class Writer {
     }
     open("");
     for (auto& r : reds)
-      if (r.online_sum >= 0) line("const " + r.acc_t + " kiln_om" + std::to_string(r.node) + sfx + " = " + acc_name(r, sfx) + ";");
+      if (r.online_sum >= 0)
+        line("const " + r.acc_t + " kiln_om" + std::to_string(r.node) + sfx + " = " + acc_name(r, sfx) + ";");
     butterfly(merges);
     for (auto& r : reds)
       if (r.online_sum >= 0) {
@@ -1504,9 +1674,10 @@ class Writer {
 
   /// Online pair `r`'s sum `sum`, kept relative to max `from`, made relative to the larger max
   /// `to`. Equal maxima keep the sum (also two infinities, where the exp would give NaN).
-  static std::string rescaled_sum(const Red& r, const std::string& sum, const std::string& from, const std::string& to) {
-    return "(" + from + " == " + to + " ? " + sum + " : " + sum + " * (double)" + (r.in == DType::Float64 ? "exp(" : "expf(") + from +
-           " - " + to + "))";
+  static std::string rescaled_sum(const Red& r, const std::string& sum, const std::string& from,
+                                  const std::string& to) {
+    return "(" + from + " == " + to + " ? " + sum + " : " + sum + " * (double)" +
+           (r.in == DType::Float64 ? "exp(" : "expf(") + from + " - " + to + "))";
   }
 
   /// Combines accumulators across the `threads` threads (a multiple of 32, one row) starting
@@ -1536,12 +1707,13 @@ class Writer {
       for (auto& r : reds) {
         line(acc_name(r, sfx) + " = " + sm(r, "") + "[0];");
         if (r.arg) line(idx_name(r, sfx) + " = " + sm(r, "x") + "[0];");
-        line("for (int w = 1; w < " + nw + "; ++w) " + merge(r, acc_name(r, sfx), idx_name(r, sfx), sm(r, "") + "[w]", r.arg ? sm(r, "x") + "[w]" : "0"));
+        line("for (int w = 1; w < " + nw + "; ++w) " +
+             merge(r, acc_name(r, sfx), idx_name(r, sfx), sm(r, "") + "[w]", r.arg ? sm(r, "x") + "[w]" : "0"));
         if (r.online_sum >= 0) {
           // The block's max is known: each warp's sum is rescaled to it once, then added.
           line(sum_name(r, sfx) + " = 0.0;");
-          line("for (int w = 0; w < " + nw + "; ++w) " + sum_name(r, sfx) + " += " +
-               rescaled_sum(r, sm(r, "s") + "[w]", sm(r, "") + "[w]", acc_name(r, sfx)) + ";");
+          line("for (int w = 0; w < " + nw + "; ++w) " + sum_name(r, sfx) +
+               " += " + rescaled_sum(r, sm(r, "s") + "[w]", sm(r, "") + "[w]", acc_name(r, sfx)) + ";");
         }
       }
     } else {
@@ -1550,7 +1722,8 @@ class Writer {
       for (auto& r : reds) {
         line(acc_name(r, sfx) + " = lane < " + std::to_string(warps) + " ? " + sm(r, "") + "[lane] : " + r.init + ";");
         if (r.arg) line(idx_name(r, sfx) + " = lane < " + std::to_string(warps) + " ? " + sm(r, "x") + "[lane] : -1;");
-        if (r.online_sum >= 0) line(sum_name(r, sfx) + " = lane < " + std::to_string(warps) + " ? " + sm(r, "s") + "[lane] : 0.0;");
+        if (r.online_sum >= 0)
+          line(sum_name(r, sfx) + " = lane < " + std::to_string(warps) + " ? " + sm(r, "s") + "[lane] : 0.0;");
       }
       warp_reduce(reds, sfx);
       close();
@@ -1637,12 +1810,14 @@ class Writer {
     line("__threadfence();");
     for (auto& r : fins) declare_acc(r, "g");
     std::vector<PartialRead> reads;
-    for (std::size_t i = 0; i < fins.size(); ++i) reads.push_back({fins[i], pv[i], px[i], "g", [](const std::string& u) { return u; }});
+    for (std::size_t i = 0; i < fins.size(); ++i)
+      reads.push_back({fins[i], pv[i], px[i], "g", [](const std::string& u) { return u; }});
     fold_partials(reads, "(" + it_ + ")threadIdx.x", units, info_.block);
     block_reduce(fins, static_cast<int>(info_.block), "g");
     for (auto& r : fins) {
       std::string res = "r" + std::to_string(r.node);
-      line("const " + std::string(ctype(r.out)) + " " + res + " = " + finish(r, acc_name(r, "g"), idx_name(r, "g")) + ";");
+      line("const " + std::string(ctype(r.out)) + " " + res + " = " + finish(r, acc_name(r, "g"), idx_name(r, "g")) +
+           ";");
       bound_[r.node] = Binding{{res}, 0, top()};
     }
     open("if (threadIdx.x == 0)");
@@ -1695,15 +1870,19 @@ class Writer {
     };
     sched::detail::Visitor v;
     v.boundary = [&](int n) { return sched::detail::reads_memory(s_, n, kid_, g_); };
-    v.leaf = [&](int n, const Index& idx) { mask |= sched::strided_offset(idx, node(n).strides, node(n).shape).dep_mask(); };
+    v.leaf = [&](int n, const Index& idx) {
+      mask |= sched::strided_offset(idx, node(n).strides, node(n).shape).dep_mask();
+    };
     v.reduction = [&](int n, const Index& idx) {
       if (ir::is_reduction(node(n).op) && s_.owner[static_cast<std::size_t>(n)] == kid_) own = true;
       add(idx);
     };
     v.index_use = [&](int n, const Index& idx) {
       const ir::GraphNode& nn = node(n);
-      if (nn.op == Op::Iota || nn.op == Op::Concat) mask |= idx[static_cast<std::size_t>(nn.attrs.ints.at(0))].dep_mask();
-      else add(idx);
+      if (nn.op == Op::Iota || nn.op == Op::Concat)
+        mask |= idx[static_cast<std::size_t>(nn.attrs.ints.at(0))].dep_mask();
+      else
+        add(idx);
     };
     std::unordered_set<std::string> seen;
     sched::detail::walk(g_, id, sched::identity_index(k_.space), k_.space, v, seen);
@@ -1736,7 +1915,8 @@ class Writer {
       for (int side = 0; side < 2; ++side) {
         const ir::GraphNode& io = node(eq.inputs[static_cast<std::size_t>(side)]);
         const int t = eq.inputs[static_cast<std::size_t>(1 - side)];
-        if (io.op != Op::Iota || io.attrs.ints.at(0) != dim || !integral(io.dtype) || node(t).dtype != io.dtype) continue;
+        if (io.op != Op::Iota || io.attrs.ints.at(0) != dim || !integral(io.dtype) || node(t).dtype != io.dtype)
+          continue;
         auto tdeps = dependence(t);
         if (!tdeps || (*tdeps & (std::uint64_t(1) << dim)) || !dependence(w.inputs[1])) continue;
         picks_[rid] = Pick{w.inputs[1], t, dim, *tdeps};
@@ -1761,7 +1941,8 @@ class Writer {
       const Red r = red_info(g_, rid);
       Index id = sched::identity_index(k_.space);
       const Val t = value(pk.target, id, 0);
-      const std::string valid = "(" + t.expr + " >= 0 && " + t.expr + " < " + lit(k_.space[static_cast<std::size_t>(pk.dim)]) + ")";
+      const std::string valid =
+          "(" + t.expr + " >= 0 && " + t.expr + " < " + lit(k_.space[static_cast<std::size_t>(pk.dim)]) + ")";
       IndexExpr at;
       at.text = "(" + valid + " ? (" + it_ + ")" + t.expr + " : (" + it_ + ")0)";
       at.deps = pk.target_dims;
@@ -1803,8 +1984,8 @@ class Writer {
   };
   std::string cache_ref(const CacheSlot& cs, std::size_t chunk) const {
     if (cs.shared)
-      return cs.name + "[((" + slot_var_ + ") * " + std::to_string(info_.block) + " + threadIdx.x) * " + std::to_string(cs.nch) +
-             " + " + std::to_string(chunk) + "]";
+      return cs.name + "[((" + slot_var_ + ") * " + std::to_string(info_.block) + " + threadIdx.x) * " +
+             std::to_string(cs.nch) + " + " + std::to_string(chunk) + "]";
     return cs.name + "[(" + slot_var_ + ") * " + std::to_string(cs.nch) + " + " + std::to_string(chunk) + "]";
   }
 
@@ -1861,7 +2042,8 @@ class Writer {
     if (b.op != Op::Broadcast) return -1;
     const int m = b.inputs[0];
     const ir::GraphNode& mx = node(m);
-    if (mx.op != Op::ReduceMax || mx.inputs[0] != d.inputs[0] || s_.owner[static_cast<std::size_t>(m)] != kid_) return -1;
+    if (mx.op != Op::ReduceMax || mx.inputs[0] != d.inputs[0] || s_.owner[static_cast<std::size_t>(m)] != kid_)
+      return -1;
     for (std::size_t j = 0; j < k_.reductions.size(); ++j)
       if (k_.reductions[j] == m && k_.phase[j] != p) return -1;
     max_node = m;
@@ -1901,8 +2083,10 @@ class Writer {
     int mode = 0;  // 0 none, 1 registers, 2 shared memory
     if (!reads.empty() && E > 0) {
       const i64 reg_limit = std::min<i64>(32, 65536 / (T * rpb) - 40);
-      if (reg_words <= reg_limit) mode = 1;
-      else if (t_.row_cache_shared && row_bytes <= t_.max_shared_per_block_optin - 8192) mode = 2;
+      if (reg_words <= reg_limit)
+        mode = 1;
+      else if (t_.row_cache_shared && row_bytes <= t_.max_shared_per_block_optin - 8192)
+        mode = 2;
     }
     if (mode == 0 && !reads.empty() && rpb == 1 && t_.row_vectors_per_thread_uncached > 0) {
       // A long row that later passes re-read from L2: fewer threads per row with more vectors
@@ -1943,14 +2127,19 @@ class Writer {
     info_.shared_bytes = static_cast<unsigned>(dyn);
     info_.strategy = "row reduction, " + std::to_string(T) + " thread(s) per row, " + std::to_string(V) + " lane(s), " +
                      std::to_string(E) + " slot(s), row " +
-                     (mode == 1 ? "cached in registers" : mode == 2 ? "cached in shared memory" : "read per pass") + ", grid " +
-                     (sym_ ? rule_text(info_.grid_rule) : std::to_string(info_.grid)) + "x" + std::to_string(info_.block);
+                     (mode == 1   ? "cached in registers"
+                      : mode == 2 ? "cached in shared memory"
+                                  : "read per pass") +
+                     ", grid " + (sym_ ? rule_text(info_.grid_rule) : std::to_string(info_.grid)) + "x" +
+                     std::to_string(info_.block);
 
     line("const int tid = " + std::string(rpb > 1 ? "threadIdx.x & 31" : "threadIdx.x") + ";");
     std::vector<Red> fins = final_reds();
     for (auto& r : fins) declare_acc(r, "f");
-    const std::string rowv = rpb > 1 ? "(" + it_ + ")blockIdx.x * " + lit(rpb) + " + (threadIdx.x >> 5)" : "(" + it_ + ")blockIdx.x";
-    open("for (" + it_ + " row = " + rowv + "; row < " + rows_text + "; row += (" + it_ + ")gridDim.x * " + lit(rpb) + ")",
+    const std::string rowv =
+        rpb > 1 ? "(" + it_ + ")blockIdx.x * " + lit(rpb) + " + (threadIdx.x >> 5)" : "(" + it_ + ")blockIdx.x";
+    open("for (" + it_ + " row = " + rowv + "; row < " + rows_text + "; row += (" + it_ + ")gridDim.x * " + lit(rpb) +
+             ")",
          groups_mask(p.kept_groups));
     decode("row", p.kept_groups);
     const int row_scope = top();
@@ -1983,7 +2172,8 @@ class Writer {
       line("float " + name + "[" + std::to_string(E * V) + "];");
       vcache_[key] = ValueSlot{name, 0};
     }
-    if (!vcache_.empty()) info_.strategy += ", " + std::to_string(vcache_.size()) + " value(s) kept in registers between passes";
+    if (!vcache_.empty())
+      info_.strategy += ", " + std::to_string(vcache_.size()) + " value(s) kept in registers between passes";
     // A row that is not in registers is read once less when softmax's max and sum of exp
     // share a pass.
     std::map<int, std::pair<int, int>> online;  // phase -> (max node, sum node)
@@ -2005,7 +2195,8 @@ class Writer {
         for (auto& r : reds)
           if (r.node == on->second.first) r.online_sum = on->second.second;
       for (auto& r : reds) declare_acc(r);
-      std::string pragma = mode == 1 ? "#pragma unroll" : "#pragma unroll " + std::to_string(std::max(1, t_.row_unroll_uncached));
+      std::string pragma =
+          mode == 1 ? "#pragma unroll" : "#pragma unroll " + std::to_string(std::max(1, t_.row_unroll_uncached));
       if (E > 0) {
         open("for (int s = 0; s < " + std::to_string(E) + "; ++s)", 0, pragma);
         line("const " + it_ + " pos = ((" + it_ + ")s * " + lit(T) + " + tid) * " + lit(V) + ";");
@@ -2024,7 +2215,8 @@ class Writer {
       block_reduce(reds, T);
       for (auto& r : reds) {
         std::string res = "r" + std::to_string(r.node);
-        line_at(row_scope, "const " + std::string(ctype(r.out)) + " " + res + " = " + finish(r, acc_name(r), idx_name(r)) + ";");
+        line_at(row_scope,
+                "const " + std::string(ctype(r.out)) + " " + res + " = " + finish(r, acc_name(r), idx_name(r)) + ";");
         bound_[r.node] = Binding{{res}, 0, row_scope};
         if (r.online_sum >= 0) {
           // Every term of an all -inf row is exp(-inf - -inf) = NaN in the reference.
@@ -2033,8 +2225,8 @@ class Writer {
           std::string sres = "r" + std::to_string(r.online_sum);
           std::string sv = round16("(" + std::string(ctype(sn.dtype)) + ")" + sum_name(r), sn.dtype);
           if (R > 0)
-            sv = "(" + acc_name(r) + " == " + (dbl ? "(-KILN_INF_D)" : "(-KILN_INF_F)") + " ? " + (dbl ? "KILN_NAN_D" : "KILN_NAN_F") +
-                 " : " + sv + ")";
+            sv = "(" + acc_name(r) + " == " + (dbl ? "(-KILN_INF_D)" : "(-KILN_INF_F)") + " ? " +
+                 (dbl ? "KILN_NAN_D" : "KILN_NAN_F") + " : " + sv + ")";
           line_at(row_scope, "const " + std::string(ctype(sn.dtype)) + " " + sres + " = " + sv + ";");
           bound_[r.online_sum] = Binding{{sres}, 0, row_scope};
         }
@@ -2093,8 +2285,8 @@ class Writer {
     splits = (R + chunk - 1) / chunk;
     const i64 blocks = rows * splits;
     info_.grid = static_cast<unsigned>(blocks);
-    info_.strategy = "split row reduction, " + std::to_string(splits) + " block(s) per row of " + std::to_string(R) + ", " +
-                     std::to_string(V) + " lane(s), grid " + std::to_string(blocks) + "x" + std::to_string(T);
+    info_.strategy = "split row reduction, " + std::to_string(splits) + " block(s) per row of " + std::to_string(R) +
+                     ", " + std::to_string(V) + " lane(s), grid " + std::to_string(blocks) + "x" + std::to_string(T);
     row_threads_ = T;
     std::vector<Red> reds = phase_reds(1), fins = final_reds();
     std::vector<std::string> pv, px;
@@ -2146,12 +2338,14 @@ class Writer {
     for (auto& r : reds) declare_acc(r);
     std::vector<PartialRead> reads;
     for (std::size_t i = 0; i < reds.size(); ++i)
-      reads.push_back({reds[i], pv[i], px[i], "", [&](const std::string& u) { return "row * " + lit(splits) + " + " + u; }});
+      reads.push_back(
+          {reds[i], pv[i], px[i], "", [&](const std::string& u) { return "row * " + lit(splits) + " + " + u; }});
     fold_partials(reads, "(" + it_ + ")tid", splits, T);
     block_reduce(reds, T);
     for (auto& r : reds) {
       std::string res = "r" + std::to_string(r.node);
-      line_at(row_scope, "const " + std::string(ctype(r.out)) + " " + res + " = " + finish(r, acc_name(r), idx_name(r)) + ";");
+      line_at(row_scope,
+              "const " + std::string(ctype(r.out)) + " " + res + " = " + finish(r, acc_name(r), idx_name(r)) + ";");
       bound_[r.node] = Binding{{res}, 0, row_scope};
     }
     open("if (tid == 0)");
@@ -2162,7 +2356,8 @@ class Writer {
     if (!fins.empty() || has_level(sched::Level::Final)) {
       for (auto& r : fins) {
         std::string res = "r" + std::to_string(r.node);
-        line("const " + std::string(ctype(r.out)) + " " + res + " = " + finish(r, acc_name(r, "f"), idx_name(r, "f")) + ";");
+        line("const " + std::string(ctype(r.out)) + " " + res + " = " + finish(r, acc_name(r, "f"), idx_name(r, "f")) +
+             ";");
         bound_[r.node] = Binding{{res}, 0, top()};
       }
       open("if (tid == 0)");
@@ -2198,15 +2393,16 @@ class Writer {
     const bool single_pass = k_.phases <= 1 && k_.passes <= 1 && !has_level(sched::Level::Full);
     // Rounded down: every block of the grid runs in the first wave (a 17th split of 32 tiles
     // on 528 block slots would leave a second wave of 16 blocks).
-    if (single_pass && tiles > 0 && tiles < target) splits = std::max<i64>(1, std::min<i64>(target / tiles, R / (BY * 8)));
+    if (single_pass && tiles > 0 && tiles < target)
+      splits = std::max<i64>(1, std::min<i64>(target / tiles, R / (BY * 8)));
     i64 rchunk = splits > 1 ? (R + splits - 1) / splits : R;
     if (splits > 1) splits = (R + rchunk - 1) / rchunk;
     info_.block = 256;
     const i64 units = std::max<i64>(1, tiles);  // an empty space still writes its finals
     info_.grid = static_cast<unsigned>(units * splits);
-    info_.strategy = "column reduction, " + std::to_string(BX) + "x" + std::to_string(BY) + " threads, " + std::to_string(V) +
-                     " column(s) per thread, " + std::to_string(splits) + " split(s) of the " + std::to_string(R) +
-                     " reduced rows, grid " + std::to_string(info_.grid) + "x256";
+    info_.strategy = "column reduction, " + std::to_string(BX) + "x" + std::to_string(BY) + " threads, " +
+                     std::to_string(V) + " column(s) per thread, " + std::to_string(splits) + " split(s) of the " +
+                     std::to_string(R) + " reduced rows, grid " + std::to_string(info_.grid) + "x256";
     line("const int tx = threadIdx.x % " + std::to_string(BX) + ", ty = threadIdx.x / " + std::to_string(BX) + ";");
     // Blocks of one split of every tile are neighbours: blocks running together read whole
     // rows (long contiguous runs), which DRAM serves best.
@@ -2232,7 +2428,8 @@ class Writer {
       line("const " + it_ + " rhi = " + lit(R) + ";");
     } else {
       line("const " + it_ + " rlo = " + (splits > 1 ? split + " * " + lit(rchunk) : lit(0)) + ";");
-      line("const " + it_ + " rhi = rlo + " + lit(rchunk) + " < " + lit(R) + " ? rlo + " + lit(rchunk) + " : " + lit(R) + ";");
+      line("const " + it_ + " rhi = rlo + " + lit(rchunk) + " < " + lit(R) + " ? rlo + " + lit(rchunk) + " : " +
+           lit(R) + ";");
     }
     std::string counter;
     for (int pass = 1; pass <= k_.passes; ++pass) {
@@ -2255,7 +2452,8 @@ class Writer {
           for (int j = 0; j < V; ++j) {
             std::string slot = "[threadIdx.x * " + std::to_string(V) + " + " + std::to_string(j) + "]";
             line("kiln_c" + std::to_string(r.node) + slot + " = " + acc_name(r, "_" + std::to_string(j)) + ";");
-            if (r.arg) line("kiln_cx" + std::to_string(r.node) + slot + " = " + idx_name(r, "_" + std::to_string(j)) + ";");
+            if (r.arg)
+              line("kiln_cx" + std::to_string(r.node) + slot + " = " + idx_name(r, "_" + std::to_string(j)) + ";");
           }
         }
         line("__syncthreads();");
@@ -2263,7 +2461,8 @@ class Writer {
         for (auto& r : reds)
           for (int j = 0; j < V; ++j) {
             std::string sfx = "_" + std::to_string(j);
-            std::string at = "[(y * " + std::to_string(BX) + " + tx) * " + std::to_string(V) + " + " + std::to_string(j) + "]";
+            std::string at =
+                "[(y * " + std::to_string(BX) + " + tx) * " + std::to_string(V) + " + " + std::to_string(j) + "]";
             line("for (int y = 1; y < " + std::to_string(BY) + "; ++y) " +
                  merge(r, acc_name(r, sfx), idx_name(r, sfx), "kiln_c" + std::to_string(r.node) + at,
                        r.arg ? "kiln_cx" + std::to_string(r.node) + at : "0"));
@@ -2302,10 +2501,11 @@ class Writer {
         for (std::size_t i = 0; i < reds.size(); ++i)
           for (int j = 0; j < V; ++j) {
             const std::string sfx = "_" + std::to_string(j);
-            line(acc_name(reds[i], sfx) + " = " + reds[i].init + ";" + (reds[i].arg ? " " + idx_name(reds[i], sfx) + " = -1;" : ""));
+            line(acc_name(reds[i], sfx) + " = " + reds[i].init + ";" +
+                 (reds[i].arg ? " " + idx_name(reds[i], sfx) + " = -1;" : ""));
             reads.push_back({reds[i], pv[i], px[i], sfx, [&, j](const std::string& u) {
-                               return "(" + u + " * " + lit(units) + " + tile) * " + lit(BX * V) + " + tx * " + lit(V) + " + " +
-                                      std::to_string(j);
+                               return "(" + u + " * " + lit(units) + " + tile) * " + lit(BX * V) + " + tx * " + lit(V) +
+                                      " + " + std::to_string(j);
                              }});
           }
         fold_partials(reads, "(" + it_ + ")ty", splits, BY);
@@ -2315,8 +2515,11 @@ class Writer {
       for (auto& r : reds)
         for (int j = 0; j < V; ++j) {
           std::string slot = "[tx * " + std::to_string(V) + " + " + std::to_string(j) + "]";
-          line("if (ty == 0) kiln_c" + std::to_string(r.node) + slot + " = " + acc_name(r, "_" + std::to_string(j)) + ";");
-          if (r.arg) line("if (ty == 0) kiln_cx" + std::to_string(r.node) + slot + " = " + idx_name(r, "_" + std::to_string(j)) + ";");
+          line("if (ty == 0) kiln_c" + std::to_string(r.node) + slot + " = " + acc_name(r, "_" + std::to_string(j)) +
+               ";");
+          if (r.arg)
+            line("if (ty == 0) kiln_cx" + std::to_string(r.node) + slot + " = " + idx_name(r, "_" + std::to_string(j)) +
+                 ";");
         }
       line("__syncthreads();");
       for (auto& r : reds) {
@@ -2326,7 +2529,8 @@ class Writer {
         for (int j = 0; j < V; ++j) {
           std::string slot = "[tx * " + std::to_string(V) + " + " + std::to_string(j) + "]";
           std::string res = "r" + std::to_string(r.node) + "_" + std::to_string(j);
-          std::string a = "kiln_c" + std::to_string(r.node) + slot, x = r.arg ? "kiln_cx" + std::to_string(r.node) + slot : "";
+          std::string a = "kiln_c" + std::to_string(r.node) + slot,
+                      x = r.arg ? "kiln_cx" + std::to_string(r.node) + slot : "";
           line_at(tile_scope, "const " + std::string(ctype(r.out)) + " " + res + " = " + finish(r, a, x) + ";");
           b.text.push_back(res);
         }
@@ -2348,7 +2552,8 @@ class Writer {
       // column order within warp 0 (threads of other rows hold the identity).
       if (BX < 32) {
         open("if (ty != 0)");
-        for (auto& r : fins) line(acc_name(r, "f") + " = " + r.init + ";" + (r.arg ? " " + idx_name(r, "f") + " = -1;" : ""));
+        for (auto& r : fins)
+          line(acc_name(r, "f") + " = " + r.init + ";" + (r.arg ? " " + idx_name(r, "f") + " = -1;" : ""));
         close();
       }
       open("if (threadIdx.x < 32)");
@@ -2397,7 +2602,8 @@ class Writer {
 
 /// The kernels' argument struct (see CudaSource).
 inline std::string args_struct(const CudaSource& unit) {
-  return "struct kiln_args { void* p[" + std::to_string(unit.num_args) + "];" + (unit.symbolic ? " long long n;" : "") + " };\n";
+  return "struct kiln_args { void* p[" + std::to_string(unit.num_args) + "];" + (unit.symbolic ? " long long n;" : "") +
+         " };\n";
 }
 
 }  // namespace cuda_detail
@@ -2423,8 +2629,8 @@ inline CudaSource generate_cuda(const ir::Graph& g, const sched::Schedule& s, co
 inline CudaSource generate_cuda(const ir::Graph& g, const sched::Schedule& s, const std::string& prefix,
                                 const std::vector<CudaTarget>& per_kernel, const CudaAlignment& align) {
   if (per_kernel.size() != s.kernels.size())
-    throw Error("kiln codegen: " + std::to_string(per_kernel.size()) + " CUDA targets for " + std::to_string(s.kernels.size()) +
-                " kernels");
+    throw Error("kiln codegen: " + std::to_string(per_kernel.size()) + " CUDA targets for " +
+                std::to_string(s.kernels.size()) + " kernels");
   cuda_detail::Needs needs;
   CudaSource out;
   out.num_args = cuda_num_args(g, s);
@@ -2441,7 +2647,9 @@ inline CudaSource generate_cuda(const ir::Graph& g, const sched::Schedule& s, co
   }
   std::string& src = out.source;
   src = "// kiln generated CUDA kernels\n";
-  src += "#ifndef KILN_EXTERN_SMEM\n#define KILN_EXTERN_SMEM(name) extern __shared__ __align__(16) unsigned char name[]\n#endif\n";
+  src +=
+      "#ifndef KILN_EXTERN_SMEM\n#define KILN_EXTERN_SMEM(name) extern __shared__ __align__(16) unsigned char "
+      "name[]\n#endif\n";
   out.symbolic = s.symbolic != 0;
   src += cuda_detail::args_struct(out);
   src += cuda_detail::kCudaBase;

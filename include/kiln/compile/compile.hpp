@@ -38,12 +38,12 @@ class GraphBreakError : public Error {
 
 /// Options of kiln::compile (torch.compile's, carried over).
 struct CompileOptions {
-  std::string backend = "kiln";          ///< "kiln", "eager", "trace" or a registered name
-  std::string mode = "default";          ///< "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
-  bool fullgraph = false;                ///< a graph break throws GraphBreakError
+  std::string backend = "kiln";  ///< "kiln", "eager", "trace" or a registered name
+  std::string mode = "default";  ///< "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
+  bool fullgraph = false;        ///< a graph break throws GraphBreakError
   std::optional<bool> dynamic = std::nullopt;  ///< false: specialise shapes; true: symbolic; unset: automatic
-  int recompile_limit = 8;               ///< guard entries per compiled function before falling back
-  bool error_on_recompile_limit = false;  ///< throw instead of falling back past the limit
+  int recompile_limit = 8;                     ///< guard entries per compiled function before falling back
+  bool error_on_recompile_limit = false;       ///< throw instead of falling back past the limit
 };
 
 /// Counters of one compiled function.
@@ -103,7 +103,8 @@ inline BackendRegistry& backend_registry() {
 }
 
 inline const std::vector<std::string>& valid_modes() {
-  static const std::vector<std::string> m = {"default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"};
+  static const std::vector<std::string> m = {"default", "reduce-overhead", "max-autotune",
+                                             "max-autotune-no-cudagraphs"};
   return m;
 }
 
@@ -128,7 +129,8 @@ struct GuardItem {
 
   bool matches(const GuardItem& call) const {
     if (kind != call.kind) return false;
-    if (kind == Kind::Number) return number_type == call.number_type && std::memcmp(&number, &call.number, sizeof(double)) == 0;
+    if (kind == Kind::Number)
+      return number_type == call.number_type && std::memcmp(&number, &call.number, sizeof(double)) == 0;
     if (kind == Kind::Undefined) return true;
     if (dtype != call.dtype || device != call.device || shape.size() != call.shape.size()) return false;
     for (std::size_t d = 0; d < shape.size(); ++d) {
@@ -163,7 +165,7 @@ struct GuardItem {
     return true;
   }
   template <class T>
-    requires Scalar<T>
+  requires Scalar<T>
   bool matches_value(const T& v) const {
     GuardItem g;
     g.kind = Kind::Number;
@@ -197,8 +199,7 @@ inline GuardItem guard_of(const Tensor& t) {
 }
 inline GuardItem GuardItem::guard_of_tensor(const Tensor& t) { return guard_of(t); }
 template <class T>
-  requires Scalar<T>
-GuardItem guard_of(const T& v) {
+requires Scalar<T> GuardItem guard_of(const T& v) {
   GuardItem g;
   g.kind = GuardItem::Kind::Number;
   g.number = static_cast<double>(v);
@@ -213,15 +214,18 @@ template <class R>
 struct Normalized {
   using type = std::conditional_t<TensorLike<R>, Tensor, R>;
   static type from(const R& r) {
-    if constexpr (TensorLike<R>) return Tensor(r);
-    else return r;
+    if constexpr (TensorLike<R>)
+      return Tensor(r);
+    else
+      return r;
   }
 };
 template <class... Ts>
 struct Normalized<std::tuple<Ts...>> {
   using type = std::tuple<typename Normalized<Ts>::type...>;
   static type from(const std::tuple<Ts...>& r) {
-    return std::apply([](const auto&... e) { return type{Normalized<std::remove_cvref_t<decltype(e)>>::from(e)...}; }, r);
+    return std::apply([](const auto&... e) { return type{Normalized<std::remove_cvref_t<decltype(e)>>::from(e)...}; },
+                      r);
   }
 };
 template <class A, class B>
@@ -284,27 +288,27 @@ inline constexpr bool kHasNumbers<std::pair<A, B>> = kHasNumbers<A> || kHasNumbe
 
 /// Where a leaf's buffer comes from on replay.
 struct LeafSource {
-  int arg = -1;              ///< argument index, or -1 for a tensor the function captured (a constant)
-  std::int64_t offset = 0;   ///< element offset relative to the argument's own offset
-  ir::NodePtr constant;      ///< arg == -1: kept alive with the entry
+  int arg = -1;             ///< argument index, or -1 for a tensor the function captured (a constant)
+  std::int64_t offset = 0;  ///< element offset relative to the argument's own offset
+  ir::NodePtr constant;     ///< arg == -1: kept alive with the entry
 };
 
 /// Where a flattened result tensor comes from on replay.
 struct ResultSource {
   enum class Kind : std::uint8_t { GraphOutput, ArgView, Constant } kind = Kind::GraphOutput;
-  int index = 0;             ///< graph output index, or argument index
-  std::int64_t offset = 0;   ///< ArgView: element offset relative to the argument's
-  Strides strides;           ///< ArgView
-  Shape shape;               ///< ArgView
-  bool whole = false;        ///< ArgView of the whole argument: takes its shape and strides on replay
-  Tensor constant;           ///< Constant
+  int index = 0;            ///< graph output index, or argument index
+  std::int64_t offset = 0;  ///< ArgView: element offset relative to the argument's
+  Strides strides;          ///< ArgView
+  Shape shape;              ///< ArgView
+  bool whole = false;       ///< ArgView of the whole argument: takes its shape and strides on replay
+  Tensor constant;          ///< Constant
 };
 
 struct Replay {
   ir::Graph graph;
   std::vector<LeafSource> leaves;
   std::vector<ResultSource> results;
-  std::any traced_result;    ///< the function's result at trace time (its numbers are specialised)
+  std::any traced_result;  ///< the function's result at trace time (its numbers are specialised)
   GraphRunner runner;
   // Reused by every replay (calls hold the compiled function's lock), so a cached call
   // allocates no pointer vectors; emptied of storages after each call.
@@ -314,7 +318,7 @@ struct Replay {
 
 struct Entry {
   std::vector<GuardItem> guard;
-  bool rerun = false;   ///< had graph breaks: the function runs on every call
+  bool rerun = false;  ///< had graph breaks: the function runs on every call
   bool dynamic = false;
   std::vector<std::pair<std::vector<GuardItem>, std::shared_ptr<Replay>>> replays;  ///< per concrete guard
   /// Dynamic entries: the first replay and its graph's symbolic sizes, from which a call with
@@ -386,7 +390,8 @@ class Compiled {
       if (!r.factories.count(state_->options.backend)) {
         std::vector<std::string> names;
         for (auto& [k, v] : r.factories) names.push_back(k);
-        throw Error("kiln::compile: unknown backend \"" + state_->options.backend + "\"; valid backends: " + detail::join(names));
+        throw Error("kiln::compile: unknown backend \"" + state_->options.backend +
+                    "\"; valid backends: " + detail::join(names));
       }
       state_->factory = r.factories.at(state_->options.backend);
     }
@@ -444,8 +449,8 @@ class Compiled {
       ir::Captured c = ir::capture(roots, roots.front()->device);
       std::size_t ops = 0;
       for (auto& n : c.graph.nodes) ops += n.op != ir::Op::Input;
-      os << "graph after the last break: " << c.graph.nodes.size() << " nodes (" << ops << " ops, "
-         << c.leaves.size() << " inputs, " << c.graph.outputs.size() << " outputs)\n";
+      os << "graph after the last break: " << c.graph.nodes.size() << " nodes (" << ops << " ops, " << c.leaves.size()
+         << " inputs, " << c.graph.outputs.size() << " outputs)\n";
       os << detail::explain_graph(c.graph);
     } else {
       os << "no tensor work after the last break\n";
@@ -509,11 +514,15 @@ class Compiled {
     }
 
     if (static_cast<int>(s.entries.size()) >= s.options.recompile_limit) {
-      std::string why = s.entries.empty() ? std::string("recompile_limit is 0") : first_failure(s.entries.back()->guard, call);
+      std::string why =
+          s.entries.empty() ? std::string("recompile_limit is 0") : first_failure(s.entries.back()->guard, call);
       if (s.options.error_on_recompile_limit)
-        throw Error("kiln::compile: recompile limit (" + std::to_string(s.options.recompile_limit) + ") reached; " + why);
+        throw Error("kiln::compile: recompile limit (" + std::to_string(s.options.recompile_limit) + ") reached; " +
+                    why);
       if (!s.warned) {
-        std::fprintf(stderr, "[kiln] warning: kiln::compile reached its recompile limit (%d); running uncompiled from now on. Last failed guard: %s\n",
+        std::fprintf(stderr,
+                     "[kiln] warning: kiln::compile reached its recompile limit (%d); running uncompiled from now on. "
+                     "Last failed guard: %s\n",
                      s.options.recompile_limit, why.c_str());
         s.warned = true;
       }
@@ -536,7 +545,8 @@ class Compiled {
     s.entries.push_back(entry);
     if (log_enabled(LogChannel::guards)) {
       std::string g = "new guard entry:";
-      for (std::size_t i = 0; i < call.size(); ++i) g += "\n  arg " + std::to_string(i) + ": " + entry->guard[i].describe();
+      for (std::size_t i = 0; i < call.size(); ++i)
+        g += "\n  arg " + std::to_string(i) + ": " + entry->guard[i].describe();
       if (entry->dynamic) g += "\n  symbolic: " + dynamic_dims_text(entry->guard) + " (sizes 0 and 1 stay distinct)";
       log(LogChannel::guards, g);
     }
@@ -560,8 +570,10 @@ class Compiled {
 
   template <class T>
   static void collect_tensor(const T& v, std::vector<const Tensor*>& out) {
-    if constexpr (std::is_same_v<std::remove_cvref_t<T>, Tensor>) out.push_back(&v);
-    else static_assert(Scalar<T>, "kiln::compile: arguments must be Tensors or C++ numbers");
+    if constexpr (std::is_same_v<std::remove_cvref_t<T>, Tensor>)
+      out.push_back(&v);
+    else
+      static_assert(Scalar<T>, "kiln::compile: arguments must be Tensors or C++ numbers");
   }
 
   template <class... Args>
@@ -588,7 +600,8 @@ class Compiled {
     return true;
   }
 
-  static std::string first_failure(const std::vector<detail::GuardItem>& old, const std::vector<detail::GuardItem>& call) {
+  static std::string first_failure(const std::vector<detail::GuardItem>& old,
+                                   const std::vector<detail::GuardItem>& call) {
     for (std::size_t i = 0; i < old.size() && i < call.size(); ++i)
       if (!old[i].matches(call[i]))
         return "guard on argument " + std::to_string(i) + " failed: expected " + old[i].describe() + ", got " +
@@ -599,7 +612,8 @@ class Compiled {
   static void mark_changed_sizes_dynamic(detail::Entry& e, const std::vector<detail::GuardItem>& last) {
     for (std::size_t i = 0; i < e.guard.size(); ++i) {
       auto& g = e.guard[i];
-      if (g.kind != detail::GuardItem::Kind::Tensor || last[i].kind != g.kind || last[i].shape.size() != g.shape.size()) continue;
+      if (g.kind != detail::GuardItem::Kind::Tensor || last[i].kind != g.kind || last[i].shape.size() != g.shape.size())
+        continue;
       for (std::size_t d = 0; d < g.shape.size(); ++d)
         if (last[i].shape[d] != g.shape[d]) {
           if (g.dynamic_dims.empty()) g.dynamic_dims.assign(g.shape.size(), false);
@@ -654,8 +668,8 @@ class Compiled {
   }
 
   template <class R, class... Args>
-  R trace(detail::Entry& entry, const std::vector<detail::GuardItem>& call, const std::vector<const Tensor*>& tensor_args,
-          Args&... args) {
+  R trace(detail::Entry& entry, const std::vector<detail::GuardItem>& call,
+          const std::vector<const Tensor*>& tensor_args, Args&... args) {
     State& s = *state_;
     s.stats.traces++;
     detail::TraceSession session;
@@ -701,7 +715,8 @@ class Compiled {
     return -1;
   }
 
-  static void build_replay(detail::Replay& r, const std::vector<Tensor>& outs, const std::vector<const Tensor*>& tensor_args) {
+  static void build_replay(detail::Replay& r, const std::vector<Tensor>& outs,
+                           const std::vector<const Tensor*>& tensor_args) {
     std::vector<ir::NodePtr> roots;
     std::vector<int> root_of(outs.size(), -1);
     for (std::size_t i = 0; i < outs.size(); ++i) {
@@ -717,7 +732,8 @@ class Compiled {
           src.offset = t.node()->buffer->offset - tensor_args[a]->node()->buffer->offset;
           src.strides = t.node()->buffer->strides;
           src.shape = t.shape();
-          src.whole = src.offset == 0 && src.shape == tensor_args[a]->shape() && src.strides == tensor_args[a]->strides();
+          src.whole =
+              src.offset == 0 && src.shape == tensor_args[a]->shape() && src.strides == tensor_args[a]->strides();
         } else {
           src.kind = detail::ResultSource::Kind::Constant;
           src.constant = t;
@@ -735,8 +751,10 @@ class Compiled {
     for (auto& leaf : c.leaves) {
       detail::LeafSource ls;
       ls.arg = arg_of_storage(leaf->buffer->storage, tensor_args);
-      if (ls.arg >= 0) ls.offset = leaf->buffer->offset - tensor_args[ls.arg]->node()->buffer->offset;
-      else ls.constant = leaf;
+      if (ls.arg >= 0)
+        ls.offset = leaf->buffer->offset - tensor_args[ls.arg]->node()->buffer->offset;
+      else
+        ls.constant = leaf;
       r.leaves.push_back(std::move(ls));
     }
   }
@@ -782,8 +800,10 @@ class Compiled {
       log(LogChannel::recompiles, "dynamic entry: new sizes will re-trace: " + reason);
     };
     for (auto& res : r.results)
-      if (res.kind == detail::ResultSource::Kind::ArgView && symbolic_arg[static_cast<std::size_t>(res.index)] && !res.whole)
-        return fail("a result is a view of part of argument " + std::to_string(gi[static_cast<std::size_t>(res.index)]));
+      if (res.kind == detail::ResultSource::Kind::ArgView && symbolic_arg[static_cast<std::size_t>(res.index)] &&
+          !res.whole)
+        return fail("a result is a view of part of argument " +
+                    std::to_string(gi[static_cast<std::size_t>(res.index)]));
     if (r.graph.outputs.empty()) {
       entry.symbolic = std::make_shared<detail::SymbolicGraph>();
       return;
@@ -843,7 +863,8 @@ class Compiled {
     if (log_enabled(LogChannel::guards)) {
       std::string t = "dynamic entry replays its graph for new sizes (no trace):";
       for (std::size_t i = 0; i < call.size(); ++i)
-        if (call[i].kind == detail::GuardItem::Kind::Tensor) t += " arg " + std::to_string(i) + " " + call[i].shape.str();
+        if (call[i].kind == detail::GuardItem::Kind::Tensor)
+          t += " arg " + std::to_string(i) + " " + call[i].shape.str();
       log(LogChannel::guards, t + "; symbolic: " + dynamic_dims_text(e.guard));
     }
     return r;
@@ -871,8 +892,9 @@ class Compiled {
     const bool cuda = graph.device.is_cuda();
     if (!cuda && !graph.device.is_cpu()) return nullptr;
     if (s.options.mode != "default")
-      return specialised(cuda && s.options.mode == "reduce-overhead" ? "mode reduce-overhead captures a CUDA graph per size"
-                                                                     : "mode " + s.options.mode + " tunes kernels per size");
+      return specialised(cuda && s.options.mode == "reduce-overhead"
+                             ? "mode reduce-overhead captures a CUDA graph per size"
+                             : "mode " + s.options.mode + " tunes kernels per size");
     if (cuda ? !backend::entry::cuda_jit_available() : !backend::entry::cpu_uses_jit(Backend::Auto)) return nullptr;
     const detail::SymbolicGraph& sg = *e.symbolic;
     for (auto& nd : graph.nodes)
@@ -916,7 +938,8 @@ class Compiled {
         } else {
           const ir::Node& n = *tensor_args[leaf.arg]->node();
           std::int64_t off = n.buffer->offset + leaf.offset;
-          a.inputs.push_back(static_cast<const char*>(n.buffer->storage->data) + off * static_cast<std::int64_t>(itemsize(n.dtype)));
+          a.inputs.push_back(static_cast<const char*>(n.buffer->storage->data) +
+                             off * static_cast<std::int64_t>(itemsize(n.dtype)));
         }
       }
       if (const auto* cuda_graph = r.runner.template target<backend::CudaGraphRunFn>()) {
@@ -925,7 +948,8 @@ class Compiled {
       } else {
         for (auto out : r.graph.outputs) {
           const ir::GraphNode& g = r.graph.nodes[out];
-          storages.push_back(detail::allocate(static_cast<std::size_t>(g.shape.numel()) * itemsize(g.dtype), r.graph.device));
+          storages.push_back(
+              detail::allocate(static_cast<std::size_t>(g.shape.numel()) * itemsize(g.dtype), r.graph.device));
           a.outputs.push_back(storages.back()->data);
         }
         r.runner(r.graph, a);
@@ -942,7 +966,8 @@ class Compiled {
         }
         case detail::ResultSource::Kind::ArgView: {
           const ir::Node& n = *tensor_args[src.index]->node();
-          if (src.whole) results[i] = Tensor(ir::input(*n.buffer, n.shape, n.dtype, n.device));
+          if (src.whole)
+            results[i] = Tensor(ir::input(*n.buffer, n.shape, n.dtype, n.device));
           else
             results[i] = Tensor(ir::input(ir::BufferView{n.buffer->storage, n.buffer->offset + src.offset, src.strides},
                                           src.shape, n.dtype, n.device));

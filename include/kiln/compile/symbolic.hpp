@@ -53,8 +53,8 @@ struct SymbolicGraph {
     std::vector<int> pinned;     ///< argument dims the view does not walk: their sizes must not change
   };
   std::vector<LeafView> leaves;
-  std::vector<Strides> arg_strides;       ///< per tensor argument, at trace time
-  std::vector<Shape> arg_shapes;          ///< per tensor argument, at trace time
+  std::vector<Strides> arg_strides;  ///< per tensor argument, at trace time
+  std::vector<Shape> arg_shapes;     ///< per tensor argument, at trace time
   /// The class every one of whose dimensions is a leading dim (index 0) of size 1 * s whose
   /// inner sizes are static: kernels can read it at launch. -1 when none.
   int leading = -1;
@@ -63,7 +63,9 @@ struct SymbolicGraph {
   std::string name_of(int c) const {
     std::string s;
     for (std::size_t i = 0; i < symbols.size(); ++i)
-      if (cls[i] == c) s += (s.empty() ? "" : " = ") + std::string("arg ") + std::to_string(symbols[i].label) + " dim " + std::to_string(symbols[i].dim);
+      if (cls[i] == c)
+        s += (s.empty() ? "" : " = ") + std::string("arg ") + std::to_string(symbols[i].label) + " dim " +
+             std::to_string(symbols[i].dim);
     return s;
   }
 };
@@ -84,7 +86,8 @@ inline SymbolicGraph::LeafView leaf_view(int a, const ArgDims& arg, const Shape&
   std::vector<bool> used(arg.shape.size(), false);
   for (std::size_t d = 0; d < shape.size(); ++d) {
     int m = -2;
-    if (strides[d] == 0 && shape[d] >= 2) m = -1;
+    if (strides[d] == 0 && shape[d] >= 2)
+      m = -1;
     else if (shape[d] >= 2)
       for (std::size_t e = 0; e < arg.shape.size() && m == -2; ++e)
         if (!used[e] && arg.shape[e] == shape[d] && arg.strides[e] == strides[d]) {
@@ -103,7 +106,8 @@ inline SymbolicGraph::LeafView leaf_view(int a, const ArgDims& arg, const Shape&
 /// Infers symbolic sizes for `g`. `leaves[l]`: how leaf l reads its argument; `args[a]`: the
 /// argument's layout at trace time and which of its dims are dynamic. Returns nothing, with
 /// `why` set, when some size cannot follow.
-inline std::optional<SymbolicGraph> infer_symbolic(const ir::Graph& g, const std::vector<SymbolicGraph::LeafView>& leaves,
+inline std::optional<SymbolicGraph> infer_symbolic(const ir::Graph& g,
+                                                   const std::vector<SymbolicGraph::LeafView>& leaves,
                                                    const std::vector<ArgDims>& args, std::string& why) {
   SymbolicGraph sg;
   sg.base = g;
@@ -122,7 +126,8 @@ inline std::optional<SymbolicGraph> infer_symbolic(const ir::Graph& g, const std
   auto slot = [&](std::size_t node, std::size_t d) { return static_cast<int>(first[node] + d); };
   auto size_at = [&](std::size_t node, std::size_t d) { return g.nodes[node].shape[d]; };
   auto find = [&](int x) {
-    while (parent[static_cast<std::size_t>(x)] != x) x = parent[static_cast<std::size_t>(x)] = parent[static_cast<std::size_t>(parent[static_cast<std::size_t>(x)])];
+    while (parent[static_cast<std::size_t>(x)] != x)
+      x = parent[static_cast<std::size_t>(x)] = parent[static_cast<std::size_t>(parent[static_cast<std::size_t>(x)])];
     return x;
   };
   std::vector<int> sym_parent;
@@ -135,7 +140,9 @@ inline std::optional<SymbolicGraph> infer_symbolic(const ir::Graph& g, const std
     if (!failed) why = reason;
     failed = true;
   };
-  auto node_text = [&](std::size_t i) { return "%" + std::to_string(i) + " " + ir::op_name(g.nodes[i].op) + g.nodes[i].shape.str(); };
+  auto node_text = [&](std::size_t i) {
+    return "%" + std::to_string(i) + " " + ir::op_name(g.nodes[i].op) + g.nodes[i].shape.str();
+  };
   // Two bindings of one class must agree; two symbols with one coefficient become one class.
   auto merge = [&](std::optional<SymDim>& into, const SymDim& v, std::size_t node) {
     if (!into) {
@@ -152,13 +159,16 @@ inline std::optional<SymbolicGraph> infer_symbolic(const ir::Graph& g, const std
     }
     fail("node " + node_text(node) + " ties a symbolic size to a baked one");
   };
-  auto bind = [&](int s, const SymDim& v, std::size_t node) { merge(bound[static_cast<std::size_t>(find(s))], v, node); };
+  auto bind = [&](int s, const SymDim& v, std::size_t node) {
+    merge(bound[static_cast<std::size_t>(find(s))], v, node);
+  };
   auto unite = [&](int a, int b, std::size_t node) {
     a = find(a);
     b = find(b);
     if (a == b) return;
     parent[static_cast<std::size_t>(b)] = a;
-    if (bound[static_cast<std::size_t>(b)]) merge(bound[static_cast<std::size_t>(a)], *bound[static_cast<std::size_t>(b)], node);
+    if (bound[static_cast<std::size_t>(b)])
+      merge(bound[static_cast<std::size_t>(a)], *bound[static_cast<std::size_t>(b)], node);
   };
   auto resolved = [&](int s) -> std::optional<SymDim> {
     auto& b = bound[static_cast<std::size_t>(find(s))];
@@ -206,9 +216,12 @@ inline std::optional<SymbolicGraph> infer_symbolic(const ir::Graph& g, const std
         break;
       case ir::OpKind::Reduce:
         for (std::size_t d = 0; d < rank; ++d) {
-          bool reduced = std::find(nd.attrs.ints.begin(), nd.attrs.ints.end(), static_cast<std::int64_t>(d)) != nd.attrs.ints.end();
-          if (reduced) bind(slot(i, d), SymDim{1, -1}, i);
-          else unite(slot(i, d), in_slot(0, d), i);
+          bool reduced = std::find(nd.attrs.ints.begin(), nd.attrs.ints.end(), static_cast<std::int64_t>(d)) !=
+                         nd.attrs.ints.end();
+          if (reduced)
+            bind(slot(i, d), SymDim{1, -1}, i);
+          else
+            unite(slot(i, d), in_slot(0, d), i);
         }
         break;
       case ir::OpKind::IndexMap: {
@@ -217,13 +230,15 @@ inline std::optional<SymbolicGraph> infer_symbolic(const ir::Graph& g, const std
           for (std::size_t d = 0; d < rank; ++d)
             if (size_at(in0, d) == nd.shape[d]) unite(slot(i, d), in_slot(0, d), i);
         } else if (nd.op == ir::Op::Permute) {
-          for (std::size_t d = 0; d < rank; ++d) unite(slot(i, d), in_slot(0, static_cast<std::size_t>(nd.attrs.ints[d])), i);
+          for (std::size_t d = 0; d < rank; ++d)
+            unite(slot(i, d), in_slot(0, static_cast<std::size_t>(nd.attrs.ints[d])), i);
         } else if (nd.op == ir::Op::Slice || nd.op == ir::Op::Concat) {
           const auto axis = static_cast<std::size_t>(nd.attrs.ints[0]);
           for (std::size_t d = 0; d < rank; ++d)
             if (d != axis)
               for (std::size_t k = 0; k < nd.inputs.size(); ++k) unite(slot(i, d), in_slot(k, d), i);
-          if (nd.op == ir::Op::Slice && nd.attrs.ints[1] == 0 && nd.attrs.ints[2] == 1 && nd.shape[axis] == size_at(in0, axis))
+          if (nd.op == ir::Op::Slice && nd.attrs.ints[1] == 0 && nd.attrs.ints[2] == 1 &&
+              nd.shape[axis] == size_at(in0, axis))
             unite(slot(i, axis), in_slot(0, axis), i);  // the whole dim: follows it
         }
         break;  // reshape, and the axis of slices and concats: below, once inputs are known
@@ -250,7 +265,8 @@ inline std::optional<SymbolicGraph> infer_symbolic(const ir::Graph& g, const std
           symbolic = symbolic || v.sym >= 0;
           total += v.coef;
         }
-        if (!symbolic) bind(slot(i, axis), SymDim{nd.op == ir::Op::Slice ? nd.shape[axis] : total, -1}, i);
+        if (!symbolic)
+          bind(slot(i, axis), SymDim{nd.op == ir::Op::Slice ? nd.shape[axis] : total, -1}, i);
         else if (nd.op == ir::Op::Concat || !resolved(slot(i, axis)) || resolved(slot(i, axis))->sym < 0)
           fail("node " + node_text(i) + " baked the size of symbolic dim " + std::to_string(axis));
         continue;
@@ -270,9 +286,12 @@ inline std::optional<SymbolicGraph> infer_symbolic(const ir::Graph& g, const std
         if (a < is.size()) pa *= is[a++];
         if (b < os.size()) pb *= os[b++];
         while (pa != pb) {
-          if (pa < pb && a < is.size()) pa *= is[a++];
-          else if (b < os.size()) pb *= os[b++];
-          else break;
+          if (pa < pb && a < is.size())
+            pa *= is[a++];
+          else if (b < os.size())
+            pb *= os[b++];
+          else
+            break;
         }
         // Trailing 1s join the run (they carry nothing).
         while (a < is.size() && is[a] == 1 && (b >= os.size() || os[b] != 1)) ++a;
@@ -301,7 +320,8 @@ inline std::optional<SymbolicGraph> infer_symbolic(const ir::Graph& g, const std
           for (std::size_t e = b0; e < b; ++e)
             if (e != d) others *= os[e];
           if (os[d] < 2 || others == 0 || k % others != 0) continue;
-          for (std::size_t e = b0; e < b; ++e) bind(slot(i, e), e == d ? SymDim{k / others, sym} : SymDim{os[e], -1}, i);
+          for (std::size_t e = b0; e < b; ++e)
+            bind(slot(i, e), e == d ? SymDim{k / others, sym} : SymDim{os[e], -1}, i);
           placed = true;
         }
         if (!placed) fail("node " + node_text(i) + " splits a symbolic size unevenly");
@@ -352,7 +372,8 @@ inline std::optional<SymbolicGraph> infer_symbolic(const ir::Graph& g, const std
 inline std::optional<std::vector<std::int64_t>> symbol_values(const SymbolicGraph& sg, const std::vector<Shape>& shapes,
                                                               const std::vector<Strides>& strides, std::string& why) {
   for (auto& lv : sg.leaves)
-    if (lv.arg >= 0 && lv.fixed_strides && strides[static_cast<std::size_t>(lv.arg)] != sg.arg_strides[static_cast<std::size_t>(lv.arg)]) {
+    if (lv.arg >= 0 && lv.fixed_strides &&
+        strides[static_cast<std::size_t>(lv.arg)] != sg.arg_strides[static_cast<std::size_t>(lv.arg)]) {
       why = "a view of a tensor argument at a baked offset or stride, and the argument's strides changed";
       return std::nullopt;
     }
@@ -360,7 +381,8 @@ inline std::optional<std::vector<std::int64_t>> symbol_values(const SymbolicGrap
     for (int e : lv.pinned)
       if (shapes[static_cast<std::size_t>(lv.arg)][static_cast<std::size_t>(e)] !=
           sg.arg_shapes[static_cast<std::size_t>(lv.arg)][static_cast<std::size_t>(e)]) {
-        why = "dim " + std::to_string(e) + " of a tensor argument changed, and the graph reads it through a view that baked its size";
+        why = "dim " + std::to_string(e) +
+              " of a tensor argument changed, and the graph reads it through a view that baked its size";
         return std::nullopt;
       }
   std::vector<std::int64_t> v(sg.symbols.size(), -1);
@@ -392,8 +414,10 @@ inline ir::Graph instantiate(const SymbolicGraph& sg, const std::vector<std::int
       const auto& lv = sg.leaves[static_cast<std::size_t>(nd.leaf)];
       if (lv.arg >= 0)
         for (std::size_t d = 0; d < nd.strides.size(); ++d) {
-          if (lv.dims[d] == -1) nd.strides[d] = 0;
-          else if (lv.dims[d] >= 0) nd.strides[d] = strides[static_cast<std::size_t>(lv.arg)][static_cast<std::size_t>(lv.dims[d])];
+          if (lv.dims[d] == -1)
+            nd.strides[d] = 0;
+          else if (lv.dims[d] >= 0)
+            nd.strides[d] = strides[static_cast<std::size_t>(lv.arg)][static_cast<std::size_t>(lv.dims[d])];
         }
     }
   }

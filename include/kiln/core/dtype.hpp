@@ -11,26 +11,33 @@ namespace kiln {
 /// Element type of a tensor.
 enum class DType : std::uint8_t { Bool, Int32, Int64, Float16, BFloat16, Float32, Float64 };
 
-inline constexpr DType bool_ = DType::Bool;   ///< bool
-inline constexpr DType i32 = DType::Int32;    ///< int32_t
-inline constexpr DType i64 = DType::Int64;    ///< int64_t
-inline constexpr DType f16 = DType::Float16;  ///< kiln::Half
-inline constexpr DType bf16 = DType::BFloat16;///< kiln::BFloat16
-inline constexpr DType f32 = DType::Float32;  ///< float
-inline constexpr DType f64 = DType::Float64;  ///< double
+inline constexpr DType bool_ = DType::Bool;     ///< bool
+inline constexpr DType i32 = DType::Int32;      ///< int32_t
+inline constexpr DType i64 = DType::Int64;      ///< int64_t
+inline constexpr DType f16 = DType::Float16;    ///< kiln::Half
+inline constexpr DType bf16 = DType::BFloat16;  ///< kiln::BFloat16
+inline constexpr DType f32 = DType::Float32;    ///< float
+inline constexpr DType f64 = DType::Float64;    ///< double
 
 inline constexpr int kNumDTypes = 7;
 
 /// Size of one element in bytes.
 constexpr std::size_t itemsize(DType t) {
   switch (t) {
-    case DType::Bool: return 1;
-    case DType::Int32: return 4;
-    case DType::Int64: return 8;
-    case DType::Float16: return 2;
-    case DType::BFloat16: return 2;
-    case DType::Float32: return 4;
-    case DType::Float64: return 8;
+    case DType::Bool:
+      return 1;
+    case DType::Int32:
+      return 4;
+    case DType::Int64:
+      return 8;
+    case DType::Float16:
+      return 2;
+    case DType::BFloat16:
+      return 2;
+    case DType::Float32:
+      return 4;
+    case DType::Float64:
+      return 8;
   }
   return 0;
 }
@@ -38,13 +45,20 @@ constexpr std::size_t itemsize(DType t) {
 /// Short name as PyTorch prints it ("float32", "int64", ...).
 constexpr const char* dtype_name(DType t) {
   switch (t) {
-    case DType::Bool: return "bool";
-    case DType::Int32: return "int32";
-    case DType::Int64: return "int64";
-    case DType::Float16: return "float16";
-    case DType::BFloat16: return "bfloat16";
-    case DType::Float32: return "float32";
-    case DType::Float64: return "float64";
+    case DType::Bool:
+      return "bool";
+    case DType::Int32:
+      return "int32";
+    case DType::Int64:
+      return "int64";
+    case DType::Float16:
+      return "float16";
+    case DType::BFloat16:
+      return "bfloat16";
+    case DType::Float32:
+      return "float32";
+    case DType::Float64:
+      return "float64";
   }
   return "?";
 }
@@ -79,9 +93,10 @@ namespace detail {
 template <class D>
 constexpr D float_to_int(double x) {
   constexpr bool narrow = sizeof(D) == 4;
-  bool in_range = narrow ? (x > -2147483649.0 && x < 2147483648.0)
-                         : (x >= -9223372036854775808.0 && x < 9223372036854775808.0);
-  return in_range ? static_cast<D>(x) : (narrow ? static_cast<D>(-2147483647 - 1) : static_cast<D>(-9223372036854775807LL - 1));
+  bool in_range =
+      narrow ? (x > -2147483649.0 && x < 2147483648.0) : (x >= -9223372036854775808.0 && x < 9223372036854775808.0);
+  return in_range ? static_cast<D>(x)
+                  : (narrow ? static_cast<D>(-2147483647 - 1) : static_cast<D>(-9223372036854775807LL - 1));
 }
 }  // namespace detail
 
@@ -92,27 +107,57 @@ constexpr DType compute_dtype(DType t) { return is_reduced_float(t) ? DType::Flo
 inline constexpr DType kDefaultFloat = DType::Float32;
 
 /// Maps a C++ element type to its DType.
-template <class T> struct dtype_of;
-template <> struct dtype_of<bool> { static constexpr DType value = DType::Bool; };
-template <> struct dtype_of<std::int32_t> { static constexpr DType value = DType::Int32; };
-template <> struct dtype_of<std::int64_t> { static constexpr DType value = DType::Int64; };
-template <> struct dtype_of<Half> { static constexpr DType value = DType::Float16; };
-template <> struct dtype_of<BFloat16> { static constexpr DType value = DType::BFloat16; };
-template <> struct dtype_of<float> { static constexpr DType value = DType::Float32; };
-template <> struct dtype_of<double> { static constexpr DType value = DType::Float64; };
-template <class T> inline constexpr DType dtype_v = dtype_of<T>::value;
+template <class T>
+struct dtype_of;
+template <>
+struct dtype_of<bool> {
+  static constexpr DType value = DType::Bool;
+};
+template <>
+struct dtype_of<std::int32_t> {
+  static constexpr DType value = DType::Int32;
+};
+template <>
+struct dtype_of<std::int64_t> {
+  static constexpr DType value = DType::Int64;
+};
+template <>
+struct dtype_of<Half> {
+  static constexpr DType value = DType::Float16;
+};
+template <>
+struct dtype_of<BFloat16> {
+  static constexpr DType value = DType::BFloat16;
+};
+template <>
+struct dtype_of<float> {
+  static constexpr DType value = DType::Float32;
+};
+template <>
+struct dtype_of<double> {
+  static constexpr DType value = DType::Float64;
+};
+template <class T>
+inline constexpr DType dtype_v = dtype_of<T>::value;
 
 /// Calls f(T{}) with T the C++ storage type of `t`.
 template <class F>
 decltype(auto) visit_dtype(DType t, F&& f) {
   switch (t) {
-    case DType::Bool: return f(bool{});
-    case DType::Int32: return f(std::int32_t{});
-    case DType::Int64: return f(std::int64_t{});
-    case DType::Float16: return f(Half{});
-    case DType::BFloat16: return f(BFloat16{});
-    case DType::Float32: return f(float{});
-    case DType::Float64: return f(double{});
+    case DType::Bool:
+      return f(bool{});
+    case DType::Int32:
+      return f(std::int32_t{});
+    case DType::Int64:
+      return f(std::int64_t{});
+    case DType::Float16:
+      return f(Half{});
+    case DType::BFloat16:
+      return f(BFloat16{});
+    case DType::Float32:
+      return f(float{});
+    case DType::Float64:
+      return f(double{});
   }
   throw DTypeError("unknown dtype");
 }

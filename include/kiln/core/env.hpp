@@ -12,17 +12,28 @@ struct Setting {
 
 /// The full list, for documentation and `kiln --help`-style printing.
 inline constexpr Setting kSettings[] = {
-    {"KILN_LOGS", "comma list of log channels: graph_breaks,recompiles,guards,schedule,output_code,cache,perf (or all)"},
+    {"KILN_LOGS",
+     "comma list of log channels: graph_breaks,recompiles,guards,schedule,output_code,cache,perf (or all)"},
     {"KILN_LOGS_OUT", "file that logs go to (default: stderr)"},
     {"KILN_CACHE_DIR", "on-disk kernel cache (default: $XDG_CACHE_HOME/kiln, else ~/.cache/kiln)"},
     {"KILN_CACHE", "0 disables the on-disk kernel cache"},
-    {"KILN_CACHE_MAX_BYTES", "bound on the on-disk cache's total size, e.g. 2G, 512M (default 2G; 0: no bound); least recently used entries are evicted"},
+    {"KILN_CACHE_MAX_BYTES",
+     "bound on the on-disk cache's total size, e.g. 2G, 512M (default 2G; 0: no bound); least recently used entries "
+     "are evicted"},
     {"KILN_CXX", "host C++ compiler for CPU kernels (default: c++)"},
     {"KILN_DEVICE", "default device of tests and examples: cpu or cuda"},
     {"KILN_BACKEND", "eager: run graphs op by op with the reference executor; jit (default when a compiler exists)"},
-    {"KILN_NUM_THREADS", "most threads of a CPU kernel's OpenMP team (default: the CPUs this process may run on, sched_getaffinity); kernels with little work get fewer, see KILN_THREAD_POLICY"},
-    {"KILN_THREAD_POLICY", "auto (default): a kernel gets one thread per ~20 us of work, up to KILN_NUM_THREADS; kernels under ~0.6 ms shrink to the CPUs other programs leave free (/proc/loadavg, sampled every 25 ms); libgomp spins 300 pauses before sleeping (GOMP_SPINCOUNT=300, set before libgomp loads unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set). static: the same without the load check. fixed: every parallel kernel gets KILN_NUM_THREADS and libgomp keeps its defaults (the old behaviour)"},
-    {"KILN_BENCH_JSON", "path: a benchmark built with KILN_BENCH_MAIN also writes Google Benchmark's JSON there (for scripts/plot-bench)"},
+    {"KILN_NUM_THREADS",
+     "most threads of a CPU kernel's OpenMP team (default: the CPUs this process may run on, sched_getaffinity); "
+     "kernels with little work get fewer, see KILN_THREAD_POLICY"},
+    {"KILN_THREAD_POLICY",
+     "auto (default): a kernel gets one thread per ~20 us of work, up to KILN_NUM_THREADS; kernels under ~0.6 ms "
+     "shrink to the CPUs other programs leave free (/proc/loadavg, sampled every 25 ms); libgomp spins 300 pauses "
+     "before sleeping (GOMP_SPINCOUNT=300, set before libgomp loads unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set). "
+     "static: the same without the load check. fixed: every parallel kernel gets KILN_NUM_THREADS and libgomp keeps "
+     "its defaults (the old behaviour)"},
+    {"KILN_BENCH_JSON",
+     "path: a benchmark built with KILN_BENCH_MAIN also writes Google Benchmark's JSON there (for scripts/plot-bench)"},
     {"KILN_LIBCUDA_PATH", "path of libcuda.so.1 (default: the dynamic loader's search)"},
     {"KILN_CUDA_LAUNCH_GRAPHS", "0 launches CUDA kernels with cuLaunchKernel instead of per-plan launch graphs"},
     {"KILN_NVRTC_PATH", "path of libnvrtc.so (default: the dynamic loader's search, then /usr/local/cuda)"},

@@ -8,8 +8,16 @@
 namespace kiln {
 
 namespace detail {
-inline std::uint32_t float_bits(float f) { std::uint32_t u; std::memcpy(&u, &f, 4); return u; }
-inline float bits_float(std::uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline std::uint32_t float_bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float bits_float(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 
 // IEEE binary32 -> binary16, round to nearest even, NaN kept quiet, overflow to Inf.
 inline std::uint16_t float_to_half_bits(float f) {
@@ -20,7 +28,7 @@ inline std::uint16_t float_to_half_bits(float f) {
     return static_cast<std::uint16_t>(sign | 0x7c00u | (mag > 0x7f800000u ? 0x200u | ((mag >> 13) & 0x3ffu) : 0u));
   }
   if (mag >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds to Inf
-  if (mag < 0x38800000u) {  // result is subnormal or zero
+  if (mag < 0x38800000u) {                                                    // result is subnormal or zero
     // Add 0.5 (as float) so the FPU does the round-to-nearest-even shift for us.
     float v = bits_float(mag) + 0.5f;
     return static_cast<std::uint16_t>(sign | (float_bits(v) - 0x3f000000u));
@@ -60,7 +68,11 @@ struct Half {
   Half(double d) : Half(static_cast<float>(d)) {}
   Half(int i) : Half(static_cast<float>(i)) {}
   operator float() const { return detail::half_bits_to_float(bits); }  // NOLINT
-  static Half from_bits(std::uint16_t b) { Half h; h.bits = b; return h; }
+  static Half from_bits(std::uint16_t b) {
+    Half h;
+    h.bits = b;
+    return h;
+  }
 };
 
 /// bfloat16 value (storage type of DType::BFloat16).
@@ -71,7 +83,11 @@ struct BFloat16 {
   BFloat16(double d) : BFloat16(static_cast<float>(d)) {}
   BFloat16(int i) : BFloat16(static_cast<float>(i)) {}
   operator float() const { return detail::bf16_bits_to_float(bits); }  // NOLINT
-  static BFloat16 from_bits(std::uint16_t b) { BFloat16 h; h.bits = b; return h; }
+  static BFloat16 from_bits(std::uint16_t b) {
+    BFloat16 h;
+    h.bits = b;
+    return h;
+  }
 };
 
 }  // namespace kiln

@@ -30,10 +30,14 @@ struct ChannelName {
   const char* name;
 };
 inline constexpr ChannelName kLogChannels[] = {
-    {LogChannel::graph_breaks, "graph_breaks"}, {LogChannel::recompiles, "recompiles"},
-    {LogChannel::guards, "guards"},             {LogChannel::schedule, "schedule"},
-    {LogChannel::output_code, "output_code"},   {LogChannel::cache, "cache"},
-    {LogChannel::perf, "perf"},                 {LogChannel::graph, "graph"},
+    {LogChannel::graph_breaks, "graph_breaks"},
+    {LogChannel::recompiles, "recompiles"},
+    {LogChannel::guards, "guards"},
+    {LogChannel::schedule, "schedule"},
+    {LogChannel::output_code, "output_code"},
+    {LogChannel::cache, "cache"},
+    {LogChannel::perf, "perf"},
+    {LogChannel::graph, "graph"},
 };
 
 /// The channel names, comma separated ("graph_breaks, recompiles, ...").
@@ -63,8 +67,8 @@ inline unsigned parse_log_channels(std::string_view spec) {
         known = true;
       }
     if (!known)
-      std::fprintf(stderr, "kiln: warning: KILN_LOGS: unknown channel '%.*s' (valid: %s)\n", static_cast<int>(item.size()),
-                   item.data(), valid_log_channels().c_str());
+      std::fprintf(stderr, "kiln: warning: KILN_LOGS: unknown channel '%.*s' (valid: %s)\n",
+                   static_cast<int>(item.size()), item.data(), valid_log_channels().c_str());
     if (comma == std::string_view::npos) break;
     spec.remove_prefix(comma + 1);
   }

@@ -23,15 +23,15 @@
 #endif
 
 /// The text that defines KILN_HOST_DEVICE in generated source (same rule as above).
-#define KILN_HOST_DEVICE_SOURCE                                    \
-  "#ifndef KILN_HOST_DEVICE\n"                                     \
-  "#if defined(__CUDACC_RTC__)\n"                                  \
-  "#define KILN_HOST_DEVICE __device__\n"                          \
-  "#elif defined(__CUDACC__)\n"                                    \
-  "#define KILN_HOST_DEVICE __host__ __device__\n"                 \
-  "#else\n"                                                        \
-  "#define KILN_HOST_DEVICE\n"                                     \
-  "#endif\n"                                                       \
+#define KILN_HOST_DEVICE_SOURCE                    \
+  "#ifndef KILN_HOST_DEVICE\n"                     \
+  "#if defined(__CUDACC_RTC__)\n"                  \
+  "#define KILN_HOST_DEVICE __device__\n"          \
+  "#elif defined(__CUDACC__)\n"                    \
+  "#define KILN_HOST_DEVICE __host__ __device__\n" \
+  "#else\n"                                        \
+  "#define KILN_HOST_DEVICE\n"                     \
+  "#endif\n"                                       \
   "#endif\n"
 
 #ifndef KILN_DUAL_SOURCE
@@ -45,7 +45,8 @@
 
 namespace kiln::philox {
 
-static_assert(sizeof(unsigned int) == 4 && sizeof(unsigned long long) == 8, "Philox needs 32- and 64-bit unsigned types");
+static_assert(sizeof(unsigned int) == 4 && sizeof(unsigned long long) == 8,
+              "Philox needs 32- and 64-bit unsigned types");
 
 KILN_DUAL_SOURCE(
     kPhiloxSource,
@@ -56,9 +57,7 @@ KILN_DUAL_SOURCE(
     "} }\n#endif\n",
 
     /* Four 32-bit outputs of one Philox block. */
-    struct Result {
-      unsigned int r0, r1, r2, r3;
-    };
+    struct Result { unsigned int r0, r1, r2, r3; };
 
     /* Philox4x32-10: counter (c0..c3), key (k0, k1). */
     KILN_HOST_DEVICE inline Result philox4x32_10(unsigned int c0, unsigned int c1, unsigned int c2, unsigned int c3,
@@ -95,14 +94,11 @@ KILN_DUAL_SOURCE(
        reaches 1. The f16/bf16 ones are returned as float (convert exactly). */
     KILN_HOST_DEVICE inline float uniform_f32(unsigned long long seed, unsigned long long index) {
       return (float)(philox_element(seed, index).r0 >> 8) * 5.9604644775390625e-08f; /* 2^-24 */
-    }
-    KILN_HOST_DEVICE inline float uniform_f16(unsigned long long seed, unsigned long long index) {
+    } KILN_HOST_DEVICE inline float uniform_f16(unsigned long long seed, unsigned long long index) {
       return (float)(philox_element(seed, index).r0 >> 21) * 0.00048828125f; /* 2^-11 */
-    }
-    KILN_HOST_DEVICE inline float uniform_bf16(unsigned long long seed, unsigned long long index) {
+    } KILN_HOST_DEVICE inline float uniform_bf16(unsigned long long seed, unsigned long long index) {
       return (float)(philox_element(seed, index).r0 >> 24) * 0.00390625f; /* 2^-8 */
-    }
-    KILN_HOST_DEVICE inline double uniform_f64(unsigned long long seed, unsigned long long index) {
+    } KILN_HOST_DEVICE inline double uniform_f64(unsigned long long seed, unsigned long long index) {
       Result r = philox_element(seed, index);
       unsigned long long bits = ((unsigned long long)r.r0 << 21) ^ (unsigned long long)(r.r1 >> 11);
       return (double)bits * 1.1102230246251565404236316680908203125e-16; /* 2^-53 */
@@ -115,8 +111,7 @@ KILN_DUAL_SOURCE(
       float u1 = ((float)r.r0 + 1.0f) * 2.3283064365386962890625e-10f; /* 2^-32 */
       float u2 = (float)r.r1 * 2.3283064365386962890625e-10f;
       return ::sqrtf(-2.0f * ::logf(u1)) * ::cosf(6.283185307179586f * u2);
-    }
-    KILN_HOST_DEVICE inline double normal_f64(unsigned long long seed, unsigned long long index) {
+    } KILN_HOST_DEVICE inline double normal_f64(unsigned long long seed, unsigned long long index) {
       Result r = philox_element(seed, index);
       double u1 = ((double)r.r0 + 1.0) * 2.3283064365386962890625e-10;
       double u2 = (double)r.r1 * 2.3283064365386962890625e-10;

@@ -42,8 +42,10 @@ inline std::int64_t checked_numel(const Shape& shape, const char* op, std::size_
     if (d < 0) throw ShapeError(std::string(op) + ": negative size in shape " + shape.str());
   for (auto d : shape) {
     if (d == 0) return 0;
-    if (n > kMax / d) overflow = true;
-    else n *= d;
+    if (n > kMax / d)
+      overflow = true;
+    else
+      n *= d;
   }
   if (overflow || n > kMax / static_cast<std::int64_t>(itemsize ? itemsize : 1))
     throw ShapeError(std::string(op) + ": shape " + shape.str() + " has too many elements" +
@@ -96,8 +98,8 @@ inline Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
     std::int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
     if (da != db && da != 1 && db != 1)
       throw ShapeError(std::string(op) + ": shapes " + a.str() + " and " + b.str() +
-                       " cannot be broadcast (dimension " + std::to_string(i) + ": " + std::to_string(da) +
-                       " vs " + std::to_string(db) + ")");
+                       " cannot be broadcast (dimension " + std::to_string(i) + ": " + std::to_string(da) + " vs " +
+                       std::to_string(db) + ")");
     out[i] = da == 1 ? db : da;
   }
   checked_numel(out, op);
@@ -108,8 +110,8 @@ inline Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
 inline std::int64_t normalize_axis(std::int64_t axis, std::int64_t rank, const char* op, const Shape& shape) {
   std::int64_t r = rank == 0 ? 1 : rank;  // PyTorch accepts axis 0 / -1 on 0-dim tensors
   if (axis < -r || axis >= r)
-    throw ShapeError(std::string(op) + ": axis " + std::to_string(axis) + " is out of range for shape " +
-                     shape.str() + " (rank " + std::to_string(rank) + ")");
+    throw ShapeError(std::string(op) + ": axis " + std::to_string(axis) + " is out of range for shape " + shape.str() +
+                     " (rank " + std::to_string(rank) + ")");
   return axis < 0 ? axis + r : axis;
 }
 

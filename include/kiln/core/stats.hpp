@@ -30,8 +30,8 @@ inline Counters& counters() {
 /// Current counters.
 inline Stats stats() {
   auto& c = detail::counters();
-  return Stats{c.compiles.load(), c.memory_hits.load(), c.disk_hits.load(), c.launches.load(), c.graphs.load(),
-               c.plan_hits.load()};
+  return Stats{c.compiles.load(), c.memory_hits.load(), c.disk_hits.load(),
+               c.launches.load(), c.graphs.load(),      c.plan_hits.load()};
 }
 
 /// Sets every counter to zero.

@@ -16,7 +16,9 @@ using ir::NodePtr;
 using ir::Op;
 
 /// A scalar constant shaped and typed like `like`.
-inline NodePtr scalar_like(double v, const NodePtr& like) { return ir::constant(v, like->dtype, like->shape, like->device); }
+inline NodePtr scalar_like(double v, const NodePtr& like) {
+  return ir::constant(v, like->dtype, like->shape, like->device);
+}
 
 inline NodePtr add(const NodePtr& a, const NodePtr& b) { return ir::binary(Op::Add, a, b); }
 inline NodePtr sub(const NodePtr& a, const NodePtr& b) { return ir::binary(Op::Sub, a, b); }
@@ -58,7 +60,8 @@ inline NodePtr horner(const NodePtr& t, std::initializer_list<double> c) {
 // x >= -FLT_MAX (-DBL_MAX): -inf becomes the lowest finite value, NaN stays NaN. A tail of the
 // form x * tiny then gives -0 at -inf instead of -inf * 0 = NaN.
 inline NodePtr finite_below(const NodePtr& x) {
-  double lowest = x->dtype == DType::Float64 ? std::numeric_limits<double>::lowest() : std::numeric_limits<float>::lowest();
+  double lowest =
+      x->dtype == DType::Float64 ? std::numeric_limits<double>::lowest() : std::numeric_limits<float>::lowest();
   return ir::binary(Op::Maximum, x, scalar_like(lowest, x));
 }
 
@@ -72,18 +75,18 @@ inline NodePtr gauss_tail_scaled(const NodePtr& a) {
   if (a->dtype == DType::Float64) {
     split = 4.0;
     near = horner(sub(a, scalar_like(2.35, a)),
-                  {0x1.301d9be9e79e2p-3, -0x1.9972ad20338d1p-5, 0x1.fc851804b10cdp-7, -0x1.272e16f92f9c9p-8,
+                  {0x1.301d9be9e79e2p-3,  -0x1.9972ad20338d1p-5,  0x1.fc851804b10cdp-7,  -0x1.272e16f92f9c9p-8,
                    0x1.435de072ff2c2p-10, -0x1.50a58f1221757p-12, 0x1.4ee5e551fa429p-14, -0x1.3fc20bb963d39p-16,
                    0x1.261496746addfp-18, -0x1.054ed9da7a844p-20, 0x1.c1cc5dbbed032p-23, -0x1.77cb6ac8fa157p-25,
                    0x1.315ba5403fdffp-27, -0x1.e378aae2ab3abp-30, 0x1.755e33878992dp-32, -0x1.19636cda84499p-34,
                    0x1.9f94c98c47db1p-37, -0x1.30594fa79ce74p-39, 0x1.ac5f0f68ec244p-42, -0x1.077ffceb9e1e6p-44,
                    0x1.7491d69b96e63p-47, -0x1.9abaa79d1f307p-49, 0x1.001774c422a8cp-51});
-    far = horner(mul(r, r),
-                 {0x1.9884533d43651p-2, -0x1.9884533d4348cp-2, 0x1.32633e6dba425p+0, -0x1.7efc0ddcde131p+2,
-                  0x1.4f1c82eb033d9p+5, -0x1.78fee872b9d7ep+8, 0x1.0322b0b59220fp+12, -0x1.a45b05acc5a18p+15,
-                  0x1.86078b543b3a2p+19, -0x1.8dd7201bcaf54p+23, 0x1.a51cfd4d97d03p+27, -0x1.aef9ec73c25fap+31,
-                  0x1.8d9b1dff07376p+35, -0x1.3709580c9ee0fp+39, 0x1.86d37ea65a1dbp+42, -0x1.74f024c28b304p+45,
-                  0x1.f6b2d8139ef2dp+47, -0x1.a7e1446cfc356p+49, 0x1.4f0682aa492a5p+50});
+    far =
+        horner(mul(r, r), {0x1.9884533d43651p-2, -0x1.9884533d4348cp-2, 0x1.32633e6dba425p+0, -0x1.7efc0ddcde131p+2,
+                           0x1.4f1c82eb033d9p+5, -0x1.78fee872b9d7ep+8, 0x1.0322b0b59220fp+12, -0x1.a45b05acc5a18p+15,
+                           0x1.86078b543b3a2p+19, -0x1.8dd7201bcaf54p+23, 0x1.a51cfd4d97d03p+27, -0x1.aef9ec73c25fap+31,
+                           0x1.8d9b1dff07376p+35, -0x1.3709580c9ee0fp+39, 0x1.86d37ea65a1dbp+42, -0x1.74f024c28b304p+45,
+                           0x1.f6b2d8139ef2dp+47, -0x1.a7e1446cfc356p+49, 0x1.4f0682aa492a5p+50});
   } else {
     split = 3.0;
     near = horner(sub(a, scalar_like(1.85, a)),
@@ -112,7 +115,8 @@ inline NodePtr gelu_erf(const NodePtr& v) {
   NodePtr one = scalar_like(1.0, v), half = scalar_like(0.5, v);
   NodePtr abs_v = ir::unary(Op::Abs, v);
   NodePtr a = ir::binary(Op::Minimum, abs_v, scalar_like(f64 ? 40.0 : 16.0, v));
-  NodePtr h = mul(ir::unary(Op::Round, mul(a, scalar_like(f64 ? 0x1p20 : 0x1p8, v))), scalar_like(f64 ? 0x1p-20 : 0x1p-8, v));
+  NodePtr h =
+      mul(ir::unary(Op::Round, mul(a, scalar_like(f64 ? 0x1p20 : 0x1p8, v))), scalar_like(f64 ? 0x1p-20 : 0x1p-8, v));
   NodePtr e_hi = exp(neg(mul(mul(h, h), half)));
   NodePtr t = neg(mul(mul(sub(a, h), add(a, h)), half));  // -d
   NodePtr e_lo = f64 ? horner(t, {1.0, 1.0, 0.5, 1.0 / 6}) : horner(t, {1.0, 1.0, 0.5, 1.0 / 6, 1.0 / 24});
@@ -221,7 +225,8 @@ namespace detail {
 inline NodePtr log1p_sum_exp_below_max(const NodePtr& shifted, const std::vector<std::int64_t>& axes) {
   NodePtr zero = scalar_like(0.0, shifted);
   NodePtr below = ir::reduce(Op::ReduceSum, ir::where(cmp(Op::Lt, shifted, 0.0), exp(shifted), zero), axes);
-  NodePtr maxima = ir::reduce(Op::ReduceSum, ir::where(cmp(Op::Ge, shifted, 0.0), scalar_like(1.0, shifted), zero), axes);
+  NodePtr maxima =
+      ir::reduce(Op::ReduceSum, ir::where(cmp(Op::Ge, shifted, 0.0), scalar_like(1.0, shifted), zero), axes);
   return ir::unary(Op::Log1p, add(below, sub(maxima, scalar_like(1.0, maxima))));
 }
 
@@ -263,7 +268,8 @@ inline NodePtr layer_norm(const NodePtr& x, const NodePtr& weight, const NodePtr
   NodePtr y = in_compute_dtype(x, [&](const NodePtr& v) {
     NodePtr mean = mean_keep(v, {last});
     NodePtr d = sub(v, expand(mean, v->shape));
-    NodePtr var = div(ir::reduce(Op::ReduceSum, mul(d, d), {last}), scalar_like(static_cast<double>(v->shape[last]), mean));
+    NodePtr var =
+        div(ir::reduce(Op::ReduceSum, mul(d, d), {last}), scalar_like(static_cast<double>(v->shape[last]), mean));
     NodePtr rstd = ir::unary(Op::Rsqrt, add(var, scalar_like(eps, var)));
     NodePtr out = mul(d, expand(rstd, v->shape));
     if (weight) out = mul(out, expand(ir::cast(weight, v->dtype), v->shape));
@@ -294,7 +300,7 @@ inline NodePtr rms_norm(const NodePtr& x, const NodePtr& weight, double eps) {
 /// `where`, so they are skipped as in ATen (their logits, even NaN, do not count).
 inline NodePtr cross_entropy(const NodePtr& logits, const NodePtr& targets, std::int64_t ignore_index) {
   return in_compute_dtype(logits, [&](const NodePtr& v) {
-    const Shape& s = v->shape;  // [N, C]
+    const Shape& s = v->shape;                      // [N, C]
     NodePtr m = ir::reduce(Op::ReduceMax, v, {1});  // [N,1]
     NodePtr lse = ir::unary(Op::Log, ir::reduce(Op::ReduceSum, ir::unary(Op::Exp, sub(v, expand(m, s))), {1}));
     NodePtr classes = ir::iota(s, 1, DType::Int64, v->device);
@@ -306,9 +312,11 @@ inline NodePtr cross_entropy(const NodePtr& logits, const NodePtr& targets, std:
     NodePtr valid = ir::binary(Op::Ne, tn, ir::constant_int(ignore_index, DType::Int64, tn->shape, v->device));
     // A target outside [0, C) picks no logit: its loss is NaN, so the mean is NaN rather than
     // a plausible number. (The front end raises IndexError where it can read the targets.)
-    NodePtr in_range = ir::binary(Op::And, ir::binary(Op::Ge, tn, ir::constant_int(0, DType::Int64, tn->shape, v->device)),
-                                  ir::binary(Op::Lt, tn, ir::constant_int(s[1], DType::Int64, tn->shape, v->device)));
-    NodePtr row_loss = ir::where(in_range, ir::unary(Op::Neg, picked), scalar_like(std::numeric_limits<double>::quiet_NaN(), picked));
+    NodePtr in_range =
+        ir::binary(Op::And, ir::binary(Op::Ge, tn, ir::constant_int(0, DType::Int64, tn->shape, v->device)),
+                   ir::binary(Op::Lt, tn, ir::constant_int(s[1], DType::Int64, tn->shape, v->device)));
+    NodePtr row_loss =
+        ir::where(in_range, ir::unary(Op::Neg, picked), scalar_like(std::numeric_limits<double>::quiet_NaN(), picked));
     NodePtr loss = ir::where(valid, row_loss, scalar_like(0.0, picked));
     NodePtr total = ir::reduce(Op::ReduceSum, loss, {0});  // [1,1]
     NodePtr count = ir::reduce(Op::ReduceSum, ir::cast(valid, v->dtype), {0});

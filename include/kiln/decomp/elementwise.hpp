@@ -90,7 +90,8 @@ inline NodePtr acosh(const NodePtr& x) {
     NodePtr big = add(ir::unary(Op::Log, v), scalar_like(std::numbers::ln2, v));
     NodePtr r = ir::where(ir::binary(Op::Gt, v, scalar_like(square_limit(v), v)), big, core);
     // Below 1 the product t (t + 2) is positive again for large negative x: NaN, not a value.
-    return ir::where(ir::binary(Op::Lt, v, scalar_like(1.0, v)), scalar_like(std::numeric_limits<double>::quiet_NaN(), v), r);
+    return ir::where(ir::binary(Op::Lt, v, scalar_like(1.0, v)),
+                     scalar_like(std::numeric_limits<double>::quiet_NaN(), v), r);
   });
 }
 

@@ -15,7 +15,8 @@ namespace detail {
 
 inline std::uint64_t compute_local_hash(const Node& n) {
   std::uint64_t h = kiln::detail::hash_combine(static_cast<std::uint64_t>(n.op), static_cast<std::uint64_t>(n.dtype));
-  h = kiln::detail::hash_combine(h, static_cast<std::uint64_t>(n.device.kind) * 131 + static_cast<std::uint64_t>(n.device.index));
+  h = kiln::detail::hash_combine(
+      h, static_cast<std::uint64_t>(n.device.kind) * 131 + static_cast<std::uint64_t>(n.device.index));
   for (auto d : n.shape) h = kiln::detail::hash_combine(h, static_cast<std::uint64_t>(d));
   h = kiln::detail::hash_combine(h, n.shape.size());
   return kiln::detail::hash_combine(h, n.attrs.hash());
@@ -69,18 +70,24 @@ inline NodePtr constant(double value, DType dtype, Shape shape, Device device) {
   Node n = blank(Op::Constant, dtype, device, std::move(shape), {});
   // The value as a cast to `dtype` would give it (NaN -> true; NaN or out of range -> the
   // integer's minimum), so that full({3}, NAN, i32) equals full({3}, NAN).to(i32).
-  if (is_floating(dtype)) n.attrs.scalar = value;
-  else if (dtype == DType::Bool) n.attrs.iscalar = value != 0.0;
-  else if (dtype == DType::Int32) n.attrs.iscalar = kiln::detail::float_to_int<std::int32_t>(value);
-  else n.attrs.iscalar = kiln::detail::float_to_int<std::int64_t>(value);
+  if (is_floating(dtype))
+    n.attrs.scalar = value;
+  else if (dtype == DType::Bool)
+    n.attrs.iscalar = value != 0.0;
+  else if (dtype == DType::Int32)
+    n.attrs.iscalar = kiln::detail::float_to_int<std::int32_t>(value);
+  else
+    n.attrs.iscalar = kiln::detail::float_to_int<std::int64_t>(value);
   return finish(std::move(n));
 }
 
 /// Exact integer constant (int64 values beyond 2^53 stay exact).
 inline NodePtr constant_int(std::int64_t value, DType dtype, Shape shape, Device device) {
   Node n = blank(Op::Constant, dtype, device, std::move(shape), {});
-  if (is_floating(dtype)) n.attrs.scalar = static_cast<double>(value);
-  else n.attrs.iscalar = dtype == DType::Bool ? (value != 0) : value;
+  if (is_floating(dtype))
+    n.attrs.scalar = static_cast<double>(value);
+  else
+    n.attrs.iscalar = dtype == DType::Bool ? (value != 0) : value;
   return finish(std::move(n));
 }
 
@@ -106,7 +113,8 @@ inline NodePtr cast(const NodePtr& x, DType to) {
 
 /// Unary pointwise op; Not, IsNan, IsInf give Bool, the others keep the input's dtype.
 inline NodePtr unary(Op op, const NodePtr& x) {
-  if (op_kind(op) != OpKind::Unary || op == Op::Cast) detail::invariant_failed(std::string("not unary: ") + op_name(op));
+  if (op_kind(op) != OpKind::Unary || op == Op::Cast)
+    detail::invariant_failed(std::string("not unary: ") + op_name(op));
   DType out = has_flag(op, kBoolResult) ? DType::Bool : x->dtype;
   Node n = blank(op, out, x->device, x->shape, {x});
   return finish(std::move(n));

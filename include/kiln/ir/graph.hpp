@@ -25,10 +25,10 @@ struct GraphNode {
 
 struct Graph {
   Device device = Device::cpu();
-  std::vector<GraphNode> nodes;          ///< topological order
-  std::vector<std::int32_t> outputs;     ///< node index of each output
-  std::vector<Strides> output_strides;   ///< layout each output is written in
-  std::uint64_t key = 0;                 ///< structural hash of all of the above
+  std::vector<GraphNode> nodes;         ///< topological order
+  std::vector<std::int32_t> outputs;    ///< node index of each output
+  std::vector<Strides> output_strides;  ///< layout each output is written in
+  std::uint64_t key = 0;                ///< structural hash of all of the above
 
   std::size_t num_leaves() const {
     std::size_t n = 0;
@@ -46,8 +46,8 @@ struct Graph {
 /// A graph plus the buffers its leaves are bound to and the nodes its outputs realize.
 struct Captured {
   Graph graph;
-  std::vector<NodePtr> leaves;   ///< realized nodes, in leaf order
-  std::vector<NodePtr> roots;    ///< the nodes the outputs stand for
+  std::vector<NodePtr> leaves;  ///< realized nodes, in leaf order
+  std::vector<NodePtr> roots;   ///< the nodes the outputs stand for
 };
 
 inline void Graph::rehash() {
@@ -81,7 +81,10 @@ inline Captured capture(const std::vector<NodePtr>& roots, Device device) {
   std::vector<std::uint64_t> hashes;
 
   // Iterative post-order DFS (graphs can be deep: no recursion).
-  struct Frame { const NodePtr* node; std::size_t next; };
+  struct Frame {
+    const NodePtr* node;
+    std::size_t next;
+  };
   auto visit_root = [&](const NodePtr& root) {
     if (index_of.count(root.get())) return;
     std::vector<Frame> stack{{&root, 0}};
@@ -160,8 +163,10 @@ inline std::string Graph::str() const {
     for (std::size_t k = 0; k < n.inputs.size(); ++k) os << (k ? ", " : "") << "%" << n.inputs[k];
     if (n.op == Op::Input) os << "#" << n.leaf;
     if (n.op == Op::Constant) {
-      if (is_floating(n.dtype)) os << n.attrs.scalar;
-      else os << n.attrs.iscalar;
+      if (is_floating(n.dtype))
+        os << n.attrs.scalar;
+      else
+        os << n.attrs.iscalar;
     }
     if (n.op == Op::Random) os << "seed=" << n.attrs.seed << (n.attrs.ints[0] ? ", normal" : ", uniform");
     if (!n.attrs.ints.empty() && n.op != Op::Random) {
@@ -185,7 +190,8 @@ inline std::string Graph::str() const {
 
 inline void Graph::verify() const {
   auto fail = [&](std::size_t i, const std::string& why) {
-    throw Error("graph verifier: node %" + std::to_string(i) + " (" + op_name(nodes[i].op) + "): " + why + "\n" + str());
+    throw Error("graph verifier: node %" + std::to_string(i) + " (" + op_name(nodes[i].op) + "): " + why + "\n" +
+                str());
   };
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     const GraphNode& n = nodes[i];
@@ -199,7 +205,8 @@ inline void Graph::verify() const {
       case OpKind::Leaf:
         if (arity != 0) fail(i, "leaf with inputs");
         if (n.op == Op::Input && n.strides.size() != n.shape.size()) fail(i, "strides rank");
-        if (n.op == Op::Iota && (n.attrs.ints.size() != 1 || n.attrs.ints[0] >= static_cast<std::int64_t>(n.shape.size())))
+        if (n.op == Op::Iota &&
+            (n.attrs.ints.size() != 1 || n.attrs.ints[0] >= static_cast<std::int64_t>(n.shape.size())))
           fail(i, "iota axis");
         break;
       case OpKind::Unary:
@@ -223,7 +230,8 @@ inline void Graph::verify() const {
         if (arity != 1) fail(i, "arity");
         if (in(0).shape.size() != n.shape.size()) fail(i, "rank changes");
         for (std::size_t d = 0; d < n.shape.size(); ++d) {
-          bool reduced = std::find(n.attrs.ints.begin(), n.attrs.ints.end(), static_cast<std::int64_t>(d)) != n.attrs.ints.end();
+          bool reduced =
+              std::find(n.attrs.ints.begin(), n.attrs.ints.end(), static_cast<std::int64_t>(d)) != n.attrs.ints.end();
           if (reduced ? n.shape[d] != 1 : n.shape[d] != in(0).shape[d]) fail(i, "reduced shape");
         }
         break;

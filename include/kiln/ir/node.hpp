@@ -20,15 +20,15 @@ namespace kiln::ir {
 
 /// Per-op attributes; which fields mean what is documented at each Op.
 struct Attrs {
-  double scalar = 0.0;         ///< Constant of floating dtype
-  std::int64_t iscalar = 0;    ///< Constant of integer or bool dtype (exact beyond 2^53)
+  double scalar = 0.0;       ///< Constant of floating dtype
+  std::int64_t iscalar = 0;  ///< Constant of integer or bool dtype (exact beyond 2^53)
   std::vector<std::int64_t> ints;
-  std::uint64_t seed = 0;      ///< Random
+  std::uint64_t seed = 0;  ///< Random
 
   friend bool operator==(const Attrs& a, const Attrs& b) {
     // Bitwise equality of scalar so that NaN constants compare equal and -0.0 != 0.0.
-    return hash_double_bits(a.scalar) == hash_double_bits(b.scalar) && a.iscalar == b.iscalar &&
-           a.ints == b.ints && a.seed == b.seed;
+    return hash_double_bits(a.scalar) == hash_double_bits(b.scalar) && a.iscalar == b.iscalar && a.ints == b.ints &&
+           a.seed == b.seed;
   }
   static std::uint64_t hash_double_bits(double d) {
     std::uint64_t u;
@@ -64,10 +64,10 @@ struct Node {
   Shape shape;
   std::vector<NodePtr> inputs;
   Attrs attrs;
-  std::uint64_t local_hash = 0;  ///< op, dtype, device, shape, attrs (and strides for inputs)
-  std::uint64_t hash = 0;        ///< local_hash combined with the inputs' hashes
-  std::uint32_t depth = 0;       ///< longest path from a leaf (realized inputs count as leaves)
-  std::uint32_t count = 1;       ///< nodes in the unrealized subgraph (shared nodes counted per use, saturating)
+  std::uint64_t local_hash = 0;      ///< op, dtype, device, shape, attrs (and strides for inputs)
+  std::uint64_t hash = 0;            ///< local_hash combined with the inputs' hashes
+  std::uint32_t depth = 0;           ///< longest path from a leaf (realized inputs count as leaves)
+  std::uint32_t count = 1;           ///< nodes in the unrealized subgraph (shared nodes counted per use, saturating)
   std::optional<BufferView> buffer;  ///< set once realized
 
   bool realized() const { return buffer.has_value(); }
@@ -76,8 +76,10 @@ struct Node {
 
 /// Hash of a realized node seen as a leaf of a new graph: its layout, never its address.
 inline std::uint64_t leaf_hash(const Node& n) {
-  std::uint64_t h = detail::hash_combine(static_cast<std::uint64_t>(Op::Input) + 1000, static_cast<std::uint64_t>(n.dtype));
-  h = detail::hash_combine(h, static_cast<std::uint64_t>(n.device.kind) * 131 + static_cast<std::uint64_t>(n.device.index));
+  std::uint64_t h =
+      detail::hash_combine(static_cast<std::uint64_t>(Op::Input) + 1000, static_cast<std::uint64_t>(n.dtype));
+  h = detail::hash_combine(
+      h, static_cast<std::uint64_t>(n.device.kind) * 131 + static_cast<std::uint64_t>(n.device.index));
   for (auto d : n.shape) h = detail::hash_combine(h, static_cast<std::uint64_t>(d));
   h = detail::hash_combine(h, n.shape.size());
   for (auto s : n.buffer->strides) h = detail::hash_combine(h, static_cast<std::uint64_t>(s));

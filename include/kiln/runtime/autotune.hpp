@@ -31,8 +31,8 @@ struct AutotuneStats {
 
 /// How much timing one choice may cost.
 struct AutotuneBudget {
-  int max_reps = 5;             ///< timed runs per candidate (after one warm-up run)
-  double seconds = 0.1;         ///< rough wall-time budget for all candidates of one choice (at least 3 runs each)
+  int max_reps = 5;      ///< timed runs per candidate (after one warm-up run)
+  double seconds = 0.1;  ///< rough wall-time budget for all candidates of one choice (at least 3 runs each)
   double keep_default_margin = 0.03;  ///< another candidate must beat the default by this fraction
 };
 
@@ -104,7 +104,8 @@ inline std::optional<std::string> load_tuning(const std::string& key) {
   DiskCache& disk = DiskCache::instance();
   if (auto v = disk.load(key, ".tune")) {
     detail::autotune_counters().disk_hits.fetch_add(1, std::memory_order_relaxed);
-    log(LogChannel::cache, "autotune " + detail::autotune_tag(key) + ": disk hit " + disk.path_for(key, ".tune") + ": " + *v);
+    log(LogChannel::cache,
+        "autotune " + detail::autotune_tag(key) + ": disk hit " + disk.path_for(key, ".tune") + ": " + *v);
     detail::AutotuneMemory::instance().put(key, *v);
     return v;
   }
@@ -148,7 +149,8 @@ inline std::size_t pick_fastest_by(std::size_t n, const std::function<double(std
   time(0, 1);
   double first = time(0, 1);
   const double per_candidate = budget.seconds / static_cast<double>(n + 2);
-  const int reps = std::clamp(static_cast<int>(per_candidate / std::max(first, 1e-7)) - 1, 2, std::max(2, budget.max_reps));
+  const int reps =
+      std::clamp(static_cast<int>(per_candidate / std::max(first, 1e-7)) - 1, 2, std::max(2, budget.max_reps));
   std::vector<double> t(n);
   t[0] = std::min(first, time(0, reps));
   std::size_t best = 0;

@@ -43,7 +43,8 @@ class CpuModuleCache {
     bool created = false;
     // The compiler, its flags and kiln's version are fixed for one cache object, so the source
     // alone identifies a module here; the disk key spells everything out.
-    auto lib = modules_.get_or_create(source, [&] { return build(source); }, &created);
+    auto lib = modules_.get_or_create(
+        source, [&] { return build(source); }, &created);
     if (!created) {
       kiln::detail::counters().memory_hits.fetch_add(1, std::memory_order_relaxed);
       if (log_enabled(LogChannel::cache))
@@ -91,7 +92,8 @@ class CpuModuleCache {
             auto lib = std::make_shared<SharedLibrary>(path);
             ::unlink(path.c_str());
             kiln::detail::counters().disk_hits.fetch_add(1, std::memory_order_relaxed);
-            log(LogChannel::cache, "cpu module " + tag + ": disk hit " + disk_->path_for(key, ".so") + " (" + ms_since() + ")");
+            log(LogChannel::cache,
+                "cpu module " + tag + ": disk hit " + disk_->path_for(key, ".so") + " (" + ms_since() + ")");
             log_output_code(disk_, "cpu module " + tag + " from the disk cache", tag, ".cpp", source);
             return lib;
           } catch (const Error& e) {
@@ -102,8 +104,7 @@ class CpuModuleCache {
       }
     }
 
-    if (!compiler_)
-      throw CompileError("kiln: no working C++ compiler (set KILN_CXX) to build a CPU kernel");
+    if (!compiler_) throw CompileError("kiln: no working C++ compiler (set KILN_CXX) to build a CPU kernel");
     std::string out = scratch_dir() + "/kiln_" + tag + "-" + detail::unique_suffix() + ".so";
     std::string src = detail::replace_extension(out, ".cpp");
     log_output_code(disk_, "cpu module " + tag, tag, ".cpp", source);

@@ -114,58 +114,65 @@ namespace detail {
 /// The driver entry points kiln uses. Each member's comment names the symbol it is loaded from.
 struct CudaDriverApi {
   using CUresult = cu::CUresult;
-  CUresult (*init)(unsigned) = nullptr;                                        // cuInit
-  CUresult (*driver_get_version)(int*) = nullptr;                              // cuDriverGetVersion
-  CUresult (*device_get_count)(int*) = nullptr;                                // cuDeviceGetCount
-  CUresult (*device_get)(cu::CUdevice*, int) = nullptr;                        // cuDeviceGet
-  CUresult (*device_get_name)(char*, int, cu::CUdevice) = nullptr;             // cuDeviceGetName
+  CUresult (*init)(unsigned) = nullptr;                                                    // cuInit
+  CUresult (*driver_get_version)(int*) = nullptr;                                          // cuDriverGetVersion
+  CUresult (*device_get_count)(int*) = nullptr;                                            // cuDeviceGetCount
+  CUresult (*device_get)(cu::CUdevice*, int) = nullptr;                                    // cuDeviceGet
+  CUresult (*device_get_name)(char*, int, cu::CUdevice) = nullptr;                         // cuDeviceGetName
   CUresult (*device_get_attribute)(int*, cu::CUdevice_attribute, cu::CUdevice) = nullptr;  // cuDeviceGetAttribute
-  CUresult (*device_total_mem)(std::size_t*, cu::CUdevice) = nullptr;         // cuDeviceTotalMem_v2
-  CUresult (*primary_ctx_retain)(cu::CUcontext*, cu::CUdevice) = nullptr;     // cuDevicePrimaryCtxRetain
-  CUresult (*primary_ctx_release)(cu::CUdevice) = nullptr;                     // cuDevicePrimaryCtxRelease_v2
-  CUresult (*ctx_set_current)(cu::CUcontext) = nullptr;                        // cuCtxSetCurrent
-  CUresult (*ctx_get_current)(cu::CUcontext*) = nullptr;                       // cuCtxGetCurrent
-  CUresult (*ctx_synchronize)() = nullptr;                                     // cuCtxSynchronize
-  CUresult (*stream_create)(cu::CUstream*, unsigned) = nullptr;                // cuStreamCreate
-  CUresult (*stream_destroy)(cu::CUstream) = nullptr;                          // cuStreamDestroy_v2
-  CUresult (*stream_synchronize)(cu::CUstream) = nullptr;                      // cuStreamSynchronize
+  CUresult (*device_total_mem)(std::size_t*, cu::CUdevice) = nullptr;                      // cuDeviceTotalMem_v2
+  CUresult (*primary_ctx_retain)(cu::CUcontext*, cu::CUdevice) = nullptr;                  // cuDevicePrimaryCtxRetain
+  CUresult (*primary_ctx_release)(cu::CUdevice) = nullptr;                             // cuDevicePrimaryCtxRelease_v2
+  CUresult (*ctx_set_current)(cu::CUcontext) = nullptr;                                // cuCtxSetCurrent
+  CUresult (*ctx_get_current)(cu::CUcontext*) = nullptr;                               // cuCtxGetCurrent
+  CUresult (*ctx_synchronize)() = nullptr;                                             // cuCtxSynchronize
+  CUresult (*stream_create)(cu::CUstream*, unsigned) = nullptr;                        // cuStreamCreate
+  CUresult (*stream_destroy)(cu::CUstream) = nullptr;                                  // cuStreamDestroy_v2
+  CUresult (*stream_synchronize)(cu::CUstream) = nullptr;                              // cuStreamSynchronize
   CUresult (*mem_alloc_async)(cu::CUdeviceptr*, std::size_t, cu::CUstream) = nullptr;  // cuMemAllocAsync
-  CUresult (*mem_free_async)(cu::CUdeviceptr, cu::CUstream) = nullptr;         // cuMemFreeAsync
+  CUresult (*mem_free_async)(cu::CUdeviceptr, cu::CUstream) = nullptr;                 // cuMemFreeAsync
   CUresult (*device_get_default_mem_pool)(cu::CUmemoryPool*, cu::CUdevice) = nullptr;  // cuDeviceGetDefaultMemPool
-  CUresult (*mem_pool_set_attribute)(cu::CUmemoryPool, cu::CUmemPool_attribute, void*) = nullptr;  // cuMemPoolSetAttribute
-  CUresult (*mem_pool_trim_to)(cu::CUmemoryPool, std::size_t) = nullptr;       // cuMemPoolTrimTo
-  CUresult (*mem_get_info)(std::size_t*, std::size_t*) = nullptr;             // cuMemGetInfo_v2
-  CUresult (*memcpy_htod_async)(cu::CUdeviceptr, const void*, std::size_t, cu::CUstream) = nullptr;  // cuMemcpyHtoDAsync_v2
+  CUresult (*mem_pool_set_attribute)(cu::CUmemoryPool, cu::CUmemPool_attribute,
+                                     void*) = nullptr;                    // cuMemPoolSetAttribute
+  CUresult (*mem_pool_trim_to)(cu::CUmemoryPool, std::size_t) = nullptr;  // cuMemPoolTrimTo
+  CUresult (*mem_get_info)(std::size_t*, std::size_t*) = nullptr;         // cuMemGetInfo_v2
+  CUresult (*memcpy_htod_async)(cu::CUdeviceptr, const void*, std::size_t,
+                                cu::CUstream) = nullptr;                                       // cuMemcpyHtoDAsync_v2
   CUresult (*memcpy_dtoh_async)(void*, cu::CUdeviceptr, std::size_t, cu::CUstream) = nullptr;  // cuMemcpyDtoHAsync_v2
-  CUresult (*memcpy_dtod_async)(cu::CUdeviceptr, cu::CUdeviceptr, std::size_t, cu::CUstream) = nullptr;  // cuMemcpyDtoDAsync_v2
+  CUresult (*memcpy_dtod_async)(cu::CUdeviceptr, cu::CUdeviceptr, std::size_t,
+                                cu::CUstream) = nullptr;  // cuMemcpyDtoDAsync_v2
   CUresult (*memset_d8_async)(cu::CUdeviceptr, unsigned char, std::size_t, cu::CUstream) = nullptr;  // cuMemsetD8Async
-  CUresult (*module_load_data)(cu::CUmodule*, const void*) = nullptr;          // cuModuleLoadData
+  CUresult (*module_load_data)(cu::CUmodule*, const void*) = nullptr;                                // cuModuleLoadData
   CUresult (*module_get_function)(cu::CUfunction*, cu::CUmodule, const char*) = nullptr;  // cuModuleGetFunction
-  CUresult (*module_unload)(cu::CUmodule) = nullptr;                           // cuModuleUnload
+  CUresult (*module_unload)(cu::CUmodule) = nullptr;                                      // cuModuleUnload
   CUresult (*launch_kernel)(cu::CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                            cu::CUstream, void**, void**) = nullptr;           // cuLaunchKernel
-  CUresult (*func_set_attribute)(cu::CUfunction, cu::CUfunction_attribute, int) = nullptr;  // cuFuncSetAttribute
+                            cu::CUstream, void**, void**) = nullptr;                         // cuLaunchKernel
+  CUresult (*func_set_attribute)(cu::CUfunction, cu::CUfunction_attribute, int) = nullptr;   // cuFuncSetAttribute
   CUresult (*func_get_attribute)(int*, cu::CUfunction_attribute, cu::CUfunction) = nullptr;  // cuFuncGetAttribute
-  CUresult (*occupancy_max_active_blocks)(int*, cu::CUfunction, int, std::size_t) = nullptr;  // cuOccupancyMaxActiveBlocksPerMultiprocessor
-  CUresult (*event_create)(cu::CUevent*, unsigned) = nullptr;                  // cuEventCreate
-  CUresult (*event_record)(cu::CUevent, cu::CUstream) = nullptr;               // cuEventRecord
-  CUresult (*event_synchronize)(cu::CUevent) = nullptr;                        // cuEventSynchronize
-  CUresult (*event_elapsed_time)(float*, cu::CUevent, cu::CUevent) = nullptr;  // cuEventElapsedTime_v2, else cuEventElapsedTime
-  CUresult (*event_destroy)(cu::CUevent) = nullptr;                            // cuEventDestroy_v2
-  CUresult (*get_error_name)(CUresult, const char**) = nullptr;                // cuGetErrorName
-  CUresult (*get_error_string)(CUresult, const char**) = nullptr;              // cuGetErrorString
+  CUresult (*occupancy_max_active_blocks)(int*, cu::CUfunction, int,
+                                          std::size_t) = nullptr;  // cuOccupancyMaxActiveBlocksPerMultiprocessor
+  CUresult (*event_create)(cu::CUevent*, unsigned) = nullptr;      // cuEventCreate
+  CUresult (*event_record)(cu::CUevent, cu::CUstream) = nullptr;   // cuEventRecord
+  CUresult (*event_synchronize)(cu::CUevent) = nullptr;            // cuEventSynchronize
+  CUresult (*event_elapsed_time)(float*, cu::CUevent,
+                                 cu::CUevent) = nullptr;           // cuEventElapsedTime_v2, else cuEventElapsedTime
+  CUresult (*event_destroy)(cu::CUevent) = nullptr;                // cuEventDestroy_v2
+  CUresult (*get_error_name)(CUresult, const char**) = nullptr;    // cuGetErrorName
+  CUresult (*get_error_string)(CUresult, const char**) = nullptr;  // cuGetErrorString
   CUresult (*stream_begin_capture)(cu::CUstream, cu::CUstreamCaptureMode) = nullptr;  // cuStreamBeginCapture_v2
-  CUresult (*stream_end_capture)(cu::CUstream, cu::CUgraph*) = nullptr;        // cuStreamEndCapture
-  CUresult (*graph_instantiate)(cu::CUgraphExec*, cu::CUgraph, unsigned long long) = nullptr;  // cuGraphInstantiateWithFlags
-  CUresult (*graph_launch)(cu::CUgraphExec, cu::CUstream) = nullptr;           // cuGraphLaunch
-  CUresult (*graph_exec_destroy)(cu::CUgraphExec) = nullptr;                   // cuGraphExecDestroy
-  CUresult (*graph_destroy)(cu::CUgraph) = nullptr;                            // cuGraphDestroy
+  CUresult (*stream_end_capture)(cu::CUstream, cu::CUgraph*) = nullptr;               // cuStreamEndCapture
+  CUresult (*graph_instantiate)(cu::CUgraphExec*, cu::CUgraph,
+                                unsigned long long) = nullptr;        // cuGraphInstantiateWithFlags
+  CUresult (*graph_launch)(cu::CUgraphExec, cu::CUstream) = nullptr;  // cuGraphLaunch
+  CUresult (*graph_exec_destroy)(cu::CUgraphExec) = nullptr;          // cuGraphExecDestroy
+  CUresult (*graph_destroy)(cu::CUgraph) = nullptr;                   // cuGraphDestroy
   // Launch graphs (runtime/cuda_graph.hpp, CudaLaunchGraph): optional too.
-  CUresult (*graph_create)(cu::CUgraph*, unsigned) = nullptr;                   // cuGraphCreate
+  CUresult (*graph_create)(cu::CUgraph*, unsigned) = nullptr;  // cuGraphCreate
   CUresult (*graph_add_kernel_node)(cu::CUgraphNode*, cu::CUgraph, const cu::CUgraphNode*, std::size_t,
-                                    const cu::KernelNodeParams*) = nullptr;    // cuGraphAddKernelNode_v2
+                                    const cu::KernelNodeParams*) = nullptr;  // cuGraphAddKernelNode_v2
   CUresult (*graph_exec_kernel_node_set_params)(cu::CUgraphExec, cu::CUgraphNode,
-                                                const cu::KernelNodeParams*) = nullptr;  // cuGraphExecKernelNodeSetParams_v2
+                                                const cu::KernelNodeParams*) =
+      nullptr;  // cuGraphExecKernelNodeSetParams_v2
 };
 
 /// What loading the driver found: the API table, or why it is unusable.
@@ -176,7 +183,7 @@ struct CudaDriverState {
   CudaDriverApi api;
   int driver_version = 0;  ///< e.g. 12040 for CUDA 12.4
   int device_count = 0;
-  std::string graphs_missing;  ///< CUDA graph entry points the driver lacks (empty: all there)
+  std::string graphs_missing;         ///< CUDA graph entry points the driver lacks (empty: all there)
   std::string launch_graphs_missing;  ///< the same for launch graphs (runtime::CudaLaunchGraph)
   bool ok() const { return reason.empty() && handle != nullptr; }
 };
@@ -187,24 +194,42 @@ inline std::string libcuda_path() { return env::get("KILN_LIBCUDA_PATH", "libcud
 /// Names of the common driver errors, for when cuGetErrorName itself is unusable (a stub library).
 inline const char* fallback_cuda_error_name(cu::CUresult r) {
   switch (r) {
-    case 0: return "CUDA_SUCCESS";
-    case 1: return "CUDA_ERROR_INVALID_VALUE";
-    case 2: return "CUDA_ERROR_OUT_OF_MEMORY";
-    case 3: return "CUDA_ERROR_NOT_INITIALIZED";
-    case 4: return "CUDA_ERROR_DEINITIALIZED";
-    case 34: return "CUDA_ERROR_STUB_LIBRARY";
-    case 35: return "CUDA_ERROR_INSUFFICIENT_DRIVER";
-    case 100: return "CUDA_ERROR_NO_DEVICE";
-    case 101: return "CUDA_ERROR_INVALID_DEVICE";
-    case 200: return "CUDA_ERROR_INVALID_IMAGE";
-    case 201: return "CUDA_ERROR_INVALID_CONTEXT";
-    case 209: return "CUDA_ERROR_NO_BINARY_FOR_GPU";
-    case 222: return "CUDA_ERROR_UNSUPPORTED_PTX_VERSION";
-    case 700: return "CUDA_ERROR_ILLEGAL_ADDRESS";
-    case 803: return "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH";
-    case 804: return "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE";
-    case 999: return "CUDA_ERROR_UNKNOWN";
-    default: return nullptr;
+    case 0:
+      return "CUDA_SUCCESS";
+    case 1:
+      return "CUDA_ERROR_INVALID_VALUE";
+    case 2:
+      return "CUDA_ERROR_OUT_OF_MEMORY";
+    case 3:
+      return "CUDA_ERROR_NOT_INITIALIZED";
+    case 4:
+      return "CUDA_ERROR_DEINITIALIZED";
+    case 34:
+      return "CUDA_ERROR_STUB_LIBRARY";
+    case 35:
+      return "CUDA_ERROR_INSUFFICIENT_DRIVER";
+    case 100:
+      return "CUDA_ERROR_NO_DEVICE";
+    case 101:
+      return "CUDA_ERROR_INVALID_DEVICE";
+    case 200:
+      return "CUDA_ERROR_INVALID_IMAGE";
+    case 201:
+      return "CUDA_ERROR_INVALID_CONTEXT";
+    case 209:
+      return "CUDA_ERROR_NO_BINARY_FOR_GPU";
+    case 222:
+      return "CUDA_ERROR_UNSUPPORTED_PTX_VERSION";
+    case 700:
+      return "CUDA_ERROR_ILLEGAL_ADDRESS";
+    case 803:
+      return "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH";
+    case 804:
+      return "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE";
+    case 999:
+      return "CUDA_ERROR_UNKNOWN";
+    default:
+      return nullptr;
   }
 }
 
@@ -287,8 +312,10 @@ inline CudaDriverState load_cuda_driver(const std::string& path) {
   sym(a.get_error_string, {"cuGetErrorString"});
   // Optional entry points: a missing one is named in `into`, and what needs it is not used.
   auto optional_sym = [&](std::string& into, auto& fn, const char* name) {
-    if (void* p = dlsym(h, name)) fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
-    else into += std::string(into.empty() ? "" : ", ") + name;
+    if (void* p = dlsym(h, name))
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+    else
+      into += std::string(into.empty() ? "" : ", ") + name;
   };
   // CUDA graphs: without them, "reduce-overhead" launches kernels one by one (runtime/
   // cuda_graph.hpp says why in its log line), and everything else works.
@@ -306,8 +333,8 @@ inline CudaDriverState load_cuda_driver(const std::string& path) {
   optional_sym(launch_missing, a.graph_create, "cuGraphCreate");
   optional_sym(launch_missing, a.graph_add_kernel_node, "cuGraphAddKernelNode_v2");
   optional_sym(launch_missing, a.graph_exec_kernel_node_set_params, "cuGraphExecKernelNodeSetParams_v2");
-  s.launch_graphs_missing = graph_missing.empty() ? launch_missing
-                                                   : graph_missing + (launch_missing.empty() ? "" : ", " + launch_missing);
+  s.launch_graphs_missing =
+      graph_missing.empty() ? launch_missing : graph_missing + (launch_missing.empty() ? "" : ", " + launch_missing);
   s.handle = h;
   if (!missing.empty()) {
     s.reason = "the CUDA driver '" + path + "' lacks " + missing +
@@ -345,7 +372,7 @@ inline const CudaDriverApi& require_cuda_driver(std::string_view what) {
 
 /// As above, with `what()` called only when CUDA is unavailable.
 template <class F>
-  requires std::is_invocable_r_v<std::string, F>
+requires std::is_invocable_r_v<std::string, F>
 inline const CudaDriverApi& require_cuda_driver(F&& what) {
   const auto& s = cuda_driver_state();
   if (!s.ok()) [[unlikely]]
@@ -373,7 +400,7 @@ inline void cuda_check(cu::CUresult r, const char* function, std::string_view co
 /// As above; `context()` makes the context text only when there is an error to report (the
 /// success path of copies and launches builds no strings).
 template <class F>
-  requires std::is_invocable_r_v<std::string, F>
+requires std::is_invocable_r_v<std::string, F>
 inline void cuda_check(cu::CUresult r, const char* function, F&& context) {
   if (r != cu::CUDA_SUCCESS) [[unlikely]]
     throw_cuda_error(r, function, std::forward<F>(context)());
@@ -404,9 +431,9 @@ class CudaContext {
   int index = 0;
   cu::CUdevice device = 0;
   cu::CUcontext context = nullptr;
-  cu::CUstream stream = nullptr;     ///< kiln's stream on this device: all its work is ordered on it
+  cu::CUstream stream = nullptr;    ///< kiln's stream on this device: all its work is ordered on it
   cu::CUmemoryPool pool = nullptr;  ///< default memory pool; null when the device has none
-  std::string name;                  ///< e.g. "NVIDIA H200"
+  std::string name;                 ///< e.g. "NVIDIA H200"
   int cc_major = 0, cc_minor = 0;   ///< compute capability
   int sm_count = 0;
   int max_threads_per_block = 0;
@@ -469,7 +496,8 @@ class CudaContext {
     const auto& api = detail::cuda_driver_state().api;
     cu::CUcontext cur = nullptr;
     if (api.ctx_get_current(&cur) == cu::CUDA_SUCCESS && cur == context) return;
-    detail::cuda_check(api.ctx_set_current(context), "cuCtxSetCurrent", [&] { return "on cuda:" + std::to_string(index); });
+    detail::cuda_check(api.ctx_set_current(context), "cuCtxSetCurrent",
+                       [&] { return "on cuda:" + std::to_string(index); });
   }
 
   /// Waits for all of kiln's work on this device.
@@ -522,8 +550,8 @@ inline void launch_kernel(const CudaContext& ctx, cu::CUfunction fn, Dim3 grid, 
                           void** args) {
   const auto& api = detail::cuda_driver_state().api;
   ctx.make_current();
-  cu::CUresult r = api.launch_kernel(fn, grid.x, grid.y, grid.z, block.x, block.y, block.z, shared_bytes, ctx.stream,
-                                     args, nullptr);
+  cu::CUresult r =
+      api.launch_kernel(fn, grid.x, grid.y, grid.z, block.x, block.y, block.z, shared_bytes, ctx.stream, args, nullptr);
   if (r != cu::CUDA_SUCCESS) [[unlikely]]
     detail::throw_cuda_error(r, "cuLaunchKernel",
                              "on cuda:" + std::to_string(ctx.index) + " with grid (" + std::to_string(grid.x) + "," +
@@ -536,11 +564,11 @@ inline void launch_kernel(const CudaContext& ctx, cu::CUfunction fn, Dim3 grid, 
 /// Lets `fn` use up to `bytes` of dynamic shared memory (needed above 48 KiB).
 inline void set_max_dynamic_shared(const CudaContext& ctx, cu::CUfunction fn, int bytes) {
   ctx.make_current();
-  detail::cuda_check(
-      detail::cuda_driver_state().api.func_set_attribute(fn, cu::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes),
-      "cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)",
-      "asking for " + std::to_string(bytes) + " bytes on cuda:" + std::to_string(ctx.index) + " (opt-in limit " +
-          std::to_string(ctx.max_shared_per_block_optin) + ")");
+  detail::cuda_check(detail::cuda_driver_state().api.func_set_attribute(
+                         fn, cu::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes),
+                     "cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)",
+                     "asking for " + std::to_string(bytes) + " bytes on cuda:" + std::to_string(ctx.index) +
+                         " (opt-in limit " + std::to_string(ctx.max_shared_per_block_optin) + ")");
 }
 
 /// How many blocks of `block_size` threads of `fn` fit on one multiprocessor at once.
@@ -548,9 +576,9 @@ inline int max_active_blocks_per_sm(const CudaContext& ctx, cu::CUfunction fn, i
                                     std::size_t dynamic_shared_bytes = 0) {
   ctx.make_current();
   int n = 0;
-  detail::cuda_check(detail::cuda_driver_state().api.occupancy_max_active_blocks(&n, fn, block_size,
-                                                                                  dynamic_shared_bytes),
-                     "cuOccupancyMaxActiveBlocksPerMultiprocessor");
+  detail::cuda_check(
+      detail::cuda_driver_state().api.occupancy_max_active_blocks(&n, fn, block_size, dynamic_shared_bytes),
+      "cuOccupancyMaxActiveBlocksPerMultiprocessor");
   return n;
 }
 

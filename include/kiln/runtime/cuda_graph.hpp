@@ -83,7 +83,8 @@ class CudaGraph {
   template <class Record>
   static std::unique_ptr<CudaGraph> capture(const CudaContext& ctx, Record&& record) {
     const auto& api = detail::require_cuda_driver("capture a CUDA graph");
-    if (!cuda_graphs_available()) throw DeviceError("kiln: cannot capture a CUDA graph: " + cuda_graphs_unavailable_reason());
+    if (!cuda_graphs_available())
+      throw DeviceError("kiln: cannot capture a CUDA graph: " + cuda_graphs_unavailable_reason());
     ctx.make_current();
     const std::string where = "on cuda:" + std::to_string(ctx.index);
     auto& cs = detail::capture_streams();
@@ -184,8 +185,9 @@ class CudaLaunchGraph {
     for (const Kernel& k : kernels) {
       cu::KernelNodeParams p = node_params(k, params);
       cu::CUgraphNode node = nullptr;
-      detail::cuda_check(api.graph_add_kernel_node(&node, g->graph_, previous ? &previous : nullptr, previous ? 1 : 0, &p),
-                         "cuGraphAddKernelNode_v2", where);
+      detail::cuda_check(
+          api.graph_add_kernel_node(&node, g->graph_, previous ? &previous : nullptr, previous ? 1 : 0, &p),
+          "cuGraphAddKernelNode_v2", where);
       g->nodes_.push_back(node);
       g->kernels_.push_back(k);
       previous = node;
@@ -207,12 +209,14 @@ class CudaLaunchGraph {
       void* params[] = {last_args_.data()};
       for (std::size_t i = 0; i < nodes_.size(); ++i) {
         cu::KernelNodeParams p = node_params(kernels_[i], params);
-        detail::cuda_check(api.graph_exec_kernel_node_set_params(exec_, nodes_[i], &p), "cuGraphExecKernelNodeSetParams_v2",
+        detail::cuda_check(api.graph_exec_kernel_node_set_params(exec_, nodes_[i], &p),
+                           "cuGraphExecKernelNodeSetParams_v2",
                            [&] { return "on cuda:" + std::to_string(ctx_->index); });
       }
     }
     detail::cuda_check(api.graph_launch(exec_, stream), "cuGraphLaunch", [&] {
-      return "on cuda:" + std::to_string(ctx_->index) + " (a launch graph of " + std::to_string(nodes_.size()) + " kernel(s))";
+      return "on cuda:" + std::to_string(ctx_->index) + " (a launch graph of " + std::to_string(nodes_.size()) +
+             " kernel(s))";
     });
   }
 

@@ -55,9 +55,9 @@ inline StoragePtr allocate_cuda(std::size_t bytes, int device) {
       std::string free_text = "free memory unknown";
       if (api.mem_get_info(&free_bytes, &total_bytes) == cu::CUDA_SUCCESS)
         free_text = detail::bytes_text(free_bytes) + " free of " + detail::bytes_text(total_bytes);
-      throw OutOfMemoryError("kiln: out of memory on cuda:" + std::to_string(device) + " (" + ctx.name + "): asked for " +
-                        detail::bytes_text(bytes) + ", " + free_text + " (cuMemAllocAsync: " +
-                        detail::describe_cuda_error(api, r) + ")");
+      throw OutOfMemoryError("kiln: out of memory on cuda:" + std::to_string(device) + " (" + ctx.name +
+                             "): asked for " + detail::bytes_text(bytes) + ", " + free_text +
+                             " (cuMemAllocAsync: " + detail::describe_cuda_error(api, r) + ")");
     }
   }
   if (r != cu::CUDA_SUCCESS) [[unlikely]]
@@ -111,10 +111,9 @@ inline void copy_device_to_device(void* dst, const void* src, std::size_t bytes,
   const auto& api = detail::require_cuda_driver([&] { return "copy on cuda:" + std::to_string(device); });
   const CudaContext& ctx = cuda_context(device);
   ctx.make_current();
-  detail::cuda_check(
-      api.memcpy_dtod_async(detail::device_address(dst), detail::device_address(src), bytes, ctx.stream),
-      "cuMemcpyDtoDAsync",
-      [&] { return "copying " + detail::bytes_text(bytes) + " on cuda:" + std::to_string(device); });
+  detail::cuda_check(api.memcpy_dtod_async(detail::device_address(dst), detail::device_address(src), bytes, ctx.stream),
+                     "cuMemcpyDtoDAsync",
+                     [&] { return "copying " + detail::bytes_text(bytes) + " on cuda:" + std::to_string(device); });
 }
 
 /// Sets `bytes` bytes at `dst` on cuda:`device` to `value`, in order on the device's stream.

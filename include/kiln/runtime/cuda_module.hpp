@@ -121,9 +121,12 @@ inline std::optional<NvrtcIdentity> parse_nvrtc_probe(const std::string& text) {
     pos = end + 1;
     auto space = line.find(' ');
     std::string field = line.substr(0, space), value = space == std::string::npos ? "" : line.substr(space + 1);
-    if (field == "file") id.file = value;
-    else if (field == "id") file_id = value;
-    else if (field == "version") id.version = value, have_version = true;
+    if (field == "file")
+      id.file = value;
+    else if (field == "id")
+      file_id = value;
+    else if (field == "version")
+      id.version = value, have_version = true;
     else if (field == "archs") {
       have_archs = true;
       std::size_t p = 0;
@@ -181,10 +184,10 @@ class CudaModuleCache {
   }
 
   /// The full key text of a cubin: everything that decides its bytes.
-  std::string cubin_key(const std::string& source, const std::string& arch, const std::vector<std::string>& options = {},
-                        const CudaHeaders& headers = {}) {
-    std::string key = "kiln-cubin\nkiln " KILN_VERSION_STRING "\nnvrtc " + nvrtc_identity().version + "\narch " +
-                      arch + "\noptions";
+  std::string cubin_key(const std::string& source, const std::string& arch,
+                        const std::vector<std::string>& options = {}, const CudaHeaders& headers = {}) {
+    std::string key =
+        "kiln-cubin\nkiln " KILN_VERSION_STRING "\nnvrtc " + nvrtc_identity().version + "\narch " + arch + "\noptions";
     for (const auto& o : nvrtc_default_options(arch)) key += " " + o;
     for (const auto& o : options) key += " " + o;
     // Lengths make the concatenation unambiguous.
@@ -198,8 +201,9 @@ class CudaModuleCache {
   /// compiled by NVRTC (and stored on disk). `name` is the program name NVRTC's log uses. Counts
   /// stats().memory_hits / disk_hits / compiles; logs on KILN_LOGS=cache and prints the source
   /// on KILN_LOGS=output_code when it was not in memory. Throws CompileError on a compile error.
-  std::string get_cubin(const std::string& source, const std::string& arch, const std::vector<std::string>& options = {},
-                        const CudaHeaders& headers = {}, const std::string& name = "kiln_kernel.cu") {
+  std::string get_cubin(const std::string& source, const std::string& arch,
+                        const std::vector<std::string>& options = {}, const CudaHeaders& headers = {},
+                        const std::string& name = "kiln_kernel.cu") {
     std::string key = cubin_key(source, arch, options, headers);
     // The short id only names the entry in logs: made when a log line needs it.
     auto id = [&] { return detail::hex64(kiln::detail::hash_string(key)); };
@@ -211,8 +215,8 @@ class CudaModuleCache {
             log_output_code(disk_, "CUDA source " + name + " [" + id() + "] for " + arch, id(), ".cu", source);
           if (auto hit = disk_->load(key, ".cubin"); hit && detail::looks_like_cubin(*hit)) {
             kiln::detail::counters().disk_hits++;
-            log(LogChannel::cache, "cubin disk hit " + id() + " (" + name + ", " + arch + ", " +
-                                       std::to_string(hit->size()) + " bytes)");
+            log(LogChannel::cache,
+                "cubin disk hit " + id() + " (" + name + ", " + arch + ", " + std::to_string(hit->size()) + " bytes)");
             return std::make_shared<const std::string>(std::move(*hit));
           }
           auto t0 = std::chrono::steady_clock::now();
@@ -225,7 +229,8 @@ class CudaModuleCache {
                                      std::to_string(bytes.size()) + " bytes) by NVRTC in " + ms_text + " ms");
           // A probe record that named another NVRTC than the one that compiled (a library
           // replaced in a way the record could not see) must not put this cubin under its key.
-          if (nvrtc_version() == nvrtc_identity().version) disk_->store(key, ".cubin", bytes);
+          if (nvrtc_version() == nvrtc_identity().version)
+            disk_->store(key, ".cubin", bytes);
           else
             log(LogChannel::cache, "cubin " + id() + " not stored: NVRTC is " + nvrtc_version() + ", the key says " +
                                        nvrtc_identity().version);
@@ -253,9 +258,10 @@ class CudaModuleCache {
       ctx.make_current();
       cu::CUmodule module = nullptr;
       detail::cuda_check(api.module_load_data(&module, cubin.data()), "cuModuleLoadData", [&] {
-        return "loading a " + std::to_string(cubin.size()) + "-byte cubin (kernel '" + kernel_name + "') on cuda:" +
-               std::to_string(device) + " (" + ctx.name + ", " + ctx.arch() + "); driver supports CUDA " +
-               cuda_driver_version() + ", NVRTC is " + (nvrtc_available() ? nvrtc_version() : "unavailable") +
+        return "loading a " + std::to_string(cubin.size()) + "-byte cubin (kernel '" + kernel_name +
+               "') on cuda:" + std::to_string(device) + " (" + ctx.name + ", " + ctx.arch() +
+               "); driver supports CUDA " + cuda_driver_version() + ", NVRTC is " +
+               (nvrtc_available() ? nvrtc_version() : "unavailable") +
                (detail::looks_like_cubin(cubin) ? "" : "; the bytes are not an ELF cubin");
       });
       it = per_device.emplace(cubin, Module{module, {}}).first;

@@ -138,11 +138,11 @@ class CxxCompiler {
     c->command_[0] = resolved;
 
     std::string extra(words.size() > 1 ? detail::join_words({words.begin() + 1, words.end()}) : std::string());
-    std::string probe_key = std::string("kiln-cxx-probe 1\nkiln ") + KILN_VERSION_STRING + "\ncompiler: " +
-                            resolved + " -> " + real_path + " " + extra + "\nfile: " + std::to_string(st.st_size) +
-                            " " + std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec) +
-                            " " + std::to_string(st.st_ino) + " " + std::to_string(st.st_dev) +
-                            "\narch: " + host_arch() + "\nflags: " + detail::join_words(base_flags()) + "\n";
+    std::string probe_key = std::string("kiln-cxx-probe 1\nkiln ") + KILN_VERSION_STRING + "\ncompiler: " + resolved +
+                            " -> " + real_path + " " + extra + "\nfile: " + std::to_string(st.st_size) + " " +
+                            std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec) + " " +
+                            std::to_string(st.st_ino) + " " + std::to_string(st.st_dev) + "\narch: " + host_arch() +
+                            "\nflags: " + detail::join_words(base_flags()) + "\n";
     std::string version;
     bool openmp = false;
     bool known = false;
@@ -176,10 +176,11 @@ class CxxCompiler {
         c->openmp_ = false;
         if (!c->try_build(kPlainProbe, &log_plain))
           return fail("'" + resolved + "' cannot build a loadable shared library: " + log_plain);
-        log(LogChannel::perf, "host compiler " + resolved + ": -fopenmp does not work (" +
-                                  detail::first_line(log_omp) + "); CPU kernels run on one thread");
+        log(LogChannel::perf, "host compiler " + resolved + ": -fopenmp does not work (" + detail::first_line(log_omp) +
+                                  "); CPU kernels run on one thread");
       }
-      if (probe_cache) probe_cache->store(probe_key, ".probe", std::string(openmp ? "openmp=1\n" : "openmp=0\n") + version);
+      if (probe_cache)
+        probe_cache->store(probe_key, ".probe", std::string(openmp ? "openmp=1\n" : "openmp=0\n") + version);
     }
     c->openmp_ = openmp;
     c->version_ = version;
@@ -268,8 +269,16 @@ class CxxCompiler {
   CxxCompiler() = default;
 
   static std::vector<std::string> base_flags() {
-    return {"-O3",     "-march=native", "-fPIC", "-shared", "-std=c++17", "-fno-math-errno", "-ffp-contract=off",
-            "-fno-semantic-interposition", "-pipe", "-w"};
+    return {"-O3",
+            "-march=native",
+            "-fPIC",
+            "-shared",
+            "-std=c++17",
+            "-fno-math-errno",
+            "-ffp-contract=off",
+            "-fno-semantic-interposition",
+            "-pipe",
+            "-w"};
   }
 
   // Builds, loads and calls a probe with the current flags.

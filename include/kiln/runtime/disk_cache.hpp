@@ -138,11 +138,24 @@ inline std::optional<std::uint64_t> parse_byte_size(std::string_view s) {
   int shift = 0;
   if (!unit.empty() && unit[0] != 'B') {
     switch (unit[0]) {
-      case 'k': case 'K': shift = 10; break;
-      case 'm': case 'M': shift = 20; break;
-      case 'g': case 'G': shift = 30; break;
-      case 't': case 'T': shift = 40; break;
-      default: return std::nullopt;
+      case 'k':
+      case 'K':
+        shift = 10;
+        break;
+      case 'm':
+      case 'M':
+        shift = 20;
+        break;
+      case 'g':
+      case 'G':
+        shift = 30;
+        break;
+      case 't':
+      case 'T':
+        shift = 40;
+        break;
+      default:
+        return std::nullopt;
     }
     unit.remove_prefix(1);
     if (unit == "iB") unit = {};
@@ -406,8 +419,11 @@ class DiskCache {
     std::uint64_t max_bytes = detail::kDefaultCacheMaxBytes;
     std::string spec = env::get("KILN_CACHE_MAX_BYTES");
     if (!spec.empty()) {
-      if (auto v = detail::parse_byte_size(spec)) max_bytes = *v;
-      else detail::warn("KILN_CACHE_MAX_BYTES=" + spec + " is not a size (e.g. 2G, 512M, 1000000); the cache is bounded to 2G");
+      if (auto v = detail::parse_byte_size(spec))
+        max_bytes = *v;
+      else
+        detail::warn("KILN_CACHE_MAX_BYTES=" + spec +
+                     " is not a size (e.g. 2G, 512M, 1000000); the cache is bounded to 2G");
     }
     return DiskCache(dir, max_bytes);
   }
@@ -664,9 +680,8 @@ class DiskCache {
       total += size;
     }
     if (max_bytes_ != 0 && total > max_bytes_) {
-      std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
-        return a.mtime != b.mtime ? a.mtime < b.mtime : a.name < b.name;
-      });
+      std::sort(items.begin(), items.end(),
+                [](const Item& a, const Item& b) { return a.mtime != b.mtime ? a.mtime < b.mtime : a.name < b.name; });
       const std::uint64_t target = max_bytes_ / 10 * 9;
       std::uint64_t freed = 0;
       std::size_t evicted = 0;
@@ -721,8 +736,8 @@ inline const std::string& scratch_dir() {
     int lock = ::open((tmpl + "/.lock").c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (lock < 0 || ::flock(lock, LOCK_EX) != 0)
       log(LogChannel::cache, "scratch directory " + tmpl + ": cannot lock it (" + std::strerror(errno) +
-                                 "); other processes may remove it after " +
-                                 std::to_string(detail::kStaleAge.count()) + " s without a compile");
+                                 "); other processes may remove it after " + std::to_string(detail::kStaleAge.count()) +
+                                 " s without a compile");
     return tmpl;
   }();
   static const bool registered = [] {

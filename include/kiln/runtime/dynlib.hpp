@@ -39,8 +39,7 @@ class SharedLibrary {
   /// The address of `name`; throws Error naming the symbol and the library when it is absent.
   void* symbol(const char* name) const {
     void* p = find_symbol(name);
-    if (!p)
-      throw Error(std::string("kiln: symbol '") + name + "' not found in shared library '" + path_ + "'");
+    if (!p) throw Error(std::string("kiln: symbol '") + name + "' not found in shared library '" + path_ + "'");
     return p;
   }
 

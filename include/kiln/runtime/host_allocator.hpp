@@ -154,8 +154,10 @@ class HostAllocator {
   }
 
   static void system_free(void* p, std::size_t cls) {
-    if (cls < kHugeThreshold) std::free(p);
-    else ::munmap(p, cls);
+    if (cls < kHugeThreshold)
+      std::free(p);
+    else
+      ::munmap(p, cls);
   }
 
   static std::size_t default_limit() {

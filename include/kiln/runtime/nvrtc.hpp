@@ -147,7 +147,8 @@ inline std::string numbered_source(const std::string& source) {
     std::size_t end = source.find('\n', start);
     if (end == std::string::npos) end = source.size();
     std::string num = std::to_string(line++);
-    out += std::string(num.size() < 5 ? 5 - num.size() : 0, ' ') + num + " | " + source.substr(start, end - start) + "\n";
+    out +=
+        std::string(num.size() < 5 ? 5 - num.size() : 0, ' ') + num + " | " + source.substr(start, end - start) + "\n";
     start = end + 1;
   }
   return out;
@@ -231,9 +232,9 @@ inline std::string compile_cuda_to_cubin(const std::string& source, const std::s
     throw CompileError("kiln: " + std::string(fn) + " failed for '" + name + "': " + api.get_error_string(r));
   };
   nvrtc::nvrtcProgram prog = nullptr;
-  nvrtc::nvrtcResult r =
-      api.create_program(&prog, source.c_str(), name.c_str(), static_cast<int>(headers.size()),
-                         headers.empty() ? nullptr : header_src.data(), headers.empty() ? nullptr : header_names.data());
+  nvrtc::nvrtcResult r = api.create_program(&prog, source.c_str(), name.c_str(), static_cast<int>(headers.size()),
+                                            headers.empty() ? nullptr : header_src.data(),
+                                            headers.empty() ? nullptr : header_names.data());
   if (r != nvrtc::NVRTC_SUCCESS) fail("nvrtcCreateProgram", r);
   // Destroys the program on every way out, including throws.
   struct Guard {

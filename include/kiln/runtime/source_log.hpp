@@ -21,8 +21,10 @@ inline void log_output_code(const DiskCache* disk, const std::string& title, con
   std::string kept = "not kept";
   if (detail::make_dirs(dir, 0700)) {
     std::string tmp = path + "." + detail::unique_suffix() + ".tmp";
-    if (detail::write_new_file(tmp, source) && ::rename(tmp.c_str(), path.c_str()) == 0) kept = path;
-    else ::unlink(tmp.c_str());
+    if (detail::write_new_file(tmp, source) && ::rename(tmp.c_str(), path.c_str()) == 0)
+      kept = path;
+    else
+      ::unlink(tmp.c_str());
   }
   const std::size_t at = source.find(kiln::detail::kKernelsBeginMarker);
   std::string shown = source;
@@ -31,7 +33,8 @@ inline void log_output_code(const DiskCache* disk, const std::string& title, con
     std::size_t lines = 0;
     for (std::size_t i = 0; i < at; ++i) lines += source[i] == '\n';
     shown = source.substr(at + std::char_traits<char>::length(kiln::detail::kKernelsBeginMarker));
-    note = "; its prelude of " + std::to_string(lines) + " lines (kiln's math, Philox and conversion helpers) left out here";
+    note = "; its prelude of " + std::to_string(lines) +
+           " lines (kiln's math, Philox and conversion helpers) left out here";
   }
   log(LogChannel::output_code, title + " (source: " + kept + note + "):\n" + shown);
 }

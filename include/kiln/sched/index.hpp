@@ -112,15 +112,19 @@ inline std::string affine_text(const IndexExpr& e) {
   for (std::size_t d = 0; d < e.coeff.size(); ++d) {
     i64 c = e.coeff[d];
     if (c == 0) continue;
-    if (!s.empty()) s += c < 0 ? " - " : " + ";
-    else if (c < 0) s += "-";
+    if (!s.empty())
+      s += c < 0 ? " - " : " + ";
+    else if (c < 0)
+      s += "-";
     i64 a = c < 0 ? -c : c;
     if (a != 1) s += std::to_string(a) + "LL*";
     s += loop_var(static_cast<int>(d));
   }
   if (e.constant != 0 || s.empty()) {
-    if (!s.empty()) s += e.constant < 0 ? " - " : " + ";
-    else if (e.constant < 0) s += "-";
+    if (!s.empty())
+      s += e.constant < 0 ? " - " : " + ";
+    else if (e.constant < 0)
+      s += "-";
     s += std::to_string(e.constant < 0 ? -e.constant : e.constant) + "LL";
   }
   return s;
@@ -176,8 +180,10 @@ inline std::pair<IndexExpr, IndexExpr> ix_divmod(const IndexExpr& e, i64 p, cons
     for (std::size_t d = 0; d < e.coeff.size() && ok; ++d) {
       i64 c = e.coeff[d];
       if (c == 0) continue;
-      if (c < 0) ok = false;
-      else if (c % p == 0) q.coeff[d] = c / p;
+      if (c < 0)
+        ok = false;
+      else if (c % p == 0)
+        q.coeff[d] = c / p;
       else {
         r.coeff[d] = c;
         i64 ext = d < space.size() ? space[d] : 1;
@@ -281,8 +287,10 @@ inline Index map_reshape(const Index& idx, const Shape& out_shape, const Shape& 
     std::size_t a0 = a, b0 = b;
     i64 pa = out_shape[od[a++]], pb = in_shape[id[b++]];
     while (pa != pb) {
-      if (pa < pb) pa *= out_shape[od[a++]];
-      else pb *= in_shape[id[b++]];
+      if (pa < pb)
+        pa *= out_shape[od[a++]];
+      else
+        pb *= in_shape[id[b++]];
     }
     // Flat position inside the group, then split over the input dims of the group.
     IndexExpr f = ix_const(0);
@@ -311,7 +319,8 @@ inline Index map_concat_piece(const Index& idx, std::size_t axis, i64 offset, i6
     r[axis] = ix_const(0);
   } else {
     IndexExpr shifted = ix_add_const(idx[axis], -offset);
-    r[axis] = ix_opaque("kiln_iclamp(" + ix_text(shifted) + ", " + std::to_string(size - 1) + "LL)", shifted.dep_mask());
+    r[axis] =
+        ix_opaque("kiln_iclamp(" + ix_text(shifted) + ", " + std::to_string(size - 1) + "LL)", shifted.dep_mask());
   }
   normalize(r, in_shape);
   return r;
@@ -319,20 +328,26 @@ inline Index map_concat_piece(const Index& idx, std::size_t axis, i64 offset, i6
 
 /// The index at which `node`'s input `k` is read when `node` is evaluated at `idx` (index
 /// maps only; pointwise ops read their inputs at the same index).
-inline Index input_index(const ir::Graph& g, const ir::GraphNode& n, std::size_t k, const Index& idx, const Shape& space) {
+inline Index input_index(const ir::Graph& g, const ir::GraphNode& n, std::size_t k, const Index& idx,
+                         const Shape& space) {
   const ir::GraphNode& in = g.nodes[static_cast<std::size_t>(n.inputs[k])];
   switch (n.op) {
-    case ir::Op::Broadcast: return map_broadcast(idx, in.shape);
-    case ir::Op::Permute: return map_permute(idx, n.attrs.ints, in.shape);
-    case ir::Op::Slice: return map_slice(idx, n.attrs.ints, in.shape);
-    case ir::Op::Reshape: return map_reshape(idx, n.shape, in.shape, space);
+    case ir::Op::Broadcast:
+      return map_broadcast(idx, in.shape);
+    case ir::Op::Permute:
+      return map_permute(idx, n.attrs.ints, in.shape);
+    case ir::Op::Slice:
+      return map_slice(idx, n.attrs.ints, in.shape);
+    case ir::Op::Reshape:
+      return map_reshape(idx, n.shape, in.shape, space);
     case ir::Op::Concat: {
       auto axis = static_cast<std::size_t>(n.attrs.ints.at(0));
       i64 offset = 0;
       for (std::size_t j = 0; j < k; ++j) offset += g.nodes[static_cast<std::size_t>(n.inputs[j])].shape[axis];
       return map_concat_piece(idx, axis, offset, in.shape[axis], in.shape);
     }
-    default: return idx;
+    default:
+      return idx;
   }
 }
 

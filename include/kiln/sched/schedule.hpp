@@ -70,17 +70,17 @@ struct LoopPlan {
   /// Pointwise: group indices, outermost loop first (the unit-stride group innermost).
   std::vector<int> order;
   // Reduce kernels.
-  bool column = false;          ///< the vectorised loop runs along a kept dimension
-  std::vector<int> kept_groups; ///< kept groups enumerated by the tile index (outer)
-  int vec_group = -1;           ///< column: the kept group vectorised, in blocks
-  std::vector<int> red_groups;  ///< reduced groups, outer to inner (row: innermost vectorised)
-  i64 rows = 1;                 ///< product of the kept_groups extents
-  i64 block = 1;                ///< column: elements of vec_group per tile
-  i64 blocks = 1;               ///< column: tiles along vec_group
-  i64 chunks = 1;               ///< pieces of red_groups[0] combined in a fixed order afterwards
-  i64 chunk_len = 0;            ///< elements of red_groups[0] per chunk
-  bool parallel = false;        ///< enough work for an OpenMP team
-  std::uint64_t opaque = 0;     ///< dims read by opaque (non-affine) index expressions
+  bool column = false;           ///< the vectorised loop runs along a kept dimension
+  std::vector<int> kept_groups;  ///< kept groups enumerated by the tile index (outer)
+  int vec_group = -1;            ///< column: the kept group vectorised, in blocks
+  std::vector<int> red_groups;   ///< reduced groups, outer to inner (row: innermost vectorised)
+  i64 rows = 1;                  ///< product of the kept_groups extents
+  i64 block = 1;                 ///< column: elements of vec_group per tile
+  i64 blocks = 1;                ///< column: tiles along vec_group
+  i64 chunks = 1;                ///< pieces of red_groups[0] combined in a fixed order afterwards
+  i64 chunk_len = 0;             ///< elements of red_groups[0] per chunk
+  bool parallel = false;         ///< enough work for an OpenMP team
+  std::uint64_t opaque = 0;      ///< dims read by opaque (non-affine) index expressions
 
   i64 tiles() const { return rows * blocks; }
 };
@@ -93,10 +93,10 @@ struct Kernel {
   std::vector<int> reductions;  ///< Reduce: reductions over the rows, by phase then node
   std::vector<int> phase;       ///< phase (1-based pass) of each of `reductions`
   int phases = 0;
-  std::vector<int> finals;      ///< Reduce: reductions of per-row values over all rows
+  std::vector<int> finals;  ///< Reduce: reductions of per-row values over all rows
   std::vector<Store> stores;
-  int passes = 1;               ///< Reduce: passes over each row (phases, plus one for late stores)
-  std::vector<int> after;       ///< kernels whose results this one reads
+  int passes = 1;          ///< Reduce: passes over each row (phases, plus one for late stores)
+  std::vector<int> after;  ///< kernels whose results this one reads
   LoopPlan loops;
 
   /// The shape of one value per row (space with reduced dims set to 1).
@@ -229,9 +229,9 @@ struct Draft {
   std::vector<char> reduced;
   std::vector<int> regular, finals, roots;
   bool alive = true;
-  std::set<int> deps;    ///< drafts it reads results of
-  std::set<int> leaves;  ///< Input nodes it reads
-  std::vector<int> phase_of;  ///< parallel to regular
+  std::set<int> deps;           ///< drafts it reads results of
+  std::set<int> leaves;         ///< Input nodes it reads
+  std::vector<int> phase_of;    ///< parallel to regular
   std::vector<Level> level_of;  ///< parallel to roots
   std::vector<int> root_phase;  ///< parallel to roots: last phase of in-kernel reductions it uses
   std::set<int> external;       ///< reductions of other drafts it reads
@@ -257,7 +257,8 @@ class Scheduler {
   Schedule run() {
     const std::size_t count = g_.nodes.size();
     outputs_of_.assign(count, {});
-    for (std::size_t k = 0; k < g_.outputs.size(); ++k) outputs_of_[static_cast<std::size_t>(g_.outputs[k])].push_back(static_cast<int>(k));
+    for (std::size_t k = 0; k < g_.outputs.size(); ++k)
+      outputs_of_[static_cast<std::size_t>(g_.outputs[k])].push_back(static_cast<int>(k));
     forced_.assign(count, 0);
     // Second round only when the first inlined an expensive value into several kernels: then
     // that value is computed once, into memory, and the grouping is redone around it.
@@ -340,8 +341,8 @@ class Scheduler {
       for (std::size_t j = 0; j < d.roots.size(); ++j) {
         const Shape& sh = node(d.roots[j]).shape;
         Index idx = !d.reduce || d.level_of[j] == Level::Full ? identity_index(d.space)
-                    : d.level_of[j] == Level::Row              ? row_index(sh, rows, d.space)
-                                                               : zero_index(sh);
+                    : d.level_of[j] == Level::Row             ? row_index(sh, rows, d.space)
+                                                              : zero_index(sh);
         walk(g_, d.roots[j], idx, d.space, v, seen);
       }
     }
@@ -351,7 +352,8 @@ class Scheduler {
     // Highest first, so that a marked value covers the values it is computed from.
     for (std::size_t i = count; i-- > 0;) {
       const ir::GraphNode& n = node(static_cast<int>(i));
-      if (covered[i] || kernels_of[i].size() < 2 || !ir::is_pointwise(n.op) || forced_[i] || cost(static_cast<int>(i), memo) < kCheapCost)
+      if (covered[i] || kernels_of[i].size() < 2 || !ir::is_pointwise(n.op) || forced_[i] ||
+          cost(static_cast<int>(i), memo) < kCheapCost)
         continue;
       forced_[i] = 1;
       any = true;
@@ -375,10 +377,14 @@ class Scheduler {
   static int inline_cost(ir::Op op) {
     if (ir::op_kind(op) == ir::OpKind::Leaf) return 0;
     switch (ir::op_info(op).cost) {
-      case ir::CostClass::Transcendental: return 20;
-      case ir::CostClass::Divide: return 4;
-      case ir::CostClass::Cheap: return 1;
-      case ir::CostClass::Free: return 0;
+      case ir::CostClass::Transcendental:
+        return 20;
+      case ir::CostClass::Divide:
+        return 4;
+      case ir::CostClass::Cheap:
+        return 1;
+      case ir::CostClass::Free:
+        return 0;
     }
     return 1;
   }
@@ -436,11 +442,13 @@ class Scheduler {
     // The references of one item (cached walks), following values this kernel stores itself
     // (computed inline here) into their own references.
     std::unordered_set<std::string> expanded;
-    std::function<void(const Summary&, int, Level, int*)> process = [&](const Summary& sm, int ctx, Level level, int* need_phase) {
+    std::function<void(const Summary&, int, Level, int*)> process = [&](const Summary& sm, int ctx, Level level,
+                                                                        int* need_phase) {
       for (int l : sm.leaves) a.leaves.insert(l);
       for (auto& [q, qi] : sm.refs) {
         if (!ir::is_reduction(node(q).op) && owner_of(q) == self) {
-          if (expanded.insert(std::to_string(q) + "|" + index_key(qi)).second) process(summary(q, qi, space, true), ctx, level, need_phase);
+          if (expanded.insert(std::to_string(q) + "|" + index_key(qi)).second)
+            process(summary(q, qi, space, true), ctx, level, need_phase);
           continue;
         }
         on_red(q, qi, ctx, level, need_phase);
@@ -666,15 +674,17 @@ class Scheduler {
   void merge_all() {
     for (;;) {
       // 1. A reduction over the same rows that consumes another's result.
-      if (apply([&](const Draft& a, const Draft& b, int ia, int) {
-            return a.reduce && b.reduce && same_rows(a, b) && b.deps.count(ia);
-          }, Merge::Union))
+      if (apply([&](const Draft& a, const Draft& b, int ia,
+                    int) { return a.reduce && b.reduce && same_rows(a, b) && b.deps.count(ia); },
+                Merge::Union))
         continue;
       // 2. A full reduction of per-row values: a final reduction of the row kernel.
-      if (apply([&](const Draft& a, const Draft& b, int, int) {
-            return a.reduce && b.reduce && b.space == a.row_shape() && a.space != a.row_shape() && b.roots.empty() &&
-                   is_full_single_phase(b);
-          }, Merge::AsFinal))
+      if (apply(
+              [&](const Draft& a, const Draft& b, int, int) {
+                return a.reduce && b.reduce && b.space == a.row_shape() && a.space != a.row_shape() &&
+                       b.roots.empty() && is_full_single_phase(b);
+              },
+              Merge::AsFinal))
         continue;
       // 3. Pointwise work that uses a reduction's result.
       if (apply([&](const Draft& a, const Draft& b, int ia, int) { return a.reduce && !b.reduce && b.deps.count(ia); },
@@ -686,9 +696,11 @@ class Scheduler {
         continue;
       // 5. Pointwise values shaped like the rows that read the same inputs, or that the
       //    reduction reads (a value stored for several kernels is computed by one of them).
-      if (apply([&](const Draft& a, const Draft& b, int, int ib) {
-            return a.reduce && !b.reduce && b.space == a.space && (shares_leaf(a, b) || a.deps.count(ib));
-          }, Merge::Union))
+      if (apply(
+              [&](const Draft& a, const Draft& b, int, int ib) {
+                return a.reduce && !b.reduce && b.space == a.space && (shares_leaf(a, b) || a.deps.count(ib));
+              },
+              Merge::Union))
         continue;
       // 6. Pointwise outputs of one shape.
       if (apply([&](const Draft& a, const Draft& b, int, int) { return !a.reduce && !b.reduce && a.space == b.space; },
@@ -717,7 +729,9 @@ inline Schedule Scheduler::finish() {
   std::vector<int> alive;
   for (std::size_t k = 0; k < drafts_.size(); ++k)
     if (drafts_[k].alive) alive.push_back(static_cast<int>(k));
-  std::sort(alive.begin(), alive.end(), [&](int x, int y) { return drafts_[static_cast<std::size_t>(x)].first_node() < drafts_[static_cast<std::size_t>(y)].first_node(); });
+  std::sort(alive.begin(), alive.end(), [&](int x, int y) {
+    return drafts_[static_cast<std::size_t>(x)].first_node() < drafts_[static_cast<std::size_t>(y)].first_node();
+  });
   std::vector<int> order, index_of(drafts_.size(), -1);
   std::vector<char> placed(drafts_.size(), 0);
   while (order.size() < alive.size()) {
@@ -760,7 +774,8 @@ inline Schedule Scheduler::finish() {
     std::vector<Location> t;
     for (int o : outputs_of_[static_cast<std::size_t>(n)])
       t.push_back(Location{Location::Output, o, g_.output_strides[static_cast<std::size_t>(o)]});
-    if (s.location[static_cast<std::size_t>(n)].kind == Location::Temp) t.push_back(s.location[static_cast<std::size_t>(n)]);
+    if (s.location[static_cast<std::size_t>(n)].kind == Location::Temp)
+      t.push_back(s.location[static_cast<std::size_t>(n)]);
     return t;
   };
 
@@ -812,9 +827,12 @@ inline Schedule Scheduler::finish() {
 /// Index of a value computed at `level` in kernel `k`.
 inline Index level_index(const Kernel& k, Level level, const Shape& shape) {
   switch (level) {
-    case Level::Full: return identity_index(k.space);
-    case Level::Row: return row_index(shape, k.row_shape(), k.space);
-    case Level::Final: return zero_index(shape);
+    case Level::Full:
+      return identity_index(k.space);
+    case Level::Row:
+      return row_index(shape, k.row_shape(), k.space);
+    case Level::Final:
+      return zero_index(shape);
   }
   return {};
 }
@@ -841,8 +859,10 @@ inline void Scheduler::plan_loops(Schedule& s, int kid) const {
   std::vector<Fn> fns;
   std::uint64_t opaque = 0;
   auto add = [&](const IndexExpr& e, double w) {
-    if (!e.affine()) opaque |= e.deps;
-    else fns.push_back({e, w});
+    if (!e.affine())
+      opaque |= e.deps;
+    else
+      fns.push_back({e, w});
   };
   auto reach = [&](const IndexExpr& off, double evaluations) {
     double distinct = 1;
@@ -867,8 +887,10 @@ inline void Scheduler::plan_loops(Schedule& s, int kid) const {
     };
     v.index_use = [&](int n, const Index& i) {
       const ir::GraphNode& nn = node(n);
-      if (nn.op == ir::Op::Random) add(flat_index(i, nn.shape), 0);
-      else add(i[static_cast<std::size_t>(nn.attrs.ints.at(0))], 0);
+      if (nn.op == ir::Op::Random)
+        add(flat_index(i, nn.shape), 0);
+      else
+        add(i[static_cast<std::size_t>(nn.attrs.ints.at(0))], 0);
     };
     std::unordered_set<std::string> seen;
     walk(g_, root, idx, space, v, seen);
@@ -881,7 +903,8 @@ inline void Scheduler::plan_loops(Schedule& s, int kid) const {
     Index idx = level_index(k, st.level, nn.shape);
     double w = st.level == Level::Full ? full : st.level == Level::Row ? rows : 1.0;
     if (!ir::is_reduction(nn.op)) visit(st.node, idx, w);
-    for (auto& t : st.targets) add(strided_offset(idx, t.strides, nn.shape), w * static_cast<double>(itemsize(nn.dtype)));
+    for (auto& t : st.targets)
+      add(strided_offset(idx, t.strides, nn.shape), w * static_cast<double>(itemsize(nn.dtype)));
   }
 
   p.opaque = opaque;
@@ -893,7 +916,9 @@ inline void Scheduler::plan_loops(Schedule& s, int kid) const {
       int prev = p.groups.back().back();
       bool ok = k.reduced[static_cast<std::size_t>(prev)] == k.reduced[static_cast<std::size_t>(d)] &&
                 !((opaque >> prev) & 1) && !((opaque >> d) & 1);
-      for (auto& f : fns) ok = ok && f.e.at(static_cast<std::size_t>(prev)) == f.e.at(static_cast<std::size_t>(d)) * space[static_cast<std::size_t>(d)];
+      for (auto& f : fns)
+        ok = ok && f.e.at(static_cast<std::size_t>(prev)) ==
+                       f.e.at(static_cast<std::size_t>(d)) * space[static_cast<std::size_t>(d)];
       if (ok) {
         p.groups.back().push_back(d);
         continue;
@@ -932,9 +957,11 @@ inline void Scheduler::plan_loops(Schedule& s, int kid) const {
     if (ngroups > 0) p.order.push_back(best);
     return;
   }
-  bool best_reduced = ngroups > 0 && k.reduced[static_cast<std::size_t>(p.groups[static_cast<std::size_t>(best)].back())];
+  bool best_reduced =
+      ngroups > 0 && k.reduced[static_cast<std::size_t>(p.groups[static_cast<std::size_t>(best)].back())];
   bool any_reduced = false;
-  for (int gi = 0; gi < ngroups; ++gi) any_reduced = any_reduced || k.reduced[static_cast<std::size_t>(p.groups[static_cast<std::size_t>(gi)].back())];
+  for (int gi = 0; gi < ngroups; ++gi)
+    any_reduced = any_reduced || k.reduced[static_cast<std::size_t>(p.groups[static_cast<std::size_t>(gi)].back())];
   p.column = ngroups > 0 && !best_reduced && any_reduced;
   for (int gi = 0; gi < ngroups; ++gi) {
     bool red = k.reduced[static_cast<std::size_t>(p.groups[static_cast<std::size_t>(gi)].back())];
@@ -986,9 +1013,12 @@ inline Schedule schedule(const ir::Graph& g, i64 placeholder) {
 
 inline const char* level_name(Level l) {
   switch (l) {
-    case Level::Full: return "full";
-    case Level::Row: return "row";
-    case Level::Final: return "final";
+    case Level::Full:
+      return "full";
+    case Level::Row:
+      return "row";
+    case Level::Final:
+      return "final";
   }
   return "?";
 }
@@ -1071,7 +1101,8 @@ inline std::string Schedule::str(const ir::Graph& g) const {
     }
   }
   for (std::size_t t = 0; t < temps.size(); ++t)
-    os << "temp " << t << ": " << name(temps[t].node) << " " << dtype_name(temps[t].dtype) << temps[t].shape.str() << "\n";
+    os << "temp " << t << ": " << name(temps[t].node) << " " << dtype_name(temps[t].dtype) << temps[t].shape.str()
+       << "\n";
   return os.str();
 }
 

@@ -53,9 +53,12 @@ Tensor from_blob(T* data, const Shape& shape, Device device = Device::cpu(), Str
   std::int64_t extent = 0;
   bool overflow = false;
   for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (strides[i] < 0) throw ShapeError("from_blob: negative strides are not supported, got strides for shape " + shape.str());
+    if (strides[i] < 0)
+      throw ShapeError("from_blob: negative strides are not supported, got strides for shape " + shape.str());
     std::int64_t span = 0;
-    if (shape[i] > 0) overflow |= __builtin_mul_overflow(shape[i] - 1, strides[i], &span) || __builtin_add_overflow(extent, span, &extent);
+    if (shape[i] > 0)
+      overflow |=
+          __builtin_mul_overflow(shape[i] - 1, strides[i], &span) || __builtin_add_overflow(extent, span, &extent);
   }
   if (overflow || (shape.numel() > 0 && extent >= INT64_MAX / static_cast<std::int64_t>(sizeof(T))))
     throw ShapeError("from_blob: shape " + shape.str() + " with its strides addresses more memory than int64 counts");
@@ -99,9 +102,11 @@ inline Tensor arange_range(double start, double end, double step, bool integral_
     os << "(start " << start << ", end " << end << ", step " << step << ")";
     return os.str();
   };
-  if (!std::isfinite(start) || !std::isfinite(end)) throw ValueError("arange: unsupported range " + bounds() + ": bounds must be finite");
+  if (!std::isfinite(start) || !std::isfinite(end))
+    throw ValueError("arange: unsupported range " + bounds() + ": bounds must be finite");
   if (step == 0 || !std::isfinite(step)) throw ValueError("arange: step must be finite and nonzero " + bounds());
-  if ((end - start) * step < 0) throw ValueError("arange: the bounds are inconsistent with the step's sign " + bounds());
+  if ((end - start) * step < 0)
+    throw ValueError("arange: the bounds are inconsistent with the step's sign " + bounds());
   const double count = std::ceil((end - start) / step);
   if (count > 9.0e18) throw ValueError("arange: too many elements " + bounds());
   const auto n = static_cast<std::int64_t>(count);
@@ -109,7 +114,8 @@ inline Tensor arange_range(double start, double end, double step, bool integral_
   const DType compute = integral_bounds && !is_floating(dtype) ? DType::Int64 : DType::Float64;
   const bool exact_int = compute == DType::Int64;
   auto number = [&](double v) {
-    return exact_int ? ir::constant_int(static_cast<std::int64_t>(v), compute, Shape{n}, device) : ir::constant(v, compute, Shape{n}, device);
+    return exact_int ? ir::constant_int(static_cast<std::int64_t>(v), compute, Shape{n}, device)
+                     : ir::constant(v, compute, Shape{n}, device);
   };
   ir::NodePtr values = ir::iota(Shape{n}, 0, compute, device);
   if (step != 1) values = ir::binary(ir::Op::Mul, values, number(step));
@@ -121,32 +127,35 @@ inline Tensor arange_range(double start, double end, double step, bool integral_
 /// start, start + step, ... below `end` (above it for a negative step), as torch.arange: the
 /// dtype is int64 when every bound is an integer, else the default float (f32).
 template <class A, class B, class C = std::int64_t>
-  requires(std::is_arithmetic_v<A> && std::is_arithmetic_v<B> && std::is_arithmetic_v<C>)
-Tensor arange(A start, B end, C step = 1) {
+requires(std::is_arithmetic_v<A>&& std::is_arithmetic_v<B>&& std::is_arithmetic_v<C>) Tensor
+    arange(A start, B end, C step = 1) {
   constexpr bool integral = std::is_integral_v<A> && std::is_integral_v<B> && std::is_integral_v<C>;
   return detail::arange_range(static_cast<double>(start), static_cast<double>(end), static_cast<double>(step), integral,
                               integral ? DType::Int64 : kDefaultFloat, Device::cpu());
 }
 /// The same with an explicit dtype and device.
 template <class A, class B, class C>
-  requires(std::is_arithmetic_v<A> && std::is_arithmetic_v<B> && std::is_arithmetic_v<C>)
-Tensor arange(A start, B end, C step, DType dtype, Device device = Device::cpu()) {
+requires(std::is_arithmetic_v<A>&& std::is_arithmetic_v<B>&& std::is_arithmetic_v<C>) Tensor
+    arange(A start, B end, C step, DType dtype, Device device = Device::cpu()) {
   constexpr bool integral = std::is_integral_v<A> && std::is_integral_v<B> && std::is_integral_v<C>;
-  return detail::arange_range(static_cast<double>(start), static_cast<double>(end), static_cast<double>(step), integral, dtype, device);
+  return detail::arange_range(static_cast<double>(start), static_cast<double>(end), static_cast<double>(step), integral,
+                              dtype, device);
 }
 
 /// Uniform numbers in [0, 1) from Philox4x32-10 keyed by `seed` (element i uses counter i:
 /// the same on every device and thread count).
 inline Tensor rand(const Shape& shape, std::uint64_t seed, DType dtype = f32, Device device = Device::cpu()) {
   detail::check_creation_shape(shape, "rand", dtype);
-  if (!is_floating(dtype)) throw DTypeError(std::string("rand: dtype must be floating point, got ") + dtype_name(dtype));
+  if (!is_floating(dtype))
+    throw DTypeError(std::string("rand: dtype must be floating point, got ") + dtype_name(dtype));
   return Tensor(ir::random(shape, seed, 0, dtype, device));
 }
 
 /// Standard normal numbers (Box-Muller over Philox4x32-10, counter = element index).
 inline Tensor randn(const Shape& shape, std::uint64_t seed, DType dtype = f32, Device device = Device::cpu()) {
   detail::check_creation_shape(shape, "randn", dtype);
-  if (!is_floating(dtype)) throw DTypeError(std::string("randn: dtype must be floating point, got ") + dtype_name(dtype));
+  if (!is_floating(dtype))
+    throw DTypeError(std::string("randn: dtype must be floating point, got ") + dtype_name(dtype));
   return Tensor(ir::random(shape, seed, 1, dtype, device));
 }
 
@@ -169,23 +178,19 @@ inline Tensor empty(const Shape& shape, DType dtype = f32, Device device = Devic
 /// `full`, `zeros`, `ones` and `empty` with the shape, dtype and device of `t` (each may be
 /// overridden), as torch.*_like.
 template <class E>
-  requires TensorLike<E>
-Tensor full_like(const E& t, double value, std::optional<DType> dtype = std::nullopt) {
+requires TensorLike<E> Tensor full_like(const E& t, double value, std::optional<DType> dtype = std::nullopt) {
   return full(t.shape(), value, dtype.value_or(t.dtype()), t.device());
 }
 template <class E>
-  requires TensorLike<E>
-Tensor zeros_like(const E& t, std::optional<DType> dtype = std::nullopt) {
+requires TensorLike<E> Tensor zeros_like(const E& t, std::optional<DType> dtype = std::nullopt) {
   return full_like(t, 0.0, dtype);
 }
 template <class E>
-  requires TensorLike<E>
-Tensor ones_like(const E& t, std::optional<DType> dtype = std::nullopt) {
+requires TensorLike<E> Tensor ones_like(const E& t, std::optional<DType> dtype = std::nullopt) {
   return full_like(t, 1.0, dtype);
 }
 template <class E>
-  requires TensorLike<E>
-Tensor empty_like(const E& t, std::optional<DType> dtype = std::nullopt) {
+requires TensorLike<E> Tensor empty_like(const E& t, std::optional<DType> dtype = std::nullopt) {
   return empty(t.shape(), dtype.value_or(t.dtype()), t.device());
 }
 
@@ -193,16 +198,17 @@ Tensor empty_like(const E& t, std::optional<DType> dtype = std::nullopt) {
 /// clone as it was. An evaluated tensor is copied now (row-major); a lazy one gets a node of
 /// its own, computed where it is first used (inside kiln::compile, always so).
 template <class E>
-  requires TensorLike<E>
-Tensor clone(const E& x) {
+requires TensorLike<E> Tensor clone(const E& x) {
   Tensor t(x);
   if (!t.defined()) throw Error("clone: operation on an undefined Tensor (default-constructed)");
   const ir::NodePtr& n = t.node();
   if (n->realized() && !detail::deferring_eval()) return Tensor(detail::contiguous_copy(n));
   // An identity that is a node of its own: x + (-0.0) is x for every float (-0 included), x + 0
   // for integers, x || false for bools.
-  if (n->dtype == DType::Bool) return Tensor(ir::binary(ir::Op::Or, n, ir::constant(0.0, n->dtype, n->shape, n->device)));
-  return Tensor(ir::binary(ir::Op::Add, n, ir::constant(is_floating(n->dtype) ? -0.0 : 0.0, n->dtype, n->shape, n->device)));
+  if (n->dtype == DType::Bool)
+    return Tensor(ir::binary(ir::Op::Or, n, ir::constant(0.0, n->dtype, n->shape, n->device)));
+  return Tensor(
+      ir::binary(ir::Op::Add, n, ir::constant(is_floating(n->dtype) ? -0.0 : 0.0, n->dtype, n->shape, n->device)));
 }
 
 }  // namespace kiln

@@ -44,7 +44,8 @@ inline StoragePtr allocate(std::size_t bytes, Device device) { return backend::e
 /// Memory for the value of `n` (row-major). An impossible request is an OutOfMemoryError that
 /// names the op, the shape, the dtype and the bytes, raised before anything is compiled.
 inline StoragePtr allocate_value(const ir::Node& n, const char* op) {
-  const std::int64_t bytes = checked_numel(n.shape, op, itemsize(n.dtype)) * static_cast<std::int64_t>(itemsize(n.dtype));
+  const std::int64_t bytes =
+      checked_numel(n.shape, op, itemsize(n.dtype)) * static_cast<std::int64_t>(itemsize(n.dtype));
   try {
     return allocate(static_cast<std::size_t>(bytes), n.device);
   } catch (const OutOfMemoryError& e) {
@@ -72,7 +73,8 @@ inline std::string explain_graph(const ir::Graph& g) { return backend::entry::ex
 inline void clear_kernel_caches() { backend::entry::clear_caches(); }
 
 inline const void* leaf_pointer(const ir::Node& n) {
-  return static_cast<const char*>(n.buffer->storage->data) + n.buffer->offset * static_cast<std::int64_t>(itemsize(n.dtype));
+  return static_cast<const char*>(n.buffer->storage->data) +
+         n.buffer->offset * static_cast<std::int64_t>(itemsize(n.dtype));
 }
 
 inline void evaluate_group(const std::vector<ir::NodePtr>& roots, Device device) {
@@ -107,7 +109,8 @@ inline void evaluate(const std::vector<ir::NodePtr>& roots) {
 }
 
 inline ir::NodePtr maybe_eval_big(ir::NodePtr node) {
-  if (node && !node->realized() && !deferring_eval() && (node->depth > kMaxLazyDepth || node->count > kMaxLazyNodes)) evaluate({node});
+  if (node && !node->realized() && !deferring_eval() && (node->depth > kMaxLazyDepth || node->count > kMaxLazyNodes))
+    evaluate({node});
   return node;
 }
 
@@ -133,7 +136,8 @@ inline void evaluate_into(const ir::NodePtr& value, const ir::NodePtr& destinati
     if (leaf->buffer->storage != dst.storage) continue;
     aliased = true;
     // Reading an element only at the index it is written to is safe in any executor.
-    if (!pointwise_only || leaf->buffer->offset != dst.offset || leaf->buffer->strides != dst.strides) unsafe_alias = true;
+    if (!pointwise_only || leaf->buffer->offset != dst.offset || leaf->buffer->strides != dst.strides)
+      unsafe_alias = true;
   }
   if (aliased && unsafe_alias) {
     // Compute into a fresh temporary first, then copy: the graph reads what it overwrites.
@@ -154,7 +158,8 @@ inline void evaluate_into(const ir::NodePtr& value, const ir::NodePtr& destinati
   c.graph.rehash();
   backend::RunArgs args;
   for (auto& leaf : c.leaves) args.inputs.push_back(leaf_pointer(*leaf));
-  args.outputs.push_back(static_cast<char*>(dst.storage->data) + dst.offset * static_cast<std::int64_t>(itemsize(destination->dtype)));
+  args.outputs.push_back(static_cast<char*>(dst.storage->data) +
+                         dst.offset * static_cast<std::int64_t>(itemsize(destination->dtype)));
   run_graph(c.graph, args);
   counters().graphs++;
 }
@@ -211,8 +216,7 @@ inline Backend get_backend() { return detail::backend_mode(); }
 
 /// Evaluates several tensors in one graph (shared inputs are read once, shared work done once).
 template <class... Ts>
-  requires(std::is_same_v<std::remove_cvref_t<Ts>, Tensor> && ...)
-void eval(Ts&&... tensors) {
+requires(std::is_same_v<std::remove_cvref_t<Ts>, Tensor>&&...) void eval(Ts&&... tensors) {
   if (!detail::deferring_eval()) detail::evaluate({tensors.node()...});
 }
 
@@ -280,8 +284,10 @@ Tensor Expr<Derived>::to(Device device) const {
   return Tensor(derived()).to(device);
 }
 
-inline Tensor Tensor::to(DType dtype) const { checked();
-  return Tensor(ir::cast(node_, dtype)); }
+inline Tensor Tensor::to(DType dtype) const {
+  checked();
+  return Tensor(ir::cast(node_, dtype));
+}
 
 inline Tensor Tensor::to(Device device) const {
   if (device == this->device()) return *this;
@@ -311,8 +317,7 @@ inline bool broadcasts_to(const SmallShape& from, const Shape& to) {
 }  // namespace detail
 
 template <class E>
-  requires TensorLike<E>
-Tensor& Tensor::assign(const E& value) {
+requires TensorLike<E> Tensor& Tensor::assign(const E& value) {
   // Typed expressions over evaluated tensors: the cached fast path (no graph building).
   if constexpr (!std::is_same_v<E, Tensor>) {
     if (!detail::active_trace && node_ && node_->realized() && value.out_device == device() &&
@@ -333,21 +338,24 @@ Tensor& Tensor::assign(const E& value) {
     std::int64_t d = v.shape()[v.dim() - 1 - i];
     ok = d == s[s.size() - 1 - i] || d == 1;
   }
-  if (!ok) throw ShapeError("assign: value of shape " + v.shape().str() + " cannot be broadcast to destination shape " + s.str());
+  if (!ok)
+    throw ShapeError("assign: value of shape " + v.shape().str() + " cannot be broadcast to destination shape " +
+                     s.str());
   ir::NodePtr n = decomp::expand(ir::cast(v.node(), dtype()), s);
   detail::evaluate_into(n, node_);
   return *this;
 }
 
 template <class S>
-  requires Scalar<S>
-Tensor& Tensor::assign(S value) {
+requires Scalar<S> Tensor& Tensor::assign(S value) {
   detail::before_data_read("assign()", std::source_location::current());
   if (!node_->realized()) detail::evaluate({node_});
   // A fill with a new number reuses the kernel of the last (the number is an argument).
-  ir::NodePtr n = detail::number_is_argument(ScalarExpr<S>(value), device()) ? detail::number_leaf(value, dtype(), shape(), device())
-                  : std::is_integral_v<S> ? ir::constant_int(static_cast<std::int64_t>(value), dtype(), shape(), device())
-                                          : ir::constant(static_cast<double>(value), dtype(), shape(), device());
+  ir::NodePtr n = detail::number_is_argument(ScalarExpr<S>(value), device())
+                      ? detail::number_leaf(value, dtype(), shape(), device())
+                  : std::is_integral_v<S>
+                      ? ir::constant_int(static_cast<std::int64_t>(value), dtype(), shape(), device())
+                      : ir::constant(static_cast<double>(value), dtype(), shape(), device());
   if (detail::has_self_overlap(shape(), node_->buffer->strides))
     throw ShapeError("assign: destination " + describe() + " has elements that share memory (a broadcast view)");
   detail::evaluate_into(n, node_);

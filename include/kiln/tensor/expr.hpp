@@ -23,26 +23,29 @@ namespace kiln {
 /// (floating inputs only, as PyTorch), ToBool (a bool result), IntIn (integers, and bools where
 /// the primitive allows them), NoBool (not defined for bools). Lowering is in lower_unary /
 /// lower_binary: a primitive of the op table, or a composite of decomp/.
-#define KILN_UNARY_FNS(X)                                                                                 \
-  X(Neg, "neg", NoBool) X(Abs, "abs", Same) X(Exp, "exp", ToFloat) X(Exp2, "exp2", ToFloat)               \
-  X(Log, "log", ToFloat) X(Log2, "log2", ToFloat) X(Log1p, "log1p", ToFloat) X(Expm1, "expm1", ToFloat)   \
-  X(Sqrt, "sqrt", ToFloat) X(Rsqrt, "rsqrt", ToFloat) X(Sin, "sin", ToFloat) X(Cos, "cos", ToFloat)       \
-  X(Tan, "tan", ToFloat) X(Tanh, "tanh", ToFloat) X(Erf, "erf", ToFloat) X(Floor, "floor", NoBool)        \
-  X(Ceil, "ceil", NoBool) X(Round, "round", NoBool) X(Not, "logical_not", ToBool) X(IsNan, "isnan", ToBool) \
-  X(IsInf, "isinf", ToBool) X(Sigmoid, "sigmoid", ToFloat) X(Relu, "relu", NoBool) X(Gelu, "gelu", FloatIn) \
-  X(GeluTanh, "gelu(tanh)", FloatIn) X(Silu, "silu", FloatIn) X(Atan, "atan", ToFloat)                    \
-  X(Asin, "asin", ToFloat) X(Acos, "acos", ToFloat) X(Sinh, "sinh", ToFloat) X(Cosh, "cosh", ToFloat)     \
-  X(Asinh, "asinh", ToFloat) X(Acosh, "acosh", ToFloat) X(Atanh, "atanh", ToFloat)                        \
-  X(Reciprocal, "reciprocal", ToFloat) X(Sign, "sign", Same) X(Square, "square", Same)                    \
-  X(Trunc, "trunc", NoBool) X(BitNot, "bitwise_not", IntIn)
-#define KILN_BINARY_FNS(X)                                                                                \
-  X(Add, "add", Same) X(Sub, "sub", Same) X(Mul, "mul", Same) X(Div, "div", ToFloat) X(Pow, "pow", Same)  \
-  X(Maximum, "maximum", Same) X(Minimum, "minimum", Same) X(Eq, "eq", ToBool) X(Ne, "ne", ToBool)         \
-  X(Lt, "lt", ToBool) X(Le, "le", ToBool) X(Gt, "gt", ToBool) X(Ge, "ge", ToBool)                         \
-  X(And, "logical_and", ToBool) X(Or, "logical_or", ToBool) X(Xor, "logical_xor", ToBool)                 \
-  X(Atan2, "atan2", ToFloat) X(Hypot, "hypot", FloatIn) X(Fmod, "fmod", NoBool)                          \
-  X(Remainder, "remainder", NoBool) X(BitAnd, "bitwise_and", IntIn) X(BitOr, "bitwise_or", IntIn)         \
-  X(BitXor, "bitwise_xor", IntIn) X(Shl, "left_shift", IntIn) X(Shr, "right_shift", IntIn)
+#define KILN_UNARY_FNS(X)                                                                                             \
+  X(Neg, "neg", NoBool)                                                                                               \
+  X(Abs, "abs", Same) X(Exp, "exp", ToFloat) X(Exp2, "exp2", ToFloat) X(Log, "log", ToFloat) X(Log2, "log2", ToFloat) \
+      X(Log1p, "log1p", ToFloat) X(Expm1, "expm1", ToFloat) X(Sqrt, "sqrt", ToFloat) X(Rsqrt, "rsqrt", ToFloat)       \
+          X(Sin, "sin", ToFloat) X(Cos, "cos", ToFloat) X(Tan, "tan", ToFloat) X(Tanh, "tanh", ToFloat)               \
+              X(Erf, "erf", ToFloat) X(Floor, "floor", NoBool) X(Ceil, "ceil", NoBool) X(Round, "round", NoBool)      \
+                  X(Not, "logical_not", ToBool) X(IsNan, "isnan", ToBool) X(IsInf, "isinf", ToBool)                   \
+                      X(Sigmoid, "sigmoid", ToFloat) X(Relu, "relu", NoBool) X(Gelu, "gelu", FloatIn)                 \
+                          X(GeluTanh, "gelu(tanh)", FloatIn) X(Silu, "silu", FloatIn) X(Atan, "atan", ToFloat)        \
+                              X(Asin, "asin", ToFloat) X(Acos, "acos", ToFloat) X(Sinh, "sinh", ToFloat)              \
+                                  X(Cosh, "cosh", ToFloat) X(Asinh, "asinh", ToFloat) X(Acosh, "acosh", ToFloat)      \
+                                      X(Atanh, "atanh", ToFloat) X(Reciprocal, "reciprocal", ToFloat)                 \
+                                          X(Sign, "sign", Same) X(Square, "square", Same) X(Trunc, "trunc", NoBool)   \
+                                              X(BitNot, "bitwise_not", IntIn)
+#define KILN_BINARY_FNS(X)                                                                                        \
+  X(Add, "add", Same)                                                                                             \
+  X(Sub, "sub", Same) X(Mul, "mul", Same) X(Div, "div", ToFloat) X(Pow, "pow", Same) X(Maximum, "maximum", Same)  \
+      X(Minimum, "minimum", Same) X(Eq, "eq", ToBool) X(Ne, "ne", ToBool) X(Lt, "lt", ToBool) X(Le, "le", ToBool) \
+          X(Gt, "gt", ToBool) X(Ge, "ge", ToBool) X(And, "logical_and", ToBool) X(Or, "logical_or", ToBool)       \
+              X(Xor, "logical_xor", ToBool) X(Atan2, "atan2", ToFloat) X(Hypot, "hypot", FloatIn)                 \
+                  X(Fmod, "fmod", NoBool) X(Remainder, "remainder", NoBool) X(BitAnd, "bitwise_and", IntIn)       \
+                      X(BitOr, "bitwise_or", IntIn) X(BitXor, "bitwise_xor", IntIn) X(Shl, "left_shift", IntIn)   \
+                          X(Shr, "right_shift", IntIn)
 
 namespace detail {
 
@@ -93,9 +96,16 @@ struct ResultType {
   }
   static void combine(bool& has_hi, DType& hi, bool has_lo, DType lo) {
     if (!has_lo) return;
-    if (!has_hi) { has_hi = true; hi = lo; return; }
+    if (!has_hi) {
+      has_hi = true;
+      hi = lo;
+      return;
+    }
     if (is_floating(hi)) return;
-    if (hi == DType::Bool || is_floating(lo)) { hi = promote_types(hi, lo); return; }
+    if (hi == DType::Bool || is_floating(lo)) {
+      hi = promote_types(hi, lo);
+      return;
+    }
   }
   DType result() const {
     bool h1 = has[1];
@@ -134,11 +144,13 @@ inline DType unary_result(Fn f, DType in, const SmallShape& shape) {
     throw DTypeError(std::string(fn_name(f)) + ": " + what + ", got " + dtype_name(in) + shape.to_shape().str());
   };
   switch (fn_info(f).rule) {
-    case FnRule::ToBool: return DType::Bool;
+    case FnRule::ToBool:
+      return DType::Bool;
     case FnRule::FloatIn:  // as PyTorch
       if (!is_floating(in)) refuse("expected a floating point tensor");
       return in;
-    case FnRule::ToFloat: return is_floating(in) ? in : kDefaultFloat;
+    case FnRule::ToFloat:
+      return is_floating(in) ? in : kDefaultFloat;
     case FnRule::IntIn:
       if (is_floating(in)) refuse("expected an integer or bool tensor");
       return in;
@@ -179,7 +191,8 @@ inline BinaryTypes binary_result(Fn f, DType common, DType a, DType b, const Sma
     case FnRule::NoBool:
       if (common == DType::Bool) refuse("not supported for bool tensors");
       break;
-    default: break;
+    default:
+      break;
   }
   if (common == DType::Bool && (f == Fn::Sub || f == Fn::Pow)) refuse("not supported for bool tensors");
   return {common, common};
@@ -188,46 +201,86 @@ inline BinaryTypes binary_result(Fn f, DType common, DType a, DType b, const Sma
 inline ir::NodePtr lower_unary(Fn f, const ir::NodePtr& x) {
   using ir::Op;
   switch (f) {
-    case Fn::Neg: return ir::unary(Op::Neg, x);
-    case Fn::Abs: return x->dtype == DType::Bool ? x : ir::unary(Op::Abs, x);
-    case Fn::Exp: return ir::unary(Op::Exp, x);
-    case Fn::Exp2: return ir::unary(Op::Exp2, x);
-    case Fn::Log: return ir::unary(Op::Log, x);
-    case Fn::Log2: return ir::unary(Op::Log2, x);
-    case Fn::Log1p: return ir::unary(Op::Log1p, x);
-    case Fn::Expm1: return ir::unary(Op::Expm1, x);
-    case Fn::Sqrt: return ir::unary(Op::Sqrt, x);
-    case Fn::Rsqrt: return ir::unary(Op::Rsqrt, x);
-    case Fn::Sin: return ir::unary(Op::Sin, x);
-    case Fn::Cos: return ir::unary(Op::Cos, x);
-    case Fn::Tan: return ir::unary(Op::Tan, x);
-    case Fn::Tanh: return ir::unary(Op::Tanh, x);
-    case Fn::Erf: return ir::unary(Op::Erf, x);
-    case Fn::Floor: return is_floating(x->dtype) ? ir::unary(Op::Floor, x) : x;
-    case Fn::Ceil: return is_floating(x->dtype) ? ir::unary(Op::Ceil, x) : x;
-    case Fn::Round: return is_floating(x->dtype) ? ir::unary(Op::Round, x) : x;
-    case Fn::Not: return ir::unary(Op::Not, x);
-    case Fn::IsNan: return ir::unary(Op::IsNan, x);
-    case Fn::IsInf: return ir::unary(Op::IsInf, x);
-    case Fn::Sigmoid: return decomp::sigmoid(x);
-    case Fn::Relu: return decomp::relu(x);
-    case Fn::Gelu: return decomp::gelu(x, false);
-    case Fn::GeluTanh: return decomp::gelu(x, true);
-    case Fn::Silu: return decomp::silu(x);
-    case Fn::Atan: return ir::unary(Op::Atan, x);
-    case Fn::Asin: return ir::unary(Op::Asin, x);
-    case Fn::Acos: return ir::unary(Op::Acos, x);
-    case Fn::Sinh: return decomp::sinh(x);
-    case Fn::Cosh: return decomp::cosh(x);
-    case Fn::Asinh: return decomp::asinh(x);
-    case Fn::Acosh: return decomp::acosh(x);
-    case Fn::Atanh: return decomp::atanh(x);
-    case Fn::Reciprocal: return ir::binary(Op::Div, decomp::scalar_like(1.0, x), x);
-    case Fn::Sign: return decomp::sign(x);
-    case Fn::Square: return x->dtype == DType::Bool ? x : ir::binary(Op::Mul, x, x);  // bool: cast to int64 first
-    case Fn::Trunc: return decomp::trunc(x);
-    case Fn::BitNot: return ir::unary(Op::BitNot, x);
-    default: break;
+    case Fn::Neg:
+      return ir::unary(Op::Neg, x);
+    case Fn::Abs:
+      return x->dtype == DType::Bool ? x : ir::unary(Op::Abs, x);
+    case Fn::Exp:
+      return ir::unary(Op::Exp, x);
+    case Fn::Exp2:
+      return ir::unary(Op::Exp2, x);
+    case Fn::Log:
+      return ir::unary(Op::Log, x);
+    case Fn::Log2:
+      return ir::unary(Op::Log2, x);
+    case Fn::Log1p:
+      return ir::unary(Op::Log1p, x);
+    case Fn::Expm1:
+      return ir::unary(Op::Expm1, x);
+    case Fn::Sqrt:
+      return ir::unary(Op::Sqrt, x);
+    case Fn::Rsqrt:
+      return ir::unary(Op::Rsqrt, x);
+    case Fn::Sin:
+      return ir::unary(Op::Sin, x);
+    case Fn::Cos:
+      return ir::unary(Op::Cos, x);
+    case Fn::Tan:
+      return ir::unary(Op::Tan, x);
+    case Fn::Tanh:
+      return ir::unary(Op::Tanh, x);
+    case Fn::Erf:
+      return ir::unary(Op::Erf, x);
+    case Fn::Floor:
+      return is_floating(x->dtype) ? ir::unary(Op::Floor, x) : x;
+    case Fn::Ceil:
+      return is_floating(x->dtype) ? ir::unary(Op::Ceil, x) : x;
+    case Fn::Round:
+      return is_floating(x->dtype) ? ir::unary(Op::Round, x) : x;
+    case Fn::Not:
+      return ir::unary(Op::Not, x);
+    case Fn::IsNan:
+      return ir::unary(Op::IsNan, x);
+    case Fn::IsInf:
+      return ir::unary(Op::IsInf, x);
+    case Fn::Sigmoid:
+      return decomp::sigmoid(x);
+    case Fn::Relu:
+      return decomp::relu(x);
+    case Fn::Gelu:
+      return decomp::gelu(x, false);
+    case Fn::GeluTanh:
+      return decomp::gelu(x, true);
+    case Fn::Silu:
+      return decomp::silu(x);
+    case Fn::Atan:
+      return ir::unary(Op::Atan, x);
+    case Fn::Asin:
+      return ir::unary(Op::Asin, x);
+    case Fn::Acos:
+      return ir::unary(Op::Acos, x);
+    case Fn::Sinh:
+      return decomp::sinh(x);
+    case Fn::Cosh:
+      return decomp::cosh(x);
+    case Fn::Asinh:
+      return decomp::asinh(x);
+    case Fn::Acosh:
+      return decomp::acosh(x);
+    case Fn::Atanh:
+      return decomp::atanh(x);
+    case Fn::Reciprocal:
+      return ir::binary(Op::Div, decomp::scalar_like(1.0, x), x);
+    case Fn::Sign:
+      return decomp::sign(x);
+    case Fn::Square:
+      return x->dtype == DType::Bool ? x : ir::binary(Op::Mul, x, x);  // bool: cast to int64 first
+    case Fn::Trunc:
+      return decomp::trunc(x);
+    case Fn::BitNot:
+      return ir::unary(Op::BitNot, x);
+    default:
+      break;
   }
   throw InternalError("lower_unary: not a unary function");
 }
@@ -236,32 +289,58 @@ inline ir::NodePtr lower_binary(Fn f, const ir::NodePtr& a, const ir::NodePtr& b
   using ir::Op;
   bool boolean = a->dtype == DType::Bool;
   switch (f) {
-    case Fn::Add: return ir::binary(boolean ? Op::Or : Op::Add, a, b);
-    case Fn::Sub: return ir::binary(Op::Sub, a, b);
-    case Fn::Mul: return ir::binary(boolean ? Op::And : Op::Mul, a, b);
-    case Fn::Div: return ir::binary(Op::Div, a, b);
-    case Fn::Pow: return ir::binary(Op::Pow, a, b);
-    case Fn::Maximum: return ir::binary(boolean ? Op::Or : Op::Maximum, a, b);
-    case Fn::Minimum: return ir::binary(boolean ? Op::And : Op::Minimum, a, b);
-    case Fn::Eq: return ir::binary(Op::Eq, a, b);
-    case Fn::Ne: return ir::binary(Op::Ne, a, b);
-    case Fn::Lt: return ir::binary(Op::Lt, a, b);
-    case Fn::Le: return ir::binary(Op::Le, a, b);
-    case Fn::Gt: return ir::binary(Op::Gt, a, b);
-    case Fn::Ge: return ir::binary(Op::Ge, a, b);
-    case Fn::And: return ir::binary(Op::And, a, b);
-    case Fn::Or: return ir::binary(Op::Or, a, b);
-    case Fn::Xor: return decomp::logical_xor(a, b);
-    case Fn::Atan2: return ir::binary(Op::Atan2, a, b);
-    case Fn::Hypot: return ir::binary(Op::Hypot, a, b);
-    case Fn::Fmod: return ir::binary(Op::Fmod, a, b);
-    case Fn::Remainder: return decomp::remainder(a, b);
-    case Fn::BitAnd: return ir::binary(Op::BitAnd, a, b);
-    case Fn::BitOr: return ir::binary(Op::BitOr, a, b);
-    case Fn::BitXor: return ir::binary(Op::BitXor, a, b);
-    case Fn::Shl: return ir::binary(Op::Shl, a, b);
-    case Fn::Shr: return ir::binary(Op::Shr, a, b);
-    default: break;
+    case Fn::Add:
+      return ir::binary(boolean ? Op::Or : Op::Add, a, b);
+    case Fn::Sub:
+      return ir::binary(Op::Sub, a, b);
+    case Fn::Mul:
+      return ir::binary(boolean ? Op::And : Op::Mul, a, b);
+    case Fn::Div:
+      return ir::binary(Op::Div, a, b);
+    case Fn::Pow:
+      return ir::binary(Op::Pow, a, b);
+    case Fn::Maximum:
+      return ir::binary(boolean ? Op::Or : Op::Maximum, a, b);
+    case Fn::Minimum:
+      return ir::binary(boolean ? Op::And : Op::Minimum, a, b);
+    case Fn::Eq:
+      return ir::binary(Op::Eq, a, b);
+    case Fn::Ne:
+      return ir::binary(Op::Ne, a, b);
+    case Fn::Lt:
+      return ir::binary(Op::Lt, a, b);
+    case Fn::Le:
+      return ir::binary(Op::Le, a, b);
+    case Fn::Gt:
+      return ir::binary(Op::Gt, a, b);
+    case Fn::Ge:
+      return ir::binary(Op::Ge, a, b);
+    case Fn::And:
+      return ir::binary(Op::And, a, b);
+    case Fn::Or:
+      return ir::binary(Op::Or, a, b);
+    case Fn::Xor:
+      return decomp::logical_xor(a, b);
+    case Fn::Atan2:
+      return ir::binary(Op::Atan2, a, b);
+    case Fn::Hypot:
+      return ir::binary(Op::Hypot, a, b);
+    case Fn::Fmod:
+      return ir::binary(Op::Fmod, a, b);
+    case Fn::Remainder:
+      return decomp::remainder(a, b);
+    case Fn::BitAnd:
+      return ir::binary(Op::BitAnd, a, b);
+    case Fn::BitOr:
+      return ir::binary(Op::BitOr, a, b);
+    case Fn::BitXor:
+      return ir::binary(Op::BitXor, a, b);
+    case Fn::Shl:
+      return ir::binary(Op::Shl, a, b);
+    case Fn::Shr:
+      return ir::binary(Op::Shr, a, b);
+    default:
+      break;
   }
   throw InternalError("lower_binary: not a binary function");
 }
@@ -276,10 +355,12 @@ struct ScalarExpr : Expr<ScalarExpr<T>> {
   T value;
   bool literal = false;  ///< always a literal in the generated code (it changes the code)
   explicit ScalarExpr(T v) : value(v) {}
-  static constexpr std::uint64_t kStructKey =
-      detail::hash_combine(0x5ca1a7, std::is_floating_point_v<T> ? 1 : std::is_same_v<T, bool> ? 2 : 3);
-  static constexpr DType wrapped_dtype =
-      std::is_floating_point_v<T> ? kDefaultFloat : std::is_same_v<T, bool> ? DType::Bool : DType::Int64;
+  static constexpr std::uint64_t kStructKey = detail::hash_combine(0x5ca1a7, std::is_floating_point_v<T> ? 1
+                                                                             : std::is_same_v<T, bool>   ? 2
+                                                                                                         : 3);
+  static constexpr DType wrapped_dtype = std::is_floating_point_v<T> ? kDefaultFloat
+                                         : std::is_same_v<T, bool>   ? DType::Bool
+                                                                     : DType::Int64;
   detail::OperandInfo info() const { return {wrapped_dtype, detail::Tier::Wrapped}; }
 };
 
@@ -312,12 +393,18 @@ void store_number(T v, DType dtype, void* out) {
   visit_dtype(dtype, [&](auto tag) {
     using D = decltype(tag);
     D x;
-    if constexpr (std::is_same_v<D, bool>) x = v != 0;
-    else if constexpr (std::is_integral_v<D> && std::is_floating_point_v<T>) x = kiln::detail::float_to_int<D>(static_cast<double>(v));
-    else if constexpr (std::is_integral_v<D>) x = static_cast<D>(static_cast<std::int64_t>(v));  // wraps as int_literal
-    else if constexpr (std::is_same_v<D, double>) x = static_cast<double>(v);
-    else if constexpr (std::is_same_v<D, float>) x = static_cast<float>(static_cast<double>(v));
-    else x = D(static_cast<float>(static_cast<double>(v)));  // f16/bf16: through float, as constants
+    if constexpr (std::is_same_v<D, bool>)
+      x = v != 0;
+    else if constexpr (std::is_integral_v<D> && std::is_floating_point_v<T>)
+      x = kiln::detail::float_to_int<D>(static_cast<double>(v));
+    else if constexpr (std::is_integral_v<D>)
+      x = static_cast<D>(static_cast<std::int64_t>(v));  // wraps as int_literal
+    else if constexpr (std::is_same_v<D, double>)
+      x = static_cast<double>(v);
+    else if constexpr (std::is_same_v<D, float>)
+      x = static_cast<float>(static_cast<double>(v));
+    else
+      x = D(static_cast<float>(static_cast<double>(v)));  // f16/bf16: through float, as constants
     std::memcpy(out, &x, sizeof(D));
   });
 }
@@ -331,24 +418,38 @@ ir::NodePtr number_leaf(T v, DType dtype, const Shape& shape, Device device) {
   return decomp::expand(ir::input(ir::BufferView{st, 0, {}}, Shape{}, dtype, device), shape);
 }
 
-template <class T> struct is_scalar_expr : std::false_type {};
-template <class T> struct is_scalar_expr<ScalarExpr<T>> : std::true_type {};
+template <class T>
+struct is_scalar_expr : std::false_type {};
+template <class T>
+struct is_scalar_expr<ScalarExpr<T>> : std::true_type {};
 
 // Uniform access to any operand: Tensor, typed expression or wrapped scalar.
 inline OperandInfo info_of(const Tensor& t) { return {t.dtype(), t.dim() == 0 ? Tier::ZeroDim : Tier::Dim}; }
-template <class E> OperandInfo info_of(const E& e) { return e.info(); }
+template <class E>
+OperandInfo info_of(const E& e) {
+  return e.info();
+}
 inline SmallShape shape_of(const Tensor& t, const char* op) { return SmallShape::from(t.shape(), op); }
-template <class E> SmallShape shape_of(const E& e, const char*) { return e.out_shape; }
+template <class E>
+SmallShape shape_of(const E& e, const char*) {
+  return e.out_shape;
+}
 inline Device device_of(const Tensor& t) { return t.device(); }
-template <class E> Device device_of(const E& e) { return e.out_device; }
+template <class E>
+Device device_of(const E& e) {
+  return e.out_device;
+}
 
-template <class E> constexpr std::uint64_t struct_key() {
-  if constexpr (std::is_same_v<E, Tensor>) return 0x7e50a;
-  else return E::kStructKey;
+template <class E>
+constexpr std::uint64_t struct_key() {
+  if constexpr (std::is_same_v<E, Tensor>)
+    return 0x7e50a;
+  else
+    return E::kStructKey;
 }
 
 [[noreturn]] inline void broadcast_failed(const SmallShape& a, const SmallShape& b, const char* op, DType ta, DType tb,
-                                         std::size_t dim, std::int64_t da, std::int64_t db) {
+                                          std::size_t dim, std::int64_t da, std::int64_t db) {
   throw ShapeError(std::string(op) + ": shapes " + dtype_name(ta) + a.to_shape().str() + " and " + dtype_name(tb) +
                    b.to_shape().str() + " cannot be broadcast (dimension " + std::to_string(dim) + ": " +
                    std::to_string(da) + " vs " + std::to_string(db) + ")");
@@ -375,7 +476,8 @@ inline SmallShape broadcast_small(const SmallShape& a, const SmallShape& b, cons
 }
 
 inline void check_same_device(Device a, Device b, const char* op) {
-  if (a != b) throw DeviceError(std::string(op) + ": expected all tensors on one device, got " + a.str() + " and " + b.str());
+  if (a != b)
+    throw DeviceError(std::string(op) + ": expected all tensors on one device, got " + a.str() + " and " + b.str());
 }
 
 /// The graph node of operand `e`, cast to `dtype` and broadcast to `shape`.
@@ -468,8 +570,9 @@ struct BinaryExpr : Expr<BinaryExpr<F, A, B>> {
       using T = decltype(b.value);
       if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
         if (b.value < 0 && !is_floating(out_dtype))
-          throw DTypeError("pow: integers to negative integer powers are not allowed (base " + std::string(dtype_name(ia.dtype)) +
-                           out_shape.to_shape().str() + ", exponent " + std::to_string(b.value) + ")");
+          throw DTypeError("pow: integers to negative integer powers are not allowed (base " +
+                           std::string(dtype_name(ia.dtype)) + out_shape.to_shape().str() + ", exponent " +
+                           std::to_string(b.value) + ")");
     }
   }
   detail::OperandInfo info() const {
@@ -532,7 +635,8 @@ struct WhereExpr : Expr<WhereExpr<C, A, B>> {
   }
   ir::NodePtr build() const {
     ir::NodePtr cn = detail::operand_node(c, DType::Bool, out_shape, out_device);
-    return ir::where(cn, detail::operand_node(a, out_dtype, out_shape, out_device), detail::operand_node(b, out_dtype, out_shape, out_device));
+    return ir::where(cn, detail::operand_node(a, out_dtype, out_shape, out_device),
+                     detail::operand_node(b, out_dtype, out_shape, out_device));
   }
 };
 

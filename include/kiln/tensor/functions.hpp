@@ -58,8 +58,10 @@ inline Shape reduced_shape(const Shape& shape, const std::vector<std::int64_t>& 
   Shape out;
   for (std::size_t i = 0; i < shape.size(); ++i) {
     bool reduced = std::find(axes.begin(), axes.end(), static_cast<std::int64_t>(i)) != axes.end();
-    if (!reduced) out.push_back(shape[i]);
-    else if (keepdim) out.push_back(1);
+    if (!reduced)
+      out.push_back(shape[i]);
+    else if (keepdim)
+      out.push_back(1);
   }
   return out;
 }
@@ -91,8 +93,7 @@ inline void require_nonempty_reduction(const Tensor& t, const std::vector<std::i
 
 /// Sum over `axes` (all when omitted). Integer and bool inputs sum in int64 (as PyTorch).
 template <class E>
-  requires TensorLike<E>
-Tensor sum(const E& x, const Axes& axes = {}, bool keepdim = false) {
+requires TensorLike<E> Tensor sum(const E& x, const Axes& axes = {}, bool keepdim = false) {
   Tensor t = detail::to_tensor(x);
   auto ax = detail::reduce_axes(axes, t, "sum");
   ir::NodePtr n = t.node();
@@ -102,8 +103,7 @@ Tensor sum(const E& x, const Axes& axes = {}, bool keepdim = false) {
 
 /// Product over `axes`. Integer and bool inputs multiply in int64.
 template <class E>
-  requires TensorLike<E>
-Tensor prod(const E& x, const Axes& axes = {}, bool keepdim = false) {
+requires TensorLike<E> Tensor prod(const E& x, const Axes& axes = {}, bool keepdim = false) {
   Tensor t = detail::to_tensor(x);
   auto ax = detail::reduce_axes(axes, t, "prod");
   ir::NodePtr n = t.node();
@@ -113,8 +113,7 @@ Tensor prod(const E& x, const Axes& axes = {}, bool keepdim = false) {
 
 /// Arithmetic mean over `axes` (floating inputs only, as PyTorch).
 template <class E>
-  requires TensorLike<E>
-Tensor mean(const E& x, const Axes& axes = {}, bool keepdim = false) {
+requires TensorLike<E> Tensor mean(const E& x, const Axes& axes = {}, bool keepdim = false) {
   Tensor t = detail::to_tensor(x);
   detail::require_float(t, "mean");
   auto ax = detail::reduce_axes(axes, t, "mean");
@@ -123,8 +122,7 @@ Tensor mean(const E& x, const Axes& axes = {}, bool keepdim = false) {
 
 /// Largest value over `axes` (NaN propagates). ShapeError on an empty reduction.
 template <class E>
-  requires TensorLike<E>
-Tensor max(const E& x, const Axes& axes = {}, bool keepdim = false) {
+requires TensorLike<E> Tensor max(const E& x, const Axes& axes = {}, bool keepdim = false) {
   Tensor t = detail::to_tensor(x);
   auto ax = detail::reduce_axes(axes, t, "max");
   detail::require_nonempty_reduction(t, ax, "max");
@@ -133,8 +131,7 @@ Tensor max(const E& x, const Axes& axes = {}, bool keepdim = false) {
 
 /// Smallest value over `axes` (NaN propagates). ShapeError on an empty reduction.
 template <class E>
-  requires TensorLike<E>
-Tensor min(const E& x, const Axes& axes = {}, bool keepdim = false) {
+requires TensorLike<E> Tensor min(const E& x, const Axes& axes = {}, bool keepdim = false) {
   Tensor t = detail::to_tensor(x);
   auto ax = detail::reduce_axes(axes, t, "min");
   detail::require_nonempty_reduction(t, ax, "min");
@@ -148,7 +145,8 @@ Tensor arg_reduce(const E& x, const Axes& axes, bool keepdim, ir::Op op, const c
   if (axes.axes.size() > 1)
     throw ShapeError(std::string(name) + ": expects one axis or none, got " + std::to_string(axes.axes.size()) +
                      " for input " + describe(t));
-  if (t.dtype() == DType::Bool) throw DTypeError(std::string(name) + ": not supported for bool tensors, got " + describe(t));
+  if (t.dtype() == DType::Bool)
+    throw DTypeError(std::string(name) + ": not supported for bool tensors, got " + describe(t));
   if (axes.axes.empty()) {  // over the flattened tensor
     if (t.numel() == 0) throw ShapeError(std::string(name) + ": cannot reduce an empty tensor " + describe(t));
     ir::NodePtr flat = ir::reshape(t.node(), Shape{t.numel()});
@@ -164,22 +162,19 @@ Tensor arg_reduce(const E& x, const Axes& axes, bool keepdim, ir::Op op, const c
 
 /// Index of the largest value (first on ties; a NaN counts as largest), over one axis or flattened.
 template <class E>
-  requires TensorLike<E>
-Tensor argmax(const E& x, const Axes& axis = {}, bool keepdim = false) {
+requires TensorLike<E> Tensor argmax(const E& x, const Axes& axis = {}, bool keepdim = false) {
   return detail::arg_reduce(x, axis, keepdim, ir::Op::ArgMax, "argmax");
 }
 
 /// Index of the smallest value (first on ties; a NaN counts as smallest), over one axis or flattened.
 template <class E>
-  requires TensorLike<E>
-Tensor argmin(const E& x, const Axes& axis = {}, bool keepdim = false) {
+requires TensorLike<E> Tensor argmin(const E& x, const Axes& axis = {}, bool keepdim = false) {
   return detail::arg_reduce(x, axis, keepdim, ir::Op::ArgMin, "argmin");
 }
 
 /// Variance over `axes` with Bessel's `correction` (1 = unbiased, torch.var's default).
 template <class E>
-  requires TensorLike<E>
-Tensor var(const E& x, const Axes& axes = {}, bool keepdim = false, double correction = 1.0) {
+requires TensorLike<E> Tensor var(const E& x, const Axes& axes = {}, bool keepdim = false, double correction = 1.0) {
   Tensor t = detail::to_tensor(x);
   detail::require_float(t, "var");
   auto ax = detail::reduce_axes(axes, t, "var");
@@ -188,8 +183,7 @@ Tensor var(const E& x, const Axes& axes = {}, bool keepdim = false, double corre
 
 /// log(sum(exp(x))) over `axes`, computed stably. Integer inputs give float32.
 template <class E>
-  requires TensorLike<E>
-Tensor logsumexp(const E& x, const Axes& axes = {}, bool keepdim = false) {
+requires TensorLike<E> Tensor logsumexp(const E& x, const Axes& axes = {}, bool keepdim = false) {
   Tensor t = detail::to_tensor(x);
   auto ax = detail::reduce_axes(axes, t, "logsumexp");
   ir::NodePtr n = is_floating(t.dtype()) ? t.node() : ir::cast(t.node(), kDefaultFloat);
@@ -200,14 +194,15 @@ Tensor logsumexp(const E& x, const Axes& axes = {}, bool keepdim = false) {
 
 /// Same elements in a new shape; one size may be -1 (inferred).
 template <class E>
-  requires TensorLike<E>
-Tensor reshape(const E& x, const Shape& shape) {
+requires TensorLike<E> Tensor reshape(const E& x, const Shape& shape) {
   Tensor t = detail::to_tensor(x);
   Shape s = shape;
   std::int64_t known = 1, infer = -1;
   for (std::size_t i = 0; i < s.size(); ++i) {
     if (s[i] == -1) {
-      if (infer >= 0) throw ShapeError("reshape: only one dimension can be -1, got " + shape.str() + " for input " + detail::describe(t));
+      if (infer >= 0)
+        throw ShapeError("reshape: only one dimension can be -1, got " + shape.str() + " for input " +
+                         detail::describe(t));
       infer = static_cast<std::int64_t>(i);
     } else if (s[i] < 0) {
       throw ShapeError("reshape: invalid size in " + shape.str() + " for input " + detail::describe(t));
@@ -228,8 +223,7 @@ Tensor reshape(const E& x, const Shape& shape) {
 
 /// Reorders dimensions: output dim i is input dim dims[i] (negative dims count from the end).
 template <class E>
-  requires TensorLike<E>
-Tensor permute(const E& x, const std::vector<std::int64_t>& dims) {
+requires TensorLike<E> Tensor permute(const E& x, const std::vector<std::int64_t>& dims) {
   Tensor t = detail::to_tensor(x);
   std::int64_t r = t.dim();
   if (static_cast<std::int64_t>(dims.size()) != r)
@@ -238,7 +232,8 @@ Tensor permute(const E& x, const std::vector<std::int64_t>& dims) {
   std::vector<bool> seen(dims.size(), false);
   for (std::size_t i = 0; i < dims.size(); ++i) {
     p[i] = detail::tensor_axis(dims[i], t, "permute");
-    if (seen[p[i]]) throw ShapeError("permute: repeated dim " + std::to_string(dims[i]) + " for input " + detail::describe(t));
+    if (seen[p[i]])
+      throw ShapeError("permute: repeated dim " + std::to_string(dims[i]) + " for input " + detail::describe(t));
     seen[p[i]] = true;
   }
   return Tensor(ir::permute(t.node(), p));
@@ -246,8 +241,7 @@ Tensor permute(const E& x, const std::vector<std::int64_t>& dims) {
 
 /// Swaps two dimensions.
 template <class E>
-  requires TensorLike<E>
-Tensor transpose(const E& x, std::int64_t dim0, std::int64_t dim1) {
+requires TensorLike<E> Tensor transpose(const E& x, std::int64_t dim0, std::int64_t dim1) {
   Tensor t = detail::to_tensor(x);
   std::int64_t a = detail::tensor_axis(dim0, t, "transpose");
   std::int64_t b = detail::tensor_axis(dim1, t, "transpose");
@@ -260,8 +254,7 @@ Tensor transpose(const E& x, std::int64_t dim0, std::int64_t dim1) {
 
 /// Inserts a size-1 dimension at `dim` (in [-dim()-1, dim()]).
 template <class E>
-  requires TensorLike<E>
-Tensor unsqueeze(const E& x, std::int64_t dim) {
+requires TensorLike<E> Tensor unsqueeze(const E& x, std::int64_t dim) {
   Tensor t = detail::to_tensor(x);
   std::int64_t r = t.dim() + 1;
   if (dim < -r || dim >= r)
@@ -275,8 +268,7 @@ Tensor unsqueeze(const E& x, std::int64_t dim) {
 
 /// Removes every size-1 dimension.
 template <class E>
-  requires TensorLike<E>
-Tensor squeeze(const E& x) {
+requires TensorLike<E> Tensor squeeze(const E& x) {
   Tensor t = detail::to_tensor(x);
   Shape s;
   for (auto d : t.shape())
@@ -286,8 +278,7 @@ Tensor squeeze(const E& x) {
 
 /// Removes dimension `dim` if its size is 1 (otherwise returns the input, as PyTorch).
 template <class E>
-  requires TensorLike<E>
-Tensor squeeze(const E& x, std::int64_t dim) {
+requires TensorLike<E> Tensor squeeze(const E& x, std::int64_t dim) {
   Tensor t = detail::to_tensor(x);
   if (t.dim() == 0) {
     detail::tensor_axis(dim, t, "squeeze");
@@ -302,8 +293,7 @@ Tensor squeeze(const E& x, std::int64_t dim) {
 
 /// Repeats size-1 (and missing leading) dimensions up to `shape` (a view: no copy).
 template <class E>
-  requires TensorLike<E>
-Tensor broadcast_to(const E& x, const Shape& shape) {
+requires TensorLike<E> Tensor broadcast_to(const E& x, const Shape& shape) {
   Tensor t = detail::to_tensor(x);
   const Shape& in = t.shape();
   bool ok = in.size() <= shape.size();
@@ -319,8 +309,8 @@ Tensor broadcast_to(const E& x, const Shape& shape) {
 /// Elements start, start+step, ... before stop along `axis` (Python slicing: negative
 /// indices count from the end; out-of-range bounds are clamped; step > 0).
 template <class E>
-  requires TensorLike<E>
-Tensor slice(const E& x, std::int64_t axis, std::int64_t start, std::int64_t stop, std::int64_t step = 1) {
+requires TensorLike<E> Tensor slice(const E& x, std::int64_t axis, std::int64_t start, std::int64_t stop,
+                                    std::int64_t step = 1) {
   Tensor t = detail::to_tensor(x);
   if (t.dim() == 0) throw ShapeError("slice: cannot slice a 0-dim tensor " + detail::describe(t));
   std::int64_t a = detail::tensor_axis(axis, t, "slice");
@@ -340,7 +330,8 @@ Tensor slice(const E& x, std::int64_t axis, std::int64_t start, std::int64_t sto
 inline Tensor concat(const std::vector<Tensor>& xs, std::int64_t axis = 0) {
   if (xs.empty()) throw ShapeError("concat: expected a non-empty list of tensors");
   const Tensor& first = detail::to_tensor(xs[0]);
-  if (first.dim() == 0) throw ShapeError("concat: zero-dimensional tensors cannot be concatenated, got " + detail::describe(first));
+  if (first.dim() == 0)
+    throw ShapeError("concat: zero-dimensional tensors cannot be concatenated, got " + detail::describe(first));
   std::int64_t a = detail::tensor_axis(axis, first, "concat");
   DType dt = first.dtype();
   std::int64_t joined = 0;
@@ -367,25 +358,26 @@ inline Tensor concat(const std::vector<Tensor>& xs, std::int64_t axis = 0) {
 /// Pieces of `split_size` elements along `axis` (the last one smaller when the size does not
 /// divide), as torch.split; views where the layout allows.
 template <class E>
-  requires TensorLike<E>
-std::vector<Tensor> split(const E& x, std::int64_t split_size, std::int64_t axis = 0) {
+requires TensorLike<E> std::vector<Tensor> split(const E& x, std::int64_t split_size, std::int64_t axis = 0) {
   Tensor t = detail::to_tensor(x);
   if (t.dim() == 0) throw ShapeError("split: cannot split a 0-dim tensor " + detail::describe(t));
   std::int64_t a = detail::tensor_axis(axis, t, "split");
   const std::int64_t n = t.shape()[a];
   if (split_size < 0 || (split_size == 0 && n > 0))
-    throw ShapeError("split: split_size must be positive, got " + std::to_string(split_size) + " for input " + detail::describe(t));
+    throw ShapeError("split: split_size must be positive, got " + std::to_string(split_size) + " for input " +
+                     detail::describe(t));
   std::vector<Tensor> out;
   if (n == 0) return {t};
-  for (std::int64_t start = 0; start < n; start += split_size) out.push_back(slice(t, a, start, std::min(n, start + split_size)));
+  for (std::int64_t start = 0; start < n; start += split_size)
+    out.push_back(slice(t, a, start, std::min(n, start + split_size)));
   return out;
 }
 
 /// Pieces of the given sizes along `axis` (they must add up to its size), as torch.split with
 /// a list.
 template <class E>
-  requires TensorLike<E>
-std::vector<Tensor> split(const E& x, const std::vector<std::int64_t>& sizes, std::int64_t axis = 0) {
+requires TensorLike<E> std::vector<Tensor> split(const E& x, const std::vector<std::int64_t>& sizes,
+                                                 std::int64_t axis = 0) {
   Tensor t = detail::to_tensor(x);
   if (t.dim() == 0) throw ShapeError("split: cannot split a 0-dim tensor " + detail::describe(t));
   std::int64_t a = detail::tensor_axis(axis, t, "split");
@@ -395,8 +387,9 @@ std::vector<Tensor> split(const E& x, const std::vector<std::int64_t>& sizes, st
     total += s;
   }
   if (total != t.shape()[a])
-    throw ShapeError("split: sizes add up to " + std::to_string(total) + ", not to the size " + std::to_string(t.shape()[a]) +
-                     " of axis " + std::to_string(a) + " of input " + detail::describe(t));
+    throw ShapeError("split: sizes add up to " + std::to_string(total) + ", not to the size " +
+                     std::to_string(t.shape()[a]) + " of axis " + std::to_string(a) + " of input " +
+                     detail::describe(t));
   std::vector<Tensor> out;
   std::int64_t start = 0;
   for (auto s : sizes) {
@@ -409,10 +402,11 @@ std::vector<Tensor> split(const E& x, const std::vector<std::int64_t>& sizes, st
 /// At most `chunks` pieces of equal size along `axis` (the last smaller), as torch.chunk:
 /// each holds ceil(size / chunks) elements, so fewer pieces may come back.
 template <class E>
-  requires TensorLike<E>
-std::vector<Tensor> chunk(const E& x, std::int64_t chunks, std::int64_t axis = 0) {
+requires TensorLike<E> std::vector<Tensor> chunk(const E& x, std::int64_t chunks, std::int64_t axis = 0) {
   Tensor t = detail::to_tensor(x);
-  if (chunks <= 0) throw ShapeError("chunk: chunks must be positive, got " + std::to_string(chunks) + " for input " + detail::describe(t));
+  if (chunks <= 0)
+    throw ShapeError("chunk: chunks must be positive, got " + std::to_string(chunks) + " for input " +
+                     detail::describe(t));
   if (t.dim() == 0) throw ShapeError("chunk: cannot chunk a 0-dim tensor " + detail::describe(t));
   std::int64_t a = detail::tensor_axis(axis, t, "chunk");
   const std::int64_t n = t.shape()[a];
@@ -424,8 +418,7 @@ std::vector<Tensor> chunk(const E& x, std::int64_t chunks, std::int64_t axis = 0
 
 /// exp(x - max) / sum(exp(x - max)) along `axis`. Integer inputs give float32.
 template <class E>
-  requires TensorLike<E>
-Tensor softmax(const E& x, std::int64_t axis = -1) {
+requires TensorLike<E> Tensor softmax(const E& x, std::int64_t axis = -1) {
   Tensor t = detail::to_tensor(x);
   std::int64_t a = detail::tensor_axis(axis, t, "softmax");
   ir::NodePtr n = is_floating(t.dtype()) ? t.node() : ir::cast(t.node(), kDefaultFloat);
@@ -436,8 +429,7 @@ Tensor softmax(const E& x, std::int64_t axis = -1) {
 
 /// log(softmax(x)) along `axis`, computed stably.
 template <class E>
-  requires TensorLike<E>
-Tensor log_softmax(const E& x, std::int64_t axis = -1) {
+requires TensorLike<E> Tensor log_softmax(const E& x, std::int64_t axis = -1) {
   Tensor t = detail::to_tensor(x);
   std::int64_t a = detail::tensor_axis(axis, t, "log_softmax");
   ir::NodePtr n = is_floating(t.dtype()) ? t.node() : ir::cast(t.node(), kDefaultFloat);
@@ -480,8 +472,8 @@ inline void check_class_targets(const Tensor& t, std::int64_t classes, std::int6
 /// Normalises over the last axis: (x - mean) / sqrt(var + eps) * weight + bias. weight and
 /// bias (shape [K]) may be undefined `Tensor{}`.
 template <class E>
-  requires TensorLike<E>
-Tensor layer_norm(const E& x, const Tensor& weight = {}, const Tensor& bias = {}, double eps = 1e-5) {
+requires TensorLike<E> Tensor layer_norm(const E& x, const Tensor& weight = {}, const Tensor& bias = {},
+                                         double eps = 1e-5) {
   Tensor t = detail::to_tensor(x);
   detail::require_float(t, "layer_norm");
   if (t.dim() == 0) throw ShapeError("layer_norm: input must have at least one dimension, got " + detail::describe(t));
@@ -492,24 +484,23 @@ Tensor layer_norm(const E& x, const Tensor& weight = {}, const Tensor& bias = {}
 /// x * rsqrt(mean(x^2, -1) + eps) * weight over the last axis; eps defaults to the dtype's
 /// machine epsilon, as torch.nn.functional.rms_norm.
 template <class E>
-  requires TensorLike<E>
-Tensor rms_norm(const E& x, const Tensor& weight = {}, std::optional<double> eps = std::nullopt) {
+requires TensorLike<E> Tensor rms_norm(const E& x, const Tensor& weight = {},
+                                       std::optional<double> eps = std::nullopt) {
   Tensor t = detail::to_tensor(x);
   detail::require_float(t, "rms_norm");
   if (t.dim() == 0) throw ShapeError("rms_norm: input must have at least one dimension, got " + detail::describe(t));
-  double e = eps ? *eps
-                 : t.dtype() == DType::Float64 ? 2.220446049250313e-16
-                 : t.dtype() == DType::Float16 ? 0.0009765625
-                 : t.dtype() == DType::BFloat16 ? 0.0078125
-                                                : 1.1920928955078125e-07;
+  double e = eps                            ? *eps
+             : t.dtype() == DType::Float64  ? 2.220446049250313e-16
+             : t.dtype() == DType::Float16  ? 0.0009765625
+             : t.dtype() == DType::BFloat16 ? 0.0078125
+                                            : 1.1920928955078125e-07;
   return Tensor(decomp::rms_norm(t.node(), detail::norm_param(weight, t, "rms_norm", "weight"), e));
 }
 
 /// Mean cross-entropy of `targets` (Int64 class indices [N]) under `logits` [N, C];
 /// targets equal to `ignore_index` are left out of the mean.
 template <class E>
-  requires TensorLike<E>
-Tensor cross_entropy(const E& logits, const Tensor& targets, std::int64_t ignore_index = -100) {
+requires TensorLike<E> Tensor cross_entropy(const E& logits, const Tensor& targets, std::int64_t ignore_index = -100) {
   Tensor l = detail::to_tensor(logits);
   Tensor t = detail::to_tensor(targets);
   detail::require_float(l, "cross_entropy");

@@ -10,8 +10,10 @@ namespace detail {
 /// Tensor-like operands are held by value; C++ numbers become ScalarExpr.
 template <class T>
 auto as_operand(const T& v) {
-  if constexpr (Scalar<T>) return ScalarExpr<std::remove_cvref_t<T>>(v);
-  else return v.derived();
+  if constexpr (Scalar<T>)
+    return ScalarExpr<std::remove_cvref_t<T>>(v);
+  else
+    return v.derived();
 }
 template <class T>
 using operand_t = decltype(as_operand(std::declval<T>()));
@@ -20,12 +22,10 @@ template <class A, class B>
 concept BinaryOperands = (TensorLike<A> && (TensorLike<B> || Scalar<B>)) || (Scalar<A> && TensorLike<B>);
 }  // namespace detail
 
-#define KILN_UNARY_FN(name, F)                                      \
-  template <class A>                                                \
-    requires TensorLike<A>                                          \
-  auto name(const A& a) {                                           \
-    return UnaryExpr<detail::Fn::F, std::remove_cvref_t<A>>(a.derived());   \
-  }
+#define KILN_UNARY_FN(name, F) \
+  template <class A>           \
+  requires TensorLike<A>       \
+  auto name(const A& a) { return UnaryExpr<detail::Fn::F, std::remove_cvref_t<A>>(a.derived()); }
 
 /// Elementwise functions (PyTorch semantics; integer inputs of float functions give float32).
 KILN_UNARY_FN(abs, Abs)
@@ -69,29 +69,24 @@ KILN_UNARY_FN(operator~, BitNot)
 
 /// GELU, exact (erf) or with the tanh approximation.
 template <class A>
-  requires TensorLike<A>
-Tensor gelu(const A& a, bool tanh_approx = false) {
+requires TensorLike<A> Tensor gelu(const A& a, bool tanh_approx = false) {
   if (tanh_approx) return UnaryExpr<detail::Fn::GeluTanh, std::remove_cvref_t<A>>(a.derived());
   return UnaryExpr<detail::Fn::Gelu, std::remove_cvref_t<A>>(a.derived());
 }
 
 template <class A>
-  requires TensorLike<A>
-auto operator-(const A& a) {
-  return UnaryExpr<detail::Fn::Neg, std::remove_cvref_t<A>>(a.derived());
-}
+requires TensorLike<A>
+auto operator-(const A& a) { return UnaryExpr<detail::Fn::Neg, std::remove_cvref_t<A>>(a.derived()); }
 template <class A>
-  requires TensorLike<A>
-auto operator!(const A& a) {
-  return UnaryExpr<detail::Fn::Not, std::remove_cvref_t<A>>(a.derived());
-}
+requires TensorLike<A>
+auto operator!(const A& a) { return UnaryExpr<detail::Fn::Not, std::remove_cvref_t<A>>(a.derived()); }
 
-#define KILN_BINARY_FN(name, F)                                                                   \
-  template <class A, class B>                                                                     \
-    requires detail::BinaryOperands<A, B>                                                         \
-  auto name(const A& a, const B& b) {                                                             \
-    return BinaryExpr<detail::Fn::F, detail::operand_t<A>, detail::operand_t<B>>(detail::as_operand(a),   \
-                                                                         detail::as_operand(b));  \
+#define KILN_BINARY_FN(name, F)                                                                          \
+  template <class A, class B>                                                                            \
+  requires detail::BinaryOperands<A, B>                                                                  \
+  auto name(const A& a, const B& b) {                                                                    \
+    return BinaryExpr<detail::Fn::F, detail::operand_t<A>, detail::operand_t<B>>(detail::as_operand(a),  \
+                                                                                 detail::as_operand(b)); \
   }
 
 KILN_BINARY_FN(operator+, Add)
@@ -144,30 +139,33 @@ namespace detail {
 /// never widen a tensor's dtype).
 template <class T>
 auto clamp_operand(const T& v, DType dtype) {
-  if constexpr (Scalar<T>) return v;
-  else return v.dtype() == dtype ? Tensor(v) : Tensor(v).to(dtype);
+  if constexpr (Scalar<T>)
+    return v;
+  else
+    return v.dtype() == dtype ? Tensor(v) : Tensor(v).to(dtype);
 }
 }  // namespace detail
 
 /// min(max(x, lo), hi), NaN propagating (torch.clamp). The dtype is torch.result_type over
 /// all three operands at once, not pairwise.
 template <class A, class L, class H>
-  requires TensorLike<A> && (TensorLike<L> || Scalar<L>) && (TensorLike<H> || Scalar<H>)
-Tensor clamp(const A& x, const L& lo, const H& hi) {
+requires TensorLike<A> &&(TensorLike<L> || Scalar<L>)&&(TensorLike<H> || Scalar<H>)Tensor
+    clamp(const A& x, const L& lo, const H& hi) {
   detail::ResultType rt;
   rt.add(detail::info_of(x.derived()));
   rt.add(detail::info_of(detail::as_operand(lo)));
   rt.add(detail::info_of(detail::as_operand(hi)));
   const DType dt = rt.result();
-  return minimum(maximum(detail::clamp_operand(x.derived(), dt), detail::clamp_operand(lo, dt)), detail::clamp_operand(hi, dt));
+  return minimum(maximum(detail::clamp_operand(x.derived(), dt), detail::clamp_operand(lo, dt)),
+                 detail::clamp_operand(hi, dt));
 }
 
 /// Elements of a where cond is true, else of b (cond must be bool; a, b tensors or numbers).
 template <class C, class A, class B>
-  requires TensorLike<C> && (TensorLike<A> || Scalar<A>) && (TensorLike<B> || Scalar<B>)
-auto where(const C& cond, const A& a, const B& b) {
-  return WhereExpr<std::remove_cvref_t<C>, detail::operand_t<A>, detail::operand_t<B>>(cond.derived(), detail::as_operand(a),
-                                                                                      detail::as_operand(b));
+requires TensorLike<C> &&
+    (TensorLike<A> || Scalar<A>)&&(TensorLike<B> || Scalar<B>)auto where(const C& cond, const A& a, const B& b) {
+  return WhereExpr<std::remove_cvref_t<C>, detail::operand_t<A>, detail::operand_t<B>>(
+      cond.derived(), detail::as_operand(a), detail::as_operand(b));
 }
 
 }  // namespace kiln

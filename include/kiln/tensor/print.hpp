@@ -58,9 +58,12 @@ inline std::string format_float(double x, const FloatStyle& s) {
   if (std::isnan(x)) return "nan";
   if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
   char buf[64];
-  if (s.scientific) std::snprintf(buf, sizeof buf, "%.4e", x);
-  else if (s.integral) std::snprintf(buf, sizeof buf, "%.0f.", x);
-  else std::snprintf(buf, sizeof buf, "%.4f", x);
+  if (s.scientific)
+    std::snprintf(buf, sizeof buf, "%.4e", x);
+  else if (s.integral)
+    std::snprintf(buf, sizeof buf, "%.0f.", x);
+  else
+    std::snprintf(buf, sizeof buf, "%.4f", x);
   return buf;
 }
 
@@ -96,8 +99,10 @@ inline std::string format_values(const Tensor& t, std::size_t indent) {
     for (std::size_t k = 0; k < idx.size(); ++k) {
       if (k > 0) {
         out += ',';
-        if (last) out += ' ';
-        else out += std::string(shape.size() - d - 1, '\n') + std::string(indent + d + 1, ' ');
+        if (last)
+          out += ' ';
+        else
+          out += std::string(shape.size() - d - 1, '\n') + std::string(indent + d + 1, ' ');
       }
       if (idx[k] < 0) {
         out += "...";
@@ -125,8 +130,8 @@ inline std::string Tensor::str() const {
   if (!node_) return "Tensor(undefined)";
   eval();  // printing is a read: the tensor itself is evaluated (then converted for the text)
   const std::string head = "tensor(";
-  return head + detail::format_values(*this, head.size()) + ", dtype=" + dtype_name(dtype()) + ", shape=" + shape().str() +
-         ", device=" + device().str() + ")";
+  return head + detail::format_values(*this, head.size()) + ", dtype=" + dtype_name(dtype()) +
+         ", shape=" + shape().str() + ", device=" + device().str() + ")";
 }
 
 template <class Derived>
@@ -139,8 +144,8 @@ inline std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os <
 
 /// Prints an expression's value as its Tensor would print.
 template <class E>
-  requires(TensorLike<E> && !std::is_same_v<std::remove_cvref_t<E>, Tensor>)
-std::ostream& operator<<(std::ostream& os, const E& e) {
+requires(TensorLike<E> && !std::is_same_v<std::remove_cvref_t<E>, Tensor>) std::ostream& operator<<(std::ostream& os,
+                                                                                                    const E& e) {
   return os << Tensor(e).str();
 }
 

@@ -53,12 +53,14 @@ struct Expr {
   /// An expression is a value, not storage: write into a Tensor (`t.assign(e)`) instead.
   template <class V>
   void assign(const V&) const {
-    static_assert(sizeof(V) == 0, "kiln: an expression has no storage to assign to; assign into a Tensor: t.assign(expr)");
+    static_assert(sizeof(V) == 0,
+                  "kiln: an expression has no storage to assign to; assign into a Tensor: t.assign(expr)");
   }
   /// Raw data of an expression does not exist before it is evaluated.
   template <class T>
   T* data_ptr() const {
-    static_assert(sizeof(T) == 0, "kiln: an expression has no data yet; evaluate it first: Tensor t = expr.eval(); t.data_ptr<T>()");
+    static_assert(sizeof(T) == 0,
+                  "kiln: an expression has no data yet; evaluate it first: Tensor t = expr.eval(); t.data_ptr<T>()");
     return nullptr;
   }
 };
@@ -101,16 +103,14 @@ class Tensor : public Expr<Tensor> {
   explicit Tensor(ir::NodePtr node) : node_(detail::maybe_eval_big(std::move(node))) {}
   /// Converts a typed expression into a lazy tensor (nothing runs).
   template <class E>
-    requires(TensorLike<E> && !std::is_same_v<std::remove_cvref_t<E>, Tensor>)
-  Tensor(const E& expr) : Tensor(expr.build()) {}  // NOLINT: implicit, like `Tensor t = x + y;`
+  requires(TensorLike<E> && !std::is_same_v<std::remove_cvref_t<E>, Tensor>) Tensor(const E& expr)
+      : Tensor(expr.build()) {}  // NOLINT: implicit, like `Tensor t = x + y;`
 
   /// False for a default-constructed tensor.
   bool defined() const { return node_ != nullptr; }
   const Shape& shape() const { return checked().shape; }
   /// Size of dimension `d` (negative counts from the end).
-  std::int64_t size(std::int64_t d) const {
-    return shape()[normalize_axis(d, dim(), "size", shape())];
-  }
+  std::int64_t size(std::int64_t d) const { return shape()[normalize_axis(d, dim(), "size", shape())]; }
   std::int64_t dim() const { return static_cast<std::int64_t>(shape().size()); }
   std::int64_t numel() const { return shape().numel(); }
   DType dtype() const { return checked().dtype; }
@@ -128,9 +128,7 @@ class Tensor : public Expr<Tensor> {
   bool is_evaluated() const { return checked().realized(); }
 
   /// Element strides (a lazy tensor will be evaluated row-major, so it reports those).
-  Strides strides() const {
-    return checked().realized() ? node_->buffer->strides : contiguous_strides(node_->shape);
-  }
+  Strides strides() const { return checked().realized() ? node_->buffer->strides : contiguous_strides(node_->shape); }
   /// True when the layout is row-major dense.
   bool is_contiguous() const { return kiln::is_contiguous(shape(), strides()); }
 
@@ -139,8 +137,8 @@ class Tensor : public Expr<Tensor> {
   template <class T>
   T* data_ptr(std::source_location where = std::source_location::current()) const {
     if (dtype_v<T> != dtype())
-      throw DTypeError(std::string("data_ptr: requested ") + dtype_name(dtype_v<T>) + " from a " +
-                       dtype_name(dtype()) + " tensor of shape " + shape().str());
+      throw DTypeError(std::string("data_ptr: requested ") + dtype_name(dtype_v<T>) + " from a " + dtype_name(dtype()) +
+                       " tensor of shape " + shape().str());
     detail::before_data_read("data_ptr()", where);
     if (!node_->realized()) detail::evaluate({node_});
     return static_cast<T*>(node_->buffer->data()) + node_->buffer->offset;
@@ -163,11 +161,9 @@ class Tensor : public Expr<Tensor> {
   /// Evaluates `value` into this tensor's storage (broadcast and cast to this tensor's shape
   /// and dtype). Writes through views into user memory (`from_blob`).
   template <class E>
-    requires TensorLike<E>
-  Tensor& assign(const E& value);
+  requires TensorLike<E> Tensor& assign(const E& value);
   template <class S>
-    requires Scalar<S>
-  Tensor& assign(S value);
+  requires Scalar<S> Tensor& assign(S value);
 
   /// The graph node this handle points to.
   const ir::NodePtr& node() const { return node_; }

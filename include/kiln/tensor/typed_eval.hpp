@@ -28,7 +28,7 @@ struct TypedLeaves {
   std::size_t num_tensors = 0;
   std::int64_t words[kMaxWords];
   std::size_t num_words = 0;
-  bool ok = true;  ///< false: too many leaves, a lazy leaf, or another device (take the slow path)
+  bool ok = true;                 ///< false: too many leaves, a lazy leaf, or another device (take the slow path)
   Device device = Device::cpu();  ///< where the expression is evaluated (decides which numbers are arguments)
   /// Numbers that are kernel arguments: not in the guard; their values, and the 8-byte slots
   /// the launch reads them from (written in the leaf's dtype once the entry is known).
@@ -43,8 +43,10 @@ struct TypedLeaves {
   alignas(8) unsigned char slots[kMaxNumbers][8];
 
   void word(std::int64_t w) {
-    if (num_words < kMaxWords) words[num_words++] = w;
-    else ok = false;
+    if (num_words < kMaxWords)
+      words[num_words++] = w;
+    else
+      ok = false;
   }
   void tensor(const Tensor& t) {
     const ir::Node* n = t.node().get();
@@ -93,9 +95,12 @@ struct TypedLeaves {
 
 template <class E>
 void collect_leaves(const E& e, TypedLeaves& out) {
-  if constexpr (std::is_same_v<E, Tensor>) out.tensor(e);
-  else if constexpr (is_scalar_expr<E>::value) out.number(e);
-  else e.for_each_child([&out](const auto& child) { collect_leaves(child, out); });
+  if constexpr (std::is_same_v<E, Tensor>)
+    out.tensor(e);
+  else if constexpr (is_scalar_expr<E>::value)
+    out.number(e);
+  else
+    e.for_each_child([&out](const auto& child) { collect_leaves(child, out); });
 }
 
 struct TypedEntry {
@@ -140,7 +145,8 @@ bool typed_assign(const E& value, const ir::NodePtr& dest) {
   auto range = cache.equal_range(key);
   for (auto it = range.first; it != range.second; ++it) {
     TypedEntry& e = it->second;
-    if (e.words.size() == L.num_words && std::memcmp(e.words.data(), L.words, L.num_words * sizeof(std::int64_t)) == 0) {
+    if (e.words.size() == L.num_words &&
+        std::memcmp(e.words.data(), L.words, L.num_words * sizeof(std::int64_t)) == 0) {
       if (e.generation != generation) {
         cache.erase(it);
         break;
@@ -174,7 +180,8 @@ bool typed_assign(const E& value, const ir::NodePtr& dest) {
       std::int32_t src = -1;
       bool found = false;
       for (std::size_t i = 0; i < L.num_tensors && !found; ++i)
-        if (L.tensors[i]->buffer->storage == leaf->buffer->storage && L.tensors[i]->buffer->offset == leaf->buffer->offset) {
+        if (L.tensors[i]->buffer->storage == leaf->buffer->storage &&
+            L.tensors[i]->buffer->offset == leaf->buffer->offset) {
           src = static_cast<std::int32_t>(i);
           found = true;
         }
@@ -195,14 +202,17 @@ bool typed_assign(const E& value, const ir::NodePtr& dest) {
   }
   for (std::size_t k = 0; k < L.num_numbers; ++k) {
     const TypedLeaves::Number& num = L.numbers[k];
-    if (num.integral) store_number(num.as_int, entry->number_dtype[k], L.slots[k]);
-    else store_number(num.as_double, entry->number_dtype[k], L.slots[k]);
+    if (num.integral)
+      store_number(num.as_int, entry->number_dtype[k], L.slots[k]);
+    else
+      store_number(num.as_double, entry->number_dtype[k], L.slots[k]);
   }
   backend::RunArgs args;
   args.inputs.reserve(entry->leaf_source.size());
   for (auto src : entry->leaf_source)
     args.inputs.push_back(src >= 0 ? leaf_pointer(*L.tensors[src]) : static_cast<const void*>(L.slots[-src - 1]));
-  args.outputs.push_back(static_cast<char*>(dst.storage->data) + dst.offset * static_cast<std::int64_t>(itemsize(dest->dtype)));
+  args.outputs.push_back(static_cast<char*>(dst.storage->data) +
+                         dst.offset * static_cast<std::int64_t>(itemsize(dest->dtype)));
   backend::entry::run_prepared(*entry->prepared, args);
   counters().graphs++;
   return true;

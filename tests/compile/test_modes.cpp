@@ -22,6 +22,7 @@
 #include "../support/child_process.hpp"
 #include "../support/compile_util.hpp"
 #include "../support/mode_workloads.hpp"
+#include "../support/reference.hpp"
 
 using namespace kiln;
 
@@ -224,4 +225,15 @@ TEST_CASE("modes: autotune child (run by the test above)") {
   CHECK(s.tunings == 0);
   CHECK(s.disk_hits == std::size(kTuned));
   if (s.timed_runs == 0 && s.tunings == 0 && s.disk_hits == std::size(kTuned)) std::printf("KILN_AUTOTUNE_CHILD_OK\n");
+}
+
+TEST_CASE("modes: an unknown mode is an Error that lists the valid ones, raised by kiln::compile itself") {
+  CompileOptions opt;
+  opt.mode = "fastest";
+  auto twice = [](const Tensor& x) { return x * 2.0f; };
+  KILN_CHECK_THROWS_MENTIONING(Error, kiln::compile(twice, opt), "unknown mode", "\"fastest\"",
+                               "default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs");
+  opt.mode = "max-autotune-no-cudagraphs";
+  auto f = kiln::compile(twice, opt);
+  CHECK(f(testing::make_tensor({1, 2}, {2}, DType::Float32)).to_vector<float>() == std::vector<float>{2, 4});
 }

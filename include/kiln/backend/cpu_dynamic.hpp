@@ -47,7 +47,7 @@ class SizesSeen {
     std::lock_guard<std::mutex> lock(mu_);
     auto range = seen_.equal_range(erased.key);
     for (auto it = range.first; it != range.second; ++it) {
-      if (!same_structure(it->second.graph, erased)) continue;
+      if (!ir::same_graph(it->second.graph, erased)) continue;
       if (it->second.dynamic) return true;
       if (it->second.first_size == size) return false;
       *before = it->second.first_size;

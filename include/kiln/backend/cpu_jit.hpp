@@ -63,20 +63,6 @@ struct CpuPlan {
   bool tuned = false;    ///< autotune: the launch configuration is settled (timed or loaded)
 };
 
-inline bool same_structure(const ir::Graph& a, const ir::Graph& b) {
-  if (a.key != b.key || !(a.device == b.device) || a.outputs != b.outputs || a.output_strides != b.output_strides ||
-      a.nodes.size() != b.nodes.size())
-    return false;
-  for (std::size_t i = 0; i < a.nodes.size(); ++i) {
-    const ir::GraphNode& x = a.nodes[i];
-    const ir::GraphNode& y = b.nodes[i];
-    if (x.op != y.op || x.dtype != y.dtype || x.shape != y.shape || !(x.attrs == y.attrs) || x.inputs != y.inputs ||
-        x.leaf != y.leaf || x.strides != y.strides)
-      return false;
-  }
-  return true;
-}
-
 /// CPUs this process may run on: its affinity mask (taskset, cpusets), else the hardware's count.
 inline int available_cpus() {
   static const int n = [] {
@@ -462,7 +448,7 @@ class CpuPlanCache {
     std::lock_guard<std::mutex> lock(mu_);
     auto range = plans_.equal_range(plan->graph.key);
     for (auto it = range.first; it != range.second; ++it)
-      if (it->second->options == plan->options && same_structure(it->second->graph, plan->graph)) {
+      if (it->second->options == plan->options && ir::same_graph(it->second->graph, plan->graph)) {
         it->second = std::move(plan);
         return;
       }
@@ -484,7 +470,7 @@ class CpuPlanCache {
   std::shared_ptr<const CpuPlan> find(const ir::Graph& g, const CpuLaunchOptions& options) const {
     auto range = plans_.equal_range(g.key);
     for (auto it = range.first; it != range.second; ++it)
-      if (it->second->options == options && same_structure(it->second->graph, g)) return it->second;
+      if (it->second->options == options && ir::same_graph(it->second->graph, g)) return it->second;
     return nullptr;
   }
 

@@ -125,7 +125,7 @@ using CpuSymbolicPlanPtr = std::shared_ptr<const detail::CpuSymbolicPlan>;
 inline CpuSymbolicPlanPtr cpu_symbolic_plan(const ir::Graph& g, std::string& why) {
   if (!g.device.is_cpu()) throw DeviceError("CPU JIT: the graph is on " + g.device.str() + "; it runs CPU graphs only");
   return detail::cpu_symbolic_plans().get(
-      g.key, [&](const ir::Graph& built_for) { return detail::same_structure(built_for, g); },
+      g.key, [&](const ir::Graph& built_for) { return ir::same_graph(built_for, g); },
       [&](std::string& w) { return detail::build_symbolic_plan(g, w); }, [&] { return g; }, why);
 }
 

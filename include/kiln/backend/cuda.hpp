@@ -16,6 +16,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -38,24 +40,23 @@ namespace kiln::backend {
 
 namespace detail {
 
+/// The code generator's tuning knobs, listed once: each is the codegen::CudaTarget field of the
+/// same name (where its default and its meaning are documented). A Count knob is a positive
+/// integer; a Switch knob a bool, overridden with 1 (on) or -1 (off).
+#define KILN_CUDA_TUNING_KNOBS(X)                                                                                    \
+  X(pointwise_unroll, Count)                                                                                         \
+  X(row_vectors_per_thread, Count) X(split_blocks_per_sm, Count) X(pointwise_unroll_heavy, Count)                    \
+      X(row_cache_shared, Switch) X(reciprocal_div, Switch) X(column_vectors_per_thread, Count)                      \
+          X(column_unroll, Count) X(pointwise_lanes_heavy, Count) X(row_unroll_uncached, Count)                      \
+              X(row_vectors_per_thread_uncached, Count) X(column_split_interleave, Switch) X(pointwise_block, Count) \
+                  X(warp_rows_per_block, Count) X(warp_row_vectors, Count)
+
 /// Overrides of the code generator's tuning knobs (0: the default); for benchmarks that
 /// compare variants (plans made before a change keep their variant: clear_cuda_plans()).
 struct CudaTuning {
-  int pointwise_unroll = 0;
-  int row_vectors_per_thread = 0;
-  int split_blocks_per_sm = 0;
-  int pointwise_unroll_heavy = 0;
-  int row_cache_shared = 0;  ///< 1 on, -1 off
-  int reciprocal_div = 0;    ///< 1 on, -1 off
-  int column_vectors_per_thread = 0;
-  int column_unroll = 0;
-  int pointwise_lanes_heavy = 0;
-  int row_unroll_uncached = 0;
-  int row_vectors_per_thread_uncached = 0;
-  int column_split_interleave = 0;  ///< 1 on, -1 off
-  int pointwise_block = 0;
-  int warp_rows_per_block = 0;
-  int warp_row_vectors = 0;
+#define KILN_TUNING_MEMBER(name, kind) int name = 0;
+  KILN_CUDA_TUNING_KNOBS(KILN_TUNING_MEMBER)
+#undef KILN_TUNING_MEMBER
 };
 
 /// Everything needed to run one graph structure on one device with one buffer alignment.
@@ -105,20 +106,6 @@ inline bool alignment_mask_of(const std::vector<const void*>& inputs, std::size_
   return true;
 }
 
-inline bool same_graph(const ir::Graph& a, const ir::Graph& b) {
-  if (a.key != b.key || a.device != b.device || a.outputs != b.outputs || a.output_strides != b.output_strides ||
-      a.nodes.size() != b.nodes.size())
-    return false;
-  for (std::size_t i = 0; i < a.nodes.size(); ++i) {
-    const ir::GraphNode& x = a.nodes[i];
-    const ir::GraphNode& y = b.nodes[i];
-    if (x.op != y.op || x.dtype != y.dtype || x.shape != y.shape || !(x.attrs == y.attrs) || x.inputs != y.inputs ||
-        x.leaf != y.leaf || x.strides != y.strides)
-      return false;
-  }
-  return true;
-}
-
 inline CudaTuning& cuda_tuning() {
   static CudaTuning t;
   return t;
@@ -131,21 +118,9 @@ struct TuningField {
 };
 inline const std::vector<TuningField>& tuning_fields() {
   static const std::vector<TuningField> f = {
-      {"pointwise_unroll", &CudaTuning::pointwise_unroll},
-      {"row_vectors_per_thread", &CudaTuning::row_vectors_per_thread},
-      {"split_blocks_per_sm", &CudaTuning::split_blocks_per_sm},
-      {"pointwise_unroll_heavy", &CudaTuning::pointwise_unroll_heavy},
-      {"row_cache_shared", &CudaTuning::row_cache_shared},
-      {"reciprocal_div", &CudaTuning::reciprocal_div},
-      {"column_vectors_per_thread", &CudaTuning::column_vectors_per_thread},
-      {"column_unroll", &CudaTuning::column_unroll},
-      {"pointwise_lanes_heavy", &CudaTuning::pointwise_lanes_heavy},
-      {"row_unroll_uncached", &CudaTuning::row_unroll_uncached},
-      {"row_vectors_per_thread_uncached", &CudaTuning::row_vectors_per_thread_uncached},
-      {"column_split_interleave", &CudaTuning::column_split_interleave},
-      {"pointwise_block", &CudaTuning::pointwise_block},
-      {"warp_rows_per_block", &CudaTuning::warp_rows_per_block},
-      {"warp_row_vectors", &CudaTuning::warp_row_vectors},
+#define KILN_TUNING_FIELD(name, kind) {#name, &CudaTuning::name},
+      KILN_CUDA_TUNING_KNOBS(KILN_TUNING_FIELD)
+#undef KILN_TUNING_FIELD
   };
   return f;
 }
@@ -192,22 +167,13 @@ inline bool parse_tuning(const std::string& text, CudaTuning& t) {
 
 /// Sets the knobs `tune` overrides (0: keep) in `t`.
 inline void apply_tuning(codegen::CudaTarget& t, const CudaTuning& tune) {
-  if (tune.pointwise_unroll > 0) t.pointwise_unroll = tune.pointwise_unroll;
-  if (tune.row_vectors_per_thread > 0) t.row_vectors_per_thread = tune.row_vectors_per_thread;
-  if (tune.split_blocks_per_sm > 0) t.split_blocks_per_sm = tune.split_blocks_per_sm;
-  if (tune.pointwise_unroll_heavy > 0) t.pointwise_unroll_heavy = tune.pointwise_unroll_heavy;
-  if (tune.row_cache_shared != 0) t.row_cache_shared = tune.row_cache_shared > 0;
-  if (tune.reciprocal_div != 0) t.reciprocal_div = tune.reciprocal_div > 0;
-  if (tune.column_vectors_per_thread > 0) t.column_vectors_per_thread = tune.column_vectors_per_thread;
-  if (tune.column_unroll > 0) t.column_unroll = tune.column_unroll;
-  if (tune.pointwise_lanes_heavy > 0) t.pointwise_lanes_heavy = tune.pointwise_lanes_heavy;
-  if (tune.row_unroll_uncached > 0) t.row_unroll_uncached = tune.row_unroll_uncached;
-  if (tune.row_vectors_per_thread_uncached > 0)
-    t.row_vectors_per_thread_uncached = tune.row_vectors_per_thread_uncached;
-  if (tune.column_split_interleave != 0) t.column_split_interleave = tune.column_split_interleave > 0;
-  if (tune.pointwise_block > 0) t.pointwise_block = tune.pointwise_block;
-  if (tune.warp_rows_per_block > 0) t.warp_rows_per_block = tune.warp_rows_per_block;
-  if (tune.warp_row_vectors > 0) t.warp_row_vectors = tune.warp_row_vectors;
+  auto apply = [](auto& knob, int value, bool is_switch) {
+    using Knob = std::remove_reference_t<decltype(knob)>;
+    if (is_switch ? value != 0 : value > 0) knob = is_switch ? static_cast<Knob>(value > 0) : static_cast<Knob>(value);
+  };
+#define KILN_TUNING_APPLY(name, kind) apply(t.name, tune.name, std::string_view(#kind) == "Switch");
+  KILN_CUDA_TUNING_KNOBS(KILN_TUNING_APPLY)
+#undef KILN_TUNING_APPLY
 }
 
 /// What code generation needs to know about cuda:`device` (with the process-wide overrides of
@@ -367,7 +333,7 @@ class CudaPlanCache {
       for (auto it = range.first; it != range.second && !hit; ++it)
         if (&it->second->graph == &g && fits(*it->second)) hit = &it->second;
       for (auto it = range.first; it != range.second && !hit; ++it)
-        if (fits(*it->second) && same_graph(it->second->graph, g)) hit = &it->second;
+        if (fits(*it->second) && ir::same_graph(it->second->graph, g)) hit = &it->second;
       if (hit) {
         kiln::detail::count_plan_hit();
         return *hit;
@@ -379,7 +345,7 @@ class CudaPlanCache {
     std::lock_guard<std::mutex> lock(mu_);
     auto range = plans_.equal_range(key);
     for (auto it = range.first; it != range.second; ++it)
-      if (fits(*it->second) && same_graph(it->second->graph, g)) return it->second;
+      if (fits(*it->second) && ir::same_graph(it->second->graph, g)) return it->second;
     plans_.emplace(key, plan);
     return plan;
   }
@@ -391,7 +357,7 @@ class CudaPlanCache {
     auto range = plans_.equal_range(key);
     for (auto it = range.first; it != range.second; ++it)
       if (it->second->autotune == plan->autotune && it->second->alignment.inputs == plan->alignment.inputs &&
-          it->second->alignment.outputs == plan->alignment.outputs && same_graph(it->second->graph, plan->graph)) {
+          it->second->alignment.outputs == plan->alignment.outputs && ir::same_graph(it->second->graph, plan->graph)) {
         it->second = std::move(plan);
         return;
       }

@@ -153,7 +153,7 @@ inline std::shared_ptr<const CudaSymbolicPlan> cached_cuda_symbolic_plan(const i
   return cuda_symbolic_plans().get(
       kiln::detail::hash_combine(g.key, alignment_hash(al)),
       [&](const CudaSymbolicId& id) {
-        return id.alignment.inputs == al.inputs && id.alignment.outputs == al.outputs && same_graph(id.graph, g);
+        return id.alignment.inputs == al.inputs && id.alignment.outputs == al.outputs && ir::same_graph(id.graph, g);
       },
       [&](std::string& w) { return build_cuda_symbolic_plan(g, al, w); },
       [&] {

@@ -62,16 +62,46 @@ using BackendFactory = std::function<GraphRunner(const ir::Graph&, const Compile
 
 namespace detail {
 
+/// torch.compile's modes, parsed from CompileOptions::mode in one place (parse_mode).
+enum class CompileMode : std::uint8_t { Default, ReduceOverhead, MaxAutotune, MaxAutotuneNoCudagraphs };
+
+struct ModeName {
+  CompileMode mode;
+  const char* name;
+};
+inline constexpr ModeName kModeNames[] = {{CompileMode::Default, "default"},
+                                          {CompileMode::ReduceOverhead, "reduce-overhead"},
+                                          {CompileMode::MaxAutotune, "max-autotune"},
+                                          {CompileMode::MaxAutotuneNoCudagraphs, "max-autotune-no-cudagraphs"}};
+
+inline const std::vector<std::string>& valid_modes() {
+  static const std::vector<std::string> m = [] {
+    std::vector<std::string> v;
+    for (const auto& n : kModeNames) v.push_back(n.name);
+    return v;
+  }();
+  return m;
+}
+
+/// The mode `name` names; an Error listing the valid modes otherwise.
+inline CompileMode parse_mode(const std::string& name) {
+  for (const auto& n : kModeNames)
+    if (name == n.name) return n.mode;
+  std::string all;
+  for (const auto& v : valid_modes()) all += (all.empty() ? "" : ", ") + v;
+  throw Error("kiln::compile: unknown mode \"" + name + "\"; valid modes: " + all);
+}
+
 /// What a mode means for CPU kernels: "reduce-overhead" runs the graph through one entry (one
 /// parallel region); "max-autotune" tunes each kernel and also times that entry against them;
 /// "max-autotune-no-cudagraphs" tunes each kernel only. On CUDA, `autotune` selects the tuned
 /// kernels (backend::tune_cuda_plan) of "max-autotune-no-cudagraphs" ("max-autotune" runs
 /// them in a CUDA graph, see the "kiln" backend below).
-inline backend::CpuLaunchOptions cpu_launch_options(const std::string& mode) {
+inline backend::CpuLaunchOptions cpu_launch_options(CompileMode mode) {
   backend::CpuLaunchOptions o;
-  o.graph_entry = mode == "reduce-overhead";
-  o.autotune = mode == "max-autotune" || mode == "max-autotune-no-cudagraphs";
-  o.autotune_graph = mode == "max-autotune";
+  o.graph_entry = mode == CompileMode::ReduceOverhead;
+  o.autotune = mode == CompileMode::MaxAutotune || mode == CompileMode::MaxAutotuneNoCudagraphs;
+  o.autotune_graph = mode == CompileMode::MaxAutotune;
   return o;
 }
 
@@ -84,9 +114,11 @@ struct BackendRegistry {
       // reduce-overhead and max-autotune on CUDA (as torch.compile's max-autotune, it uses
       // CUDA graphs): the graph's launches are captured into a CUDA graph and replayed
       // (backend::CudaGraphRunner); replays take its static outputs as results.
-      if (g.device.is_cuda() && (o.mode == "reduce-overhead" || o.mode == "max-autotune") && !g.outputs.empty())
-        return backend::CudaGraphRunFn{backend::entry::cuda_graph_runner(g, 2, o.mode == "max-autotune")};
-      auto prepared = backend::entry::prepare(g, Backend::Auto, cpu_launch_options(o.mode));
+      const CompileMode mode = parse_mode(o.mode);
+      if (g.device.is_cuda() && (mode == CompileMode::ReduceOverhead || mode == CompileMode::MaxAutotune) &&
+          !g.outputs.empty())
+        return backend::CudaGraphRunFn{backend::entry::cuda_graph_runner(g, 2, mode == CompileMode::MaxAutotune)};
+      auto prepared = backend::entry::prepare(g, Backend::Auto, cpu_launch_options(mode));
       return [prepared](const ir::Graph&, const backend::RunArgs& a) { backend::entry::run_prepared(*prepared, a); };
     };
     factories["trace"] = [](const ir::Graph& g, const CompileOptions&) -> GraphRunner {
@@ -100,12 +132,6 @@ struct BackendRegistry {
 inline BackendRegistry& backend_registry() {
   static BackendRegistry r;
   return r;
-}
-
-inline const std::vector<std::string>& valid_modes() {
-  static const std::vector<std::string> m = {"default", "reduce-overhead", "max-autotune",
-                                             "max-autotune-no-cudagraphs"};
-  return m;
 }
 
 inline std::string join(const std::vector<std::string>& v) {
@@ -395,9 +421,7 @@ class Compiled {
       }
       state_->factory = r.factories.at(state_->options.backend);
     }
-    const auto& modes = detail::valid_modes();
-    if (std::find(modes.begin(), modes.end(), state_->options.mode) == modes.end())
-      throw Error("kiln::compile: unknown mode \"" + state_->options.mode + "\"; valid modes: " + detail::join(modes));
+    state_->mode = detail::parse_mode(state_->options.mode);
     std::weak_ptr<State> weak = state_;
     state_->clearer = std::make_shared<std::function<void()>>([weak] {
       if (auto s = weak.lock()) {
@@ -521,7 +545,7 @@ class Compiled {
                     why);
       if (!s.warned) {
         std::fprintf(stderr,
-                     "[kiln] warning: kiln::compile reached its recompile limit (%d); running uncompiled from now on. "
+                     "kiln: warning: kiln::compile reached its recompile limit (%d); running uncompiled from now on. "
                      "Last failed guard: %s\n",
                      s.options.recompile_limit, why.c_str());
         s.warned = true;
@@ -559,6 +583,7 @@ class Compiled {
     State(F f, CompileOptions o) : fn(std::move(f)), options(std::move(o)) {}
     F fn;
     CompileOptions options;
+    detail::CompileMode mode = detail::CompileMode::Default;  ///< options.mode, parsed once
     BackendFactory factory;
     std::mutex mu;
     std::vector<std::shared_ptr<detail::Entry>> entries;
@@ -891,8 +916,8 @@ class Compiled {
     if (s.options.backend != "kiln") return nullptr;  // user backends receive each concrete graph
     const bool cuda = graph.device.is_cuda();
     if (!cuda && !graph.device.is_cpu()) return nullptr;
-    if (s.options.mode != "default")
-      return specialised(cuda && s.options.mode == "reduce-overhead"
+    if (s.mode != detail::CompileMode::Default)
+      return specialised(cuda && s.mode == detail::CompileMode::ReduceOverhead
                              ? "mode reduce-overhead captures a CUDA graph per size"
                              : "mode " + s.options.mode + " tunes kernels per size");
     if (cuda ? !backend::entry::cuda_jit_available() : !backend::entry::cpu_uses_jit(Backend::Auto)) return nullptr;

@@ -13,7 +13,8 @@ struct Setting {
 /// The full list, for documentation and `kiln --help`-style printing.
 inline constexpr Setting kSettings[] = {
     {"KILN_LOGS",
-     "comma list of log channels: graph_breaks,recompiles,guards,schedule,output_code,cache,perf (or all)"},
+     "comma list of log channels: graph_breaks,recompiles,guards,schedule,output_code,cache,perf,graph (or all); graph "
+     "prints every graph evaluated"},
     {"KILN_LOGS_OUT", "file that logs go to (default: stderr)"},
     {"KILN_CACHE_DIR", "on-disk kernel cache (default: $XDG_CACHE_HOME/kiln, else ~/.cache/kiln)"},
     {"KILN_CACHE", "0 disables the on-disk kernel cache"},

@@ -70,6 +70,22 @@ inline void Graph::rehash() {
   key = h;
 }
 
+/// Whether two graphs are the same structure, node for node (equal keys first, then every
+/// field a kernel depends on): what every plan and kernel cache confirms a key hit with.
+inline bool same_graph(const Graph& a, const Graph& b) {
+  if (a.key != b.key || !(a.device == b.device) || a.outputs != b.outputs || a.output_strides != b.output_strides ||
+      a.nodes.size() != b.nodes.size())
+    return false;
+  for (std::size_t i = 0; i < a.nodes.size(); ++i) {
+    const GraphNode& x = a.nodes[i];
+    const GraphNode& y = b.nodes[i];
+    if (x.op != y.op || x.dtype != y.dtype || x.shape != y.shape || !(x.attrs == y.attrs) || x.inputs != y.inputs ||
+        x.leaf != y.leaf || x.strides != y.strides)
+      return false;
+  }
+  return true;
+}
+
 /// Flattens the lazy DAG under `roots` (stopping at realized nodes, which become leaves),
 /// merging structurally equal nodes (common-subexpression elimination through the hashes).
 inline Captured capture(const std::vector<NodePtr>& roots, Device device) {

@@ -14,67 +14,16 @@
 #include "kiln/ir/builder.hpp"
 #include "kiln/ir/graph.hpp"
 #include "kiln/runtime/host_allocator.hpp"
+#include "../support/ir_build.hpp"
 
 namespace kiln_jit_test {
 
 using namespace kiln;
 using ir::NodePtr;
 using ir::Op;
+using namespace kiln_ir_build;
 
 inline Device cpu() { return Device::cpu(); }
-
-/// A realized leaf of `shape` and `dtype` filled with values from `seed` (normal floats,
-/// small integers, random bools), viewed with `strides` over a buffer of `alloc` elements.
-inline NodePtr input(const Shape& shape, DType dt, unsigned seed, Strides strides = {}, std::int64_t alloc = -1,
-                     std::int64_t offset = 0, double scale = 1.0) {
-  if (strides.empty()) strides = contiguous_strides(shape);
-  if (alloc < 0) alloc = shape.numel() + offset;
-  auto st = runtime::allocate_host(static_cast<std::size_t>(std::max<std::int64_t>(1, alloc)) * itemsize(dt));
-  std::mt19937 rng(seed);
-  std::normal_distribution<double> nd;
-  visit_dtype(dt, [&](auto tag) {
-    using T = decltype(tag);
-    T* p = static_cast<T*>(st->data);
-    for (std::int64_t i = 0; i < alloc; ++i) {
-      if constexpr (std::is_same_v<T, bool>)
-        p[i] = (rng() & 1) != 0;
-      else if constexpr (std::is_integral_v<T>)
-        p[i] = static_cast<T>(static_cast<int>(rng() % 19) - 9);
-      else
-        p[i] = T(static_cast<float>(nd(rng) * scale));
-    }
-  });
-  return ir::input(ir::BufferView{st, offset, std::move(strides)}, shape, dt, cpu());
-}
-
-/// A leaf holding exactly `values` (row-major, contiguous).
-template <class T>
-inline NodePtr input_values(const Shape& shape, const std::vector<T>& values) {
-  DType dt = dtype_v<T>;
-  auto st = runtime::allocate_host(std::max<std::size_t>(1, values.size()) * sizeof(T));
-  if (!values.empty()) std::memcpy(st->data, values.data(), values.size() * sizeof(T));
-  return ir::input(ir::BufferView{st, 0, contiguous_strides(shape)}, shape, dt, cpu());
-}
-
-inline NodePtr cst(double v, const NodePtr& like) { return ir::constant(v, like->dtype, like->shape, cpu()); }
-inline NodePtr add(const NodePtr& a, const NodePtr& b) { return ir::binary(Op::Add, a, b); }
-inline NodePtr sub(const NodePtr& a, const NodePtr& b) { return ir::binary(Op::Sub, a, b); }
-inline NodePtr mul(const NodePtr& a, const NodePtr& b) { return ir::binary(Op::Mul, a, b); }
-inline NodePtr div(const NodePtr& a, const NodePtr& b) { return ir::binary(Op::Div, a, b); }
-inline NodePtr un(Op op, const NodePtr& a) { return ir::unary(op, a); }
-inline NodePtr red(Op op, const NodePtr& a, std::vector<std::int64_t> axes) {
-  return ir::reduce(op, a, std::move(axes));
-}
-/// Broadcast `x` (same rank, or fewer dims: leading 1s added) to `shape`.
-inline NodePtr expand(const NodePtr& x, const Shape& shape) {
-  NodePtr r = x;
-  if (r->shape.size() < shape.size()) {
-    Shape s(shape.size() - r->shape.size(), 1);
-    s.insert(s.end(), r->shape.begin(), r->shape.end());
-    r = ir::reshape(r, s);
-  }
-  return ir::broadcast(r, shape);
-}
 
 /// Output buffers of one run.
 struct Outputs {
@@ -111,24 +60,6 @@ inline backend::RunArgs args_for(const ir::Captured& c, const Outputs& o) {
   return a;
 }
 
-struct Tol {
-  double rtol, atol;
-};
-inline Tol default_tol(DType t) {
-  switch (t) {
-    case DType::Float16:
-      return {2e-3, 1e-5};
-    case DType::BFloat16:
-      return {1.6e-2, 1e-5};
-    case DType::Float32:
-      return {2e-5, 1e-6};
-    case DType::Float64:
-      return {1e-12, 1e-14};
-    default:
-      return {0, 0};
-  }
-}
-
 /// Result of comparing one run of the JIT with the reference.
 struct Check {
   std::uint64_t launches = 0;  ///< kernels the JIT launched
@@ -136,21 +67,6 @@ struct Check {
   std::string mismatch;        ///< empty when every element agrees
   std::string schedule;
 };
-
-inline double as_double(const void* base, std::int64_t off, DType dt) {
-  double v = 0;
-  visit_dtype(dt, [&](auto tag) {
-    using T = decltype(tag);
-    const T x = static_cast<const T*>(base)[off];
-    if constexpr (std::is_same_v<T, bool>)
-      v = x ? 1.0 : 0.0;
-    else if constexpr (std::is_integral_v<T> || std::is_same_v<T, double>)
-      v = static_cast<double>(x);
-    else
-      v = static_cast<double>(static_cast<float>(x));
-  });
-  return v;
-}
 
 /// Runs `roots` (captured together) through run_cpu_jit and run_reference and compares.
 /// `out_strides` (optional, per output) makes the outputs strided views.

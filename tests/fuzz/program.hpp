@@ -11,8 +11,11 @@
 #include <vector>
 
 #include "kiln/kiln.hpp"
+#include "../support/values.hpp"
 
 namespace kiln::fuzz {
+
+using testing::round_to;
 
 // ---- random numbers -------------------------------------------------------------------------
 
@@ -101,29 +104,6 @@ inline const char* ctype_cxx(DType t) {
   return "?";
 }
 
-/// `v` as an element of `t` holds it (f16/bf16 round to nearest even; ints truncate with
-/// the x86 rule kiln documents for out-of-range values; bool is v != 0).
-inline double round_to(double v, DType t) {
-  switch (t) {
-    case DType::Bool:
-      return v != 0.0 ? 1.0 : 0.0;
-    case DType::Int32:
-      if (!(v > -2147483649.0 && v < 2147483648.0)) return -2147483648.0;
-      return static_cast<double>(static_cast<std::int32_t>(v));
-    case DType::Int64:
-      if (!(v >= -9223372036854775808.0 && v < 9223372036854775808.0)) return -9223372036854775808.0;
-      return static_cast<double>(static_cast<std::int64_t>(v));
-    case DType::Float16:
-      return static_cast<float>(Half(static_cast<float>(v)));
-    case DType::BFloat16:
-      return static_cast<float>(BFloat16(static_cast<float>(v)));
-    case DType::Float32:
-      return static_cast<double>(static_cast<float>(v));
-    case DType::Float64:
-      return v;
-  }
-  return v;
-}
 
 /// Largest finite value of a floating dtype.
 inline double dtype_max(DType t) {

@@ -19,23 +19,7 @@ namespace kiln::fuzz {
 // ---- building ------------------------------------------------------------------------------
 
 /// The elements of `t` in row-major order as doubles (read in t's own dtype: no kiln cast).
-inline std::vector<double> read_values(const Tensor& t) {
-  return visit_dtype(t.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    auto raw = t.to_vector<T>();
-    std::vector<double> out;
-    out.reserve(raw.size());
-    for (std::size_t i = 0; i < raw.size(); ++i) {
-      if constexpr (std::is_same_v<T, bool>)
-        out.push_back(raw[i] ? 1.0 : 0.0);
-      else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
-        out.push_back(static_cast<float>(raw[i]));
-      else
-        out.push_back(static_cast<double>(raw[i]));
-    }
-    return out;
-  });
-}
+inline std::vector<double> read_values(const Tensor& t) { return testing::values(t); }
 
 /// The tensors of one build, and the memory that from_blob views read.
 struct Built {

@@ -17,6 +17,7 @@
 
 #include "kiln/kiln.hpp"
 #include "device.hpp"
+#include "values.hpp"
 
 namespace kiln::testing {
 
@@ -50,28 +51,6 @@ inline const DType kFloatDTypes[] = {DType::Float16, DType::BFloat16, DType::Flo
 inline const DType kIntDTypes[] = {DType::Int32, DType::Int64};
 
 // ---- test data --------------------------------------------------------------------------------
-
-/// `v` as an element of `dtype` holds it (f16/bf16 round to nearest even through float, as
-/// kiln's Half/BFloat16 do; integers truncate; bool is v != 0, NaN included).
-inline double round_to(double v, DType dtype) {
-  switch (dtype) {
-    case DType::Bool:
-      return v != 0.0 ? 1.0 : 0.0;
-    case DType::Int32:
-      return static_cast<double>(static_cast<std::int32_t>(v));
-    case DType::Int64:
-      return static_cast<double>(static_cast<std::int64_t>(v));
-    case DType::Float16:
-      return static_cast<float>(Half(static_cast<float>(v)));
-    case DType::BFloat16:
-      return static_cast<float>(BFloat16(static_cast<float>(v)));
-    case DType::Float32:
-      return static_cast<double>(static_cast<float>(v));
-    case DType::Float64:
-      return v;
-  }
-  return v;
-}
 
 /// splitmix64: a tiny deterministic generator, identical on every platform (unlike the
 /// standard library's distributions).
@@ -138,26 +117,6 @@ inline Tensor make_int_tensor(const std::vector<std::int64_t>& v, const Shape& s
   if (dtype == DType::Int64) return from_vector<std::int64_t>(v, shape, dev);
   std::vector<std::int32_t> w(v.begin(), v.end());
   return from_vector<std::int32_t>(w, shape, dev);
-}
-
-/// The elements of `t` in row-major order, read in t's own dtype and converted to double on
-/// the host (no kiln cast involved).
-inline std::vector<double> values(const Tensor& t) {
-  return visit_dtype(t.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    auto raw = t.to_vector<T>();
-    std::vector<double> out;
-    out.reserve(raw.size());
-    for (std::size_t i = 0; i < raw.size(); ++i) {
-      if constexpr (std::is_same_v<T, bool>)
-        out.push_back(raw[i] ? 1.0 : 0.0);
-      else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
-        out.push_back(static_cast<float>(raw[i]));
-      else
-        out.push_back(static_cast<double>(raw[i]));
-    }
-    return out;
-  });
 }
 
 /// The elements of an integer or bool tensor, exactly.

@@ -179,6 +179,12 @@ static inline void run_grid(unsigned grid, unsigned block, unsigned smem_bytes, 
 #define blockDim (::kiln_emu::blk().block_dim)
 #define gridDim (::kiln_emu::blk().grid_dim)
 #define __syncthreads() ::kiln_emu::block_barrier()
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline double __dsub_rn(double a, double b) { return a - b; }
+static inline double __dmul_rn(double a, double b) { return a * b; }
 template <class T> static inline T __shfl_xor_sync(unsigned, T v, int m) { return ::kiln_emu::shfl(v, (::kiln_emu::me().tid & 31) ^ (unsigned)m); }
 template <class T> static inline T __shfl_sync(unsigned, T v, int src) { return ::kiln_emu::shfl(v, (unsigned)src); }
 )EMU";

@@ -134,6 +134,21 @@ TEST_CASE("cuda codegen: primitives on dtypes they are not defined for are DType
   CHECK_THROWS_AS(codegen::generate_cuda(c.graph, sched::schedule(c.graph), "k"), DTypeError);
 }
 
+TEST_CASE("cuda codegen: floating +, - and * are the _rn intrinsics, which NVRTC never contracts into an FMA") {
+  // softmax(w * x) with logits about 1e30: contracted, w*x - max(w*x) is the product's rounding
+  // error (about 1e23, not 0), its exp overflows and the row became inf / inf = NaN on an H200.
+  for (DType dt : {f32, f64, f16}) {
+    CAPTURE(dtype_name(dt));
+    NodePtr x = shape_only({21, 2}, dt), w = shape_only({21, 1}, dt);
+    ir::Captured c = capture({softmax_ir(mul(expand(w, x->shape), x), 1)});
+    sched::Schedule s = sched::schedule(c.graph);
+    const std::string src = codegen::generate_cuda(c.graph, s, "kiln_test", codegen::CudaTarget::sm90()).source;
+    const std::string f = dt == f64 ? "__d" : "__f";
+    CHECK(has(src, f + "mul_rn("));
+    CHECK(has(src, f + "sub_rn("));
+  }
+}
+
 TEST_CASE("cuda codegen: launch strategies at the GPU shapes of WORKLOADS.md (H200)") {
   const std::int64_t M = 16384, K = 4096, N = std::int64_t(1) << 26;
   // Pointwise: 16-byte vectors (4 f32 lanes), one kernel.
@@ -303,6 +318,21 @@ TEST_CASE("cuda emulator: column reductions split over many blocks combine every
   CHECK_MESSAGE(r.empty(), r);
   REQUIRE(!strat.empty());
   for (auto& s : strat) CHECK_MESSAGE(has(s, "156 split(s)"), s);
+}
+
+TEST_CASE("cuda emulator: a permuted leaf's log, stored and summed over two of its dims in one graph") {
+  if (!have_host_compiler()) return;
+  // The shape of the GPU fuzzer's seed 23 graph 2300: sum(log(permute(x, {2, 0, 1})), {0, 1})
+  // beside the log itself.
+  for (Shape shape : {Shape{3, 3, 3}, Shape{5, 7, 33}}) {
+    CAPTURE(shape.str());
+    // permute({2, 0, 1}) of a contiguous [shape[1], shape[2], shape[0]] buffer
+    const Strides permuted{1, shape[2] * shape[0], shape[0]};
+    NodePtr x = input(shape, f32, 91, permuted, shape.numel());
+    NodePtr l = un(Op::Log, un(Op::Abs, x));
+    std::string r = emulate({red(Op::ReduceSum, l, {0, 1}), l});
+    CHECK_MESSAGE(r.empty(), r);
+  }
 }
 
 TEST_CASE("cuda emulator: a reduction of a one-row reduction's result, used beside it once per kernel, is in scope") {

@@ -172,6 +172,18 @@ TEST_CASE("reductions and composites with NaN and Inf") {
                                                                kNan, kNan, kNan, kNan, kNan, kNan});
     }
   }
+  SUBCASE("softmax of products near 1e30: each op rounds, the max subtracts to exactly 0") {
+    // A fused multiply-add would keep w*x - max(w*x) at the product's rounding error (about
+    // 1e23 here), whose exp is inf: the GPU gave NaN rows before +, - and * were kept apart.
+    for (DType dt : {DType::Float32, DType::Float64}) {
+      CAPTURE(dt);
+      Tensor x = kt::make_tensor({1, 1, 1, -1e30, -1e30, 1}, {3, 2}, dt);
+      Tensor w = kt::make_tensor({-1.9166764, -1.9166764, 3.1}, {3, 1}, dt);
+      KILN_CHECK_CLOSE(softmax(w * x, -1), std::vector<double>{0.5, 0.5, 0, 1, 0, 1});
+      KILN_CHECK_CLOSE(logsumexp(w * x, {1}), std::vector<double>{-1.9166764 + std::log(2.0), 1.9166764e30, 3.1},
+                       kt::tolerance(dt));
+    }
+  }
   SUBCASE("logsumexp") {
     Tensor x = kt::make_tensor({-kInf, -kInf, kInf, 1, kInf, kInf, kNan, 1, -kInf, 2}, {5, 2}, DType::Float32);
     KILN_CHECK_CLOSE(logsumexp(x, 1), std::vector<double>{-kInf, kInf, kInf, kNan, 2});

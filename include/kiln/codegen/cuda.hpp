@@ -1113,6 +1113,11 @@ class Writer {
     return round16("(" + std::string(ctype(to)) + ")" + a, to);
   }
 
+  /// __fadd_rn(a, b) (or __dsub_rn, ...): one correctly rounded op NVRTC keeps apart.
+  static std::string rounded_op(bool dbl, const char* op, const std::string& a, const std::string& b) {
+    return std::string(dbl ? "__d" : "__f") + op + "_rn(" + a + ", " + b + ")";
+  }
+
   std::string pointwise_expr(const ir::GraphNode& n, const std::vector<Val>& in) {
     const DType t = n.dtype;
     const DType it = node(n.inputs[0]).dtype;
@@ -1199,12 +1204,16 @@ class Writer {
         return fl ? "(" + std::string(dbl ? "fabs(" : "fabsf(") + a + ") == " + inf + ")" : "false";
       case Op::Cast:
         return cast_expr(a, it, t);
+      // Floating +, - and * through the _rn intrinsics, which NVRTC never contracts into a
+      // fused multiply-add: each op rounds as the reference and the CPU kernels round them
+      // (-ffp-contract=off). A contracted x*y - max(x*y) is the product's rounding error, not 0,
+      // and for huge products exp of it overflows: softmax of 1e30-sized logits gave NaN.
       case Op::Add:
-        return fl ? round16("(" + a + " + " + b + ")", t) : wrap("+");
+        return fl ? round16(rounded_op(dbl, "add", a, b), t) : wrap("+");
       case Op::Sub:
-        return fl ? round16("(" + a + " - " + b + ")", t) : wrap("-");
+        return fl ? round16(rounded_op(dbl, "sub", a, b), t) : wrap("-");
       case Op::Mul:
-        return fl ? round16("(" + a + " * " + b + ")", t) : wrap("*");
+        return fl ? round16(rounded_op(dbl, "mul", a, b), t) : wrap("*");
       case Op::Div:
         if (fl && !dbl && t_.reciprocal_div && in[1].scope < in[0].scope) {
           // A divisor computed outside the loop (softmax's row sum): one division per row and a

@@ -43,9 +43,13 @@ struct BuildCtx {
   /// operands of reductions and composites (another summation order: blocked float sums
   /// against the reference's double ones) with |d| <= 2 eps, and the results of the math
   /// functions with |d| <= their documented ulp (OpDesc::ulp), eps being float's for
-  /// f16/bf16/f32 (computed in float) and double's for f64. How far the outputs move estimates
-  /// how ill-conditioned they are (see judge).
+  /// f16/bf16/f32 (computed in float) and double's for f64; and the accumulating ops run with
+  /// every dim of their operands flipped (build_program: the sums and products in the reverse
+  /// order). How far the outputs move estimates how ill-conditioned they are (see judge).
   std::uint64_t perturb = 0;
+  /// The JIT under judgement runs on a GPU: the nudge takes the larger of the CPU's and CUDA's
+  /// documented bounds (OpDesc::cuda_ulp).
+  bool cuda_math = false;
 };
 
 /// What a row's builder sees.
@@ -358,9 +362,11 @@ using PredictFn = std::function<std::optional<Info>(const Program&, const OpInst
 using BuildFn = std::function<Tensor(const Args&)>;
 /// Exact values of the op's result computed without kiln (leaves and casts), from the values
 /// and dtypes of its operands.
-using OracleFn =
-    std::function<std::vector<double>(const OpInst&, const Info& out, const std::vector<std::vector<double>>& operands,
-                                      const std::vector<DType>& operand_dtypes)>;
+/// `exact_ints` holds the values of int64 operands exactly (doubles round those beyond 2^53;
+/// empty for other operands).
+using OracleFn = std::function<std::vector<double>(
+    const OpInst&, const Info& out, const std::vector<std::vector<double>>& operands,
+    const std::vector<DType>& operand_dtypes, const std::vector<std::vector<std::int64_t>>& exact_ints)>;
 
 struct OpDesc {
   std::string name;
@@ -376,6 +382,9 @@ struct OpDesc {
   /// "Accuracy (float)", test bounds); 0 where the JIT and the reference round the same IEEE
   /// operations. The nudged twin perturbs the op's result by this much (see judge).
   double ulp = 0;
+  /// CUDA's bound for the function kiln's CUDA kernels call (the CUDA C++ Programming Guide's
+  /// table of single-precision maximum ulp errors), where it is larger than `ulp`.
+  double cuda_ulp = 0;
   /// The same as a function of the operand, for bounds that grow with it (gelu's tanh form).
   std::function<double(double)> ulp_of;
   /// The op sums or multiplies many values (reductions but max/min/argmax/argmin, composites
@@ -458,6 +467,10 @@ inline OpDesc unary_row(const char* name, DTypeSet accepts, rules::Unary rule, c
       {"erf", 2.0}, {"sigmoid", 2.5}, {"sin", 1.7},   {"cos", 1.9}, {"tan", 3.2},  {"gelu", 6},    {"silu", 5}};
   for (auto& [n, u] : bounds)
     if (n == name) d.ulp = u;
+  static const std::vector<std::pair<std::string, double>> cuda_bounds = {
+      {"exp", 2}, {"exp2", 2}, {"sin", 2}, {"cos", 2}, {"tan", 4}};
+  for (auto& [n, u] : cuda_bounds)
+    if (n == name) d.cuda_ulp = u;
   if (std::string(name) == "gelu_tanh") {
     d.ulp = 6;
     d.ulp_of = [](double x) { return 6 + 4 * std::fabs(2 * 0.7978845608028654 * (x + 0.044715 * x * x * x)); };
@@ -634,11 +647,15 @@ inline OpDesc reduce_row(const char* name, DTypeSet accepts, rules::Reduce rule,
 
 /// The values of a cast, by the documented rules (semantics.md, "Casts": floats truncate toward
 /// zero, NaN and out-of-range values give the minimum; integer narrowing wraps, as in PyTorch).
-inline std::vector<double> cast_values(const std::vector<double>& v, DType from, DType to) {
+/// `exact` holds the operand's values exactly when it is int64 (its low 32 bits decide a
+/// narrowing, which the doubles in `v` lose beyond 2^53).
+inline std::vector<double> cast_values(const std::vector<double>& v, DType from, DType to,
+                                       const std::vector<std::int64_t>& exact = {}) {
   std::vector<double> out(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) {
     if (!is_floating(from) && to == i32)
-      out[i] = static_cast<double>(static_cast<std::int32_t>(static_cast<std::int64_t>(v[i])));
+      out[i] =
+          static_cast<double>(static_cast<std::int32_t>(i < exact.size() ? exact[i] : static_cast<std::int64_t>(v[i])));
     else
       out[i] = round_to(v[i], to);
   }
@@ -855,7 +872,9 @@ inline const std::vector<OpDesc>& op_table() {
       };
       d.build = [](const Args& a) { return a.t[0].to(a.dt(a.p().dtype)); };
       d.oracle = [](const OpInst& op, const Info&, const std::vector<std::vector<double>>& v,
-                    const std::vector<DType>& dt) { return cast_values(v[0], dt[0], op.p.dtype); };
+                    const std::vector<DType>& dt, const std::vector<std::vector<std::int64_t>>& ints) {
+        return cast_values(v[0], dt[0], op.p.dtype, ints[0]);
+      };
       t.push_back(d);
     }
 
@@ -1337,7 +1356,7 @@ inline const std::vector<OpDesc>& op_table() {
           return kind == 1 ? zeros_like(a.t[0], dt) : ones_like(a.t[0], dt);
         };
         d.oracle = [kind](const OpInst& op, const Info& out, const std::vector<std::vector<double>>&,
-                          const std::vector<DType>&) {
+                          const std::vector<DType>&, const std::vector<std::vector<std::int64_t>>&) {
           double v = kind == 0 ? op.p.real : kind == 1 ? 0.0 : 1.0;
           return std::vector<double>(static_cast<std::size_t>(out.shape.numel()), round_to(v, out.dtype));
         };
@@ -1514,7 +1533,7 @@ inline const std::vector<OpDesc>& op_table() {
         return full(s, a.p().real, a.p().dtype, a.ctx.device);
       };
       d.oracle = [](const OpInst& op, const Info& out, const std::vector<std::vector<double>>&,
-                    const std::vector<DType>&) {
+                    const std::vector<DType>&, const std::vector<std::vector<std::int64_t>>&) {
         // semantics.md: the value converts as a cast does (NaN and out-of-range -> the minimum).
         return std::vector<double>(static_cast<std::size_t>(out.shape.numel()), round_to(op.p.real, op.p.dtype));
       };
@@ -1525,8 +1544,8 @@ inline const std::vector<OpDesc>& op_table() {
       d.build = [](const Args& a) {
         return zeros(Shape(a.p().ints.begin(), a.p().ints.end()), a.dt(a.p().dtype), a.ctx.device);
       };
-      d.oracle = [](const OpInst&, const Info& out, const std::vector<std::vector<double>>&,
-                    const std::vector<DType>&) {
+      d.oracle = [](const OpInst&, const Info& out, const std::vector<std::vector<double>>&, const std::vector<DType>&,
+                    const std::vector<std::vector<std::int64_t>>&) {
         return std::vector<double>(static_cast<std::size_t>(out.shape.numel()), 0.0);
       };
       t.push_back(d);
@@ -1534,8 +1553,8 @@ inline const std::vector<OpDesc>& op_table() {
       d.build = [](const Args& a) {
         return ones(Shape(a.p().ints.begin(), a.p().ints.end()), a.dt(a.p().dtype), a.ctx.device);
       };
-      d.oracle = [](const OpInst&, const Info& out, const std::vector<std::vector<double>>&,
-                    const std::vector<DType>&) {
+      d.oracle = [](const OpInst&, const Info& out, const std::vector<std::vector<double>>&, const std::vector<DType>&,
+                    const std::vector<std::vector<std::int64_t>>&) {
         return std::vector<double>(static_cast<std::size_t>(out.shape.numel()), 1.0);
       };
       t.push_back(d);
@@ -1558,7 +1577,7 @@ inline const std::vector<OpDesc>& op_table() {
         return a.ctx.f64 && is_floating(a.p().dtype) ? r.to(f64) : r;
       };
       d.oracle = [](const OpInst& op, const Info& out, const std::vector<std::vector<double>>&,
-                    const std::vector<DType>&) {
+                    const std::vector<DType>&, const std::vector<std::vector<std::int64_t>>&) {
         std::vector<double> v(static_cast<std::size_t>(out.shape.numel()));
         for (std::size_t i = 0; i < v.size(); ++i) v[i] = round_to(static_cast<double>(i), op.p.dtype);
         return v;

@@ -509,6 +509,7 @@ void register_all(bool variants) {
         {"column_split_interleave", {"R3"}, &backend::detail::CudaTuning::column_split_interleave, {1}},
         {"column_unroll", {"R3"}, &backend::detail::CudaTuning::column_unroll, {8}},
         {"warp_row_vectors", {"N2"}, &backend::detail::CudaTuning::warp_row_vectors, {4, 8}},
+        {"row_vectors_per_thread", {"N1", "N3", "N4"}, &backend::detail::CudaTuning::row_vectors_per_thread, {2, 8}},
     };
     for (auto& v : vs)
       for (int value : v.values)

@@ -8,9 +8,11 @@
 // reductions are split across lanes (and accumulate floats in double), so GCC vectorises them without -ffast-math: NaN,
 // Inf and signed zeros behave as in the reference executor (backend/reference.hpp), whose
 // semantics every expression below reproduces.
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <unordered_map>
@@ -20,6 +22,8 @@
 #include "kiln/codegen/cpu_math.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/codegen/c_integer.hpp"
+#include "kiln/codegen/c_literals.hpp"
+#include "kiln/codegen/c_select.hpp"
 #include "kiln/core/generated.hpp"
 #include "kiln/core/half.hpp"
 #include "kiln/core/philox.hpp"
@@ -63,80 +67,22 @@ using sched::i64;
 using sched::Index;
 using sched::IndexExpr;
 
-/// C type values of `t` are computed in.
-inline const char* ctype(DType t) {
-  switch (t) {
-    case DType::Bool:
-      return "bool";
-    case DType::Int32:
-      return "int";
-    case DType::Int64:
-      return "long long";
-    case DType::Float64:
-      return "double";
-    default:
-      return "float";
-  }
-}
+/// The kLibmName ops cpu_math.hpp vectorises (kiln_<name>_f32/_f64, within the bounds of
+/// docs/performance-math.md); the others (atan, asin, acos, sqrt, atan2, hypot) call the
+/// compiler's scalar builtin, correctly rounded or within 1 ulp.
+inline constexpr Op kVectorMath[] = {Op::Exp, Op::Exp2, Op::Log, Op::Log2, Op::Log1p, Op::Expm1,
+                                     Op::Sin, Op::Cos,  Op::Tan, Op::Tanh, Op::Erf};
 
-/// C type values of `t` are stored as.
-inline const char* stype(DType t) {
-  switch (t) {
-    case DType::Bool:
-      return "unsigned char";
-    case DType::Int32:
-      return "int";
-    case DType::Int64:
-      return "long long";
-    case DType::Float16:
-    case DType::BFloat16:
-      return "unsigned short";
-    case DType::Float32:
-      return "float";
-    case DType::Float64:
-      return "double";
-  }
-  return "?";
-}
-
-inline std::string hex_double(double v) {
-  char buf[64];
-  auto r = std::to_chars(buf, buf + sizeof buf, std::fabs(v), std::chars_format::hex);
-  return std::string(std::signbit(v) ? "-0x" : "0x") + std::string(buf, r.ptr);
-}
-
-/// Exact C literal of a floating value in compute type `c` (float or double).
+// Types and literals: the C every dialect shares (codegen/c_literals.hpp).
+using c_family::ctype;
+using c_family::hex_double;
+using c_family::int_literal;
+using c_family::stype;
 inline std::string float_literal(double v, bool is_double) {
-  if (std::isnan(v)) return is_double ? "__builtin_nan(\"\")" : "__builtin_nanf(\"\")";
-  if (std::isinf(v)) return std::string(v < 0 ? "-" : "") + (is_double ? "__builtin_inf()" : "__builtin_inff()");
-  if (is_double) return "(" + hex_double(v) + ")";
-  // A double beyond float's range rounds to inf as a float: spelled as inf, not as the hex
-  // text of an infinity ("0xinff", which no compiler reads).
-  const float f = static_cast<float>(v);
-  if (std::isinf(f)) return f < 0 ? "(-__builtin_inff())" : "__builtin_inff()";
-  return "(" + hex_double(static_cast<double>(f)) + "f)";
+  return c_family::float_literal(v, is_double, c_family::kCppDialect);
 }
-
-inline std::string int_literal(i64 v, DType t) {
-  if (t == DType::Bool) return v ? "true" : "false";
-  if (t == DType::Int32)
-    return "((int)" + std::to_string(static_cast<std::int32_t>(static_cast<std::uint32_t>(v))) + ")";
-  if (v == std::numeric_limits<i64>::min()) return "(-9223372036854775807LL - 1)";
-  return "(" + std::to_string(v) + "LL)";
-}
-
-/// The value of constant `v` (as the reference casts it) in dtype `t`, as a literal of ctype(t).
 inline std::string constant_literal(const ir::GraphNode& n) {
-  DType t = n.dtype;
-  if (is_floating(t)) {
-    double v = n.attrs.scalar;
-    if (t == DType::Float16)
-      v = static_cast<float>(Half(static_cast<float>(v)));
-    else if (t == DType::BFloat16)
-      v = static_cast<float>(BFloat16(static_cast<float>(v)));
-    return float_literal(v, t == DType::Float64);
-  }
-  return int_literal(n.attrs.iscalar, t);
+  return c_family::constant_literal(n, c_family::kCppDialect);
 }
 
 /// What a translation unit needs in its prelude.
@@ -819,10 +765,18 @@ class KernelWriter {
       std::string u = it == DType::Int32 ? "unsigned" : "unsigned long long";
       return "(" + std::string(ctype(it)) + ")((" + u + ")" + a + " " + op + " (" + u + ")" + b + ")";
     };
-    auto fmath = [&](const char* fn) {
+    // Math by its C name (the op table's kLibmName): kiln's vectorised kiln_<name>_f32/_f64
+    // where cpu_math.hpp has one, else the scalar builtin (__builtin_atan2f(a, b), ...).
+    if (ir::has_flag(n.op, ir::kLibmName)) {
       if (!fl) unsupported(n, it);
-      return round16(math(fn, a, it), t);
-    };
+      const std::string fn = ir::op_name(n.op);
+      if (n.op == Op::Exp && it == DType::Float32 && nonpositive_shift(n.inputs[0])) return math("exp_nonpos", a, it);
+      if (std::find(std::begin(kVectorMath), std::end(kVectorMath), n.op) != std::end(kVectorMath))
+        return round16(math(fn.c_str(), a, it), t);
+      return round16("__builtin_" + fn + (dbl ? "(" : "f(") + a + (in.size() > 1 ? ", " + b : std::string()) + ")", t);
+    }
+    // Comparisons, logic, where, maximum/minimum: the same C in every dialect.
+    if (std::string e = c_family::select_expr(n.op, fl, a, b, in.size() > 2 ? in[2].expr : ""); !e.empty()) return e;
     switch (n.op) {
       case Op::Neg:
         if (fl) return "(-" + a + ")";
@@ -836,37 +790,6 @@ class KernelWriter {
                (it == DType::Int32 ? "(int)(0u - (unsigned)" + a + ")"
                                    : "(long long)(0ull - (unsigned long long)" + a + ")") +
                " : " + a + ")";
-      case Op::Exp:
-        if (it == DType::Float32 && nonpositive_shift(n.inputs[0])) return math("exp_nonpos", a, it);
-        return fmath("exp");
-      case Op::Exp2:
-        return fmath("exp2");
-      case Op::Log:
-        return fmath("log");
-      case Op::Log2:
-        return fmath("log2");
-      case Op::Log1p:
-        return fmath("log1p");
-      case Op::Expm1:
-        return fmath("expm1");
-      case Op::Sin:
-        return fmath("sin");
-      case Op::Cos:
-        return fmath("cos");
-      case Op::Tan:
-        return fmath("tan");
-      case Op::Tanh:
-        return fmath("tanh");
-      case Op::Erf:
-        return fmath("erf");
-      // Scalar libm (correctly rounded to within 1 ulp); not vectorised yet.
-      case Op::Atan:
-      case Op::Asin:
-      case Op::Acos: {
-        if (!fl) unsupported(n, it);
-        const std::string fn = n.op == Op::Atan ? "atan" : n.op == Op::Asin ? "asin" : "acos";
-        return round16("__builtin_" + fn + (dbl ? "(" : "f(") + a + ")", t);
-      }
       case Op::BitNot:
       case Op::BitAnd:
       case Op::BitOr:
@@ -875,9 +798,6 @@ class KernelWriter {
       case Op::Shr:
         if (!c_family::integer_expr_applies(n.op, it)) unsupported(n, it);
         return c_family::integer_expr(n.op, it, ctype(it), a, b, needs_.ints);
-      case Op::Sqrt:
-        if (!fl) unsupported(n, it);
-        return round16(std::string(dbl ? "__builtin_sqrt(" : "__builtin_sqrtf(") + a + ")", t);
       case Op::Rsqrt:
         if (!fl) unsupported(n, it);
         return round16(std::string(dbl ? "(1.0 / __builtin_sqrt(" : "(1.0f / __builtin_sqrtf(") + a + "))", t);
@@ -909,12 +829,6 @@ class KernelWriter {
         needs_.ints = true;
         if (it == DType::Bool) return "(kiln_idiv_i64((long long)" + a + ", (long long)" + b + ") != 0)";
         return std::string(it == DType::Int32 ? "kiln_idiv_i32(" : "kiln_idiv_i64(") + a + ", " + b + ")";
-      case Op::Atan2:
-      case Op::Hypot: {
-        if (!fl) unsupported(n, it);
-        const std::string fn = n.op == Op::Atan2 ? "atan2" : "hypot";
-        return round16("__builtin_" + fn + (dbl ? "(" : "f(") + a + ", " + b + ")", t);
-      }
       case Op::Fmod:
         if (fl) return round16(std::string(dbl ? "__builtin_fmod(" : "__builtin_fmodf(") + a + ", " + b + ")", t);
         if (!c_family::integer_expr_applies(n.op, it)) unsupported(n, it);
@@ -924,34 +838,6 @@ class KernelWriter {
         needs_.ints = true;
         if (it == DType::Bool) return "(kiln_ipow_i64((long long)" + a + ", (long long)" + b + ") != 0)";
         return std::string(it == DType::Int32 ? "kiln_ipow_i32(" : "kiln_ipow_i64(") + a + ", " + b + ")";
-      case Op::Maximum:
-        if (fl)
-          return "(" + a + " != " + a + " ? " + a + " : " + b + " != " + b + " ? " + b + " : (" + a + " < " + b +
-                 " ? " + b + " : " + a + "))";
-        return "(" + a + " < " + b + " ? " + b + " : " + a + ")";
-      case Op::Minimum:
-        if (fl)
-          return "(" + a + " != " + a + " ? " + a + " : " + b + " != " + b + " ? " + b + " : (" + b + " < " + a +
-                 " ? " + b + " : " + a + "))";
-        return "(" + b + " < " + a + " ? " + b + " : " + a + ")";
-      case Op::Eq:
-        return "(" + a + " == " + b + ")";
-      case Op::Ne:
-        return "(" + a + " != " + b + ")";
-      case Op::Lt:
-        return "(" + a + " < " + b + ")";
-      case Op::Le:
-        return "(" + a + " <= " + b + ")";
-      case Op::Gt:
-        return "(" + a + " > " + b + ")";
-      case Op::Ge:
-        return "(" + a + " >= " + b + ")";
-      case Op::And:
-        return "((" + a + " != 0) & (" + b + " != 0))";
-      case Op::Or:
-        return "((" + a + " != 0) | (" + b + " != 0))";
-      case Op::Where:
-        return "(" + a + " ? " + b + " : " + in[2].expr + ")";
       default:
         break;
     }

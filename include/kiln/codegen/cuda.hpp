@@ -41,6 +41,8 @@
 #include "kiln/codegen/cuda_prelude.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/codegen/c_integer.hpp"
+#include "kiln/codegen/c_literals.hpp"
+#include "kiln/codegen/c_select.hpp"
 #include "kiln/core/generated.hpp"
 #include "kiln/core/half.hpp"
 #include "kiln/core/hash.hpp"
@@ -173,80 +175,16 @@ using sched::i64;
 using sched::Index;
 using sched::IndexExpr;
 
-/// C type values of `t` are computed in.
-inline const char* ctype(DType t) {
-  switch (t) {
-    case DType::Bool:
-      return "bool";
-    case DType::Int32:
-      return "int";
-    case DType::Int64:
-      return "long long";
-    case DType::Float64:
-      return "double";
-    default:
-      return "float";
-  }
-}
-
-/// C type values of `t` are stored as.
-inline const char* stype(DType t) {
-  switch (t) {
-    case DType::Bool:
-      return "unsigned char";
-    case DType::Int32:
-      return "int";
-    case DType::Int64:
-      return "long long";
-    case DType::Float16:
-    case DType::BFloat16:
-      return "unsigned short";
-    case DType::Float32:
-      return "float";
-    case DType::Float64:
-      return "double";
-  }
-  return "?";
-}
-
-inline std::string hex_double(double v) {
-  char buf[64];
-  auto r = std::to_chars(buf, buf + sizeof buf, std::fabs(v), std::chars_format::hex);
-  return std::string(std::signbit(v) ? "-0x" : "0x") + std::string(buf, r.ptr);
-}
-
-/// Exact literal of a floating value as float or double.
+// Types and literals: the C every dialect shares (codegen/c_literals.hpp).
+using c_family::ctype;
+using c_family::hex_double;
+using c_family::int_literal;
+using c_family::stype;
 inline std::string float_literal(double v, bool is_double) {
-  if (std::isnan(v)) return is_double ? "KILN_NAN_D" : "KILN_NAN_F";
-  if (std::isinf(v)) return std::string(v < 0 ? "(-" : "(") + (is_double ? "KILN_INF_D)" : "KILN_INF_F)");
-  if (is_double) return "(" + hex_double(v) + ")";
-  // A double beyond float's range rounds to inf as a float: spelled as inf, not as the hex
-  // text of an infinity ("0xinff": NVRTC's "invalid hexadecimal number").
-  const float f = static_cast<float>(v);
-  if (std::isinf(f)) return f < 0 ? "(-KILN_INF_F)" : "(KILN_INF_F)";
-  return "(" + hex_double(static_cast<double>(f)) + "f)";
+  return c_family::float_literal(v, is_double, c_family::kCudaDialect);
 }
-
-inline std::string int_literal(i64 v, DType t) {
-  if (t == DType::Bool) return v ? "true" : "false";
-  if (t == DType::Int32)
-    return "((int)" + std::to_string(static_cast<std::int32_t>(static_cast<std::uint32_t>(v))) + ")";
-  if (v == std::numeric_limits<i64>::min()) return "(-9223372036854775807LL - 1)";
-  return "(" + std::to_string(v) + "LL)";
-}
-
-/// The constant's value as the reference casts it, as a literal of ctype(dtype).
 inline std::string constant_literal(const ir::GraphNode& n) {
-  DType t = n.dtype;
-  if (is_floating(t)) {
-    double v = n.attrs.scalar;
-    if (t == DType::Float16)
-      v = static_cast<float>(Half(static_cast<float>(v)));
-    else if (t == DType::BFloat16)
-      v = static_cast<float>(BFloat16(static_cast<float>(v)));
-    return float_literal(v, t == DType::Float64);
-  }
-  return int_literal(n.attrs.iscalar, t);
+  return c_family::constant_literal(n, c_family::kCudaDialect);
 }
 
 /// What a unit needs in its prelude.
@@ -1130,11 +1068,16 @@ class Writer {
       std::string u = it == DType::Int32 ? "unsigned" : "unsigned long long";
       return "(" + std::string(ctype(it)) + ")((" + u + ")" + a + " " + op + " (" + u + ")" + b + ")";
     };
-    auto fmath = [&](const char* fn) {
-      if (!fl) unsupported(n, it);
-      return round16(std::string(fn) + (dbl ? "(" : "f(") + a + ")", t);
-    };
     const char* inf = dbl ? "KILN_INF_D" : "KILN_INF_F";
+    // Math by its C name (the op table's kLibmName): CUDA's expf(a), atan2(a, b), ...
+    if (ir::has_flag(n.op, ir::kLibmName)) {
+      if (!fl) unsupported(n, it);
+      return round16(
+          std::string(ir::op_name(n.op)) + (dbl ? "(" : "f(") + a + (in.size() > 1 ? ", " + b : std::string()) + ")",
+          t);
+    }
+    // Comparisons, logic, where, maximum/minimum: the same C in every dialect.
+    if (std::string e = c_family::select_expr(n.op, fl, a, b, in.size() > 2 ? in[2].expr : ""); !e.empty()) return e;
     switch (n.op) {
       case Op::Neg:
         if (fl) return "(-" + a + ")";
@@ -1148,34 +1091,6 @@ class Writer {
                (it == DType::Int32 ? "(int)(0u - (unsigned)" + a + ")"
                                    : "(long long)(0ull - (unsigned long long)" + a + ")") +
                " : " + a + ")";
-      case Op::Exp:
-        return fmath("exp");
-      case Op::Exp2:
-        return fmath("exp2");
-      case Op::Log:
-        return fmath("log");
-      case Op::Log2:
-        return fmath("log2");
-      case Op::Log1p:
-        return fmath("log1p");
-      case Op::Expm1:
-        return fmath("expm1");
-      case Op::Sin:
-        return fmath("sin");
-      case Op::Cos:
-        return fmath("cos");
-      case Op::Tan:
-        return fmath("tan");
-      case Op::Tanh:
-        return fmath("tanh");
-      case Op::Erf:
-        return fmath("erf");
-      case Op::Atan:
-        return fmath("atan");
-      case Op::Asin:
-        return fmath("asin");
-      case Op::Acos:
-        return fmath("acos");
       case Op::BitNot:
       case Op::BitAnd:
       case Op::BitOr:
@@ -1184,8 +1099,6 @@ class Writer {
       case Op::Shr:
         if (!c_family::integer_expr_applies(n.op, it)) unsupported(n, it);
         return c_family::integer_expr(n.op, it, ctype(it), a, b, needs_.ints);
-      case Op::Sqrt:
-        return fmath("sqrt");
       case Op::Rsqrt:
         if (!fl) unsupported(n, it);
         // 1/sqrt(x) with two correctly rounded steps, as the reference (rsqrtf is approximate).
@@ -1226,12 +1139,6 @@ class Writer {
         needs_.ints = true;
         if (it == DType::Bool) return "(kiln_idiv_i64((long long)" + a + ", (long long)" + b + ") != 0)";
         return std::string(it == DType::Int32 ? "kiln_idiv_i32(" : "kiln_idiv_i64(") + a + ", " + b + ")";
-      case Op::Atan2:
-      case Op::Hypot: {
-        if (!fl) unsupported(n, it);
-        const std::string fn = n.op == Op::Atan2 ? "atan2" : "hypot";
-        return round16(fn + (dbl ? "(" : "f(") + a + ", " + b + ")", t);
-      }
       case Op::Fmod:
         if (fl) return round16(std::string(dbl ? "fmod(" : "fmodf(") + a + ", " + b + ")", t);
         if (!c_family::integer_expr_applies(n.op, it)) unsupported(n, it);
@@ -1241,34 +1148,6 @@ class Writer {
         needs_.ints = true;
         if (it == DType::Bool) return "(kiln_ipow_i64((long long)" + a + ", (long long)" + b + ") != 0)";
         return std::string(it == DType::Int32 ? "kiln_ipow_i32(" : "kiln_ipow_i64(") + a + ", " + b + ")";
-      case Op::Maximum:
-        if (fl)
-          return "(" + a + " != " + a + " ? " + a + " : " + b + " != " + b + " ? " + b + " : (" + a + " < " + b +
-                 " ? " + b + " : " + a + "))";
-        return "(" + a + " < " + b + " ? " + b + " : " + a + ")";
-      case Op::Minimum:
-        if (fl)
-          return "(" + a + " != " + a + " ? " + a + " : " + b + " != " + b + " ? " + b + " : (" + b + " < " + a +
-                 " ? " + b + " : " + a + "))";
-        return "(" + b + " < " + a + " ? " + b + " : " + a + ")";
-      case Op::Eq:
-        return "(" + a + " == " + b + ")";
-      case Op::Ne:
-        return "(" + a + " != " + b + ")";
-      case Op::Lt:
-        return "(" + a + " < " + b + ")";
-      case Op::Le:
-        return "(" + a + " <= " + b + ")";
-      case Op::Gt:
-        return "(" + a + " > " + b + ")";
-      case Op::Ge:
-        return "(" + a + " >= " + b + ")";
-      case Op::And:
-        return "((" + a + " != 0) & (" + b + " != 0))";
-      case Op::Or:
-        return "((" + a + " != 0) | (" + b + " != 0))";
-      case Op::Where:
-        return "(" + a + " ? " + b + " : " + in[2].expr + ")";
       default:
         break;
     }

@@ -25,83 +25,86 @@ enum OpFlag : std::uint32_t {
   kMathCall = 1u << 4,     ///< computed by a math function, not an operator (CUDA counts these)
   kComparison = 1u << 5,   ///< eq, ne, lt, le, gt, ge
   kCommutative = 1u << 6,  ///< f(a, b) == f(b, a)
+  /// Floating math computed by the C library function of the op's printed name (expf / exp,
+  /// atan2f / atan2): every C-family writer emits it by that name, each in its dialect.
+  kLibmName = 1u << 7,
 };
 
 /// The op table: every primitive once, as X(enum name, printed name, kind, cost class, flags).
 /// Kinds are contiguous in the list (leaves, unary, binary, ternary, reductions, index maps);
 /// op_info() and everything derived from it read this list and nothing else. Each primitive's
 /// vector-Jacobian rule will be a column of this table (see OpInfo::vjp).
-#define KILN_IR_OPS(X)                                                                 \
-  /* Leaves. */                                                                        \
-  X(Input, "input", Leaf, Free, kNoFlags)                                              \
-  X(Constant, "constant", Leaf, Free, kNoFlags)                                        \
-  X(Iota, "iota", Leaf, Free, kNoFlags)                                                \
-  X(Random, "random", Leaf, Cheap, kNoFlags)                                           \
-  /* Unary pointwise: output dtype = input dtype unless kBoolResult; Cast converts. */ \
-  X(Neg, "neg", Unary, Cheap, kNoFlags)                                                \
-  X(Abs, "abs", Unary, Cheap, kNoFlags)                                                \
-  X(Exp, "exp", Unary, Transcendental, kFloatOnly | kMathCall)                         \
-  X(Exp2, "exp2", Unary, Transcendental, kFloatOnly | kMathCall)                       \
-  X(Log, "log", Unary, Transcendental, kFloatOnly | kMathCall)                         \
-  X(Log2, "log2", Unary, Transcendental, kFloatOnly | kMathCall)                       \
-  X(Log1p, "log1p", Unary, Transcendental, kFloatOnly | kMathCall)                     \
-  X(Expm1, "expm1", Unary, Transcendental, kFloatOnly | kMathCall)                     \
-  X(Sqrt, "sqrt", Unary, Divide, kFloatOnly | kMathCall)                               \
-  X(Rsqrt, "rsqrt", Unary, Divide, kFloatOnly | kMathCall)                             \
-  X(Sin, "sin", Unary, Transcendental, kFloatOnly | kMathCall)                         \
-  X(Cos, "cos", Unary, Transcendental, kFloatOnly | kMathCall)                         \
-  X(Tan, "tan", Unary, Transcendental, kFloatOnly | kMathCall)                         \
-  X(Tanh, "tanh", Unary, Transcendental, kFloatOnly | kMathCall)                       \
-  X(Erf, "erf", Unary, Transcendental, kFloatOnly | kMathCall)                         \
-  X(Atan, "atan", Unary, Transcendental, kFloatOnly | kMathCall)                       \
-  X(Asin, "asin", Unary, Transcendental, kFloatOnly | kMathCall)                       \
-  X(Acos, "acos", Unary, Transcendental, kFloatOnly | kMathCall)                       \
-  X(Floor, "floor", Unary, Cheap, kNoFlags)                                            \
-  X(Ceil, "ceil", Unary, Cheap, kNoFlags)                                              \
-  X(Round, "round", Unary, Cheap, kNoFlags)                                            \
-  X(Not, "not", Unary, Cheap, kBoolResult)                                             \
-  X(IsNan, "isnan", Unary, Cheap, kBoolResult)                                         \
-  X(IsInf, "isinf", Unary, Cheap, kBoolResult)                                         \
-  X(BitNot, "bitwise_not", Unary, Cheap, kIntOnly | kBoolToo)                          \
-  X(Cast, "cast", Unary, Cheap, kNoFlags)                                              \
-  /* Binary pointwise: both inputs have the output's shape and one dtype. */           \
-  X(Add, "add", Binary, Cheap, kCommutative)                                           \
-  X(Sub, "sub", Binary, Cheap, kNoFlags)                                               \
-  X(Mul, "mul", Binary, Cheap, kCommutative)                                           \
-  X(Div, "div", Binary, Divide, kNoFlags)                                              \
-  X(Pow, "pow", Binary, Transcendental, kMathCall)                                     \
-  X(Maximum, "maximum", Binary, Cheap, kCommutative)                                   \
-  X(Minimum, "minimum", Binary, Cheap, kCommutative)                                   \
-  X(Eq, "eq", Binary, Cheap, kBoolResult | kComparison | kCommutative)                 \
-  X(Ne, "ne", Binary, Cheap, kBoolResult | kComparison | kCommutative)                 \
-  X(Lt, "lt", Binary, Cheap, kBoolResult | kComparison)                                \
-  X(Le, "le", Binary, Cheap, kBoolResult | kComparison)                                \
-  X(Gt, "gt", Binary, Cheap, kBoolResult | kComparison)                                \
-  X(Ge, "ge", Binary, Cheap, kBoolResult | kComparison)                                \
-  X(And, "and", Binary, Cheap, kBoolResult | kCommutative)                             \
-  X(Or, "or", Binary, Cheap, kBoolResult | kCommutative)                               \
-  X(Atan2, "atan2", Binary, Transcendental, kFloatOnly | kMathCall)                    \
-  X(Hypot, "hypot", Binary, Transcendental, kFloatOnly | kMathCall | kCommutative)     \
-  X(Fmod, "fmod", Binary, Divide, kNoFlags)                                            \
-  X(BitAnd, "bitwise_and", Binary, Cheap, kIntOnly | kBoolToo | kCommutative)          \
-  X(BitOr, "bitwise_or", Binary, Cheap, kIntOnly | kBoolToo | kCommutative)            \
-  X(BitXor, "bitwise_xor", Binary, Cheap, kIntOnly | kBoolToo | kCommutative)          \
-  X(Shl, "left_shift", Binary, Cheap, kIntOnly)                                        \
-  X(Shr, "right_shift", Binary, Cheap, kIntOnly)                                       \
-  /* Ternary pointwise: Where(cond Bool, a, b). */                                     \
-  X(Where, "where", Ternary, Cheap, kNoFlags)                                          \
-  /* Reductions over attrs.ints (sorted axes), keeping reduced dims as size 1. */      \
-  X(ReduceSum, "sum", Reduce, Free, kNoFlags)                                          \
-  X(ReduceProd, "prod", Reduce, Free, kNoFlags)                                        \
-  X(ReduceMax, "max", Reduce, Free, kNoFlags)                                          \
-  X(ReduceMin, "min", Reduce, Free, kNoFlags)                                          \
-  X(ArgMax, "argmax", Reduce, Free, kNoFlags)                                          \
-  X(ArgMin, "argmin", Reduce, Free, kNoFlags)                                          \
-  /* Index maps: the output reads its input(s) at a remapped index; no arithmetic. */  \
-  X(Broadcast, "broadcast", IndexMap, Free, kNoFlags)                                  \
-  X(Reshape, "reshape", IndexMap, Free, kNoFlags)                                      \
-  X(Permute, "permute", IndexMap, Free, kNoFlags)                                      \
-  X(Slice, "slice", IndexMap, Free, kNoFlags)                                          \
+#define KILN_IR_OPS(X)                                                                         \
+  /* Leaves. */                                                                                \
+  X(Input, "input", Leaf, Free, kNoFlags)                                                      \
+  X(Constant, "constant", Leaf, Free, kNoFlags)                                                \
+  X(Iota, "iota", Leaf, Free, kNoFlags)                                                        \
+  X(Random, "random", Leaf, Cheap, kNoFlags)                                                   \
+  /* Unary pointwise: output dtype = input dtype unless kBoolResult; Cast converts. */         \
+  X(Neg, "neg", Unary, Cheap, kNoFlags)                                                        \
+  X(Abs, "abs", Unary, Cheap, kNoFlags)                                                        \
+  X(Exp, "exp", Unary, Transcendental, kFloatOnly | kMathCall | kLibmName)                     \
+  X(Exp2, "exp2", Unary, Transcendental, kFloatOnly | kMathCall | kLibmName)                   \
+  X(Log, "log", Unary, Transcendental, kFloatOnly | kMathCall | kLibmName)                     \
+  X(Log2, "log2", Unary, Transcendental, kFloatOnly | kMathCall | kLibmName)                   \
+  X(Log1p, "log1p", Unary, Transcendental, kFloatOnly | kMathCall | kLibmName)                 \
+  X(Expm1, "expm1", Unary, Transcendental, kFloatOnly | kMathCall | kLibmName)                 \
+  X(Sqrt, "sqrt", Unary, Divide, kFloatOnly | kMathCall | kLibmName)                           \
+  X(Rsqrt, "rsqrt", Unary, Divide, kFloatOnly | kMathCall)                                     \
+  X(Sin, "sin", Unary, Transcendental, kFloatOnly | kMathCall | kLibmName)                     \
+  X(Cos, "cos", Unary, Transcendental, kFloatOnly | kMathCall | kLibmName)                     \
+  X(Tan, "tan", Unary, Transcendental, kFloatOnly | kMathCall | kLibmName)                     \
+  X(Tanh, "tanh", Unary, Transcendental, kFloatOnly | kMathCall | kLibmName)                   \
+  X(Erf, "erf", Unary, Transcendental, kFloatOnly | kMathCall | kLibmName)                     \
+  X(Atan, "atan", Unary, Transcendental, kFloatOnly | kMathCall | kLibmName)                   \
+  X(Asin, "asin", Unary, Transcendental, kFloatOnly | kMathCall | kLibmName)                   \
+  X(Acos, "acos", Unary, Transcendental, kFloatOnly | kMathCall | kLibmName)                   \
+  X(Floor, "floor", Unary, Cheap, kNoFlags)                                                    \
+  X(Ceil, "ceil", Unary, Cheap, kNoFlags)                                                      \
+  X(Round, "round", Unary, Cheap, kNoFlags)                                                    \
+  X(Not, "not", Unary, Cheap, kBoolResult)                                                     \
+  X(IsNan, "isnan", Unary, Cheap, kBoolResult)                                                 \
+  X(IsInf, "isinf", Unary, Cheap, kBoolResult)                                                 \
+  X(BitNot, "bitwise_not", Unary, Cheap, kIntOnly | kBoolToo)                                  \
+  X(Cast, "cast", Unary, Cheap, kNoFlags)                                                      \
+  /* Binary pointwise: both inputs have the output's shape and one dtype. */                   \
+  X(Add, "add", Binary, Cheap, kCommutative)                                                   \
+  X(Sub, "sub", Binary, Cheap, kNoFlags)                                                       \
+  X(Mul, "mul", Binary, Cheap, kCommutative)                                                   \
+  X(Div, "div", Binary, Divide, kNoFlags)                                                      \
+  X(Pow, "pow", Binary, Transcendental, kMathCall)                                             \
+  X(Maximum, "maximum", Binary, Cheap, kCommutative)                                           \
+  X(Minimum, "minimum", Binary, Cheap, kCommutative)                                           \
+  X(Eq, "eq", Binary, Cheap, kBoolResult | kComparison | kCommutative)                         \
+  X(Ne, "ne", Binary, Cheap, kBoolResult | kComparison | kCommutative)                         \
+  X(Lt, "lt", Binary, Cheap, kBoolResult | kComparison)                                        \
+  X(Le, "le", Binary, Cheap, kBoolResult | kComparison)                                        \
+  X(Gt, "gt", Binary, Cheap, kBoolResult | kComparison)                                        \
+  X(Ge, "ge", Binary, Cheap, kBoolResult | kComparison)                                        \
+  X(And, "and", Binary, Cheap, kBoolResult | kCommutative)                                     \
+  X(Or, "or", Binary, Cheap, kBoolResult | kCommutative)                                       \
+  X(Atan2, "atan2", Binary, Transcendental, kFloatOnly | kMathCall | kLibmName)                \
+  X(Hypot, "hypot", Binary, Transcendental, kFloatOnly | kMathCall | kCommutative | kLibmName) \
+  X(Fmod, "fmod", Binary, Divide, kNoFlags)                                                    \
+  X(BitAnd, "bitwise_and", Binary, Cheap, kIntOnly | kBoolToo | kCommutative)                  \
+  X(BitOr, "bitwise_or", Binary, Cheap, kIntOnly | kBoolToo | kCommutative)                    \
+  X(BitXor, "bitwise_xor", Binary, Cheap, kIntOnly | kBoolToo | kCommutative)                  \
+  X(Shl, "left_shift", Binary, Cheap, kIntOnly)                                                \
+  X(Shr, "right_shift", Binary, Cheap, kIntOnly)                                               \
+  /* Ternary pointwise: Where(cond Bool, a, b). */                                             \
+  X(Where, "where", Ternary, Cheap, kNoFlags)                                                  \
+  /* Reductions over attrs.ints (sorted axes), keeping reduced dims as size 1. */              \
+  X(ReduceSum, "sum", Reduce, Free, kNoFlags)                                                  \
+  X(ReduceProd, "prod", Reduce, Free, kNoFlags)                                                \
+  X(ReduceMax, "max", Reduce, Free, kNoFlags)                                                  \
+  X(ReduceMin, "min", Reduce, Free, kNoFlags)                                                  \
+  X(ArgMax, "argmax", Reduce, Free, kNoFlags)                                                  \
+  X(ArgMin, "argmin", Reduce, Free, kNoFlags)                                                  \
+  /* Index maps: the output reads its input(s) at a remapped index; no arithmetic. */          \
+  X(Broadcast, "broadcast", IndexMap, Free, kNoFlags)                                          \
+  X(Reshape, "reshape", IndexMap, Free, kNoFlags)                                              \
+  X(Permute, "permute", IndexMap, Free, kNoFlags)                                              \
+  X(Slice, "slice", IndexMap, Free, kNoFlags)                                                  \
   X(Concat, "concat", IndexMap, Free, kNoFlags)
 
 // Attributes and leaves, op by op:

@@ -14,18 +14,28 @@
 
 namespace kiln::codegen::c_family {
 
-/// What differs between the dialects in the text of a literal: the spelling of inf and NaN.
+/// What differs between the dialects in the text they share: the spelling of inf and NaN and
+/// of C library calls.
 struct Dialect {
   const char* inf_f;
   const char* inf_d;
   const char* nan_f;
   const char* nan_d;
+  const char* libm_prefix;  ///< before a C library function's name ("__builtin_" + "floorf")
+  const char* round_even;   ///< the function rounding halves to even in the default mode
 };
-/// GCC/Clang C++: the builtins, constant expressions in every context.
-inline constexpr Dialect kCppDialect{"__builtin_inff()", "__builtin_inf()", "__builtin_nanf(\"\")",
-                                     "__builtin_nan(\"\")"};
-/// CUDA C++ under NVRTC: the prelude's macros (codegen/cuda_prelude.hpp), bit patterns.
-inline constexpr Dialect kCudaDialect{"KILN_INF_F", "KILN_INF_D", "KILN_NAN_F", "KILN_NAN_D"};
+/// GCC/Clang C++: the builtins (constant expressions in every context, inlined, vectorised).
+inline constexpr Dialect kCppDialect{"__builtin_inff()",    "__builtin_inf()", "__builtin_nanf(\"\")",
+                                     "__builtin_nan(\"\")", "__builtin_",      "nearbyint"};
+/// CUDA C++ under NVRTC: the prelude's macros (codegen/cuda_prelude.hpp), bit patterns; CUDA's
+/// device math functions.
+inline constexpr Dialect kCudaDialect{"KILN_INF_F", "KILN_INF_D", "KILN_NAN_F", "KILN_NAN_D", "", "rint"};
+
+/// The opening of a call of C library function `name` on double (`is_double`) or float
+/// operands in dialect `d`: "__builtin_floorf(", "floor(".
+inline std::string libm_call(const Dialect& d, const std::string& name, bool is_double) {
+  return std::string(d.libm_prefix) + name + (is_double ? "(" : "f(");
+}
 
 /// C type values of `t` are computed in (16-bit floats in float).
 inline const char* ctype(DType t) {

@@ -23,7 +23,7 @@
 #include "kiln/core/error.hpp"
 #include "kiln/codegen/c_integer.hpp"
 #include "kiln/codegen/c_literals.hpp"
-#include "kiln/codegen/c_select.hpp"
+#include "kiln/codegen/c_pointwise.hpp"
 #include "kiln/core/generated.hpp"
 #include "kiln/core/half.hpp"
 #include "kiln/core/philox.hpp"
@@ -759,12 +759,6 @@ class KernelWriter {
     const std::string b = in.size() > 1 ? in[1].expr : std::string();
     const bool fl = is_floating(it);
     const bool dbl = it == DType::Float64;
-    // Integer arithmetic wraps; bool arithmetic is done on 0/1 integers, as the reference does.
-    auto wrap = [&](const char* op) {
-      if (it == DType::Bool) return "((long long)" + a + " " + op + " (long long)" + b + " != 0)";
-      std::string u = it == DType::Int32 ? "unsigned" : "unsigned long long";
-      return "(" + std::string(ctype(it)) + ")((" + u + ")" + a + " " + op + " (" + u + ")" + b + ")";
-    };
     // Math by its C name (the op table's kLibmName): kiln's vectorised kiln_<name>_f32/_f64
     // where cpu_math.hpp has one, else the scalar builtin (__builtin_atan2f(a, b), ...).
     if (ir::has_flag(n.op, ir::kLibmName)) {
@@ -773,74 +767,34 @@ class KernelWriter {
       if (n.op == Op::Exp && it == DType::Float32 && nonpositive_shift(n.inputs[0])) return math("exp_nonpos", a, it);
       if (std::find(std::begin(kVectorMath), std::end(kVectorMath), n.op) != std::end(kVectorMath))
         return round16(math(fn.c_str(), a, it), t);
-      return round16("__builtin_" + fn + (dbl ? "(" : "f(") + a + (in.size() > 1 ? ", " + b : std::string()) + ")", t);
+      return round16(
+          c_family::libm_call(c_family::kCppDialect, fn, dbl) + a + (in.size() > 1 ? ", " + b : std::string()) + ")",
+          t);
     }
-    // Comparisons, logic, where, maximum/minimum: the same C in every dialect.
-    if (std::string e = c_family::select_expr(n.op, fl, a, b, in.size() > 2 ? in[2].expr : ""); !e.empty()) return e;
     switch (n.op) {
-      case Op::Neg:
-        if (fl) return "(-" + a + ")";
-        if (it == DType::Bool) return a;
-        return it == DType::Int32 ? "(int)(0u - (unsigned)" + a + ")"
-                                  : "(long long)(0ull - (unsigned long long)" + a + ")";
-      case Op::Abs:
-        if (fl) return std::string(dbl ? "__builtin_fabs(" : "__builtin_fabsf(") + a + ")";
-        if (it == DType::Bool) return a;
-        return "(" + a + " < 0 ? " +
-               (it == DType::Int32 ? "(int)(0u - (unsigned)" + a + ")"
-                                   : "(long long)(0ull - (unsigned long long)" + a + ")") +
-               " : " + a + ")";
-      case Op::BitNot:
-      case Op::BitAnd:
-      case Op::BitOr:
-      case Op::BitXor:
-      case Op::Shl:
-      case Op::Shr:
-        if (!c_family::integer_expr_applies(n.op, it)) unsupported(n, it);
-        return c_family::integer_expr(n.op, it, ctype(it), a, b, needs_.ints);
-      case Op::Rsqrt:
-        if (!fl) unsupported(n, it);
-        return round16(std::string(dbl ? "(1.0 / __builtin_sqrt(" : "(1.0f / __builtin_sqrtf(") + a + "))", t);
-      case Op::Floor:
-        return fl ? std::string(dbl ? "__builtin_floor(" : "__builtin_floorf(") + a + ")" : a;
-      case Op::Ceil:
-        return fl ? std::string(dbl ? "__builtin_ceil(" : "__builtin_ceilf(") + a + ")" : a;
-      case Op::Round:
-        // nearbyint in the default rounding mode: halves to even, as torch.round.
-        return fl ? std::string(dbl ? "__builtin_nearbyint(" : "__builtin_nearbyintf(") + a + ")" : a;
-      case Op::Not:
-        return "(" + a + " == 0)";
-      case Op::IsNan:
-        return fl ? "(" + a + " != " + a + ")" : "false";
-      case Op::IsInf:
-        return fl ? "(" + std::string(dbl ? "__builtin_fabs(" : "__builtin_fabsf(") + a +
-                        ") == " + (dbl ? "__builtin_inf()" : "__builtin_inff()") + ")"
-                  : "false";
       case Op::Cast:
         return cast_expr(a, it, t);
       case Op::Add:
-        return fl ? round16("(" + a + " + " + b + ")", t) : wrap("+");
+        if (fl) return round16("(" + a + " + " + b + ")", t);
+        break;
       case Op::Sub:
-        return fl ? round16("(" + a + " - " + b + ")", t) : wrap("-");
+        if (fl) return round16("(" + a + " - " + b + ")", t);
+        break;
       case Op::Mul:
-        return fl ? round16("(" + a + " * " + b + ")", t) : wrap("*");
+        if (fl) return round16("(" + a + " * " + b + ")", t);
+        break;
       case Op::Div:
         if (fl) return round16("(" + a + " / " + b + ")", t);
-        needs_.ints = true;
-        if (it == DType::Bool) return "(kiln_idiv_i64((long long)" + a + ", (long long)" + b + ") != 0)";
-        return std::string(it == DType::Int32 ? "kiln_idiv_i32(" : "kiln_idiv_i64(") + a + ", " + b + ")";
-      case Op::Fmod:
-        if (fl) return round16(std::string(dbl ? "__builtin_fmod(" : "__builtin_fmodf(") + a + ", " + b + ")", t);
-        if (!c_family::integer_expr_applies(n.op, it)) unsupported(n, it);
-        return c_family::integer_expr(n.op, it, ctype(it), a, b, needs_.ints);
-      case Op::Pow:
-        if (fl) return round16(std::string(dbl ? "__builtin_pow(" : "__builtin_powf(") + a + ", " + b + ")", t);
-        needs_.ints = true;
-        if (it == DType::Bool) return "(kiln_ipow_i64((long long)" + a + ", (long long)" + b + ") != 0)";
-        return std::string(it == DType::Int32 ? "kiln_ipow_i32(" : "kiln_ipow_i64(") + a + ", " + b + ")";
+        break;
       default:
         break;
     }
+    // Everything else reads the same in every dialect (codegen/c_pointwise.hpp).
+    const std::string c = in.size() > 2 ? in[2].expr : std::string();
+    const c_family::PointwiseHooks hooks{c_family::kCppDialect,
+                                         [this](const std::string& v, DType dt) { return round16(v, dt); },
+                                         [&] { unsupported(n, it); }, needs_.ints};
+    if (std::string e = c_family::pointwise_expr({n.op, t, it, a, b, c}, hooks); !e.empty()) return e;
     throw Error(std::string("kiln codegen: no code for op ") + ir::op_name(n.op));
   }
 

@@ -42,7 +42,7 @@
 #include "kiln/core/error.hpp"
 #include "kiln/codegen/c_integer.hpp"
 #include "kiln/codegen/c_literals.hpp"
-#include "kiln/codegen/c_select.hpp"
+#include "kiln/codegen/c_pointwise.hpp"
 #include "kiln/core/generated.hpp"
 #include "kiln/core/half.hpp"
 #include "kiln/core/hash.hpp"
@@ -1063,58 +1063,14 @@ class Writer {
     const std::string b = in.size() > 1 ? in[1].expr : std::string();
     const bool fl = is_floating(it);
     const bool dbl = it == DType::Float64;
-    auto wrap = [&](const char* op) {
-      if (it == DType::Bool) return "((long long)" + a + " " + op + " (long long)" + b + " != 0)";
-      std::string u = it == DType::Int32 ? "unsigned" : "unsigned long long";
-      return "(" + std::string(ctype(it)) + ")((" + u + ")" + a + " " + op + " (" + u + ")" + b + ")";
-    };
-    const char* inf = dbl ? "KILN_INF_D" : "KILN_INF_F";
     // Math by its C name (the op table's kLibmName): CUDA's expf(a), atan2(a, b), ...
     if (ir::has_flag(n.op, ir::kLibmName)) {
       if (!fl) unsupported(n, it);
-      return round16(
-          std::string(ir::op_name(n.op)) + (dbl ? "(" : "f(") + a + (in.size() > 1 ? ", " + b : std::string()) + ")",
-          t);
+      return round16(c_family::libm_call(c_family::kCudaDialect, ir::op_name(n.op), dbl) + a +
+                         (in.size() > 1 ? ", " + b : std::string()) + ")",
+                     t);
     }
-    // Comparisons, logic, where, maximum/minimum: the same C in every dialect.
-    if (std::string e = c_family::select_expr(n.op, fl, a, b, in.size() > 2 ? in[2].expr : ""); !e.empty()) return e;
     switch (n.op) {
-      case Op::Neg:
-        if (fl) return "(-" + a + ")";
-        if (it == DType::Bool) return a;
-        return it == DType::Int32 ? "(int)(0u - (unsigned)" + a + ")"
-                                  : "(long long)(0ull - (unsigned long long)" + a + ")";
-      case Op::Abs:
-        if (fl) return std::string(dbl ? "fabs(" : "fabsf(") + a + ")";
-        if (it == DType::Bool) return a;
-        return "(" + a + " < 0 ? " +
-               (it == DType::Int32 ? "(int)(0u - (unsigned)" + a + ")"
-                                   : "(long long)(0ull - (unsigned long long)" + a + ")") +
-               " : " + a + ")";
-      case Op::BitNot:
-      case Op::BitAnd:
-      case Op::BitOr:
-      case Op::BitXor:
-      case Op::Shl:
-      case Op::Shr:
-        if (!c_family::integer_expr_applies(n.op, it)) unsupported(n, it);
-        return c_family::integer_expr(n.op, it, ctype(it), a, b, needs_.ints);
-      case Op::Rsqrt:
-        if (!fl) unsupported(n, it);
-        // 1/sqrt(x) with two correctly rounded steps, as the reference (rsqrtf is approximate).
-        return round16(std::string(dbl ? "(1.0 / sqrt(" : "(1.0f / sqrtf(") + a + "))", t);
-      case Op::Floor:
-        return fl ? std::string(dbl ? "floor(" : "floorf(") + a + ")" : a;
-      case Op::Ceil:
-        return fl ? std::string(dbl ? "ceil(" : "ceilf(") + a + ")" : a;
-      case Op::Round:
-        return fl ? std::string(dbl ? "rint(" : "rintf(") + a + ")" : a;  // halves to even
-      case Op::Not:
-        return "(" + a + " == 0)";
-      case Op::IsNan:
-        return fl ? "(" + a + " != " + a + ")" : "false";
-      case Op::IsInf:
-        return fl ? "(" + std::string(dbl ? "fabs(" : "fabsf(") + a + ") == " + inf + ")" : "false";
       case Op::Cast:
         return cast_expr(a, it, t);
       // Floating +, - and * through the _rn intrinsics, which NVRTC never contracts into a
@@ -1122,11 +1078,14 @@ class Writer {
       // (-ffp-contract=off). A contracted x*y - max(x*y) is the product's rounding error, not 0,
       // and for huge products exp of it overflows: softmax of 1e30-sized logits gave NaN.
       case Op::Add:
-        return fl ? round16(rounded_op(dbl, "add", a, b), t) : wrap("+");
+        if (fl) return round16(rounded_op(dbl, "add", a, b), t);
+        break;
       case Op::Sub:
-        return fl ? round16(rounded_op(dbl, "sub", a, b), t) : wrap("-");
+        if (fl) return round16(rounded_op(dbl, "sub", a, b), t);
+        break;
       case Op::Mul:
-        return fl ? round16(rounded_op(dbl, "mul", a, b), t) : wrap("*");
+        if (fl) return round16(rounded_op(dbl, "mul", a, b), t);
+        break;
       case Op::Div:
         if (fl && !dbl && t_.reciprocal_div && in[1].scope < in[0].scope) {
           // A divisor computed outside the loop (softmax's row sum): one division per row and a
@@ -1136,21 +1095,16 @@ class Writer {
           return round16("(" + rc + "_ok ? " + a + " * " + rc + " : " + a + " / " + b + ")", t);
         }
         if (fl) return round16("(" + a + " / " + b + ")", t);
-        needs_.ints = true;
-        if (it == DType::Bool) return "(kiln_idiv_i64((long long)" + a + ", (long long)" + b + ") != 0)";
-        return std::string(it == DType::Int32 ? "kiln_idiv_i32(" : "kiln_idiv_i64(") + a + ", " + b + ")";
-      case Op::Fmod:
-        if (fl) return round16(std::string(dbl ? "fmod(" : "fmodf(") + a + ", " + b + ")", t);
-        if (!c_family::integer_expr_applies(n.op, it)) unsupported(n, it);
-        return c_family::integer_expr(n.op, it, ctype(it), a, b, needs_.ints);
-      case Op::Pow:
-        if (fl) return round16(std::string(dbl ? "pow(" : "powf(") + a + ", " + b + ")", t);
-        needs_.ints = true;
-        if (it == DType::Bool) return "(kiln_ipow_i64((long long)" + a + ", (long long)" + b + ") != 0)";
-        return std::string(it == DType::Int32 ? "kiln_ipow_i32(" : "kiln_ipow_i64(") + a + ", " + b + ")";
+        break;
       default:
         break;
     }
+    // Everything else reads the same in every dialect (codegen/c_pointwise.hpp).
+    const std::string c = in.size() > 2 ? in[2].expr : std::string();
+    const c_family::PointwiseHooks hooks{c_family::kCudaDialect,
+                                         [this](const std::string& v, DType dt) { return round16(v, dt); },
+                                         [&] { unsupported(n, it); }, needs_.ints};
+    if (std::string e = c_family::pointwise_expr({n.op, t, it, a, b, c}, hooks); !e.empty()) return e;
     throw Error(std::string("kiln CUDA codegen: no code for op ") + ir::op_name(n.op));
   }
 

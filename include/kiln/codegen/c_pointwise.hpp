@@ -1,0 +1,147 @@
+#pragma once
+// C text of the pointwise primitives as every C-family dialect kiln writes them (the C++ writer
+// and the CUDA writer), each dialect lending its spellings (c_literals.hpp's Dialect), its
+// 16-bit rounding and its errors. What the writers emit themselves: the libm-named math (kiln's
+// vectorised functions on the CPU), casts, and floating + - * / (CUDA keeps them apart from
+// FMA contraction and may multiply by a reciprocal).
+#include <functional>
+#include <string>
+
+#include "kiln/codegen/c_integer.hpp"
+#include "kiln/codegen/c_literals.hpp"
+#include "kiln/core/dtype.hpp"
+#include "kiln/ir/op.hpp"
+
+namespace kiln::codegen::c_family {
+
+/// The expression of `op` on operands `a`, `b`, `c` (`floating`: the operands' dtype is a
+/// floating one), or "" when `op` is not one of these primitives.
+inline std::string select_expr(ir::Op op, bool floating, const std::string& a, const std::string& b,
+                               const std::string& c) {
+  using ir::Op;
+  switch (op) {
+    case Op::Maximum:  // NaN if either operand is NaN
+      if (floating)
+        return "(" + a + " != " + a + " ? " + a + " : " + b + " != " + b + " ? " + b + " : (" + a + " < " + b + " ? " +
+               b + " : " + a + "))";
+      return "(" + a + " < " + b + " ? " + b + " : " + a + ")";
+    case Op::Minimum:
+      if (floating)
+        return "(" + a + " != " + a + " ? " + a + " : " + b + " != " + b + " ? " + b + " : (" + b + " < " + a + " ? " +
+               b + " : " + a + "))";
+      return "(" + b + " < " + a + " ? " + b + " : " + a + ")";
+    case Op::Eq:
+      return "(" + a + " == " + b + ")";
+    case Op::Ne:
+      return "(" + a + " != " + b + ")";
+    case Op::Lt:
+      return "(" + a + " < " + b + ")";
+    case Op::Le:
+      return "(" + a + " <= " + b + ")";
+    case Op::Gt:
+      return "(" + a + " > " + b + ")";
+    case Op::Ge:
+      return "(" + a + " >= " + b + ")";
+    case Op::And:
+      return "((" + a + " != 0) & (" + b + " != 0))";
+    case Op::Or:
+      return "((" + a + " != 0) | (" + b + " != 0))";
+    case Op::Where:
+      return "(" + a + " ? " + b + " : " + c + ")";
+    default:
+      return "";
+  }
+}
+
+/// One pointwise node as the shared emitter sees it.
+struct PointwiseArgs {
+  ir::Op op;
+  DType out;  ///< the result's dtype
+  DType in;   ///< the first operand's dtype
+  const std::string& a;
+  const std::string& b;  ///< "" for unary ops
+  const std::string& c;  ///< "" but for where
+};
+
+/// What the writer lends the shared emitter.
+struct PointwiseHooks {
+  const Dialect& dialect;
+  std::function<std::string(const std::string&, DType)> round16;  ///< 16-bit results rounded
+  std::function<void()> unsupported;                              ///< throws the writer's DTypeError for (op, in)
+  bool& needs_ints;                                               ///< set when the integer prelude's helpers are called
+};
+
+/// C text of `p`, or "" for what each writer emits itself (see the top of this file).
+inline std::string pointwise_expr(const PointwiseArgs& p, const PointwiseHooks& h) {
+  using ir::Op;
+  const std::string &a = p.a, &b = p.b;
+  const DType it = p.in, t = p.out;
+  const bool fl = is_floating(it), dbl = it == DType::Float64;
+  const Dialect& d = h.dialect;
+  if (std::string e = select_expr(p.op, fl, a, b, p.c); !e.empty()) return e;
+  // Integer arithmetic wraps (as unsigned); bool arithmetic is done on 0/1 integers, as the
+  // reference does.
+  auto wrap = [&](const char* op) {
+    if (it == DType::Bool) return "((long long)" + a + " " + op + " (long long)" + b + " != 0)";
+    std::string u = it == DType::Int32 ? "unsigned" : "unsigned long long";
+    return "(" + std::string(ctype(it)) + ")((" + u + ")" + a + " " + op + " (" + u + ")" + b + ")";
+  };
+  const std::string negated =
+      it == DType::Int32 ? "(int)(0u - (unsigned)" + a + ")" : "(long long)(0ull - (unsigned long long)" + a + ")";
+  switch (p.op) {
+    case Op::Neg:
+      if (fl) return "(-" + a + ")";
+      return it == DType::Bool ? a : negated;
+    case Op::Abs:
+      if (fl) return libm_call(d, "fabs", dbl) + a + ")";
+      return it == DType::Bool ? a : "(" + a + " < 0 ? " + negated + " : " + a + ")";
+    case Op::BitNot:
+    case Op::BitAnd:
+    case Op::BitOr:
+    case Op::BitXor:
+    case Op::Shl:
+    case Op::Shr:
+      if (!integer_expr_applies(p.op, it)) h.unsupported();
+      return integer_expr(p.op, it, ctype(it), a, b, h.needs_ints);
+    case Op::Rsqrt:
+      // 1/sqrt(x) with two correctly rounded steps, as the reference (CUDA's rsqrtf is approximate).
+      if (!fl) h.unsupported();
+      return h.round16(std::string(dbl ? "(1.0 / " : "(1.0f / ") + libm_call(d, "sqrt", dbl) + a + "))", t);
+    case Op::Floor:
+      return fl ? libm_call(d, "floor", dbl) + a + ")" : a;
+    case Op::Ceil:
+      return fl ? libm_call(d, "ceil", dbl) + a + ")" : a;
+    case Op::Round:  // halves to even, as torch.round
+      return fl ? libm_call(d, d.round_even, dbl) + a + ")" : a;
+    case Op::Not:
+      return "(" + a + " == 0)";
+    case Op::IsNan:
+      return fl ? "(" + a + " != " + a + ")" : "false";
+    case Op::IsInf:
+      return fl ? "(" + libm_call(d, "fabs", dbl) + a + ") == " + (dbl ? d.inf_d : d.inf_f) + ")" : "false";
+    case Op::Add:
+      return fl ? "" : wrap("+");
+    case Op::Sub:
+      return fl ? "" : wrap("-");
+    case Op::Mul:
+      return fl ? "" : wrap("*");
+    case Op::Div:
+      if (fl) return "";
+      h.needs_ints = true;
+      if (it == DType::Bool) return "(kiln_idiv_i64((long long)" + a + ", (long long)" + b + ") != 0)";
+      return std::string(it == DType::Int32 ? "kiln_idiv_i32(" : "kiln_idiv_i64(") + a + ", " + b + ")";
+    case Op::Fmod:
+      if (fl) return h.round16(libm_call(d, "fmod", dbl) + a + ", " + b + ")", t);
+      if (!integer_expr_applies(p.op, it)) h.unsupported();
+      return integer_expr(p.op, it, ctype(it), a, b, h.needs_ints);
+    case Op::Pow:
+      if (fl) return h.round16(libm_call(d, "pow", dbl) + a + ", " + b + ")", t);
+      h.needs_ints = true;
+      if (it == DType::Bool) return "(kiln_ipow_i64((long long)" + a + ", (long long)" + b + ") != 0)";
+      return std::string(it == DType::Int32 ? "kiln_ipow_i32(" : "kiln_ipow_i64(") + a + ", " + b + ")";
+    default:
+      return "";
+  }
+}
+
+}  // namespace kiln::codegen::c_family

@@ -41,8 +41,8 @@ struct BuildCtx {
   /// Float64 twin only: when non-zero, the roundings in which the JIT may legitimately differ
   /// from the reference are imitated by factors 1 + d (drawn from this seed): the floating
   /// operands of reductions and composites (another summation order: blocked float sums
-  /// against the reference's double ones) with |d| <= 2 eps, and the results of the math
-  /// functions with |d| <= their documented ulp (OpDesc::ulp), eps being float's for
+  /// against the reference's double ones) with |d| = 2 eps, and the results of the math
+  /// functions with |d| = their documented ulp (OpDesc::ulp), signs random, eps being float's for
   /// f16/bf16/f32 (computed in float) and double's for f64; and the accumulating ops run with
   /// every dim of their operands flipped (build_program: the sums and products in the reverse
   /// order). How far the outputs move estimates how ill-conditioned they are (see judge).

@@ -139,14 +139,16 @@ inline Built build_program(const Program& p, const BuildCtx& ctx, const std::vec
   for (int v = 0; v < p.size(); ++v) {
     const Step& s = p.steps[static_cast<std::size_t>(v)];
     Tensor t;
-    // The nudged twin (BuildCtx::perturb): x times 1 + d, |d| <= ulps of the compute dtype of
+    // The nudged twin (BuildCtx::perturb): x times 1 + d, |d| = ulps of the compute dtype of
     // `program_dtype` (float for f16/bf16/f32).
     auto nudge = [&](Tensor x, DType program_dtype, double ulps, std::uint64_t salt) {
       if (!ctx.perturb || !is_floating(program_dtype) || x.dtype() != f64 || ulps <= 0) return x;
       Rng r(ctx.perturb ^ ((static_cast<std::uint64_t>(v) * 8 + salt) * 0x9e3779b97f4a7c15ull));
       double eps = program_dtype == f64 ? dtype_eps(f64) : dtype_eps(f32);
       std::vector<double> f(static_cast<std::size_t>(x.numel()));
-      for (auto& e : f) e = 1 + (2 * r.uniform() - 1) * ulps * eps;
+      // The bound itself, with a random sign: a spread drawn inside the bound can come out
+      // near 0 and then stands for less than the error the JIT may have.
+      for (auto& e : f) e = 1 + (r.uniform() < 0.5 ? -1 : 1) * ulps * eps;
       // A finite value the factor would push past DBL_MAX stays as it is: a nudge imitates a
       // rounding, which never makes a finite operand infinite.
       Tensor y = x * from_vector<double>(f, x.shape());
@@ -178,7 +180,7 @@ inline Built build_program(const Program& p, const BuildCtx& ctx, const std::vec
         double eps = s.info.dtype == f64 ? dtype_eps(f64) : dtype_eps(f32);
         std::vector<double> f(xv.size());
         for (std::size_t i = 0; i < f.size(); ++i)
-          f[i] = 1 + (2 * r.uniform() - 1) * std::max(d.ulp, d.ulp_of(xv[i])) * eps;
+          f[i] = 1 + (r.uniform() < 0.5 ? -1 : 1) * std::max(d.ulp, d.ulp_of(xv[i])) * eps;
         Tensor y = t * from_vector<double>(f, t.shape());
         t = Tensor(where(isinf(y) && !isinf(t), t, y));
       } else if (d.ulp > 0) {

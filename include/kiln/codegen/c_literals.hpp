@@ -115,4 +115,56 @@ inline std::string constant_literal(const ir::GraphNode& n, const Dialect& d) {
   return int_literal(n.attrs.iscalar, t);
 }
 
+/// The prelude helpers a unit calls, as far as the code shared by the writers decides them (each
+/// writer's own Needs adds the rest).
+struct PreludeNeeds {
+  bool half = false, bf16 = false, ints = false;
+};
+
+/// An f32 result `v` rounded to the precision of 16-bit dtype `dt` (the reference rounds every
+/// op); `v` itself for other dtypes.
+inline std::string round16(const std::string& v, DType dt, PreludeNeeds& needs) {
+  if (dt == DType::Float16) {
+    needs.half = true;
+    return "kiln_rh(" + v + ")";
+  }
+  if (dt == DType::BFloat16) {
+    needs.bf16 = true;
+    return "kiln_rb(" + v + ")";
+  }
+  return v;
+}
+
+/// Value `v` (of ctype(dt)) as stored (stype(dt)).
+inline std::string to_storage(const std::string& v, DType dt, PreludeNeeds& needs) {
+  switch (dt) {
+    case DType::Bool:
+      return "(unsigned char)(" + v + ")";
+    case DType::Float16:
+      needs.half = true;
+      return "kiln_f2h(" + v + ")";
+    case DType::BFloat16:
+      needs.bf16 = true;
+      return "kiln_f2b(" + v + ")";
+    default:
+      return v;
+  }
+}
+
+/// Stored element `e` (stype(dt)) as a value of ctype(dt).
+inline std::string from_storage(const std::string& e, DType dt, PreludeNeeds& needs) {
+  switch (dt) {
+    case DType::Bool:
+      return "(" + e + " != 0)";
+    case DType::Float16:
+      needs.half = true;
+      return "kiln_h2f(" + e + ")";
+    case DType::BFloat16:
+      needs.bf16 = true;
+      return "kiln_b2f(" + e + ")";
+    default:
+      return e;
+  }
+}
+
 }  // namespace kiln::codegen::c_family

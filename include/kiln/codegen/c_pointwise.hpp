@@ -66,9 +66,8 @@ struct PointwiseArgs {
 /// What the writer lends the shared emitter.
 struct PointwiseHooks {
   const Dialect& dialect;
-  std::function<std::string(const std::string&, DType)> round16;  ///< 16-bit results rounded
-  std::function<void()> unsupported;                              ///< throws the writer's DTypeError for (op, in)
-  bool& needs_ints;                                               ///< set when the integer prelude's helpers are called
+  std::function<void()> unsupported;  ///< throws the writer's DTypeError for (op, in)
+  PreludeNeeds& needs;                ///< the prelude helpers the text calls
 };
 
 /// C text of `p`, or "" for what each writer emits itself (see the top of this file).
@@ -102,11 +101,11 @@ inline std::string pointwise_expr(const PointwiseArgs& p, const PointwiseHooks& 
     case Op::Shl:
     case Op::Shr:
       if (!integer_expr_applies(p.op, it)) h.unsupported();
-      return integer_expr(p.op, it, ctype(it), a, b, h.needs_ints);
+      return integer_expr(p.op, it, ctype(it), a, b, h.needs.ints);
     case Op::Rsqrt:
       // 1/sqrt(x) with two correctly rounded steps, as the reference (CUDA's rsqrtf is approximate).
       if (!fl) h.unsupported();
-      return h.round16(std::string(dbl ? "(1.0 / " : "(1.0f / ") + libm_call(d, "sqrt", dbl) + a + "))", t);
+      return round16(std::string(dbl ? "(1.0 / " : "(1.0f / ") + libm_call(d, "sqrt", dbl) + a + "))", t, h.needs);
     case Op::Floor:
       return fl ? libm_call(d, "floor", dbl) + a + ")" : a;
     case Op::Ceil:
@@ -127,16 +126,16 @@ inline std::string pointwise_expr(const PointwiseArgs& p, const PointwiseHooks& 
       return fl ? "" : wrap("*");
     case Op::Div:
       if (fl) return "";
-      h.needs_ints = true;
+      h.needs.ints = true;
       if (it == DType::Bool) return "(kiln_idiv_i64((long long)" + a + ", (long long)" + b + ") != 0)";
       return std::string(it == DType::Int32 ? "kiln_idiv_i32(" : "kiln_idiv_i64(") + a + ", " + b + ")";
     case Op::Fmod:
-      if (fl) return h.round16(libm_call(d, "fmod", dbl) + a + ", " + b + ")", t);
+      if (fl) return round16(libm_call(d, "fmod", dbl) + a + ", " + b + ")", t, h.needs);
       if (!integer_expr_applies(p.op, it)) h.unsupported();
-      return integer_expr(p.op, it, ctype(it), a, b, h.needs_ints);
+      return integer_expr(p.op, it, ctype(it), a, b, h.needs.ints);
     case Op::Pow:
-      if (fl) return h.round16(libm_call(d, "pow", dbl) + a + ", " + b + ")", t);
-      h.needs_ints = true;
+      if (fl) return round16(libm_call(d, "pow", dbl) + a + ", " + b + ")", t, h.needs);
+      h.needs.ints = true;
       if (it == DType::Bool) return "(kiln_ipow_i64((long long)" + a + ", (long long)" + b + ") != 0)";
       return std::string(it == DType::Int32 ? "kiln_ipow_i32(" : "kiln_ipow_i64(") + a + ", " + b + ")";
     default:

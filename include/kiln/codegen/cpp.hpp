@@ -86,8 +86,8 @@ inline std::string constant_literal(const ir::GraphNode& n) {
 }
 
 /// What a translation unit needs in its prelude.
-struct Needs {
-  bool half = false, bf16 = false, ints = false, math = false, philox = false, stream = false;
+struct Needs : c_family::PreludeNeeds {
+  bool math = false, philox = false, stream = false;
 };
 
 // Writes a finished row to memory with non-temporal stores where the target has them: a large
@@ -462,46 +462,13 @@ class KernelWriter {
                      (write ? "" : "const ") + t + "*)args[" + std::to_string(slot) + "];");
   }
   std::string load(const std::string& ptr, const std::string& off, DType dt) {
-    std::string e = ptr + "[" + off + "]";
-    switch (dt) {
-      case DType::Bool:
-        return "(" + e + " != 0)";
-      case DType::Float16:
-        needs_.half = true;
-        return "kiln_h2f(" + e + ")";
-      case DType::BFloat16:
-        needs_.bf16 = true;
-        return "kiln_b2f(" + e + ")";
-      default:
-        return e;
-    }
+    return c_family::from_storage(ptr + "[" + off + "]", dt, needs_);
   }
-  std::string to_storage(const std::string& v, DType dt) {
-    switch (dt) {
-      case DType::Bool:
-        return "(unsigned char)(" + v + ")";
-      case DType::Float16:
-        needs_.half = true;
-        return "kiln_f2h(" + v + ")";
-      case DType::BFloat16:
-        needs_.bf16 = true;
-        return "kiln_f2b(" + v + ")";
-      default:
-        return v;
-    }
-  }
+
+  std::string to_storage(const std::string& v, DType dt) { return c_family::to_storage(v, dt, needs_); }
+
   /// Rounds an f32 result to the precision of a 16-bit dtype (the reference rounds every op).
-  std::string round16(const std::string& v, DType dt) {
-    if (dt == DType::Float16) {
-      needs_.half = true;
-      return "kiln_rh(" + v + ")";
-    }
-    if (dt == DType::BFloat16) {
-      needs_.bf16 = true;
-      return "kiln_rb(" + v + ")";
-    }
-    return v;
-  }
+  std::string round16(const std::string& v, DType dt) { return c_family::round16(v, dt, needs_); }
 
   // ---- values ------------------------------------------------------------------------------
 
@@ -791,9 +758,7 @@ class KernelWriter {
     }
     // Everything else reads the same in every dialect (codegen/c_pointwise.hpp).
     const std::string c = in.size() > 2 ? in[2].expr : std::string();
-    const c_family::PointwiseHooks hooks{c_family::kCppDialect,
-                                         [this](const std::string& v, DType dt) { return round16(v, dt); },
-                                         [&] { unsupported(n, it); }, needs_.ints};
+    const c_family::PointwiseHooks hooks{c_family::kCppDialect, [&] { unsupported(n, it); }, needs_};
     if (std::string e = c_family::pointwise_expr({n.op, t, it, a, b, c}, hooks); !e.empty()) return e;
     throw Error(std::string("kiln codegen: no code for op ") + ir::op_name(n.op));
   }

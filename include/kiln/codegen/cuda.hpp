@@ -188,8 +188,8 @@ inline std::string constant_literal(const ir::GraphNode& n) {
 }
 
 /// What a unit needs in its prelude.
-struct Needs {
-  bool half = false, bf16 = false, ints = false, philox = false;
+struct Needs : c_family::PreludeNeeds {
+  bool philox = false;
 };
 
 /// One reduction as generated code sees it.
@@ -686,20 +686,8 @@ class Writer {
         return e;
     }
   }
-  std::string to_storage(const std::string& v, DType dt) {
-    switch (dt) {
-      case DType::Bool:
-        return "(unsigned char)(" + v + ")";
-      case DType::Float16:
-        needs_.half = true;
-        return "kiln_f2h(" + v + ")";
-      case DType::BFloat16:
-        needs_.bf16 = true;
-        return "kiln_f2b(" + v + ")";
-      default:
-        return v;
-    }
-  }
+  std::string to_storage(const std::string& v, DType dt) { return c_family::to_storage(v, dt, needs_); }
+
   /// The value's bits as an unsigned integer of its item size (for vector stores).
   std::string to_bits(const std::string& v, DType dt) {
     switch (dt) {
@@ -722,17 +710,7 @@ class Writer {
     }
     return v;
   }
-  std::string round16(const std::string& v, DType dt) {
-    if (dt == DType::Float16) {
-      needs_.half = true;
-      return "kiln_rh(" + v + ")";
-    }
-    if (dt == DType::BFloat16) {
-      needs_.bf16 = true;
-      return "kiln_rb(" + v + ")";
-    }
-    return v;
-  }
+  std::string round16(const std::string& v, DType dt) { return c_family::round16(v, dt, needs_); }
 
   /// Reads element `off` of `ptr` for lane `lane`: from a vector (or the row cache) when the
   /// access allows, else one element.
@@ -1101,9 +1079,7 @@ class Writer {
     }
     // Everything else reads the same in every dialect (codegen/c_pointwise.hpp).
     const std::string c = in.size() > 2 ? in[2].expr : std::string();
-    const c_family::PointwiseHooks hooks{c_family::kCudaDialect,
-                                         [this](const std::string& v, DType dt) { return round16(v, dt); },
-                                         [&] { unsupported(n, it); }, needs_.ints};
+    const c_family::PointwiseHooks hooks{c_family::kCudaDialect, [&] { unsupported(n, it); }, needs_};
     if (std::string e = c_family::pointwise_expr({n.op, t, it, a, b, c}, hooks); !e.empty()) return e;
     throw Error(std::string("kiln CUDA codegen: no code for op ") + ir::op_name(n.op));
   }

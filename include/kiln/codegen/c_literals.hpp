@@ -118,7 +118,7 @@ inline std::string constant_literal(const ir::GraphNode& n, const Dialect& d) {
 /// The prelude helpers a unit calls, as far as the code shared by the writers decides them (each
 /// writer's own Needs adds the rest).
 struct PreludeNeeds {
-  bool half = false, bf16 = false, ints = false;
+  bool half = false, bf16 = false, ints = false, philox = false;
 };
 
 /// An f32 result `v` rounded to the precision of 16-bit dtype `dt` (the reference rounds every

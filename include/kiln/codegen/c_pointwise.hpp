@@ -10,6 +10,8 @@
 #include "kiln/codegen/c_integer.hpp"
 #include "kiln/codegen/c_literals.hpp"
 #include "kiln/core/dtype.hpp"
+#include "kiln/core/error.hpp"
+#include "kiln/ir/graph.hpp"
 #include "kiln/ir/op.hpp"
 
 namespace kiln::codegen::c_family {
@@ -140,6 +142,30 @@ inline std::string pointwise_expr(const PointwiseArgs& p, const PointwiseHooks& 
       return std::string(it == DType::Int32 ? "kiln_ipow_i32(" : "kiln_ipow_i64(") + a + ", " + b + ")";
     default:
       return "";
+  }
+}
+
+/// A Philox draw (kiln/core/philox.hpp, compiled into every dialect's prelude) for random node
+/// `n` at flat index `flat`: uniform in [0, 1) or standard normal (attrs.ints[0] == 1), in n's
+/// floating dtype. `writer` names the writer in the DTypeError for other dtypes.
+inline std::string random_expr(const ir::GraphNode& n, const std::string& flat, PreludeNeeds& needs,
+                               const char* writer) {
+  needs.philox = true;
+  if (!is_floating(n.dtype))
+    throw DTypeError(std::string(writer) + ": random of dtype " + dtype_name(n.dtype) + " (shape " + n.shape.str() +
+                     "): only floating dtypes");
+  const bool normal = !n.attrs.ints.empty() && n.attrs.ints[0] == 1;
+  const std::string args = "(unsigned long long)" + std::to_string(n.attrs.seed) + "ULL, (unsigned long long)" + flat;
+  const std::string ns = "kiln::philox::";
+  switch (n.dtype) {
+    case DType::Float32:
+      return ns + (normal ? "normal_f32(" : "uniform_f32(") + args + ")";
+    case DType::Float64:
+      return ns + (normal ? "normal_f64(" : "uniform_f64(") + args + ")";
+    case DType::Float16:
+      return normal ? round16(ns + "normal_f32(" + args + ")", n.dtype, needs) : ns + "uniform_f16(" + args + ")";
+    default:
+      return normal ? round16(ns + "normal_f32(" + args + ")", n.dtype, needs) : ns + "uniform_bf16(" + args + ")";
   }
 }
 

@@ -87,7 +87,7 @@ inline std::string constant_literal(const ir::GraphNode& n) {
 
 /// What a translation unit needs in its prelude.
 struct Needs : c_family::PreludeNeeds {
-  bool math = false, philox = false, stream = false;
+  bool math = false, stream = false;
 };
 
 // Writes a finished row to memory with non-temporal stores where the target has them: a large
@@ -656,24 +656,7 @@ class KernelWriter {
   }
 
   std::string random_expr(const ir::GraphNode& n, const Index& idx) {
-    needs_.philox = true;
-    if (!is_floating(n.dtype))
-      throw DTypeError(std::string("kiln codegen: random of dtype ") + dtype_name(n.dtype) + " (shape " +
-                       n.shape.str() + "): only floating dtypes");
-    const bool normal = !n.attrs.ints.empty() && n.attrs.ints[0] == 1;
-    std::string args = "(unsigned long long)" + std::to_string(n.attrs.seed) + "ULL, (unsigned long long)" +
-                       render(sched::flat_index(idx, n.shape));
-    std::string ns = "kiln::philox::";
-    switch (n.dtype) {
-      case DType::Float32:
-        return ns + (normal ? "normal_f32(" : "uniform_f32(") + args + ")";
-      case DType::Float64:
-        return ns + (normal ? "normal_f64(" : "uniform_f64(") + args + ")";
-      case DType::Float16:
-        return normal ? round16(ns + "normal_f32(" + args + ")", n.dtype) : ns + "uniform_f16(" + args + ")";
-      default:
-        return normal ? round16(ns + "normal_f32(" + args + ")", n.dtype) : ns + "uniform_bf16(" + args + ")";
-    }
+    return c_family::random_expr(n, render(sched::flat_index(idx, n.shape)), needs_, "kiln codegen");
   }
 
   [[noreturn]] void unsupported(const ir::GraphNode& n, DType in) const {

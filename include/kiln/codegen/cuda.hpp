@@ -188,9 +188,7 @@ inline std::string constant_literal(const ir::GraphNode& n) {
 }
 
 /// What a unit needs in its prelude.
-struct Needs : c_family::PreludeNeeds {
-  bool philox = false;
-};
+struct Needs : c_family::PreludeNeeds {};
 
 /// One reduction as generated code sees it.
 struct Red {
@@ -989,23 +987,7 @@ class Writer {
   }
 
   std::string random_expr(const ir::GraphNode& n, const std::string& flat) {
-    needs_.philox = true;
-    if (!is_floating(n.dtype))
-      throw DTypeError(std::string("kiln CUDA codegen: random of dtype ") + dtype_name(n.dtype) + " (shape " +
-                       n.shape.str() + "): only floating dtypes");
-    const bool normal = !n.attrs.ints.empty() && n.attrs.ints[0] == 1;
-    std::string args = "(unsigned long long)" + std::to_string(n.attrs.seed) + "ULL, (unsigned long long)" + flat;
-    std::string ns = "kiln::philox::";
-    switch (n.dtype) {
-      case DType::Float32:
-        return ns + (normal ? "normal_f32(" : "uniform_f32(") + args + ")";
-      case DType::Float64:
-        return ns + (normal ? "normal_f64(" : "uniform_f64(") + args + ")";
-      case DType::Float16:
-        return normal ? round16(ns + "normal_f32(" + args + ")", n.dtype) : ns + "uniform_f16(" + args + ")";
-      default:
-        return normal ? round16(ns + "normal_f32(" + args + ")", n.dtype) : ns + "uniform_bf16(" + args + ")";
-    }
+    return c_family::random_expr(n, flat, needs_, "kiln CUDA codegen");
   }
 
   [[noreturn]] void unsupported(const ir::GraphNode& n, DType in) const {

@@ -914,35 +914,13 @@ class KernelWriter {
     r.out = n.dtype;
     r.fl = is_floating(r.in);
     r.name = "a" + std::to_string(id);
-    switch (n.op) {
-      case Op::ReduceSum:
-      case Op::ReduceProd:
-        r.acc_t = r.fl ? "double" : "unsigned long long";
-        r.init = n.op == Op::ReduceSum ? (r.fl ? "0.0" : "0ull") : (r.fl ? "1.0" : "1ull");
-        break;
-      case Op::ReduceMax:
-      case Op::ReduceMin: {
-        bool mx = n.op == Op::ReduceMax;
-        if (r.fl) {
-          r.acc_t = ctype(r.in);
-          r.flag = true;
-          r.init = std::string(mx ? "-" : "") + (r.in == DType::Float64 ? "__builtin_inf()" : "__builtin_inff()");
-        } else if (r.in == DType::Bool) {
-          r.acc_t = "long long";
-          r.init = mx ? "0LL" : "1LL";
-        } else {
-          r.acc_t = ctype(r.in);
-          r.init = r.in == DType::Int32 ? (mx ? "(-2147483647 - 1)" : "2147483647")
-                                        : (mx ? "(-9223372036854775807LL - 1)" : "9223372036854775807LL");
-        }
-        break;
-      }
-      default:  // ArgMax, ArgMin
-        r.acc_t = r.in == DType::Bool ? "long long" : ctype(r.in);
-        r.arg = true;
-        r.init = "0";
-        break;
-    }
+    c_family::Accumulator acc = c_family::accumulator(n.op, r.in, c_family::kCppDialect);
+    r.acc_t = acc.type;
+    r.init = acc.init;
+    r.arg = n.op == Op::ArgMax || n.op == Op::ArgMin;
+    // A float max/min carries a NaN flag beside its value (OpenMP's max/min reductions and
+    // the vector max instructions would drop a NaN); the result is NaN where the flag is set.
+    r.flag = r.fl && (n.op == Op::ReduceMax || n.op == Op::ReduceMin);
     return r;
   }
   bool is_max(const Red& r) const { return r.op == Op::ReduceMax || r.op == Op::ArgMax; }

@@ -212,34 +212,10 @@ inline Red red_info(const ir::Graph& g, int id) {
   r.in = g.nodes[static_cast<std::size_t>(n.inputs[0])].dtype;
   r.out = n.dtype;
   r.fl = is_floating(r.in);
-  switch (n.op) {
-    case Op::ReduceSum:
-    case Op::ReduceProd:
-      r.acc_t = r.fl ? "double" : "unsigned long long";
-      r.init = n.op == Op::ReduceSum ? (r.fl ? "0.0" : "0ull") : (r.fl ? "1.0" : "1ull");
-      break;
-    case Op::ReduceMax:
-    case Op::ReduceMin: {
-      bool mx = n.op == Op::ReduceMax;
-      if (r.fl) {
-        r.acc_t = ctype(r.in);
-        r.init = std::string(mx ? "(-" : "(") + (r.in == DType::Float64 ? "KILN_INF_D)" : "KILN_INF_F)");
-      } else if (r.in == DType::Bool) {
-        r.acc_t = "long long";
-        r.init = mx ? "0LL" : "1LL";
-      } else {
-        r.acc_t = ctype(r.in);
-        r.init = r.in == DType::Int32 ? (mx ? "(-2147483647 - 1)" : "2147483647")
-                                      : (mx ? "(-9223372036854775807LL - 1)" : "9223372036854775807LL");
-      }
-      break;
-    }
-    default:  // ArgMax, ArgMin
-      r.acc_t = r.in == DType::Bool ? "long long" : ctype(r.in);
-      r.arg = true;
-      r.init = r.in == DType::Bool ? "0LL" : std::string("(") + ctype(r.in) + ")0";
-      break;
-  }
+  c_family::Accumulator acc = c_family::accumulator(n.op, r.in, c_family::kCudaDialect);
+  r.acc_t = acc.type;
+  r.init = acc.init;
+  r.arg = n.op == Op::ArgMax || n.op == Op::ArgMin;
   return r;
 }
 

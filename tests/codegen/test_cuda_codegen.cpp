@@ -332,6 +332,11 @@ TEST_CASE("cuda emulator: a permuted leaf's log, stored and summed over two of i
     NodePtr l = un(Op::Log, un(Op::Abs, x));
     std::string r = emulate({red(Op::ReduceSum, l, {0, 1}), l});
     CHECK_MESSAGE(r.empty(), r);
+    // With the graph's other outputs: a NaN constant and a one-element leaf.
+    NodePtr nan = ir::constant(std::nan(""), f32, Shape{1, 1}, Device::cpu());
+    NodePtr one = input_values<float>(Shape{1, 1, 1, 1}, {1.0f});
+    r = emulate({nan, one, red(Op::ReduceSum, l, {0, 1}), l});
+    CHECK_MESSAGE(r.empty(), r);
   }
 }
 

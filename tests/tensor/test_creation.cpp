@@ -163,6 +163,52 @@ TEST_CASE("rand: [0, 1), counter-based Philox, seeds") {
   CHECK_THROWS_AS(rand({3}, 1, i32, dev), DTypeError);
 }
 
+TEST_CASE("rand/randn without a seed draw from the global generator (manual_seed, rand_like)") {
+  const Device dev = kt::device();
+  manual_seed(123);
+  CHECK(initial_seed() == 123);
+  auto a = kt::values(rand({256}, f32, dev));
+  auto b = kt::values(rand({256}, f32, dev));
+  CHECK(a != b);  // each draw is a new stream
+  for (double x : a) {
+    CHECK(x >= 0);
+    CHECK(x < 1);
+  }
+  manual_seed(123);  // the same sequence again
+  CHECK(kt::values(rand({256}, f32, dev)) == a);
+  CHECK(kt::values(rand({256}, f32, dev)) == b);
+  manual_seed(124);
+  CHECK(kt::values(rand({256}, f32, dev)) != a);
+  // An explicit seed neither uses nor advances the generator.
+  manual_seed(123);
+  CHECK(kt::values(rand({256}, 5, f32, dev)) == kt::values(rand({256}, 5, f32, dev)));
+  CHECK(kt::values(rand({256}, f32, dev)) == a);
+
+  Tensor like = rand_like(ones({3, 4}, f64, dev));
+  CHECK(like.shape() == Shape{3, 4});
+  CHECK(like.dtype() == f64);
+  CHECK(like.device() == dev);
+  Tensor nl = randn_like(like);
+  CHECK(nl.shape() == Shape{3, 4});
+  CHECK(nl.dtype() == f64);
+  const std::int64_t n = 1 << 16;
+  auto z = kt::values(randn({n}, f32, dev));
+  double m = 0, sq = 0;
+  for (double x : z) m += x;
+  m /= n;
+  for (double x : z) sq += (x - m) * (x - m);
+  CHECK(std::fabs(m) < 0.02);  // 5 sigma of the mean is 0.0195
+  CHECK(std::fabs(std::sqrt(sq / (n - 1)) - 1.0) < 0.02);
+
+  CHECK_THROWS_AS(rand({3}, i32, dev), DTypeError);
+  CHECK_THROWS_AS(randn({3}, i64, dev), DTypeError);
+  // Traced once, a draw would replay the same numbers on every call: refused, saying why.
+  auto f = kiln::compile([](const Tensor& x) { return x * rand(x.shape(), x.dtype(), x.device()); });
+  KILN_CHECK_THROWS_MENTIONING(ValueError, f(ones({4}, f32, dev)), "rand without a seed", "kiln::compile");
+  manual_seed(detail::kDefaultSeed);
+  CHECK(initial_seed() == 67280421310721ull);  // PyTorch's default
+}
+
 TEST_CASE("randn: standard normal statistics and determinism") {
   const Device dev = kt::device();
   for (DType dt : {DType::Float32, DType::Float64, DType::BFloat16, DType::Float16}) {

@@ -1,5 +1,6 @@
 #pragma once
 // Tensor creation: from host data, over user memory, constants, ranges and random numbers.
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -158,6 +159,73 @@ inline Tensor randn(const Shape& shape, std::uint64_t seed, DType dtype = f32, D
     throw DTypeError(std::string("randn: dtype must be floating point, got ") + dtype_name(dtype));
   return Tensor(ir::random(shape, seed, 1, dtype, device));
 }
+
+namespace detail {
+
+/// PyTorch's default seed (torch.initial_seed() of a fresh process).
+inline constexpr std::uint64_t kDefaultSeed = 67280421310721ull;
+
+/// The generator behind rand(shape) and randn(shape): the seed manual_seed set and how many
+/// tensors have been drawn since.
+struct GlobalGenerator {
+  std::atomic<std::uint64_t> seed{kDefaultSeed};
+  std::atomic<std::uint64_t> drawn{0};
+};
+inline GlobalGenerator& global_generator() {
+  static GlobalGenerator g;
+  return g;
+}
+
+/// The Philox key of the next tensor drawn from the global generator: splitmix64 of the seed
+/// and the draw's index, so consecutive tensors get unrelated streams. Inside kiln::compile a
+/// draw would be traced once and replayed with the same key on every call, so it is refused
+/// there, before anything is built.
+inline std::uint64_t next_generator_key(const char* op) {
+  if (active_trace)
+    throw ValueError(std::string(op) +
+                     " without a seed inside kiln::compile: the traced graph would replay the same numbers on every "
+                     "call; pass the seed in (rand(shape, seed, ...)) from outside the compiled function");
+  GlobalGenerator& g = global_generator();
+  std::uint64_t z = g.seed.load() + 0x9e3779b97f4a7c15ull * (g.drawn.fetch_add(1) + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace detail
+
+/// Seeds the generator that rand(shape) and randn(shape) draw from (torch.manual_seed): the
+/// same seed gives the same sequence of tensors. Explicitly seeded rand/randn do not touch it.
+inline void manual_seed(std::uint64_t seed) {
+  detail::global_generator().seed = seed;
+  detail::global_generator().drawn = 0;
+}
+
+/// The seed of the global generator (torch.initial_seed): 67280421310721 until manual_seed.
+inline std::uint64_t initial_seed() { return detail::global_generator().seed; }
+
+/// Uniform numbers in [0, 1) from the global generator (torch.rand): each call draws a new
+/// Philox key (see manual_seed). Each key is a new kernel, as each explicit seed is: in a
+/// loop, prefer rand(shape, seed) with a seed that is a function argument of kiln::compile.
+inline Tensor rand(const Shape& shape, DType dtype = f32, Device device = Device::cpu()) {
+  detail::check_creation_shape(shape, "rand", dtype);
+  if (!is_floating(dtype))
+    throw DTypeError(std::string("rand: dtype must be floating point, got ") + dtype_name(dtype));
+  return rand(shape, detail::next_generator_key("rand"), dtype, device);
+}
+
+/// Standard normal numbers from the global generator (torch.randn).
+inline Tensor randn(const Shape& shape, DType dtype = f32, Device device = Device::cpu()) {
+  detail::check_creation_shape(shape, "randn", dtype);
+  if (!is_floating(dtype))
+    throw DTypeError(std::string("randn: dtype must be floating point, got ") + dtype_name(dtype));
+  return randn(shape, detail::next_generator_key("randn"), dtype, device);
+}
+
+/// rand with x's shape, dtype and device (torch.rand_like).
+inline Tensor rand_like(const Tensor& x) { return rand(x.shape(), x.dtype(), x.device()); }
+/// randn with x's shape, dtype and device (torch.randn_like).
+inline Tensor randn_like(const Tensor& x) { return randn(x.shape(), x.dtype(), x.device()); }
 
 }  // namespace kiln
 

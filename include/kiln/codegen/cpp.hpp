@@ -21,9 +21,9 @@
 
 #include "kiln/codegen/cpu_math.hpp"
 #include "kiln/core/error.hpp"
-#include "kiln/codegen/c_integer.hpp"
-#include "kiln/codegen/c_literals.hpp"
-#include "kiln/codegen/c_pointwise.hpp"
+#include "kiln/codegen/c/integer.hpp"
+#include "kiln/codegen/c/literals.hpp"
+#include "kiln/codegen/c/pointwise.hpp"
 #include "kiln/core/generated.hpp"
 #include "kiln/core/half.hpp"
 #include "kiln/core/philox.hpp"
@@ -73,7 +73,7 @@ using sched::IndexExpr;
 inline constexpr Op kVectorMath[] = {Op::Exp, Op::Exp2, Op::Log, Op::Log2, Op::Log1p, Op::Expm1,
                                      Op::Sin, Op::Cos,  Op::Tan, Op::Tanh, Op::Erf};
 
-// Types and literals: the C every dialect shares (codegen/c_literals.hpp).
+// Types and literals: the C every dialect shares (codegen/c/literals.hpp).
 using c_family::ctype;
 using c_family::hex_double;
 using c_family::int_literal;
@@ -739,7 +739,7 @@ class KernelWriter {
       default:
         break;
     }
-    // Everything else reads the same in every dialect (codegen/c_pointwise.hpp).
+    // Everything else reads the same in every dialect (codegen/c/pointwise.hpp).
     const std::string c = in.size() > 2 ? in[2].expr : std::string();
     const c_family::PointwiseHooks hooks{c_family::kCppDialect, [&] { unsupported(n, it); }, needs_};
     if (std::string e = c_family::pointwise_expr({n.op, t, it, a, b, c}, hooks); !e.empty()) return e;

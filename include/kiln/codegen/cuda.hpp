@@ -40,9 +40,9 @@
 
 #include "kiln/codegen/cuda_prelude.hpp"
 #include "kiln/core/error.hpp"
-#include "kiln/codegen/c_integer.hpp"
-#include "kiln/codegen/c_literals.hpp"
-#include "kiln/codegen/c_pointwise.hpp"
+#include "kiln/codegen/c/integer.hpp"
+#include "kiln/codegen/c/literals.hpp"
+#include "kiln/codegen/c/pointwise.hpp"
 #include "kiln/core/generated.hpp"
 #include "kiln/core/half.hpp"
 #include "kiln/core/hash.hpp"
@@ -175,7 +175,7 @@ using sched::i64;
 using sched::Index;
 using sched::IndexExpr;
 
-// Types and literals: the C every dialect shares (codegen/c_literals.hpp).
+// Types and literals: the C every dialect shares (codegen/c/literals.hpp).
 using c_family::ctype;
 using c_family::hex_double;
 using c_family::int_literal;
@@ -1035,7 +1035,7 @@ class Writer {
       default:
         break;
     }
-    // Everything else reads the same in every dialect (codegen/c_pointwise.hpp).
+    // Everything else reads the same in every dialect (codegen/c/pointwise.hpp).
     const std::string c = in.size() > 2 ? in[2].expr : std::string();
     const c_family::PointwiseHooks hooks{c_family::kCudaDialect, [&] { unsupported(n, it); }, needs_};
     if (std::string e = c_family::pointwise_expr({n.op, t, it, a, b, c}, hooks); !e.empty()) return e;

@@ -1,14 +1,14 @@
 #pragma once
 // C text of the pointwise primitives as every C-family dialect kiln writes them (the C++ writer
-// and the CUDA writer), each dialect lending its spellings (c_literals.hpp's Dialect), its
-// 16-bit rounding and its errors. What the writers emit themselves: the libm-named math (kiln's
+// and the CUDA writer), each dialect lending its spellings (c/literals.hpp's Dialect) and its
+// errors. What the writers emit themselves: the libm-named math (kiln's
 // vectorised functions on the CPU), casts, and floating + - * / (CUDA keeps them apart from
 // FMA contraction and may multiply by a reciprocal).
 #include <functional>
 #include <string>
 
-#include "kiln/codegen/c_integer.hpp"
-#include "kiln/codegen/c_literals.hpp"
+#include "kiln/codegen/c/integer.hpp"
+#include "kiln/codegen/c/literals.hpp"
 #include "kiln/core/dtype.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/ir/graph.hpp"

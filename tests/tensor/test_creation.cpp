@@ -161,6 +161,17 @@ TEST_CASE("rand: [0, 1), counter-based Philox, seeds") {
     return e;
   }());
   CHECK_THROWS_AS(rand({3}, 1, i32, dev), DTypeError);
+  // On the CPU the seed is a kernel argument (as numbers are): new seeds reuse the kernel and
+  // still give each seed's own numbers.
+  if (dev.is_cpu()) {
+    Tensor(rand({64}, 1000, f32, dev) * 3.0f + 1.0f).eval();
+    const auto before = stats().compiles;
+    for (std::uint64_t seed = 1001; seed < 1005; ++seed) {
+      auto got = Tensor(rand({64}, seed, f32, dev) * 3.0f + 1.0f).to_vector<float>();
+      for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == 3.0f * philox::uniform_f32(seed, i) + 1.0f);
+    }
+    CHECK(stats().compiles == before);
+  }
 }
 
 TEST_CASE("rand/randn without a seed draw from the global generator (manual_seed, rand_like)") {

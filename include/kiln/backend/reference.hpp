@@ -805,7 +805,7 @@ inline void exec_reduce(const ir::GraphNode& n, const Shape& in_shape, const Val
 // ---- leaves ---------------------------------------------------------------------------------
 
 // `into`, when given, is where the node's value goes (an output buffer, any strides).
-inline Value exec_leaf(const ir::GraphNode& n, const Value* into) {
+inline Value exec_leaf(const ir::GraphNode& n, const Value* into, const Value* seed_input = nullptr) {
   if (n.op == Op::Constant) {
     // One element, broadcast with zero strides.
     Value v = allocate(Shape{}, n.dtype);
@@ -840,7 +840,9 @@ inline Value exec_leaf(const ir::GraphNode& n, const Value* into) {
     throw DTypeError(std::string("reference executor: random of dtype ") + dtype_name(n.dtype) + " (shape " +
                      n.shape.str() + "): only floating dtypes");
   const bool normal = !n.attrs.ints.empty() && n.attrs.ints[0] == 1;
-  const std::uint64_t seed = n.attrs.seed;
+  // A seed passed as a 0-dim int64 input (a kernel argument, so every seed shares one kernel).
+  std::uint64_t seed = n.attrs.seed;
+  if (seed_input) std::memcpy(&seed, seed_input->data, sizeof seed);
   const i64 count = n.shape.numel();
   Value v = into ? *into : allocate(n.shape, n.dtype);
   // Rows come in row-major order, so a running counter is the flat index.
@@ -950,7 +952,7 @@ inline Value exec_node(const ir::Graph& g, const ir::GraphNode& n, const std::ve
   auto in_node = [&](std::size_t k) -> const ir::GraphNode& { return g.nodes[static_cast<std::size_t>(n.inputs[k])]; };
   switch (ir::op_kind(n.op)) {
     case ir::OpKind::Leaf:
-      return exec_leaf(n, into);
+      return exec_leaf(n, into, n.op == Op::Random && !n.inputs.empty() ? &in(0) : nullptr);
     case ir::OpKind::IndexMap:
       return exec_index_map(g, n, vals, into);
     case ir::OpKind::Unary: {

@@ -582,6 +582,12 @@ class KernelWriter {
           const IndexExpr& e = idx[static_cast<std::size_t>(n.attrs.ints.at(0))];
           return emit(scope_for(e.dep_mask()), key, n.dtype, cast_from_i64(render(e), n.dtype));
         }
+        if (!n.inputs.empty()) {  // the seed is a kernel argument: one kernel for every seed
+          Val seed = value(n.inputs[0], Index{});
+          return emit(std::max(idx_scope(), seed.scope), key, n.dtype,
+                      c_family::random_expr(n, render(sched::flat_index(idx, n.shape)), needs_, "kiln codegen",
+                                            "(unsigned long long)" + seed.expr));
+        }
         return emit(idx_scope(), key, n.dtype, random_expr(n, idx));
       }
       case ir::OpKind::Reduce: {

@@ -819,6 +819,9 @@ class Writer {
           return emit(scope_for(e.dep_mask()), key, ld, lane, n.dtype,
                       cast_from_index(render(e, ld ? lane : 0), n.dtype));
         }
+        // The front end gives GPU graphs the seed as a literal (numbers are not kernel
+        // arguments on CUDA yet).
+        if (!n.inputs.empty()) throw InternalError("kiln CUDA codegen: random with its seed as an input");
         IndexExpr flat = sched::flat_index(idx, n.shape);
         bool ld = lane_dep(flat);
         return emit(scope_for(flat.dep_mask()), key, ld, lane, n.dtype, random_expr(n, render(flat, ld ? lane : 0)));

@@ -105,6 +105,14 @@ inline NodePtr random(Shape shape, std::uint64_t seed, int distribution, DType d
   return finish(std::move(n));
 }
 
+/// The same with the seed read from `seed`, a 0-dim int64 node (its bits are the key): the
+/// graph's structure no longer holds the seed, so every seed runs the same kernel.
+inline NodePtr random(Shape shape, const NodePtr& seed, int distribution, DType dtype, Device device) {
+  Node n = blank(Op::Random, dtype, device, std::move(shape), {seed});
+  n.attrs.ints = {distribution};
+  return finish(std::move(n));
+}
+
 inline NodePtr cast(const NodePtr& x, DType to) {
   if (x->dtype == to) return x;
   Node n = blank(Op::Cast, to, x->device, x->shape, {x});

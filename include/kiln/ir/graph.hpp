@@ -184,7 +184,9 @@ inline std::string Graph::str() const {
       else
         os << n.attrs.iscalar;
     }
-    if (n.op == Op::Random) os << "seed=" << n.attrs.seed << (n.attrs.ints[0] ? ", normal" : ", uniform");
+    if (n.op == Op::Random)
+      os << (n.inputs.empty() ? "seed=" + std::to_string(n.attrs.seed) : std::string("seed from its input"))
+         << (n.attrs.ints[0] ? ", normal" : ", uniform");
     if (!n.attrs.ints.empty() && n.op != Op::Random) {
       os << (n.inputs.empty() && n.op != Op::Input ? "" : ", ") << "[";
       for (std::size_t k = 0; k < n.attrs.ints.size(); ++k) os << (k ? ", " : "") << n.attrs.ints[k];
@@ -219,7 +221,12 @@ inline void Graph::verify() const {
     std::size_t arity = n.inputs.size();
     switch (op_kind(n.op)) {
       case OpKind::Leaf:
-        if (arity != 0) fail(i, "leaf with inputs");
+        // Random alone may take one input: its seed, a 0-dim int64 value (a kernel argument).
+        if (n.op == Op::Random && arity == 1) {
+          if (!in(0).shape.empty() || in(0).dtype != DType::Int64) fail(i, "random's seed is not a 0-dim int64");
+        } else if (arity != 0) {
+          fail(i, "leaf with inputs");
+        }
         if (n.op == Op::Input && n.strides.size() != n.shape.size()) fail(i, "strides rank");
         if (n.op == Op::Iota &&
             (n.attrs.ints.size() != 1 || n.attrs.ints[0] >= static_cast<std::int64_t>(n.shape.size())))

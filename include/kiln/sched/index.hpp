@@ -340,6 +340,8 @@ inline Index input_index(const ir::Graph& g, const ir::GraphNode& n, std::size_t
       return map_slice(idx, n.attrs.ints, in.shape);
     case ir::Op::Reshape:
       return map_reshape(idx, n.shape, in.shape, space);
+    case ir::Op::Random:  // its seed: one 0-dim value
+      return Index{};
     case ir::Op::Concat: {
       auto axis = static_cast<std::size_t>(n.attrs.ints.at(0));
       i64 offset = 0;

@@ -143,13 +143,28 @@ requires(std::is_arithmetic_v<A>&& std::is_arithmetic_v<B>&& std::is_arithmetic_
                               dtype, device);
 }
 
+namespace detail {
+/// A Random node keyed by `seed`. On the CPU, outside a kiln::compile trace, the seed is a
+/// 0-dim int64 leaf read at launch, as numbers are (one kernel for every seed); elsewhere it
+/// is part of the code.
+inline ir::NodePtr random_node(const Shape& shape, std::uint64_t seed, int distribution, DType dtype, Device device) {
+  if (device.is_cpu() && !deferring_eval()) {
+    StoragePtr st = runtime::allocate_host(8);
+    std::memcpy(st->data, &seed, sizeof seed);
+    return ir::random(shape, ir::input(ir::BufferView{st, 0, {}}, Shape{}, DType::Int64, device), distribution, dtype,
+                      device);
+  }
+  return ir::random(shape, seed, distribution, dtype, device);
+}
+}  // namespace detail
+
 /// Uniform numbers in [0, 1) from Philox4x32-10 keyed by `seed` (element i uses counter i:
 /// the same on every device and thread count).
 inline Tensor rand(const Shape& shape, std::uint64_t seed, DType dtype = f32, Device device = Device::cpu()) {
   detail::check_creation_shape(shape, "rand", dtype);
   if (!is_floating(dtype))
     throw DTypeError(std::string("rand: dtype must be floating point, got ") + dtype_name(dtype));
-  return Tensor(ir::random(shape, seed, 0, dtype, device));
+  return Tensor(detail::random_node(shape, seed, 0, dtype, device));
 }
 
 /// Standard normal numbers (Box-Muller over Philox4x32-10, counter = element index).
@@ -157,7 +172,7 @@ inline Tensor randn(const Shape& shape, std::uint64_t seed, DType dtype = f32, D
   detail::check_creation_shape(shape, "randn", dtype);
   if (!is_floating(dtype))
     throw DTypeError(std::string("randn: dtype must be floating point, got ") + dtype_name(dtype));
-  return Tensor(ir::random(shape, seed, 1, dtype, device));
+  return Tensor(detail::random_node(shape, seed, 1, dtype, device));
 }
 
 namespace detail {
@@ -205,8 +220,8 @@ inline void manual_seed(std::uint64_t seed) {
 inline std::uint64_t initial_seed() { return detail::global_generator().seed; }
 
 /// Uniform numbers in [0, 1) from the global generator (torch.rand): each call draws a new
-/// Philox key (see manual_seed). Each key is a new kernel, as each explicit seed is: in a
-/// loop, prefer rand(shape, seed) with a seed that is a function argument of kiln::compile.
+/// Philox key (see manual_seed). On the CPU the key is a kernel argument (one kernel for every
+/// key); on CUDA each key is still its own kernel.
 inline Tensor rand(const Shape& shape, DType dtype = f32, Device device = Device::cpu()) {
   detail::check_creation_shape(shape, "rand", dtype);
   if (!is_floating(dtype))

@@ -177,15 +177,17 @@ inline Accumulator accumulator(ir::Op op, DType in, const Dialect& d) {
 
 /// A Philox draw (kiln/core/philox.hpp, compiled into every dialect's prelude) for random node
 /// `n` at flat index `flat`: uniform in [0, 1) or standard normal (attrs.ints[0] == 1), in n's
-/// floating dtype. `writer` names the writer in the DTypeError for other dtypes.
-inline std::string random_expr(const ir::GraphNode& n, const std::string& flat, PreludeNeeds& needs,
-                               const char* writer) {
+/// floating dtype; the key is `seed` (an expression) when given, else the node's seed literal.
+/// `writer` names the writer in the DTypeError for other dtypes.
+inline std::string random_expr(const ir::GraphNode& n, const std::string& flat, PreludeNeeds& needs, const char* writer,
+                               const std::string& seed = "") {
   needs.philox = true;
   if (!is_floating(n.dtype))
     throw DTypeError(std::string(writer) + ": random of dtype " + dtype_name(n.dtype) + " (shape " + n.shape.str() +
                      "): only floating dtypes");
   const bool normal = !n.attrs.ints.empty() && n.attrs.ints[0] == 1;
-  const std::string args = "(unsigned long long)" + std::to_string(n.attrs.seed) + "ULL, (unsigned long long)" + flat;
+  const std::string key = seed.empty() ? "(unsigned long long)" + std::to_string(n.attrs.seed) + "ULL" : seed;
+  const std::string args = key + ", (unsigned long long)" + flat;
   const std::string ns = "kiln::philox::";
   switch (n.dtype) {
     case DType::Float32:

@@ -18,13 +18,8 @@
 
 namespace kiln::backend {
 
-/// A new buffer of `bytes` on `device`.
-inline StoragePtr allocate(std::size_t bytes, Device device) {
-  if (device.is_cpu()) return runtime::allocate_host(bytes);
-  // Stream-ordered, from the device's pool; a DeviceError says why when CUDA is unavailable.
-  if (device.is_cuda()) return runtime::allocate_cuda(bytes, device.index);
-  throw DeviceError("cannot allocate " + std::to_string(bytes) + " bytes on " + device.str() + ": unknown device");
-}
+/// A new buffer of `bytes` on `device` (defined with the device table below).
+inline StoragePtr allocate(std::size_t bytes, Device device);
 
 /// Copies `bytes` between any two devices (blocking).
 inline void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) {
@@ -148,20 +143,71 @@ inline void run_cpu_lazy(const ir::Graph& g, const RunArgs& args) {
   run_cpu_jit(g, args);
 }
 
-/// Runs `g` with the executor `mode` selects for its device.
-inline void run(const ir::Graph& g, const RunArgs& args, Mode mode) {
-  // CUDA graphs run as generated kernels: fused, or one primitive at a time in eager mode.
-  if (g.device.is_cuda()) {
-    if (mode == Mode::Eager)
-      return run_op_by_op(g, args, [](const ir::Graph& one, const RunArgs& a) { run_cuda(one, a); });
-    return run_cuda(g, args);
-  }
-  if (!g.device.is_cpu()) throw DeviceError("no executor for device " + g.device.str());
-  if (cpu_uses_jit(mode))
-    run_cpu_lazy(g, args);
-  else
-    run_reference(g, args);
+/// What kiln needs of one kind of device: its memory, how its executors run a graph under a
+/// mode, explain it and forget their plans. One row per Device::Kind (device_backend()); the
+/// functions below read the row instead of naming devices, so a new kind of device is a row.
+struct DeviceBackend {
+  const char* name;
+  StoragePtr (*allocate)(std::size_t bytes, int index);
+  void (*run)(const ir::Graph& g, const RunArgs& args, Mode mode);
+  std::string (*explain)(const ir::Graph& g, Mode mode);
+  void (*clear_caches)();
+};
+
+namespace detail {
+/// The host: the reference executor (Eager, or no compiler under Auto) or the CPU JIT.
+inline DeviceBackend cpu_backend() {
+  return {"cpu", [](std::size_t bytes, int) { return runtime::allocate_host(bytes); },
+          [](const ir::Graph& g, const RunArgs& args, Mode mode) {
+            if (cpu_uses_jit(mode))
+              run_cpu_lazy(g, args);
+            else
+              run_reference(g, args);
+          },
+          [](const ir::Graph& g, Mode mode) {
+            return cpu_uses_jit(mode) ? "CPU JIT kernels:\n" + explain_schedule(g)
+                                      : "reference executor: one launch per primitive\n" + g.str();
+          },
+          [] {
+            detail::CpuPlanCache::instance().clear();
+            runtime::clear_autotune_memory();
+            runtime::CpuModuleCache::instance().clear();
+          }};
 }
+/// NVIDIA GPUs: generated kernels, fused, or one primitive at a time in eager mode; memory
+/// stream-ordered from the device's pool (a DeviceError says why when CUDA is unavailable).
+inline DeviceBackend cuda_backend() {
+  return {"cuda", [](std::size_t bytes, int index) { return runtime::allocate_cuda(bytes, index); },
+          [](const ir::Graph& g, const RunArgs& args, Mode mode) {
+            if (mode == Mode::Eager)
+              return run_op_by_op(g, args, [](const ir::Graph& one, const RunArgs& a) { run_cuda(one, a); });
+            run_cuda(g, args);
+          },
+          [](const ir::Graph& g, Mode) { return "CUDA kernels:\n" + explain_cuda(g); },
+          [] {
+            clear_cuda_plans();
+            // The cubins held in memory too (a later use loads them from the disk cache);
+            // modules already loaded stay loaded, since launches in flight may still use them.
+            runtime::CudaModuleCache::instance().clear_memory();
+          }};
+}
+}  // namespace detail
+
+/// The row of `device`'s kind.
+inline const DeviceBackend& device_backend(Device device) {
+  static const std::array<DeviceBackend, 2> rows = {detail::cpu_backend(), detail::cuda_backend()};
+  const auto k = static_cast<std::size_t>(device.kind);
+  if (k >= rows.size()) throw DeviceError("no executor for device " + device.str());
+  return rows[k];
+}
+
+/// A new buffer of `bytes` on `device`.
+inline StoragePtr allocate(std::size_t bytes, Device device) {
+  return device_backend(device).allocate(bytes, device.index);
+}
+
+/// Runs `g` with the executor `mode` selects for its device.
+inline void run(const ir::Graph& g, const RunArgs& args, Mode mode) { device_backend(g.device).run(g, args, mode); }
 
 /// A graph bound once to the executor `mode` selects, for callers that run one structure many
 /// times (the typed fast path of assign, kiln::compile's replays): a run skips the plan lookup.
@@ -254,21 +300,11 @@ class PreparedGraph {
 };
 
 /// How `g` would be run (its kernels), as text.
-inline std::string explain(const ir::Graph& g, Mode mode) {
-  if (g.device.is_cuda()) return "CUDA kernels:\n" + explain_cuda(g);
-  if (g.device.is_cpu() && cpu_uses_jit(mode)) return "CPU JIT kernels:\n" + explain_schedule(g);
-  return "reference executor: one launch per primitive\n" + g.str();
-}
+inline std::string explain(const ir::Graph& g, Mode mode) { return device_backend(g.device).explain(g, mode); }
 
-/// Drops every compiled plan and kernel the executors keep in memory.
+/// Drops every compiled plan and kernel the executors keep in memory, on every kind of device.
 inline void clear_caches() {
-  detail::CpuPlanCache::instance().clear();
-  runtime::clear_autotune_memory();
-  clear_cuda_plans();
-  // The cubins held in memory too (a later use loads them from the disk cache); modules
-  // already loaded stay loaded, since launches in flight may still use them.
-  runtime::CudaModuleCache::instance().clear_memory();
-  runtime::CpuModuleCache::instance().clear();
+  for (Device d : {Device::cpu(), Device::cuda(0)}) device_backend(d).clear_caches();
 }
 
 }  // namespace kiln::backend

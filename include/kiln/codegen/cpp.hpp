@@ -73,6 +73,9 @@ using sched::IndexExpr;
 inline constexpr Op kVectorMath[] = {Op::Exp, Op::Exp2, Op::Log, Op::Log2, Op::Log1p, Op::Expm1,
                                      Op::Sin, Op::Cos,  Op::Tan, Op::Tanh, Op::Erf};
 
+/// How this writer's errors name it.
+inline constexpr const char* kWriter = "kiln codegen";
+
 // Types and literals: the C every dialect shares (codegen/c/literals.hpp).
 using c_family::ctype;
 using c_family::hex_double;
@@ -582,12 +585,6 @@ class KernelWriter {
           const IndexExpr& e = idx[static_cast<std::size_t>(n.attrs.ints.at(0))];
           return emit(scope_for(e.dep_mask()), key, n.dtype, cast_from_i64(render(e), n.dtype));
         }
-        if (!n.inputs.empty()) {  // the seed is a kernel argument: one kernel for every seed
-          Val seed = value(n.inputs[0], Index{});
-          return emit(std::max(idx_scope(), seed.scope), key, n.dtype,
-                      c_family::random_expr(n, render(sched::flat_index(idx, n.shape)), needs_, "kiln codegen",
-                                            "(unsigned long long)" + seed.expr));
-        }
         return emit(idx_scope(), key, n.dtype, random_expr(n, idx));
       }
       case ir::OpKind::Reduce: {
@@ -662,13 +659,13 @@ class KernelWriter {
   }
 
   std::string random_expr(const ir::GraphNode& n, const Index& idx) {
-    return c_family::random_expr(n, render(sched::flat_index(idx, n.shape)), needs_, "kiln codegen");
+    // A seed input (a kernel argument: one kernel for every seed) is a 0-dim leaf, loaded once
+    // in the outermost scope.
+    const std::string seed = n.inputs.empty() ? "" : "(unsigned long long)" + value(n.inputs[0], Index{}).expr;
+    return c_family::random_expr(n, render(sched::flat_index(idx, n.shape)), needs_, kWriter, seed);
   }
 
-  [[noreturn]] void unsupported(const ir::GraphNode& n, DType in) const {
-    throw DTypeError(std::string("kiln codegen: ") + ir::op_name(n.op) + " is not defined for " + dtype_name(in) +
-                     " (shape " + n.shape.str() + "); cast to a floating dtype first");
-  }
+  [[noreturn]] void unsupported(const ir::GraphNode& n, DType in) const { c_family::unsupported(kWriter, n, in); }
 
   /// Whether node `id` is x - broadcast(max(x)) (softmax's shift): never above 0, so its exp
   /// needs no overflow clamp. Float subtraction keeps x <= m as x - m <= 0.
@@ -747,8 +744,8 @@ class KernelWriter {
     }
     // Everything else reads the same in every dialect (codegen/c/pointwise.hpp).
     const std::string c = in.size() > 2 ? in[2].expr : std::string();
-    const c_family::PointwiseHooks hooks{c_family::kCppDialect, [&] { unsupported(n, it); }, needs_};
-    if (std::string e = c_family::pointwise_expr({n.op, t, it, a, b, c}, hooks); !e.empty()) return e;
+    const c_family::PointwiseHooks hooks{c_family::kCppDialect, needs_, kWriter};
+    if (std::string e = c_family::pointwise_expr({n, it, a, b, c}, hooks); !e.empty()) return e;
     throw Error(std::string("kiln codegen: no code for op ") + ir::op_name(n.op));
   }
 

@@ -175,6 +175,9 @@ using sched::i64;
 using sched::Index;
 using sched::IndexExpr;
 
+/// How this writer's errors name it.
+inline constexpr const char* kWriter = "kiln CUDA codegen";
+
 // Types and literals: the C every dialect shares (codegen/c/literals.hpp).
 using c_family::ctype;
 using c_family::hex_double;
@@ -966,13 +969,10 @@ class Writer {
   }
 
   std::string random_expr(const ir::GraphNode& n, const std::string& flat) {
-    return c_family::random_expr(n, flat, needs_, "kiln CUDA codegen");
+    return c_family::random_expr(n, flat, needs_, kWriter);
   }
 
-  [[noreturn]] void unsupported(const ir::GraphNode& n, DType in) const {
-    throw DTypeError(std::string("kiln CUDA codegen: ") + ir::op_name(n.op) + " is not defined for " + dtype_name(in) +
-                     " (shape " + n.shape.str() + "); cast to a floating dtype first");
-  }
+  [[noreturn]] void unsupported(const ir::GraphNode& n, DType in) const { c_family::unsupported(kWriter, n, in); }
 
   std::string cast_expr(const std::string& a, DType from, DType to) {
     if (from == to) return a;
@@ -1040,8 +1040,8 @@ class Writer {
     }
     // Everything else reads the same in every dialect (codegen/c/pointwise.hpp).
     const std::string c = in.size() > 2 ? in[2].expr : std::string();
-    const c_family::PointwiseHooks hooks{c_family::kCudaDialect, [&] { unsupported(n, it); }, needs_};
-    if (std::string e = c_family::pointwise_expr({n.op, t, it, a, b, c}, hooks); !e.empty()) return e;
+    const c_family::PointwiseHooks hooks{c_family::kCudaDialect, needs_, kWriter};
+    if (std::string e = c_family::pointwise_expr({n, it, a, b, c}, hooks); !e.empty()) return e;
     throw Error(std::string("kiln CUDA codegen: no code for op ") + ir::op_name(n.op));
   }
 

@@ -148,30 +148,29 @@ namespace detail {
 /// 0-dim int64 leaf read at launch, as numbers are (one kernel for every seed); elsewhere it
 /// is part of the code.
 inline ir::NodePtr random_node(const Shape& shape, std::uint64_t seed, int distribution, DType dtype, Device device) {
-  if (device.is_cpu() && !deferring_eval()) {
-    StoragePtr st = runtime::allocate_host(8);
-    std::memcpy(st->data, &seed, sizeof seed);
-    return ir::random(shape, ir::input(ir::BufferView{st, 0, {}}, Shape{}, DType::Int64, device), distribution, dtype,
-                      device);
-  }
+  if (device.is_cpu() && !deferring_eval())
+    return ir::random(shape, number_leaf(seed, DType::Int64, Shape{}, device), distribution, dtype, device);
   return ir::random(shape, seed, distribution, dtype, device);
+}
+
+/// rand's and randn's checks, before any key is drawn or node built.
+inline void check_random(const Shape& shape, const char* op, DType dtype) {
+  check_creation_shape(shape, op, dtype);
+  if (!is_floating(dtype))
+    throw DTypeError(std::string(op) + ": dtype must be floating point, got " + dtype_name(dtype));
 }
 }  // namespace detail
 
 /// Uniform numbers in [0, 1) from Philox4x32-10 keyed by `seed` (element i uses counter i:
 /// the same on every device and thread count).
 inline Tensor rand(const Shape& shape, std::uint64_t seed, DType dtype = f32, Device device = Device::cpu()) {
-  detail::check_creation_shape(shape, "rand", dtype);
-  if (!is_floating(dtype))
-    throw DTypeError(std::string("rand: dtype must be floating point, got ") + dtype_name(dtype));
+  detail::check_random(shape, "rand", dtype);
   return Tensor(detail::random_node(shape, seed, 0, dtype, device));
 }
 
 /// Standard normal numbers (Box-Muller over Philox4x32-10, counter = element index).
 inline Tensor randn(const Shape& shape, std::uint64_t seed, DType dtype = f32, Device device = Device::cpu()) {
-  detail::check_creation_shape(shape, "randn", dtype);
-  if (!is_floating(dtype))
-    throw DTypeError(std::string("randn: dtype must be floating point, got ") + dtype_name(dtype));
+  detail::check_random(shape, "randn", dtype);
   return Tensor(detail::random_node(shape, seed, 1, dtype, device));
 }
 
@@ -223,18 +222,14 @@ inline std::uint64_t initial_seed() { return detail::global_generator().seed; }
 /// Philox key (see manual_seed). On the CPU the key is a kernel argument (one kernel for every
 /// key); on CUDA each key is still its own kernel.
 inline Tensor rand(const Shape& shape, DType dtype = f32, Device device = Device::cpu()) {
-  detail::check_creation_shape(shape, "rand", dtype);
-  if (!is_floating(dtype))
-    throw DTypeError(std::string("rand: dtype must be floating point, got ") + dtype_name(dtype));
-  return rand(shape, detail::next_generator_key("rand"), dtype, device);
+  detail::check_random(shape, "rand", dtype);
+  return Tensor(detail::random_node(shape, detail::next_generator_key("rand"), 0, dtype, device));
 }
 
 /// Standard normal numbers from the global generator (torch.randn).
 inline Tensor randn(const Shape& shape, DType dtype = f32, Device device = Device::cpu()) {
-  detail::check_creation_shape(shape, "randn", dtype);
-  if (!is_floating(dtype))
-    throw DTypeError(std::string("randn: dtype must be floating point, got ") + dtype_name(dtype));
-  return randn(shape, detail::next_generator_key("randn"), dtype, device);
+  detail::check_random(shape, "randn", dtype);
+  return Tensor(detail::random_node(shape, detail::next_generator_key("randn"), 1, dtype, device));
 }
 
 /// rand with x's shape, dtype and device (torch.rand_like).

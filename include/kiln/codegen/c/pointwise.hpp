@@ -4,7 +4,6 @@
 // errors. What the writers emit themselves: the libm-named math (kiln's
 // vectorised functions on the CPU), casts, and floating + - * / (CUDA keeps them apart from
 // FMA contraction and may multiply by a reciprocal).
-#include <functional>
 #include <string>
 
 #include "kiln/codegen/c/integer.hpp"
@@ -55,11 +54,16 @@ inline std::string select_expr(ir::Op op, bool floating, const std::string& a, c
   }
 }
 
+/// The DTypeError of primitive `n` on operand dtype `in`, from writer `writer` ("kiln codegen").
+[[noreturn]] inline void unsupported(const char* writer, const ir::GraphNode& n, DType in) {
+  throw DTypeError(std::string(writer) + ": " + ir::op_name(n.op) + " is not defined for " + dtype_name(in) +
+                   " (shape " + n.shape.str() + "); cast to a floating dtype first");
+}
+
 /// One pointwise node as the shared emitter sees it.
 struct PointwiseArgs {
-  ir::Op op;
-  DType out;  ///< the result's dtype
-  DType in;   ///< the first operand's dtype
+  const ir::GraphNode& node;
+  DType in;  ///< the first operand's dtype
   const std::string& a;
   const std::string& b;  ///< "" for unary ops
   const std::string& c;  ///< "" but for where
@@ -68,18 +72,19 @@ struct PointwiseArgs {
 /// What the writer lends the shared emitter.
 struct PointwiseHooks {
   const Dialect& dialect;
-  std::function<void()> unsupported;  ///< throws the writer's DTypeError for (op, in)
-  PreludeNeeds& needs;                ///< the prelude helpers the text calls
+  PreludeNeeds& needs;  ///< the prelude helpers the text calls
+  const char* writer;   ///< names the writer in errors
 };
 
 /// C text of `p`, or "" for what each writer emits itself (see the top of this file).
 inline std::string pointwise_expr(const PointwiseArgs& p, const PointwiseHooks& h) {
   using ir::Op;
   const std::string &a = p.a, &b = p.b;
-  const DType it = p.in, t = p.out;
+  const DType it = p.in, t = p.node.dtype;
+  const Op op = p.node.op;
   const bool fl = is_floating(it), dbl = it == DType::Float64;
   const Dialect& d = h.dialect;
-  if (std::string e = select_expr(p.op, fl, a, b, p.c); !e.empty()) return e;
+  if (std::string e = select_expr(op, fl, a, b, p.c); !e.empty()) return e;
   // Integer arithmetic wraps (as unsigned); bool arithmetic is done on 0/1 integers, as the
   // reference does.
   auto wrap = [&](const char* op) {
@@ -89,7 +94,7 @@ inline std::string pointwise_expr(const PointwiseArgs& p, const PointwiseHooks& 
   };
   const std::string negated =
       it == DType::Int32 ? "(int)(0u - (unsigned)" + a + ")" : "(long long)(0ull - (unsigned long long)" + a + ")";
-  switch (p.op) {
+  switch (op) {
     case Op::Neg:
       if (fl) return "(-" + a + ")";
       return it == DType::Bool ? a : negated;
@@ -102,11 +107,11 @@ inline std::string pointwise_expr(const PointwiseArgs& p, const PointwiseHooks& 
     case Op::BitXor:
     case Op::Shl:
     case Op::Shr:
-      if (!integer_expr_applies(p.op, it)) h.unsupported();
-      return integer_expr(p.op, it, ctype(it), a, b, h.needs.ints);
+      if (!integer_expr_applies(op, it)) unsupported(h.writer, p.node, it);
+      return integer_expr(op, it, ctype(it), a, b, h.needs.ints);
     case Op::Rsqrt:
       // 1/sqrt(x) with two correctly rounded steps, as the reference (CUDA's rsqrtf is approximate).
-      if (!fl) h.unsupported();
+      if (!fl) unsupported(h.writer, p.node, it);
       return round16(std::string(dbl ? "(1.0 / " : "(1.0f / ") + libm_call(d, "sqrt", dbl) + a + "))", t, h.needs);
     case Op::Floor:
       return fl ? libm_call(d, "floor", dbl) + a + ")" : a;
@@ -133,8 +138,8 @@ inline std::string pointwise_expr(const PointwiseArgs& p, const PointwiseHooks& 
       return std::string(it == DType::Int32 ? "kiln_idiv_i32(" : "kiln_idiv_i64(") + a + ", " + b + ")";
     case Op::Fmod:
       if (fl) return round16(libm_call(d, "fmod", dbl) + a + ", " + b + ")", t, h.needs);
-      if (!integer_expr_applies(p.op, it)) h.unsupported();
-      return integer_expr(p.op, it, ctype(it), a, b, h.needs.ints);
+      if (!integer_expr_applies(op, it)) unsupported(h.writer, p.node, it);
+      return integer_expr(op, it, ctype(it), a, b, h.needs.ints);
     case Op::Pow:
       if (fl) return round16(libm_call(d, "pow", dbl) + a + ", " + b + ")", t, h.needs);
       h.needs.ints = true;

@@ -10,6 +10,7 @@
 // Graphs run in worker processes (fork) so that a crash or a hang costs one graph, not the
 // campaign: a worker that dies mid-graph is replaced and the graph is recorded as a crash. The
 // parent process never evaluates a tensor itself (GNU OpenMP is not fork-safe once used).
+#include <execinfo.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -171,6 +172,21 @@ Verdict safe_check(const Program& p, Device dev, bool selftest = false) {
 std::string signal_name(int sig) {
   const char* n = strsignal(sig);
   return std::string("signal ") + std::to_string(sig) + " (" + (n ? n : "?") + ")";
+}
+
+/// --one's crash report: the stack of the faulting thread on stderr, then the default action
+/// (so the exit status still says which signal). Symbols need -rdynamic (ENABLE_EXPORTS).
+void print_stack_on_crash() {
+  auto handler = [](int sig) {
+    void* frames[64];
+    const int n = ::backtrace(frames, 64);
+    const char* head = "kiln_fuzz: crashed; the stack:\n";
+    [[maybe_unused]] auto w = ::write(2, head, std::strlen(head));
+    ::backtrace_symbols_fd(frames, n, 2);
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+  };
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) ::signal(sig, handler);
 }
 
 /// Runs fn in a child process; the parent gets its verdict, or Crash/Timeout.
@@ -469,6 +485,7 @@ int main(int argc, char** argv) {
   if (o.one >= 0) {
     Program p = generate(o.seed, static_cast<std::uint64_t>(o.one), o.lim);
     std::cout << test_case_cxx(p, title_of(p), "graph " + std::to_string(o.one));
+    print_stack_on_crash();
     Verdict v = safe_check(p, device_of(o.device), o.selftest);
     std::cout << "verdict: " << kind_name(v.kind) << (v.detail.empty() ? "" : ": " + v.detail) << "\n";
     if (v.excused) std::cout << "excused elements: " << v.excused << "\n";

@@ -1,0 +1,121 @@
+#pragma once
+// Pointwise kernels: one thread per vector of consecutive elements of the unit-stride loop
+// group, grid-stride over the rest, a scalar tail for what the vectors leave over.
+#include "kiln/codegen/cuda/kernel_writer.hpp"
+
+namespace kiln::codegen::cuda_detail {
+
+class PointwiseKernel : public KernelWriter {
+ public:
+  using KernelWriter::KernelWriter;
+
+  // ---- pointwise kernels ----------------------------------------------------------------------
+  struct Plan {};
+  Plan plan() { return {}; }
+  void print(const Plan&) {
+    const auto& p = k_.loops;
+    const int block = std::clamp(t_.pointwise_block, 32, 1024) / 32 * 32;
+    info_.block = block;
+    const i64 numel = k_.space.numel();
+    if (p.order.empty()) {
+      info_.grid = 1;
+      info_.strategy = "pointwise, one element";
+      open("if (blockIdx.x == 0 && threadIdx.x == 0)");
+      for (auto& st : k_.stores) store(st, sched::identity_index(k_.space));
+      close();
+      return;
+    }
+    const int inner = p.order.back();
+    const bool single = p.order.size() == 1;
+    const bool heavy = heavy_ops() > 4;
+    int v = choose_vec(inner, !single);
+    if (heavy && t_.pointwise_lanes_heavy > 0) v = std::min(v, t_.pointwise_lanes_heavy);
+    set_vec(inner, v);
+    const i64 nvec = numel / v;
+    const i64 tail = numel - nvec * v;
+    const int unroll = std::max(1, heavy ? t_.pointwise_unroll_heavy : t_.pointwise_unroll);
+    // Each thread takes `unroll` vectors and leaves (the hardware balances blocks across the
+    // GPU); only very large tensors loop, over at most 256 blocks' worth per multiprocessor.
+    const i64 per_block = static_cast<i64>(block) * unroll;
+    // A symbolic size: the vectors, the tail and the grid follow the size read at launch.
+    const i64 per_n = sym_ ? per_size(p.order) : 0;
+    std::string nv = lit(nvec);
+    if (sym_) {
+      info_.grid = 0;
+      info_.grid_rule = CudaGridRule{per_n, v, per_block, t_.sm_count * i64(256)};
+      nv = "kiln_nv";
+      line("const long long kiln_nv = " +
+           (per_n % v == 0 ? std::string(kSizeVar) + " * " + lit(per_n / v)
+                           : std::string(kSizeVar) + " * " + lit(per_n) + " / " + lit(v)) +
+           ";");
+    } else {
+      info_.grid = static_cast<unsigned>(
+          std::max<i64>(1, std::min<i64>((nvec + per_block - 1) / per_block, t_.sm_count * i64(256))));
+    }
+    info_.strategy = "pointwise, " + std::to_string(v) + " lane(s) per thread, grid " +
+                     (sym_ ? rule_text(info_.grid_rule) : std::to_string(info_.grid)) + "x" + std::to_string(block);
+    if (unroll > 1) info_.strategy += ", " + std::to_string(unroll) + " steps per iteration";
+    if (sym_ || nvec > 0) {
+      auto body = [&](const std::string& t) {
+        open("", groups_mask(p.order));
+        decode(t, p.order, v);
+        for (auto& st : k_.stores) store(st, sched::identity_index(k_.space));
+        close();
+      };
+      line(it_ + " t = (" + it_ + ")blockIdx.x * " + lit(block) + " + threadIdx.x;");
+      line("const " + it_ + " G = (" + it_ + ")gridDim.x * " + lit(block) + ";");
+      if (unroll > 1) {
+        // Whole steps without bounds checks, so the loads of every element are in flight at once.
+        open("for (; t + " + lit(unroll - 1) + " * G < " + nv + "; t += " + lit(unroll) + " * G)");
+        for (int u = 0; u < unroll; ++u) {
+          std::string tu = "tu" + std::to_string(u);
+          line("const " + it_ + " " + tu + " = t + " + lit(u) + " * G;");
+          body(tu);
+        }
+        close();
+        open("for (; t < " + nv + "; t += G)");
+        body("t");
+        close();
+      } else {
+        open("for (; t < " + nv + "; t += G)");
+        body("t");
+        close();
+      }
+    }
+    // With a symbolic size, a tail is possible when the work per unit of size is not a whole
+    // number of vectors (then the space is one group: the tail's position is its variable).
+    if (sym_ ? per_n % v != 0 : tail > 0) {
+      // The elements the vectors leave over, one per thread of the first block.
+      set_vec(inner, 1);
+      const std::string left =
+          sym_ ? "(long long)threadIdx.x < " + std::string(kSizeVar) + " * " + lit(per_n) + " - " + nv + " * " + lit(v)
+               : "threadIdx.x < " + std::to_string(tail);
+      open("if (blockIdx.x == 0 && " + left + ")", groups_mask(p.order));
+      line("const " + it_ + " " + var(inner) + " = " + (sym_ ? nv + " * " + lit(v) : lit(nvec * v)) + " + (" + it_ +
+           ")threadIdx.x;");
+      for (auto& st : k_.stores) store(st, sched::identity_index(k_.space));
+      close();
+    }
+  }
+
+  /// Transcendental functions a pointwise kernel evaluates per element (heavy bodies are not
+  /// unrolled: they are bound by arithmetic, and code size costs compile time).
+  int heavy_ops() const {
+    std::set<int> seen;
+    std::vector<int> todo;
+    for (auto& st : k_.stores) todo.push_back(st.node);
+    int heavy = 0;
+    while (!todo.empty()) {
+      int n = todo.back();
+      todo.pop_back();
+      if (!seen.insert(n).second) continue;
+      const ir::GraphNode& nn = node(n);
+      if (ir::has_flag(nn.op, ir::kMathCall) || nn.op == Op::Random) ++heavy;
+      if (nn.op == Op::Input || ir::is_reduction(nn.op)) continue;
+      for (int i : nn.inputs) todo.push_back(i);
+    }
+    return heavy;
+  }
+};
+
+}  // namespace kiln::codegen::cuda_detail

@@ -136,6 +136,49 @@ TEST_CASE("cuda autotune: only candidates that change a kernel's code are kept, 
   }
 }
 
+TEST_CASE("cuda autotune: a knob changes the code of the kinds of kernel that read it, and of no other") {
+  // max-autotune skips a candidate for kernels whose kind does not read what it moves
+  // (KILN_CUDA_TUNING_KNOBS): a reader left out of that table would hide a variant.
+  using namespace kiln_cuda_test;
+  const auto cands = backend::detail::cuda_tuning_candidates();
+  const codegen::CudaTarget base = codegen::CudaTarget::sm90();
+  std::vector<std::vector<NodePtr>> graphs;
+  for (auto& w : workloads())
+    for (auto [m, k] : {std::pair<std::int64_t, std::int64_t>{37, 256}, {3, 40000}}) graphs.push_back(w.build(m, k));
+  graphs.push_back(two_kernel_roots(512, 8192));
+  graphs.push_back({red(Op::ReduceSum, input({40000, 24}, f32, 47), {0})});  // a split column reduction
+  unsigned seen_kinds = 0;
+  std::size_t changed = 0;
+  for (auto& roots : graphs) {
+    ir::Captured c = capture(roots);
+    sched::Schedule s = sched::schedule(c.graph);
+    const codegen::CudaSource def = codegen::generate_cuda(c.graph, s, "t", base);
+    for (std::size_t ci = 1; ci < cands.size(); ++ci) {
+      unsigned readers = 0;
+      for (const auto& f : backend::detail::tuning_fields())
+        if (cands[ci].*(f.member) != 0) readers |= f.readers;
+      REQUIRE(readers != 0);
+      codegen::CudaTarget t = base;
+      backend::detail::apply_tuning(t, cands[ci]);
+      const codegen::CudaSource moved = codegen::generate_cuda(c.graph, s, "t", t);
+      for (std::size_t k = 0; k < s.kernels.size(); ++k) {
+        const auto kind = static_cast<unsigned>(codegen::cuda_kernel_kind(s, static_cast<int>(k), base));
+        seen_kinds |= kind;
+        const bool same = moved.kernels[k].code_hash == def.kernels[k].code_hash &&
+                          moved.kernels[k].block == def.kernels[k].block &&
+                          moved.kernels[k].grid == def.kernels[k].grid;
+        if (!same) ++changed;
+        CHECK_MESSAGE((same || (readers & kind)), backend::detail::tuning_text(cands[ci])
+                                                      << " changed a "
+                                                      << codegen::kind_name(static_cast<codegen::CudaKernelKind>(kind))
+                                                      << " kernel, a kind it is not listed as read by");
+      }
+    }
+  }
+  CHECK(seen_kinds == codegen::kReadAll);  // every kind was in the corpus
+  CHECK(changed > 0);
+}
+
 TEST_CASE("cuda autotune: one unit with other knobs per kernel: each kernel is the one its knobs give") {
   using namespace kiln_cuda_test;
   ir::Captured c = capture(two_kernel_roots(512, 8192));

@@ -40,21 +40,13 @@ namespace kiln::backend {
 
 namespace detail {
 
-/// The code generator's tuning knobs, listed once: each is the codegen::CudaTarget field of the
-/// same name (where its default and its meaning are documented). A Count knob is a positive
-/// integer; a Switch knob a bool, overridden with 1 (on) or -1 (off).
-#define KILN_CUDA_TUNING_KNOBS(X)                                                                                    \
-  X(pointwise_unroll, Count)                                                                                         \
-  X(row_vectors_per_thread, Count) X(split_blocks_per_sm, Count) X(pointwise_unroll_heavy, Count)                    \
-      X(row_cache_shared, Switch) X(reciprocal_div, Switch) X(column_vectors_per_thread, Count)                      \
-          X(column_unroll, Count) X(pointwise_lanes_heavy, Count) X(row_unroll_uncached, Count)                      \
-              X(row_vectors_per_thread_uncached, Count) X(column_split_interleave, Switch) X(pointwise_block, Count) \
-                  X(warp_rows_per_block, Count) X(warp_row_vectors, Count)
+// The tuning knobs are listed once, beside the kinds of kernel that read them: KILN_CUDA_TUNING_KNOBS
+// (codegen/cuda/kinds.hpp).
 
 /// Overrides of the code generator's tuning knobs (0: the default); for benchmarks that
 /// compare variants (plans made before a change keep their variant: clear_cuda_plans()).
 struct CudaTuning {
-#define KILN_TUNING_MEMBER(name, kind) int name = 0;
+#define KILN_TUNING_MEMBER(name, kind, readers) int name = 0;
   KILN_CUDA_TUNING_KNOBS(KILN_TUNING_MEMBER)
 #undef KILN_TUNING_MEMBER
 };
@@ -115,10 +107,11 @@ inline CudaTuning& cuda_tuning() {
 struct TuningField {
   const char* name;
   int CudaTuning::*member;
+  unsigned readers;  ///< the kinds of kernel whose code it can change (codegen::knob_readers)
 };
 inline const std::vector<TuningField>& tuning_fields() {
   static const std::vector<TuningField> f = {
-#define KILN_TUNING_FIELD(name, kind) {#name, &CudaTuning::name},
+#define KILN_TUNING_FIELD(name, kind, readers) {#name, &CudaTuning::name, codegen::knob_readers(#name)},
       KILN_CUDA_TUNING_KNOBS(KILN_TUNING_FIELD)
 #undef KILN_TUNING_FIELD
   };
@@ -171,7 +164,7 @@ inline void apply_tuning(codegen::CudaTarget& t, const CudaTuning& tune) {
     using Knob = std::remove_reference_t<decltype(knob)>;
     if (is_switch ? value != 0 : value > 0) knob = is_switch ? static_cast<Knob>(value > 0) : static_cast<Knob>(value);
   };
-#define KILN_TUNING_APPLY(name, kind) apply(t.name, tune.name, std::string_view(#kind) == "Switch");
+#define KILN_TUNING_APPLY(name, kind, readers) apply(t.name, tune.name, std::string_view(#kind) == "Switch");
   KILN_CUDA_TUNING_KNOBS(KILN_TUNING_APPLY)
 #undef KILN_TUNING_APPLY
 }
@@ -583,7 +576,19 @@ inline TuningVariants cuda_tuning_variants(const ir::Graph& g, const sched::Sche
   v.variants.resize(nk);
   std::vector<std::vector<std::uint64_t>> seen(nk);
   const std::string prefix = cuda_kernel_prefix(g, al);
+  // A candidate is generated only when some kernel's kind reads a knob it moves.
+  unsigned kinds = 0;
+  for (std::size_t k = 0; k < nk; ++k)
+    kinds |= static_cast<unsigned>(codegen::cuda_kernel_kind(s, static_cast<int>(k), base));
   for (std::size_t c = 0; c < cands.size(); ++c) {
+    unsigned readers = 0;
+    bool moves = false;  // the default moves nothing and is always generated
+    for (const auto& f : tuning_fields())
+      if (cands[c].*(f.member) != 0) {
+        moves = true;
+        readers |= f.readers;
+      }
+    if (moves && !(readers & kinds)) continue;
     std::vector<codegen::CudaTarget> targets(nk, base);
     for (auto& t : targets) apply_tuning(t, cands[c]);
     codegen::CudaSource src = codegen::generate_cuda(g, s, prefix, targets, al);

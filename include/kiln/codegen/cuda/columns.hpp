@@ -8,27 +8,46 @@ class ColumnKernel : public ReductionKernel {
  public:
   using ReductionKernel::ReductionKernel;
 
-  // ---- column reductions ----------------------------------------------------------------------
-  struct Plan {};
-  Plan plan() { return {}; }
-  void print(const Plan&) {
+  /// The launch of a column kernel, decided before any text.
+  struct Plan {
+    int column_group = -1;  ///< the loop group across the columns (contiguous)
+    i64 columns = 0;        ///< extent of that group
+    i64 reduced = 0;        ///< reduced rows
+    int lanes = 1;          ///< columns per thread
+    int tile_x = 32;        ///< threads across the columns of a tile (BX)
+    int tile_y = 8;         ///< threads down the rows (BY = 256 / BX)
+    i64 column_tiles = 0;   ///< column tiles per outer row
+    i64 tiles = 0;          ///< column tiles in all
+    i64 units = 1;          ///< tiles, at least one (an empty space still writes its finals)
+    i64 splits = 1;         ///< blocks per tile, each a share of the rows
+    i64 row_chunk = 0;      ///< rows per split
+    CudaKernelInfo launch;
+  };
+
+  /// The plan step: tiles of BX x BY threads (BX columns of vectors wide, as many as there
+  /// are, at most 32), and when the tiles leave the GPU idle the rows split over blocks. Fixes
+  /// the column lanes; writes no text.
+  Plan plan() {
+    Plan pl;
     const auto& p = k_.loops;
-    const int cg = p.vec_group;
-    const i64 C = extent(cg);
+    const int cg = pl.column_group = p.vec_group;
+    const i64 C = pl.columns = extent(cg);
     int v0 = choose_vec(cg, true);
     if (v0 > 1 && t_.column_vectors_per_thread > 1 && extent(cg) % (v0 * t_.column_vectors_per_thread) == 0)
       v0 *= t_.column_vectors_per_thread;  // several 16-byte chunks per thread: longer runs per row
     set_vec(cg, v0);
-    const int V = vec_;
-    const i64 R = reduced_extent();
+    const int V = pl.lanes = vec_;
+    const i64 R = pl.reduced = reduced_extent();
     i64 outer = 1;
     for (int gi : p.kept_groups) outer *= extent(gi);
     const i64 cvecs = (C + V - 1) / V;
     int BX = 32;
     while (BX > 1 && BX / 2 >= cvecs) BX /= 2;
     const int BY = 256 / BX;
-    const i64 ct = (cvecs + BX - 1) / BX;  // column tiles per outer row
-    const i64 tiles = outer * ct;
+    pl.tile_x = BX;
+    pl.tile_y = BY;
+    pl.column_tiles = (cvecs + BX - 1) / BX;
+    const i64 tiles = pl.tiles = outer * pl.column_tiles;
     const i64 target = static_cast<i64>(t_.sm_count) * std::max(1, t_.split_blocks_per_sm);
     i64 splits = 1;
     const bool single_pass = k_.phases <= 1 && k_.passes <= 1 && !has_level(sched::Level::Full);
@@ -36,14 +55,30 @@ class ColumnKernel : public ReductionKernel {
     // on 528 block slots would leave a second wave of 16 blocks).
     if (single_pass && tiles > 0 && tiles < target)
       splits = std::max<i64>(1, std::min<i64>(target / tiles, R / (BY * 8)));
-    i64 rchunk = splits > 1 ? (R + splits - 1) / splits : R;
-    if (splits > 1) splits = (R + rchunk - 1) / rchunk;
-    info_.block = 256;
-    const i64 units = std::max<i64>(1, tiles);  // an empty space still writes its finals
-    info_.grid = static_cast<unsigned>(units * splits);
-    info_.strategy = "column reduction, " + std::to_string(BX) + "x" + std::to_string(BY) + " threads, " +
-                     std::to_string(V) + " column(s) per thread, " + std::to_string(splits) + " split(s) of the " +
-                     std::to_string(R) + " reduced rows, grid " + std::to_string(info_.grid) + "x256";
+    pl.row_chunk = splits > 1 ? (R + splits - 1) / splits : R;
+    if (splits > 1) splits = (R + pl.row_chunk - 1) / pl.row_chunk;
+    pl.splits = splits;
+    pl.units = std::max<i64>(1, tiles);
+    pl.launch.block = 256;
+    pl.launch.grid = static_cast<unsigned>(pl.units * splits);
+    pl.launch.strategy = "column reduction, " + std::to_string(BX) + "x" + std::to_string(BY) + " threads, " +
+                         std::to_string(V) + " column(s) per thread, " + std::to_string(splits) +
+                         " split(s) of the " + std::to_string(R) + " reduced rows, grid " +
+                         std::to_string(pl.launch.grid) + "x256";
+    return pl;
+  }
+
+  /// The print step: per tile, each thread folds its columns over its share of the rows, the
+  /// shares combine in shared memory, and split tiles' partials in the tile's last block.
+  void print(const Plan& pl) {
+    const auto& p = k_.loops;
+    const int cg = pl.column_group;
+    const i64 C = pl.columns, R = pl.reduced, ct = pl.column_tiles, tiles = pl.tiles, units = pl.units;
+    const i64 splits = pl.splits, rchunk = pl.row_chunk;
+    const int V = pl.lanes, BX = pl.tile_x, BY = pl.tile_y;
+    const std::string name = info_.name;
+    info_ = pl.launch;
+    info_.name = name;
     line("const int tx = threadIdx.x % " + std::to_string(BX) + ", ty = threadIdx.x / " + std::to_string(BX) + ";");
     // Blocks of one split of every tile are neighbours: blocks running together read whole
     // rows (long contiguous runs), which DRAM serves best.

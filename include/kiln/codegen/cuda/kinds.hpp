@@ -17,6 +17,44 @@ enum class CudaKernelKind : std::uint8_t {
   Columns = 8,    ///< each thread a few columns and a share of the rows
 };
 
+/// Kernel kinds as bits (a knob's readers below).
+inline constexpr unsigned kReadPointwise = static_cast<unsigned>(CudaKernelKind::Pointwise);
+inline constexpr unsigned kReadRows = static_cast<unsigned>(CudaKernelKind::Rows);
+inline constexpr unsigned kReadSplitRows = static_cast<unsigned>(CudaKernelKind::SplitRows);
+inline constexpr unsigned kReadColumns = static_cast<unsigned>(CudaKernelKind::Columns);
+inline constexpr unsigned kReadAll = kReadPointwise | kReadRows | kReadSplitRows | kReadColumns;
+
+/// The writers' tuning knobs, listed once: each is the CudaTarget field of the same name
+/// (where its default and meaning are documented), a Count (a positive integer) or a Switch (a
+/// bool, overridden with 1 or -1), and the kinds whose plan or print step reads it: a knob
+/// cannot change the code of another kind (tests/backend/test_cuda_autotune.cpp checks this),
+/// so max-autotune generates a candidate only for kernels that read what it moves.
+#define KILN_CUDA_TUNING_KNOBS(X)                                                                      \
+  X(pointwise_unroll, Count, kReadPointwise)                                                           \
+  X(row_vectors_per_thread, Count, kReadRows)                                                          \
+  X(split_blocks_per_sm, Count, kReadSplitRows | kReadColumns)                                         \
+  X(pointwise_unroll_heavy, Count, kReadPointwise)                                                     \
+  X(row_cache_shared, Switch, kReadRows)                                                               \
+  X(reciprocal_div, Switch, kReadAll)                                                                  \
+  X(column_vectors_per_thread, Count, kReadColumns)                                                    \
+  X(column_unroll, Count, kReadColumns)                                                                \
+  X(pointwise_lanes_heavy, Count, kReadPointwise)                                                      \
+  X(row_unroll_uncached, Count, kReadRows)                                                             \
+  X(row_vectors_per_thread_uncached, Count, kReadRows)                                                 \
+  X(column_split_interleave, Switch, kReadColumns)                                                     \
+  X(pointwise_block, Count, kReadPointwise)                                                            \
+  X(warp_rows_per_block, Count, kReadRows)                                                             \
+  X(warp_row_vectors, Count, kReadRows)
+
+/// The kinds (kRead* bits) that read knob `name`; 0 for a name that is not a knob.
+inline unsigned knob_readers(const std::string& name) {
+#define KILN_KNOB_READERS(knob, kind, readers) \
+  if (name == #knob) return readers;
+  KILN_CUDA_TUNING_KNOBS(KILN_KNOB_READERS)
+#undef KILN_KNOB_READERS
+  return 0;
+}
+
 inline const char* kind_name(CudaKernelKind k) {
   switch (k) {
     case CudaKernelKind::Pointwise:

@@ -9,21 +9,32 @@ class PointwiseKernel : public KernelWriter {
  public:
   using KernelWriter::KernelWriter;
 
-  // ---- pointwise kernels ----------------------------------------------------------------------
-  struct Plan {};
-  Plan plan() { return {}; }
-  void print(const Plan&) {
+  /// The launch of a pointwise kernel, decided before any text.
+  struct Plan {
+    bool one_element = false;  ///< a 0-dim space: one thread
+    int block = 256;           ///< threads per block
+    int lanes = 1;             ///< elements per thread and step (one vector)
+    int unroll = 1;            ///< vectors per thread and loop step
+    i64 vectors = 0;           ///< whole vectors of the space (static sizes)
+    i64 tail = 0;              ///< elements the vectors leave over
+    i64 per_size = 0;          ///< symbolic size: elements per unit of the size
+    CudaKernelInfo launch;
+  };
+
+  /// The plan step: 16-byte vectors (fewer lanes in bodies heavy in transcendental functions),
+  /// `unroll` vectors per thread, a grid of at most 256 blocks per multiprocessor. Fixes the
+  /// lanes; writes no text.
+  Plan plan() {
+    Plan pl;
     const auto& p = k_.loops;
-    const int block = std::clamp(t_.pointwise_block, 32, 1024) / 32 * 32;
-    info_.block = block;
+    const int block = pl.block = std::clamp(t_.pointwise_block, 32, 1024) / 32 * 32;
+    pl.launch.block = static_cast<unsigned>(block);
     const i64 numel = k_.space.numel();
     if (p.order.empty()) {
-      info_.grid = 1;
-      info_.strategy = "pointwise, one element";
-      open("if (blockIdx.x == 0 && threadIdx.x == 0)");
-      for (auto& st : k_.stores) store(st, sched::identity_index(k_.space));
-      close();
-      return;
+      pl.one_element = true;
+      pl.launch.grid = 1;
+      pl.launch.strategy = "pointwise, one element";
+      return pl;
     }
     const int inner = p.order.back();
     const bool single = p.order.size() == 1;
@@ -31,30 +42,53 @@ class PointwiseKernel : public KernelWriter {
     int v = choose_vec(inner, !single);
     if (heavy && t_.pointwise_lanes_heavy > 0) v = std::min(v, t_.pointwise_lanes_heavy);
     set_vec(inner, v);
-    const i64 nvec = numel / v;
-    const i64 tail = numel - nvec * v;
-    const int unroll = std::max(1, heavy ? t_.pointwise_unroll_heavy : t_.pointwise_unroll);
+    pl.lanes = v;
+    pl.vectors = numel / v;
+    pl.tail = numel - pl.vectors * v;
+    const int unroll = pl.unroll = std::max(1, heavy ? t_.pointwise_unroll_heavy : t_.pointwise_unroll);
     // Each thread takes `unroll` vectors and leaves (the hardware balances blocks across the
     // GPU); only very large tensors loop, over at most 256 blocks' worth per multiprocessor.
     const i64 per_block = static_cast<i64>(block) * unroll;
     // A symbolic size: the vectors, the tail and the grid follow the size read at launch.
-    const i64 per_n = sym_ ? per_size(p.order) : 0;
+    pl.per_size = sym_ ? per_size(p.order) : 0;
+    if (sym_) {
+      pl.launch.grid = 0;
+      pl.launch.grid_rule = CudaGridRule{pl.per_size, v, per_block, t_.sm_count * i64(256)};
+    } else {
+      pl.launch.grid = static_cast<unsigned>(
+          std::max<i64>(1, std::min<i64>((pl.vectors + per_block - 1) / per_block, t_.sm_count * i64(256))));
+    }
+    pl.launch.strategy = "pointwise, " + std::to_string(v) + " lane(s) per thread, grid " +
+                         (sym_ ? rule_text(pl.launch.grid_rule) : std::to_string(pl.launch.grid)) + "x" +
+                         std::to_string(block);
+    if (unroll > 1) pl.launch.strategy += ", " + std::to_string(unroll) + " steps per iteration";
+    return pl;
+  }
+
+  /// The print step: a grid-stride loop over the vectors (whole unrolled steps first), then
+  /// the tail, one element per thread of the first block.
+  void print(const Plan& pl) {
+    const auto& p = k_.loops;
+    const std::string name = info_.name;
+    info_ = pl.launch;
+    info_.name = name;
+    if (pl.one_element) {
+      open("if (blockIdx.x == 0 && threadIdx.x == 0)");
+      for (auto& st : k_.stores) store(st, sched::identity_index(k_.space));
+      close();
+      return;
+    }
+    const int block = pl.block, v = pl.lanes, unroll = pl.unroll;
+    const int inner = p.order.back();
+    const i64 nvec = pl.vectors, tail = pl.tail, per_n = pl.per_size;
     std::string nv = lit(nvec);
     if (sym_) {
-      info_.grid = 0;
-      info_.grid_rule = CudaGridRule{per_n, v, per_block, t_.sm_count * i64(256)};
       nv = "kiln_nv";
       line("const long long kiln_nv = " +
            (per_n % v == 0 ? std::string(kSizeVar) + " * " + lit(per_n / v)
                            : std::string(kSizeVar) + " * " + lit(per_n) + " / " + lit(v)) +
            ";");
-    } else {
-      info_.grid = static_cast<unsigned>(
-          std::max<i64>(1, std::min<i64>((nvec + per_block - 1) / per_block, t_.sm_count * i64(256))));
     }
-    info_.strategy = "pointwise, " + std::to_string(v) + " lane(s) per thread, grid " +
-                     (sym_ ? rule_text(info_.grid_rule) : std::to_string(info_.grid)) + "x" + std::to_string(block);
-    if (unroll > 1) info_.strategy += ", " + std::to_string(unroll) + " steps per iteration";
     if (sym_ || nvec > 0) {
       auto body = [&](const std::string& t) {
         open("", groups_mask(p.order));

@@ -9,90 +9,143 @@ class RowKernel : public ReductionKernel {
  public:
   using ReductionKernel::ReductionKernel;
 
-  struct Plan {};
-  Plan plan() { return {}; }
-  void print(const Plan&) {
+  /// Where a row that later passes read again is kept between passes.
+  enum class RowCache { None, Registers, Shared };
+
+  /// The launch of a row kernel, decided before any text.
+  struct Plan {
+    i64 rows = 0;             ///< rows of the kernel (static sizes)
+    i64 reduced = 0;          ///< elements per row
+    int lanes = 1;            ///< vector lanes per thread along the row
+    int threads = 32;         ///< threads per row
+    i64 slots = 0;            ///< vectors per thread per pass (the unrolled loop's trip count)
+    int rows_per_block = 1;   ///< rows per block (a warp per row: several)
+    bool guard = false;       ///< the last slot runs past the row's end
+    RowCache cache = RowCache::None;
+    std::map<std::string, std::pair<int, std::size_t>> reads;  ///< leaf reads kept between passes
+    std::map<std::string, int> values;  ///< values kept in registers between passes
+    /// Softmax's max and sum of exp in one pass: phase -> (max node, sum node); `skip` holds the
+    /// passes that this folds away.
+    std::map<int, std::pair<int, int>> online;
+    std::set<int> skip;
+    CudaKernelInfo launch;  ///< block, grid (or its rule), dynamic shared memory, strategy
+  };
+
+  /// Threads per row: a warp for short rows, else enough threads for about `vectors_per_thread`
+  /// vectors each (a power of two, at most 1024).
+  int threads_for(i64 R, int V, int vectors_per_thread) const {
+    const i64 vpt = std::max(1, vectors_per_thread);
+    int t = 32;
+    if (R > static_cast<i64>(32) * V * std::max(1, t_.warp_row_vectors)) {
+      i64 want = (R + V * vpt - 1) / (V * vpt);
+      t = 64;
+      while (t < 1024 && t < want) t *= 2;
+    }
+    return t;
+  }
+
+  /// The plan step. It fixes the row's vector lanes (the decode state every later read
+  /// follows) and finds the one-hot picks; it writes no text.
+  Plan plan() {
     find_picks();
+    Plan pl;
     const auto& p = k_.loops;
-    const i64 rows = p.rows;
-    const i64 R = reduced_extent();
+    pl.rows = p.rows;
+    const i64 R = pl.reduced = reduced_extent();
     const int inner = p.red_groups.empty() ? -1 : p.red_groups.back();
     set_vec(inner, choose_vec(inner, true));
-    const int V = vec_;
-    // Threads per row: a warp for short rows, else enough threads for about `vpt` vectors each.
-    auto threads_for = [&](int vectors_per_thread) {
-      const i64 vpt = std::max(1, vectors_per_thread);
-      int t = 32;
-      if (R > static_cast<i64>(32) * V * std::max(1, t_.warp_row_vectors)) {
-        i64 want = (R + V * vpt - 1) / (V * vpt);
-        t = 64;
-        while (t < 1024 && t < want) t *= 2;
-      }
-      return t;
-    };
-    int T = threads_for(t_.row_vectors_per_thread);
+    const int V = pl.lanes = vec_;
+    int T = threads_for(R, V, t_.row_vectors_per_thread);
     i64 E = R == 0 ? 0 : (R + static_cast<i64>(T) * V - 1) / (static_cast<i64>(T) * V);
     // (A symbolic number of rows may be large: 8.)
     const i64 warp_rows = std::clamp(t_.warp_rows_per_block, 1, 32);
-    const int rpb = T == 32 ? static_cast<int>(sym_ ? warp_rows : std::max<i64>(1, std::min<i64>(warp_rows, rows))) : 1;
+    const int rpb = T == 32 ? static_cast<int>(sym_ ? warp_rows : std::max<i64>(1, std::min<i64>(warp_rows, pl.rows)))
+                            : 1;
     // The row cache: registers when small, else shared memory, else none (re-read).
-    auto reads = multi_pass_reads();
+    pl.reads = multi_pass_reads();
     std::size_t slot_bytes = 0;
-    for (auto& [key, info] : reads) slot_bytes += (info.second + 15) / 16 * 16;
+    for (auto& [key, info] : pl.reads) slot_bytes += (info.second + 15) / 16 * 16;
     const i64 reg_words = E * static_cast<i64>(slot_bytes) / 4;
     const i64 row_bytes = E * static_cast<i64>(slot_bytes) * T * rpb;
-    int mode = 0;  // 0 none, 1 registers, 2 shared memory
-    if (!reads.empty() && E > 0) {
+    if (!pl.reads.empty() && E > 0) {
       const i64 reg_limit = std::min<i64>(32, 65536 / (T * rpb) - 40);
       if (reg_words <= reg_limit)
-        mode = 1;
+        pl.cache = RowCache::Registers;
       else if (t_.row_cache_shared && row_bytes <= t_.max_shared_per_block_optin - 8192)
-        mode = 2;
+        pl.cache = RowCache::Shared;
     }
-    if (mode == 0 && !reads.empty() && rpb == 1 && t_.row_vectors_per_thread_uncached > 0) {
+    if (pl.cache == RowCache::None && !pl.reads.empty() && rpb == 1 && t_.row_vectors_per_thread_uncached > 0) {
       // A long row that later passes re-read from L2: fewer threads per row with more vectors
       // each keep several rows in flight per multiprocessor, so one row's block reduction
       // overlaps another's loads (N6, 128 KiB rows: 1024 threads 0.41 x copy, 256 threads 0.76).
-      T = threads_for(t_.row_vectors_per_thread_uncached);
+      T = threads_for(R, V, t_.row_vectors_per_thread_uncached);
       E = R == 0 ? 0 : (R + static_cast<i64>(T) * V - 1) / (static_cast<i64>(T) * V);
     }
-    row_threads_ = T;
-    const bool guard = R % (static_cast<i64>(T) * V) != 0;
-    info_.block = static_cast<unsigned>(T * rpb);
+    pl.threads = T;
+    pl.slots = E;
+    pl.rows_per_block = rpb;
+    pl.guard = R % (static_cast<i64>(T) * V) != 0;
+    pl.launch.block = static_cast<unsigned>(T * rpb);
     // Values more than one pass computes, kept in registers beside a register-cached row when
     // the budget allows (at most 64 words per thread in all).
-    std::map<std::string, int> values;
-    if (mode == 1) {
-      values = multi_pass_values();
-      const i64 value_words = E * V * static_cast<i64>(values.size());
+    if (pl.cache == RowCache::Registers) {
+      pl.values = multi_pass_values();
+      const i64 value_words = E * V * static_cast<i64>(pl.values.size());
       const i64 limit = std::min<i64>(64, 65536 / (T * rpb) - 40);
-      if (values.empty() || reg_words + value_words > limit) values.clear();
+      if (pl.values.empty() || reg_words + value_words > limit) pl.values.clear();
     }
-    std::size_t dyn = 0;
-    if (mode == 2) {
-      dyn = static_cast<std::size_t>(row_bytes);
-      line("KILN_EXTERN_SMEM(kiln_dsm);");
-    }
+    if (pl.cache == RowCache::Shared) pl.launch.shared_bytes = static_cast<unsigned>(row_bytes);
     // One row (a warp's rows) per block: blocks that loop over many rows would run in uneven
     // waves whenever fewer fit on the GPU at once than the grid holds.
     // A symbolic size: the rows are n times the other kept dims, and the grid follows n.
+    if (sym_) {
+      pl.launch.grid = 0;
+      pl.launch.grid_rule = CudaGridRule{per_size(p.kept_groups), 1, rpb, i64(1) << 30};
+    } else {
+      pl.launch.grid =
+          static_cast<unsigned>(std::max<i64>(1, std::min<i64>((pl.rows + rpb - 1) / rpb, i64(1) << 30)));
+    }
+    pl.launch.strategy = "row reduction, " + std::to_string(T) + " thread(s) per row, " + std::to_string(V) +
+                         " lane(s), " + std::to_string(E) + " slot(s), row " +
+                         (pl.cache == RowCache::Registers ? "cached in registers"
+                          : pl.cache == RowCache::Shared  ? "cached in shared memory"
+                                                          : "read per pass") +
+                         ", grid " + (sym_ ? rule_text(pl.launch.grid_rule) : std::to_string(pl.launch.grid)) + "x" +
+                         std::to_string(pl.launch.block);
+    // A row that is not in registers is read once less when softmax's max and sum of exp
+    // share a pass.
+    if (pl.cache != RowCache::Registers)
+      for (int ph = 1; ph < k_.phases; ++ph) {
+        int m = -1, sum = online_sum_of(ph, m);
+        if (sum >= 0 && !pl.skip.count(ph)) {
+          pl.online[ph] = {m, sum};
+          pl.skip.insert(ph + 1);
+        }
+      }
+    return pl;
+  }
+
+  /// The print step: the kernel's text for `pl`.
+  void print(const Plan& pl) {
+    const auto& p = k_.loops;
+    const i64 rows = pl.rows, R = pl.reduced, E = pl.slots;
+    const int V = pl.lanes, T = pl.threads, rpb = pl.rows_per_block;
+    const bool guard = pl.guard;
+    const int mode = pl.cache == RowCache::None ? 0 : pl.cache == RowCache::Registers ? 1 : 2;
+    const auto& reads = pl.reads;
+    const auto& values = pl.values;
+    const auto& online = pl.online;
+    const auto& skip = pl.skip;
+    row_threads_ = T;
+    const std::string name = info_.name;
+    info_ = pl.launch;
+    info_.name = name;
+    if (mode == 2) line("KILN_EXTERN_SMEM(kiln_dsm);");
     std::string rows_text = lit(rows);
     if (sym_) {
-      info_.grid = 0;
-      info_.grid_rule = CudaGridRule{per_size(p.kept_groups), 1, rpb, i64(1) << 30};
       rows_text = "kiln_rows";
       line("const long long kiln_rows = " + std::string(kSizeVar) + " * " + lit(per_size(p.kept_groups)) + ";");
-    } else {
-      info_.grid = static_cast<unsigned>(std::max<i64>(1, std::min<i64>((rows + rpb - 1) / rpb, i64(1) << 30)));
     }
-    info_.shared_bytes = static_cast<unsigned>(dyn);
-    info_.strategy = "row reduction, " + std::to_string(T) + " thread(s) per row, " + std::to_string(V) + " lane(s), " +
-                     std::to_string(E) + " slot(s), row " +
-                     (mode == 1   ? "cached in registers"
-                      : mode == 2 ? "cached in shared memory"
-                                  : "read per pass") +
-                     ", grid " + (sym_ ? rule_text(info_.grid_rule) : std::to_string(info_.grid)) + "x" +
-                     std::to_string(info_.block);
 
     line("const int tid = " + std::string(rpb > 1 ? "threadIdx.x & 31" : "threadIdx.x") + ";");
     std::vector<Red> fins = final_reds();
@@ -135,18 +188,6 @@ class RowKernel : public ReductionKernel {
     }
     if (!vcache_.empty())
       info_.strategy += ", " + std::to_string(vcache_.size()) + " value(s) kept in registers between passes";
-    // A row that is not in registers is read once less when softmax's max and sum of exp
-    // share a pass.
-    std::map<int, std::pair<int, int>> online;  // phase -> (max node, sum node)
-    std::set<int> skip;
-    if (mode != 1)
-      for (int ph = 1; ph < k_.phases; ++ph) {
-        int m = -1, sum = online_sum_of(ph, m);
-        if (sum >= 0 && !skip.count(ph)) {
-          online[ph] = {m, sum};
-          skip.insert(ph + 1);
-        }
-      }
     if (!online.empty()) info_.strategy += ", online max and sum of exp";
     for (int pass = 1; pass <= k_.passes; ++pass) {
       if (skip.count(pass)) continue;

@@ -8,31 +8,55 @@ class SplitRowKernel : public ReductionKernel {
  public:
   using ReductionKernel::ReductionKernel;
 
-  /// Few long rows: each row is split into chunks, one per block; the last block to finish
-  /// combines every row's chunks in order, then writes the row values and the finals.
-  struct Plan {};
-  Plan plan() { return {}; }
-  void print(const Plan&) {
+  /// The launch of a split-row kernel, decided before any text.
+  struct Plan {
+    i64 rows = 0;      ///< rows (fewer than multiprocessors)
+    i64 reduced = 0;   ///< elements per row
+    int lanes = 1;     ///< vector lanes per thread
+    int threads = 256; ///< threads per block
+    i64 splits = 1;    ///< blocks per row
+    i64 chunk = 0;     ///< elements of a row per block (whole vectors)
+    i64 blocks = 0;    ///< rows x splits
+    CudaKernelInfo launch;
+  };
+
+  /// The plan step: about split_blocks_per_sm blocks per multiprocessor, each chunk whole
+  /// vectors and at least four per thread. Fixes the lanes and finds the picks; writes no text.
+  Plan plan() {
     find_picks();
+    Plan pl;
     const auto& p = k_.loops;
-    const i64 rows = p.rows;
-    const i64 R = reduced_extent();
+    pl.rows = p.rows;
+    const i64 R = pl.reduced = reduced_extent();
     const int inner = p.red_groups.back();
     set_vec(inner, choose_vec(inner, true));
-    const int V = vec_;
-    const int T = 256;
-    info_.block = T;
+    const int V = pl.lanes = vec_;
+    const int T = pl.threads;
     const i64 target = static_cast<i64>(t_.sm_count) * std::max(1, t_.split_blocks_per_sm);
-    i64 splits = std::max<i64>(1, target / std::max<i64>(1, rows));
-    // Every chunk holds whole vectors and at least a few per thread.
+    i64 splits = std::max<i64>(1, target / std::max<i64>(1, pl.rows));
     splits = std::max<i64>(1, std::min<i64>(splits, R / (static_cast<i64>(T) * V * 4)));
     i64 chunk = (R + splits - 1) / splits;
     chunk = (chunk + V - 1) / V * V;
-    splits = (R + chunk - 1) / chunk;
-    const i64 blocks = rows * splits;
-    info_.grid = static_cast<unsigned>(blocks);
-    info_.strategy = "split row reduction, " + std::to_string(splits) + " block(s) per row of " + std::to_string(R) +
-                     ", " + std::to_string(V) + " lane(s), grid " + std::to_string(blocks) + "x" + std::to_string(T);
+    pl.splits = (R + chunk - 1) / chunk;
+    pl.chunk = chunk;
+    pl.blocks = pl.rows * pl.splits;
+    pl.launch.block = static_cast<unsigned>(T);
+    pl.launch.grid = static_cast<unsigned>(pl.blocks);
+    pl.launch.strategy = "split row reduction, " + std::to_string(pl.splits) + " block(s) per row of " +
+                         std::to_string(R) + ", " + std::to_string(V) + " lane(s), grid " + std::to_string(pl.blocks) +
+                         "x" + std::to_string(T);
+    return pl;
+  }
+
+  /// The print step: each row split into chunks, one per block; the last block to finish
+  /// combines every row's chunks in order, then writes the row values and the finals.
+  void print(const Plan& pl) {
+    const auto& p = k_.loops;
+    const i64 rows = pl.rows, R = pl.reduced, splits = pl.splits, chunk = pl.chunk, blocks = pl.blocks;
+    const int V = pl.lanes, T = pl.threads;
+    const std::string name = info_.name;
+    info_ = pl.launch;
+    info_.name = name;
     row_threads_ = T;
     std::vector<Red> reds = phase_reds(1), fins = final_reds();
     std::vector<std::string> pv, px;

@@ -340,6 +340,21 @@ TEST_CASE("cuda emulator: a permuted leaf's log, stored and summed over two of i
   }
 }
 
+TEST_CASE("cuda codegen: a warp-per-row kernel storing a permuted value beside its sum compiles with NVRTC") {
+  // Seed 23 graph 2300 on the GPU: NVRTC 13.0 itself died (SIGSEGV in nvrtcCompileProgram, nvcc's
+  // cicc alike) on the row kernel of log(permute(x, {2, 0, 1})) summed over {0, 1} and stored as
+  // maximum(log, y) beside it: its optimizer crashed on the loop over rows around the warp
+  // shuffles. With a grid that covers every row the kernel has no such loop.
+  if (!have_nvrtc()) return;
+  const Shape shape{3, 3, 3};
+  NodePtr x = input(shape, DType::Float64, 93, Strides{1, 9, 3}, 27);  // permute({2, 0, 1}) of a contiguous buffer
+  NodePtr l = un(Op::Log, x);
+  NodePtr y = input({3, 1, 1}, DType::Float64, 94);
+  NodePtr m = ir::binary(Op::Maximum, l, expand(y, shape));
+  compile_both("s23_g2300", {red(Op::ReduceSum, l, {0, 1}), m});
+  CHECK(emulate({red(Op::ReduceSum, l, {0, 1}), m}).empty());
+}
+
 TEST_CASE("cuda emulator: a reduction of a one-row reduction's result, used beside it once per kernel, is in scope") {
   if (!have_host_compiler()) return;
   // Work done once per kernel (after the loop over rows) may not read a row's reduction: with a

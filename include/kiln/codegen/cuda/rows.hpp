@@ -28,6 +28,7 @@ class RowKernel : public ReductionKernel {
     /// passes that this folds away.
     std::map<int, std::pair<int, int>> online;
     std::set<int> skip;
+    bool one_row_per_warp = false;  ///< the grid covers every row: each warp (or block) takes one
     CudaKernelInfo launch;  ///< block, grid (or its rule), dynamic shared memory, strategy
   };
 
@@ -104,6 +105,7 @@ class RowKernel : public ReductionKernel {
     } else {
       pl.launch.grid =
           static_cast<unsigned>(std::max<i64>(1, std::min<i64>((pl.rows + rpb - 1) / rpb, i64(1) << 30)));
+      pl.one_row_per_warp = static_cast<i64>(pl.launch.grid) * rpb >= pl.rows;
     }
     pl.launch.strategy = "row reduction, " + std::to_string(T) + " thread(s) per row, " + std::to_string(V) +
                          " lane(s), " + std::to_string(E) + " slot(s), row " +
@@ -152,9 +154,17 @@ class RowKernel : public ReductionKernel {
     for (auto& r : fins) declare_acc(r, "f");
     const std::string rowv =
         rpb > 1 ? "(" + it_ + ")blockIdx.x * " + lit(rpb) + " + (threadIdx.x >> 5)" : "(" + it_ + ")blockIdx.x";
-    open("for (" + it_ + " row = " + rowv + "; row < " + rows_text + "; row += (" + it_ + ")gridDim.x * " + lit(rpb) +
-             ")",
-         groups_mask(p.kept_groups));
+    if (pl.one_row_per_warp) {
+      // The grid covers every row: no loop over rows. (A loop there, around the row's shuffles,
+      // also crashed NVRTC 13.0's optimizer for one permuted store: docs/fuzzing.md.)
+      open("");
+      line("const " + it_ + " row = " + rowv + ";");
+      open("if (row < " + rows_text + ")", groups_mask(p.kept_groups));
+    } else {
+      open("for (" + it_ + " row = " + rowv + "; row < " + rows_text + "; row += (" + it_ + ")gridDim.x * " +
+               lit(rpb) + ")",
+           groups_mask(p.kept_groups));
+    }
     decode("row", p.kept_groups);
     const int row_scope = top();
     prepare_picks();
@@ -241,6 +251,7 @@ class RowKernel : public ReductionKernel {
       close();
     }
     close();
+    if (pl.one_row_per_warp) close();
     // Finals: thread 0 of each warp holds its rows' partial; warp partials combine in order.
     if (!fins.empty() || has_level(sched::Level::Final)) {
       if (rpb > 1) {

@@ -22,6 +22,7 @@
 #include "kiln/core/philox.hpp"
 #include "kiln/core/stats.hpp"
 #include "kiln/ir/builder.hpp"
+#include "kiln/ir/combiner.hpp"
 #include "kiln/runtime/host_allocator.hpp"
 
 namespace kiln::backend {
@@ -33,39 +34,14 @@ using i64 = std::int64_t;
 
 // ---- element types --------------------------------------------------------------------------
 
-// The type values of a storage type are computed in: f16/bf16 in f32, bool as a 0/1 integer.
-template <class T>
-struct ComputeOf {
-  using type = T;
-};
-template <>
-struct ComputeOf<bool> {
-  using type = i64;
-};
-template <>
-struct ComputeOf<Half> {
-  using type = float;
-};
-template <>
-struct ComputeOf<BFloat16> {
-  using type = float;
-};
-template <class T>
-using compute_t = typename ComputeOf<T>::type;
-template <class T>
-inline constexpr bool floating_v = std::is_floating_point_v<compute_t<T>>;
-
-template <class T>
-inline compute_t<T> load(T v) {
-  return static_cast<compute_t<T>>(v);
-}
-template <class T, class C>
-inline T store(C c) {
-  if constexpr (std::is_same_v<T, bool>)
-    return c != 0;
-  else
-    return static_cast<T>(c);
-}
+// The compute types and the reductions' policies: ir/combiner.hpp (what the kernels print too).
+using ir::combine::compute_t;
+using ir::combine::floating_v;
+using ir::combine::load;
+using ir::combine::store;
+using ir::combine::ArgExtreme;
+using ir::combine::Extreme;
+using ir::combine::SumProd;
 
 // Integer arithmetic wraps; done in unsigned because signed overflow is UB.
 template <class C>
@@ -556,93 +532,6 @@ inline void exec_binary(const ir::GraphNode& n, const Value& a, const Value& b, 
 }
 
 // ---- reductions -----------------------------------------------------------------------------
-
-// Policies: Acc is the accumulator, step folds in element k (flat index within the reduced
-// axes), merge joins the accumulators of two parts (the first part holding lower indices).
-template <class T, bool IsProd>
-struct SumProd {
-  // Floats sum in double. They multiply in long double (x86's 64-bit mantissa and 15-bit
-  // exponent): a product whose partial products overflow double (171! does) but which holds a 0
-  // is 0 whatever the blocking, not 0 * inf = NaN. Integers wrap.
-  using Float = std::conditional_t<IsProd, long double, double>;
-  using Acc = std::conditional_t<floating_v<T>, Float, std::uint64_t>;
-  using Out = T;
-  static Acc init() { return Acc(IsProd ? 1 : 0); }
-  static Acc step(Acc a, T x, i64) {
-    Acc v;
-    if constexpr (floating_v<T>)
-      v = static_cast<Float>(static_cast<double>(load(x)));
-    else
-      v = static_cast<std::uint64_t>(static_cast<i64>(load(x)));
-    return merge(a, v);
-  }
-  static Acc merge(Acc a, Acc b) {
-    if constexpr (IsProd)
-      return a * b;
-    else
-      return a + b;
-  }
-  static Out finish(Acc a) {
-    if constexpr (floating_v<T>)
-      return store<T>(static_cast<compute_t<T>>(a));
-    else
-      return store<T>(static_cast<compute_t<T>>(static_cast<i64>(a)));
-  }
-};
-
-template <class T, bool IsMax>
-struct Extreme {
-  using Acc = compute_t<T>;
-  using Out = T;
-  static Acc init() {
-    if constexpr (floating_v<T>)
-      return IsMax ? -std::numeric_limits<Acc>::infinity() : std::numeric_limits<Acc>::infinity();
-    else
-      return static_cast<Acc>(IsMax ? std::numeric_limits<T>::lowest() : std::numeric_limits<T>::max());
-  }
-  static Acc merge(Acc a, Acc x) {
-    if constexpr (floating_v<T>) {
-      if (x != x) return x;  // NaN propagates (and a NaN `a` is kept below: comparisons are false)
-    }
-    return (IsMax ? x > a : x < a) ? x : a;
-  }
-  static Acc step(Acc a, T x, i64) { return merge(a, load(x)); }
-  static Out finish(Acc a) { return store<T>(a); }
-};
-
-template <class T, bool IsMax>
-struct ArgExtreme {
-  using C = compute_t<T>;
-  struct Acc {
-    C val;
-    i64 idx;  // -1: nothing better than the initial value seen (then index 0 is the answer)
-  };
-  using Out = std::int64_t;
-  static Acc init() { return Acc{Extreme<T, IsMax>::init(), -1}; }
-  // Whether b should replace a: the extreme wins, a NaN counts as the extreme, ties go to the
-  // lower index. Index-aware, so partial results may be merged in any grouping.
-  static bool better(const Acc& a, const Acc& b) {
-    if (b.idx < 0) return false;
-    if (a.idx < 0) return true;
-    if constexpr (floating_v<T>) {
-      bool an = a.val != a.val, bn = b.val != b.val;
-      if (an || bn) return an && bn ? b.idx < a.idx : bn;
-    }
-    if (IsMax ? b.val > a.val : b.val < a.val) return true;
-    return b.val == a.val && b.idx < a.idx;
-  }
-  static Acc merge(Acc a, Acc b) { return better(a, b) ? b : a; }
-  // One accumulator sees its elements in increasing k, so on a tie (or a second NaN) the one
-  // it holds is the first.
-  static Acc step(Acc a, T x, i64 k) {
-    const C v = load(x);
-    if constexpr (floating_v<T>) {
-      if (v != v) return a.val != a.val ? a : Acc{v, k};
-    }
-    return (IsMax ? v > a.val : v < a.val) ? Acc{v, k} : a;
-  }
-  static Out finish(Acc a) { return a.idx < 0 ? 0 : a.idx; }
-};
 
 // The reduced region of one output: `outer` positions (coalesced dims) times a strided run.
 // Summation is pairwise over runs and over positions, with double accumulators, so millions

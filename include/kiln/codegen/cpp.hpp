@@ -24,6 +24,7 @@
 #include "kiln/codegen/c/integer.hpp"
 #include "kiln/codegen/c/literals.hpp"
 #include "kiln/codegen/c/pointwise.hpp"
+#include "kiln/codegen/c/reduction.hpp"
 #include "kiln/core/generated.hpp"
 #include "kiln/core/half.hpp"
 #include "kiln/core/philox.hpp"
@@ -891,14 +892,13 @@ class KernelWriter {
 
   // ---- reductions ----------------------------------------------------------------------------
 
-  struct Red {
-    int node;
-    Op op;
-    DType in, out;
-    bool fl;  // floating input
-    std::string acc_t;
-    bool flag = false, arg = false;
-    std::string init;
+  /// A reduction of the kernel: its combiner (codegen/c/reduction.hpp: the text both writers
+  /// print) and what the C++ writer adds.
+  struct Red : c_family::Combiner {
+    int node = -1;
+    /// A float max/min carries a NaN flag beside its value (OpenMP's max/min reductions and
+    /// the vector max instructions would drop a NaN); the result is NaN where the flag is set.
+    bool flag = false;
     std::string name;  // accumulator base name
     /// Blocked sums: the float accumulator of the current block ("" when not blocked). A
     /// 32-bit lane adds at most kSumBlock / lanes values before the block's sum is folded into
@@ -911,22 +911,13 @@ class KernelWriter {
   Red red_info(int id) {
     const ir::GraphNode& n = node(id);
     Red r;
+    static_cast<c_family::Combiner&>(r) =
+        c_family::combiner(n.op, node(n.inputs[0]).dtype, n.dtype, c_family::kCppDialect);
     r.node = id;
-    r.op = n.op;
-    r.in = node(n.inputs[0]).dtype;
-    r.out = n.dtype;
-    r.fl = is_floating(r.in);
     r.name = "a" + std::to_string(id);
-    c_family::Accumulator acc = c_family::accumulator(n.op, r.in, c_family::kCppDialect);
-    r.acc_t = acc.type;
-    r.init = acc.init;
-    r.arg = n.op == Op::ArgMax || n.op == Op::ArgMin;
-    // A float max/min carries a NaN flag beside its value (OpenMP's max/min reductions and
-    // the vector max instructions would drop a NaN); the result is NaN where the flag is set.
     r.flag = r.fl && (n.op == Op::ReduceMax || n.op == Op::ReduceMin);
     return r;
   }
-  bool is_max(const Red& r) const { return r.op == Op::ReduceMax || r.op == Op::ArgMax; }
 
   /// OpenMP reduction clauses for the scalar accumulators of `r`.
   std::string clause(const Red& r) const {
@@ -959,65 +950,17 @@ class KernelWriter {
   }
 
   /// Folds value `v` (flat position `k` along the reduced dims, for arg reductions) into
-  /// accumulator `a` (an lvalue; `x` its index, `f` its NaN flag or "" for sticky NaN).
+  /// accumulator `a` (an lvalue; `x` its index, `f` its NaN flag or "" for sticky NaN): the
+  /// shared combiner's step, or the float add of a blocked sum.
   std::string step(const Red& r, const std::string& a, const std::string& x, const std::string& f, const std::string& v,
                    const std::string& k) const {
-    switch (r.op) {
-      case Op::ReduceSum:
-        if (!r.sub.empty()) return r.sub + " += (float)" + v + ";";
-        return a + " += " + (r.fl ? "(double)" + v : "(unsigned long long)(long long)" + v) + ";";
-      case Op::ReduceProd:
-        return a + " *= " + (r.fl ? "(double)" + v : "(unsigned long long)(long long)" + v) + ";";
-      case Op::ReduceMax:
-      case Op::ReduceMin: {
-        const char* cmp = r.op == Op::ReduceMax ? " > " : " < ";
-        std::string vv = r.in == DType::Bool ? "(long long)" + v : v;
-        if (!r.fl) return a + " = " + vv + cmp + a + " ? " + vv + " : " + a + ";";
-        if (!f.empty())
-          return a + " = " + v + cmp + a + " ? " + v + " : " + a + "; " + f + " |= (" + v + " != " + v + ");";
-        // NaN sticks: once `a` is NaN every comparison is false.
-        return a + " = (" + v + cmp + a + " || " + v + " != " + v + ") ? " + v + " : " + a + ";";
-      }
-      default: {
-        std::string vv = r.in == DType::Bool ? "(long long)" + v : v;
-        return "{ " + r.acc_t + " cv = " + vv + "; long long ck = " + k + "; if (" + take(r, a, x, "cv", "ck") +
-               ") { " + a + " = cv; " + x + " = ck; } }";
-      }
-    }
-  }
-
-  /// Whether candidate (cv, ck) replaces (a, x) in an arg reduction (the reference's rule: the
-  /// extreme wins, NaN counts as the extreme, ties go to the lower index).
-  std::string take(const Red& r, const std::string& a, const std::string& x, const std::string& cv,
-                   const std::string& ck) const {
-    const char* cmp = is_max(r) ? " > " : " < ";
-    std::string plain = "(" + cv + cmp + a + " || (" + cv + " == " + a + " && " + ck + " < " + x + "))";
-    if (r.fl) {
-      std::string an = "(" + a + " != " + a + ")", bn = "(" + cv + " != " + cv + ")";
-      plain = "((" + an + " || " + bn + ") ? ((" + an + " && " + bn + ") ? " + ck + " < " + x + " : " + bn +
-              ") : " + plain + ")";
-    }
-    return "(" + ck + " >= 0 && (" + x + " < 0 || " + plain + "))";
+    if (r.op == Op::ReduceSum && !r.sub.empty()) return r.sub + " += (float)" + v + ";";
+    return c_family::step(r, a, x, v, k, f);
   }
 
   /// The reduction's result in ctype(out) from accumulator `a` (flag `f` or "").
   std::string finish(const Red& r, const std::string& a, const std::string& x, const std::string& f) {
-    switch (r.op) {
-      case Op::ReduceSum:
-      case Op::ReduceProd:
-        if (r.fl) return round16("(" + std::string(ctype(r.out)) + ")" + a, r.out);
-        if (r.out == DType::Bool) return "(" + a + " != 0)";
-        return "(" + std::string(ctype(r.out)) + ")(long long)" + a;
-      case Op::ReduceMax:
-      case Op::ReduceMin:
-        if (r.out == DType::Bool) return "(" + a + " != 0)";
-        if (r.fl && !f.empty())
-          return "(" + f + " ? " + (r.in == DType::Float64 ? "__builtin_nan(\"\")" : "__builtin_nanf(\"\")") + " : " +
-                 a + ")";
-        return a;
-      default:
-        return "(" + x + " < 0 ? 0LL : " + x + ")";
-    }
+    return c_family::finish(r, a, x, f, c_family::kCppDialect, needs_);
   }
 
   /// The position of the current element along the reduced dims, row-major (arg reductions).
@@ -1199,26 +1142,13 @@ class KernelWriter {
     }
   }
   std::string nan_of(const Red& r) const {
-    return r.in == DType::Float64 ? "__builtin_nan(\"\")" : "__builtin_nanf(\"\")";
+    return r.in == DType::Float64 ? c_family::kCppDialect.nan_d : c_family::kCppDialect.nan_f;
   }
 
   /// Merges partial (pv, px) into (a, x): the combine step of split and final reductions.
   std::string merge(const Red& r, const std::string& a, const std::string& x, const std::string& pv,
                     const std::string& px) const {
-    switch (r.op) {
-      case Op::ReduceSum:
-        return a + " += " + pv + ";";
-      case Op::ReduceProd:
-        return a + " *= " + pv + ";";
-      case Op::ReduceMax:
-      case Op::ReduceMin: {
-        const char* cmp = r.op == Op::ReduceMax ? " > " : " < ";
-        if (!r.fl) return a + " = " + pv + cmp + a + " ? " + pv + " : " + a + ";";
-        return a + " = (" + pv + cmp + a + " || " + pv + " != " + pv + ") ? " + pv + " : " + a + ";";
-      }
-      default:
-        return "if (" + take(r, a, x, pv, px) + ") { " + a + " = " + pv + "; " + x + " = " + px + "; }";
-    }
+    return c_family::merge(r, a, x, pv, px);
   }
 
   void declare_final_partials(const std::vector<Red>& fins, i64 tiles) {

@@ -150,36 +150,6 @@ inline std::string pointwise_expr(const PointwiseArgs& p, const PointwiseHooks& 
   }
 }
 
-/// The accumulator of a reduction in every C-family dialect: its C type and its identity.
-struct Accumulator {
-  std::string type;  ///< sums and products in double (floats) or wrapping unsigned (integers)
-  std::string init;  ///< the identity: 0, 1, -inf/+inf or the integer extremes; 0 for arg ones
-};
-
-/// The accumulator of reduction `op` (sum, prod, max, min, argmax, argmin) over values of
-/// dtype `in`, with dialect `d`'s infinities.
-inline Accumulator accumulator(ir::Op op, DType in, const Dialect& d) {
-  using ir::Op;
-  const bool fl = is_floating(in);
-  switch (op) {
-    case Op::ReduceSum:
-    case Op::ReduceProd:
-      return {fl ? "double" : "unsigned long long",
-              op == Op::ReduceSum ? (fl ? "0.0" : "0ull") : (fl ? "1.0" : "1ull")};
-    case Op::ReduceMax:
-    case Op::ReduceMin: {
-      const bool mx = op == Op::ReduceMax;
-      if (fl) return {ctype(in), std::string(mx ? "(-" : "(") + (in == DType::Float64 ? d.inf_d : d.inf_f) + ")"};
-      if (in == DType::Bool) return {"long long", mx ? "0LL" : "1LL"};
-      if (in == DType::Int32) return {ctype(in), mx ? "(-2147483647 - 1)" : "2147483647"};
-      return {ctype(in), mx ? "(-9223372036854775807LL - 1)" : "9223372036854775807LL"};
-    }
-    default:  // ArgMax, ArgMin: the value beside its index, which starts at -1 (none yet)
-      if (in == DType::Bool) return {"long long", "0LL"};
-      return {ctype(in), std::string("(") + ctype(in) + ")0"};
-  }
-}
-
 /// A Philox draw (kiln/core/philox.hpp, compiled into every dialect's prelude) for random node
 /// `n` at flat index `flat`: uniform in [0, 1) or standard normal (attrs.ints[0] == 1), in n's
 /// floating dtype; the key is `seed` (an expression) when given, else the node's seed literal.

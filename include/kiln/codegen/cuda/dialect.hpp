@@ -7,6 +7,7 @@
 #include "kiln/codegen/c/integer.hpp"
 #include "kiln/codegen/c/literals.hpp"
 #include "kiln/codegen/c/pointwise.hpp"
+#include "kiln/codegen/c/reduction.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/ir/graph.hpp"
 #include "kiln/sched/index.hpp"
@@ -37,14 +38,10 @@ inline std::string constant_literal(const ir::GraphNode& n) {
 struct Needs : c_family::PreludeNeeds {};
 
 /// One reduction as generated code sees it.
-struct Red {
+/// A reduction of the kernel: its combiner (codegen/c/reduction.hpp: the text both writers
+/// print) and what the CUDA writer adds.
+struct Red : c_family::Combiner {
   int node = -1;
-  Op op = Op::ReduceSum;
-  DType in = DType::Float32, out = DType::Float32;
-  bool fl = false;    ///< floating input
-  bool arg = false;   ///< ArgMax / ArgMin: (value, index) pairs
-  std::string acc_t;  ///< accumulator type
-  std::string init;   ///< identity of the combination
   /// A max whose phase-next sum of exp(input - max) is folded in the same pass ("online
   /// softmax": the sum is rescaled whenever the max grows); the sum's node, else -1.
   int online_sum = -1;
@@ -53,80 +50,17 @@ struct Red {
 inline Red red_info(const ir::Graph& g, int id) {
   const ir::GraphNode& n = g.nodes[static_cast<std::size_t>(id)];
   Red r;
+  static_cast<c_family::Combiner&>(r) =
+      c_family::combiner(n.op, g.nodes[static_cast<std::size_t>(n.inputs[0])].dtype, n.dtype, c_family::kCudaDialect);
   r.node = id;
-  r.op = n.op;
-  r.in = g.nodes[static_cast<std::size_t>(n.inputs[0])].dtype;
-  r.out = n.dtype;
-  r.fl = is_floating(r.in);
-  c_family::Accumulator acc = c_family::accumulator(n.op, r.in, c_family::kCudaDialect);
-  r.acc_t = acc.type;
-  r.init = acc.init;
-  r.arg = n.op == Op::ArgMax || n.op == Op::ArgMin;
   return r;
 }
 
-inline bool is_max(const Red& r) { return r.op == Op::ReduceMax || r.op == Op::ArgMax; }
-
-/// Whether candidate (cv, ck) replaces (a, x) in an arg reduction (the reference's rule: the
-/// extreme wins, NaN counts as the extreme, ties go to the lower index; index-aware, so
-/// partial results may be combined in any grouping).
-inline std::string take(const Red& r, const std::string& a, const std::string& x, const std::string& cv,
-                        const std::string& ck) {
-  const char* cmp = is_max(r) ? " > " : " < ";
-  std::string plain = "(" + cv + cmp + a + " || (" + cv + " == " + a + " && " + ck + " < " + x + "))";
-  if (r.fl) {
-    std::string an = "(" + a + " != " + a + ")", bn = "(" + cv + " != " + cv + ")";
-    plain = "((" + an + " || " + bn + ") ? ((" + an + " && " + bn + ") ? " + ck + " < " + x + " : " + bn +
-            ") : " + plain + ")";
-  }
-  return "(" + ck + " >= 0 && (" + x + " < 0 || " + plain + "))";
-}
-
-/// Folds value `v` (at flat position `k` along the reduced dims, for arg reductions) into the
-/// accumulator `a` (`x` its index). NaN sticks in max/min: once `a` is NaN no comparison is true.
-inline std::string step(const Red& r, const std::string& a, const std::string& x, const std::string& v,
-                        const std::string& k) {
-  switch (r.op) {
-    case Op::ReduceSum:
-      return a + " += " + (r.fl ? "(double)" + v : "(unsigned long long)(long long)" + v) + ";";
-    case Op::ReduceProd:
-      return a + " *= " + (r.fl ? "(double)" + v : "(unsigned long long)(long long)" + v) + ";";
-    case Op::ReduceMax:
-    case Op::ReduceMin: {
-      const char* cmp = r.op == Op::ReduceMax ? " > " : " < ";
-      if (!r.fl) {
-        std::string vv = r.in == DType::Bool ? "(long long)" + v : v;
-        return "{ const " + r.acc_t + " cv = " + vv + "; " + a + " = cv" + cmp + a + " ? cv : " + a + "; }";
-      }
-      return "{ const " + r.acc_t + " cv = " + v + "; " + a + " = (cv" + cmp + a + " || cv != cv) ? cv : " + a + "; }";
-    }
-    default: {
-      std::string vv = r.in == DType::Bool ? "(long long)" + v : v;
-      return "{ const " + r.acc_t + " cv = " + vv + "; const long long ck = " + k + "; if (" +
-             take(r, a, x, "cv", "ck") + ") { " + a + " = cv; " + x + " = ck; } }";
-    }
-  }
-}
-
-/// Merges partial (pv, px) into (a, x).
-inline std::string merge(const Red& r, const std::string& a, const std::string& x, const std::string& pv,
-                         const std::string& px) {
-  switch (r.op) {
-    case Op::ReduceSum:
-      return a + " += " + pv + ";";
-    case Op::ReduceProd:
-      return a + " *= " + pv + ";";
-    case Op::ReduceMax:
-    case Op::ReduceMin: {
-      const char* cmp = r.op == Op::ReduceMax ? " > " : " < ";
-      if (!r.fl) return "{ const " + r.acc_t + " cv = " + pv + "; " + a + " = cv" + cmp + a + " ? cv : " + a + "; }";
-      return "{ const " + r.acc_t + " cv = " + pv + "; " + a + " = (cv" + cmp + a + " || cv != cv) ? cv : " + a + "; }";
-    }
-    default:
-      return "{ const " + r.acc_t + " cv = " + pv + "; const long long ck = " + px + "; if (" +
-             take(r, a, x, "cv", "ck") + ") { " + a + " = cv; " + x + " = ck; } }";
-  }
-}
+// The combiner's text, written once for both writers.
+using c_family::is_max;
+using c_family::merge;
+using c_family::step;
+using c_family::take;
 
 /// Online max-and-sum-of-exp: folds `v` into max `m` and sum `s` (double), the sum kept
 /// relative to the current max. Terms exp(-inf - -inf) are skipped (they are 0 once a finite

@@ -78,19 +78,7 @@ class ReductionKernel : public KernelWriter {
     return "a" + std::to_string(r.online_sum) + suffix;
   }
   std::string finish(const Red& r, const std::string& a, const std::string& x) {
-    switch (r.op) {
-      case Op::ReduceSum:
-      case Op::ReduceProd:
-        if (r.fl) return round16("(" + std::string(ctype(r.out)) + ")" + a, r.out);
-        if (r.out == DType::Bool) return "(" + a + " != 0)";
-        return "(" + std::string(ctype(r.out)) + ")(long long)" + a;
-      case Op::ReduceMax:
-      case Op::ReduceMin:
-        if (r.out == DType::Bool) return "(" + a + " != 0)";
-        return a;
-      default:
-        return "(" + x + " < 0 ? 0LL : " + x + ")";
-    }
+    return c_family::finish(r, a, x, "", c_family::kCudaDialect, needs_);
   }
   /// The position of the element along the reduced dims, row-major (arg reductions).
   std::string reduced_position(int lane) const {

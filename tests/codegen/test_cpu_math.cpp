@@ -1,10 +1,10 @@
-// kiln's vectorisable math prelude (kiln/codegen/cpu_math.hpp): compile it the way generated
+// kiln's vectorisable math prelude (kiln/codegen/cpp/math.hpp): compile it the way generated
 // kernels are compiled (-O3 -march=native, no -ffast-math), check that every map loop
 // vectorised, then sweep the float domain against double libm and assert the documented
 // max-ulp bounds (docs/performance-math.md) and libm's special values.
 #include <doctest/doctest.h>
 
-#include "kiln/codegen/cpu_math.hpp"
+#include "kiln/codegen/cpp/math.hpp"
 
 #include <dlfcn.h>
 #include <unistd.h>

@@ -355,6 +355,30 @@ TEST_CASE("cuda codegen: a warp-per-row kernel storing a permuted value beside i
   CHECK(emulate({red(Op::ReduceSum, l, {0, 1}), m}).empty());
 }
 
+TEST_CASE("cuda codegen: a column kernel of many phases fits its shares in static shared memory") {
+  // Seed 24 graph 1462 on the GPU: layer_norm(softmax(x, -1)) of a bool tensor whose last dim is
+  // the outer one in memory, one column kernel of four phases (three double sums and a max); at
+  // 8 columns per thread their 256 x 8 shares needed 56 KiB of static shared memory (ptxas: too
+  // much shared data, 0xe000 bytes, 0xc000 max). The plan takes fewer columns per thread.
+  for (std::int64_t last : {0, 3}) {
+    CAPTURE(last);
+    const Shape shape{1, 1000, last};
+    NodePtr x = input(shape, DType::Bool, 95, Strides{1000 * std::max<std::int64_t>(last, 1), 1, 1000},
+                      1000 * std::max<std::int64_t>(last, 1));
+    NodePtr w = input({last}, f32, 96), b = input({last}, f32, 97);
+    // Concatenated after a [1, 1, last] tensor, as in the fuzzer's graph: the normalised value
+    // goes to a temporary, which makes the kernel a column one.
+    NodePtr y = ir::concat({input({1, 1, last}, f32, 98),
+                            decomp::layer_norm(decomp::softmax(ir::cast(x, f32), 2), w, b, 1e-5)},
+                           1);
+    if (have_nvrtc()) compile_both("s24_g1462_" + std::to_string(last), {y});
+    std::vector<std::string> strat;
+    CHECK(emulate_on({y}, codegen::CudaTarget::sm90(), &strat).empty());
+    REQUIRE(!strat.empty());
+    CHECK_MESSAGE(strat[0].find("column reduction") == 0, strat[0]);
+  }
+}
+
 TEST_CASE("cuda emulator: a reduction of a one-row reduction's result, used beside it once per kernel, is in scope") {
   if (!have_host_compiler()) return;
   // Work done once per kernel (after the loop over rows) may not read a row's reduction: with a

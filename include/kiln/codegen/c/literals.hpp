@@ -27,7 +27,7 @@ struct Dialect {
 /// GCC/Clang C++: the builtins (constant expressions in every context, inlined, vectorised).
 inline constexpr Dialect kCppDialect{"__builtin_inff()",    "__builtin_inf()", "__builtin_nanf(\"\")",
                                      "__builtin_nan(\"\")", "__builtin_",      "nearbyint"};
-/// CUDA C++ under NVRTC: the prelude's macros (codegen/cuda_prelude.hpp), bit patterns; CUDA's
+/// CUDA C++ under NVRTC: the prelude's macros (codegen/cuda/prelude.hpp), bit patterns; CUDA's
 /// device math functions.
 inline constexpr Dialect kCudaDialect{"KILN_INF_F", "KILN_INF_D", "KILN_NAN_F", "KILN_NAN_D", "", "rint"};
 

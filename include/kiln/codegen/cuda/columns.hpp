@@ -35,6 +35,19 @@ class ColumnKernel : public ReductionKernel {
     int v0 = choose_vec(cg, true);
     if (v0 > 1 && t_.column_vectors_per_thread > 1 && extent(cg) % (v0 * t_.column_vectors_per_thread) == 0)
       v0 *= t_.column_vectors_per_thread;  // several 16-byte chunks per thread: longer runs per row
+    // The BY shares of every reduction combine through static shared memory, 256 x lanes
+    // accumulators each (48 KiB in all, less a little for the block's flags): fewer lanes
+    // when they would not fit (layer_norm of a softmax down the columns: four phases of double
+    // sums at 8 lanes need 56 KiB).
+    std::size_t per_lane = 0;
+    for (int pass = 1; pass <= k_.passes; ++pass)
+      for (const Red& r : phase_reds(pass)) per_lane += 256 * (acc_bytes(r.acc_t) + (r.arg ? 8 : 0));
+    constexpr std::size_t kStaticShared = 47 * 1024;
+    while (v0 > 1 && per_lane * static_cast<std::size_t>(v0) > kStaticShared) v0 /= 2;
+    if (per_lane * static_cast<std::size_t>(v0) > kStaticShared)
+      throw Error("kiln CUDA codegen: a column reduction of " + std::to_string(k_.reductions.size()) +
+                  " reductions needs " + std::to_string(per_lane) + " bytes of shared memory per lane (at most " +
+                  std::to_string(kStaticShared) + ")");
     set_vec(cg, v0);
     const int V = pl.lanes = vec_;
     const i64 R = pl.reduced = reduced_extent();

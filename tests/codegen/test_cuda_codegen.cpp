@@ -496,6 +496,28 @@ codegen::CudaSource sym_source(const SymCase& c, const codegen::CudaTarget& targ
 
 }  // namespace
 
+TEST_CASE("cuda codegen: a symbolic size over a space with an empty dim launches one block, never a grid of 0") {
+  // Seed 24 graph 1299 on the GPU (kiln::compile, dynamic): where(mask, x, 1e4) over [n, 0] made
+  // a kernel with grid 0 and no rule (nothing per unit of the size), and cuLaunchKernel refused
+  // grid (0, 1, 1).
+  std::vector<SymCase> cases;
+  cases.push_back({"pointwise over [n, 0]", [](std::int64_t n, const LeafFn& leaf) {
+                     NodePtr m = leaf({n, 0}, DType::Bool, 1), x = leaf({n, 0}, DType::BFloat16, 2);
+                     return std::vector<NodePtr>{ir::cast(ir::where(m, x, cst(1e4, x)), DType::Int32)};
+                   }});
+  cases.push_back({"row sums of [n, 0, 7]", [](std::int64_t n, const LeafFn& leaf) {
+                     return std::vector<NodePtr>{red(Op::ReduceSum, leaf({n, 0, 7}, f32, 3), {2})};
+                   }});
+  for (auto& c : cases) {
+    CAPTURE(c.name);
+    sched::Schedule s;
+    codegen::CudaSource src = sym_source(c, codegen::CudaTarget::sm90(), s);
+    for (auto& k : src.kernels)
+      for (std::int64_t n : {0, 1, 33}) CHECK_MESSAGE(k.grid_for(n) >= 1, k.strategy);
+    if (have_nvrtc()) CHECK(runtime::compile_cuda_to_cubin(src.source, "empty_sym.cu", "sm_90").size() > 4);
+  }
+}
+
 TEST_CASE("cuda codegen: symbolic sizes: one unit for every size, identical at two placeholders, compiled by NVRTC") {
   const std::int64_t p = backend::kSymbolicPlaceholder;
   for (auto& c : sym_cases()) {

@@ -61,6 +61,8 @@ class KernelWriter {
   /// receives the bytes of scratch this kernel uses (at the offset given to the constructor).
   CudaKernelInfo finish_kernel(std::string& code, std::size_t& scratch) {
     while (scopes_.size() > 1) close();
+    if (info_.grid == 0 && info_.grid_rule.units_per_size == 0)
+      throw InternalError("kiln CUDA codegen: kernel " + info_.name + " has neither a grid nor a rule for one");
     std::string out;
     if (!globals_.empty()) out += globals_;
     out += "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(info_.block) + ") " + info_.name +

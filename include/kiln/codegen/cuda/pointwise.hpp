@@ -51,7 +51,9 @@ class PointwiseKernel : public KernelWriter {
     const i64 per_block = static_cast<i64>(block) * unroll;
     // A symbolic size: the vectors, the tail and the grid follow the size read at launch.
     pl.per_size = sym_ ? per_size(p.order) : 0;
-    if (sym_) {
+    // (A symbolic size over a space with an empty dim: nothing per unit of the size, so no
+    // rule; one block that does nothing, never a grid of 0.)
+    if (sym_ && pl.per_size > 0) {
       pl.launch.grid = 0;
       pl.launch.grid_rule = CudaGridRule{pl.per_size, v, per_block, t_.sm_count * i64(256)};
     } else {
@@ -59,8 +61,8 @@ class PointwiseKernel : public KernelWriter {
           std::max<i64>(1, std::min<i64>((pl.vectors + per_block - 1) / per_block, t_.sm_count * i64(256))));
     }
     pl.launch.strategy = "pointwise, " + std::to_string(v) + " lane(s) per thread, grid " +
-                         (sym_ ? rule_text(pl.launch.grid_rule) : std::to_string(pl.launch.grid)) + "x" +
-                         std::to_string(block);
+                         (pl.launch.grid == 0 ? rule_text(pl.launch.grid_rule) : std::to_string(pl.launch.grid)) +
+                         "x" + std::to_string(block);
     if (unroll > 1) pl.launch.strategy += ", " + std::to_string(unroll) + " steps per iteration";
     return pl;
   }

@@ -99,7 +99,8 @@ class RowKernel : public ReductionKernel {
     // One row (a warp's rows) per block: blocks that loop over many rows would run in uneven
     // waves whenever fewer fit on the GPU at once than the grid holds.
     // A symbolic size: the rows are n times the other kept dims, and the grid follows n.
-    if (sym_) {
+    // (Kept dims with an empty one: no rows whatever the size, one block that does nothing.)
+    if (sym_ && per_size(p.kept_groups) > 0) {
       pl.launch.grid = 0;
       pl.launch.grid_rule = CudaGridRule{per_size(p.kept_groups), 1, rpb, i64(1) << 30};
     } else {
@@ -112,7 +113,7 @@ class RowKernel : public ReductionKernel {
                          (pl.cache == RowCache::Registers ? "cached in registers"
                           : pl.cache == RowCache::Shared  ? "cached in shared memory"
                                                           : "read per pass") +
-                         ", grid " + (sym_ ? rule_text(pl.launch.grid_rule) : std::to_string(pl.launch.grid)) + "x" +
+                         ", grid " + (pl.launch.grid == 0 ? rule_text(pl.launch.grid_rule) : std::to_string(pl.launch.grid)) + "x" +
                          std::to_string(pl.launch.block);
     // A row that is not in registers is read once less when softmax's max and sum of exp
     // share a pass.

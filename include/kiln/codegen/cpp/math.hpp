@@ -414,6 +414,45 @@ static inline double kiln_f64_sel(int c, double a, double b) {
   unsigned long long m = 0ull - (unsigned long long)c;
   return kiln_f64_from_bits((kiln_f64_bits(a) & m) | (kiln_f64_bits(b) & ~m));
 }
+/* ---- atan, asin, acos ----
+   Evaluated in double and rounded once to float: every rounding of the reduction steps stays
+   far below the float's half ulp, and double sqrt and division vectorise. atan: |x| > 1 goes
+   through pi/2 - atan(1/|x|), then t > tan(pi/12) through pi/6 + atan((t - 1/sqrt 3) /
+   (1 + t/sqrt 3)), leaving |u| <= tan(pi/12) = 0.268, where atan's series to u^15 is within
+   1e-11 relative. asin(x) = atan(x / sqrt(1 - x^2)) (x^2 of a float is exact in double);
+   acos(x) = 2 atan(sqrt((1 - x) / (1 + x))), without cancellation near x = 1. Special values
+   fall out of the arithmetic: atan(+-inf) = +-pi/2, asin(+-1) = +-pi/2, acos(-1) = pi, NaN
+   outside [-1, 1], signed zeros kept (the sign is copied back). asin and acos vectorise with
+   -fno-math-errno, as kernels are built (a sqrt that may set errno does not). */
+static inline double kiln_f64_atan_nonneg(double a) {
+  int inv = a > 1.0;
+  double t = kiln_f64_sel(inv, 1.0 / a, a);
+  int red = t > 0.26794919243112270;
+  double u = kiln_f64_sel(red, (t - 0.57735026918962576) / (1.0 + t * 0.57735026918962576), t);
+  double u2 = u * u;
+  double q = -1.0 / 15.0;
+  q = 1.0 / 13.0 + u2 * q;
+  q = -1.0 / 11.0 + u2 * q;
+  q = 1.0 / 9.0 + u2 * q;
+  q = -1.0 / 7.0 + u2 * q;
+  q = 1.0 / 5.0 + u2 * q;
+  q = -1.0 / 3.0 + u2 * q;
+  double r = u + u * (u2 * q);
+  r = kiln_f64_sel(red, 0.52359877559829887 + r, r);
+  return kiln_f64_sel(inv, 1.5707963267948966 - r, r);
+}
+static inline float kiln_atan_f32(float x) {
+  double d = (double)x;
+  return (float)__builtin_copysign(kiln_f64_atan_nonneg(__builtin_fabs(d)), d);
+}
+static inline float kiln_asin_f32(float x) {
+  double d = (double)x;
+  return (float)__builtin_copysign(kiln_f64_atan_nonneg(__builtin_fabs(d) / __builtin_sqrt(1.0 - d * d)), d);
+}
+static inline float kiln_acos_f32(float x) {
+  double d = (double)x;
+  return (float)(2.0 * kiln_f64_atan_nonneg(__builtin_sqrt((1.0 - d) / (1.0 + d))));
+}
 #if defined(KILN_CPU_MATH_LIBMVEC)
 #if defined(__cplusplus)
 #define KILN_LIBMVEC_DECL(fn) extern "C" double fn(double) noexcept(true) __attribute__((simd("notinbranch")));
@@ -423,6 +462,7 @@ static inline double kiln_f64_sel(int c, double a, double b) {
 KILN_LIBMVEC_DECL(exp) KILN_LIBMVEC_DECL(exp2) KILN_LIBMVEC_DECL(expm1) KILN_LIBMVEC_DECL(log)
 KILN_LIBMVEC_DECL(log2) KILN_LIBMVEC_DECL(log1p) KILN_LIBMVEC_DECL(tanh) KILN_LIBMVEC_DECL(erf)
 KILN_LIBMVEC_DECL(sin) KILN_LIBMVEC_DECL(cos) KILN_LIBMVEC_DECL(tan)
+KILN_LIBMVEC_DECL(atan) KILN_LIBMVEC_DECL(asin) KILN_LIBMVEC_DECL(acos)
 #undef KILN_LIBMVEC_DECL
 #define KILN_LIBM(fn) fn
 #else
@@ -439,6 +479,9 @@ static inline double kiln_erf_f64(double x) { return KILN_LIBM(erf)(x); }
 static inline double kiln_sin_f64(double x) { return KILN_LIBM(sin)(x); }
 static inline double kiln_cos_f64(double x) { return KILN_LIBM(cos)(x); }
 static inline double kiln_tan_f64(double x) { return KILN_LIBM(tan)(x); }
+static inline double kiln_atan_f64(double x) { return KILN_LIBM(atan)(x); }
+static inline double kiln_asin_f64(double x) { return KILN_LIBM(asin)(x); }
+static inline double kiln_acos_f64(double x) { return KILN_LIBM(acos)(x); }
 static inline double kiln_sigmoid_f64(double x) {
   /* same split as the float version: exp never overflows, the negative tail keeps its value */
   double e = KILN_LIBM(exp)(-kiln_f64_abs(x));

@@ -506,9 +506,10 @@ class KernelWriter {
     return m.op == Op::ReduceMax && m.inputs[0] == d.inputs[0];
   }
 
-  std::string math(const char* fn, const std::string& a, DType t) {
+  std::string math(const char* fn, const std::string& a, DType t, const std::string& b = "") {
     needs_.math = true;
-    return std::string("kiln_") + fn + (t == DType::Float64 ? "_f64(" : "_f32(") + a + ")";
+    return std::string("kiln_") + fn + (t == DType::Float64 ? "_f64(" : "_f32(") + a + (b.empty() ? "" : ", " + b) +
+           ")";
   }
 
   std::string cast_expr(const std::string& a, DType from, DType to) {
@@ -547,7 +548,7 @@ class KernelWriter {
       const std::string fn = ir::op_name(n.op);
       if (n.op == Op::Exp && it == DType::Float32 && nonpositive_shift(n.inputs[0])) return math("exp_nonpos", a, it);
       if (std::find(std::begin(kVectorMath), std::end(kVectorMath), n.op) != std::end(kVectorMath))
-        return round16(math(fn.c_str(), a, it), t);
+        return round16(math(fn.c_str(), a, it, in.size() > 1 ? b : std::string()), t);
       return round16(
           c_family::libm_call(c_family::kCppDialect, fn, dbl) + a + (in.size() > 1 ? ", " + b : std::string()) + ")",
           t);

@@ -453,6 +453,28 @@ static inline float kiln_acos_f32(float x) {
   double d = (double)x;
   return (float)(2.0 * kiln_f64_atan_nonneg(__builtin_sqrt((1.0 - d) / (1.0 + d))));
 }
+/* atan2 and hypot, in double too. atan2: q = min(|x|, |y|) / max(|x|, |y|) in [0, 1] (0 when
+   both are 0, 1 when both are infinite), r = atan(q), then pi/2 - r when |y| > |x|, pi - r when
+   x's sign bit is set, and y's sign: atan2(+-0, -0) = +-pi, atan2(+-inf, -inf) = +-3pi/4, NaN
+   in, NaN out. hypot: sqrt(x^2 + y^2) cannot overflow or lose digits in double for floats;
+   an infinite operand gives +inf even beside a NaN (IEEE, C). */
+static inline float kiln_atan2_f32(float y, float x) {
+  double dy = (double)y, dx = (double)x, ay = __builtin_fabs(dy), ax = __builtin_fabs(dx);
+  int swap = ay > ax;
+  double num = kiln_f64_sel(swap, ax, ay), den = kiln_f64_sel(swap, ay, ax);
+  double q = kiln_f64_sel((den == 0.0) & (num == 0.0), 0.0, num / den);
+  q = kiln_f64_sel((ax == __builtin_inf()) & (ay == __builtin_inf()), 1.0, q);
+  double r = kiln_f64_atan_nonneg(q);
+  r = kiln_f64_sel(swap, 1.5707963267948966 - r, r);
+  r = kiln_f64_sel((int)(kiln_f64_bits(dx) >> 63), 3.1415926535897931 - r, r);
+  return (float)__builtin_copysign(r, dy);
+}
+static inline float kiln_hypot_f32(float x, float y) {
+  double dx = (double)x, dy = (double)y;
+  double r = __builtin_sqrt(dx * dx + dy * dy);
+  return (float)kiln_f64_sel((__builtin_fabs(dx) == __builtin_inf()) | (__builtin_fabs(dy) == __builtin_inf()),
+                             __builtin_inf(), r);
+}
 #if defined(KILN_CPU_MATH_LIBMVEC)
 #if defined(__cplusplus)
 #define KILN_LIBMVEC_DECL(fn) extern "C" double fn(double) noexcept(true) __attribute__((simd("notinbranch")));
@@ -463,6 +485,13 @@ KILN_LIBMVEC_DECL(exp) KILN_LIBMVEC_DECL(exp2) KILN_LIBMVEC_DECL(expm1) KILN_LIB
 KILN_LIBMVEC_DECL(log2) KILN_LIBMVEC_DECL(log1p) KILN_LIBMVEC_DECL(tanh) KILN_LIBMVEC_DECL(erf)
 KILN_LIBMVEC_DECL(sin) KILN_LIBMVEC_DECL(cos) KILN_LIBMVEC_DECL(tan)
 KILN_LIBMVEC_DECL(atan) KILN_LIBMVEC_DECL(asin) KILN_LIBMVEC_DECL(acos)
+#if defined(__cplusplus)
+extern "C" double atan2(double, double) noexcept(true) __attribute__((simd("notinbranch")));
+extern "C" double hypot(double, double) noexcept(true) __attribute__((simd("notinbranch")));
+#else
+extern double atan2(double, double) __attribute__((simd("notinbranch")));
+extern double hypot(double, double) __attribute__((simd("notinbranch")));
+#endif
 #undef KILN_LIBMVEC_DECL
 #define KILN_LIBM(fn) fn
 #else
@@ -482,6 +511,8 @@ static inline double kiln_tan_f64(double x) { return KILN_LIBM(tan)(x); }
 static inline double kiln_atan_f64(double x) { return KILN_LIBM(atan)(x); }
 static inline double kiln_asin_f64(double x) { return KILN_LIBM(asin)(x); }
 static inline double kiln_acos_f64(double x) { return KILN_LIBM(acos)(x); }
+static inline double kiln_atan2_f64(double y, double x) { return KILN_LIBM(atan2)(y, x); }
+static inline double kiln_hypot_f64(double x, double y) { return KILN_LIBM(hypot)(x, y); }
 static inline double kiln_sigmoid_f64(double x) {
   /* same split as the float version: exp never overflows, the negative tail keeps its value */
   double e = KILN_LIBM(exp)(-kiln_f64_abs(x));

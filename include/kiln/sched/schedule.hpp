@@ -109,6 +109,28 @@ struct Kernel {
   i64 num_rows() const { return row_shape().numel(); }
 };
 
+/// The flat position of the current element along kernel `k`'s reduced dims, row-major over
+/// the reduced dims of extent > 1: the index an arg reduction records (both writers).
+inline IndexExpr reduced_position(const Kernel& k) {
+  IndexExpr f = ix_const(0);
+  i64 mult = 1;
+  for (std::size_t d = k.space.size(); d-- > 0;) {
+    if (!k.reduced[d] || k.space[d] == 1) continue;
+    f = ix_add(f, ix_scale(ix_var(static_cast<int>(d), static_cast<int>(k.space.size())), mult));
+    mult *= k.space[d];
+  }
+  return f;
+}
+
+/// The flat position of the current row among all of `k`'s rows, row-major: the index an arg
+/// reduction over all rows (a final) records.
+inline IndexExpr row_position(const Kernel& k) {
+  const Shape rs = k.row_shape();
+  IndexExpr f = flat_index(identity_index(rs), rs);
+  if (f.affine()) f.coeff.resize(k.space.size(), 0);
+  return f;
+}
+
 /// A buffer between kernels.
 struct Temp {
   int node = -1;

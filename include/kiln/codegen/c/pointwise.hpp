@@ -10,6 +10,8 @@
 #include "kiln/codegen/c/literals.hpp"
 #include "kiln/core/dtype.hpp"
 #include "kiln/core/error.hpp"
+#include "kiln/core/generated.hpp"
+#include "kiln/core/philox.hpp"
 #include "kiln/ir/graph.hpp"
 #include "kiln/ir/op.hpp"
 
@@ -174,6 +176,17 @@ inline std::string random_expr(const ir::GraphNode& n, const std::string& flat, 
     default:
       return normal ? round16(ns + "normal_f32(" + args + ")", n.dtype, needs) : ns + "uniform_bf16(" + args + ")";
   }
+}
+
+/// The end of a unit in every dialect, after the dialect's own helpers: the Philox source when a
+/// kernel draws random numbers, the marker logs cut at (KILN_LOGS=output_code), the kernels.
+inline void append_kernels(std::string& src, const PreludeNeeds& needs, const std::string& kernels) {
+  if (needs.philox) {
+    src += philox::kPhiloxSource;
+    src += "\n";
+  }
+  src += kiln::detail::kKernelsBeginMarker;
+  src += kernels;
 }
 
 }  // namespace kiln::codegen::c_family

@@ -743,25 +743,10 @@ class KernelWriter {
     return c_family::finish(r, a, x, f, c_family::kCppDialect, needs_);
   }
 
-  /// The position of the current element along the reduced dims, row-major (arg reductions).
-  std::string reduced_position() const {
-    IndexExpr f = sched::ix_const(0);
-    i64 mult = 1;
-    for (std::size_t d = k_.space.size(); d-- > 0;) {
-      if (!k_.reduced[d] || k_.space[d] == 1) continue;
-      f = sched::ix_add(f,
-                        sched::ix_scale(sched::ix_var(static_cast<int>(d), static_cast<int>(k_.space.size())), mult));
-      mult *= k_.space[d];
-    }
-    return render(f);
-  }
-  /// The position of the current row among all rows, row-major (arg final reductions).
-  std::string row_position() const {
-    Shape rs = k_.row_shape();
-    IndexExpr f = sched::flat_index(sched::identity_index(rs), rs);
-    if (f.affine()) f.coeff.resize(k_.space.size(), 0);
-    return render(f);
-  }
+  /// The position of the current element along the reduced dims (arg reductions), and of the
+  /// current row among all rows (arg finals): sched's index algebra, rendered.
+  std::string reduced_position() const { return render(sched::reduced_position(k_)); }
+  std::string row_position() const { return render(sched::row_position(k_)); }
 
   std::vector<Red> phase_reds(int p) {
     std::vector<Red> v;

@@ -91,12 +91,7 @@ inline CppSource generate_cpp(const ir::Graph& g, const sched::Schedule& s, cons
     src += "\n";
   }
   if (needs.stream) src += detail::kStreamHelpers;
-  if (needs.philox) {
-    src += philox::kPhiloxSource;
-    src += "\n";
-  }
-  src += kiln::detail::kKernelsBeginMarker;
-  src += body;
+  c_family::append_kernels(src, needs, body);
   return out;
 }
 

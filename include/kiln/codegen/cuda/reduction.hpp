@@ -12,6 +12,15 @@ class ReductionKernel : public KernelWriter {
   using KernelWriter::KernelWriter;
 
  protected:
+  /// A row kind's first planning step: finds the one-hot picks and fixes the vector lanes along
+  /// the row's innermost reduced group (the decode state every later read follows); the lanes.
+  int plan_row_lanes() {
+    find_picks();
+    const int inner = k_.loops.red_groups.empty() ? -1 : k_.loops.red_groups.back();
+    set_vec(inner, choose_vec(inner, true));
+    return vec_;
+  }
+
   /// Whether the kernel's reduction j is folded element by element in pass p's loop (a one-hot
   /// pick of that phase is loaded once instead: bind_picks).
   bool folded_in(std::size_t j, int p) const { return k_.phase[j] == p && !picks_.count(k_.reductions[j]); }
@@ -80,25 +89,12 @@ class ReductionKernel : public KernelWriter {
   std::string finish(const Red& r, const std::string& a, const std::string& x) {
     return c_family::finish(r, a, x, "", c_family::kCudaDialect, needs_);
   }
-  /// The position of the element along the reduced dims, row-major (arg reductions).
+  /// The position of the element along the reduced dims (arg reductions), and of the current
+  /// row among all rows (arg finals): sched's index algebra, rendered for `lane`.
   std::string reduced_position(int lane) const {
-    IndexExpr f = sched::ix_const(0);
-    i64 mult = 1;
-    for (std::size_t d = k_.space.size(); d-- > 0;) {
-      if (!k_.reduced[d] || k_.space[d] == 1) continue;
-      f = sched::ix_add(f,
-                        sched::ix_scale(sched::ix_var(static_cast<int>(d), static_cast<int>(k_.space.size())), mult));
-      mult *= k_.space[d];
-    }
-    return "(long long)" + render(f, lane);
+    return "(long long)" + render(sched::reduced_position(k_), lane);
   }
-  /// The position of the current row among all rows, row-major (arg finals).
-  std::string row_position(int lane) const {
-    Shape rs = k_.row_shape();
-    IndexExpr f = sched::flat_index(sched::identity_index(rs), rs);
-    if (f.affine()) f.coeff.resize(k_.space.size(), 0);
-    return "(long long)" + render(f, lane);
-  }
+  std::string row_position(int lane) const { return "(long long)" + render(sched::row_position(k_), lane); }
 
   /// Folds every lane's value of the inputs of `reds` into accumulators (`per_lane`: one
   /// accumulator per lane, for columns), then writes the Full stores of `pass`.

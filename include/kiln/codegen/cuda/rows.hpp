@@ -48,14 +48,11 @@ class RowKernel : public ReductionKernel {
   /// The plan step. It fixes the row's vector lanes (the decode state every later read
   /// follows) and finds the one-hot picks; it writes no text.
   Plan plan() {
-    find_picks();
     Plan pl;
+    const int V = pl.lanes = plan_row_lanes();
     const auto& p = k_.loops;
     pl.rows = p.rows;
     const i64 R = pl.reduced = reduced_extent();
-    const int inner = p.red_groups.empty() ? -1 : p.red_groups.back();
-    set_vec(inner, choose_vec(inner, true));
-    const int V = pl.lanes = vec_;
     int T = threads_for(R, V, t_.row_vectors_per_thread);
     i64 E = R == 0 ? 0 : (R + static_cast<i64>(T) * V - 1) / (static_cast<i64>(T) * V);
     // (A symbolic number of rows may be large: 8.)

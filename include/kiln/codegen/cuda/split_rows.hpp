@@ -23,14 +23,11 @@ class SplitRowKernel : public ReductionKernel {
   /// The plan step: about split_blocks_per_sm blocks per multiprocessor, each chunk whole
   /// vectors and at least four per thread. Fixes the lanes and finds the picks; writes no text.
   Plan plan() {
-    find_picks();
     Plan pl;
+    const int V = pl.lanes = plan_row_lanes();
     const auto& p = k_.loops;
     pl.rows = p.rows;
     const i64 R = pl.reduced = reduced_extent();
-    const int inner = p.red_groups.back();
-    set_vec(inner, choose_vec(inner, true));
-    const int V = pl.lanes = vec_;
     const int T = pl.threads;
     const i64 target = static_cast<i64>(t_.sm_count) * std::max(1, t_.split_blocks_per_sm);
     i64 splits = std::max<i64>(1, target / std::max<i64>(1, pl.rows));

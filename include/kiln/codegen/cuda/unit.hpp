@@ -101,12 +101,7 @@ inline CudaSource generate_cuda(const ir::Graph& g, const sched::Schedule& s, co
   if (needs.half) src += cuda_detail::kCudaHalf;
   if (needs.bf16) src += cuda_detail::kCudaBf16;
   if (needs.ints) src += cuda_detail::kCudaInts;
-  if (needs.philox) {
-    src += philox::kPhiloxSource;
-    src += "\n";
-  }
-  src += kiln::detail::kKernelsBeginMarker;
-  src += body;
+  c_family::append_kernels(src, needs, body);
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include "kiln/tensor/creation.hpp"
 #include "kiln/tensor/eval.hpp"
 #include "kiln/tensor/functions.hpp"
+#include "kiln/tensor/linalg.hpp"
 #include "kiln/tensor/ops.hpp"
 #include "kiln/tensor/print.hpp"
 #include "kiln/tensor/tensor.hpp"

@@ -694,6 +694,45 @@ inline void exec_reduce(const ir::GraphNode& n, const Shape& in_shape, const Val
 // ---- leaves ---------------------------------------------------------------------------------
 
 // `into`, when given, is where the node's value goes (an output buffer, any strides).
+/// Matrix product a [..., M, K] x b [..., K, N] of floating T: every element a dot product
+/// accumulated in double (the reference every library product is tested against), rounded
+/// once to T.
+template <class T>
+inline void exec_matmul(const ir::GraphNode& n, const Shape& a_shape, const Value& a, const Value& b, Value& o) {
+  if constexpr (!floating_v<T>) {
+    throw DTypeError(std::string("matmul: defined on floating dtypes only, not ") + dtype_name(n.dtype));
+  } else {
+    const std::size_t r = n.shape.size();
+    const i64 M = n.shape[r - 2], N = n.shape[r - 1], K = a_shape[r - 1];
+    Shape batch(std::vector<i64>(n.shape.begin(), n.shape.end() - 2));
+    const i64 batches = batch.numel();
+    const T* A = reinterpret_cast<const T*>(a.data);
+    const T* B = reinterpret_cast<const T*>(b.data);
+    T* O = reinterpret_cast<T*>(o.data);
+    std::vector<i64> bi(batch.size(), 0);
+    for (i64 t = 0; t < batches; ++t) {
+      i64 ao = 0, bo = 0, oo = 0;
+      for (std::size_t d = 0; d < bi.size(); ++d) {
+        ao += bi[d] * a.strides[d];
+        bo += bi[d] * b.strides[d];
+        oo += bi[d] * o.strides[d];
+      }
+      for (i64 i = 0; i < M; ++i)
+        for (i64 j = 0; j < N; ++j) {
+          double acc = 0;
+          for (i64 p = 0; p < K; ++p)
+            acc += static_cast<double>(load(A[ao + i * a.strides[r - 2] + p * a.strides[r - 1]])) *
+                   static_cast<double>(load(B[bo + p * b.strides[r - 2] + j * b.strides[r - 1]]));
+          O[oo + i * o.strides[r - 2] + j * o.strides[r - 1]] = store<T>(static_cast<compute_t<T>>(acc));
+        }
+      for (std::size_t d = bi.size(); d-- > 0;) {
+        if (++bi[d] < batch[d]) break;
+        bi[d] = 0;
+      }
+    }
+  }
+}
+
 inline Value exec_leaf(const ir::GraphNode& n, const Value* into, const Value* seed_input = nullptr) {
   if (n.op == Op::Constant) {
     // One element, broadcast with zero strides.
@@ -868,6 +907,11 @@ inline Value exec_node(const ir::Graph& g, const ir::GraphNode& n, const std::ve
     case ir::OpKind::Reduce: {
       Value o = into ? *into : allocate(n.shape, n.dtype);
       visit_dtype(in_node(0).dtype, [&](auto tag) { exec_reduce<decltype(tag)>(n, in_node(0).shape, in(0), o); });
+      return o;
+    }
+    case ir::OpKind::Contract: {
+      Value o = into ? *into : allocate(n.shape, n.dtype);
+      visit_dtype(n.dtype, [&](auto tag) { exec_matmul<decltype(tag)>(n, in_node(0).shape, in(0), in(1), o); });
       return o;
     }
   }

@@ -243,6 +243,10 @@ inline std::optional<SymbolicGraph> infer_symbolic(const ir::Graph& g,
         }
         break;  // reshape, and the axis of slices and concats: below, once inputs are known
       }
+      case ir::OpKind::Contract:
+        // A library call is planned (layouts, algorithm) for static sizes: specialise.
+        fail(node_text(i) + ": a matrix product's sizes are specialised");
+        break;
     }
   }
 

@@ -279,4 +279,18 @@ inline NodePtr concat(const std::vector<NodePtr>& xs, std::int64_t axis) {
   return finish(std::move(n));
 }
 
+/// Matrix product a [..., M, K] x b [..., K, N] -> [..., M, N]: equal ranks >= 2, equal batch
+/// dims (the front end broadcasts them first), one dtype.
+inline NodePtr matmul(const NodePtr& a, const NodePtr& b) {
+  const std::size_t r = a->shape.size();
+  if (r < 2 || b->shape.size() != r || a->shape[r - 1] != b->shape[r - 2] || a->dtype != b->dtype ||
+      !(a->device == b->device))
+    detail::invariant_failed("matmul of " + a->shape.str() + " and " + b->shape.str());
+  for (std::size_t d = 0; d + 2 < r; ++d)
+    if (a->shape[d] != b->shape[d]) detail::invariant_failed("matmul batch dims " + a->shape.str() + " " + b->shape.str());
+  Shape out = a->shape;
+  out[r - 1] = b->shape[r - 1];
+  return finish(blank(Op::MatMul, a->dtype, a->device, std::move(out), {a, b}));
+}
+
 }  // namespace kiln::ir

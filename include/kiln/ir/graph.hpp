@@ -265,6 +265,18 @@ inline void Graph::verify() const {
         if (n.op == Op::Broadcast && in(0).shape.size() != n.shape.size()) fail(i, "broadcast rank");
         if (n.op == Op::Permute && n.attrs.ints.size() != n.shape.size()) fail(i, "permutation rank");
         break;
+      case OpKind::Contract: {
+        if (arity != 2) fail(i, "arity");
+        const Shape &a = in(0).shape, &b = in(1).shape;
+        const std::size_t r = n.shape.size();
+        if (r < 2 || a.size() != r || b.size() != r) fail(i, "operand ranks");
+        if (a[r - 1] != b[r - 2] || n.shape[r - 2] != a[r - 2] || n.shape[r - 1] != b[r - 1])
+          fail(i, "inner or outer sizes");
+        for (std::size_t d = 0; d + 2 < r; ++d)
+          if (a[d] != n.shape[d] || b[d] != n.shape[d]) fail(i, "batch sizes");
+        if (in(0).dtype != n.dtype || in(1).dtype != n.dtype) fail(i, "dtypes differ");
+        break;
+      }
     }
   }
   for (auto o : outputs)

@@ -13,7 +13,7 @@ enum class CostClass : std::uint8_t {
   Transcendental,  ///< a polynomial or a library call (exp, sin, pow, ...)
 };
 
-enum class OpKind : std::uint8_t { Leaf, Unary, Binary, Ternary, Reduce, IndexMap };
+enum class OpKind : std::uint8_t { Leaf, Unary, Binary, Ternary, Reduce, IndexMap, Contract };
 
 /// Properties of a primitive that stages read instead of listing ops themselves.
 enum OpFlag : std::uint32_t {
@@ -28,6 +28,9 @@ enum OpFlag : std::uint32_t {
   /// Floating math computed by the C library function of the op's printed name (expf / exp,
   /// atan2f / atan2): every C-family writer emits it by that name, each in its dialect.
   kLibmName = 1u << 7,
+  /// Computed by a library call (a BLAS product), a step of its own between generated kernels:
+  /// its operands are read from memory through their strides and its result is written to memory.
+  kLibraryCall = 1u << 8,
 };
 
 /// The op table: every primitive once, as X(enum name, printed name, kind, cost class, flags).
@@ -105,7 +108,9 @@ enum OpFlag : std::uint32_t {
   X(Reshape, "reshape", IndexMap, Free, kNoFlags)                                              \
   X(Permute, "permute", IndexMap, Free, kNoFlags)                                              \
   X(Slice, "slice", IndexMap, Free, kNoFlags)                                                  \
-  X(Concat, "concat", IndexMap, Free, kNoFlags)
+  X(Concat, "concat", IndexMap, Free, kNoFlags)                                                \
+  /* Contractions, computed by a library call (CBLAS, cuBLASLt). */                            \
+  X(MatMul, "matmul", Contract, Free, kLibraryCall)
 
 // Attributes and leaves, op by op:
 //   Input      a realized buffer: shape, strides and dtype are structure, the pointer is bound at run time
@@ -118,6 +123,8 @@ enum OpFlag : std::uint32_t {
 //   Permute    output dim i = input dim attrs.ints[i]
 //   Slice      attrs.ints = {axis, start, step}; output size along axis is shape[axis]
 //   Concat     attrs.ints = {axis}; inputs joined along axis
+//   MatMul     a [..., M, K] x b [..., K, N] -> [..., M, N]: equal rank >= 2, equal batch dims,
+//              one dtype (floating); half types accumulate in float32, the result keeps the dtype
 
 enum class Op : std::uint8_t {
 #define KILN_IR_OP_ENUM(name, text, kind, cost, flags) name,
@@ -139,7 +146,11 @@ struct OpInfo {
 
 namespace table_detail {
 constexpr int kind_arity(OpKind k, Op op) {
-  return k == OpKind::Leaf ? 0 : k == OpKind::Binary ? 2 : k == OpKind::Ternary ? 3 : op == Op::Concat ? -1 : 1;
+  return k == OpKind::Leaf                               ? 0
+         : k == OpKind::Binary || k == OpKind::Contract ? 2
+         : k == OpKind::Ternary                         ? 3
+         : op == Op::Concat                             ? -1
+                                                        : 1;
 }
 inline constexpr OpInfo kOpTable[] = {
 #define KILN_IR_OP_ROW(name, text, kind, cost, flags) \
@@ -164,6 +175,7 @@ constexpr bool is_pointwise(Op op) {
 constexpr bool is_reduction(Op op) { return op_kind(op) == OpKind::Reduce; }
 constexpr bool is_index_map(Op op) { return op_kind(op) == OpKind::IndexMap; }
 constexpr bool is_comparison(Op op) { return has_flag(op, kComparison); }
+constexpr bool is_library_call(Op op) { return has_flag(op, kLibraryCall); }
 constexpr const char* op_name(Op op) { return static_cast<int>(op) < kNumOps ? op_info(op).name : "?"; }
 
 /// Every primitive, in table order (for tests and tools that cover them all).

@@ -49,6 +49,8 @@ struct Expr {
   Tensor to(Device device) const;
   /// Shape, dtype, device and values, as `std::cout << tensor` prints them (evaluates).
   std::string str() const;
+  /// The matrix product with `other`, as kiln::matmul (torch.Tensor.matmul).
+  Tensor matmul(const Tensor& other) const;
 
   /// An expression is a value, not storage: write into a Tensor (`t.assign(e)`) instead.
   template <class V>

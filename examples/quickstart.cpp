@@ -36,8 +36,15 @@ int main() {
   out.assign(max(y, 1));
   std::printf("largest probability of row 0: %.6g (written into a std::vector)\n", mine[0]);
 
+  // torch.compile's first example: one library product (a CBLAS here, cuBLASLt on the GPU)
+  // and one fused kernel for the bias and relu after it.
+  Tensor W = randn({4096, 512}, /*seed=*/2, f32, device), bias = randn({512}, /*seed=*/3, f32, device);
+  Tensor h = relu(matmul(x, W) + bias);
+  std::printf("relu(x @ W + bias): %s, mean %.4f\n", h.shape().str().c_str(), mean(h).item<float>());
+
   Stats s = stats();
-  std::printf("stats: %llu launches, %llu compiles\n", static_cast<unsigned long long>(s.launches),
+  std::printf("stats: %llu launches, %llu library calls, %llu compiles\n",
+              static_cast<unsigned long long>(s.launches), static_cast<unsigned long long>(s.library_calls),
               static_cast<unsigned long long>(s.compiles));
   return 0;
 }

@@ -15,11 +15,20 @@
 #include "kiln/backend/reference.hpp"
 #include "kiln/runtime/cuda_memory.hpp"
 #include "kiln/runtime/host_allocator.hpp"
+#include "kiln/sched/steps.hpp"
 
 namespace kiln::backend {
 
 /// A new buffer of `bytes` on `device` (defined with the device table below).
 inline StoragePtr allocate(std::size_t bytes, Device device);
+
+// Graphs holding library ops run as steps (backend/steps.hpp, included at the end).
+inline void run_steps(const ir::Graph& g, const RunArgs& args, Mode mode);
+inline std::string explain_steps(const ir::Graph& g, Mode mode);
+class StepProgram;
+inline std::shared_ptr<const StepProgram> make_step_program(const ir::Graph& g, Mode mode, CpuLaunchOptions launch);
+inline void run_step_program(const StepProgram& p, const RunArgs& args);
+inline void clear_step_programs();
 
 /// Copies `bytes` between any two devices (blocking).
 inline void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) {
@@ -159,14 +168,16 @@ namespace detail {
 inline DeviceBackend cpu_backend() {
   return {"cpu", [](std::size_t bytes, int) { return runtime::allocate_host(bytes); },
           [](const ir::Graph& g, const RunArgs& args, Mode mode) {
-            if (cpu_uses_jit(mode))
-              run_cpu_lazy(g, args);
-            else
+            if (!cpu_uses_jit(mode))
               run_reference(g, args);
+            else if (sched::has_library_calls(g))
+              run_steps(g, args, mode);
+            else
+              run_cpu_lazy(g, args);
           },
           [](const ir::Graph& g, Mode mode) {
-            return cpu_uses_jit(mode) ? "CPU JIT kernels:\n" + explain_schedule(g)
-                                      : "reference executor: one launch per primitive\n" + g.str();
+            if (!cpu_uses_jit(mode)) return "reference executor: one launch per primitive\n" + g.str();
+            return sched::has_library_calls(g) ? explain_steps(g, mode) : "CPU JIT kernels:\n" + explain_schedule(g);
           },
           [] {
             detail::CpuPlanCache::instance().clear();
@@ -179,11 +190,18 @@ inline DeviceBackend cpu_backend() {
 inline DeviceBackend cuda_backend() {
   return {"cuda", [](std::size_t bytes, int index) { return runtime::allocate_cuda(bytes, index); },
           [](const ir::Graph& g, const RunArgs& args, Mode mode) {
-            if (mode == Mode::Eager)
-              return run_op_by_op(g, args, [](const ir::Graph& one, const RunArgs& a) { run_cuda(one, a); });
-            run_cuda(g, args);
+            auto run_jit = [](const ir::Graph& one, const RunArgs& a) {
+              if (sched::has_library_calls(one))
+                run_steps(one, a, Mode::Jit);
+              else
+                run_cuda(one, a);
+            };
+            if (mode == Mode::Eager) return run_op_by_op(g, args, run_jit);
+            run_jit(g, args);
           },
-          [](const ir::Graph& g, Mode) { return "CUDA kernels:\n" + explain_cuda(g); },
+          [](const ir::Graph& g, Mode mode) {
+            return sched::has_library_calls(g) ? explain_steps(g, mode) : "CUDA kernels:\n" + explain_cuda(g);
+          },
           [] {
             clear_cuda_plans();
             // The cubins held in memory too (a later use loads them from the disk cache);
@@ -218,6 +236,11 @@ class PreparedGraph {
   /// plan (the typed assign path of lazy evaluation; kiln::compile decides that itself).
   PreparedGraph(ir::Graph g, Mode mode, CpuLaunchOptions launch = {}, bool auto_dynamic = false)
       : graph_(std::move(g)), mode_(mode), launch_(launch) {
+    if (sched::has_library_calls(graph_) && !(graph_.device.is_cpu() && !cpu_uses_jit(mode_)) &&
+        !(graph_.device.is_cuda() && mode_ == Mode::Eager)) {
+      steps_ = make_step_program(graph_, mode_, launch_);
+      return;
+    }
     if (!graph_.device.is_cpu() || !cpu_uses_jit(mode_)) return;
     if (auto_dynamic && !launch_.autotune) {
       if (auto p = detail::CpuPlanCache::instance().lookup(graph_, launch_)) {
@@ -230,6 +253,7 @@ class PreparedGraph {
     cpu_plan_ = cpu_plan(graph_, launch_);
   }
   void run(const RunArgs& args) const {
+    if (steps_) return run_step_program(*steps_, args);
     if (graph_.device.is_cuda() && mode_ != Mode::Eager) return run_cuda_bound(args);
     if (dynamic_.plan) return run_cpu_symbolic(*dynamic_.plan, args, dynamic_.size);
     if (!cpu_plan_) return backend::run(graph_, args, mode_);
@@ -294,6 +318,7 @@ class PreparedGraph {
   mutable std::mutex mu_;
   mutable CpuPlanPtr cpu_plan_;
   DynamicRun dynamic_;  ///< set instead of cpu_plan_ when the symbolic-size plan runs this graph
+  std::shared_ptr<const StepProgram> steps_;  ///< set when the graph holds library ops
   std::size_t cuda_leaves_ = graph_.num_leaves();
   mutable std::array<std::atomic<const detail::CudaPlan*>, 4> cuda_slots_{};
   mutable std::vector<std::shared_ptr<const detail::CudaPlan>> cuda_plans_;  // owns what the slots point to
@@ -305,6 +330,9 @@ inline std::string explain(const ir::Graph& g, Mode mode) { return device_backen
 /// Drops every compiled plan and kernel the executors keep in memory, on every kind of device.
 inline void clear_caches() {
   for (Device d : {Device::cpu(), Device::cuda(0)}) device_backend(d).clear_caches();
+  clear_step_programs();
 }
 
 }  // namespace kiln::backend
+
+#include "kiln/backend/steps.hpp"

@@ -50,6 +50,10 @@ KILN_ENTRY void run_cuda_graph(CudaGraphRunner& runner, const std::vector<const 
 }
 
 KILN_ENTRY GraphRun symbolic_runner(const ir::Graph& canonical, std::size_t probe, std::string& why) {
+  if (sched::has_library_calls(canonical)) {
+    why = "it holds a matrix product (library calls are planned for static sizes)";
+    return nullptr;
+  }
   if (canonical.device.is_cuda()) {
     // Kernels for 16-byte aligned buffers (fresh allocations are); other alignment classes get
     // theirs at their first run, or the graph at its size where they cannot have them.

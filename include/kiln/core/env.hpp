@@ -37,7 +37,13 @@ inline constexpr Setting kSettings[] = {
      "path: a benchmark built with KILN_BENCH_MAIN also writes Google Benchmark's JSON there (for scripts/plot-bench)"},
     {"KILN_LIBCUDA_PATH", "path of libcuda.so.1 (default: the dynamic loader's search)"},
     {"KILN_CUDA_LAUNCH_GRAPHS", "0 launches CUDA kernels with cuLaunchKernel instead of per-plan launch graphs"},
+    {"KILN_BLAS",
+     "the CBLAS of CPU matrix products: openblas, blis, builtin (kiln's own loop), or a library's path (default: "
+     "libopenblas.so.0, then BLIS, then libcblas.so.3 / libblas.so.3; none found: the built-in loop, with a warning)"},
     {"KILN_NVRTC_PATH", "path of libnvrtc.so (default: the dynamic loader's search, then /usr/local/cuda)"},
+    {"KILN_CUBLASLT_PATH",
+     "path of libcublasLt.so for GPU matrix products (default: the dynamic loader's search for libcublasLt.so.13, "
+     "then libcublasLt.so)"},
 };
 
 /// Raw value or nullptr.

@@ -15,11 +15,13 @@ struct Stats {
   std::uint64_t launches = 0;     ///< kernels launched (the reference executor: primitives executed)
   std::uint64_t graphs = 0;       ///< graphs evaluated
   std::uint64_t plan_hits = 0;    ///< graphs whose whole plan (schedule and loaded kernels) was reused
+  std::uint64_t library_calls = 0;  ///< library products run (CBLAS, cuBLASLt; the reference executor's count as launches)
 };
 
 namespace detail {
 struct Counters {
-  std::atomic<std::uint64_t> compiles{0}, memory_hits{0}, disk_hits{0}, launches{0}, graphs{0}, plan_hits{0};
+  std::atomic<std::uint64_t> compiles{0}, memory_hits{0}, disk_hits{0}, launches{0}, graphs{0}, plan_hits{0},
+      library_calls{0};
 };
 inline Counters& counters() {
   static Counters c;
@@ -30,8 +32,8 @@ inline Counters& counters() {
 /// Current counters.
 inline Stats stats() {
   auto& c = detail::counters();
-  return Stats{c.compiles.load(), c.memory_hits.load(), c.disk_hits.load(),
-               c.launches.load(), c.graphs.load(),      c.plan_hits.load()};
+  return Stats{c.compiles.load(), c.memory_hits.load(), c.disk_hits.load(), c.launches.load(),
+               c.graphs.load(),    c.plan_hits.load(),   c.library_calls.load()};
 }
 
 /// Sets every counter to zero.
@@ -43,6 +45,7 @@ inline void reset_stats() {
   c.launches = 0;
   c.graphs = 0;
   c.plan_hits = 0;
+  c.library_calls = 0;
 }
 
 namespace detail {

@@ -1,0 +1,249 @@
+#pragma once
+// The CPU's matrix products: a CBLAS loaded at run time (OpenBLAS or BLIS from the
+// distribution, never linked: a binary without one still runs), else a built-in product that
+// is correct everywhere and logged once as the slow path. float16 and bfloat16 go through
+// float32 (converted once per operand, accumulated in float32, rounded once), as PyTorch's CPU
+// product does.
+#include <chrono>
+#include <cstdio>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/core/env.hpp"
+#include "kiln/core/error.hpp"
+#include "kiln/core/half.hpp"
+#include "kiln/core/log.hpp"
+#include "kiln/runtime/dynlib.hpp"
+#include "kiln/runtime/gemm.hpp"
+
+namespace kiln::runtime {
+
+/// A CBLAS found at run time: its path and the two products kiln calls.
+struct CblasLibrary {
+  // CBLAS's enum values (cblas.h: CblasRowMajor = 101, CblasNoTrans = 111, CblasTrans = 112).
+  static constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
+  using Sgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*, int);
+  using Dgemm = void (*)(int, int, int, int, int, int, double, const double*, int, const double*, int, double, double*,
+                         int);
+  std::unique_ptr<SharedLibrary> library;
+  Sgemm sgemm = nullptr;
+  Dgemm dgemm = nullptr;
+  void (*set_threads)(int) = nullptr;  ///< openblas_set_num_threads / bli_thread_set_num_threads
+  std::string path;
+};
+
+/// What loading found: the library, or why none is used (`reason`).
+struct CblasState {
+  std::optional<CblasLibrary> blas;
+  std::string reason;
+  double load_seconds = 0;
+};
+
+namespace detail {
+
+/// Opens the first of `candidates` that loads and has cblas_sgemm and cblas_dgemm. Never throws.
+inline CblasState load_cblas(const std::vector<std::string>& candidates) {
+  CblasState st;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const auto& path : candidates) {
+    try {
+      auto lib = std::make_unique<SharedLibrary>(path);
+      CblasLibrary b;
+      b.sgemm = reinterpret_cast<CblasLibrary::Sgemm>(lib->find_symbol("cblas_sgemm"));
+      b.dgemm = reinterpret_cast<CblasLibrary::Dgemm>(lib->find_symbol("cblas_dgemm"));
+      if (!b.sgemm || !b.dgemm) {
+        st.reason += path + ": no cblas_sgemm/cblas_dgemm; ";
+        continue;
+      }
+      b.set_threads = reinterpret_cast<void (*)(int)>(lib->find_symbol("openblas_set_num_threads"));
+      if (!b.set_threads) b.set_threads = reinterpret_cast<void (*)(int)>(lib->find_symbol("bli_thread_set_num_threads"));
+      b.path = path;
+      b.library = std::move(lib);
+      st.blas = std::move(b);
+      st.reason.clear();
+      break;
+    } catch (const Error& e) {
+      st.reason += std::string(e.what()) + "; ";
+    }
+  }
+  st.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
+}
+
+/// The libraries KILN_BLAS asks for: "openblas", "blis", "builtin" (none: the built-in product),
+/// a path, or unset (OpenBLAS, then BLIS, then the system's libblas.so.3 / libcblas.so.3).
+inline std::vector<std::string> cblas_candidates() {
+  const std::string choice = env::get("KILN_BLAS");
+  const std::vector<std::string> openblas = {"libopenblas.so.0", "libopenblas.so"};
+  const std::vector<std::string> blis = {"libblis.so.4", "libblis.so.3", "libblis.so"};
+  if (choice == "builtin" || choice == "none") return {};
+  if (choice == "openblas") return openblas;
+  if (choice == "blis") return blis;
+  if (!choice.empty()) return {choice};
+  std::vector<std::string> all = openblas;
+  all.insert(all.end(), blis.begin(), blis.end());
+  all.push_back("libcblas.so.3");
+  all.push_back("libblas.so.3");
+  return all;
+}
+
+}  // namespace detail
+
+/// The process's CBLAS, loaded on first use (KILN_BLAS is read then, once); a missing one is
+/// logged once (a warning: products then use the slow built-in loop).
+inline const CblasState& cblas_state() {
+  static const CblasState st = [] {
+    CblasState s = detail::load_cblas(detail::cblas_candidates());
+    if (s.blas) {
+      log(LogChannel::perf, "CPU products through " + s.blas->path + " (loaded in " +
+                                std::to_string(static_cast<int>(s.load_seconds * 1e3)) + " ms)");
+    } else {
+      std::string why = env::get("KILN_BLAS") == "builtin" ? std::string("KILN_BLAS=builtin") : s.reason;
+      const std::string text = "kiln: warning: no CBLAS found (" + why +
+                "); CPU matrix products use kiln's built-in loop, which is correct but far slower. Install "
+                "OpenBLAS (apt-get install libopenblas0-pthread) or set KILN_BLAS to a library's path.\n";
+      std::fputs(text.c_str(), stderr);
+    }
+    return s;
+  }();
+  return st;
+}
+
+namespace detail {
+
+/// BLAS's view of one operand: rows x cols with strides (rs, cs) as a row-major matrix that may
+/// be transposed, and its leading dimension (always at least max(1, the inner size)).
+struct BlasOperand {
+  bool transposed = false;
+  std::int64_t ld = 1;
+};
+
+inline BlasOperand blas_operand(std::int64_t rows, std::int64_t cols, std::int64_t rs, std::int64_t cs,
+                                const GemmShape& s) {
+  if ((cs == 1 || cols == 1) && (rows == 1 || rs >= std::max<std::int64_t>(cols, 1)))
+    return {false, rows == 1 ? std::max<std::int64_t>(cols, 1) : rs};
+  if ((rs == 1 || rows == 1) && (cols == 1 || cs >= std::max<std::int64_t>(rows, 1)))
+    return {true, cols == 1 ? std::max<std::int64_t>(rows, 1) : cs};
+  throw InternalError("kiln: matmul " + s.str() + ": an operand with strides (" + std::to_string(rs) + ", " +
+                      std::to_string(cs) + ") is neither row- nor column-major");
+}
+
+/// The built-in product of float or double: B packed row-major once per batch, each row of D
+/// accumulated in a vectorisable loop over N.
+template <class T>
+void builtin_gemm(const GemmShape& s, const T* A, const T* B, T* D) {
+  std::vector<T> packed(static_cast<std::size_t>(s.k * s.n)), row(static_cast<std::size_t>(s.n));
+  for (std::int64_t t = 0; t < s.batch; ++t) {
+    const T* a = A + t * s.a_bs;
+    const T* b = B + t * s.b_bs;
+    T* d = D + t * s.d_bs;
+    if (t == 0 || s.b_bs != 0)
+      for (std::int64_t p = 0; p < s.k; ++p)
+        for (std::int64_t j = 0; j < s.n; ++j) packed[static_cast<std::size_t>(p * s.n + j)] = b[p * s.b_rs + j * s.b_cs];
+    for (std::int64_t i = 0; i < s.m; ++i) {
+      std::fill(row.begin(), row.end(), T(0));
+      for (std::int64_t p = 0; p < s.k; ++p) {
+        const T x = a[i * s.a_rs + p * s.a_cs];
+        const T* bp = packed.data() + p * s.n;
+        for (std::int64_t j = 0; j < s.n; ++j) row[static_cast<std::size_t>(j)] += x * bp[j];
+      }
+      std::memcpy(d + i * s.d_rs, row.data(), sizeof(T) * static_cast<std::size_t>(s.n));
+    }
+  }
+}
+
+template <class T>
+void blas_gemm(const CblasLibrary& blas, const GemmShape& s, const T* A, const T* B, T* D) {
+  const BlasOperand a = blas_operand(s.m, s.k, s.a_rs, s.a_cs, s), b = blas_operand(s.k, s.n, s.b_rs, s.b_cs, s);
+  const std::int64_t ldc = s.m == 1 ? std::max<std::int64_t>(s.n, 1) : s.d_rs;
+  constexpr std::int64_t kMax = 0x7fffffff;
+  if (s.m > kMax || s.n > kMax || s.k > kMax || a.ld > kMax || b.ld > kMax || ldc > kMax)
+    throw ShapeError("matmul " + s.str() + ": a dimension or a stride exceeds the CBLAS int range");
+  for (std::int64_t t = 0; t < s.batch; ++t) {
+    const int ta = a.transposed ? CblasLibrary::kTrans : CblasLibrary::kNoTrans;
+    const int tb = b.transposed ? CblasLibrary::kTrans : CblasLibrary::kNoTrans;
+    const int m = static_cast<int>(s.m), n = static_cast<int>(s.n), k = static_cast<int>(s.k);
+    if constexpr (std::is_same_v<T, float>)
+      blas.sgemm(CblasLibrary::kRowMajor, ta, tb, m, n, k, 1.0f, A + t * s.a_bs, static_cast<int>(a.ld),
+                 B + t * s.b_bs, static_cast<int>(b.ld), 0.0f, D + t * s.d_bs, static_cast<int>(ldc));
+    else
+      blas.dgemm(CblasLibrary::kRowMajor, ta, tb, m, n, k, 1.0, A + t * s.a_bs, static_cast<int>(a.ld),
+                 B + t * s.b_bs, static_cast<int>(b.ld), 0.0, D + t * s.d_bs, static_cast<int>(ldc));
+  }
+}
+
+template <class T>
+void gemm_of(const GemmShape& s, const T* A, const T* B, T* D) {
+  const CblasState& st = cblas_state();
+  if (st.blas)
+    blas_gemm(*st.blas, s, A, B, D);
+  else
+    builtin_gemm(s, A, B, D);
+}
+
+/// A half-precision operand as a contiguous float32 batch (row-major, [batch, rows, cols]).
+template <class H>
+std::vector<float> widen(const H* x, std::int64_t batch, std::int64_t bs, std::int64_t rows, std::int64_t cols,
+                         std::int64_t rs, std::int64_t cs) {
+  std::vector<float> out(static_cast<std::size_t>(batch * rows * cols));
+  float* o = out.data();
+  for (std::int64_t t = 0; t < batch; ++t)
+    for (std::int64_t i = 0; i < rows; ++i)
+      for (std::int64_t j = 0; j < cols; ++j) *o++ = static_cast<float>(x[t * bs + i * rs + j * cs]);
+  return out;
+}
+
+template <class H>
+void half_gemm(const GemmShape& s, const H* A, const H* B, H* D) {
+  // A batch stride of 0 stays one copy (a broadcast operand is widened once).
+  const std::int64_t ab = s.a_bs == 0 ? 1 : s.batch, bb = s.b_bs == 0 ? 1 : s.batch;
+  std::vector<float> a = widen(A, ab, s.a_bs, s.m, s.k, s.a_rs, s.a_cs);
+  std::vector<float> b = widen(B, bb, s.b_bs, s.k, s.n, s.b_rs, s.b_cs);
+  std::vector<float> d(static_cast<std::size_t>(s.batch * s.m * s.n));
+  GemmShape f = s;
+  f.dtype = f.out_dtype = DType::Float32;
+  f.a_rs = s.k, f.a_cs = 1, f.a_bs = s.a_bs == 0 ? 0 : s.m * s.k;
+  f.b_rs = s.n, f.b_cs = 1, f.b_bs = s.b_bs == 0 ? 0 : s.k * s.n;
+  f.d_rs = s.n, f.d_bs = s.m * s.n;
+  gemm_of<float>(f, a.data(), b.data(), d.data());
+  const float* p = d.data();
+  for (std::int64_t t = 0; t < s.batch; ++t)
+    for (std::int64_t i = 0; i < s.m; ++i)
+      for (std::int64_t j = 0; j < s.n; ++j) D[t * s.d_bs + i * s.d_rs + j] = H(*p++);
+}
+
+}  // namespace detail
+
+/// D = A @ B on the host for each batch (see GemmShape); no epilogue (the generated kernel
+/// after the call applies it). float32 and float64 through the CBLAS (or the built-in loop),
+/// float16 and bfloat16 through float32. Requires m, n, k > 0.
+inline void cpu_gemm(const GemmShape& s, const void* a, const void* b, void* d) {
+  if (s.epilogue != GemmEpilogue::None || s.out_dtype != s.dtype)
+    throw InternalError("kiln: cpu_gemm " + s.str() + ": epilogues and dtype changes are not CPU library work");
+  switch (s.dtype) {
+    case DType::Float32:
+      return detail::gemm_of(s, static_cast<const float*>(a), static_cast<const float*>(b), static_cast<float*>(d));
+    case DType::Float64:
+      return detail::gemm_of(s, static_cast<const double*>(a), static_cast<const double*>(b), static_cast<double*>(d));
+    case DType::Float16:
+      return detail::half_gemm(s, static_cast<const Half*>(a), static_cast<const Half*>(b), static_cast<Half*>(d));
+    case DType::BFloat16:
+      return detail::half_gemm(s, static_cast<const BFloat16*>(a), static_cast<const BFloat16*>(b),
+                               static_cast<BFloat16*>(d));
+    default:
+      throw DTypeError(std::string("matmul: no CPU product for ") + dtype_name(s.dtype));
+  }
+}
+
+/// Path of the CBLAS in use ("" for the built-in product).
+inline std::string cblas_path() {
+  const auto& st = cblas_state();
+  return st.blas ? st.blas->path : std::string();
+}
+
+}  // namespace kiln::runtime

@@ -1,0 +1,506 @@
+#pragma once
+// The step planner: a graph holding library ops (matrix products) becomes a sequence of
+// steps: generated-kernel segments (each an ordinary graph for the fusion scheduler) and
+// library calls between them.
+//
+// Every node gets a level: leaves 0, a library op one more than the highest of its operands,
+// any other node the highest of its inputs. Segment s computes the nodes of level s, after
+// the library calls of level s; so everything after a product that a kernel can compute (its
+// pointwise consumers, a softmax over its rows) fuses into the one segment that follows it.
+// Values a later step needs are written to memory by the segment of their level: a library
+// call's operands (unless they are leaves the library can read through their strides), and
+// reductions of a lower level; cheap pointwise values of a lower level are recomputed, as the
+// fusion scheduler does inside a segment. With `fuse_epilogues` (cuBLASLt), a product's bias
+// add and activation (relu, tanh-form gelu) join the call itself when the product has no
+// other reader. A product with an empty result or an empty inner dim is no call: its value is
+// a zero constant of the segment.
+#include <algorithm>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kiln/decomp/decompose.hpp"
+#include "kiln/ir/graph.hpp"
+
+namespace kiln::sched {
+
+/// Memory a step reads or writes: one of the graph's leaves or outputs, or a temporary.
+struct Slot {
+  enum Kind : std::uint8_t { None, Leaf, Output, Temp };
+  Kind kind = None;
+  int index = -1;
+  Strides strides;  ///< element strides of the value in that memory
+  bool operator==(const Slot&) const = default;
+};
+
+/// A buffer between steps (contiguous).
+struct StepTemp {
+  Shape shape;
+  DType dtype;
+};
+
+/// Generated kernels: `graph` is an ordinary graph (no library ops) whose leaf i is bound to
+/// leaves[i] and whose output i is written to outputs[i].
+struct Segment {
+  ir::Graph graph;
+  std::vector<Slot> leaves;
+  std::vector<Slot> outputs;
+};
+
+/// What a library product applies before storing (the call's epilogue).
+enum class Activation : std::uint8_t { None, Relu, GeluTanh };
+
+/// One library product: out = activation(a @ b + bias) over the batch dims of `shape`.
+struct LibraryCall {
+  int node = -1;    ///< the MatMul node of the original graph
+  int result = -1;  ///< the node whose value the call produces (the last absorbed epilogue op)
+  Shape a_shape, b_shape, shape;  ///< operands and result ([..., M, K], [..., K, N], [..., M, N])
+  DType dtype = DType::Float32;   ///< operands' and result's dtype
+  Slot a, b, out;
+  bool bias = false;  ///< a bias of N elements (contiguous) added to every row
+  Slot bias_slot;
+  DType bias_dtype = DType::Float32;
+  Activation activation = Activation::None;
+  int level = 1;
+};
+
+/// One step: a segment or a call.
+struct Step {
+  enum Kind : std::uint8_t { Kernels, Call };
+  Kind kind;
+  int index;
+};
+
+/// A graph as steps, in order, with the temporaries between them.
+struct StepPlan {
+  std::vector<Segment> segments;
+  std::vector<LibraryCall> calls;
+  std::vector<Step> order;
+  std::vector<StepTemp> temps;
+
+  /// One line per step (what KILN_LOGS=schedule and explain() print).
+  std::string str() const;
+};
+
+/// Whether `g` holds a library op, so that it runs as steps.
+inline bool has_library_calls(const ir::Graph& g) {
+  return std::any_of(g.nodes.begin(), g.nodes.end(), [](const ir::GraphNode& n) { return ir::is_library_call(n.op); });
+}
+
+/// Whether a library product can read matrix dims of `shape` through `strides` directly: one
+/// of the two has unit stride (or size 1) and the other a stride that spans it, no negative
+/// strides. Batch dims may have any non-negative stride (0 broadcasts).
+inline bool library_readable(const Shape& shape, const Strides& strides) {
+  const std::size_t r = shape.size();
+  for (auto s : strides)
+    if (s < 0) return false;
+  const std::int64_t rows = shape[r - 2], cols = shape[r - 1], rs = strides[r - 2], cs = strides[r - 1];
+  const bool row_major = (cs == 1 || cols == 1) && (rows == 1 || rs >= std::max<std::int64_t>(cols, 1));
+  const bool col_major = (rs == 1 || rows == 1) && (cols == 1 || cs >= std::max<std::int64_t>(rows, 1));
+  return row_major || col_major;
+}
+
+/// Plans `g` as steps (see the header comment). `fuse_epilogues`: bias and activation join
+/// the call (the library can apply them).
+inline StepPlan plan_steps(const ir::Graph& g, bool fuse_epilogues);
+
+namespace detail {
+
+/// Whether the subgraph of `g` under `node` is the subgraph of `p` under `proot` with p's
+/// placeholder (p.outputs[1]) standing for `hole` (equal ops, dtypes, shapes, attrs, node for node).
+inline bool same_subgraph(const ir::Graph& g, int node, const ir::Graph& p, int proot, int hole,
+                          std::map<int, int>& seen) {
+  const ir::GraphNode& pn = p.nodes[static_cast<std::size_t>(proot)];
+  if (proot == p.outputs[1]) return node == hole;  // the pattern's placeholder
+  auto it = seen.find(proot);
+  if (it != seen.end()) return it->second == node;
+  const ir::GraphNode& n = g.nodes[static_cast<std::size_t>(node)];
+  if (n.op != pn.op || n.dtype != pn.dtype || n.shape != pn.shape || !(n.attrs == pn.attrs) ||
+      n.inputs.size() != pn.inputs.size())
+    return false;
+  seen[proot] = node;
+  for (std::size_t k = 0; k < n.inputs.size(); ++k)
+    if (!same_subgraph(g, n.inputs[k], p, pn.inputs[k], hole, seen)) return false;
+  return true;
+}
+
+/// The graph `make(x)` builds over a placeholder x of `x_node`'s dtype and shape: the pattern
+/// an epilogue op is recognised by (the decomposition the front end itself produces). Output 0
+/// is the root, output 1 the placeholder.
+template <class Make>
+ir::Graph pattern_of(const ir::GraphNode& x_node, Make&& make) {
+  // An iota stands for the operand (a leaf no decomposition folds); the walk below flattens
+  // what `make` built.
+  ir::NodePtr x = ir::iota(x_node.shape, 0, x_node.dtype, Device::cpu());
+  ir::NodePtr root = make(x);
+  std::map<const ir::Node*, int> index;
+  ir::Graph pg;
+  std::vector<std::pair<const ir::Node*, std::size_t>> stack{{root.get(), 0}};
+  while (!stack.empty()) {
+    auto& [n, next] = stack.back();
+    if (next < n->inputs.size()) {
+      const ir::Node* c = n->inputs[next++].get();
+      if (!index.count(c)) stack.push_back({c, 0});
+      continue;
+    }
+    if (!index.count(n)) {
+      ir::GraphNode gn;
+      gn.op = n->op;
+      gn.dtype = n->dtype;
+      gn.shape = n->shape;
+      gn.attrs = n->attrs;
+      for (auto& in : n->inputs) gn.inputs.push_back(index.at(in.get()));
+      index[n] = static_cast<int>(pg.nodes.size());
+      pg.nodes.push_back(std::move(gn));
+    }
+    stack.pop_back();
+  }
+  pg.outputs.push_back(index.at(root.get()));
+  pg.outputs.push_back(index.count(x.get()) ? index.at(x.get()) : -1);
+  return pg;
+}
+
+class StepPlanner {
+ public:
+  StepPlanner(const ir::Graph& g, bool fuse) : g_(g), fuse_(fuse), n_(g.nodes.size()) {}
+
+  StepPlan run() {
+    uses_.assign(n_, 0);
+    for (const auto& nd : g_.nodes)
+      for (auto in : nd.inputs) ++uses_[static_cast<std::size_t>(in)];
+    for (auto o : g_.outputs) ++uses_[static_cast<std::size_t>(o)];
+    call_of_result_.assign(n_, -1);
+    absorbed_.assign(n_, 0);
+    zero_.assign(n_, 0);
+    level_.assign(n_, 0);
+    materialized_.assign(n_, Slot{});
+    plan_calls();
+    plan_outputs();
+    build_segments();
+    order_steps();
+    return std::move(plan_);
+  }
+
+ private:
+  using i64 = std::int64_t;
+
+  const ir::GraphNode& node(int i) const { return g_.nodes[static_cast<std::size_t>(i)]; }
+
+  // The only user of `i`, or -1 when it has several (or is an output).
+  int sole_user(int i) const {
+    if (uses_[static_cast<std::size_t>(i)] != 1) return -1;
+    for (auto o : g_.outputs)
+      if (o == i) return -1;
+    for (std::size_t j = static_cast<std::size_t>(i) + 1; j < n_; ++j)
+      for (auto in : g_.nodes[j].inputs)
+        if (in == i) return static_cast<int>(j);
+    return -1;
+  }
+
+  // Levels and the library calls, in node order (so operands' levels are known).
+  void plan_calls() {
+    for (std::size_t i = 0; i < n_; ++i) {
+      const ir::GraphNode& nd = g_.nodes[i];
+      if (absorbed_[i] || call_of_result_[i] >= 0) continue;  // an earlier call's epilogue (level set there)
+      int lvl = 0;
+      for (auto in : nd.inputs) lvl = std::max(lvl, level_[static_cast<std::size_t>(in)]);
+      level_[i] = lvl;
+      if (!ir::is_library_call(nd.op)) continue;
+      const ir::GraphNode& a = node(nd.inputs[0]);
+      const std::size_t r = nd.shape.size();
+      if (nd.shape.numel() == 0 || a.shape[r - 1] == 0) {
+        zero_[i] = 1;  // nothing to multiply: a zero (or empty) constant in its segment
+        continue;
+      }
+      LibraryCall c;
+      c.node = c.result = static_cast<int>(i);
+      c.a_shape = a.shape;
+      c.b_shape = node(nd.inputs[1]).shape;
+      c.shape = nd.shape;
+      c.dtype = nd.dtype;
+      c.level = level_[i] = lvl + 1;
+      if (fuse_ && r == 2) absorb_epilogue(c);
+      const int id = static_cast<int>(plan_.calls.size());
+      c.a = operand_slot(nd.inputs[0]);
+      c.b = operand_slot(nd.inputs[1]);
+      call_of_result_[static_cast<std::size_t>(c.result)] = id;
+      plan_.calls.push_back(std::move(c));
+    }
+  }
+
+  // bias add, then relu or tanh-gelu, each the sole reader of what precedes it.
+  void absorb_epilogue(LibraryCall& c) {
+    int cur = c.node;
+    const i64 N = c.shape[1];
+    int user = sole_user(cur);
+    if (user >= 0 && node(user).op == ir::Op::Add && node(user).inputs[0] != node(user).inputs[1]) {
+      const ir::GraphNode& add = node(user);
+      const int other = add.inputs[0] == cur ? add.inputs[1] : add.inputs[0];
+      const ir::GraphNode& o = node(other);
+      int source = -1;  // the [1, N] value broadcast over the rows
+      if (o.op == ir::Op::Broadcast && sole_user(other) == user && node(o.inputs[0]).shape == Shape{1, N} &&
+          level_[static_cast<std::size_t>(o.inputs[0])] < c.level)
+        source = o.inputs[0];
+      // A realized bias arrives broadcast already: a leaf whose rows have stride 0.
+      const bool leaf_rows = o.op == ir::Op::Input && o.strides[0] == 0 && (o.strides[1] == 1 || N == 1);
+      if (source >= 0 || leaf_rows) {
+        c.bias = true;
+        c.bias_dtype = o.dtype;
+        bias_source_.push_back({static_cast<int>(plan_.calls.size()), source >= 0 ? source : other});
+        if (source >= 0) absorbed_[static_cast<std::size_t>(other)] = 1;
+        absorbed_[static_cast<std::size_t>(user)] = 1;
+        cur = user;
+      }
+    }
+    // The activation: its whole decomposition reads only `cur` and is read only at its root.
+    const ir::GraphNode& x = node(cur);
+    auto try_activation = [&](Activation act, const ir::Graph& pattern) {
+      // Candidate root: a later node; the pattern's root op decides quickly.
+      const ir::GraphNode& proot = pattern.nodes[static_cast<std::size_t>(pattern.outputs[0])];
+      for (std::size_t j = static_cast<std::size_t>(cur) + 1; j < n_; ++j) {
+        if (g_.nodes[j].op != proot.op || g_.nodes[j].shape != x.shape) continue;
+        std::map<int, int> seen;
+        if (!same_subgraph(g_, static_cast<int>(j), pattern, pattern.outputs[0], cur, seen)) continue;
+        // Every node of the match but the root is read only inside the match; `cur` only by it.
+        std::set<int> inside;
+        for (auto& [p, gnode] : seen) inside.insert(gnode);
+        int readers_of_cur = 0;
+        bool closed = true;
+        for (int m : inside) {
+          for (auto in : node(m).inputs)
+            if (in == cur) ++readers_of_cur;
+          // Constants are free leaves: shared with other readers, recomputed by them.
+          if (m == static_cast<int>(j) || ir::op_kind(node(m).op) == ir::OpKind::Leaf) continue;
+          int count = 0;
+          for (int m2 : inside)
+            for (auto in : node(m2).inputs) count += in == m;
+          closed = closed && count == uses_[static_cast<std::size_t>(m)];
+        }
+        if (!closed || readers_of_cur != uses_[static_cast<std::size_t>(cur)]) continue;
+        for (int m : inside)
+          if (m != static_cast<int>(j) && ir::op_kind(node(m).op) != ir::OpKind::Leaf)
+            absorbed_[static_cast<std::size_t>(m)] = 1;
+        if (cur != c.node) absorbed_[static_cast<std::size_t>(cur)] = 1;
+        c.activation = act;
+        c.result = static_cast<int>(j);
+        return true;
+      }
+      return false;
+    };
+    if (!try_activation(Activation::Relu, pattern_of(x, [](const ir::NodePtr& v) { return decomp::relu(v); })))
+      try_activation(Activation::GeluTanh, pattern_of(x, [](const ir::NodePtr& v) { return decomp::gelu(v, true); }));
+    if (c.result != c.node) absorbed_[static_cast<std::size_t>(c.node)] = 1;
+    if (c.activation == Activation::None && cur != c.node) c.result = cur;
+    if (c.result != c.node) {
+      level_[static_cast<std::size_t>(c.result)] = c.level;
+      absorbed_[static_cast<std::size_t>(c.result)] = 0;
+    }
+  }
+
+  Slot temp(int i) {
+    Slot s{Slot::Temp, static_cast<int>(plan_.temps.size()), contiguous_strides(node(i).shape)};
+    plan_.temps.push_back({node(i).shape, node(i).dtype});
+    return s;
+  }
+
+  // Memory holding node i's value for a later step: requested of the segment of its level.
+  Slot materialize(int i) {
+    Slot& m = materialized_[static_cast<std::size_t>(i)];
+    if (m.kind != Slot::None) return m;
+    for (std::size_t k = 0; k < g_.outputs.size(); ++k)
+      if (g_.outputs[k] == i && is_contiguous(node(i).shape, g_.output_strides[k]) &&
+          !output_taken_.count(static_cast<int>(k))) {
+        output_taken_.insert(static_cast<int>(k));
+        m = Slot{Slot::Output, static_cast<int>(k), g_.output_strides[k]};
+        requests_[level_[static_cast<std::size_t>(i)]].push_back({i, m});
+        return m;
+      }
+    m = temp(i);
+    requests_[level_[static_cast<std::size_t>(i)]].push_back({i, m});
+    return m;
+  }
+
+  Slot operand_slot(int i) {
+    const ir::GraphNode& nd = node(i);
+    if (nd.op == ir::Op::Input && library_readable(nd.shape, nd.strides))
+      return Slot{Slot::Leaf, nd.leaf, nd.strides};
+    return materialize(i);
+  }
+
+  // Where each graph output comes from: a call writes it directly when it can.
+  void plan_outputs() {
+    for (auto& [call, src] : bias_source_) {
+      const ir::GraphNode& s = node(src);
+      LibraryCall& c = plan_.calls[static_cast<std::size_t>(call)];
+      if (s.op == ir::Op::Input && (s.strides[1] == 1 || s.shape[1] == 1))
+        c.bias_slot = Slot{Slot::Leaf, s.leaf, s.strides};  // [1, N], or [M, N] with row stride 0
+      else
+        c.bias_slot = materialize(src);
+    }
+    for (auto& c : plan_.calls) {
+      for (std::size_t k = 0; k < g_.outputs.size() && c.out.kind == Slot::None; ++k) {
+        const Strides& os = g_.output_strides[k];
+        const std::size_t r = c.shape.size();
+        if (g_.outputs[k] != c.result || output_taken_.count(static_cast<int>(k)) || os[r - 1] != 1 ||
+            (c.shape[r - 2] > 1 && os[r - 2] < c.shape[r - 1]))
+          continue;
+        bool ok = true;
+        for (auto s : os) ok = ok && s >= 0;
+        if (!ok) continue;
+        output_taken_.insert(static_cast<int>(k));
+        c.out = Slot{Slot::Output, static_cast<int>(k), os};
+      }
+      if (c.out.kind == Slot::None) c.out = temp(c.result);
+    }
+  }
+
+  bool is_call_result(int i) const { return call_of_result_[static_cast<std::size_t>(i)] >= 0; }
+
+  // Segment s's copy of node i (memoised in `map`), requesting lower levels' values.
+  int import(int root, int s, std::map<int, int>& map, Segment& seg) {
+    std::vector<std::pair<int, std::size_t>> stack{{root, 0}};
+    while (!stack.empty()) {
+      auto& [i, next] = stack.back();
+      if (map.count(i)) {
+        stack.pop_back();
+        continue;
+      }
+      const ir::GraphNode& nd = node(i);
+      const std::size_t ii = static_cast<std::size_t>(i);
+      Slot leaf;
+      if (nd.op == ir::Op::Input) {
+        leaf = Slot{Slot::Leaf, nd.leaf, nd.strides};
+      } else if (is_call_result(i)) {
+        leaf = plan_.calls[static_cast<std::size_t>(call_of_result_[ii])].out;
+      } else if (materialized_[ii].kind != Slot::None && level_[ii] < s) {
+        leaf = materialized_[ii];
+      } else if (level_[ii] < s && ir::is_reduction(nd.op)) {
+        leaf = materialize(i);
+      }
+      if (leaf.kind != Slot::None) {
+        ir::GraphNode in;
+        in.op = ir::Op::Input;
+        in.dtype = nd.dtype;
+        in.shape = nd.shape;
+        in.strides = leaf.strides;
+        in.leaf = static_cast<int>(seg.leaves.size());
+        seg.leaves.push_back(leaf);
+        map[i] = static_cast<int>(seg.graph.nodes.size());
+        seg.graph.nodes.push_back(std::move(in));
+        stack.pop_back();
+        continue;
+      }
+      if (zero_[ii]) {
+        ir::GraphNode z;
+        z.op = ir::Op::Constant;
+        z.dtype = nd.dtype;
+        z.shape = nd.shape;
+        map[i] = static_cast<int>(seg.graph.nodes.size());
+        seg.graph.nodes.push_back(std::move(z));
+        stack.pop_back();
+        continue;
+      }
+      if (next < nd.inputs.size()) {
+        int c = nd.inputs[next++];
+        if (!map.count(c)) stack.push_back({c, 0});
+        continue;
+      }
+      ir::GraphNode copy = nd;
+      for (auto& in : copy.inputs) in = map.at(in);
+      map[i] = static_cast<int>(seg.graph.nodes.size());
+      seg.graph.nodes.push_back(std::move(copy));
+      stack.pop_back();
+    }
+    return map.at(root);
+  }
+
+  void build_segments() {
+    int top = 0;
+    for (std::size_t i = 0; i < n_; ++i) top = std::max(top, level_[i]);
+    // Graph outputs not written by a call: computed (or copied) by the segment of their level.
+    for (std::size_t k = 0; k < g_.outputs.size(); ++k) {
+      if (output_taken_.count(static_cast<int>(k))) continue;
+      const int o = g_.outputs[k];
+      const int lvl = level_[static_cast<std::size_t>(o)];
+      requests_[lvl].push_back({o, Slot{Slot::Output, static_cast<int>(k), g_.output_strides[k]}});
+    }
+    segments_by_level_.assign(static_cast<std::size_t>(top) + 1, -1);
+    for (int s = top; s >= 0; --s) {
+      Segment seg;
+      seg.graph.device = g_.device;
+      std::map<int, int> map;
+      // Requests may grow while this segment imports (a lower level's); this level's are fixed.
+      auto& reqs = requests_[s];
+      for (std::size_t r = 0; r < reqs.size(); ++r) {
+        auto [i, slot] = reqs[r];
+        int idx = import(i, s, map, seg);
+        seg.graph.outputs.push_back(idx);
+        seg.graph.output_strides.push_back(slot.strides);
+        seg.outputs.push_back(slot);
+      }
+      if (seg.outputs.empty()) continue;
+      seg.graph.rehash();
+      segments_by_level_[static_cast<std::size_t>(s)] = static_cast<int>(plan_.segments.size());
+      plan_.segments.push_back(std::move(seg));
+    }
+  }
+
+  void order_steps() {
+    int top = static_cast<int>(segments_by_level_.size()) - 1;
+    for (int s = 0; s <= top; ++s) {
+      for (std::size_t c = 0; c < plan_.calls.size(); ++c)
+        if (plan_.calls[c].level == s) plan_.order.push_back({Step::Call, static_cast<int>(c)});
+      if (segments_by_level_[static_cast<std::size_t>(s)] >= 0)
+        plan_.order.push_back({Step::Kernels, segments_by_level_[static_cast<std::size_t>(s)]});
+    }
+  }
+
+  const ir::Graph& g_;
+  bool fuse_;
+  std::size_t n_;
+  StepPlan plan_;
+  std::vector<int> uses_, call_of_result_, level_;
+  std::vector<char> absorbed_, zero_;
+  std::vector<Slot> materialized_;
+  std::vector<std::pair<int, int>> bias_source_;  ///< (call, node of its bias)
+  std::set<int> output_taken_;
+  std::map<int, std::vector<std::pair<int, Slot>>> requests_;  ///< level -> (node, where)
+  std::vector<int> segments_by_level_;
+};
+
+}  // namespace detail
+
+inline StepPlan plan_steps(const ir::Graph& g, bool fuse_epilogues) {
+  return detail::StepPlanner(g, fuse_epilogues).run();
+}
+
+inline std::string StepPlan::str() const {
+  auto slot = [](const Slot& s) {
+    const char* k = s.kind == Slot::Leaf ? "leaf" : s.kind == Slot::Output ? "out" : s.kind == Slot::Temp ? "tmp" : "?";
+    return std::string(k) + std::to_string(s.index);
+  };
+  std::ostringstream os;
+  for (const Step& st : order) {
+    if (st.kind == Step::Call) {
+      const LibraryCall& c = calls[static_cast<std::size_t>(st.index)];
+      os << "call matmul " << dtype_name(c.dtype) << " " << c.a_shape.str() << " x " << c.b_shape.str() << " ("
+         << slot(c.a) << ", " << slot(c.b) << ") -> " << slot(c.out);
+      if (c.bias) os << " + bias " << slot(c.bias_slot);
+      if (c.activation == Activation::Relu) os << ", relu";
+      if (c.activation == Activation::GeluTanh) os << ", gelu(tanh)";
+      os << "\n";
+    } else {
+      const Segment& s = segments[static_cast<std::size_t>(st.index)];
+      os << "kernels over " << s.graph.nodes.size() << " nodes:";
+      for (auto& l : s.leaves) os << " " << slot(l);
+      os << " ->";
+      for (auto& o : s.outputs) os << " " << slot(o);
+      os << "\n";
+    }
+  }
+  return os.str();
+}
+
+}  // namespace kiln::sched

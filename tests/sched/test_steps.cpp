@@ -1,0 +1,105 @@
+// The step planner: graphs with matrix products become segments of generated kernels and
+// library calls. Which values are written to memory for a later step, which leaves a call
+// reads through their strides, and which epilogues join a cuBLASLt call (bias, relu,
+// tanh-gelu) and which cannot (a product read twice, a bias computed from the product).
+#include <doctest/doctest.h>
+
+#include "../support/ir_build.hpp"
+#include "kiln/sched/steps.hpp"
+
+using namespace kiln_ir_build;
+using kiln::sched::Activation;
+using kiln::sched::Slot;
+using kiln::sched::Step;
+
+namespace {
+
+kiln::sched::StepPlan plan_of(const std::vector<NodePtr>& roots, bool fuse) {
+  return kiln::sched::plan_steps(ir::capture(roots, Device::cpu()).graph, fuse);
+}
+
+NodePtr bias_rows(const NodePtr& b, std::int64_t m) {
+  return ir::broadcast(ir::reshape(b, Shape{1, b->shape[0]}), Shape{m, b->shape[0]});
+}
+
+int count(const kiln::sched::StepPlan& p, Step::Kind k) {
+  int n = 0;
+  for (auto& s : p.order) n += s.kind == k;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("a product's epilogue is one segment on the host and joins the call for cuBLASLt") {
+  NodePtr x = input({8, 4}, f32, 1), w = input({4, 6}, f32, 2), b = input({6}, f32, 3);
+  NodePtr y = decomp::relu(add(ir::matmul(x, w), bias_rows(b, 8)));
+  auto host = plan_of({y}, false);
+  REQUIRE(host.calls.size() == 1);
+  CHECK(count(host, Step::Kernels) == 1);
+  CHECK(host.order[0].kind == Step::Call);  // the call first, its epilogue after
+  CHECK(host.calls[0].a.kind == Slot::Leaf);  // leaves are read where they are
+  CHECK(host.calls[0].out.kind == Slot::Temp);
+  auto gpu = plan_of({y}, true);
+  REQUIRE(gpu.calls.size() == 1);
+  CHECK(gpu.segments.empty());
+  CHECK(gpu.calls[0].bias);
+  CHECK(gpu.calls[0].activation == Activation::Relu);
+  CHECK(gpu.calls[0].out.kind == Slot::Output);  // written straight into the result
+  // tanh-gelu in bfloat16 (its decomposition computes in float32 between casts).
+  NodePtr xb = input({8, 4}, bf16, 4), wb = input({6, 4}, bf16, 5), bb = input({6}, bf16, 6);
+  auto g = plan_of({decomp::gelu(add(ir::matmul(xb, ir::permute(wb, {1, 0})), bias_rows(bb, 8)), true)}, true);
+  REQUIRE(g.calls.size() == 1);
+  CHECK(g.calls[0].activation == Activation::GeluTanh);
+  CHECK(g.calls[0].bias);
+  CHECK(g.segments.empty());
+  // The exact (erf) gelu is not what cuBLASLt computes: it stays a kernel.
+  auto erf = plan_of({decomp::gelu(ir::matmul(xb, ir::permute(wb, {1, 0})), false)}, true);
+  CHECK(erf.calls[0].activation == Activation::None);
+  CHECK(erf.segments.size() == 1);
+}
+
+TEST_CASE("what cannot join a call: a product read twice, a bias from the product, batches") {
+  NodePtr x = input({8, 4}, f32, 1), w = input({4, 6}, f32, 2), b = input({6}, f32, 3);
+  NodePtr p = ir::matmul(x, w);
+  auto twice = plan_of({decomp::relu(add(p, bias_rows(b, 8))), p}, true);
+  CHECK(!twice.calls[0].bias);
+  CHECK(twice.calls[0].activation == Activation::None);
+  CHECK(twice.segments.size() == 1);
+  // A bias computed from the product itself is not known before the call.
+  NodePtr from_p = ir::reshape(ir::reduce(Op::ReduceSum, p, {0}), Shape{6});
+  auto late = plan_of({add(p, bias_rows(from_p, 8))}, true);
+  CHECK(!late.calls[0].bias);
+  // Batched products keep their epilogue in a kernel.
+  NodePtr xs = input({3, 8, 4}, f32, 7), ws = input({3, 4, 6}, f32, 8);
+  auto batched = plan_of({decomp::relu(ir::matmul(xs, ws))}, true);
+  CHECK(batched.calls[0].activation == Activation::None);
+}
+
+TEST_CASE("chained products: operands written by the segment of their level, cheap values recomputed") {
+  NodePtr x = input({8, 4}, f32, 1), w1 = input({4, 16}, f32, 2), w2 = input({16, 4}, f32, 3);
+  NodePtr h = ir::unary(Op::Tanh, ir::matmul(mul(x, cst(2.0, x)), w1));
+  NodePtr y = add(ir::matmul(h, w2), mul(x, cst(3.0, x)));  // x * 3: recomputed from x, not stored
+  auto p = plan_of({y}, false);
+  REQUIRE(p.calls.size() == 2);
+  // Steps: the scaled x (an operand), call 1, tanh (an operand), call 2, the residual add.
+  REQUIRE(p.order.size() == 5);
+  CHECK(p.order[0].kind == Step::Kernels);
+  CHECK(p.order[1].kind == Step::Call);
+  CHECK(p.order[2].kind == Step::Kernels);
+  CHECK(p.order[3].kind == Step::Call);
+  CHECK(p.order[4].kind == Step::Kernels);
+  CHECK(p.calls[0].a.kind == Slot::Temp);
+  CHECK(p.calls[1].a.kind == Slot::Temp);
+  const auto& last = p.segments[static_cast<std::size_t>(p.order[4].index)];
+  for (const Slot& leaf : last.leaves) CHECK((leaf.kind != Slot::Temp || leaf.index == p.calls[1].out.index));
+  // A leaf the library cannot read through its strides (every other column) is copied first.
+  NodePtr wide = input({4, 12}, f32, 4);
+  NodePtr cols = ir::slice(wide, 1, 0, 6, 2);
+  auto copied = plan_of({ir::matmul(x, cols)}, false);
+  CHECK(copied.calls[0].b.kind == Slot::Temp);
+  CHECK(count(copied, Step::Kernels) == 1);
+  // An empty inner dim is no call: a zero constant.
+  auto empty = plan_of({ir::matmul(input({3, 0}, f32, 5), input({0, 2}, f32, 6))}, false);
+  CHECK(empty.calls.empty());
+  CHECK(empty.segments.size() == 1);
+}

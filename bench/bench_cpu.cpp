@@ -317,6 +317,65 @@ void BM_eigen(benchmark::State& state, const EigenWorkload& w) {
                 seconds / static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations())));
 }
 
+// ---- matrix products (G-CPU): kiln beside the CBLAS it calls and Eigen's product ------------
+
+/// One product shape: y = a [m, k] @ b [k, n]; with `linear`, relu(x @ W^T + bias) with W
+/// [n, k] (torch.nn.functional.linear's layout).
+struct ProductCase {
+  const char* id;
+  std::int64_t m, k, n;
+  bool linear;
+};
+const ProductCase kProducts[] = {{"G_cpu_1024", 1024, 1024, 1024, false},
+                                 {"G_cpu_linear_relu", 4096, 1024, 1024, true}};
+
+/// kiln as a user writes it: a new result each call.
+void BM_product_kiln(benchmark::State& state, const ProductCase& c) {
+  Tensor a = randn({c.m, c.k}, 1, f32, kCpu).eval();
+  Tensor b = c.linear ? randn({c.n, c.k}, 2, f32, kCpu).eval() : randn({c.k, c.n}, 2, f32, kCpu).eval();
+  Tensor bias = randn({c.n}, 3, f32, kCpu).eval();
+  bench::run(state, kCpu, {.flops = 2.0 * static_cast<double>(c.m * c.k * c.n)}, [&] {
+    return c.linear ? Tensor(relu(linear(a, b, bias))) : matmul(a, b);
+  });
+}
+
+/// The CBLAS product alone (the same call kiln makes, no epilogue), into a buffer kept.
+void BM_product_cblas(benchmark::State& state, const ProductCase& c) {
+  std::vector<float> a(static_cast<std::size_t>(c.m * c.k), 0.5f), b(static_cast<std::size_t>(c.k * c.n), 0.25f),
+      d(static_cast<std::size_t>(c.m * c.n));
+  runtime::GemmShape s;
+  s.m = c.m, s.n = c.n, s.k = c.k;
+  s.a_rs = c.k, s.a_cs = 1;
+  if (c.linear)
+    s.b_rs = 1, s.b_cs = c.k;  // W^T: W [n, k] row-major read column-major
+  else
+    s.b_rs = c.n, s.b_cs = 1;
+  s.d_rs = c.n;
+  state.SetLabel(runtime::cblas_path());
+  bench::run(state, kCpu, {.flops = 2.0 * static_cast<double>(c.m * c.k * c.n)},
+             [&] { runtime::cpu_gemm(s, a.data(), b.data(), d.data()); });
+}
+
+/// Eigen Tensor's contraction on a ThreadPoolDevice of the same threads.
+void BM_product_eigen(benchmark::State& state, const ProductCase& c) {
+  using T2 = Eigen::Tensor<float, 2, Eigen::RowMajor>;
+  T2 A(c.m, c.k), B(c.k, c.n), C(c.m, c.n);
+  A.setRandom();
+  B.setRandom();
+  Eigen::ThreadPool pool(eigen_threads());
+  Eigen::ThreadPoolDevice device(&pool, eigen_threads());
+  const std::array<Eigen::IndexPair<int>, 1> dims{Eigen::IndexPair<int>(1, 0)};
+  C.device(device) = A.contract(B, dims);
+  const auto t0 = Clock::now();
+  for (auto _ : state) {
+    C.device(device) = A.contract(B, dims);
+    benchmark::ClobberMemory();
+  }
+  const double seconds = seconds_since(t0);
+  bench::report(state, kCpu, {.flops = 2.0 * static_cast<double>(c.m * c.k * c.n)},
+                seconds / static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations())));
+}
+
 // ---- the user's loop, dispatch overhead, compile times --------------------------------------
 
 /// `Tensor z = 2.0f * x + y; z.eval();` exactly as a user writes it: a new result each time.
@@ -566,6 +625,17 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark((std::string(w.id) + "/eigen").c_str(), BM_eigen, w)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
+  for (const ProductCase& c : kProducts) {
+    benchmark::RegisterBenchmark((std::string(c.id) + "/kiln").c_str(), BM_product_kiln, c)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark((std::string(c.id) + "/cblas").c_str(), BM_product_cblas, c)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark((std::string(c.id) + "/eigen").c_str(), BM_product_eigen, c)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
   benchmark::RegisterBenchmark("user_loop_2x_plus_y", BM_user_loop)->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("dispatch_assign_16", BM_dispatch_assign_16)
       ->UseRealTime()

@@ -479,6 +479,89 @@ void BM_S1_compiled(benchmark::State& state, const char* mode) {
 
 /// Every benchmark through the kit's registration (manual time: the names keep their
 /// "/manual_time" suffix of earlier versions).
+// ---- matrix products (G1-G3): kiln's step plan beside the plain library products ----------
+
+/// One product workload: its graph, and the plain products (no epilogue) it is held to.
+struct ProductWorkload {
+  const char* id;
+  double flops;
+  std::function<std::vector<NodePtr>()> build;
+  std::function<std::vector<std::vector<NodePtr>>()> plain;  ///< each a graph of one product
+};
+
+NodePtr transposed(const NodePtr& w) { return ir::permute(w, {1, 0}); }
+NodePtr row_bias(const NodePtr& b, std::int64_t m) {
+  return ir::broadcast(ir::reshape(b, Shape{1, b->shape[0]}), Shape{m, b->shape[0]});
+}
+
+std::vector<ProductWorkload> product_workloads() {
+  std::vector<ProductWorkload> w;
+  for (DType dt : {bf16, f32}) {
+    const std::int64_t n = 4096;
+    auto inputs = std::make_shared<std::vector<NodePtr>>();
+    auto get = [inputs, dt, n] {
+      if (inputs->empty())
+        *inputs = {normal({n, n}, dt, 11, 0.02), normal({n, n}, dt, 12, 0.02), normal({n}, dt, 13, 0.02)};
+      return *inputs;
+    };
+    w.push_back({dt == bf16 ? "G1" : "G2", 2.0 * n * n * n,
+                 [get] {
+                   auto in = get();
+                   return std::vector<NodePtr>{decomp::relu(add(ir::matmul(in[0], in[1]), row_bias(in[2], 4096)))};
+                 },
+                 [get] {
+                   auto in = get();
+                   return std::vector<std::vector<NodePtr>>{{ir::matmul(in[0], in[1])}};
+                 }});
+  }
+  auto mlp = std::make_shared<std::vector<NodePtr>>();
+  auto get = [mlp] {
+    if (mlp->empty())
+      *mlp = {normal({8192, 4096}, bf16, 21, 1.0), normal({16384, 4096}, bf16, 22, 0.02), normal({16384}, bf16, 23, 0.02),
+              normal({4096, 16384}, bf16, 24, 0.02), normal({4096}, bf16, 25, 0.02),
+              normal({8192, 16384}, bf16, 26, 1.0)};
+    return *mlp;
+  };
+  w.push_back({"G3", 2.0 * 8192.0 * 4096 * 16384 * 2,
+               [get] {
+                 auto in = get();
+                 NodePtr h = decomp::gelu(add(ir::matmul(in[0], transposed(in[1])), row_bias(in[2], 8192)), true);
+                 return std::vector<NodePtr>{add(ir::matmul(h, transposed(in[3])), row_bias(in[4], 8192))};
+               },
+               [get] {
+                 auto in = get();
+                 return std::vector<std::vector<NodePtr>>{{ir::matmul(in[0], transposed(in[1]))},
+                                                          {ir::matmul(in[5], transposed(in[3]))}};
+               }});
+  return w;
+}
+
+/// Times graphs (each bound once, as kiln::compile's replays run them) one after another.
+void time_graphs(benchmark::State& state, const std::vector<std::vector<NodePtr>>& graphs, double flops,
+                 const std::string& label) {
+  if (skip_without_gpu(state)) return;
+  std::vector<Bound> bound;
+  std::vector<std::unique_ptr<backend::PreparedGraph>> prepared;
+  std::string plan_text;
+  for (auto& g : graphs) {
+    bound.push_back(bind_graph(g));
+    prepared.push_back(std::make_unique<backend::PreparedGraph>(bound.back().captured.graph, backend::Mode::Jit));
+    plan_text += backend::explain(bound.back().captured.graph, backend::Mode::Jit);
+  }
+  auto run = [&] {
+    for (std::size_t i = 0; i < bound.size(); ++i) prepared[i]->run(bound[i].args);
+  };
+  const bench::Measurement m = bench::run(state, kDev, {.flops = flops}, run);
+  if (state.error_occurred()) return;
+  Result r;
+  r.ms = m.median_ms;
+  for (std::size_t p = plan_text.find('\n'); p != std::string::npos; p = plan_text.find('\n')) plan_text[p] = ' ';
+  r.strategy = plan_text.substr(0, 160);
+  results()[label] = r;
+  state.counters["ms"] = r.ms;
+  state.counters["TFLOP/s"] = flops / (r.ms * 1e-3) / 1e12;
+}
+
 void register_all(bool variants) {
   bench::add("BM_copy", BM_copy)->Iterations(3)->Unit(benchmark::kMillisecond);
   static std::vector<Workload> ws = workloads();
@@ -544,6 +627,17 @@ void register_all(bool variants) {
                [&w](benchmark::State& s) { BM_nvrtc_compile(s, w, w.id); })
         ->Iterations(5)
         ->Unit(benchmark::kMillisecond);
+  static std::vector<ProductWorkload> products = product_workloads();
+  for (auto& p : products) {
+    bench::add((std::string("BM_") + p.id).c_str(),
+               [&p](benchmark::State& s) { time_graphs(s, {p.build()}, p.flops, p.id); })
+        ->Iterations(5)
+        ->Unit(benchmark::kMillisecond);
+    bench::add((std::string("BM_") + p.id + "/plain_products").c_str(),
+               [&p](benchmark::State& s) { time_graphs(s, p.plain(), p.flops, std::string(p.id) + " plain products"); })
+        ->Iterations(5)
+        ->Unit(benchmark::kMillisecond);
+  }
   bench::add("BM_first_compile", BM_first_compile)->Iterations(7)->Unit(benchmark::kMillisecond);
   bench::add("BM_disk_hit_new_process", BM_disk_hit_new_process)->Iterations(5)->Unit(benchmark::kMillisecond);
   bench::add("BM_launch_floor", BM_launch_floor)->Iterations(5)->Unit(benchmark::kMicrosecond);

@@ -306,3 +306,10 @@ TEST_CASE("bad products are typed errors naming the op, both shapes and dtypes")
   CHECK(get_float32_matmul_precision() == "high");
   set_float32_matmul_precision("highest");
 }
+
+TEST_CASE("assigning a product into one of its operands reads the operand before it is overwritten") {
+  Tensor a = make({4, 4}, DType::Float32, 70), w = make({4, 4}, DType::Float32, 71);
+  kt::Ref expected = ref_matmul(values_of(a), values_of(w));
+  a.assign(matmul(a, w));
+  KILN_CHECK_CLOSE(a, expected, product_tolerance(DType::Float32, 4));
+}

@@ -313,3 +313,22 @@ TEST_CASE("assigning a product into one of its operands reads the operand before
   a.assign(matmul(a, w));
   KILN_CHECK_CLOSE(a, expected, product_tolerance(DType::Float32, 4));
 }
+
+TEST_CASE("a product assigned into a transposed view or a slice of a larger buffer") {
+  Tensor a = make({5, 3}, DType::Float32, 72), b = make({3, 4}, DType::Float32, 73);
+  kt::Ref p = ref_matmul(values_of(a), values_of(b));
+  Tensor big = zeros({4, 5}, DType::Float32, kt::device());
+  Tensor view = transpose(big, 0, 1);  // [5, 4], column-major
+  view.assign(matmul(a, b));
+  KILN_CHECK_CLOSE(view, p, product_tolerance(DType::Float32, 3));
+  Tensor wide = zeros({5, 9}, DType::Float32, kt::device());
+  Tensor cols = slice(wide, 1, 2, 6);  // [5, 4] with row stride 9
+  cols.assign(matmul(a, b));
+  KILN_CHECK_CLOSE(cols, p, product_tolerance(DType::Float32, 3));
+  std::vector<double> rest = values_of(wide).v;
+  double outside = 0;
+  for (std::int64_t i = 0; i < 5; ++i)
+    for (std::int64_t j = 0; j < 9; ++j)
+      if (j < 2 || j >= 6) outside += std::abs(rest[static_cast<std::size_t>(i * 9 + j)]);
+  CHECK(outside == 0.0);
+}

@@ -248,8 +248,12 @@ TEST_CASE("the reference executor computes every product as the JIT does") {
   }
 }
 
-TEST_CASE("kiln::compile traces a product and replays it") {
-  auto f = kiln::compile([](const Tensor& x, const Tensor& w, const Tensor& b) { return relu(matmul(x, w) + b); });
+TEST_CASE("kiln::compile traces a product and replays it, in every mode") {
+  for (const char* mode : {"default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"}) {
+  CAPTURE(mode);
+  CompileOptions opt;
+  opt.mode = mode;
+  auto f = kiln::compile([](const Tensor& x, const Tensor& w, const Tensor& b) { return relu(matmul(x, w) + b); }, opt);
   for (std::uint64_t seed : {50, 51}) {
     Tensor x = make({16, 8}, DType::Float32, seed), w = make({8, 12}, DType::Float32, seed + 10),
            b = make({12}, DType::Float32, seed + 20);
@@ -257,6 +261,7 @@ TEST_CASE("kiln::compile traces a product and replays it") {
     kt::Ref rb = values_of(b);
     for (std::size_t i = 0; i < expected.v.size(); ++i) expected.v[i] = std::max(0.0, expected.v[i] + rb.v[i % 12]);
     KILN_CHECK_CLOSE(f(x, w, b), expected, product_tolerance(DType::Float32, 8));
+  }
   }
 }
 

@@ -34,6 +34,7 @@
 #include "kiln/core/error.hpp"
 #include "kiln/core/hash.hpp"
 #include "kiln/core/log.hpp"
+#include "kiln/runtime/autotune.hpp"
 #include "kiln/runtime/cuda_driver.hpp"
 #include "kiln/runtime/cuda_memory.hpp"
 #include "kiln/runtime/dynlib.hpp"
@@ -856,7 +857,9 @@ inline void cublaslt_matmul(const GemmShape& shape, const void* a, const void* b
 
 /// max-autotune: times the top heuristic candidates (up to 8) for `shape` on the given buffers
 /// (which it may overwrite: d), keeps the fastest for this shape in the in-memory algorithm
-/// cache, and returns the time of the best in ms. Synchronous (waits for the timed runs).
+/// cache and in the disk cache (a later process loads it instead of timing: it then runs the
+/// product once and returns 0), and returns the time of the best in ms. Synchronous (waits for
+/// the timed runs). A product already tuned in this process runs once with its choice and returns 0.
 /// Empty products return 0; otherwise it throws as cublaslt_matmul does.
 inline double cublaslt_autotune(const GemmShape& shape, const void* a, const void* b, void* d, const void* bias,
                                 int device) {
@@ -865,6 +868,29 @@ inline double cublaslt_autotune(const GemmShape& shape, const void* a, const voi
   const CudaContext& ctx = *call.ctx;
   ctx.make_current();
   std::lock_guard<std::mutex> lock(call.plan->mu);
+  if (call.plan->tuned) {  // chosen already in this process: just the product
+    detail::cublaslt_check(detail::enqueue_cublaslt(call, call.plan->algo, a, b, d, bias), shape, "cublasLtMatmul",
+                           device);
+    return 0.0;
+  }
+  // The choice is stored in the disk cache under the product, the device, the pointer
+  // alignments and the library's version (an algorithm is only valid where it was chosen).
+  const std::string tuning_key = "cublaslt|" + ctx.name + "|" + ctx.arch() + "|" +
+                                 std::to_string(detail::cublaslt_state().version) + "|" + shape.str() + "|" +
+                                 std::to_string(shape.hash()) + "|" + std::to_string(call.key.align_a) + "," +
+                                 std::to_string(call.key.align_b) + "," + std::to_string(call.key.align_d) + "," +
+                                 std::to_string(call.key.align_bias);
+  if (auto stored = load_tuning(tuning_key); stored && stored->size() == 2 * sizeof(lt::cublasLtMatmulAlgo_t)) {
+    lt::cublasLtMatmulAlgo_t algo{};
+    auto* bytes = reinterpret_cast<unsigned char*>(&algo);
+    for (std::size_t i = 0; i < sizeof algo; ++i) bytes[i] = static_cast<unsigned char>(std::stoi(stored->substr(2 * i, 2), nullptr, 16));
+    // A stored algorithm that no longer runs (a damaged entry) is timed again below.
+    if (detail::enqueue_cublaslt(call, algo, a, b, d, bias) == lt::CUBLAS_STATUS_SUCCESS) {
+      call.plan->algo = algo;
+      call.plan->tuned = true;
+      return 0.0;
+    }
+  }
   const auto candidates = detail::query_algorithms(*call.plan, *call.dev, call.key, 8);
   CudaEvent start(ctx), stop(ctx);
   double best_ms = -1, first_ms = -1;
@@ -914,6 +940,16 @@ inline double cublaslt_autotune(const GemmShape& shape, const void* a, const voi
                                      " candidate algorithms ran on cuda:" + std::to_string(device));
   call.plan->algo = candidates[best].algo;
   call.plan->tuned = true;
+  {
+    std::string hex;
+    const auto* bytes = reinterpret_cast<const unsigned char*>(&call.plan->algo);
+    static const char* digits = "0123456789abcdef";
+    for (std::size_t i = 0; i < sizeof call.plan->algo; ++i) {
+      hex.push_back(digits[bytes[i] >> 4]);
+      hex.push_back(digits[bytes[i] & 15]);
+    }
+    store_tuning(tuning_key, hex);
+  }
   detail::cublaslt_counters().autotunes++;
   if (log_enabled(LogChannel::perf)) {
     char text[96];

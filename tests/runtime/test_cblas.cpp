@@ -21,8 +21,8 @@ struct Case {
   std::vector<double> a, b;
   Case(std::int64_t m, std::int64_t k, std::int64_t n, std::int64_t batch) {
     s.m = m, s.n = n, s.k = k, s.batch = batch;
-    s.a_rs = k, s.a_cs = 1, s.a_bs = 0;          // one A for every batch
-    s.b_rs = 1, s.b_cs = k, s.b_bs = n * k;      // each B stored as [n, k] (B^T row-major)
+    s.a_rs = k, s.a_cs = 1, s.a_bs = 0;      // one A for every batch
+    s.b_rs = 1, s.b_cs = k, s.b_bs = n * k;  // each B stored as [n, k] (B^T row-major)
     s.d_rs = n, s.d_bs = m * n;
     for (std::int64_t i = 0; i < m * k; ++i) a.push_back(std::sin(0.37 * static_cast<double>(i)));
     for (std::int64_t i = 0; i < batch * n * k; ++i) b.push_back(std::cos(0.11 * static_cast<double>(i)));
@@ -72,12 +72,11 @@ TEST_CASE("the built-in product and the CBLAS agree with a float64 loop") {
       MESSAGE("no CBLAS here: " << st.reason);
       continue;
     }
-    c.check<float>([&](const float* A, const float* B, float* D) { runtime::detail::blas_gemm(*st.blas, c.s, A, B, D); },
-                   1e-5);
+    c.check<float>(
+        [&](const float* A, const float* B, float* D) { runtime::detail::blas_gemm(*st.blas, c.s, A, B, D); }, 1e-5);
     GemmShape h = c.s;
     h.dtype = h.out_dtype = DType::BFloat16;
-    c.check<BFloat16>([&](const BFloat16* A, const BFloat16* B, BFloat16* D) { runtime::cpu_gemm(h, A, B, D); },
-                      2e-2);
+    c.check<BFloat16>([&](const BFloat16* A, const BFloat16* B, BFloat16* D) { runtime::cpu_gemm(h, A, B, D); }, 2e-2);
     h.dtype = h.out_dtype = DType::Float16;
     c.check<Half>([&](const Half* A, const Half* B, Half* D) { runtime::cpu_gemm(h, A, B, D); }, 2e-3);
   }

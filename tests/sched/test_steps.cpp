@@ -36,7 +36,7 @@ TEST_CASE("a product's epilogue is one segment on the host and joins the call fo
   auto host = plan_of({y}, false);
   REQUIRE(host.calls.size() == 1);
   CHECK(count(host, Step::Kernels) == 1);
-  CHECK(host.order[0].kind == Step::Call);  // the call first, its epilogue after
+  CHECK(host.order[0].kind == Step::Call);    // the call first, its epilogue after
   CHECK(host.calls[0].a.kind == Slot::Leaf);  // leaves are read where they are
   CHECK(host.calls[0].out.kind == Slot::Temp);
   auto gpu = plan_of({y}, true);

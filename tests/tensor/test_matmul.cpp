@@ -39,12 +39,14 @@ kt::Ref ref_matmul(const kt::Ref& a_in, const kt::Ref& b_in) {
   out.v.assign(static_cast<std::size_t>(out.shape.numel()), 0.0);
   for (std::int64_t t = 0; t < batch.numel(); ++t) {
     auto idx = kt::unravel(t, batch);
-    const std::int64_t ta = ab.empty() ? 0 : kt::broadcast_flat(idx, ab), tb = bb.empty() ? 0 : kt::broadcast_flat(idx, bb);
+    const std::int64_t ta = ab.empty() ? 0 : kt::broadcast_flat(idx, ab),
+                       tb = bb.empty() ? 0 : kt::broadcast_flat(idx, bb);
     for (std::int64_t i = 0; i < M; ++i)
       for (std::int64_t j = 0; j < N; ++j) {
         double acc = 0;
         for (std::int64_t p = 0; p < K; ++p)
-          acc += a.v[static_cast<std::size_t>((ta * M + i) * K + p)] * b.v[static_cast<std::size_t>((tb * K + p) * N + j)];
+          acc +=
+              a.v[static_cast<std::size_t>((ta * M + i) * K + p)] * b.v[static_cast<std::size_t>((tb * K + p) * N + j)];
         out.v[static_cast<std::size_t>((t * M + i) * N + j)] = acc;
       }
   }
@@ -82,10 +84,16 @@ void check_product(const Shape& as, const Shape& bs, DType dt = DType::Float32) 
 }  // namespace
 
 TEST_CASE("matmul follows torch.matmul's rules: dot, matrix, vector promotion, broadcast batches") {
-  const std::vector<std::pair<Shape, Shape>> cases = {
-      {{3}, {3}},          {{2, 3}, {3}},       {{3}, {3, 4}},          {{2, 3}, {3, 4}},
-      {{5, 2, 3}, {3, 4}}, {{2, 3}, {5, 3, 4}}, {{5, 1, 2, 3}, {4, 3, 2}}, {{3}, {5, 3, 4}},
-      {{5, 2, 3}, {3}},    {{2, 5, 2, 3}, {2, 5, 3, 1}}};
+  const std::vector<std::pair<Shape, Shape>> cases = {{{3}, {3}},
+                                                      {{2, 3}, {3}},
+                                                      {{3}, {3, 4}},
+                                                      {{2, 3}, {3, 4}},
+                                                      {{5, 2, 3}, {3, 4}},
+                                                      {{2, 3}, {5, 3, 4}},
+                                                      {{5, 1, 2, 3}, {4, 3, 2}},
+                                                      {{3}, {5, 3, 4}},
+                                                      {{5, 2, 3}, {3}},
+                                                      {{2, 5, 2, 3}, {2, 5, 3, 1}}};
   for (auto& [as, bs] : cases) check_product(as, bs);
   CHECK(matmul(make({3}), make({3})).shape() == Shape{});
   CHECK(matmul(make({5, 1, 2, 3}), make({4, 3, 2})).shape() == Shape{5, 4, 2, 2});
@@ -141,9 +149,10 @@ TEST_CASE("matmul reads transposed, sliced, broadcast and computed operands") {
                      for (auto& v : e.v) v = std::exp(v);
                      return e;
                    }()));
-  KILN_CHECK_CLOSE(matmul(make({3, 4}, DType::Float32, 9), broadcast_to(make({1, 4, 2}, DType::Float32, 10), {3, 4, 2})),
-                   ref_matmul(values_of(make({3, 4}, DType::Float32, 9)),
-                              values_of(broadcast_to(make({1, 4, 2}, DType::Float32, 10), {3, 4, 2}))));
+  KILN_CHECK_CLOSE(
+      matmul(make({3, 4}, DType::Float32, 9), broadcast_to(make({1, 4, 2}, DType::Float32, 10), {3, 4, 2})),
+      ref_matmul(values_of(make({3, 4}, DType::Float32, 9)),
+                 values_of(broadcast_to(make({1, 4, 2}, DType::Float32, 10), {3, 4, 2}))));
 }
 
 TEST_CASE("mm, bmm, addmm, linear as PyTorch's") {
@@ -162,7 +171,8 @@ TEST_CASE("mm, bmm, addmm, linear as PyTorch's") {
   Tensor nan_c = full({4, 5}, std::nan(""), DType::Float32, kt::device());
   KILN_CHECK_CLOSE(addmm(nan_c, a, b, 0.0, 1.0), p);
   // linear: x @ w^T + bias, with a batch of inputs and a 1-D weight.
-  Tensor x = make({2, 3, 4}, DType::Float32, 16), w = make({6, 4}, DType::Float32, 17), bias = make({6}, DType::Float32, 18);
+  Tensor x = make({2, 3, 4}, DType::Float32, 16), w = make({6, 4}, DType::Float32, 17),
+         bias = make({6}, DType::Float32, 18);
   kt::Ref lin = ref_matmul(values_of(x), values_of(transpose(w, 0, 1)));
   kt::Ref rbias = values_of(bias);
   for (std::size_t i = 0; i < lin.v.size(); ++i) lin.v[i] += rbias.v[i % 6];
@@ -235,7 +245,8 @@ TEST_CASE("attention's blocks: softmax(q k^T * scale + causal mask) v is two cal
 }
 
 TEST_CASE("the reference executor computes every product as the JIT does") {
-  Tensor a = make({3, 5, 7}, DType::Float32, 40), b = make({7, 4}, DType::Float32, 41), c = make({4}, DType::Float32, 42);
+  Tensor a = make({3, 5, 7}, DType::Float32, 40), b = make({7, 4}, DType::Float32, 41),
+         c = make({4}, DType::Float32, 42);
   kt::Ref expected = ref_matmul(values_of(a), values_of(b));
   kt::Ref rc = values_of(c);
   for (std::size_t i = 0; i < expected.v.size(); ++i) expected.v[i] = std::tanh(expected.v[i] + rc.v[i % 4]);
@@ -250,18 +261,19 @@ TEST_CASE("the reference executor computes every product as the JIT does") {
 
 TEST_CASE("kiln::compile traces a product and replays it, in every mode") {
   for (const char* mode : {"default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"}) {
-  CAPTURE(mode);
-  CompileOptions opt;
-  opt.mode = mode;
-  auto f = kiln::compile([](const Tensor& x, const Tensor& w, const Tensor& b) { return relu(matmul(x, w) + b); }, opt);
-  for (std::uint64_t seed : {50, 51}) {
-    Tensor x = make({16, 8}, DType::Float32, seed), w = make({8, 12}, DType::Float32, seed + 10),
-           b = make({12}, DType::Float32, seed + 20);
-    kt::Ref expected = ref_matmul(values_of(x), values_of(w));
-    kt::Ref rb = values_of(b);
-    for (std::size_t i = 0; i < expected.v.size(); ++i) expected.v[i] = std::max(0.0, expected.v[i] + rb.v[i % 12]);
-    KILN_CHECK_CLOSE(f(x, w, b), expected, product_tolerance(DType::Float32, 8));
-  }
+    CAPTURE(mode);
+    CompileOptions opt;
+    opt.mode = mode;
+    auto f =
+        kiln::compile([](const Tensor& x, const Tensor& w, const Tensor& b) { return relu(matmul(x, w) + b); }, opt);
+    for (std::uint64_t seed : {50, 51}) {
+      Tensor x = make({16, 8}, DType::Float32, seed), w = make({8, 12}, DType::Float32, seed + 10),
+             b = make({12}, DType::Float32, seed + 20);
+      kt::Ref expected = ref_matmul(values_of(x), values_of(w));
+      kt::Ref rb = values_of(b);
+      for (std::size_t i = 0; i < expected.v.size(); ++i) expected.v[i] = std::max(0.0, expected.v[i] + rb.v[i % 12]);
+      KILN_CHECK_CLOSE(f(x, w, b), expected, product_tolerance(DType::Float32, 8));
+    }
   }
 }
 
@@ -271,7 +283,8 @@ TEST_CASE("einsum over one and two operands") {
                    product_tolerance(DType::Float32, 4));
   Tensor m = make({3, 4}, DType::Float32, 62), u = make({4}, DType::Float32, 63), w = make({4}, DType::Float32, 64);
   KILN_CHECK_CLOSE(einsum("ij->ji", m), values_of(transpose(m, 0, 1)));
-  KILN_CHECK_CLOSE(einsum("ij,j->i", m, u), ref_matmul(values_of(m), values_of(u)), product_tolerance(DType::Float32, 4));
+  KILN_CHECK_CLOSE(einsum("ij,j->i", m, u), ref_matmul(values_of(m), values_of(u)),
+                   product_tolerance(DType::Float32, 4));
   KILN_CHECK_CLOSE(einsum("i,i->", u, w), ref_matmul(values_of(u), values_of(w)), product_tolerance(DType::Float32, 4));
   KILN_CHECK_CLOSE(einsum("ij,jk", m, make({4, 2}, DType::Float32, 65)),
                    ref_matmul(values_of(m), values_of(make({4, 2}, DType::Float32, 65))),
@@ -285,8 +298,7 @@ TEST_CASE("einsum over one and two operands") {
   KILN_CHECK_CLOSE(einsum("ij->i", m), values_of(sum(m, 1)));
   // Attention scores over heads: contracted d, batch b and h.
   Tensor q = make({2, 3, 5, 4}, DType::Float32, 66), k = make({2, 3, 6, 4}, DType::Float32, 67);
-  KILN_CHECK_CLOSE(einsum("bhqd,bhkd->bhqk", q, k),
-                   ref_matmul(values_of(q), values_of(transpose(k, -2, -1))),
+  KILN_CHECK_CLOSE(einsum("bhqd,bhkd->bhqk", q, k), ref_matmul(values_of(q), values_of(transpose(k, -2, -1))),
                    product_tolerance(DType::Float32, 4));
   KILN_CHECK_THROWS_MENTIONING(ValueError, einsum("ii->i", m), "einsum", "ii->i", "repeats");
   KILN_CHECK_THROWS_MENTIONING(ValueError, einsum("...ij->ij", m), "ellipsis");
@@ -301,8 +313,8 @@ TEST_CASE("bad products are typed errors naming the op, both shapes and dtypes")
   KILN_CHECK_THROWS_MENTIONING(ShapeError, matmul(make({2, 2, 3}), make({3, 3, 4})), "matmul", "batch", "[2]", "[3]");
   KILN_CHECK_THROWS_MENTIONING(DTypeError, matmul(a, make({3, 4}, DType::Float64)), "matmul", "float32[2, 3]",
                                "float64[3, 4]");
-  KILN_CHECK_THROWS_MENTIONING(DTypeError, matmul(kt::make_int_tensor({1, 2}, {1, 2}), kt::make_int_tensor({1, 2}, {2, 1})),
-                               "matmul", "int64");
+  KILN_CHECK_THROWS_MENTIONING(
+      DTypeError, matmul(kt::make_int_tensor({1, 2}, {1, 2}), kt::make_int_tensor({1, 2}, {2, 1})), "matmul", "int64");
   KILN_CHECK_THROWS_MENTIONING(ShapeError, mm(make({2, 2, 3}), make({3, 4})), "mm", "2-D");
   KILN_CHECK_THROWS_MENTIONING(ShapeError, bmm(make({2, 2, 3}), make({3, 3, 4})), "bmm", "batch");
   KILN_CHECK_THROWS_MENTIONING(ShapeError, linear(make({2, 3}), make({4, 5})), "linear", "3 != 5");

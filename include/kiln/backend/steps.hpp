@@ -23,9 +23,12 @@ namespace detail {
 inline runtime::GemmEpilogue gemm_epilogue(const sched::LibraryCall& c) {
   using E = runtime::GemmEpilogue;
   switch (c.activation) {
-    case sched::Activation::None: return c.bias ? E::Bias : E::None;
-    case sched::Activation::Relu: return c.bias ? E::ReluBias : E::Relu;
-    case sched::Activation::GeluTanh: return c.bias ? E::GeluBias : E::Gelu;
+    case sched::Activation::None:
+      return c.bias ? E::Bias : E::None;
+    case sched::Activation::Relu:
+      return c.bias ? E::ReluBias : E::Relu;
+    case sched::Activation::GeluTanh:
+      return c.bias ? E::GeluBias : E::Gelu;
   }
   return E::None;
 }
@@ -96,7 +99,8 @@ class StepProgram {
  public:
   StepProgram(const ir::Graph& g, Mode mode, CpuLaunchOptions launch)
       : graph_(g), plan_(sched::plan_steps(g, g.device.is_cuda())), autotune_(launch.autotune) {
-    for (const auto& seg : plan_.segments) segments_.push_back(std::make_unique<PreparedGraph>(seg.graph, mode, launch));
+    for (const auto& seg : plan_.segments)
+      segments_.push_back(std::make_unique<PreparedGraph>(seg.graph, mode, launch));
     if (log_enabled(LogChannel::schedule)) log(LogChannel::schedule, "steps:\n" + plan_.str());
   }
 
@@ -110,10 +114,14 @@ class StepProgram {
       temps.push_back(backend::allocate(static_cast<std::size_t>(t.shape.numel()) * itemsize(t.dtype), graph_.device));
     auto address = [&](const sched::Slot& s) -> char* {
       switch (s.kind) {
-        case sched::Slot::Leaf: return const_cast<char*>(static_cast<const char*>(args.inputs[static_cast<std::size_t>(s.index)]));
-        case sched::Slot::Output: return static_cast<char*>(args.outputs[static_cast<std::size_t>(s.index)]);
-        case sched::Slot::Temp: return static_cast<char*>(temps[static_cast<std::size_t>(s.index)]->data);
-        case sched::Slot::None: break;
+        case sched::Slot::Leaf:
+          return const_cast<char*>(static_cast<const char*>(args.inputs[static_cast<std::size_t>(s.index)]));
+        case sched::Slot::Output:
+          return static_cast<char*>(args.outputs[static_cast<std::size_t>(s.index)]);
+        case sched::Slot::Temp:
+          return static_cast<char*>(temps[static_cast<std::size_t>(s.index)]->data);
+        case sched::Slot::None:
+          break;
       }
       throw InternalError("kiln: step plan: an unbound slot");
     };

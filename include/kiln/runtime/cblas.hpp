@@ -61,7 +61,8 @@ inline CblasState load_cblas(const std::vector<std::string>& candidates) {
         continue;
       }
       b.set_threads = reinterpret_cast<void (*)(int)>(lib->find_symbol("openblas_set_num_threads"));
-      if (!b.set_threads) b.set_threads = reinterpret_cast<void (*)(int)>(lib->find_symbol("bli_thread_set_num_threads"));
+      if (!b.set_threads)
+        b.set_threads = reinterpret_cast<void (*)(int)>(lib->find_symbol("bli_thread_set_num_threads"));
       b.path = path;
       b.library = std::move(lib);
       st.blas = std::move(b);
@@ -104,9 +105,10 @@ inline const CblasState& cblas_state() {
                                 std::to_string(static_cast<int>(s.load_seconds * 1e3)) + " ms)");
     } else {
       std::string why = env::get("KILN_BLAS") == "builtin" ? std::string("KILN_BLAS=builtin") : s.reason;
-      const std::string text = "kiln: warning: no CBLAS found (" + why +
-                "); CPU matrix products use kiln's built-in loop, which is correct but far slower. Install "
-                "OpenBLAS (apt-get install libopenblas0-pthread) or set KILN_BLAS to a library's path.\n";
+      const std::string text =
+          "kiln: warning: no CBLAS found (" + why +
+          "); CPU matrix products use kiln's built-in loop, which is correct but far slower. Install "
+          "OpenBLAS (apt-get install libopenblas0-pthread) or set KILN_BLAS to a library's path.\n";
       std::fputs(text.c_str(), stderr);
     }
     return s;
@@ -144,7 +146,8 @@ void builtin_gemm(const GemmShape& s, const T* A, const T* B, T* D) {
     T* d = D + t * s.d_bs;
     if (t == 0 || s.b_bs != 0)
       for (std::int64_t p = 0; p < s.k; ++p)
-        for (std::int64_t j = 0; j < s.n; ++j) packed[static_cast<std::size_t>(p * s.n + j)] = b[p * s.b_rs + j * s.b_cs];
+        for (std::int64_t j = 0; j < s.n; ++j)
+          packed[static_cast<std::size_t>(p * s.n + j)] = b[p * s.b_rs + j * s.b_cs];
     for (std::int64_t i = 0; i < s.m; ++i) {
       std::fill(row.begin(), row.end(), T(0));
       for (std::int64_t p = 0; p < s.k; ++p) {
@@ -169,11 +172,11 @@ void blas_gemm(const CblasLibrary& blas, const GemmShape& s, const T* A, const T
     const int tb = b.transposed ? CblasLibrary::kTrans : CblasLibrary::kNoTrans;
     const int m = static_cast<int>(s.m), n = static_cast<int>(s.n), k = static_cast<int>(s.k);
     if constexpr (std::is_same_v<T, float>)
-      blas.sgemm(CblasLibrary::kRowMajor, ta, tb, m, n, k, 1.0f, A + t * s.a_bs, static_cast<int>(a.ld),
-                 B + t * s.b_bs, static_cast<int>(b.ld), 0.0f, D + t * s.d_bs, static_cast<int>(ldc));
+      blas.sgemm(CblasLibrary::kRowMajor, ta, tb, m, n, k, 1.0f, A + t * s.a_bs, static_cast<int>(a.ld), B + t * s.b_bs,
+                 static_cast<int>(b.ld), 0.0f, D + t * s.d_bs, static_cast<int>(ldc));
     else
-      blas.dgemm(CblasLibrary::kRowMajor, ta, tb, m, n, k, 1.0, A + t * s.a_bs, static_cast<int>(a.ld),
-                 B + t * s.b_bs, static_cast<int>(b.ld), 0.0, D + t * s.d_bs, static_cast<int>(ldc));
+      blas.dgemm(CblasLibrary::kRowMajor, ta, tb, m, n, k, 1.0, A + t * s.a_bs, static_cast<int>(a.ld), B + t * s.b_bs,
+                 static_cast<int>(b.ld), 0.0, D + t * s.d_bs, static_cast<int>(ldc));
   }
 }
 

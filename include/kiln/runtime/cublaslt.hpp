@@ -883,7 +883,8 @@ inline double cublaslt_autotune(const GemmShape& shape, const void* a, const voi
   if (auto stored = load_tuning(tuning_key); stored && stored->size() == 2 * sizeof(lt::cublasLtMatmulAlgo_t)) {
     lt::cublasLtMatmulAlgo_t algo{};
     auto* bytes = reinterpret_cast<unsigned char*>(&algo);
-    for (std::size_t i = 0; i < sizeof algo; ++i) bytes[i] = static_cast<unsigned char>(std::stoi(stored->substr(2 * i, 2), nullptr, 16));
+    for (std::size_t i = 0; i < sizeof algo; ++i)
+      bytes[i] = static_cast<unsigned char>(std::stoi(stored->substr(2 * i, 2), nullptr, 16));
     // A stored algorithm that no longer runs (a damaged entry) is timed again below.
     if (detail::enqueue_cublaslt(call, algo, a, b, d, bias) == lt::CUBLAS_STATUS_SUCCESS) {
       call.plan->algo = algo;

@@ -18,12 +18,18 @@ enum class GemmEpilogue : std::uint8_t { None, Bias, Relu, ReluBias, Gelu, GeluB
 
 inline const char* epilogue_name(GemmEpilogue e) {
   switch (e) {
-    case GemmEpilogue::None: return "none";
-    case GemmEpilogue::Bias: return "bias";
-    case GemmEpilogue::Relu: return "relu";
-    case GemmEpilogue::ReluBias: return "relu_bias";
-    case GemmEpilogue::Gelu: return "gelu";
-    case GemmEpilogue::GeluBias: return "gelu_bias";
+    case GemmEpilogue::None:
+      return "none";
+    case GemmEpilogue::Bias:
+      return "bias";
+    case GemmEpilogue::Relu:
+      return "relu";
+    case GemmEpilogue::ReluBias:
+      return "relu_bias";
+    case GemmEpilogue::Gelu:
+      return "gelu";
+    case GemmEpilogue::GeluBias:
+      return "gelu_bias";
   }
   return "?";
 }

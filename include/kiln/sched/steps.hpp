@@ -54,8 +54,8 @@ enum class Activation : std::uint8_t { None, Relu, GeluTanh };
 
 /// One library product: out = activation(a @ b + bias) over the batch dims of `shape`.
 struct LibraryCall {
-  int node = -1;    ///< the MatMul node of the original graph
-  int result = -1;  ///< the node whose value the call produces (the last absorbed epilogue op)
+  int node = -1;                  ///< the MatMul node of the original graph
+  int result = -1;                ///< the node whose value the call produces (the last absorbed epilogue op)
   Shape a_shape, b_shape, shape;  ///< operands and result ([..., M, K], [..., K, N], [..., M, N])
   DType dtype = DType::Float32;   ///< operands' and result's dtype
   Slot a, b, out;
@@ -324,8 +324,7 @@ class StepPlanner {
 
   Slot operand_slot(int i) {
     const ir::GraphNode& nd = node(i);
-    if (nd.op == ir::Op::Input && library_readable(nd.shape, nd.strides))
-      return Slot{Slot::Leaf, nd.leaf, nd.strides};
+    if (nd.op == ir::Op::Input && library_readable(nd.shape, nd.strides)) return Slot{Slot::Leaf, nd.leaf, nd.strides};
     return materialize(i);
   }
 

@@ -130,8 +130,7 @@ requires(TensorLike<A>&& TensorLike<B>) Tensor bmm(const A& a_in, const B& b_in)
   Tensor a = detail::to_tensor(a_in), b = detail::to_tensor(b_in);
   if (a.dim() != 3 || b.dim() != 3)
     throw ShapeError("bmm: expected two 3-D tensors, got " + detail::describe_pair(a, b));
-  if (a.shape()[0] != b.shape()[0])
-    throw ShapeError("bmm: batch sizes differ: " + detail::describe_pair(a, b));
+  if (a.shape()[0] != b.shape()[0]) throw ShapeError("bmm: batch sizes differ: " + detail::describe_pair(a, b));
   detail::check_product_operands(a, b, "bmm");
   return Tensor(detail::batched_product(a, b, "bmm"));
 }
@@ -166,9 +165,8 @@ requires(TensorLike<X>&& TensorLike<W>) Tensor linear(const X& x_in, const W& w_
                      detail::describe_pair(x, w));
   detail::check_product_operands(x, w, "linear");
   if (x.shape().back() != w.shape().back())
-    throw ShapeError("linear: input features differ: input " + detail::describe(x) + ", weight " +
-                     detail::describe(w) + " (" + std::to_string(x.shape().back()) +
-                     " != " + std::to_string(w.shape().back()) + ")");
+    throw ShapeError("linear: input features differ: input " + detail::describe(x) + ", weight " + detail::describe(w) +
+                     " (" + std::to_string(x.shape().back()) + " != " + std::to_string(w.shape().back()) + ")");
   Tensor y = matmul(x, w.dim() == 2 ? transpose(w, 0, 1) : w);
   if (!bias.defined()) return y;
   detail::check_same_device(bias.device(), y.device(), "linear");
@@ -210,7 +208,8 @@ inline EinsumSpec parse_einsum(const std::string& eq, std::size_t operands) {
     for (char ch : s) {
       if (ch == ' ') continue;
       if (ch == '.') fail("'...' (ellipsis) is not supported; name every dimension");
-      if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z'))) fail(std::string("unexpected character '") + ch + "'");
+      if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z')))
+        fail(std::string("unexpected character '") + ch + "'");
       out.push_back(ch);
     }
     return out;

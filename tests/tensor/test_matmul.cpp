@@ -349,3 +349,49 @@ TEST_CASE("a product assigned into a transposed view or a slice of a larger buff
       if (j < 2 || j >= 6) outside += std::abs(rest[static_cast<std::size_t>(i * 9 + j)]);
   CHECK(outside == 0.0);
 }
+
+TEST_CASE("random products with random epilogues agree with the reference executor") {
+  // Seeded shapes, layouts (transposed, sliced, computed, broadcast-batch operands), dtypes and
+  // what follows the product (bias, relu, tanh-gelu, a row softmax, a second product); the
+  // device's result against the reference executor's on host copies.
+  kt::SplitMix rng(2026);
+  auto pick = [&](std::int64_t n) { return static_cast<std::int64_t>(rng.next() % static_cast<std::uint64_t>(n)); };
+  const DType dtypes[] = {DType::Float32, DType::Float64, DType::BFloat16};
+  for (int trial = 0; trial < 40; ++trial) {
+    CAPTURE(trial);
+    const DType dt = dtypes[pick(3)];
+    const std::int64_t M = 1 + pick(9), K = 1 + pick(9), N = 1 + pick(9), B = pick(3);
+    Shape as = B ? Shape{B, M, K} : Shape{M, K};
+    Tensor a = make(pick(2) ? as : Shape(B ? Shape{B, K, M} : Shape{K, M}), dt, 100 + trial);
+    if (a.shape() != as) a = transpose(a, -2, -1);
+    Tensor b = make({K, N}, dt, 200 + trial);
+    if (pick(2)) b = transpose(make({N, K}, dt, 300 + trial), 0, 1);
+    if (pick(3) == 0) a = a * 0.5f + 0.25f;  // computed operand
+    Tensor bias = make({N}, dt, 400 + trial);
+    auto build = [&](const Tensor& a_, const Tensor& b_, const Tensor& bias_) {
+      Tensor p = matmul(a_, b_);
+      switch (trial % 6) {
+        case 0:
+          return p;
+        case 1:
+          return Tensor(p + bias_);
+        case 2:
+          return Tensor(relu(p + bias_));
+        case 3:
+          return Tensor(gelu(p + bias_, true));
+        case 4:
+          return softmax(p, -1);
+        default:
+          return matmul(tanh(p), transpose(b_, 0, 1));
+      }
+    };
+    Tensor got = build(a, b, bias);
+    Tensor expected;
+    {
+      BackendGuard eager(Backend::Eager);
+      expected = build(a.to(Device::cpu()), b.to(Device::cpu()), bias.to(Device::cpu()));
+      expected.eval();
+    }
+    KILN_CHECK_CLOSE(got, values_of(expected), product_tolerance(dt, 2 * K));
+  }
+}

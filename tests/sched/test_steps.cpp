@@ -92,6 +92,17 @@ TEST_CASE("chained products: operands written by the segment of their level, che
   CHECK(p.calls[1].a.kind == Slot::Temp);
   const auto& last = p.segments[static_cast<std::size_t>(p.order[4].index)];
   for (const Slot& leaf : last.leaves) CHECK((leaf.kind != Slot::Temp || leaf.index == p.calls[1].out.index));
+  // A product of a product reads the first call's result where it was written: no copy.
+  NodePtr y2 = ir::matmul(ir::matmul(x, w1), w2);
+  auto direct = plan_of({y2}, false);
+  CHECK(direct.segments.empty());
+  CHECK(direct.calls[1].a == direct.calls[0].out);
+  // Also with an epilogue in the first call (the MLP's gelu on the GPU).
+  NodePtr b1 = input({16}, f32, 9);
+  auto mlp = plan_of({ir::matmul(decomp::gelu(add(ir::matmul(x, w1), bias_rows(b1, 8)), true), w2)}, true);
+  CHECK(mlp.segments.empty());
+  CHECK(mlp.calls[0].activation == Activation::GeluTanh);
+  CHECK(mlp.calls[1].a == mlp.calls[0].out);
   // A leaf the library cannot read through its strides (every other column) is copied first.
   NodePtr wide = input({4, 12}, f32, 4);
   NodePtr cols = ir::slice(wide, 1, 0, 6, 2);

@@ -223,8 +223,7 @@ class StepPlanner {
       c.level = level_[i] = lvl + 1;
       if (fuse_ && r == 2) absorb_epilogue(c);
       const int id = static_cast<int>(plan_.calls.size());
-      c.a = operand_slot(nd.inputs[0]);
-      c.b = operand_slot(nd.inputs[1]);
+      operands_.push_back({nd.inputs[0], nd.inputs[1]});  // slots once every call's result has one
       call_of_result_[static_cast<std::size_t>(c.result)] = id;
       plan_.calls.push_back(std::move(c));
     }
@@ -322,22 +321,18 @@ class StepPlanner {
     return m;
   }
 
+  // Where a call reads node i: another call's result where that call wrote it, a leaf in
+  // place, else memory the segment of i's level writes.
   Slot operand_slot(int i) {
     const ir::GraphNode& nd = node(i);
+    if (is_call_result(i))
+      return plan_.calls[static_cast<std::size_t>(call_of_result_[static_cast<std::size_t>(i)])].out;
     if (nd.op == ir::Op::Input && library_readable(nd.shape, nd.strides)) return Slot{Slot::Leaf, nd.leaf, nd.strides};
     return materialize(i);
   }
 
-  // Where each graph output comes from: a call writes it directly when it can.
+  // Where each call writes (a graph output directly when it can) and reads.
   void plan_outputs() {
-    for (auto& [call, src] : bias_source_) {
-      const ir::GraphNode& s = node(src);
-      LibraryCall& c = plan_.calls[static_cast<std::size_t>(call)];
-      if (s.op == ir::Op::Input && (s.strides[1] == 1 || s.shape[1] == 1))
-        c.bias_slot = Slot{Slot::Leaf, s.leaf, s.strides};  // [1, N], or [M, N] with row stride 0
-      else
-        c.bias_slot = materialize(src);
-    }
     for (auto& c : plan_.calls) {
       for (std::size_t k = 0; k < g_.outputs.size() && c.out.kind == Slot::None; ++k) {
         const Strides& os = g_.output_strides[k];
@@ -352,6 +347,20 @@ class StepPlanner {
         c.out = Slot{Slot::Output, static_cast<int>(k), os};
       }
       if (c.out.kind == Slot::None) c.out = temp(c.result);
+    }
+    for (std::size_t k = 0; k < plan_.calls.size(); ++k) {
+      plan_.calls[k].a = operand_slot(operands_[k].first);
+      plan_.calls[k].b = operand_slot(operands_[k].second);
+    }
+    for (auto& [call, src] : bias_source_) {
+      const ir::GraphNode& s = node(src);
+      LibraryCall& c = plan_.calls[static_cast<std::size_t>(call)];
+      if (s.op == ir::Op::Input && (s.strides[1] == 1 || s.shape[1] == 1))
+        c.bias_slot = Slot{Slot::Leaf, s.leaf, s.strides};  // [1, N], or [M, N] with row stride 0
+      else if (is_call_result(src))
+        c.bias_slot = operand_slot(src);
+      else
+        c.bias_slot = materialize(src);
     }
   }
 
@@ -464,6 +473,7 @@ class StepPlanner {
   std::vector<char> absorbed_, zero_;
   std::vector<Slot> materialized_;
   std::vector<std::pair<int, int>> bias_source_;  ///< (call, node of its bias)
+  std::vector<std::pair<int, int>> operands_;     ///< per call: the nodes of a and b
   std::set<int> output_taken_;
   std::map<int, std::vector<std::pair<int, Slot>>> requests_;  ///< level -> (node, where)
   std::vector<int> segments_by_level_;

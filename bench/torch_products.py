@@ -1,0 +1,33 @@
+"""G1-G3 on the GPU: torch eager and torch.compile beside cuBLAS's plain products, one run (docs/performance-gpu.md)."""
+import json, os, sys, time
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench
+torch.backends.cuda.matmul.allow_tf32 = False
+dev = "cuda"
+def bench(fn, *a):
+    return do_bench(lambda: fn(*a), warmup=25, rep=200, return_mode="median")
+rows = []
+def row(name, fn, args, plain):
+    torch._dynamo.reset()
+    r = {"name": name, "eager_ms": bench(fn, *args), "plain_ms": sum(bench(p, *pa) for p, pa in plain)}
+    c = torch.compile(fn, dynamic=False)
+    torch.cuda.synchronize(); t0 = time.perf_counter(); c(*args); torch.cuda.synchronize()
+    r["compile_s"] = time.perf_counter() - t0
+    r["compiled_ms"] = bench(c, *args)
+    rows.append(r)
+    print(f"{name:28s} eager {r['eager_ms']:.4f} compiled {r['compiled_ms']:.4f} plain mm {r['plain_ms']:.4f} ms (compile {r['compile_s']:.1f}s)", flush=True)
+n = 4096
+for dt, name in ((torch.bfloat16, "G1 bf16"), (torch.float32, "G2 f32")):
+    A = torch.randn(n, n, device=dev, dtype=dt) * 0.02; W = torch.randn(n, n, device=dev, dtype=dt) * 0.02
+    b = torch.randn(n, device=dev, dtype=dt) * 0.02
+    row(name + " relu(A@W+b)", lambda A, W, b: torch.relu(A @ W + b), (A, W, b), [(torch.mm, (A, W))])
+x = torch.randn(8192, 4096, device=dev, dtype=torch.bfloat16)
+W1 = torch.randn(16384, 4096, device=dev, dtype=torch.bfloat16) * 0.02; b1 = torch.randn(16384, device=dev, dtype=torch.bfloat16) * 0.02
+W2 = torch.randn(4096, 16384, device=dev, dtype=torch.bfloat16) * 0.02; b2 = torch.randn(4096, device=dev, dtype=torch.bfloat16) * 0.02
+h = torch.randn(8192, 16384, device=dev, dtype=torch.bfloat16)
+row("G3 MLP bf16", lambda x, W1, b1, W2, b2: F.linear(F.gelu(F.linear(x, W1, b1), approximate="tanh"), W2, b2),
+    (x, W1, b1, W2, b2), [(lambda x, w: x @ w.t(), (x, W1)), (lambda h, w: h @ w.t(), (h, W2))])
+out = os.environ.get("OUT")
+if out:
+    json.dump(rows, open(os.path.join(out, "torch_g.json"), "w"), indent=1)

@@ -118,19 +118,11 @@ inline const CblasState& cblas_state() {
 
 namespace detail {
 
-/// BLAS's view of one operand: rows x cols with strides (rs, cs) as a row-major matrix that may
-/// be transposed, and its leading dimension (always at least max(1, the inner size)).
-struct BlasOperand {
-  bool transposed = false;
-  std::int64_t ld = 1;
-};
-
-inline BlasOperand blas_operand(std::int64_t rows, std::int64_t cols, std::int64_t rs, std::int64_t cs,
-                                const GemmShape& s) {
-  if ((cs == 1 || cols == 1) && (rows == 1 || rs >= std::max<std::int64_t>(cols, 1)))
-    return {false, rows == 1 ? std::max<std::int64_t>(cols, 1) : rs};
-  if ((rs == 1 || rows == 1) && (cols == 1 || cs >= std::max<std::int64_t>(rows, 1)))
-    return {true, cols == 1 ? std::max<std::int64_t>(rows, 1) : cs};
+/// The CBLAS view of one operand (see matrix_layout); InternalError when it has none (the step
+/// planner only passes operands that do).
+inline MatrixLayout blas_operand(std::int64_t rows, std::int64_t cols, std::int64_t rs, std::int64_t cs,
+                                 const GemmShape& s) {
+  if (auto l = matrix_layout(rows, cols, rs, cs)) return *l;
   throw InternalError("kiln: matmul " + s.str() + ": an operand with strides (" + std::to_string(rs) + ", " +
                       std::to_string(cs) + ") is neither row- nor column-major");
 }
@@ -162,7 +154,7 @@ void builtin_gemm(const GemmShape& s, const T* A, const T* B, T* D) {
 
 template <class T>
 void blas_gemm(const CblasLibrary& blas, const GemmShape& s, const T* A, const T* B, T* D) {
-  const BlasOperand a = blas_operand(s.m, s.k, s.a_rs, s.a_cs, s), b = blas_operand(s.k, s.n, s.b_rs, s.b_cs, s);
+  const MatrixLayout a = blas_operand(s.m, s.k, s.a_rs, s.a_cs, s), b = blas_operand(s.k, s.n, s.b_rs, s.b_cs, s);
   const std::int64_t ldc = s.m == 1 ? std::max<std::int64_t>(s.n, 1) : s.d_rs;
   constexpr std::int64_t kMax = 0x7fffffff;
   if (s.m > kMax || s.n > kMax || s.k > kMax || a.ld > kMax || b.ld > kMax || ldc > kMax)

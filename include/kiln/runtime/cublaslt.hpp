@@ -420,27 +420,13 @@ inline std::uint32_t cublaslt_epilogue(GemmEpilogue e) {
 /// dimension of size 1 is never used, so either form fits there. False when neither fits (a 0 or
 /// overlapping stride: cuBLASLt needs ld >= rows).
 inline bool lt_transposed_operand(std::int64_t R, std::int64_t C, std::int64_t rs, std::int64_t cs, LtOperand& out) {
-  if (cs == 1 || C == 1) {
-    const std::int64_t ld = R == 1 ? std::max<std::int64_t>(C, 1) : rs;
-    if (ld >= std::max<std::int64_t>(C, 1)) {
-      out.op = lt::CUBLAS_OP_N;
-      out.rows = static_cast<std::uint64_t>(C);
-      out.cols = static_cast<std::uint64_t>(R);
-      out.ld = ld;
-      return true;
-    }
-  }
-  if (rs == 1 || R == 1) {
-    const std::int64_t ld = C == 1 ? std::max<std::int64_t>(R, 1) : cs;
-    if (ld >= std::max<std::int64_t>(R, 1)) {
-      out.op = lt::CUBLAS_OP_T;
-      out.rows = static_cast<std::uint64_t>(R);
-      out.cols = static_cast<std::uint64_t>(C);
-      out.ld = ld;
-      return true;
-    }
-  }
-  return false;
+  const auto layout = matrix_layout(R, C, rs, cs);
+  if (!layout) return false;
+  out.op = layout->transposed ? lt::CUBLAS_OP_T : lt::CUBLAS_OP_N;
+  out.rows = static_cast<std::uint64_t>(layout->transposed ? R : C);
+  out.cols = static_cast<std::uint64_t>(layout->transposed ? C : R);
+  out.ld = layout->ld;
+  return true;
 }
 
 /// Checks `shape` (m, n, k > 0) against what cuBLASLt can do and translates it. Throws

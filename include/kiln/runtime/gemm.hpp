@@ -3,8 +3,10 @@
 // the built-in fallback) and the GPU (cuBLASLt) are handed by the library-call steps of a
 // plan. Row-major views with arbitrary element strides; one level of batch with one stride per
 // operand (outer batch levels are looped over by the caller).
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "kiln/core/dtype.hpp"
@@ -35,6 +37,27 @@ inline const char* epilogue_name(GemmEpilogue e) {
 }
 inline bool epilogue_has_bias(GemmEpilogue e) {
   return e == GemmEpilogue::Bias || e == GemmEpilogue::ReluBias || e == GemmEpilogue::GeluBias;
+}
+
+/// How a BLAS reads one rows x cols matrix whose element (i, j) is at i * rs + j * cs: as a
+/// row-major matrix (`transposed` false) or a column-major one (`transposed` true), with leading
+/// dimension `ld` (at least max(1, the inner size); a stride along a dim of size 1 is never
+/// used, so either form fits there). The one rule the step planner (what a call may read in
+/// place), the CBLAS and cuBLASLt all apply.
+struct MatrixLayout {
+  bool transposed = false;
+  std::int64_t ld = 1;
+};
+
+/// The layout of that matrix, or nothing when neither form fits (no unit stride, or a stride
+/// that does not span the inner dim: 0, overlapping).
+inline std::optional<MatrixLayout> matrix_layout(std::int64_t rows, std::int64_t cols, std::int64_t rs,
+                                                 std::int64_t cs) {
+  if ((cs == 1 || cols == 1) && (rows == 1 || rs >= std::max<std::int64_t>(cols, 1)))
+    return MatrixLayout{false, rows == 1 ? std::max<std::int64_t>(cols, 1) : rs};
+  if ((rs == 1 || rows == 1) && (cols == 1 || cs >= std::max<std::int64_t>(rows, 1)))
+    return MatrixLayout{true, cols == 1 ? std::max<std::int64_t>(rows, 1) : cs};
+  return std::nullopt;
 }
 
 /// D[b] = epilogue(A[b] @ B[b] + bias), b < batch, with A[b] m x k, B[b] k x n, D[b] m x n.

@@ -23,6 +23,7 @@
 
 #include "kiln/decomp/decompose.hpp"
 #include "kiln/ir/graph.hpp"
+#include "kiln/runtime/gemm.hpp"
 
 namespace kiln::sched {
 
@@ -89,17 +90,14 @@ inline bool has_library_calls(const ir::Graph& g) {
   return std::any_of(g.nodes.begin(), g.nodes.end(), [](const ir::GraphNode& n) { return ir::is_library_call(n.op); });
 }
 
-/// Whether a library product can read matrix dims of `shape` through `strides` directly: one
-/// of the two has unit stride (or size 1) and the other a stride that spans it, no negative
-/// strides. Batch dims may have any non-negative stride (0 broadcasts).
+/// Whether a library product can read matrix dims of `shape` through `strides` directly
+/// (runtime::matrix_layout: row- or column-major, the other stride spanning the inner dim).
+/// Batch dims may have any non-negative stride (0 broadcasts).
 inline bool library_readable(const Shape& shape, const Strides& strides) {
   const std::size_t r = shape.size();
   for (auto s : strides)
     if (s < 0) return false;
-  const std::int64_t rows = shape[r - 2], cols = shape[r - 1], rs = strides[r - 2], cs = strides[r - 1];
-  const bool row_major = (cs == 1 || cols == 1) && (rows == 1 || rs >= std::max<std::int64_t>(cols, 1));
-  const bool col_major = (rs == 1 || rows == 1) && (cols == 1 || cs >= std::max<std::int64_t>(rows, 1));
-  return row_major || col_major;
+  return runtime::matrix_layout(shape[r - 2], shape[r - 1], strides[r - 2], strides[r - 1]).has_value();
 }
 
 /// Plans `g` as steps (see the header comment). `fuse_epilogues`: bias and activation join

@@ -146,7 +146,6 @@ requires(TensorLike<C>&& TensorLike<A>&& TensorLike<B>) Tensor
   if (c.dtype() != p.dtype())
     throw DTypeError("addmm: expected c of the product's dtype, got c " + detail::describe(c) + " and a product " +
                      detail::describe(p));
-  broadcast_shapes(c.shape(), p.shape(), "addmm");
   if (broadcast_shapes(c.shape(), p.shape(), "addmm") != p.shape())
     throw ShapeError("addmm: c " + detail::describe(c) + " does not broadcast to the product's shape " +
                      p.shape().str());

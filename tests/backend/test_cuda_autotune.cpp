@@ -16,6 +16,8 @@
 
 #include <kiln/kiln.hpp>
 #include <kiln/backend/cuda.hpp>
+#include <kiln/backend/dispatch.hpp>
+#include <kiln/runtime/cublaslt.hpp>
 #include <kiln/runtime/autotune.hpp>
 #include <kiln/runtime/cuda_graph.hpp>
 #include <kiln/runtime/process.hpp>
@@ -419,4 +421,41 @@ TEST_CASE("cuda launch graphs: new arguments per launch, also queued back to bac
     CHECK(max_rel_diff(outs_sm[static_cast<std::size_t>(i)].to(Device::cpu()), want_sm) < 1e-5);
     CHECK(max_rel_diff(outs_col[static_cast<std::size_t>(i)].to(Device::cpu()), want_col) < 1e-5);
   }
+}
+
+TEST_CASE("cuda autotune: a product's fused epilogue is timed against the plain call and a kernel, once") {
+  if (!have_gpu() || !runtime::cublaslt_available()) return;
+  PrivateDiskCache cache("kiln_steps_tune");
+  Tensor x = randn({256, 128}, 51, bf16, kGpu), w = randn({128, 512}, 52, bf16, kGpu), b = randn({512}, 53, bf16, kGpu);
+  for (Tensor* t : {&x, &w, &b}) t->eval();
+  Tensor want = relu(matmul(x, w) + b);
+  Tensor expr = relu(matmul(x, w) + b);  // unevaluated: its node is the graph's root
+  ir::Captured c = ir::capture({expr.node()}, kGpu);
+  backend::CpuLaunchOptions launch;
+  launch.autotune = true;
+  auto run_into = [&](const std::shared_ptr<const backend::StepProgram>& p) {
+    Tensor out = zeros({256, 512}, bf16, kGpu);
+    out.eval();
+    backend::RunArgs a;
+    for (auto& leaf : c.leaves) a.inputs.push_back(kiln_cuda_test::leaf_pointer(leaf));
+    a.outputs.push_back(out.data_ptr<BFloat16>());
+    p->run(a);
+    return out;
+  };
+  auto first = backend::make_step_program(c.graph, backend::Mode::Jit, launch);
+  REQUIRE(first->plan().calls.size() == 1);
+  CHECK(first->plan().calls[0].activation == sched::Activation::Relu);  // fused until timed
+  Tensor got = run_into(first);
+  const std::string chosen = first->chosen().name;
+  CHECK((chosen == "fused" || chosen == "unfused"));
+  CHECK(first->plan().calls[0].activation == (chosen == "fused" ? sched::Activation::Relu : sched::Activation::None));
+  CHECK(max_rel_diff(got, want) <= 2e-2);
+  // Another program of the graph (another process alike) loads the choice from the disk cache.
+  runtime::clear_autotune_memory();
+  const auto disk_hits = runtime::detail::autotune_counters().disk_hits.load();
+  auto second = backend::make_step_program(c.graph, backend::Mode::Jit, launch);
+  Tensor again = run_into(second);
+  CHECK(runtime::detail::autotune_counters().disk_hits.load() > disk_hits);
+  CHECK(second->chosen().name == chosen);
+  CHECK(max_rel_diff(again, got) == 0.0);
 }

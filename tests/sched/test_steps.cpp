@@ -114,3 +114,29 @@ TEST_CASE("chained products: operands written by the segment of their level, che
   CHECK(empty.calls.empty());
   CHECK(empty.segments.size() == 1);
 }
+
+TEST_CASE("a cast of an operand the CPU call reads in place is folded into the call") {
+  NodePtr x = input({8, 4}, f32, 1), w = input({4, 6}, bf16, 2), d = input({6, 3}, f64, 3);
+  // x.to(bf16) @ w: the call packs x through the cast; no kernel before it.
+  auto folded = plan_of({ir::matmul(ir::cast(x, bf16), w)}, false);
+  REQUIRE(folded.calls.size() == 1);
+  CHECK(folded.segments.empty());
+  CHECK(folded.calls[0].a.kind == Slot::Leaf);
+  CHECK(folded.calls[0].a_from == f32);
+  CHECK(!folded.calls[0].b_from);
+  // A product's result cast for the next product: read where the first call wrote it.
+  auto chained = plan_of({ir::matmul(ir::cast(ir::matmul(x, ir::cast(w, f32)), f64), d)}, false);
+  REQUIRE(chained.calls.size() == 2);
+  CHECK(chained.segments.empty());
+  CHECK(chained.calls[0].b_from == bf16);
+  CHECK(chained.calls[1].a == chained.calls[0].out);
+  CHECK(chained.calls[1].a_from == f32);
+  // A cast of a computed value runs in the segment that writes the operand.
+  auto computed = plan_of({ir::matmul(ir::cast(mul(x, cst(2.0, x)), bf16), w)}, false);
+  CHECK(!computed.calls[0].a_from);
+  CHECK(computed.calls[0].a.kind == Slot::Temp);
+  // cuBLASLt reads one dtype: on the GPU the cast is a kernel's.
+  auto gpu = kiln::sched::plan_steps(ir::capture({ir::matmul(ir::cast(x, bf16), w)}, Device::cuda(0)).graph, true);
+  CHECK(!gpu.calls[0].a_from);
+  CHECK(gpu.segments.size() == 1);
+}

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <vector>
 
+#include <kiln/runtime/cuda_graph.hpp>
+
 #include "../support/reference.hpp"
 
 using namespace kiln;
@@ -103,8 +105,8 @@ TEST_CASE("matmul follows torch.matmul's rules: dot, matrix, vector promotion, b
 TEST_CASE("matmul of odd, large and skinny shapes, in every floating dtype") {
   for (std::int64_t n : {1, 7, 17, 64, 127}) check_product({n, n}, {n, n});
   check_product({4095, 3}, {3, 5});
-  check_product({8, 4096}, {4096, 512});
-  check_product({512, 8}, {8, 4096});
+  check_product({8, 4096}, {4096, 4096});  // skinny: M = 8
+  check_product({4096, 8}, {8, 4096});     // skinny: K = 8
   for (DType dt : kt::kFloatDTypes) {
     check_product({7, 127}, {127, 17}, dt);
     check_product({3, 17, 64}, {3, 64, 7}, dt);
@@ -273,8 +275,45 @@ TEST_CASE("kiln::compile traces a product and replays it, in every mode") {
       kt::Ref rb = values_of(b);
       for (std::size_t i = 0; i < expected.v.size(); ++i) expected.v[i] = std::max(0.0, expected.v[i] + rb.v[i % 12]);
       KILN_CHECK_CLOSE(f(x, w, b), expected, product_tolerance(DType::Float32, 8));
+      // Later calls with the same inputs: on the GPU, reduce-overhead and max-autotune replay
+      // one CUDA graph holding the cuBLASLt call (and its epilogue), counted as a call.
+      const std::uint64_t replays = runtime::cuda_graph_counters().replays.load();
+      reset_stats();
+      for (int r = 0; r < 3; ++r) KILN_CHECK_CLOSE(f(x, w, b), expected, product_tolerance(DType::Float32, 8));
+      if (get_backend() != Backend::Eager) CHECK(stats().library_calls == 3);
+      const bool graphs = !kt::on_cpu() && runtime::cuda_graphs_available() &&
+                          (std::string(mode) == "reduce-overhead" || std::string(mode) == "max-autotune");
+      if (graphs) CHECK(runtime::cuda_graph_counters().replays.load() - replays >= 2);
     }
   }
+}
+
+TEST_CASE("a cast operand is read through the cast by the call (a prologue on the host)") {
+  Tensor x = make({33, 20}, DType::Float32, 70), w = make({20, 9}, DType::BFloat16, 71),
+         d = make({20, 9}, DType::Float64, 72);
+  for (auto [to, other] : {std::pair{DType::BFloat16, w}, std::pair{DType::Float64, d}}) {
+    CAPTURE(to);
+    Tensor folded = matmul(x.to(to), other);
+    Tensor xc = x.to(to);
+    xc.eval();
+    Tensor plain = matmul(xc, other);
+    plain.eval();
+    reset_stats();
+    folded.eval();
+    if (get_backend() != Backend::Eager) {
+      CHECK(stats().library_calls == 1);
+      // cuBLASLt reads one dtype: on the GPU the cast is one kernel before the call.
+      CHECK(stats().launches == (kt::on_cpu() ? 0u : 1u));
+    }
+    // The same rounding as the cast written out first: the same bits.
+    CHECK(folded.to(DType::Float64).to_vector<double>() == plain.to(DType::Float64).to_vector<double>());
+    KILN_CHECK_CLOSE(folded, ref_matmul(values_of(xc), values_of(other)), product_tolerance(to, 20));
+  }
+  // Transposed and batched leaves through the cast, an f64 operand rounded to f32.
+  Tensor a = make({3, 7, 5}, DType::Float64, 73), b = make({3, 6, 7}, DType::Float32, 74);
+  Tensor t = matmul(transpose(a, 1, 2).to(DType::Float32), transpose(b, 1, 2));
+  KILN_CHECK_CLOSE(t, ref_matmul(values_of(transpose(a, 1, 2).to(DType::Float32)), values_of(transpose(b, 1, 2))),
+                   product_tolerance(DType::Float32, 7));
 }
 
 TEST_CASE("einsum over one and two operands") {

@@ -776,8 +776,27 @@ struct CudaGraphStats {
   std::size_t instances = 0;       ///< captured instances held now
 };
 
+/// Work a CudaGraphRunner captures besides one graph's fused kernels: a graph run as steps
+/// (generated kernels and library calls, backend/steps.hpp implements it).
+class CudaCaptureWork {
+ public:
+  virtual ~CudaCaptureWork() = default;
+  /// Makes ready, outside any capture, what recording over `bound` needs (kernels compiled,
+  /// library plans chosen, temporaries allocated); may run the work once on these buffers.
+  /// Returns what the recording reads and the replays keep alive.
+  virtual std::shared_ptr<const void> prepare(const RunArgs& bound) const = 0;
+  /// Enqueues the work over `bound` on `stream` (being captured), with prepare's result.
+  virtual void record(const RunArgs& bound, const void* prepared, runtime::cu::CUstream stream) const = 0;
+  /// Runs the work on kiln's stream, without a CUDA graph.
+  virtual void run(const RunArgs& args) const = 0;
+  /// Kernels and library calls one replay of a capture over `prepared` queues.
+  virtual std::size_t kernels(const void* prepared) const = 0;
+  virtual std::size_t library_calls(const void* prepared) const = 0;
+};
+
 /// "reduce-overhead" on CUDA: one graph's launches captured once into a CUDA graph and
-/// replayed with one cuGraphLaunch (runtime/cuda_graph.hpp).
+/// replayed with one cuGraphLaunch (runtime/cuda_graph.hpp). A graph holding library calls
+/// (matrix products) is captured as its steps: kernels and cuBLASLt calls in one graph.
 ///
 /// Outputs: an instance writes into static output buffers that it owns, and a run hands those
 /// buffers out as the results (no copy), as torch's CUDA graphs do. Unlike torch, a result is
@@ -799,8 +818,13 @@ class CudaGraphRunner {
  public:
   /// `autotune`: the captured kernels are the graph's max-autotune plan (timed per kernel on
   /// the first capture's buffers, or the stored choice): kiln::compile's "max-autotune" on CUDA.
-  explicit CudaGraphRunner(ir::Graph g, std::size_t max_instances = 2, bool autotune = false)
-      : graph_(std::move(g)), max_instances_(std::max<std::size_t>(1, max_instances)), autotune_(autotune) {
+  /// `work`: what is captured instead of the graph's fused kernels (a graph run as steps).
+  explicit CudaGraphRunner(ir::Graph g, std::size_t max_instances = 2, bool autotune = false,
+                           std::shared_ptr<const CudaCaptureWork> work = nullptr)
+      : graph_(std::move(g)),
+        max_instances_(std::max<std::size_t>(1, max_instances)),
+        autotune_(autotune),
+        work_(std::move(work)) {
     if (!graph_.device.is_cuda())
       throw DeviceError("CUDA graph runner: the graph is on " + graph_.device.str() + "; it runs CUDA graphs only");
     leaves_ = graph_.num_leaves();
@@ -894,7 +918,13 @@ class CudaGraphRunner {
     pick->exec->launch();
     ++stats_.replays;
     // The launch counter counts kernels queued on the device (a capture queues none).
-    kiln::detail::counters().launches.fetch_add(pick->plan->functions.size(), std::memory_order_relaxed);
+    if (work_) {
+      kiln::detail::counters().launches.fetch_add(work_->kernels(pick->work.get()), std::memory_order_relaxed);
+      kiln::detail::counters().library_calls.fetch_add(work_->library_calls(pick->work.get()),
+                                                       std::memory_order_relaxed);
+    } else {
+      kiln::detail::counters().launches.fetch_add(pick->plan->functions.size(), std::memory_order_relaxed);
+    }
     for (std::size_t o = 0; o < outputs.size(); ++o) outputs[o] = pick->outputs[o];
   }
 
@@ -923,6 +953,7 @@ class CudaGraphRunner {
     std::vector<StoragePtr> static_inputs;  ///< non-null: input i is copied here first (at lead bytes before the read)
     std::vector<StoragePtr> outputs;
     StoragePtr temps;
+    std::shared_ptr<const void> work;  ///< what the captured work keeps alive (CudaCaptureWork::prepare)
     std::unique_ptr<runtime::CudaGraph> exec;
   };
 
@@ -990,6 +1021,20 @@ class CudaGraphRunner {
       inst.outputs.push_back(runtime::allocate_cuda(output_span_[o], device));
       bound.outputs.push_back(inst.outputs.back()->data);
     }
+    if (work_) {
+      inst.plan = nullptr;
+      inst.temps = nullptr;
+      inst.work = work_->prepare(bound);
+      inst.exec = runtime::CudaGraph::capture(
+          ctx, [&](runtime::cu::CUstream stream) { work_->record(bound, inst.work.get(), stream); });
+      ++stats_.captures;
+      if (log_enabled(LogChannel::perf))
+        log(LogChannel::perf, "CUDA graph captured for graph " + kiln::detail::hex64(graph_.key) + ": " +
+                                  std::to_string(work_->kernels(inst.work.get())) + " kernel(s) and " +
+                                  std::to_string(work_->library_calls(inst.work.get())) + " library call(s), " +
+                                  std::to_string(instances_.size()) + " instance(s)");
+      return;
+    }
     inst.plan = autotune_ ? detail::tuned_cuda_plan(graph_, detail::alignment_of(bound), bound)
                           : detail::CudaPlanCache::instance().get(graph_, detail::alignment_of(bound));
     inst.temps = inst.plan->temp_offsets.empty() ? nullptr : runtime::allocate_cuda(inst.plan->temp_total, device);
@@ -1017,7 +1062,9 @@ class CudaGraphRunner {
       outputs[o] = runtime::allocate_cuda(output_span_[o], graph_.device.index);
       args.outputs.push_back(outputs[o]->data);
     }
-    if (autotune_)
+    if (work_)
+      work_->run(args);
+    else if (autotune_)
       run_cuda_autotuned(graph_, args);
     else
       run_cuda(graph_, args);
@@ -1027,6 +1074,7 @@ class CudaGraphRunner {
   ir::Graph graph_;
   std::size_t max_instances_;
   bool autotune_ = false;
+  std::shared_ptr<const CudaCaptureWork> work_;
   std::size_t leaves_ = 0;
   std::vector<std::size_t> leaf_lead_, leaf_span_, output_span_;
   std::vector<bool> varying_;

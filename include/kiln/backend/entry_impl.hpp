@@ -39,6 +39,8 @@ KILN_ENTRY std::shared_ptr<const PreparedGraph> prepare(ir::Graph g, Mode mode, 
 KILN_ENTRY void run_prepared(const PreparedGraph& prepared, const RunArgs& args) { prepared.run(args); }
 
 KILN_ENTRY std::shared_ptr<CudaGraphRunner> cuda_graph_runner(ir::Graph g, std::size_t max_instances, bool autotune) {
+  // A graph with matrix products is captured as its steps (kernels and cuBLASLt calls).
+  if (sched::has_library_calls(g)) return backend::step_cuda_graph_runner(std::move(g), max_instances, autotune);
   return std::make_shared<CudaGraphRunner>(std::move(g), max_instances, autotune);
 }
 

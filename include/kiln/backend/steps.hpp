@@ -37,7 +37,7 @@ inline runtime::GemmEpilogue gemm_epilogue(const sched::LibraryCall& c) {
 /// is the library's batch; any others are looped over here. `tune` (max-autotune, GPU): the
 /// library's top candidate algorithms are timed on these buffers and the fastest kept.
 inline void run_library_call(const sched::LibraryCall& c, const char* a, const char* b, char* out, const void* bias,
-                             Device device, bool tune = false) {
+                             Device device, bool tune = false, runtime::cu::CUstream stream = nullptr) {
   const std::size_t r = c.shape.size();
   const Strides &sa = c.a.strides, &sb = c.b.strides, &so = c.out.strides;
   struct Dim {
@@ -66,12 +66,17 @@ inline void run_library_call(const sched::LibraryCall& c, const char* a, const c
   s.epilogue = gemm_epilogue(c);
   s.bias_dtype = c.bias_dtype;
   s.allow_tf32 = c.dtype == DType::Float32 && runtime::float32_matmul_precision_setting().load() != 0;
+  s.a_from = c.a_from;
+  s.b_from = c.b_from;
   if (!batch.empty()) {
     s.batch = batch.back().size;
     s.a_bs = batch.back().a, s.b_bs = batch.back().b, s.d_bs = batch.back().o;
     batch.pop_back();
   }
+  // Byte offsets of the looped batch dims: each operand in the dtype its memory holds.
   const std::int64_t isz = static_cast<std::int64_t>(itemsize(c.dtype));
+  const std::int64_t isz_a = static_cast<std::int64_t>(itemsize(c.a_from.value_or(c.dtype)));
+  const std::int64_t isz_b = static_cast<std::int64_t>(itemsize(c.b_from.value_or(c.dtype)));
   std::vector<std::int64_t> at(batch.size(), 0);
   for (;;) {
     std::int64_t oa = 0, ob = 0, oo = 0;
@@ -81,11 +86,11 @@ inline void run_library_call(const sched::LibraryCall& c, const char* a, const c
       oo += at[d] * batch[d].o;
     }
     if (device.is_cpu())
-      runtime::cpu_gemm(s, a + oa * isz, b + ob * isz, out + oo * isz);
+      runtime::cpu_gemm(s, a + oa * isz_a, b + ob * isz_b, out + oo * isz);
     else if (tune)
       runtime::cublaslt_autotune(s, a + oa * isz, b + ob * isz, out + oo * isz, bias, device.index);
     else
-      runtime::cublaslt_matmul(s, a + oa * isz, b + ob * isz, out + oo * isz, bias, device.index);
+      runtime::cublaslt_matmul(s, a + oa * isz, b + ob * isz, out + oo * isz, bias, device.index, stream);
     std::size_t d = batch.size();
     while (d > 0 && ++at[d - 1] == batch[d - 1].size) at[--d] = 0;
     if (d == 0) break;
@@ -95,61 +100,234 @@ inline void run_library_call(const sched::LibraryCall& c, const char* a, const c
 }  // namespace detail
 
 /// A graph's steps bound to their executors: built once per structure, run many times.
+///
+/// max-autotune on the GPU, where the plan fuses an epilogue into a library call: the plan
+/// without fused epilogues (the plain product, the epilogue in the generated kernel after it)
+/// is built too, both are timed on the first run's inputs (into private outputs), and the
+/// faster is kept, in memory and in the disk cache.
 class StepProgram {
  public:
+  /// One plan with its segments bound.
+  struct Variant {
+    sched::StepPlan plan;
+    std::vector<std::unique_ptr<PreparedGraph>> segments;
+    const char* name = "fused";
+  };
+
   StepProgram(const ir::Graph& g, Mode mode, CpuLaunchOptions launch)
-      : graph_(g), plan_(sched::plan_steps(g, g.device.is_cuda())), autotune_(launch.autotune) {
-    for (const auto& seg : plan_.segments)
-      segments_.push_back(std::make_unique<PreparedGraph>(seg.graph, mode, launch));
-    if (log_enabled(LogChannel::schedule)) log(LogChannel::schedule, "steps:\n" + plan_.str());
+      : graph_(g), autotune_(launch.autotune && g.device.is_cuda()) {
+    const bool cuda = g.device.is_cuda();
+    variants_.push_back(make_variant(sched::plan_steps(g, cuda), mode, launch, cuda ? "fused" : "plain"));
+    if (autotune_ && fuses_an_epilogue(variants_[0]->plan))
+      variants_.push_back(make_variant(sched::plan_steps(g, false), mode, launch, "unfused"));
+    chosen_.store(variants_[0].get(), std::memory_order_release);
+    if (log_enabled(LogChannel::schedule)) log(LogChannel::schedule, "steps:\n" + variants_[0]->plan.str());
   }
 
   void run(const RunArgs& args) const {
     // max-autotune: the first run times each call's candidate algorithms on its buffers (the
-    // choice is kept in memory with the call's descriptors).
-    const bool tune = autotune_ && graph_.device.is_cuda() && !tuned_.exchange(true);
-    std::vector<StoragePtr> temps;
-    temps.reserve(plan_.temps.size());
-    for (const auto& t : plan_.temps)
-      temps.push_back(backend::allocate(static_cast<std::size_t>(t.shape.numel()) * itemsize(t.dtype), graph_.device));
-    auto address = [&](const sched::Slot& s) -> char* {
-      switch (s.kind) {
-        case sched::Slot::Leaf:
-          return const_cast<char*>(static_cast<const char*>(args.inputs[static_cast<std::size_t>(s.index)]));
-        case sched::Slot::Output:
-          return static_cast<char*>(args.outputs[static_cast<std::size_t>(s.index)]);
-        case sched::Slot::Temp:
-          return static_cast<char*>(temps[static_cast<std::size_t>(s.index)]->data);
-        case sched::Slot::None:
-          break;
-      }
-      throw InternalError("kiln: step plan: an unbound slot");
-    };
-    for (const sched::Step& st : plan_.order) {
+    // choice is kept with the call's descriptors) and picks the faster variant.
+    const bool tune = autotune_ && !tuned_.exchange(true);
+    if (tune) choose(args);
+    run_variant(*chosen_.load(std::memory_order_acquire), args, tune);
+  }
+
+  /// The plan in use (the chosen one once the first max-autotune run has timed them).
+  const sched::StepPlan& plan() const { return chosen().plan; }
+  const Variant& chosen() const { return *chosen_.load(std::memory_order_acquire); }
+  const ir::Graph& graph() const { return graph_; }
+  bool autotuned() const { return autotune_; }
+
+  /// Runs `v` with its temporaries allocated for this run (stream-ordered on the GPU).
+  void run_variant(const Variant& v, const RunArgs& args, bool tune) const {
+    std::vector<StoragePtr> temps = allocate_temps(v.plan);
+    for (const sched::Step& st : v.plan.order) {
       if (st.kind == sched::Step::Call) {
-        const sched::LibraryCall& c = plan_.calls[static_cast<std::size_t>(st.index)];
-        detail::run_library_call(c, address(c.a), address(c.b), address(c.out), c.bias ? address(c.bias_slot) : nullptr,
-                                 graph_.device, tune);
-        kiln::detail::counters().library_calls.fetch_add(1, std::memory_order_relaxed);
+        run_call(v.plan.calls[static_cast<std::size_t>(st.index)], args, temps, tune, nullptr);
         continue;
       }
-      const sched::Segment& seg = plan_.segments[static_cast<std::size_t>(st.index)];
-      RunArgs a;
-      for (const auto& l : seg.leaves) a.inputs.push_back(address(l));
-      for (const auto& o : seg.outputs) a.outputs.push_back(address(o));
-      segments_[static_cast<std::size_t>(st.index)]->run(a);
+      const sched::Segment& seg = v.plan.segments[static_cast<std::size_t>(st.index)];
+      v.segments[static_cast<std::size_t>(st.index)]->run(segment_args(seg, args, temps));
     }
   }
 
-  const sched::StepPlan& plan() const { return plan_; }
-  const ir::Graph& graph() const { return graph_; }
+  std::vector<StoragePtr> allocate_temps(const sched::StepPlan& plan) const {
+    std::vector<StoragePtr> temps;
+    temps.reserve(plan.temps.size());
+    for (const auto& t : plan.temps)
+      temps.push_back(backend::allocate(static_cast<std::size_t>(t.shape.numel()) * itemsize(t.dtype), graph_.device));
+    return temps;
+  }
+
+  /// Where slot `s` is for a run over `args` with temporaries `temps`.
+  static char* address(const sched::Slot& s, const RunArgs& args, const std::vector<StoragePtr>& temps) {
+    switch (s.kind) {
+      case sched::Slot::Leaf:
+        return const_cast<char*>(static_cast<const char*>(args.inputs[static_cast<std::size_t>(s.index)]));
+      case sched::Slot::Output:
+        return static_cast<char*>(args.outputs[static_cast<std::size_t>(s.index)]);
+      case sched::Slot::Temp:
+        return static_cast<char*>(temps[static_cast<std::size_t>(s.index)]->data);
+      case sched::Slot::None:
+        break;
+    }
+    throw InternalError("kiln: step plan: an unbound slot");
+  }
+
+  static RunArgs segment_args(const sched::Segment& seg, const RunArgs& args, const std::vector<StoragePtr>& temps) {
+    RunArgs a;
+    for (const auto& l : seg.leaves) a.inputs.push_back(address(l, args, temps));
+    for (const auto& o : seg.outputs) a.outputs.push_back(address(o, args, temps));
+    return a;
+  }
+
+  /// One library call; `stream` (GPU): queue it there (a CUDA graph capture), not on kiln's stream.
+  void run_call(const sched::LibraryCall& c, const RunArgs& args, const std::vector<StoragePtr>& temps, bool tune,
+                runtime::cu::CUstream stream) const {
+    detail::run_library_call(c, address(c.a, args, temps), address(c.b, args, temps), address(c.out, args, temps),
+                             c.bias ? address(c.bias_slot, args, temps) : nullptr, graph_.device, tune, stream);
+    if (!stream) kiln::detail::counters().library_calls.fetch_add(1, std::memory_order_relaxed);
+  }
 
  private:
+  static bool fuses_an_epilogue(const sched::StepPlan& p) {
+    for (const auto& c : p.calls)
+      if (c.bias || c.activation != sched::Activation::None) return true;
+    return false;
+  }
+
+  static std::unique_ptr<Variant> make_variant(sched::StepPlan plan, Mode mode, CpuLaunchOptions launch,
+                                               const char* name) {
+    auto v = std::make_unique<Variant>();
+    v->plan = std::move(plan);
+    v->name = name;
+    for (const auto& seg : v->plan.segments)
+      v->segments.push_back(std::make_unique<PreparedGraph>(seg.graph, mode, launch));
+    return v;
+  }
+
+  // Times the variants (each once to warm up and tune its calls, then ~5 ms of runs) into
+  // private outputs, so that outputs aliasing inputs are written once, by the real run.
+  void choose(const RunArgs& args) const {
+    if (variants_.size() < 2) return;
+    const runtime::CudaContext& ctx = runtime::cuda_context(graph_.device.index);
+    const std::string key = "steps-epilogue|" + ctx.name + "|" + ctx.arch() + "|" + kiln::detail::hex64(graph_.key) +
+                            "|" + std::to_string(graph_.nodes.size());
+    if (auto stored = runtime::load_tuning(key)) {
+      for (const auto& v : variants_)
+        if (*stored == v->name) {
+          chosen_.store(v.get(), std::memory_order_release);
+          return;
+        }
+    }
+    RunArgs priv;
+    priv.inputs = args.inputs;
+    std::vector<StoragePtr> outs;
+    for (std::size_t o = 0; o < graph_.outputs.size(); ++o) {
+      const ir::GraphNode& n = graph_.nodes[static_cast<std::size_t>(graph_.outputs[o])];
+      const std::int64_t span = detail::span_elements(n.shape, graph_.output_strides[o]);
+      if (span < 0) return;  // negative output strides: keep the fused plan untimed
+      outs.push_back(backend::allocate(static_cast<std::size_t>(span) * itemsize(n.dtype), graph_.device));
+      priv.outputs.push_back(outs.back()->data);
+    }
+    std::vector<double> ms;
+    for (const auto& v : variants_) {
+      run_variant(*v, priv, true);
+      runtime::CudaEvent start(ctx), stop(ctx);
+      start.record();
+      run_variant(*v, priv, false);
+      stop.record();
+      stop.synchronize();
+      const double once = std::max<double>(stop.elapsed_ms_since(start), 1e-3);
+      const int reps = static_cast<int>(std::clamp(5.0 / once, 3.0, 50.0));
+      start.record();
+      for (int r = 0; r < reps; ++r) run_variant(*v, priv, false);
+      stop.record();
+      stop.synchronize();
+      ms.push_back(static_cast<double>(stop.elapsed_ms_since(start)) / reps);
+    }
+    const std::size_t best = static_cast<std::size_t>(std::min_element(ms.begin(), ms.end()) - ms.begin());
+    chosen_.store(variants_[best].get(), std::memory_order_release);
+    runtime::store_tuning(key, variants_[best]->name);
+    if (log_enabled(LogChannel::perf)) {
+      char text[128];
+      std::snprintf(text, sizeof text, ": epilogues fused into the library calls %.4f ms, as kernels %.4f ms; %s",
+                    ms[0], ms[1], variants_[best]->name);
+      log(LogChannel::perf, "max-autotune steps of graph " + kiln::detail::hex64(graph_.key) + text);
+    }
+  }
+
   ir::Graph graph_;
-  sched::StepPlan plan_;
-  std::vector<std::unique_ptr<PreparedGraph>> segments_;
+  std::vector<std::unique_ptr<Variant>> variants_;
+  mutable std::atomic<const Variant*> chosen_{nullptr};
   bool autotune_ = false;
   mutable std::atomic<bool> tuned_{false};
+};
+
+/// A graph run as steps, captured into a CUDA graph (reduce-overhead, max-autotune): the
+/// segments' kernels and the cuBLASLt calls in one stream capture, over buffers fixed for
+/// the instance (its temporaries included).
+class StepCaptureWork final : public CudaCaptureWork {
+ public:
+  explicit StepCaptureWork(std::shared_ptr<const StepProgram> program) : program_(std::move(program)) {}
+
+  std::shared_ptr<const void> prepare(const RunArgs& bound) const override {
+    // One plain run first: kernels compiled and loaded, cuBLASLt plans made (handle,
+    // workspace, heuristic query: none of it may happen while capturing), max-autotune's
+    // choices settled.
+    program_->run(bound);
+    auto b = std::make_shared<Binding>();
+    b->variant = &program_->chosen();
+    b->temps = program_->allocate_temps(b->variant->plan);
+    const bool tuned = program_->autotuned();
+    for (const auto& seg : b->variant->plan.segments) {
+      Binding::Kernels k;
+      k.args = StepProgram::segment_args(seg, bound, b->temps);
+      k.plan = tuned ? detail::tuned_cuda_plan(seg.graph, detail::alignment_of(k.args), k.args)
+                     : detail::CudaPlanCache::instance().get(seg.graph, detail::alignment_of(k.args));
+      if (!k.plan->temp_offsets.empty()) k.temps = runtime::allocate_cuda(k.plan->temp_total, seg.graph.device.index);
+      b->kernel_count += k.plan->functions.size();
+      b->segments.push_back(std::move(k));
+    }
+    b->call_count = b->variant->plan.calls.size();
+    return b;
+  }
+
+  void record(const RunArgs& bound, const void* prepared, runtime::cu::CUstream stream) const override {
+    const Binding& b = *static_cast<const Binding*>(prepared);
+    const runtime::CudaContext& ctx = runtime::cuda_context(program_->graph().device.index);
+    for (const sched::Step& st : b.variant->plan.order) {
+      if (st.kind == sched::Step::Call) {
+        program_->run_call(b.variant->plan.calls[static_cast<std::size_t>(st.index)], bound, b.temps, false, stream);
+        continue;
+      }
+      const Binding::Kernels& k = b.segments[static_cast<std::size_t>(st.index)];
+      detail::enqueue_cuda_plan(*k.plan, ctx, k.args.inputs.data(), k.plan->leaves, k.args.outputs.data(),
+                                k.args.outputs.size(), k.temps ? static_cast<char*>(k.temps->data) : nullptr, stream);
+    }
+  }
+
+  void run(const RunArgs& args) const override { program_->run(args); }
+  std::size_t kernels(const void* prepared) const override {
+    return static_cast<const Binding*>(prepared)->kernel_count;
+  }
+  std::size_t library_calls(const void* prepared) const override {
+    return static_cast<const Binding*>(prepared)->call_count;
+  }
+
+ private:
+  struct Binding {
+    struct Kernels {
+      RunArgs args;
+      std::shared_ptr<const detail::CudaPlan> plan;
+      StoragePtr temps;
+    };
+    const StepProgram::Variant* variant = nullptr;
+    std::vector<StoragePtr> temps;
+    std::vector<Kernels> segments;
+    std::size_t kernel_count = 0, call_count = 0;
+  };
+  std::shared_ptr<const StepProgram> program_;
 };
 
 namespace detail {
@@ -184,6 +362,14 @@ class StepProgramCache {
 
 inline void run_steps(const ir::Graph& g, const RunArgs& args, Mode mode) {
   detail::StepProgramCache::instance().get(g, mode)->run(args);
+}
+
+/// A CUDA graph runner of `g` (which holds library calls): its step program captured.
+inline std::shared_ptr<CudaGraphRunner> step_cuda_graph_runner(ir::Graph g, std::size_t max_instances, bool autotune) {
+  CpuLaunchOptions launch;
+  launch.autotune = autotune;
+  auto work = std::make_shared<const StepCaptureWork>(make_step_program(g, Mode::Jit, launch));
+  return std::make_shared<CudaGraphRunner>(std::move(g), max_instances, autotune, std::move(work));
 }
 
 inline std::string explain_steps(const ir::Graph& g, Mode mode) {

@@ -115,11 +115,9 @@ struct BackendRegistry {
       // CUDA graphs): the graph's launches are captured into a CUDA graph and replayed
       // (backend::CudaGraphRunner); replays take its static outputs as results.
       const CompileMode mode = parse_mode(o.mode);
-      // Graphs with library calls (matrix products) replay their step plan instead.
-      const bool library_calls = std::any_of(g.nodes.begin(), g.nodes.end(),
-                                             [](const ir::GraphNode& n) { return ir::is_library_call(n.op); });
+      // Graphs with library calls (matrix products) are captured as their steps.
       if (g.device.is_cuda() && (mode == CompileMode::ReduceOverhead || mode == CompileMode::MaxAutotune) &&
-          !g.outputs.empty() && !library_calls)
+          !g.outputs.empty())
         return backend::CudaGraphRunFn{backend::entry::cuda_graph_runner(g, 2, mode == CompileMode::MaxAutotune)};
       auto prepared = backend::entry::prepare(g, Backend::Auto, cpu_launch_options(mode));
       return [prepared](const ir::Graph&, const backend::RunArgs& a) { backend::entry::run_prepared(*prepared, a); };

@@ -181,55 +181,105 @@ void gemm_of(const GemmShape& s, const T* A, const T* B, T* D) {
     builtin_gemm(s, A, B, D);
 }
 
-/// A half-precision operand as a contiguous float32 batch (row-major, [batch, rows, cols]).
-template <class H>
-std::vector<float> widen(const H* x, std::int64_t batch, std::int64_t bs, std::int64_t rows, std::int64_t cols,
-                         std::int64_t rs, std::int64_t cs) {
-  std::vector<float> out(static_cast<std::size_t>(batch * rows * cols));
-  float* o = out.data();
-  for (std::int64_t t = 0; t < batch; ++t)
-    for (std::int64_t i = 0; i < rows; ++i)
-      for (std::int64_t j = 0; j < cols; ++j) *o++ = static_cast<float>(x[t * bs + i * rs + j * cs]);
+/// One element of an operand stored as S, read through the product's cast to T (rounded as
+/// kiln's kernels round), then widened to the work type W of the BLAS product.
+template <class T, class W, class S>
+W read_through(S x) {
+  if constexpr (std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>)
+    return static_cast<W>(T(static_cast<float>(x)));
+  else
+    return static_cast<W>(T(x));
+}
+
+/// An operand as a contiguous [batch, rows, cols] buffer of W (row-major), each element read
+/// through the product's cast (read_through); stored as `stored`.
+template <class T, class W>
+std::vector<W> pack_operand(DType stored, const void* x, std::int64_t batch, std::int64_t bs, std::int64_t rows,
+                            std::int64_t cols, std::int64_t rs, std::int64_t cs) {
+  std::vector<W> out(static_cast<std::size_t>(batch * rows * cols));
+  auto pack = [&](const auto* p) {
+    using S = std::remove_cv_t<std::remove_pointer_t<decltype(p)>>;
+    W* o = out.data();
+    for (std::int64_t t = 0; t < batch; ++t)
+      for (std::int64_t i = 0; i < rows; ++i)
+        for (std::int64_t j = 0; j < cols; ++j) *o++ = read_through<T, W>(p[t * bs + i * rs + j * cs]);
+  };
+  switch (stored) {
+    case DType::Float16:
+      pack(static_cast<const Half*>(x));
+      break;
+    case DType::BFloat16:
+      pack(static_cast<const BFloat16*>(x));
+      break;
+    case DType::Float32:
+      pack(static_cast<const float*>(x));
+      break;
+    case DType::Float64:
+      pack(static_cast<const double*>(x));
+      break;
+    default:
+      throw InternalError(std::string("kiln: cpu_gemm: an operand stored as ") + dtype_name(stored));
+  }
   return out;
 }
 
-template <class H>
-void half_gemm(const GemmShape& s, const H* A, const H* B, H* D) {
-  // A batch stride of 0 stays one copy (a broadcast operand is widened once).
-  const std::int64_t ab = s.a_bs == 0 ? 1 : s.batch, bb = s.b_bs == 0 ? 1 : s.batch;
-  std::vector<float> a = widen(A, ab, s.a_bs, s.m, s.k, s.a_rs, s.a_cs);
-  std::vector<float> b = widen(B, bb, s.b_bs, s.k, s.n, s.b_rs, s.b_cs);
-  std::vector<float> d(static_cast<std::size_t>(s.batch * s.m * s.n));
+/// The product of T through the BLAS's W (float for halves, else T itself): operands that are
+/// halves or are stored in another dtype (a cast folded into the call) are packed as W first;
+/// the others are read in place. D is written as T.
+template <class T, class W>
+void packed_gemm(const GemmShape& s, const void* A, const void* B, T* D) {
+  constexpr bool widen = !std::is_same_v<T, W>;
+  const bool pack_a = widen || s.a_from.has_value(), pack_b = widen || s.b_from.has_value();
   GemmShape f = s;
-  f.dtype = f.out_dtype = DType::Float32;
-  f.a_rs = s.k, f.a_cs = 1, f.a_bs = s.a_bs == 0 ? 0 : s.m * s.k;
-  f.b_rs = s.n, f.b_cs = 1, f.b_bs = s.b_bs == 0 ? 0 : s.k * s.n;
-  f.d_rs = s.n, f.d_bs = s.m * s.n;
-  gemm_of<float>(f, a.data(), b.data(), d.data());
-  const float* p = d.data();
-  for (std::int64_t t = 0; t < s.batch; ++t)
-    for (std::int64_t i = 0; i < s.m; ++i)
-      for (std::int64_t j = 0; j < s.n; ++j) D[t * s.d_bs + i * s.d_rs + j] = H(*p++);
+  f.dtype = f.out_dtype = std::is_same_v<W, float> ? DType::Float32 : DType::Float64;
+  f.a_from.reset();
+  f.b_from.reset();
+  // A batch stride of 0 stays one copy (a broadcast operand is packed once).
+  std::vector<W> a, b;
+  if (pack_a) {
+    a = pack_operand<T, W>(s.a_from.value_or(s.dtype), A, s.a_bs == 0 ? 1 : s.batch, s.a_bs, s.m, s.k, s.a_rs, s.a_cs);
+    f.a_rs = s.k, f.a_cs = 1, f.a_bs = s.a_bs == 0 ? 0 : s.m * s.k;
+  }
+  if (pack_b) {
+    b = pack_operand<T, W>(s.b_from.value_or(s.dtype), B, s.b_bs == 0 ? 1 : s.batch, s.b_bs, s.k, s.n, s.b_rs, s.b_cs);
+    f.b_rs = s.n, f.b_cs = 1, f.b_bs = s.b_bs == 0 ? 0 : s.k * s.n;
+  }
+  const W* pa = pack_a ? a.data() : static_cast<const W*>(A);
+  const W* pb = pack_b ? b.data() : static_cast<const W*>(B);
+  if constexpr (!widen) {
+    gemm_of<W>(f, pa, pb, D);
+  } else {
+    std::vector<W> d(static_cast<std::size_t>(s.batch * s.m * s.n));
+    f.d_rs = s.n, f.d_bs = s.m * s.n;
+    gemm_of<W>(f, pa, pb, d.data());
+    const W* p = d.data();
+    for (std::int64_t t = 0; t < s.batch; ++t)
+      for (std::int64_t i = 0; i < s.m; ++i)
+        for (std::int64_t j = 0; j < s.n; ++j) D[t * s.d_bs + i * s.d_rs + j] = T(*p++);
+  }
 }
 
 }  // namespace detail
 
 /// D = A @ B on the host for each batch (see GemmShape); no epilogue (the generated kernel
 /// after the call applies it). float32 and float64 through the CBLAS (or the built-in loop),
-/// float16 and bfloat16 through float32. Requires m, n, k > 0.
+/// float16 and bfloat16 through float32; an operand stored in another floating dtype (a_from,
+/// b_from) is read through the cast to the product's dtype while it is packed. Requires m, n, k > 0.
 inline void cpu_gemm(const GemmShape& s, const void* a, const void* b, void* d) {
   if (s.epilogue != GemmEpilogue::None || s.out_dtype != s.dtype)
     throw InternalError("kiln: cpu_gemm " + s.str() + ": epilogues and dtype changes are not CPU library work");
+  const bool cast = s.a_from || s.b_from;
   switch (s.dtype) {
     case DType::Float32:
+      if (cast) return detail::packed_gemm<float, float>(s, a, b, static_cast<float*>(d));
       return detail::gemm_of(s, static_cast<const float*>(a), static_cast<const float*>(b), static_cast<float*>(d));
     case DType::Float64:
+      if (cast) return detail::packed_gemm<double, double>(s, a, b, static_cast<double*>(d));
       return detail::gemm_of(s, static_cast<const double*>(a), static_cast<const double*>(b), static_cast<double*>(d));
     case DType::Float16:
-      return detail::half_gemm(s, static_cast<const Half*>(a), static_cast<const Half*>(b), static_cast<Half*>(d));
+      return detail::packed_gemm<Half, float>(s, a, b, static_cast<Half*>(d));
     case DType::BFloat16:
-      return detail::half_gemm(s, static_cast<const BFloat16*>(a), static_cast<const BFloat16*>(b),
-                               static_cast<BFloat16*>(d));
+      return detail::packed_gemm<BFloat16, float>(s, a, b, static_cast<BFloat16*>(d));
     default:
       throw DTypeError(std::string("matmul: no CPU product for ") + dtype_name(s.dtype));
   }

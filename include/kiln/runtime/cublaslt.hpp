@@ -732,6 +732,8 @@ inline bool prepare_cublaslt_call(const GemmShape& shape, const void* a, const v
                               "k == 0 is the caller's to handle (D = epilogue(bias), an empty sum); "
                               "cuBLASLt is called only for k > 0");
   if (!a || !b || !d) throw_gemm_argument_error(shape, "null data pointer");
+  if (shape.a_from || shape.b_from)
+    throw_gemm_argument_error(shape, "cuBLASLt reads A and B in the product's dtype (no cast prologue)");
   if (epilogue_has_bias(shape.epilogue) && !bias)
     throw_gemm_argument_error(shape,
                               std::string("the ") + epilogue_name(shape.epilogue) + " epilogue needs a bias pointer");
@@ -782,9 +784,11 @@ inline bool prepare_cublaslt_call(const GemmShape& shape, const void* a, const v
   return true;
 }
 
-/// Enqueues the plan's product with `algo`; the caller holds plan.mu.
+/// Enqueues the plan's product with `algo` on `stream` (null: kiln's stream of the device);
+/// the caller holds plan.mu.
 inline lt::cublasStatus_t enqueue_cublaslt(const CublasLtCall& call, const lt::cublasLtMatmulAlgo_t& algo,
-                                           const void* a, const void* b, void* d, const void* bias) {
+                                           const void* a, const void* b, void* d, const void* bias,
+                                           cu::CUstream stream = nullptr) {
   CublasLtPlan& plan = *call.plan;
   if (plan.problem.bias_type >= 0 && plan.bias != bias) {
     lt::cublasStatus_t s =
@@ -801,7 +805,7 @@ inline lt::cublasStatus_t enqueue_cublaslt(const CublasLtCall& call, const lt::c
   const void* beta = f64 ? static_cast<const void*>(&zero_d) : static_cast<const void*>(&zero_f);
   // Swapped operands: cuBLASLt's A is our B.
   return call.api->matmul(call.dev->handle, plan.desc, alpha, b, plan.a, a, plan.b, beta, d, plan.d, d, plan.d, &algo,
-                          call.dev->workspace->data, kCublasLtWorkspaceBytes, call.ctx->stream);
+                          call.dev->workspace->data, kCublasLtWorkspaceBytes, stream ? stream : call.ctx->stream);
 }
 
 }  // namespace detail
@@ -827,15 +831,18 @@ inline std::string cublaslt_unavailable_reason() { return detail::cublaslt_state
 /// 0 when batch > 1. The bias has the output's dtype (DTypeError otherwise).
 /// Throws DeviceError naming the product (shape.str()) and the cuBLASLt status when the library
 /// is absent, no algorithm fits, or a call fails.
-inline void cublaslt_matmul(const GemmShape& shape, const void* a, const void* b, void* d, const void* bias,
-                            int device) {
+/// `stream`: where to queue the product instead of kiln's stream (a CUDA graph's capture
+/// stream). The device's one workspace is shared by every product queued there, so the work
+/// on `stream` must be ordered with kiln's stream (a captured graph is replayed on it).
+inline void cublaslt_matmul(const GemmShape& shape, const void* a, const void* b, void* d, const void* bias, int device,
+                            cu::CUstream stream = nullptr) {
   detail::CublasLtCall call;
   if (!detail::prepare_cublaslt_call(shape, a, b, d, bias, device, call)) return;
   call.ctx->make_current();
   lt::cublasStatus_t s;
   {
     std::lock_guard<std::mutex> lock(call.plan->mu);
-    s = detail::enqueue_cublaslt(call, call.plan->algo, a, b, d, bias);
+    s = detail::enqueue_cublaslt(call, call.plan->algo, a, b, d, bias, stream);
   }
   detail::cublaslt_check(s, shape, "cublasLtMatmul", device);
   detail::cublaslt_counters().matmuls++;

@@ -77,6 +77,9 @@ struct GemmShape {
   DType bias_dtype = DType::Float32;
   /// f32 products may use TF32 tensor cores (set_float32_matmul_precision("high")).
   bool allow_tf32 = false;
+  /// The floating dtype A (B) is stored in when it is not `dtype`: the operand is read through
+  /// a cast to `dtype` (a prologue folded into the call; the CPU product packs it so).
+  std::optional<DType> a_from, b_from;
 
   bool operator==(const GemmShape&) const = default;
 
@@ -87,6 +90,7 @@ struct GemmShape {
     for (std::int64_t v : {m, n, k, batch, a_rs, a_cs, a_bs, b_rs, b_cs, b_bs, d_rs, d_bs})
       h = hash_combine(h, static_cast<std::uint64_t>(v));
     h = hash_combine(h, static_cast<std::uint64_t>(epilogue) * 16 + static_cast<std::uint64_t>(bias_dtype));
+    for (const auto& from : {a_from, b_from}) h = hash_combine(h, from ? 1 + static_cast<std::uint64_t>(*from) : 0);
     return hash_combine(h, allow_tf32 ? 1 : 0);
   }
 
@@ -97,6 +101,8 @@ struct GemmShape {
     s += "[" + std::to_string(m) + ", " + std::to_string(k) + "] x [" + std::to_string(k) + ", " + std::to_string(n) +
          "] -> " + dtype_name(out_dtype);
     if (epilogue != GemmEpilogue::None) s += ", " + std::string(epilogue_name(epilogue));
+    if (a_from) s += ", A cast from " + std::string(dtype_name(*a_from));
+    if (b_from) s += ", B cast from " + std::string(dtype_name(*b_from));
     return s;
   }
 };

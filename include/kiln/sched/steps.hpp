@@ -16,6 +16,7 @@
 // a zero constant of the segment.
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -65,6 +66,8 @@ struct LibraryCall {
   DType bias_dtype = DType::Float32;
   Activation activation = Activation::None;
   int level = 1;
+  /// A cast to `dtype` folded into the call (CPU): the operand's memory holds this dtype.
+  std::optional<DType> a_from, b_from;
 };
 
 /// One step: a segment or a call.
@@ -347,8 +350,9 @@ class StepPlanner {
       if (c.out.kind == Slot::None) c.out = temp(c.result);
     }
     for (std::size_t k = 0; k < plan_.calls.size(); ++k) {
-      plan_.calls[k].a = operand_slot(operands_[k].first);
-      plan_.calls[k].b = operand_slot(operands_[k].second);
+      LibraryCall& c = plan_.calls[k];
+      c.a = operand_slot(fold_cast(operands_[k].first, c.a_from));
+      c.b = operand_slot(fold_cast(operands_[k].second, c.b_from));
     }
     for (auto& [call, src] : bias_source_) {
       const ir::GraphNode& s = node(src);
@@ -363,6 +367,23 @@ class StepPlanner {
   }
 
   bool is_call_result(int i) const { return call_of_result_[static_cast<std::size_t>(i)] >= 0; }
+
+  // The operand a call reads for node i: on the CPU, a cast between floating dtypes of a value
+  // the call can read in place (a leaf, another call's result) is folded into the call (the
+  // CPU product packs its operands through the cast; cuBLASLt reads one dtype, so on the GPU
+  // the cast runs in the segment that writes the operand). `from` gets the stored dtype.
+  int fold_cast(int i, std::optional<DType>& from) const {
+    if (!g_.device.is_cpu()) return i;
+    const ir::GraphNode& nd = node(i);
+    if (nd.op != ir::Op::Cast || !is_floating(nd.dtype)) return i;
+    const int x = nd.inputs[0];
+    const ir::GraphNode& src = node(x);
+    if (!is_floating(src.dtype) || src.shape != nd.shape) return i;
+    const bool readable = is_call_result(x) || (src.op == ir::Op::Input && library_readable(src.shape, src.strides));
+    if (!readable) return i;
+    from = src.dtype;
+    return x;
+  }
 
   // Segment s's copy of node i (memoised in `map`), requesting lower levels' values.
   int import(int root, int s, std::map<int, int>& map, Segment& seg) {
@@ -493,7 +514,8 @@ inline std::string StepPlan::str() const {
     if (st.kind == Step::Call) {
       const LibraryCall& c = calls[static_cast<std::size_t>(st.index)];
       os << "call matmul " << dtype_name(c.dtype) << " " << c.a_shape.str() << " x " << c.b_shape.str() << " ("
-         << slot(c.a) << ", " << slot(c.b) << ") -> " << slot(c.out);
+         << slot(c.a) << (c.a_from ? std::string(" cast from ") + dtype_name(*c.a_from) : "") << ", " << slot(c.b)
+         << (c.b_from ? std::string(" cast from ") + dtype_name(*c.b_from) : "") << ") -> " << slot(c.out);
       if (c.bias) os << " + bias " << slot(c.bias_slot);
       if (c.activation == Activation::Relu) os << ", relu";
       if (c.activation == Activation::GeluTanh) os << ", gelu(tanh)";

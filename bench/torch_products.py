@@ -28,6 +28,30 @@ W2 = torch.randn(4096, 16384, device=dev, dtype=torch.bfloat16) * 0.02; b2 = tor
 h = torch.randn(8192, 16384, device=dev, dtype=torch.bfloat16)
 row("G3 MLP bf16", lambda x, W1, b1, W2, b2: F.linear(F.gelu(F.linear(x, W1, b1), approximate="tanh"), W2, b2),
     (x, W1, b1, W2, b2), [(lambda x, w: x @ w.t(), (x, W1)), (lambda h, w: h @ w.t(), (h, W2))])
+# G4: two small MLP layers (x [32, 1024] bf16, hidden 4096), end to end per call (call + synchronise),
+# torch.compile in its default mode and with CUDA graphs (reduce-overhead), as bench_gpu's BM_G4_compiled.
+def wall_us(fn, *a, reps=200):
+    for _ in range(20): fn(*a); torch.cuda.synchronize()
+    t = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(reps): fn(*a); torch.cuda.synchronize()
+        t.append((time.perf_counter() - t0) / reps * 1e6)
+    return sorted(t)[2]
+xs = torch.randn(32, 1024, device=dev, dtype=torch.bfloat16)
+ps = []
+for _ in range(2):
+    ps += [torch.randn(4096, 1024, device=dev, dtype=torch.bfloat16) * 0.02, torch.randn(4096, device=dev, dtype=torch.bfloat16) * 0.02,
+           torch.randn(1024, 4096, device=dev, dtype=torch.bfloat16) * 0.02, torch.randn(1024, device=dev, dtype=torch.bfloat16) * 0.02]
+def mlp2(h, w1, b1, w2, b2, w3, b3, w4, b4):
+    h = h + F.linear(F.gelu(F.linear(h, w1, b1), approximate="tanh"), w2, b2)
+    return h + F.linear(F.gelu(F.linear(h, w3, b3), approximate="tanh"), w4, b4)
+g4 = {"name": "G4 small MLP end to end", "eager_us": wall_us(mlp2, xs, *ps)}
+for mode in ("default", "reduce-overhead"):
+    torch._dynamo.reset()
+    g4[mode + "_us"] = wall_us(torch.compile(mlp2, mode=mode, dynamic=False), xs, *ps)
+rows.append(g4)
+print(f"G4 small MLP end to end: eager {g4['eager_us']:.1f} us, compiled {g4['default_us']:.1f} us, reduce-overhead {g4['reduce-overhead_us']:.1f} us", flush=True)
 out = os.environ.get("OUT")
 if out:
     json.dump(rows, open(os.path.join(out, "torch_g.json"), "w"), indent=1)

@@ -129,6 +129,15 @@ TEST_CASE("binary ops at NaN, +-Inf and zero") {
     Tensor base = kt::make_tensor({0, kNan, 1, 0, -0.0, kInf, -8, -kInf}, {8}, dt);
     Tensor ex = kt::make_tensor({0, 0, kNan, -1, -1, -1, 0.5, 3}, {8}, dt);
     check_exact_signed(kt::values(pow(base, ex)), {1, 1, 1, kInf, -kInf, 0, kNan, -kInf});
+    // A number exponent: torch.pow's scalar-exponent kernels (0.5 is sqrt, -0.5 rsqrt, -1 a
+    // reciprocal, 2 and 3 products), on the JIT and the reference alike.
+    Tensor s = kt::make_tensor({-kInf, -0.0, 0, 4, kInf, kNan, -2}, {7}, dt);
+    check_exact_signed(kt::values(pow(s, 0.5)), {kNan, -0.0, 0, 2, kInf, kNan, kNan});
+    check_exact_signed(kt::values(pow(s, -0.5)), {kNan, -kInf, kInf, 0.5, 0, kNan, kNan});
+    check_exact_signed(kt::values(pow(s, -1)), {-0.0, -kInf, kInf, 0.25, 0, kNan, -0.5});
+    check_exact_signed(kt::values(pow(s, 2)), {kInf, 0, 0, 16, kInf, kNan, 4});
+    check_exact_signed(kt::values(pow(s, 3)), {-kInf, -0.0, 0, 64, kInf, kNan, -8});
+    check_exact_signed(kt::values(pow(s, -2)), {0, kInf, kInf, 0.0625, 0, kNan, 0.25});
     // where passes NaN through and ignores the other branch.
     check_exact_signed(kt::values(where(b > 0, a, b)), {0, 0, 0, kInf, -kInf, kNan, kNan, -kInf});
   }

@@ -198,7 +198,6 @@ std::vector<W> pack_operand(DType stored, const void* x, std::int64_t batch, std
                             std::int64_t cols, std::int64_t rs, std::int64_t cs) {
   std::vector<W> out(static_cast<std::size_t>(batch * rows * cols));
   auto pack = [&](const auto* p) {
-    using S = std::remove_cv_t<std::remove_pointer_t<decltype(p)>>;
     W* o = out.data();
     for (std::int64_t t = 0; t < batch; ++t)
       for (std::int64_t i = 0; i < rows; ++i)

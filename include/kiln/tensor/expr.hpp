@@ -23,23 +23,25 @@ namespace kiln {
 /// (floating inputs only, as PyTorch), ToBool (a bool result), IntIn (integers, and bools where
 /// the primitive allows them), NoBool (not defined for bools). Lowering is in lower_unary /
 /// lower_binary: a primitive of the op table, or a composite of decomp/.
-#define KILN_UNARY_FNS(X)                                                                                             \
-  X(Neg, "neg", NoBool)                                                                                               \
-  X(Abs, "abs", Same) X(Exp, "exp", ToFloat) X(Exp2, "exp2", ToFloat) X(Log, "log", ToFloat) X(Log2, "log2", ToFloat) \
-      X(Log1p, "log1p", ToFloat) X(Expm1, "expm1", ToFloat) X(Sqrt, "sqrt", ToFloat) X(Rsqrt, "rsqrt", ToFloat)       \
-          X(Sin, "sin", ToFloat) X(Cos, "cos", ToFloat) X(Tan, "tan", ToFloat) X(Tanh, "tanh", ToFloat)               \
-              X(Erf, "erf", ToFloat) X(Floor, "floor", NoBool) X(Ceil, "ceil", NoBool) X(Round, "round", NoBool)      \
-                  X(Not, "logical_not", ToBool) X(IsNan, "isnan", ToBool) X(IsInf, "isinf", ToBool)                   \
-                      X(Sigmoid, "sigmoid", ToFloat) X(Relu, "relu", NoBool) X(Gelu, "gelu", FloatIn)                 \
-                          X(GeluTanh, "gelu(tanh)", FloatIn) X(Silu, "silu", FloatIn) X(Atan, "atan", ToFloat)        \
-                              X(Asin, "asin", ToFloat) X(Acos, "acos", ToFloat) X(Sinh, "sinh", ToFloat)              \
-                                  X(Cosh, "cosh", ToFloat) X(Asinh, "asinh", ToFloat) X(Acosh, "acosh", ToFloat)      \
-                                      X(Atanh, "atanh", ToFloat) X(Reciprocal, "reciprocal", ToFloat)                 \
-                                          X(Sign, "sign", Same) X(Square, "square", Same) X(Trunc, "trunc", NoBool)   \
+#define KILN_UNARY_FNS(X)                                                                                           \
+  X(Neg, "neg", NoBool)                                                                                             \
+  X(Abs, "abs", Same)                                                                                               \
+  X(Exp, "exp", ToFloat) X(Exp2, "exp2", ToFloat) X(Log, "log", ToFloat) X(Log2, "log2", ToFloat)                   \
+      X(Log1p, "log1p", ToFloat) X(Expm1, "expm1", ToFloat) X(Sqrt, "sqrt", ToFloat) X(Rsqrt, "rsqrt", ToFloat)     \
+          X(Sin, "sin", ToFloat) X(Cos, "cos", ToFloat) X(Tan, "tan", ToFloat) X(Tanh, "tanh", ToFloat)             \
+              X(Erf, "erf", ToFloat) X(Floor, "floor", NoBool) X(Ceil, "ceil", NoBool) X(Round, "round", NoBool)    \
+                  X(Not, "logical_not", ToBool) X(IsNan, "isnan", ToBool) X(IsInf, "isinf", ToBool)                 \
+                      X(Sigmoid, "sigmoid", ToFloat) X(Relu, "relu", NoBool) X(Gelu, "gelu", FloatIn)               \
+                          X(GeluTanh, "gelu(tanh)", FloatIn) X(Silu, "silu", FloatIn) X(Atan, "atan", ToFloat)      \
+                              X(Asin, "asin", ToFloat) X(Acos, "acos", ToFloat) X(Sinh, "sinh", ToFloat)            \
+                                  X(Cosh, "cosh", ToFloat) X(Asinh, "asinh", ToFloat) X(Acosh, "acosh", ToFloat)    \
+                                      X(Atanh, "atanh", ToFloat) X(Reciprocal, "reciprocal", ToFloat)               \
+                                          X(Sign, "sign", Same) X(Square, "square", Same) X(Trunc, "trunc", NoBool) \
                                               X(BitNot, "bitwise_not", IntIn)
 #define KILN_BINARY_FNS(X)                                                                                        \
   X(Add, "add", Same)                                                                                             \
-  X(Sub, "sub", Same) X(Mul, "mul", Same) X(Div, "div", ToFloat) X(Pow, "pow", Same) X(Maximum, "maximum", Same)  \
+  X(Sub, "sub", Same)                                                                                             \
+  X(Mul, "mul", Same) X(Div, "div", ToFloat) X(Pow, "pow", Same) X(Maximum, "maximum", Same)                      \
       X(Minimum, "minimum", Same) X(Eq, "eq", ToBool) X(Ne, "ne", ToBool) X(Lt, "lt", ToBool) X(Le, "le", ToBool) \
           X(Gt, "gt", ToBool) X(Ge, "ge", ToBool) X(And, "logical_and", ToBool) X(Or, "logical_or", ToBool)       \
               X(Xor, "logical_xor", ToBool) X(Atan2, "atan2", ToFloat) X(Hypot, "hypot", FloatIn)                 \
@@ -298,6 +300,20 @@ inline ir::NodePtr lower_binary(Fn f, const ir::NodePtr& a, const ir::NodePtr& b
     case Fn::Div:
       return ir::binary(Op::Div, a, b);
     case Fn::Pow:
+      // A number exponent of a floating base: torch.pow's specialisations (its CPU and CUDA
+      // kernels for a scalar exponent), so results match PyTorch's bit for bit where libm's pow
+      // and its vector variants disagree on special values (pow(-inf, 0.5) is NaN, as sqrt;
+      // pow(-0, 0.5) is -0).
+      if (b->op == Op::Constant && is_floating(a->dtype)) {
+        const double e = b->attrs.scalar;
+        auto one = [&] { return ir::constant(1.0, a->dtype, a->shape, a->device); };
+        if (e == 0.5) return ir::unary(Op::Sqrt, a);
+        if (e == -0.5) return ir::unary(Op::Rsqrt, a);
+        if (e == 2) return ir::binary(Op::Mul, a, a);
+        if (e == 3) return ir::binary(Op::Mul, ir::binary(Op::Mul, a, a), a);
+        if (e == -1) return ir::binary(Op::Div, one(), a);
+        if (e == -2) return ir::binary(Op::Div, one(), ir::binary(Op::Mul, a, a));
+      }
       return ir::binary(Op::Pow, a, b);
     case Fn::Maximum:
       return ir::binary(boolean ? Op::Or : Op::Maximum, a, b);

@@ -54,7 +54,8 @@ struct Options {
   std::fprintf(stderr,
                "%s\nusage: kiln_fuzz [--graphs N] [--seed S] [--first I] [--device cpu|cuda] [--jobs J]\n"
                "  [--max-ops K] [--max-elems E] [--out DIR] [--shrink-seconds T] [--shrink-max N]\n"
-               "  [--graph-timeout T] [--no-fork] [--no-fail] [--selftest] [--print I] [--one I]\n",
+               "  [--graph-timeout T] [--no-fork] [--no-fail] [--selftest] [--print I] [--one I]\n"
+               "  [--table-version V]\n",
                msg);
   std::exit(2);
 }
@@ -79,6 +80,8 @@ Options parse(int argc, char** argv) {
       o.jobs = std::max(1, std::stoi(val()));
     else if (a == "--max-ops")
       o.lim.max_ops = std::stoi(val());
+    else if (a == "--table-version")
+      o.lim.table_version = std::stoi(val());
     else if (a == "--max-elems")
       o.lim.max_elems = std::stoll(val());
     else if (a == "--out")
@@ -582,10 +585,12 @@ int main(int argc, char** argv) {
     ShrinkStats st;
     Program small = sh.run(p, &st);
     std::string key = want + " | " + join(op_names(small));
+    const std::string version =
+        o.lim.table_version == Limits{}.table_version ? "" : " --table-version " + std::to_string(o.lim.table_version);
     std::string comment = "kiln_fuzz --seed " + std::to_string(o.seed) + " --one " + std::to_string(r->index) +
-                          " (shrunk from " + std::to_string(st.ops_before) + " ops to " + std::to_string(st.ops_after) +
-                          ", " + std::to_string(st.runs) + " runs)\n" + kind_name(last.kind) + ": " +
-                          headline(last.detail);
+                          version + " (shrunk from " + std::to_string(st.ops_before) + " ops to " +
+                          std::to_string(st.ops_after) + ", " + std::to_string(st.runs) + " runs)\n" +
+                          kind_name(last.kind) + ": " + headline(last.detail);
     std::string cxx = test_case_cxx(small, title_of(small), comment);
     std::string path;
     if (!o.out.empty()) {

@@ -167,7 +167,9 @@ inline Built build_program(const Program& p, const BuildCtx& ctx, const std::vec
         if (ctx.f64 && d.lift && k >= d.lift_from && a.defined() && !is_floating(a.dtype()) &&
             is_floating(s.info.dtype))
           a = a.to(f64);
-        if (a.defined() && d.accumulates) a = nudge(a, p.info(o.value).dtype == f64 ? f64 : f32, 2, k);
+        if (a.defined() && d.accumulates)
+          a = nudge(a, p.info(o.value).dtype == f64 ? f64 : f32, d.operand_ulps ? d.operand_ulps(p, s.op) : 2.0, k);
+        // (the nudged twin's matmul adds its own rounding bound: see its row)
         if (a.defined() && reorders(d)) a = reversed(a);
         args.push_back(a);
       }
@@ -612,6 +614,30 @@ inline std::vector<char> outputs_after_digitless(const Program& p, std::uint64_t
         (l > 0 ? up : down) += l;
       }
       if (special && (up >= top || down < bottom)) digitless[static_cast<std::size_t>(v)] = 1;
+    }
+    // A matrix product whose finite terms or their partial sums may leave the compute dtype's
+    // range (float for the half types): the f64 reference meets neither inf nor NaN where the
+    // library's float dot products do (inf - inf, a partial sum past FLT_MAX that later
+    // cancels). Bounded over the whole operands: max |a| max |b| K.
+    for (int v = 0; v < p.size(); ++v) {
+      const Step& st = p.steps[static_cast<std::size_t>(v)];
+      if (st.is_input || table[static_cast<std::size_t>(st.op.desc)].name != "matmul" || st.op.args.size() != 2 ||
+          !is_floating(st.info.dtype))
+        continue;
+      double big[2] = {0, 0};
+      bool special = false;
+      for (int k = 0; k < 2; ++k)
+        for (double e :
+             read_values(a.values[static_cast<std::size_t>(st.op.args[static_cast<std::size_t>(k)].value)])) {
+          if (!std::isfinite(e))
+            special = true;
+          else
+            big[k] = std::max(big[k], std::fabs(e));
+        }
+      const double K = static_cast<double>(std::max<std::int64_t>(1, p.info(st.op.args[0].value).shape.back()));
+      const double top = st.info.dtype == f64 ? dtype_max(f64) : dtype_max(f32);
+      if (big[0] * big[1] * K >= top || (special && big[0] * big[1] * K >= top / K))
+        digitless[static_cast<std::size_t>(v)] = 1;
     }
   } catch (const std::exception&) {
     return loose;  // a twin that cannot run excuses nothing

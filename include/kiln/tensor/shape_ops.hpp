@@ -1,0 +1,279 @@
+#pragma once
+// Shapes and masks built from views, concatenation and pointwise primitives (so they fuse
+// with what reads them): stack, flip, roll, repeat, pad, tril, triu, one_hot, masked_fill.
+// PyTorch's names, argument orders and dtype rules.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "kiln/tensor/creation.hpp"
+#include "kiln/tensor/functions.hpp"
+
+namespace kiln {
+
+namespace detail {
+
+inline std::string ints_str(const std::vector<std::int64_t>& v) {
+  std::string s = "{";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "}";
+}
+
+/// Normalised, unique axes of `t` for `op` (ShapeError when out of range or repeated).
+inline std::vector<std::int64_t> distinct_axes(const std::vector<std::int64_t>& dims, const Tensor& t, const char* op) {
+  std::vector<std::int64_t> out;
+  for (auto d : dims) {
+    const std::int64_t a = tensor_axis(d, t, op);
+    if (std::find(out.begin(), out.end(), a) != out.end())
+      throw ShapeError(std::string(op) + ": dim " + std::to_string(a) + " appears more than once in " + ints_str(dims) +
+                       " for input " + describe(t));
+    out.push_back(a);
+  }
+  return out;
+}
+
+/// x reversed along axis a (a view-like slice with step -1; fused by the kernel that reads it).
+inline ir::NodePtr flip_node(const ir::NodePtr& x, std::int64_t a) {
+  const std::int64_t n = x->shape[static_cast<std::size_t>(a)];
+  if (n <= 1) return x;
+  return ir::slice(x, a, n - 1, n, -1);
+}
+
+/// A 2-D mask over the last two dims of `shape`: keep (i, j) where j - i <= k (lower) or
+/// j - i >= k (upper), broadcast over the leading dims.
+inline ir::NodePtr triangle_mask(const Shape& shape, std::int64_t k, bool lower, Device device) {
+  const std::size_t r = shape.size();
+  Shape s{shape[r - 2], shape[r - 1]};
+  ir::NodePtr row = ir::iota(s, 0, DType::Int64, device), col = ir::iota(s, 1, DType::Int64, device);
+  ir::NodePtr diff = ir::binary(ir::Op::Sub, col, row);
+  ir::NodePtr kk = ir::constant_int(k, DType::Int64, s, device);
+  ir::NodePtr m = lower ? ir::binary(ir::Op::Le, diff, kk) : ir::binary(ir::Op::Ge, diff, kk);
+  Shape padded(r, 1);
+  padded[r - 2] = s[0];
+  padded[r - 1] = s[1];
+  return ir::broadcast(ir::reshape(m, padded), shape);
+}
+
+inline Tensor triangle(const Tensor& t, std::int64_t k, bool lower, const char* op) {
+  if (t.dim() < 2) throw ShapeError(std::string(op) + ": expected a tensor of at least 2 dims, got " + describe(t));
+  ir::NodePtr zero = ir::constant(0.0, t.dtype(), t.shape(), t.device());
+  if (!is_floating(t.dtype())) zero = ir::constant_int(0, t.dtype(), t.shape(), t.device());
+  return Tensor(ir::where(triangle_mask(t.shape(), k, lower, t.device()), t.node(), zero));
+}
+
+}  // namespace detail
+
+/// Joins tensors of one shape along a new dimension `axis` (in [-dim()-1, dim()]), as torch.stack;
+/// dtypes promote.
+inline Tensor stack(const std::vector<Tensor>& xs, std::int64_t axis = 0) {
+  if (xs.empty()) throw ShapeError("stack: expected a non-empty list of tensors");
+  const Tensor& first = detail::to_tensor(xs[0]);
+  const std::int64_t r = first.dim() + 1;
+  if (axis < -r || axis >= r)
+    throw ShapeError("stack: dim " + std::to_string(axis) + " is out of range for inputs " + detail::describe(first) +
+                     " (expected [" + std::to_string(-r) + ", " + std::to_string(r - 1) + "])");
+  for (const Tensor& x : xs)
+    if (x.shape() != first.shape())
+      throw ShapeError("stack: expects each tensor to be equal size, got " + detail::describe(first) + " and " +
+                       detail::describe(x));
+  std::vector<Tensor> parts;
+  parts.reserve(xs.size());
+  for (const Tensor& x : xs) parts.push_back(unsqueeze(x, axis));
+  return concat(parts, axis);
+}
+
+/// Reverses the order of elements along each of `dims`, as torch.flip.
+template <class E>
+requires TensorLike<E> Tensor flip(const E& x, const std::vector<std::int64_t>& dims) {
+  Tensor t = detail::to_tensor(x);
+  const std::vector<std::int64_t> axes = detail::distinct_axes(dims, t, "flip");
+  if (t.dim() == 0) return t;
+  ir::NodePtr n = t.node();
+  for (auto a : axes) n = detail::flip_node(n, a);
+  return Tensor(n);
+}
+
+/// Rolls elements along `dims` by `shifts` (elements leaving one end come back at the other);
+/// with no dims, the flattened tensor is rolled and its shape restored, as torch.roll.
+template <class E>
+requires TensorLike<E> Tensor roll(const E& x, const std::vector<std::int64_t>& shifts,
+                                   const std::vector<std::int64_t>& dims = {}) {
+  Tensor t = detail::to_tensor(x);
+  if (dims.empty()) {
+    if (shifts.size() != 1)
+      throw ShapeError("roll: without dims, expected one shift, got " + detail::ints_str(shifts) + " for input " +
+                       detail::describe(t));
+    Tensor flat = reshape(t, Shape{t.numel()});
+    return reshape(roll(flat, shifts, {0}), t.shape());
+  }
+  if (shifts.size() != dims.size())
+    throw ShapeError("roll: shifts " + detail::ints_str(shifts) + " and dims " + detail::ints_str(dims) +
+                     " differ in length for input " + detail::describe(t));
+  Tensor out = t;
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    const std::int64_t a = detail::tensor_axis(dims[i], t, "roll");
+    const std::int64_t n = t.dim() == 0 ? 1 : t.shape()[static_cast<std::size_t>(a)];
+    if (n == 0 || t.dim() == 0) continue;
+    const std::int64_t s = ((shifts[i] % n) + n) % n;
+    if (s == 0) continue;
+    out = concat({slice(out, a, n - s, n), slice(out, a, 0, n - s)}, a);
+  }
+  return out;
+}
+
+/// Tiles the tensor `repeats[d]` times along each dim (more repeats than dims add leading
+/// dims), as torch.Tensor.repeat.
+template <class E>
+requires TensorLike<E> Tensor repeat(const E& x, const std::vector<std::int64_t>& repeats) {
+  Tensor t = detail::to_tensor(x);
+  if (repeats.size() < static_cast<std::size_t>(t.dim()))
+    throw ShapeError("repeat: the number of repeats " + detail::ints_str(repeats) +
+                     " can not be smaller than the number of dimensions of " + detail::describe(t));
+  for (auto r : repeats)
+    if (r < 0) throw ShapeError("repeat: negative repeat " + detail::ints_str(repeats) + " for " + detail::describe(t));
+  Shape in = t.shape();
+  in.insert(in.begin(), repeats.size() - in.size(), 1);
+  // [r0, s0, r1, s1, ...]: each input dim behind a new dim broadcast to its repeat count.
+  Shape split, wide, out;
+  for (std::size_t d = 0; d < in.size(); ++d) {
+    split.push_back(1);
+    split.push_back(in[d]);
+    wide.push_back(repeats[d]);
+    wide.push_back(in[d]);
+    std::int64_t o = 0;
+    if (__builtin_mul_overflow(repeats[d], in[d], &o))
+      throw ShapeError("repeat: the result's size overflows int64 for " + detail::describe(t) + " and repeats " +
+                       detail::ints_str(repeats));
+    out.push_back(o);
+  }
+  checked_numel(out, "repeat");
+  ir::NodePtr n = ir::broadcast(ir::reshape(t.node(), split), wide);
+  return Tensor(ir::reshape(n, out));
+}
+
+/// The lower triangle of the last two dims (elements with j - i <= k), the rest 0, as torch.tril.
+template <class E>
+requires TensorLike<E> Tensor tril(const E& x, std::int64_t k = 0) {
+  return detail::triangle(detail::to_tensor(x), k, true, "tril");
+}
+
+/// The upper triangle of the last two dims (elements with j - i >= k), the rest 0, as torch.triu.
+template <class E>
+requires TensorLike<E> Tensor triu(const E& x, std::int64_t k = 0) {
+  return detail::triangle(detail::to_tensor(x), k, false, "triu");
+}
+
+/// `value` where `mask` is true, else x (mask broadcasts to x's shape; x's dtype is kept), as
+/// torch.Tensor.masked_fill.
+template <class E>
+requires TensorLike<E> Tensor masked_fill(const E& x, const Tensor& mask, double value) {
+  Tensor t = detail::to_tensor(x);
+  Tensor m = detail::to_tensor(mask);
+  detail::check_same_device(t.device(), m.device(), "masked_fill");
+  if (m.dtype() != DType::Bool)
+    throw DTypeError("masked_fill: expected a bool mask, got " + detail::describe(m) + " for input " +
+                     detail::describe(t));
+  Tensor mb = broadcast_to(m, t.shape());
+  ir::NodePtr v = is_floating(t.dtype())
+                      ? ir::constant(value, t.dtype(), t.shape(), t.device())
+                      : ir::constant_int(static_cast<std::int64_t>(value), t.dtype(), t.shape(), t.device());
+  if (t.dtype() == DType::Bool) v = ir::constant_int(value != 0, DType::Bool, t.shape(), t.device());
+  return Tensor(ir::where(mb.node(), v, t.node()));
+}
+
+/// int64 one-hot rows of `num_classes` entries for an integer `index` of any shape (result
+/// [..., num_classes]), as torch.nn.functional.one_hot. Indices outside [0, num_classes) give an
+/// IndexError when the index is in host memory; otherwise their rows are all zeros.
+/// num_classes = -1 reads the index for its maximum + 1 (a synchronisation).
+inline Tensor one_hot(const Tensor& index, std::int64_t num_classes = -1) {
+  Tensor t = detail::to_tensor(index);
+  if (t.dtype() != DType::Int64 && t.dtype() != DType::Int32)
+    throw DTypeError("one_hot: expected an int64 (or int32) index tensor, got " + detail::describe(t));
+  if (num_classes < -1)
+    throw ValueError("one_hot: num_classes must be -1 or positive, got " + std::to_string(num_classes));
+  const bool on_host = t.is_evaluated() && t.device().is_cpu() && !detail::deferring_eval();
+  if (num_classes == -1 || on_host) {
+    std::vector<std::int64_t> v = t.to(DType::Int64).to_vector<std::int64_t>();
+    if (num_classes == -1) {
+      if (v.empty())
+        throw ValueError("one_hot: can not infer the number of classes of an empty index " + detail::describe(t));
+      num_classes = *std::max_element(v.begin(), v.end()) + 1;
+    }
+    for (std::size_t i = 0; i < v.size(); ++i)
+      if (v[i] < 0 || v[i] >= num_classes)
+        throw IndexError("one_hot: class value " + std::to_string(v[i]) + " at flat index " + std::to_string(i) +
+                         " is outside [0, " + std::to_string(num_classes) + ") (index " + detail::describe(t) + ")");
+  }
+  Shape s = t.shape();
+  s.push_back(num_classes);
+  checked_numel(s, "one_hot");
+  Shape col = t.shape();
+  col.push_back(1);
+  ir::NodePtr idx = ir::broadcast(ir::reshape(ir::cast(t.node(), DType::Int64), col), s);
+  ir::NodePtr classes = ir::iota(s, static_cast<std::int64_t>(s.size()) - 1, DType::Int64, t.device());
+  return Tensor(ir::cast(ir::binary(ir::Op::Eq, idx, classes), DType::Int64));
+}
+
+/// Pads the last dims: `pads` holds (before, after) pairs starting from the last dim, as
+/// torch.nn.functional.pad. mode "constant" fills `value` (negative pads crop), "reflect"
+/// mirrors without repeating the edge, "replicate" repeats the edge, "circular" wraps around.
+template <class E>
+requires TensorLike<E> Tensor pad(const E& x, const std::vector<std::int64_t>& pads,
+                                  const std::string& mode = "constant", double value = 0.0) {
+  Tensor t = detail::to_tensor(x);
+  if (pads.size() % 2 != 0 || pads.size() / 2 > static_cast<std::size_t>(t.dim()))
+    throw ShapeError("pad: expected (before, after) pairs for at most " + std::to_string(t.dim()) + " dims, got " +
+                     detail::ints_str(pads) + " for " + detail::describe(t));
+  if (mode != "constant" && mode != "reflect" && mode != "replicate" && mode != "circular")
+    throw ValueError("pad: mode must be \"constant\", \"reflect\", \"replicate\" or \"circular\", got \"" + mode +
+                     "\"");
+  Tensor out = t;
+  for (std::size_t p = 0; p < pads.size() / 2; ++p) {
+    const std::int64_t a = t.dim() - 1 - static_cast<std::int64_t>(p);
+    std::int64_t before = pads[2 * p], after = pads[2 * p + 1];
+    const std::int64_t n = out.shape()[static_cast<std::size_t>(a)];
+    if (mode != "constant") {
+      const bool reflect = mode == "reflect";
+      if (before < 0 || after < 0 || (reflect && (before >= n || after >= n)) || (!reflect && n == 0) ||
+          (mode == "circular" && (before > n || after > n)))
+        throw ShapeError("pad: " + mode + " padding " + detail::ints_str(pads) + " does not fit dim " +
+                         std::to_string(a) + " of " + detail::describe(t));
+    }
+    if (before < 0) out = slice(out, a, -before, n), before = 0;
+    const std::int64_t m = out.shape()[static_cast<std::size_t>(a)];
+    if (after < 0) out = slice(out, a, 0, std::max<std::int64_t>(0, m + after)), after = 0;
+    if (before == 0 && after == 0) continue;
+    const std::int64_t len = out.shape()[static_cast<std::size_t>(a)];
+    auto filler = [&](std::int64_t count, bool front) -> Tensor {
+      if (mode == "constant") {
+        Shape s = out.shape();
+        s[static_cast<std::size_t>(a)] = count;
+        return full(s, value, out.dtype(), out.device());
+      }
+      if (mode == "replicate") {
+        Tensor edge = front ? slice(out, a, 0, 1) : slice(out, a, len - 1, len);
+        Shape s = out.shape();
+        s[static_cast<std::size_t>(a)] = count;
+        return broadcast_to(edge, s);
+      }
+      if (mode == "circular") return front ? slice(out, a, len - count, len) : slice(out, a, 0, count);
+      // reflect: the `count` elements next to the edge, mirrored.
+      Tensor part = front ? slice(out, a, 1, 1 + count) : slice(out, a, len - 1 - count, len - 1);
+      return flip(part, {a});
+    };
+    std::vector<Tensor> parts;
+    if (before > 0) parts.push_back(filler(before, true));
+    parts.push_back(out);
+    if (after > 0) parts.push_back(filler(after, false));
+    out = concat(parts, a);
+  }
+  return out;
+}
+
+/// Constant padding with `value` (pad(x, pads, "constant", value)).
+template <class E>
+requires TensorLike<E> Tensor pad(const E& x, const std::vector<std::int64_t>& pads, double value) {
+  return pad(x, pads, "constant", value);
+}
+
+}  // namespace kiln

@@ -1728,7 +1728,13 @@ inline const std::vector<OpDesc>& op_table() {
         if (!a.ctx.perturb) return r;
         const double K = static_cast<double>(std::max<std::int64_t>(1, a.t[0].shape().back()));
         const double eps = a.orig_dtype(0) == f64 ? dtype_eps(f64) : dtype_eps(f32);
-        return Tensor(r + matmul(abs(a.t[0]), abs(a.t[1])) * (2 * std::sqrt(K) * eps));
+        // A random sign per element, so that what reads the product (an argmax among near
+        // ties, a normalisation) sees independent moves, as from independent roundings.
+        Rng rng(a.ctx.perturb ^ (static_cast<std::uint64_t>(r.numel()) * 0x9e3779b97f4a7c15ull + 0x51ed27));
+        std::vector<double> sign(static_cast<std::size_t>(r.numel()));
+        for (auto& v : sign) v = rng.uniform() < 0.5 ? -1.0 : 1.0;
+        Tensor signs = from_vector<double>(sign, r.shape(), a.ctx.device);
+        return Tensor(r + matmul(abs(a.t[0]), abs(a.t[1])) * signs * (2 * std::sqrt(K) * eps));
       };
       d.operand_ulps = [](const Program&, const OpInst&) { return 0.0; };
       t.push_back(d);

@@ -593,9 +593,10 @@ inline std::vector<char> outputs_after_digitless(const Program& p, std::uint64_t
                        (std::isfinite(x[i]) && x[i] != 0 && std::fabs(x[i] - y[i]) >= std::fabs(x[i]));
       }
     }
-    // A product that holds a 0 (or an infinity) and whose other factors overflow or underflow
-    // the compute dtype in some order: 0 * inf meets NaN or not as the blocking decides (the
-    // reference multiplies in long double and meets neither). Judged over the whole operand.
+    // A product whose factors overflow or underflow the compute dtype in some order: with a 0
+    // (or an infinity) among them 0 * inf meets NaN or not as the blocking decides, without
+    // one a finite product becomes inf or 0 (the reference multiplies in long double and
+    // meets neither). Judged over the whole operand.
     const auto& table = op_table();
     for (int v = 0; v < p.size(); ++v) {
       const Step& st = p.steps[static_cast<std::size_t>(v)];
@@ -605,15 +606,15 @@ inline std::vector<char> outputs_after_digitless(const Program& p, std::uint64_t
       std::vector<double> x = read_values(a.values[static_cast<std::size_t>(st.op.args[0].value)]);
       // log2 of the compute dtype's largest and smallest (subnormal) sizes
       const double top = st.info.dtype == f64 ? 1024 : 128, bottom = st.info.dtype == f64 ? -1074 : -149;
-      bool special = false;
       double up = 0, down = 0;  // log2 of the largest and the smallest partial product's size
       for (double e : x) {
-        if (e == 0 || std::isinf(e)) special = true;
         if (e == 0 || !std::isfinite(e)) continue;
         const double l = std::log2(std::fabs(e));
         (l > 0 ? up : down) += l;
       }
-      if (special && (up >= top || down < bottom)) digitless[static_cast<std::size_t>(v)] = 1;
+      // Without a 0 or an infinity too: factors whose partial products overflow (or underflow)
+      // in some order make a finite product inf (or 0) in another correct order.
+      if (up >= top || down < bottom) digitless[static_cast<std::size_t>(v)] = 1;
     }
     // A matrix product whose finite terms or their partial sums may leave the compute dtype's
     // range (float for the half types): the f64 reference meets neither inf nor NaN where the

@@ -1604,6 +1604,9 @@ inline const std::vector<OpDesc>& op_table() {
             normal ? randn(s, a.p().seed, a.p().dtype, a.ctx.device) : rand(s, a.p().seed, a.p().dtype, a.ctx.device);
         return a.ctx.f64 ? r.to(f64) : r;
       };
+      // Box-Muller through the GPU's log, sqrt and cos: one ulp from the host's values
+      // (docs/semantics.md, random numbers).
+      if (normal) d.cuda_ulp = 1;
       t.push_back(d);
     }
     // -- shapes and masks (table version 2)

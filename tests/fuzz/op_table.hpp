@@ -1609,6 +1609,75 @@ inline const std::vector<OpDesc>& op_table() {
       if (normal) d.cuda_ulp = 1;
       t.push_back(d);
     }
+    // -- elementwise math of the op table's second round (table version 2)
+    {
+      const std::size_t first = t.size();
+      t.push_back(unary_row("sign", kAll, Unary::Same, "sign({0})", [](const Tensor& x) -> Tensor { return sign(x); }));
+      t.push_back(unary_row("reciprocal", kAll, Unary::Float, "reciprocal({0})",
+                            [](const Tensor& x) -> Tensor { return reciprocal(x); }));
+      t.push_back(unary_row("square", kNotBool, Unary::Same, "square({0})",
+                            [](const Tensor& x) -> Tensor { return square(x); }));
+      t.push_back(
+          unary_row("trunc", kNotBool, Unary::Same, "trunc({0})", [](const Tensor& x) -> Tensor { return trunc(x); }));
+      t.push_back(
+          unary_row("atan", kAll, Unary::Float, "atan({0})", [](const Tensor& x) -> Tensor { return atan(x); }));
+      t.push_back(
+          unary_row("asin", kAll, Unary::Float, "asin({0})", [](const Tensor& x) -> Tensor { return asin(x); }));
+      t.push_back(
+          unary_row("acos", kAll, Unary::Float, "acos({0})", [](const Tensor& x) -> Tensor { return acos(x); }));
+      t.push_back(
+          unary_row("sinh", kAll, Unary::Float, "sinh({0})", [](const Tensor& x) -> Tensor { return sinh(x); }));
+      t.push_back(
+          unary_row("cosh", kAll, Unary::Float, "cosh({0})", [](const Tensor& x) -> Tensor { return cosh(x); }));
+      t.push_back(
+          unary_row("asinh", kAll, Unary::Float, "asinh({0})", [](const Tensor& x) -> Tensor { return asinh(x); }));
+      t.push_back(
+          unary_row("acosh", kAll, Unary::Float, "acosh({0})", [](const Tensor& x) -> Tensor { return acosh(x); }));
+      t.push_back(
+          unary_row("atanh", kAll, Unary::Float, "atanh({0})", [](const Tensor& x) -> Tensor { return atanh(x); }));
+      t.push_back(unary_row("bitwise_not", kInts | bit(bool_), Unary::Same, "~{0}",
+                            [](const Tensor& x) -> Tensor { return ~x; }));
+      t.push_back(binary_row(
+          "atan2", kAll, Binary::TrueDiv, "atan2({0}, {1})",
+          [](const auto& a, const auto& b) -> Tensor { return atan2(a, b); }, 0.5));
+      t.push_back(binary_row(
+          "hypot", kFloats, Binary::Arith, "hypot({0}, {1})",
+          [](const auto& a, const auto& b) -> Tensor { return hypot(a, b); }, 0.5));
+      // Floats only: an integer divisor of 0 is PyTorch's ZeroDivisionError, not a value.
+      t.push_back(binary_row(
+          "fmod", kFloats, Binary::Arith, "fmod({0}, {1})",
+          [](const auto& a, const auto& b) -> Tensor { return fmod(a, b); }, 0.5));
+      t.push_back(binary_row(
+          "remainder", kFloats, Binary::Arith, "remainder({0}, {1})",
+          [](const auto& a, const auto& b) -> Tensor { return remainder(a, b); }, 0.5));
+      t.push_back(binary_row(
+          "logical_xor", kAll, Binary::Logical, "logical_xor({0}, {1})",
+          [](const auto& a, const auto& b) -> Tensor { return logical_xor(a, b); }, 0.4));
+      t.push_back(binary_row(
+          "bitwise_and", kInts | bit(bool_), Binary::Arith, "{0} & {1}",
+          [](const auto& a, const auto& b) -> Tensor { return a & b; }, 0.4));
+      t.push_back(binary_row(
+          "bitwise_or", kInts | bit(bool_), Binary::Arith, "{0} | {1}",
+          [](const auto& a, const auto& b) -> Tensor { return a | b; }, 0.4));
+      t.push_back(binary_row(
+          "bitwise_xor", kInts | bit(bool_), Binary::Arith, "{0} ^ {1}",
+          [](const auto& a, const auto& b) -> Tensor { return a ^ b; }, 0.4));
+      for (std::size_t i = first; i < t.size(); ++i) {
+        t[i].since = 2;
+        // Bitwise ops take integers and bools only: a floating number operand promotes the
+        // pair to float, which torch refuses (as kiln's DTypeError does).
+        if (t[i].name.rfind("bitwise_", 0) == 0) {
+          PredictFn base = t[i].predict;
+          t[i].predict = [base](const Program& p, const OpInst& op) -> std::optional<Info> {
+            auto info = base(p, op);
+            if (info && is_floating(info->dtype)) return std::nullopt;
+            return info;
+          };
+        }
+        // atan, asin, acos and atan2 compute in double and round once (docs/performance-math.md).
+        if (t[i].name == "atan" || t[i].name == "asin" || t[i].name == "acos" || t[i].name == "atan2") t[i].ulp = 0.51;
+      }
+    }
     // -- shapes and masks (table version 2)
     {
       OpDesc d;

@@ -62,6 +62,8 @@ TEST_CASE("roll wraps elements around, per dim or over the flattened tensor") {
   check(roll(m, {1}, {1}), {2, 3}, {2, 0, 1, 5, 3, 4});
   check(roll(m, {1, 1}, {0, 1}), {2, 3}, {5, 3, 4, 2, 0, 1});
   check(roll(m, {1}), {2, 3}, {5, 0, 1, 2, 3, 4});  // flattened
+  check(roll(m, -1, 1), {2, 3}, {1, 2, 0, 4, 5, 3});
+  check(flip(m, 1), {2, 3}, {2, 1, 0, 5, 4, 3});
   CHECK_THROWS_AS(roll(m, {1, 2}, {0}), ShapeError);
 }
 

@@ -93,6 +93,10 @@ requires TensorLike<E> Tensor flip(const E& x, const std::vector<std::int64_t>& 
   return Tensor(n);
 }
 
+/// Reverses one dim (flip(x, {dim})).
+template <class E>
+requires TensorLike<E> Tensor flip(const E& x, std::int64_t dim) { return flip(x, std::vector<std::int64_t>{dim}); }
+
 /// Rolls elements along `dims` by `shifts` (elements leaving one end come back at the other);
 /// with no dims, the flattened tensor is rolled and its shape restored, as torch.roll.
 template <class E>
@@ -119,6 +123,12 @@ requires TensorLike<E> Tensor roll(const E& x, const std::vector<std::int64_t>& 
     out = concat({slice(out, a, n - s, n), slice(out, a, 0, n - s)}, a);
   }
   return out;
+}
+
+/// Rolls one dim by `shift` (roll(x, {shift}, {dim})).
+template <class E>
+requires TensorLike<E> Tensor roll(const E& x, std::int64_t shift, std::int64_t dim) {
+  return roll(x, std::vector<std::int64_t>{shift}, std::vector<std::int64_t>{dim});
 }
 
 /// Tiles the tensor `repeats[d]` times along each dim (more repeats than dims add leading

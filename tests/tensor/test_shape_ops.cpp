@@ -63,6 +63,7 @@ TEST_CASE("roll wraps elements around, per dim or over the flattened tensor") {
   check(roll(m, {1, 1}, {0, 1}), {2, 3}, {5, 3, 4, 2, 0, 1});
   check(roll(m, {1}), {2, 3}, {5, 0, 1, 2, 3, 4});  // flattened
   check(roll(m, -1, 1), {2, 3}, {1, 2, 0, 4, 5, 3});
+  check(roll(m, 2), {2, 3}, {4, 5, 0, 1, 2, 3});
   check(flip(m, 1), {2, 3}, {2, 1, 0, 5, 4, 3});
   CHECK_THROWS_AS(roll(m, {1, 2}, {0}), ShapeError);
 }
@@ -103,6 +104,8 @@ TEST_CASE("masked_fill writes a value where the (broadcast) mask holds") {
   Tensor ints = counting({3}, i32);
   CHECK(masked_fill(ints, ints > 0, 7).dtype() == i32);
   check(masked_fill(ints, ints > 0, 7), {3}, {0, 7, 7});
+  check(masked_fill(m, row, kt::make_tensor({2.5}, {}, f64)), {2, 3}, {2.5, 1, 2.5, 2.5, 4, 2.5});
+  CHECK_THROWS_AS(masked_fill(m, row, counting({2})), ShapeError);
   CHECK_THROWS_AS(masked_fill(m, m, 1), DTypeError);
   CHECK_THROWS_AS(masked_fill(m, kt::make_tensor({1, 0}, {2}, bool_), 1), ShapeError);
 }

@@ -131,6 +131,10 @@ requires TensorLike<E> Tensor roll(const E& x, std::int64_t shift, std::int64_t 
   return roll(x, std::vector<std::int64_t>{shift}, std::vector<std::int64_t>{dim});
 }
 
+/// Rolls the flattened tensor by `shift`, shape restored (torch.roll(x, shift)).
+template <class E>
+requires TensorLike<E> Tensor roll(const E& x, std::int64_t shift) { return roll(x, std::vector<std::int64_t>{shift}); }
+
 /// Tiles the tensor `repeats[d]` times along each dim (more repeats than dims add leading
 /// dims), as torch.Tensor.repeat.
 template <class E>
@@ -189,6 +193,24 @@ requires TensorLike<E> Tensor masked_fill(const E& x, const Tensor& mask, double
                       : ir::constant_int(static_cast<std::int64_t>(value), t.dtype(), t.shape(), t.device());
   if (t.dtype() == DType::Bool) v = ir::constant_int(value != 0, DType::Bool, t.shape(), t.device());
   return Tensor(ir::where(mb.node(), v, t.node()));
+}
+
+/// masked_fill with a 0-dim tensor `value` (cast to x's dtype), as torch's Tensor overload.
+template <class E>
+requires TensorLike<E> Tensor masked_fill(const E& x, const Tensor& mask, const Tensor& value) {
+  Tensor t = detail::to_tensor(x);
+  Tensor v = detail::to_tensor(value);
+  if (v.dim() != 0)
+    throw ShapeError("masked_fill: only supports a 0-dimensional value tensor, got " + detail::describe(v) +
+                     " for input " + detail::describe(t));
+  detail::check_same_device(t.device(), v.device(), "masked_fill");
+  Tensor m = detail::to_tensor(mask);
+  if (m.dtype() != DType::Bool)
+    throw DTypeError("masked_fill: expected a bool mask, got " + detail::describe(m) + " for input " +
+                     detail::describe(t));
+  Tensor mb = broadcast_to(m, t.shape());
+  Tensor vb = broadcast_to(v.to(t.dtype()), t.shape());
+  return Tensor(ir::where(mb.node(), vb.node(), t.node()));
 }
 
 /// int64 one-hot rows of `num_classes` entries for an integer `index` of any shape (result

@@ -4,6 +4,7 @@
 #include <cxxabi.h>
 
 #include <algorithm>
+#include <map>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -620,24 +621,43 @@ inline std::vector<char> outputs_after_digitless(const Program& p, std::uint64_t
       // in some order make a finite product inf (or 0) in another correct order.
       if (up >= top || down < bottom) digitless[static_cast<std::size_t>(v)] = 1;
     }
-    // A sum whose partial sums may leave the compute dtype's range in some order (max |x| times
-    // the count reaches the largest value; for the normalisations and var, whose sums are of
-    // squares, max x² times the count): one order meets inf - inf or an overflowed mean where
-    // another stays finite (a row of ones with DBL_MAX and two -DBL_MAX: the reference's lanes
-    // overflow, the JIT's blocked sum cancels first). Judged over the whole operand.
+    // A signed sum whose partial sums may leave the compute dtype's range in one order and not
+    // in another: in some row its positive or its negative terms alone reach the largest value
+    // while the row's total stays within it (ones with DBL_MAX and two -DBL_MAX: the
+    // reference's lanes overflow, the JIT's blocked sum cancels first). Sums of one sign, and
+    // of squares (rms_norm), overflow in every order or in none. Scaled by the largest value
+    // so that nothing overflows here.
     for (int v = 0; v < p.size(); ++v) {
       const Step& st = p.steps[static_cast<std::size_t>(v)];
       if (st.is_input || st.op.args.empty() || st.op.args[0].is_number() || !is_floating(st.info.dtype)) continue;
       const std::string& name = table[static_cast<std::size_t>(st.op.desc)].name;
-      const bool squares = name == "var" || name.rfind("layer_norm", 0) == 0 || name.rfind("rms_norm", 0) == 0;
-      if (!squares && name != "sum" && name != "mean") continue;
-      std::vector<double> x = read_values(a.values[static_cast<std::size_t>(st.op.args[0].value)]);
-      double big = 0;
-      for (double e : x)
-        if (std::isfinite(e)) big = std::max(big, std::fabs(e));
+      const bool norm = name.rfind("layer_norm", 0) == 0;
+      if (name != "sum" && name != "mean" && name != "var" && !norm) continue;
+      const Shape& shape = p.info(st.op.args[0].value).shape;
+      std::vector<bool> reduced(shape.size(), norm);
+      if (norm) {
+        std::fill(reduced.begin(), reduced.end(), false);
+        if (!reduced.empty()) reduced.back() = true;
+      } else if (auto ax = norm_axes(st.op.p.ints, shape.size())) {
+        for (auto d : *ax) reduced[static_cast<std::size_t>(d)] = true;
+      }
       const double top = st.info.dtype == f64 ? dtype_max(f64) : dtype_max(f32);
-      const double n = static_cast<double>(std::max<std::size_t>(1, x.size()));
-      if ((squares ? big * big : big) * n >= top) digitless[static_cast<std::size_t>(v)] = 1;
+      std::map<std::int64_t, std::pair<double, double>> rows;  // kept position -> (positive, negative) / top
+      std::vector<double> x = read_values(a.values[static_cast<std::size_t>(st.op.args[0].value)]);
+      for (std::size_t f = 0; f < x.size(); ++f) {
+        if (!std::isfinite(x[f])) continue;
+        std::int64_t rest = static_cast<std::int64_t>(f), key = 0, scale = 1;
+        for (std::size_t d = shape.size(); d-- > 0;) {
+          const std::int64_t at = shape[d] > 0 ? rest % shape[d] : 0;
+          rest = shape[d] > 0 ? rest / shape[d] : 0;
+          if (!reduced[d]) key += at * scale, scale *= shape[d];
+        }
+        auto& r = rows[key];
+        (x[f] > 0 ? r.first : r.second) += std::fabs(x[f]) / top;
+      }
+      for (auto& [key, r] : rows)
+        if (std::max(r.first, r.second) >= 1 && std::fabs(r.first - r.second) <= 1)
+          digitless[static_cast<std::size_t>(v)] = 1;
     }
     // A matrix product whose finite terms or their partial sums may leave the compute dtype's
     // range (float for the half types): the f64 reference meets neither inf nor NaN where the

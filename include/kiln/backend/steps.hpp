@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kiln/backend/dispatch.hpp"
+#include "kiln/runtime/autotune.hpp"
 #include "kiln/runtime/cblas.hpp"
 #include "kiln/runtime/cublaslt.hpp"
 #include "kiln/sched/steps.hpp"
@@ -104,7 +105,8 @@ inline void run_library_call(const sched::LibraryCall& c, const char* a, const c
 /// max-autotune on the GPU, where the plan fuses an epilogue into a library call: the plan
 /// without fused epilogues (the plain product, the epilogue in the generated kernel after it)
 /// is built too, both are timed on the first run's inputs (into private outputs), and the
-/// faster is kept, in memory and in the disk cache.
+/// fused one is kept unless the other is clearly faster; the choice is kept in memory and in
+/// the disk cache.
 class StepProgram {
  public:
   /// One plan with its segments bound.
@@ -206,8 +208,9 @@ class StepProgram {
     return v;
   }
 
-  // Times the variants (each once to warm up and tune its calls, then ~5 ms of runs) into
-  // private outputs, so that outputs aliasing inputs are written once, by the real run.
+  // Times the variants into private outputs (so that outputs aliasing inputs are written once,
+  // by the real run) with CUDA events; the fused plan (variant 0) is kept unless the other
+  // beats it clearly (runtime::pick_fastest_by, as kernel tuning).
   void choose(const RunArgs& args) const {
     if (variants_.size() < 2) return;
     const runtime::CudaContext& ctx = runtime::cuda_context(graph_.device.index);
@@ -230,29 +233,29 @@ class StepProgram {
       outs.push_back(backend::allocate(static_cast<std::size_t>(span) * itemsize(n.dtype), graph_.device));
       priv.outputs.push_back(outs.back()->data);
     }
-    std::vector<double> ms;
-    for (const auto& v : variants_) {
-      run_variant(*v, priv, true);
-      runtime::CudaEvent start(ctx), stop(ctx);
-      start.record();
-      run_variant(*v, priv, false);
-      stop.record();
-      stop.synchronize();
-      const double once = std::max<double>(stop.elapsed_ms_since(start), 1e-3);
-      const int reps = static_cast<int>(std::clamp(5.0 / once, 3.0, 50.0));
-      start.record();
-      for (int r = 0; r < reps; ++r) run_variant(*v, priv, false);
-      stop.record();
-      stop.synchronize();
-      ms.push_back(static_cast<double>(stop.elapsed_ms_since(start)) / reps);
-    }
-    const std::size_t best = static_cast<std::size_t>(std::min_element(ms.begin(), ms.end()) - ms.begin());
+    // Each variant's calls tune their algorithms in a first run.
+    for (const auto& v : variants_) run_variant(*v, priv, true);
+    runtime::CudaEvent start(ctx), stop(ctx);
+    auto time = [&](std::size_t i, int reps) {
+      run_variant(*variants_[i], priv, false);
+      double best = 1e300;
+      for (int r = 0; r < std::max(1, reps); ++r) {
+        start.record();
+        run_variant(*variants_[i], priv, false);
+        stop.record();
+        stop.synchronize();
+        best = std::min(best, static_cast<double>(stop.elapsed_ms_since(start)) * 1e-3);
+      }
+      return best;
+    };
+    std::vector<double> seconds;
+    const std::size_t best = runtime::pick_fastest_by(variants_.size(), time, {}, &seconds);
     chosen_.store(variants_[best].get(), std::memory_order_release);
     runtime::store_tuning(key, variants_[best]->name);
     if (log_enabled(LogChannel::perf)) {
       char text[128];
       std::snprintf(text, sizeof text, ": epilogues fused into the library calls %.4f ms, as kernels %.4f ms; %s",
-                    ms[0], ms[1], variants_[best]->name);
+                    seconds[0] * 1e3, seconds[1] * 1e3, variants_[best]->name);
       log(LogChannel::perf, "max-autotune steps of graph " + kiln::detail::hex64(graph_.key) + text);
     }
   }

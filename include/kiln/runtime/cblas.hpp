@@ -192,33 +192,23 @@ W read_through(S x) {
 }
 
 /// An operand as a contiguous [batch, rows, cols] buffer of W (row-major), each element read
-/// through the product's cast (read_through); stored as `stored`.
+/// through the product's cast (read_through); stored as the floating dtype `stored`.
 template <class T, class W>
 std::vector<W> pack_operand(DType stored, const void* x, std::int64_t batch, std::int64_t bs, std::int64_t rows,
                             std::int64_t cols, std::int64_t rs, std::int64_t cs) {
   std::vector<W> out(static_cast<std::size_t>(batch * rows * cols));
-  auto pack = [&](const auto* p) {
-    W* o = out.data();
-    for (std::int64_t t = 0; t < batch; ++t)
-      for (std::int64_t i = 0; i < rows; ++i)
-        for (std::int64_t j = 0; j < cols; ++j) *o++ = read_through<T, W>(p[t * bs + i * rs + j * cs]);
-  };
-  switch (stored) {
-    case DType::Float16:
-      pack(static_cast<const Half*>(x));
-      break;
-    case DType::BFloat16:
-      pack(static_cast<const BFloat16*>(x));
-      break;
-    case DType::Float32:
-      pack(static_cast<const float*>(x));
-      break;
-    case DType::Float64:
-      pack(static_cast<const double*>(x));
-      break;
-    default:
+  visit_dtype(stored, [&](auto tag) {
+    using S = decltype(tag);
+    if constexpr (std::is_integral_v<S>) {
       throw InternalError(std::string("kiln: cpu_gemm: an operand stored as ") + dtype_name(stored));
-  }
+    } else {
+      const S* p = static_cast<const S*>(x);
+      W* o = out.data();
+      for (std::int64_t t = 0; t < batch; ++t)
+        for (std::int64_t i = 0; i < rows; ++i)
+          for (std::int64_t j = 0; j < cols; ++j) *o++ = read_through<T, W>(p[t * bs + i * rs + j * cs]);
+    }
+  });
   return out;
 }
 
@@ -233,16 +223,17 @@ void packed_gemm(const GemmShape& s, const void* A, const void* B, T* D) {
   f.dtype = f.out_dtype = std::is_same_v<W, float> ? DType::Float32 : DType::Float64;
   f.a_from.reset();
   f.b_from.reset();
-  // A batch stride of 0 stays one copy (a broadcast operand is packed once).
+  // A packed operand is row-major and contiguous (rs, cs, out_bs: the operand's strides in,
+  // the packed ones out); a batch stride of 0 stays one copy (a broadcast operand is packed once).
+  auto pack = [&](std::optional<DType> from, const void* x, std::int64_t bs, std::int64_t rows, std::int64_t cols,
+                  std::int64_t& rs, std::int64_t& cs, std::int64_t& out_bs) {
+    std::vector<W> v = pack_operand<T, W>(from.value_or(s.dtype), x, bs == 0 ? 1 : s.batch, bs, rows, cols, rs, cs);
+    rs = cols, cs = 1, out_bs = bs == 0 ? 0 : rows * cols;
+    return v;
+  };
   std::vector<W> a, b;
-  if (pack_a) {
-    a = pack_operand<T, W>(s.a_from.value_or(s.dtype), A, s.a_bs == 0 ? 1 : s.batch, s.a_bs, s.m, s.k, s.a_rs, s.a_cs);
-    f.a_rs = s.k, f.a_cs = 1, f.a_bs = s.a_bs == 0 ? 0 : s.m * s.k;
-  }
-  if (pack_b) {
-    b = pack_operand<T, W>(s.b_from.value_or(s.dtype), B, s.b_bs == 0 ? 1 : s.batch, s.b_bs, s.k, s.n, s.b_rs, s.b_cs);
-    f.b_rs = s.n, f.b_cs = 1, f.b_bs = s.b_bs == 0 ? 0 : s.k * s.n;
-  }
+  if (pack_a) a = pack(s.a_from, A, s.a_bs, s.m, s.k, f.a_rs, f.a_cs, f.a_bs);
+  if (pack_b) b = pack(s.b_from, B, s.b_bs, s.k, s.n, f.b_rs, f.b_cs, f.b_bs);
   const W* pa = pack_a ? a.data() : static_cast<const W*>(A);
   const W* pb = pack_b ? b.data() : static_cast<const W*>(B);
   if constexpr (!widen) {

@@ -57,8 +57,16 @@ inline ir::NodePtr triangle_mask(const Shape& shape, std::int64_t k, bool lower,
 inline Tensor triangle(const Tensor& t, std::int64_t k, bool lower, const char* op) {
   if (t.dim() < 2) throw ShapeError(std::string(op) + ": expected a tensor of at least 2 dims, got " + describe(t));
   ir::NodePtr zero = ir::constant(0.0, t.dtype(), t.shape(), t.device());
-  if (!is_floating(t.dtype())) zero = ir::constant_int(0, t.dtype(), t.shape(), t.device());
   return Tensor(ir::where(triangle_mask(t.shape(), k, lower, t.device()), t.node(), zero));
+}
+
+/// where(mask, value, t) for masked_fill: `value` already a node of t's dtype and shape.
+inline Tensor masked_fill_with(const Tensor& t, const Tensor& mask, const ir::NodePtr& value) {
+  Tensor m = to_tensor(mask);
+  check_same_device(t.device(), m.device(), "masked_fill");
+  if (m.dtype() != DType::Bool)
+    throw DTypeError("masked_fill: expected a bool mask, got " + describe(m) + " for input " + describe(t));
+  return Tensor(ir::where(broadcast_to(m, t.shape()).node(), value, t.node()));
 }
 
 }  // namespace detail
@@ -177,22 +185,12 @@ requires TensorLike<E> Tensor triu(const E& x, std::int64_t k = 0) {
   return detail::triangle(detail::to_tensor(x), k, false, "triu");
 }
 
-/// `value` where `mask` is true, else x (mask broadcasts to x's shape; x's dtype is kept), as
-/// torch.Tensor.masked_fill.
+/// `value` where `mask` is true, else x (mask broadcasts to x's shape; value is cast to x's
+/// dtype as `to` casts), as torch.Tensor.masked_fill.
 template <class E>
 requires TensorLike<E> Tensor masked_fill(const E& x, const Tensor& mask, double value) {
   Tensor t = detail::to_tensor(x);
-  Tensor m = detail::to_tensor(mask);
-  detail::check_same_device(t.device(), m.device(), "masked_fill");
-  if (m.dtype() != DType::Bool)
-    throw DTypeError("masked_fill: expected a bool mask, got " + detail::describe(m) + " for input " +
-                     detail::describe(t));
-  Tensor mb = broadcast_to(m, t.shape());
-  ir::NodePtr v = is_floating(t.dtype())
-                      ? ir::constant(value, t.dtype(), t.shape(), t.device())
-                      : ir::constant_int(static_cast<std::int64_t>(value), t.dtype(), t.shape(), t.device());
-  if (t.dtype() == DType::Bool) v = ir::constant_int(value != 0, DType::Bool, t.shape(), t.device());
-  return Tensor(ir::where(mb.node(), v, t.node()));
+  return detail::masked_fill_with(t, mask, ir::constant(value, t.dtype(), t.shape(), t.device()));
 }
 
 /// masked_fill with a 0-dim tensor `value` (cast to x's dtype), as torch's Tensor overload.
@@ -204,13 +202,7 @@ requires TensorLike<E> Tensor masked_fill(const E& x, const Tensor& mask, const 
     throw ShapeError("masked_fill: only supports a 0-dimensional value tensor, got " + detail::describe(v) +
                      " for input " + detail::describe(t));
   detail::check_same_device(t.device(), v.device(), "masked_fill");
-  Tensor m = detail::to_tensor(mask);
-  if (m.dtype() != DType::Bool)
-    throw DTypeError("masked_fill: expected a bool mask, got " + detail::describe(m) + " for input " +
-                     detail::describe(t));
-  Tensor mb = broadcast_to(m, t.shape());
-  Tensor vb = broadcast_to(v.to(t.dtype()), t.shape());
-  return Tensor(ir::where(mb.node(), vb.node(), t.node()));
+  return detail::masked_fill_with(t, mask, broadcast_to(v.to(t.dtype()), t.shape()).node());
 }
 
 /// int64 one-hot rows of `num_classes` entries for an integer `index` of any shape (result

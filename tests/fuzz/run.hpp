@@ -598,90 +598,77 @@ inline std::vector<char> outputs_after_digitless(const Program& p, std::uint64_t
                        (std::isfinite(x[i]) && x[i] != 0 && std::fabs(x[i] - y[i]) >= std::fabs(x[i]));
       }
     }
-    // A product whose factors overflow or underflow the compute dtype in some order: with a 0
-    // (or an infinity) among them 0 * inf meets NaN or not as the blocking decides, without
-    // one a finite product becomes inf or 0 (the reference multiplies in long double and
-    // meets neither). Judged over the whole operand.
+    // Ops whose result depends on the order of their accumulation through the range of the
+    // compute dtype (float for the half types), judged on the twin's operands:
+    //  - prod: factors whose partial products overflow or underflow in some order (with a 0
+    //    or an infinity among them 0 * inf meets NaN or not as the blocking decides; without
+    //    one a finite product becomes inf or 0; the reference multiplies in long double);
+    //  - sum, mean, var, layer_norm: a row whose positive or negative terms alone reach the
+    //    largest value while the row's total stays within it (ones with DBL_MAX and two
+    //    -DBL_MAX: the reference's lanes overflow, the JIT's blocked sum cancels first); sums
+    //    of one sign, and of squares (rms_norm), overflow in every order or in none;
+    //  - matmul: max |a| max |b| K reaching the largest value (a library's float dot product
+    //    meets inf - inf, or a partial sum past FLT_MAX that later cancels; the reference
+    //    accumulates in f64).
     const auto& table = op_table();
-    for (int v = 0; v < p.size(); ++v) {
-      const Step& st = p.steps[static_cast<std::size_t>(v)];
-      if (st.is_input || table[static_cast<std::size_t>(st.op.desc)].name != "prod" || st.op.args.empty() ||
-          st.op.args[0].is_number() || !is_floating(st.info.dtype))
-        continue;
-      std::vector<double> x = read_values(a.values[static_cast<std::size_t>(st.op.args[0].value)]);
-      // log2 of the compute dtype's largest and smallest (subnormal) sizes
-      const double top = st.info.dtype == f64 ? 1024 : 128, bottom = st.info.dtype == f64 ? -1074 : -149;
-      double up = 0, down = 0;  // log2 of the largest and the smallest partial product's size
-      for (double e : x) {
-        if (e == 0 || !std::isfinite(e)) continue;
-        const double l = std::log2(std::fabs(e));
-        (l > 0 ? up : down) += l;
-      }
-      // Without a 0 or an infinity too: factors whose partial products overflow (or underflow)
-      // in some order make a finite product inf (or 0) in another correct order.
-      if (up >= top || down < bottom) digitless[static_cast<std::size_t>(v)] = 1;
-    }
-    // A signed sum whose partial sums may leave the compute dtype's range in one order and not
-    // in another: in some row its positive or its negative terms alone reach the largest value
-    // while the row's total stays within it (ones with DBL_MAX and two -DBL_MAX: the
-    // reference's lanes overflow, the JIT's blocked sum cancels first). Sums of one sign, and
-    // of squares (rms_norm), overflow in every order or in none. Scaled by the largest value
-    // so that nothing overflows here.
     for (int v = 0; v < p.size(); ++v) {
       const Step& st = p.steps[static_cast<std::size_t>(v)];
       if (st.is_input || st.op.args.empty() || st.op.args[0].is_number() || !is_floating(st.info.dtype)) continue;
       const std::string& name = table[static_cast<std::size_t>(st.op.desc)].name;
-      const bool norm = name.rfind("layer_norm", 0) == 0;
-      if (name != "sum" && name != "mean" && name != "var" && !norm) continue;
+      const bool norm = name.rfind("layer_norm", 0) == 0, sum = name == "sum" || name == "mean" || name == "var";
+      if (name != "prod" && name != "matmul" && !norm && !sum) continue;
+      const bool f64_compute = st.info.dtype == f64;
+      const double top = dtype_max(f64_compute ? f64 : f32);
       const Shape& shape = p.info(st.op.args[0].value).shape;
-      std::vector<bool> reduced(shape.size(), norm);
-      if (norm) {
-        std::fill(reduced.begin(), reduced.end(), false);
-        if (!reduced.empty()) reduced.back() = true;
-      } else if (auto ax = norm_axes(st.op.p.ints, shape.size())) {
-        for (auto d : *ax) reduced[static_cast<std::size_t>(d)] = true;
-      }
-      const double top = st.info.dtype == f64 ? dtype_max(f64) : dtype_max(f32);
-      std::map<std::int64_t, std::pair<double, double>> rows;  // kept position -> (positive, negative) / top
-      std::vector<double> x = read_values(a.values[static_cast<std::size_t>(st.op.args[0].value)]);
-      for (std::size_t f = 0; f < x.size(); ++f) {
-        if (!std::isfinite(x[f])) continue;
-        std::int64_t rest = static_cast<std::int64_t>(f), key = 0, scale = 1;
-        for (std::size_t d = shape.size(); d-- > 0;) {
-          const std::int64_t at = shape[d] > 0 ? rest % shape[d] : 0;
-          rest = shape[d] > 0 ? rest / shape[d] : 0;
-          if (!reduced[d]) key += at * scale, scale *= shape[d];
+      const std::vector<double> x = read_values(a.values[static_cast<std::size_t>(st.op.args[0].value)]);
+      bool order_dependent = false;
+      if (name == "prod") {
+        // log2 of the compute dtype's largest and smallest (subnormal) sizes, and of the
+        // largest and the smallest partial product's size
+        const double up_limit = f64_compute ? 1024 : 128, down_limit = f64_compute ? -1074 : -149;
+        double up = 0, down = 0;
+        for (double e : x) {
+          if (e == 0 || !std::isfinite(e)) continue;
+          const double l = std::log2(std::fabs(e));
+          (l > 0 ? up : down) += l;
         }
-        auto& r = rows[key];
-        (x[f] > 0 ? r.first : r.second) += std::fabs(x[f]) / top;
-      }
-      for (auto& [key, r] : rows)
-        if (std::max(r.first, r.second) >= 1 && std::fabs(r.first - r.second) <= 1)
-          digitless[static_cast<std::size_t>(v)] = 1;
-    }
-    // A matrix product whose finite terms or their partial sums may leave the compute dtype's
-    // range (float for the half types): the f64 reference meets neither inf nor NaN where the
-    // library's float dot products do (inf - inf, a partial sum past FLT_MAX that later
-    // cancels). Bounded over the whole operands: max |a| max |b| K.
-    for (int v = 0; v < p.size(); ++v) {
-      const Step& st = p.steps[static_cast<std::size_t>(v)];
-      if (st.is_input || table[static_cast<std::size_t>(st.op.desc)].name != "matmul" || st.op.args.size() != 2 ||
-          !is_floating(st.info.dtype))
-        continue;
-      double big[2] = {0, 0};
-      bool special = false;
-      for (int k = 0; k < 2; ++k)
-        for (double e :
-             read_values(a.values[static_cast<std::size_t>(st.op.args[static_cast<std::size_t>(k)].value)])) {
-          if (!std::isfinite(e))
-            special = true;
-          else
-            big[k] = std::max(big[k], std::fabs(e));
+        order_dependent = up >= up_limit || down < down_limit;
+      } else if (name == "matmul") {
+        if (st.op.args[1].is_number()) continue;
+        auto largest = [](const std::vector<double>& vals) {
+          double m = 0;
+          for (double e : vals)
+            if (std::isfinite(e)) m = std::max(m, std::fabs(e));
+          return m;
+        };
+        const double b = largest(read_values(a.values[static_cast<std::size_t>(st.op.args[1].value)]));
+        const double K = static_cast<double>(std::max<std::int64_t>(1, shape.back()));
+        order_dependent = largest(x) * b * K >= top;
+      } else {
+        std::vector<bool> reduced(shape.size(), false);
+        if (norm) {
+          if (!reduced.empty()) reduced.back() = true;
+        } else if (auto ax = norm_axes(st.op.p.ints, shape.size())) {
+          for (auto d : *ax) reduced[static_cast<std::size_t>(d)] = true;
         }
-      const double K = static_cast<double>(std::max<std::int64_t>(1, p.info(st.op.args[0].value).shape.back()));
-      const double top = st.info.dtype == f64 ? dtype_max(f64) : dtype_max(f32);
-      if (big[0] * big[1] * K >= top || (special && big[0] * big[1] * K >= top / K))
-        digitless[static_cast<std::size_t>(v)] = 1;
+        // Per kept position: the positive and the negative terms, scaled by the largest value
+        // so that nothing overflows here.
+        std::map<std::int64_t, std::pair<double, double>> rows;
+        for (std::size_t f = 0; f < x.size(); ++f) {
+          if (!std::isfinite(x[f])) continue;
+          std::int64_t rest = static_cast<std::int64_t>(f), key = 0, scale = 1;
+          for (std::size_t d = shape.size(); d-- > 0;) {
+            const std::int64_t at = shape[d] > 0 ? rest % shape[d] : 0;
+            rest = shape[d] > 0 ? rest / shape[d] : 0;
+            if (!reduced[d]) key += at * scale, scale *= shape[d];
+          }
+          auto& r = rows[key];
+          (x[f] > 0 ? r.first : r.second) += std::fabs(x[f]) / top;
+        }
+        for (auto& [key, r] : rows)
+          order_dependent = order_dependent || (std::max(r.first, r.second) >= 1 && std::fabs(r.first - r.second) <= 1);
+      }
+      if (order_dependent) digitless[static_cast<std::size_t>(v)] = 1;
     }
   } catch (const std::exception&) {
     return loose;  // a twin that cannot run excuses nothing

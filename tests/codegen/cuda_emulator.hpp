@@ -33,6 +33,7 @@ inline constexpr const char* kPrelude = R"EMU(
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(x)
 #define __shared__ static
 #define KILN_EXTERN_SMEM(name) unsigned char* name = ::kiln_emu::dynamic_smem()
@@ -49,6 +50,11 @@ static inline double __longlong_as_double(long long i) { double d; memcpy(&d, &i
 static inline long long __double_as_longlong(double d) { long long i; memcpy(&i, &d, 8); return i; }
 static inline void __threadfence() {}
 static inline unsigned atomicAdd(unsigned* p, unsigned v) { unsigned old = *p; *p = old + v; return old; }
+static inline unsigned long long atomicCAS(unsigned long long* p, unsigned long long cmp, unsigned long long v) {
+  unsigned long long old = *p;
+  if (old == cmp) *p = v;
+  return old;
+}
 
 namespace kiln_emu {
 struct Fiber {

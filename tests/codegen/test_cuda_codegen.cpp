@@ -635,3 +635,94 @@ TEST_CASE("cuda emulator: one symbolic unit gives the reference executor's resul
     }
   }
 }
+
+namespace {
+/// Indices into a dim of `bound`, `n` of them, every value in range (a fixed pattern with repeats).
+std::vector<std::int64_t> spread_indices(std::int64_t n, std::int64_t bound) {
+  std::vector<std::int64_t> v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = (i * 7 + i / 3) % bound;
+  return v;
+}
+/// embedding(W, ids): rows of W at ids, as the front end builds it.
+NodePtr rows_of(const NodePtr& w, const NodePtr& ids) {
+  const std::int64_t n = ids->shape.numel(), d = w->shape[1];
+  return ir::gather(w, ir::broadcast(ir::reshape(ids, Shape{n, 1}), Shape{n, d}), 0, ir::GatherSite::Embedding);
+}
+}  // namespace
+
+TEST_CASE("cuda emulator: gathers fuse with what reads them and give the reference executor's results") {
+  if (!have_host_compiler()) return;
+  NodePtr w = input({50, 64}, f32, 201), pos = input({37, 64}, f32, 202);
+  NodePtr ids = input_values<std::int64_t>({37}, spread_indices(37, 50));
+  // Gathered rows scaled and shifted: one kernel, the rows read with vector loads.
+  NodePtr emb = add(mul(rows_of(w, ids), cst(2.0, pos)), pos);
+  std::uint64_t kernels = 0;
+  std::string r = emulate({emb}, {}, false, 1.0, &kernels);
+  CHECK_MESSAGE(r.empty(), r);
+  CHECK(kernels == 1);
+  {
+    ir::Captured c = capture({emb});
+    codegen::CudaSource src =
+        codegen::generate_cuda(c.graph, sched::schedule(c.graph), "kiln_test", kiln_cuda_emu::small_target());
+    CHECK_MESSAGE(has(src.source, "uint4"), src.source);
+    CHECK(has(src.source, "kiln_gather_index"));
+  }
+  // Half-precision rows (8 lanes), and the rows of a computed table.
+  NodePtr wh = input({50, 64}, f16, 203);
+  r = emulate({rows_of(wh, ids), rows_of(un(Op::Exp, w), ids)});
+  CHECK_MESSAGE(r.empty(), r);
+  // A per-element index along the last axis (take_along_dim: the index differs lane by lane),
+  // and along the first, from a permuted input.
+  NodePtr x = input({6, 40}, f32, 204);
+  NodePtr along = input_values<std::int64_t>({6, 40}, spread_indices(240, 40));
+  NodePtr down = input_values<std::int64_t>({3, 40}, spread_indices(120, 6));
+  NodePtr xt = input({6, 40}, f32, 205, Strides{1, 6}, 240);  // a transposed [40, 6] buffer
+  r = emulate({ir::gather(x, along, 1, ir::GatherSite::TakeAlongDim), ir::gather(x, down, 0, ir::GatherSite::Gather),
+               ir::gather(xt, ir::gather(along, down, 0, ir::GatherSite::Gather), 1, ir::GatherSite::Gather)});
+  CHECK_MESSAGE(r.empty(), r);
+  // Gathered values summed per row, and a pick per row beside a row reduction (cross_entropy's
+  // shape: logsumexp - x[target]).
+  NodePtr logits = input({64, 300}, f32, 206);
+  NodePtr t = input_values<std::int64_t>({64, 1}, spread_indices(64, 300));
+  NodePtr lse = un(Op::Log, red(Op::ReduceSum, un(Op::Exp, logits), {1}));
+  r = emulate({red(Op::ReduceSum, rows_of(w, ids), {1}), sub(lse, ir::gather(logits, t, 1, ir::GatherSite::CrossEntropy))});
+  CHECK_MESSAGE(r.empty(), r);
+}
+
+TEST_CASE("cuda emulator: an index out of range is recorded for the host to raise, naming the op; reads stay in range") {
+  if (!have_host_compiler()) return;
+  NodePtr w = input({50, 64}, f32, 207);
+  std::vector<std::int64_t> bad = spread_indices(37, 50);
+  bad[20] = 50;
+  bad[30] = -3;
+  ir::Captured c = capture({rows_of(w, input_values<std::int64_t>({37}, bad))});
+  Outputs got = make_outputs(c.graph, 0xAB);
+  kiln_cuda_emu::run(c.graph, args_for(c, got), kiln_cuda_emu::small_target());
+  std::string message;
+  try {
+    kiln::detail::raise_host_index_fault();
+  } catch (const IndexError& e) {
+    message = e.what();
+  }
+  CHECK_MESSAGE(has(message, "embedding: index "), message);
+  CHECK_MESSAGE((has(message, "index 50 is out of bounds for dimension 0 with size 50") ||
+                 has(message, "index -3 is out of bounds for dimension 0 with size 50")),
+                message);
+  // The record is cleared once raised: nothing more to raise.
+  CHECK_NOTHROW(kiln::detail::raise_host_index_fault());
+  // Rows 20 and 30 read the clamped rows 49 and 0.
+  const float* wv = nullptr;
+  for (auto& leaf : c.leaves)
+    if (leaf->shape == Shape{50, 64}) wv = static_cast<const float*>(leaf->buffer->data());
+  REQUIRE(wv != nullptr);
+  const float* out = static_cast<const float*>(got.pointers[0]);
+  CHECK(out[20 * 64 + 5] == wv[49 * 64 + 5]);
+  CHECK(out[30 * 64 + 5] == wv[0 * 64 + 5]);
+}
+
+TEST_CASE("cuda codegen: gathers (rows, per-element picks, their range checks) compile with NVRTC for sm_90 and sm_80") {
+  if (!have_nvrtc()) return;
+  NodePtr w = shape_only({50304, 1024}, f32), ids = shape_only({32768}, i64);
+  NodePtr x = shape_only({64, 300}, bf16), t = shape_only({64, 1}, i64);
+  compile_both("gather", {rows_of(w, ids), ir::gather(x, t, 1, ir::GatherSite::CrossEntropy)});
+}

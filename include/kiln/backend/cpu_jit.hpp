@@ -25,6 +25,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kiln/core/index_fault.hpp"
 #include "kiln/backend/executor.hpp"
 #include "kiln/codegen/cpp.hpp"
 #include "kiln/core/env.hpp"
@@ -639,8 +640,13 @@ inline void run_cpu_plan(const detail::CpuPlan& plan, const RunArgs& args) {
     if (n > 1) detail::CpuLoad::instance().team_ended(n);
     kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
   };
-  if (plan.graph_fn) return launch(plan.graph_fn, a.argv, plan.graph_team, plan.graph_work);
-  for (std::size_t k = 0; k < plan.kernels.size(); ++k) launch(plan.kernels[k], a.argv, plan.threads[k], plan.work[k]);
+  if (plan.graph_fn)
+    launch(plan.graph_fn, a.argv, plan.graph_team, plan.graph_work);
+  else
+    for (std::size_t k = 0; k < plan.kernels.size(); ++k) launch(plan.kernels[k], a.argv, plan.threads[k], plan.work[k]);
+  // A gather's index out of range (core/index_fault.hpp): the kernels read clamped elements, and
+  // the run's results are not the user's to see.
+  kiln::detail::raise_host_index_fault();
 }
 
 /// Times `plan`'s launch configurations on the buffers of `args` and returns the tuned plan

@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kiln/core/index_fault.hpp"
 #include "kiln/backend/cpu_jit.hpp"
 #include "kiln/backend/executor.hpp"
 #include "kiln/backend/plan_cache.hpp"
@@ -153,6 +154,7 @@ inline void run_cpu_symbolic(const detail::CpuSymbolicPlan& plan, const RunArgs&
     fn(argv.data(), threads);
     kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
   }
+  kiln::detail::raise_host_index_fault();
 }
 
 /// Forgets every CPU symbolic plan (clear_symbolic_plans(), in cuda_symbolic.hpp, forgets the

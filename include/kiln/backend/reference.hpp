@@ -875,6 +875,54 @@ inline Value exec_index_map(const ir::Graph& g, const ir::GraphNode& n, const st
   throw Error(std::string("reference executor: not an index map: ") + ir::op_name(n.op));
 }
 
+/// out[p] = x[p with p[axis] = index[p]], every index checked first (an IndexError names the op
+/// and writes nothing).
+inline Value exec_gather(const ir::Graph& g, const ir::GraphNode& n, const std::vector<Value>& vals,
+                         const Value* into) {
+  const ir::GraphNode& xn = g.nodes[static_cast<std::size_t>(n.inputs[0])];
+  const Value& x = vals[static_cast<std::size_t>(n.inputs[0])];
+  const Value& index = vals[static_cast<std::size_t>(n.inputs[1])];
+  const auto axis = static_cast<std::size_t>(n.attrs.ints.at(0));
+  const i64 bound = xn.shape[axis];
+  const std::size_t rank = n.shape.size();
+  const i64 total = n.shape.numel();
+  auto for_each = [&](auto&& f) {
+    std::vector<i64> pos(rank, 0);
+    for (i64 flat = 0; flat < total; ++flat) {
+      f(pos);
+      for (std::size_t d = rank; d-- > 0;) {
+        if (++pos[d] < n.shape[d]) break;
+        pos[d] = 0;
+      }
+    }
+  };
+  auto at = [&](const std::vector<i64>& pos, const Strides& st) {
+    i64 off = 0;
+    for (std::size_t d = 0; d < rank; ++d) off += pos[d] * st[d];
+    return off;
+  };
+  const auto* ip = reinterpret_cast<const std::int64_t*>(index.data);
+  for_each([&](const std::vector<i64>& pos) {
+    const i64 v = ip[at(pos, index.strides)];
+    if (v < 0 || v >= bound) {
+      const ir::GraphNode& in = g.nodes[static_cast<std::size_t>(n.inputs[1])];
+      throw IndexError(std::string(ir::gather_site_name(n.attrs.ints.at(1))) + ": index " + std::to_string(v) +
+                       " is out of bounds for dimension " + std::to_string(axis) + " with size " +
+                       std::to_string(bound) + " (input " + dtype_name(xn.dtype) + xn.shape.str() + ", index " +
+                       dtype_name(in.dtype) + in.shape.str() + ")");
+    }
+  });
+  Value o = into ? *into : allocate(n.shape, n.dtype);
+  const std::size_t isz = itemsize(n.dtype);
+  for_each([&](const std::vector<i64>& pos) {
+    std::vector<i64> src = pos;
+    src[axis] = ip[at(pos, index.strides)];
+    std::memcpy(o.data + at(pos, o.strides) * static_cast<i64>(isz), x.data + at(src, x.strides) * static_cast<i64>(isz),
+                isz);
+  });
+  return o;
+}
+
 inline Value exec_node(const ir::Graph& g, const ir::GraphNode& n, const std::vector<Value>& vals, const Value* into) {
   auto in = [&](std::size_t k) -> const Value& { return vals[static_cast<std::size_t>(n.inputs[k])]; };
   auto in_node = [&](std::size_t k) -> const ir::GraphNode& { return g.nodes[static_cast<std::size_t>(n.inputs[k])]; };
@@ -883,6 +931,8 @@ inline Value exec_node(const ir::Graph& g, const ir::GraphNode& n, const std::ve
       return exec_leaf(n, into, n.op == Op::Random && !n.inputs.empty() ? &in(0) : nullptr);
     case ir::OpKind::IndexMap:
       return exec_index_map(g, n, vals, into);
+    case ir::OpKind::Gather:
+      return exec_gather(g, n, vals, into);
     case ir::OpKind::Unary: {
       Value o = into ? *into : allocate(n.shape, n.dtype);
       DType dt = in_node(0).dtype;

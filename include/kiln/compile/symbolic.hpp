@@ -243,6 +243,16 @@ inline std::optional<SymbolicGraph> infer_symbolic(const ir::Graph& g,
         }
         break;  // reshape, and the axis of slices and concats: below, once inputs are known
       }
+      case ir::OpKind::Gather:
+        // The index has the output's shape; the gathered input's other dims are at least the
+        // index's (equal in every case but a smaller index): specialised unless equal.
+        for (std::size_t d = 0; d < rank; ++d) {
+          unite(slot(i, d), in_slot(1, d), i);
+          if (static_cast<std::int64_t>(d) != nd.attrs.ints[0] &&
+              size_at(static_cast<std::size_t>(nd.inputs[0]), d) == nd.shape[d])
+            unite(slot(i, d), in_slot(0, d), i);
+        }
+        break;
       case ir::OpKind::Contract:
         // A library call is planned (layouts, algorithm) for static sizes: specialise.
         fail(node_text(i) + ": a matrix product's sizes are specialised");
@@ -254,12 +264,23 @@ inline std::optional<SymbolicGraph> infer_symbolic(const ir::Graph& g,
   for (int round = 0; round < 3 && !failed; ++round) {
     for (std::size_t i = 0; i < n && !failed; ++i) {
       const ir::GraphNode& nd = g.nodes[i];
-      if (nd.op != ir::Op::Reshape && nd.op != ir::Op::Slice && nd.op != ir::Op::Concat) continue;
+      if (nd.op != ir::Op::Reshape && nd.op != ir::Op::Slice && nd.op != ir::Op::Concat && nd.op != ir::Op::Gather)
+        continue;
       const std::size_t in0 = static_cast<std::size_t>(nd.inputs[0]);
       auto in_dim = [&](std::size_t node, std::size_t d) {
         auto v = resolved(slot(node, d));
         return v ? *v : SymDim{size_at(node, d), -1};
       };
+      if (nd.op == ir::Op::Gather) {
+        // The range check bakes the gathered dim's size, and a gathered input larger than the
+        // index elsewhere is addressed by its own sizes: both must be static.
+        for (std::size_t d = 0; d < nd.shape.size(); ++d) {
+          SymDim v = in_dim(in0, d), o = in_dim(i, d);
+          if (v.sym >= 0 && (static_cast<std::int64_t>(d) == nd.attrs.ints[0] || o.sym != v.sym || o.coef != v.coef))
+            fail("node " + node_text(i) + " gathers from symbolic dim " + std::to_string(d));
+        }
+        continue;
+      }
       if (nd.op != ir::Op::Reshape) {
         const auto axis = static_cast<std::size_t>(nd.attrs.ints[0]);
         std::int64_t total = 0;

@@ -279,6 +279,22 @@ inline NodePtr concat(const std::vector<NodePtr>& xs, std::int64_t axis) {
   return finish(std::move(n));
 }
 
+/// x read where `index` (Int64, x's rank) says along `axis`: out[p] = x[p with p[axis] =
+/// index[p]], of index's shape; x's other dims are at least index's (the front end checks).
+/// `site` names the user-facing op in range errors (GatherSite).
+inline NodePtr gather(const NodePtr& x, const NodePtr& index, std::int64_t axis, GatherSite site) {
+  const std::size_t r = x->shape.size();
+  if (index->dtype != DType::Int64 || index->shape.size() != r || axis < 0 || axis >= static_cast<std::int64_t>(r) ||
+      !(x->device == index->device))
+    detail::invariant_failed("gather of " + x->shape.str() + " by " + index->shape.str());
+  for (std::size_t d = 0; d < r; ++d)
+    if (static_cast<std::int64_t>(d) != axis && index->shape[d] > x->shape[d])
+      detail::invariant_failed("gather index " + index->shape.str() + " larger than " + x->shape.str());
+  Node n = blank(Op::Gather, x->dtype, x->device, index->shape, {x, index});
+  n.attrs.ints = {axis, static_cast<std::int64_t>(site)};
+  return finish(std::move(n));
+}
+
 /// Matrix product a [..., M, K] x b [..., K, N] -> [..., M, N]: equal ranks >= 2, equal batch
 /// dims (the front end broadcasts them first), one dtype.
 inline NodePtr matmul(const NodePtr& a, const NodePtr& b) {

@@ -265,6 +265,18 @@ inline void Graph::verify() const {
         if (n.op == Op::Broadcast && in(0).shape.size() != n.shape.size()) fail(i, "broadcast rank");
         if (n.op == Op::Permute && n.attrs.ints.size() != n.shape.size()) fail(i, "permutation rank");
         break;
+      case OpKind::Gather: {
+        if (arity != 2 || n.attrs.ints.size() != 2) fail(i, "arity or attributes");
+        const std::size_t r = in(0).shape.size();
+        const std::int64_t axis = n.attrs.ints[0];
+        if (in(1).dtype != DType::Int64) fail(i, "index is not int64");
+        if (in(1).shape != n.shape || r != n.shape.size() || axis < 0 || axis >= static_cast<std::int64_t>(r))
+          fail(i, "index shape or axis");
+        for (std::size_t d = 0; d < r; ++d)
+          if (static_cast<std::int64_t>(d) != axis && n.shape[d] > in(0).shape[d]) fail(i, "index larger than input");
+        if (in(0).dtype != n.dtype) fail(i, "dtype changes");
+        break;
+      }
       case OpKind::Contract: {
         if (arity != 2) fail(i, "arity");
         const Shape &a = in(0).shape, &b = in(1).shape;

@@ -13,7 +13,7 @@ enum class CostClass : std::uint8_t {
   Transcendental,  ///< a polynomial or a library call (exp, sin, pow, ...)
 };
 
-enum class OpKind : std::uint8_t { Leaf, Unary, Binary, Ternary, Reduce, IndexMap, Contract };
+enum class OpKind : std::uint8_t { Leaf, Unary, Binary, Ternary, Reduce, IndexMap, Gather, Contract };
 
 /// Properties of a primitive that stages read instead of listing ops themselves.
 enum OpFlag : std::uint32_t {
@@ -109,6 +109,8 @@ enum OpFlag : std::uint32_t {
   X(Permute, "permute", IndexMap, Free, kNoFlags)                                              \
   X(Slice, "slice", IndexMap, Free, kNoFlags)                                                  \
   X(Concat, "concat", IndexMap, Free, kNoFlags)                                                \
+  /* Data-dependent reads: the output reads input 0 where input 1's values say. */             \
+  X(Gather, "gather", Gather, Free, kNoFlags)                                                  \
   /* Contractions, computed by a library call (CBLAS, cuBLASLt). */                            \
   X(MatMul, "matmul", Contract, Free, kLibraryCall)
 
@@ -123,6 +125,10 @@ enum OpFlag : std::uint32_t {
 //   Permute    output dim i = input dim attrs.ints[i]
 //   Slice      attrs.ints = {axis, start, step}; output size along axis is shape[axis]
 //   Concat     attrs.ints = {axis}; inputs joined along axis
+//   Gather     gather(x, index) along axis attrs.ints[0]: out[p] = x[p with p[axis] = index[p]];
+//              index is Int64 of the output's shape and x's rank, x's other dims at least the
+//              index's; attrs.ints[1] is the user-facing op (GatherSite) its range errors name.
+//              An index outside [0, x.shape[axis]) is reported (IndexError) and reads a clamped element
 //   MatMul     a [..., M, K] x b [..., K, N] -> [..., M, N]: equal rank >= 2, equal batch dims,
 //              one dtype (floating); half types accumulate in float32, the result keeps the dtype
 
@@ -147,7 +153,7 @@ struct OpInfo {
 namespace table_detail {
 constexpr int kind_arity(OpKind k, Op op) {
   return k == OpKind::Leaf                               ? 0
-         : k == OpKind::Binary || k == OpKind::Contract ? 2
+         : k == OpKind::Binary || k == OpKind::Contract || k == OpKind::Gather ? 2
          : k == OpKind::Ternary                         ? 3
          : op == Op::Concat                             ? -1
                                                         : 1;
@@ -174,6 +180,24 @@ constexpr bool is_pointwise(Op op) {
 }
 constexpr bool is_reduction(Op op) { return op_kind(op) == OpKind::Reduce; }
 constexpr bool is_index_map(Op op) { return op_kind(op) == OpKind::IndexMap; }
+constexpr bool is_gather(Op op) { return op_kind(op) == OpKind::Gather; }
+
+/// The user-facing op a Gather node was made for (attrs.ints[1]): what its range errors name.
+enum class GatherSite : std::int64_t { Gather, IndexSelect, TakeAlongDim, Embedding, CrossEntropy };
+constexpr const char* gather_site_name(std::int64_t site) {
+  switch (static_cast<GatherSite>(site)) {
+    case GatherSite::IndexSelect:
+      return "index_select";
+    case GatherSite::TakeAlongDim:
+      return "take_along_dim";
+    case GatherSite::Embedding:
+      return "embedding";
+    case GatherSite::CrossEntropy:
+      return "cross_entropy";
+    default:
+      return "gather";
+  }
+}
 constexpr bool is_comparison(Op op) { return has_flag(op, kComparison); }
 constexpr bool is_library_call(Op op) { return has_flag(op, kLibraryCall); }
 constexpr const char* op_name(Op op) { return static_cast<int>(op) < kNumOps ? op_info(op).name : "?"; }

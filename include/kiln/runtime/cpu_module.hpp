@@ -9,6 +9,7 @@
 
 #include "kiln/core/error.hpp"
 #include "kiln/core/hash.hpp"
+#include "kiln/core/index_fault.hpp"
 #include "kiln/core/log.hpp"
 #include "kiln/core/stats.hpp"
 #include "kiln/core/version.hpp"
@@ -50,6 +51,9 @@ class CpuModuleCache {
       if (log_enabled(LogChannel::cache))
         log(LogChannel::cache, "cpu module " + detail::hex64(kiln::detail::hash_string(source)) + ": memory hit");
     }
+    // A module that gathers reports range faults to the process's record (core/index_fault.hpp).
+    if (created)
+      if (void* slot = lib->find_symbol("kiln_index_fault")) *static_cast<long long**>(slot) = kiln::detail::host_index_fault();
     return lib;
   }
 

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -24,6 +25,7 @@
 
 #include "kiln/core/env.hpp"
 #include "kiln/core/error.hpp"
+#include "kiln/core/index_fault.hpp"
 
 namespace kiln::runtime::cu {
 
@@ -145,6 +147,12 @@ struct CudaDriverApi {
   CUresult (*module_load_data)(cu::CUmodule*, const void*) = nullptr;                                // cuModuleLoadData
   CUresult (*module_get_function)(cu::CUfunction*, cu::CUmodule, const char*) = nullptr;  // cuModuleGetFunction
   CUresult (*module_unload)(cu::CUmodule) = nullptr;                                      // cuModuleUnload
+  // Index faults (core/index_fault.hpp): optional; without them gathers are not range-checked on
+  // the device (their reads are still clamped into range).
+  CUresult (*module_get_global)(cu::CUdeviceptr*, std::size_t*, cu::CUmodule,
+                                const char*) = nullptr;                          // cuModuleGetGlobal_v2
+  CUresult (*mem_host_alloc)(void**, std::size_t, unsigned) = nullptr;           // cuMemHostAlloc
+  CUresult (*mem_host_get_device_pointer)(cu::CUdeviceptr*, void*, unsigned) = nullptr;  // cuMemHostGetDevicePointer_v2
   CUresult (*launch_kernel)(cu::CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                             cu::CUstream, void**, void**) = nullptr;                         // cuLaunchKernel
   CUresult (*func_set_attribute)(cu::CUfunction, cu::CUfunction_attribute, int) = nullptr;   // cuFuncSetAttribute
@@ -333,6 +341,10 @@ inline CudaDriverState load_cuda_driver(const std::string& path) {
   optional_sym(launch_missing, a.graph_create, "cuGraphCreate");
   optional_sym(launch_missing, a.graph_add_kernel_node, "cuGraphAddKernelNode_v2");
   optional_sym(launch_missing, a.graph_exec_kernel_node_set_params, "cuGraphExecKernelNodeSetParams_v2");
+  std::string fault_missing;
+  optional_sym(fault_missing, a.module_get_global, "cuModuleGetGlobal_v2");
+  optional_sym(fault_missing, a.mem_host_alloc, "cuMemHostAlloc");
+  optional_sym(fault_missing, a.mem_host_get_device_pointer, "cuMemHostGetDevicePointer_v2");
   s.launch_graphs_missing =
       graph_missing.empty() ? launch_missing : graph_missing + (launch_missing.empty() ? "" : ", " + launch_missing);
   s.handle = h;
@@ -446,6 +458,12 @@ class CudaContext {
   int max_grid_x = 0, max_grid_y = 0;
   std::size_t total_memory = 0;
 
+ private:
+  std::once_flag fault_once_;
+  long long* fault_host_ = nullptr;  ///< the index fault record (core/index_fault.hpp), host side
+  cu::CUdeviceptr fault_device_ = 0;
+
+ public:
   explicit CudaContext(int device_index) : index(device_index) {
     const auto& api = detail::require_cuda_driver("use cuda:" + std::to_string(device_index));
     const std::string where = "on cuda:" + std::to_string(index);
@@ -500,12 +518,39 @@ class CudaContext {
                        [&] { return "on cuda:" + std::to_string(index); });
   }
 
-  /// Waits for all of kiln's work on this device.
+  /// Waits for all of kiln's work on this device, then raises the IndexError of a gather
+  /// that read out of range in that work (core/index_fault.hpp).
   void synchronize() const {
     make_current();
     detail::cuda_check(detail::cuda_driver_state().api.stream_synchronize(stream), "cuStreamSynchronize", [&] {
       return "on cuda:" + std::to_string(index) + " (an earlier asynchronous error may surface here)";
     });
+    raise_index_fault();
+  }
+
+  /// The device address of this device's index fault record (mapped pinned host memory, made on
+  /// first use), or 0 when the driver cannot map host memory.
+  cu::CUdeviceptr index_fault_record() {
+    std::call_once(fault_once_, [&] {
+      const auto& api = detail::cuda_driver_state().api;
+      if (!api.mem_host_alloc || !api.mem_host_get_device_pointer) return;
+      make_current();
+      void* host = nullptr;
+      constexpr unsigned kPortable = 0x01, kDeviceMap = 0x02;  // CU_MEMHOSTALLOC_PORTABLE, _DEVICEMAP
+      if (api.mem_host_alloc(&host, 64, kPortable | kDeviceMap) != cu::CUDA_SUCCESS) return;
+      std::memset(host, 0, 64);
+      cu::CUdeviceptr dev = 0;
+      if (api.mem_host_get_device_pointer(&dev, host, 0) != cu::CUDA_SUCCESS) return;
+      fault_host_ = static_cast<long long*>(host);
+      fault_device_ = dev;
+    });
+    return fault_device_;
+  }
+
+  /// Throws the IndexError a kernel recorded on this device (once it finished: after a
+  /// synchronisation).
+  void raise_index_fault() const {
+    if (fault_host_) kiln::detail::raise_index_fault(fault_host_);
   }
 };
 

@@ -103,6 +103,8 @@ inline void copy_device_to_host(void* dst, const void* src, std::size_t bytes, i
                      what);
   detail::cuda_check(api.stream_synchronize(ctx.stream), "cuStreamSynchronize",
                      [&] { return what() + " (an earlier kernel's error may surface here)"; });
+  // A gather that read out of range in the work before (its results are what is being read).
+  ctx.raise_index_fault();
 }
 
 /// Copies `bytes` between two blocks on cuda:`device`, in order on the device's stream.

@@ -265,6 +265,18 @@ class CudaModuleCache {
                (detail::looks_like_cubin(cubin) ? "" : "; the bytes are not an ELF cubin");
       });
       it = per_device.emplace(cubin, Module{module, {}}).first;
+      // A module that gathers reports range faults to the device's record (core/index_fault.hpp).
+      cu::CUdeviceptr slot = 0;
+      std::size_t slot_bytes = 0;
+      if (api.module_get_global &&
+          api.module_get_global(&slot, &slot_bytes, module, "kiln_index_fault") == cu::CUDA_SUCCESS &&
+          slot_bytes == sizeof(cu::CUdeviceptr)) {
+        const cu::CUdeviceptr record = ctx.index_fault_record();
+        detail::cuda_check(api.memcpy_htod_async(slot, &record, sizeof record, ctx.stream), "cuMemcpyHtoDAsync",
+                           "setting a module's index fault record");
+        detail::cuda_check(api.stream_synchronize(ctx.stream), "cuStreamSynchronize",
+                           "setting a module's index fault record");
+      }
     }
     auto& fns = it->second.functions;
     if (auto f = fns.find(kernel_name); f != fns.end()) return f->second;

@@ -5,9 +5,13 @@
 // functions instead of copies. Most of them stay affine (sum c_d * i_d + k), which is what
 // lets the scheduler prove that a reference reads "the current row" of a reduction, merge
 // loop dimensions and find the unit-stride dimension; what is not affine (a reshape that
-// splits an index unevenly, concat's clamped pieces) is carried as opaque C text.
+// splits an index unevenly, concat's clamped pieces) is carried as opaque C text. A gather's
+// coordinate is a value the kernel computes (its index operand): it is carried as a "value
+// term" beside the affine part, so that x[ids[i], j] keeps its unit stride along j (and its
+// vector loads) while the scheduler still sees which loop dims the term depends on.
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -24,15 +28,31 @@ using i64 = std::int64_t;
 /// Most loop dimensions a kernel may have (opaque expressions track their dims in a bit mask).
 inline constexpr int kMaxRank = 64;
 
-/// One integer index as a function of the kernel's loop indices: affine
-/// (sum coeff[d] * i_d + constant) or, when `text` is set, an opaque C expression.
-struct IndexExpr {
-  std::vector<i64> coeff;  ///< one per kernel dimension (affine only)
-  i64 constant = 0;        ///< affine only
-  std::string text;        ///< opaque: C expression over the loop variables i<d>
-  std::uint64_t deps = 0;  ///< opaque: the kernel dimensions the text reads
+/// scale * (text): a term whose value the kernel computes (a gathered index), not a function
+/// of the loop variables that index arithmetic can see through.
+struct ValueTerm {
+  std::string text;        ///< C expression of the value (a variable of the generated code)
+  i64 scale = 1;
+  std::uint64_t deps = 0;  ///< the kernel dimensions the value may depend on
+  friend bool operator==(const ValueTerm& a, const ValueTerm& b) {
+    return a.text == b.text && a.scale == b.scale && a.deps == b.deps;
+  }
+};
 
-  bool affine() const { return text.empty(); }
+/// One integer index as a function of the kernel's loop indices: affine
+/// (sum coeff[d] * i_d + constant), affine plus value terms, or, when `text` is set, an opaque
+/// C expression.
+struct IndexExpr {
+  std::vector<i64> coeff;         ///< one per kernel dimension (affine part)
+  i64 constant = 0;               ///< affine part
+  std::vector<ValueTerm> values;  ///< value terms added to the affine part (not with `text`)
+  std::string text;               ///< opaque: C expression over the loop variables i<d>
+  std::uint64_t deps = 0;         ///< opaque, or with value terms: the kernel dimensions read beyond coeff
+
+  /// Purely affine: no opaque text and no value terms.
+  bool affine() const { return text.empty() && values.empty(); }
+  /// An affine part plus value terms (the affine part is exact, the terms are not looked into).
+  bool has_values() const { return text.empty() && !values.empty(); }
   bool is_constant() const {
     if (!affine()) return false;
     for (auto c : coeff)
@@ -41,8 +61,9 @@ struct IndexExpr {
   }
   /// Kernel dimensions the value depends on.
   std::uint64_t dep_mask() const {
-    if (!affine()) return deps;
+    if (!text.empty()) return deps;
     std::uint64_t m = 0;
+    for (auto& v : values) m |= v.deps;
     for (std::size_t d = 0; d < coeff.size(); ++d)
       if (coeff[d] != 0) m |= std::uint64_t(1) << d;
     return m;
@@ -56,11 +77,17 @@ struct IndexExpr {
   }
   /// Appends the key (raw bytes: built often, in memo keys, so no decimal formatting).
   void append_key(std::string& k) const {
-    if (!affine()) {
+    if (!text.empty()) {
       k += 'o';
       k += text;
       k += '\0';
       return;
+    }
+    for (auto& v : values) {
+      k += 'v';
+      k += v.text;
+      k += '\0';
+      k.append(reinterpret_cast<const char*>(&v.scale), sizeof(i64));
     }
     k += 'a';
     for (std::size_t d = 0; d < coeff.size(); ++d) {
@@ -72,8 +99,9 @@ struct IndexExpr {
     k.append(reinterpret_cast<const char*>(&constant), sizeof(i64));
   }
   friend bool operator==(const IndexExpr& a, const IndexExpr& b) {
-    if (a.affine() != b.affine()) return false;
-    if (!a.affine()) return a.text == b.text;
+    if (a.text.empty() != b.text.empty()) return false;
+    if (!a.text.empty()) return a.text == b.text;
+    if (a.values != b.values) return false;
     if (a.constant != b.constant) return false;
     for (std::size_t d = 0; d < std::max(a.coeff.size(), b.coeff.size()); ++d)
       if (a.at(d) != b.at(d)) return false;
@@ -106,9 +134,20 @@ inline IndexExpr ix_var(int d, int rank) {
 /// The loop variable of kernel dimension d, as generated code names it.
 inline std::string loop_var(int d) { return "i" + std::to_string(d); }
 
-/// C text of an affine expression with every dimension named by its own loop variable.
-inline std::string affine_text(const IndexExpr& e) {
+/// C text of value terms ("" when none), each `scale*(text)`, joined by " + ".
+inline std::string value_terms_text(const std::vector<ValueTerm>& values) {
   std::string s;
+  for (auto& v : values) {
+    if (!s.empty()) s += " + ";
+    s += (v.scale == 1 ? std::string() : "(" + std::to_string(v.scale) + "LL)*") + "(" + v.text + ")";
+  }
+  return s;
+}
+
+/// C text of an affine expression (with its value terms) with every dimension named by its own
+/// loop variable.
+inline std::string affine_text(const IndexExpr& e) {
+  std::string s = value_terms_text(e.values);
   for (std::size_t d = 0; d < e.coeff.size(); ++d) {
     i64 c = e.coeff[d];
     if (c == 0) continue;
@@ -131,7 +170,26 @@ inline std::string affine_text(const IndexExpr& e) {
 }
 
 /// C text of any index expression, loop variables named per dimension.
-inline std::string ix_text(const IndexExpr& e) { return e.affine() ? "(" + affine_text(e) + ")" : "(" + e.text + ")"; }
+inline std::string ix_text(const IndexExpr& e) {
+  return e.text.empty() ? "(" + affine_text(e) + ")" : "(" + e.text + ")";
+}
+
+/// The affine part of `e` (without its value terms); `e` itself when purely affine. Undefined
+/// for opaque text.
+inline IndexExpr affine_part(const IndexExpr& e) {
+  IndexExpr r = e;
+  r.values.clear();
+  r.deps = 0;
+  return r;
+}
+
+/// The value `text` (a kernel value depending on loop dims `deps`) as an index.
+inline IndexExpr ix_value(std::string text, std::uint64_t deps) {
+  IndexExpr e;
+  e.values.push_back(ValueTerm{std::move(text), 1, deps});
+  e.deps = deps;
+  return e;
+}
 
 inline IndexExpr ix_opaque(std::string text, std::uint64_t deps) {
   IndexExpr e;
@@ -141,21 +199,29 @@ inline IndexExpr ix_opaque(std::string text, std::uint64_t deps) {
 }
 
 inline IndexExpr ix_add(const IndexExpr& a, const IndexExpr& b) {
-  if (a.affine() && b.affine()) {
+  if (a.text.empty() && b.text.empty()) {
     IndexExpr r;
     r.coeff.assign(std::max(a.coeff.size(), b.coeff.size()), 0);
     for (std::size_t d = 0; d < r.coeff.size(); ++d) r.coeff[d] = a.at(d) + b.at(d);
     r.constant = a.constant + b.constant;
+    r.values = a.values;
+    r.values.insert(r.values.end(), b.values.begin(), b.values.end());
+    r.deps = a.deps | b.deps;
     return r;
   }
   return ix_opaque(ix_text(a) + " + " + ix_text(b), a.dep_mask() | b.dep_mask());
 }
 
 inline IndexExpr ix_scale(const IndexExpr& a, i64 k) {
-  if (a.affine()) {
+  if (a.text.empty()) {
     IndexExpr r = a;
     for (auto& c : r.coeff) c *= k;
     r.constant *= k;
+    for (auto& v : r.values) v.scale *= k;
+    if (k == 0) {
+      r.values.clear();
+      r.deps = 0;
+    }
     return r;
   }
   if (k == 1) return a;
@@ -326,6 +392,15 @@ inline Index map_concat_piece(const Index& idx, std::size_t axis, i64 offset, i6
   return r;
 }
 
+/// Gather: the index of the gathered input, the output's index with the axis coordinate
+/// `along` (the index operand's value, clamped into range by the writers).
+inline Index gather_index(const Index& idx, std::size_t axis, IndexExpr along, const Shape& in_shape) {
+  Index r = idx;
+  r[axis] = std::move(along);
+  normalize(r, in_shape);
+  return r;
+}
+
 /// The index at which `node`'s input `k` is read when `node` is evaluated at `idx` (index
 /// maps only; pointwise ops read their inputs at the same index).
 inline Index input_index(const ir::Graph& g, const ir::GraphNode& n, std::size_t k, const Index& idx,
@@ -342,6 +417,20 @@ inline Index input_index(const ir::Graph& g, const ir::GraphNode& n, std::size_t
       return map_reshape(idx, n.shape, in.shape, space);
     case ir::Op::Random:  // its seed: one 0-dim value
       return Index{};
+    case ir::Op::Gather: {
+      // The index operand is read where the output is; the gathered input along the axis at a
+      // value the kernel computes. The scheduler names that value by the gather and the index it
+      // is read at (the writers substitute the variable holding it, see gather_index).
+      if (k == 1) return idx;
+      std::uint64_t deps = 0;
+      for (auto& e : idx) deps |= e.dep_mask();
+      const auto id = static_cast<std::size_t>(&n - g.nodes.data());
+      return gather_index(idx, static_cast<std::size_t>(n.attrs.ints.at(0)),
+                          ix_value("kiln_gathered_" + std::to_string(id) + "_" +
+                                       std::to_string(std::hash<std::string>{}(index_key(idx))),
+                                   deps),
+                          in.shape);
+    }
     case ir::Op::Concat: {
       auto axis = static_cast<std::size_t>(n.attrs.ints.at(0));
       i64 offset = 0;

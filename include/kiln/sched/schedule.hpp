@@ -193,8 +193,10 @@ struct Visitor {
 inline void walk(const ir::Graph& g, int node, const Index& idx, const Shape& space, Visitor& v,
                  std::unordered_set<std::string>& seen) {
   if (!seen.insert(std::to_string(node) + "|" + index_key(idx)).second) return;
+  // Value terms (gathered indices) are variables, not functions of the loop variables: only
+  // opaque text constrains how loops are laid out.
   for (auto& e : idx)
-    if (!e.affine()) v.opaque |= e.deps;
+    if (!e.text.empty()) v.opaque |= e.deps;
   const ir::GraphNode& n = g.nodes[static_cast<std::size_t>(node)];
   if (n.op == ir::Op::Input) {
     if (v.leaf) v.leaf(node, idx);
@@ -881,10 +883,10 @@ inline void Scheduler::plan_loops(Schedule& s, int kid) const {
   std::vector<Fn> fns;
   std::uint64_t opaque = 0;
   auto add = [&](const IndexExpr& e, double w) {
-    if (!e.affine())
+    if (!e.text.empty())
       opaque |= e.deps;
     else
-      fns.push_back({e, w});
+      fns.push_back({affine_part(e), w});  // a gathered row x[ids[i], j] still walks j with unit stride
   };
   auto reach = [&](const IndexExpr& off, double evaluations) {
     double distinct = 1;

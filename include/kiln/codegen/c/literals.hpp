@@ -119,6 +119,7 @@ inline std::string constant_literal(const ir::GraphNode& n, const Dialect& d) {
 /// writer's own Needs adds the rest).
 struct PreludeNeeds {
   bool half = false, bf16 = false, ints = false, philox = false;
+  bool gather = false;  ///< kiln_gather_index and the fault record (core/index_fault.hpp)
 };
 
 /// An f32 result `v` rounded to the precision of 16-bit dtype `dt` (the reference rounds every

@@ -11,6 +11,7 @@
 #include "kiln/core/dtype.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/generated.hpp"
+#include "kiln/core/index_fault.hpp"
 #include "kiln/core/philox.hpp"
 #include "kiln/ir/graph.hpp"
 #include "kiln/ir/op.hpp"
@@ -176,6 +177,38 @@ inline std::string random_expr(const ir::GraphNode& n, const std::string& flat, 
     default:
       return normal ? round16(ns + "normal_f32(" + args + ")", n.dtype, needs) : ns + "uniform_bf16(" + args + ")";
   }
+}
+
+/// The checked index of gather node `n` whose index operand's value is `at`: the value when it
+/// is in [0, size), else a clamped one, the fault recorded for the host to raise (every dialect's
+/// prelude defines kiln_gather_index; core/index_fault.hpp says how faults are reported). The
+/// site describing the gather is registered here, where the text is generated.
+inline std::string gather_index_expr(const ir::Graph& g, const ir::GraphNode& n, const std::string& at,
+                                     PreludeNeeds& needs) {
+  needs.gather = true;
+  const ir::GraphNode& x = g.nodes[static_cast<std::size_t>(n.inputs[0])];
+  const ir::GraphNode& index = g.nodes[static_cast<std::size_t>(n.inputs[1])];
+  const std::int64_t axis = n.attrs.ints.at(0);
+  const long long site = kiln::detail::register_index_fault_site(
+      ir::gather_site_name(n.attrs.ints.at(1)), axis,
+      "input " + std::string(dtype_name(x.dtype)) + x.shape.str() + ", index " + dtype_name(index.dtype) +
+          index.shape.str());
+  return "kiln_gather_index((long long)" + at + ", " + std::to_string(x.shape[static_cast<std::size_t>(axis)]) +
+         "LL, " + std::to_string(site) + "LL)";
+}
+
+/// The prelude text of kiln_gather_index in a dialect: `device` is the dialect's function
+/// qualifier ("" or "__device__"), `noinline` its spelling of a cold out-of-line function,
+/// `exchange` the first-fault claim on r[0] (an atomic swap from 0 to 1 that yields the old value).
+inline std::string gather_prelude(const std::string& device, const std::string& noinline, const std::string& exchange) {
+  const std::string fn = "static " + device + (device.empty() ? "" : " ");
+  return "extern \"C\" { " + fn.substr(7) + "long long* kiln_index_fault = 0; }\n" + fn + noinline +
+         " void kiln_index_out_of_range(long long site, long long v, long long bound) {\n" +
+         "  long long* r = kiln_index_fault;\n  if (r && " + exchange +
+         " == 0) { r[1] = site; r[2] = v; r[3] = bound; }\n}\n" + fn +
+         "inline long long kiln_gather_index(long long v, long long bound, long long site) {\n" +
+         "  if ((unsigned long long)v >= (unsigned long long)bound) {\n    kiln_index_out_of_range(site, v, bound);\n" +
+         "    return v < 0 ? 0 : bound - 1;\n  }\n  return v;\n}\n";
 }
 
 /// The end of a unit in every dialect, after the dialect's own helpers: the Philox source when a

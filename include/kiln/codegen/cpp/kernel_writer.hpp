@@ -187,7 +187,17 @@ class KernelWriter {
     for (int i = top(); i > 0; --i)
       if (scopes_[static_cast<std::size_t>(i)].dims & mask) return i;
     throw Error("kiln codegen: index uses a loop variable that is not in scope (internal error)");
+  }  /// Innermost open scope where everything index `e` reads is defined: its loop variables and
+  /// the variables of its value terms (gathered indices, defined where they were computed).
+  int scope_of(const IndexExpr& e) const {
+    int sc = scope_for(e.dep_mask());
+    for (auto& v : e.values) {
+      auto it = value_scope_.find(v.text);
+      if (it != value_scope_.end()) sc = std::max(sc, it->second);
+    }
+    return sc;
   }
+
   std::string fresh(const char* prefix) { return prefix + std::to_string(counter_++); }
 
   std::uint64_t group_mask(int gi) const {
@@ -241,8 +251,8 @@ class KernelWriter {
 
   /// C text of an index expression in the kernel's (coalesced) loop variables.
   std::string render(const IndexExpr& e) const {
-    if (!e.affine()) return "(" + e.text + ")";
-    std::string s;
+    if (!e.text.empty()) return "(" + e.text + ")";
+    std::string s = sched::value_terms_text(e.values);
     // A merged group is walked by one variable (that of its last dim); every affine function
     // the scheduler saw scales consistently across the group, so its last coefficient says all.
     for (std::size_t gi = 0; gi < k_.loops.groups.size(); ++gi) {
@@ -390,28 +400,28 @@ class KernelWriter {
   Val compute(int id, const Index& idx, const std::string& key) {
     const ir::GraphNode& n = node(id);
     auto idx_scope = [&]() {
-      std::uint64_t m = 0;
-      for (auto& e : idx) m |= e.dep_mask();
-      return scope_for(m);
+      int sc = 0;
+      for (auto& e : idx) sc = std::max(sc, scope_of(e));
+      return sc;
     };
     const sched::Location& stored = s_.location[static_cast<std::size_t>(id)];
     if (!ir::is_reduction(n.op) && stored.kind != sched::Location::None &&
         s_.owner[static_cast<std::size_t>(id)] != kid_) {
       // Computed once by an earlier kernel (the scheduler found it too costly to recompute).
       IndexExpr off = sched::strided_offset(idx, stored.strides, n.shape);
-      return emit(scope_for(off.dep_mask()), key, n.dtype,
+      return emit(scope_of(off), key, n.dtype,
                   load(pointer(stored.kind, stored.index, n.dtype, false), render(off), n.dtype));
     }
     switch (ir::op_kind(n.op)) {
       case ir::OpKind::Leaf: {
         if (n.op == Op::Input) {
           IndexExpr off = sched::strided_offset(idx, n.strides, n.shape);
-          return emit(scope_for(off.dep_mask()), key, n.dtype, load(leaf_pointer(n), render(off), n.dtype));
+          return emit(scope_of(off), key, n.dtype, load(leaf_pointer(n), render(off), n.dtype));
         }
         if (n.op == Op::Constant) return Val{constant_literal(n), 0};
         if (n.op == Op::Iota) {
           const IndexExpr& e = idx[static_cast<std::size_t>(n.attrs.ints.at(0))];
-          return emit(scope_for(e.dep_mask()), key, n.dtype, cast_from_i64(render(e), n.dtype));
+          return emit(scope_of(e), key, n.dtype, cast_from_i64(render(e), n.dtype));
         }
         return emit(idx_scope(), key, n.dtype, random_expr(n, idx));
       }
@@ -426,7 +436,7 @@ class KernelWriter {
         if (loc.kind == sched::Location::None)
           throw Error("kiln codegen: a reduction read from memory has no buffer (internal error)");
         IndexExpr off = sched::strided_offset(idx, loc.strides, n.shape);
-        return emit(scope_for(off.dep_mask()), key, n.dtype,
+        return emit(scope_of(off), key, n.dtype,
                     load(pointer(loc.kind, loc.index, n.dtype, false), render(off), n.dtype));
       }
       case ir::OpKind::IndexMap: {
@@ -442,7 +452,7 @@ class KernelWriter {
         std::vector<Val> parts;
         std::vector<i64> ends;
         i64 off = 0;
-        int sc = scope_for(idx[axis].dep_mask());
+        int sc = scope_of(idx[axis]);
         for (std::size_t k = 0; k < n.inputs.size(); ++k) {
           i64 len = node(n.inputs[k]).shape[axis];
           off += len;
@@ -455,6 +465,20 @@ class KernelWriter {
         for (std::size_t k = parts.size() - 1; k-- > 0;)
           e = "(" + pos + " < " + std::to_string(ends[k]) + "LL ? " + parts[k].expr + " : " + e + ")";
         return emit(sc, key, n.dtype, e);
+      }
+      case ir::OpKind::Gather: {
+        // The index is computed first (checked and clamped where it is), then the input is read
+        // at it: one load of the gathered element, fused like any other read.
+        const auto axis = static_cast<std::size_t>(n.attrs.ints.at(0));
+        Val at = value(n.inputs[1], idx);
+        const std::string checked = c_family::gather_index_expr(g_, n, at.expr, needs_);
+        Val g = emit(at.scope, "G" + key, DType::Int64, checked);
+        value_scope_[g.expr] = g.scope;
+        std::uint64_t deps = 0;
+        for (auto& e : idx) deps |= e.dep_mask();
+        Val v = value(n.inputs[0], sched::gather_index(idx, axis, sched::ix_value(g.expr, deps), node(n.inputs[0]).shape));
+        scopes_[static_cast<std::size_t>(v.scope)].memo[key] = v;
+        return v;
       }
       default:
         break;
@@ -952,6 +976,8 @@ class KernelWriter {
   bool sym_ = false;  // the space's leading dim is the schedule's symbolic size
   std::vector<Scope> scopes_;
   std::unordered_map<int, Binding> bound_;
+  /// The scope each gathered index variable (a value term's text) is defined in.
+  std::unordered_map<std::string, int> value_scope_;
   std::unordered_map<std::string, bool> declared_;
   std::vector<std::string> decls_;
   std::vector<std::string> arrays_;  // byte counts (C text) of the scratch arrays

@@ -84,6 +84,9 @@ inline CppSource generate_cpp(const ir::Graph& g, const sched::Schedule& s, cons
   src += "#pragma GCC optimize(\"no-trapping-math\")\n";
   src += "static inline long long kiln_iclamp(long long x, long long hi) { return x < 0 ? 0 : x > hi ? hi : x; }\n";
   if (needs.ints) src += detail::kIntHelpers;
+  if (needs.gather)
+    src += c_family::gather_prelude("", "__attribute__((noinline, cold))",
+                                    "__atomic_exchange_n(&r[0], 1LL, __ATOMIC_ACQ_REL)");
   if (needs.half) src += detail::kHalfHelpers;
   if (needs.bf16) src += detail::kBf16Helpers;
   if (needs.math) {

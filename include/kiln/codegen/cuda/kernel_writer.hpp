@@ -121,7 +121,17 @@ class KernelWriter {
     for (int i = top(); i > 0; --i)
       if (scopes_[static_cast<std::size_t>(i)].dims & mask) return i;
     throw Error("kiln CUDA codegen: index uses a loop variable that is not in scope (internal error)");
+  }  /// Innermost open scope where everything index `e` reads is defined: its loop variables and
+  /// the variables of its value terms (gathered indices, defined where they were computed).
+  int scope_of(const IndexExpr& e) const {
+    int sc = scope_for(e.dep_mask());
+    for (auto& v : e.values) {
+      auto it = value_scope_.find(v.text);
+      if (it != value_scope_.end()) sc = std::max(sc, it->second);
+    }
+    return sc;
   }
+
   std::string fresh(const char* prefix) { return prefix + std::to_string(counter_++); }
 
   // ---- loop groups --------------------------------------------------------------------------
@@ -149,7 +159,7 @@ class KernelWriter {
 
   /// C text of an index expression, the vector group's variable advanced by `lane`.
   std::string render(const IndexExpr& e, int lane = 0) const {
-    if (!e.affine()) {
+    if (!e.text.empty()) {
       if (lane <= 0 || vec_group_ < 0 || !(e.deps & vec_mask_)) return "(" + e.text + ")";
       // Opaque text names loop variables i<d>; lane j reads the vector group's variable + j.
       std::string out, v = sched::loop_var(vec_dim_);
@@ -184,6 +194,8 @@ class KernelWriter {
       s += (s.empty() ? "" : " + ") + (c == 1 ? std::string() : "(" + lit(c) + ")*") + var(gi);
     }
     if (constant != 0 || s.empty()) s += (s.empty() ? "" : " + ") + std::string("(") + lit(constant) + ")";
+    // Value terms (gathered indices) name each lane's own variable already.
+    if (!e.values.empty()) s += " + " + sched::value_terms_text(e.values);
     return "(" + s + ")";
   }
 
@@ -258,7 +270,11 @@ class KernelWriter {
   /// Whether an access at offset `off` can move VEC lanes as one vector (or, without lanes, be
   /// kept as one element).
   bool vector_ok(const IndexExpr& off, bool aligned) const {
-    if (!off.affine()) return false;
+    if (!off.text.empty()) return false;
+    // A gathered row (x[ids[i], j]): its value terms must be one for every lane and keep the
+    // row start a multiple of the vector.
+    for (auto& v : off.values)
+      if ((v.deps & vec_mask_) != 0 || v.scale % std::max(vec_, 1) != 0) return false;
     if (!lane_dep(off)) return true;
     if (!aligned || off.at(static_cast<std::size_t>(vec_dim_)) != 1) return false;
     for (int gi = 0; gi < ngroups(); ++gi)
@@ -399,7 +415,7 @@ class KernelWriter {
   Val load_access(const std::string& ptr, DType dt, const IndexExpr& off, bool aligned, const std::string& ckey,
                   const std::string& key, int lane) {
     const bool ld = lane_dep(off);
-    const int sc = scope_for(off.dep_mask());
+    const int sc = scope_of(off);
     if ((ld || cache_.count(ckey)) && vector_ok(off, aligned)) {
       Chunks c = load_chunks(ptr, dt, off, ckey, sc);
       return emit(sc, key, ld, lane, dt, from_bits(extract_bits(c, itemsize(dt), ld ? lane : 0), dt));
@@ -524,7 +540,7 @@ class KernelWriter {
         if (n.op == Op::Iota) {
           const IndexExpr& e = idx[static_cast<std::size_t>(n.attrs.ints.at(0))];
           bool ld = lane_dep(e);
-          return emit(scope_for(e.dep_mask()), key, ld, lane, n.dtype,
+          return emit(scope_of(e), key, ld, lane, n.dtype,
                       cast_from_index(render(e, ld ? lane : 0), n.dtype));
         }
         // The front end gives GPU graphs the seed as a literal (numbers are not kernel
@@ -532,7 +548,7 @@ class KernelWriter {
         if (!n.inputs.empty()) throw InternalError("kiln CUDA codegen: random with its seed as an input");
         IndexExpr flat = sched::flat_index(idx, n.shape);
         bool ld = lane_dep(flat);
-        return emit(scope_for(flat.dep_mask()), key, ld, lane, n.dtype, random_expr(n, render(flat, ld ? lane : 0)));
+        return emit(scope_of(flat), key, ld, lane, n.dtype, random_expr(n, render(flat, ld ? lane : 0)));
       }
       case ir::OpKind::Reduce: {
         if (s_.owner[static_cast<std::size_t>(id)] == kid_) {
@@ -563,7 +579,7 @@ class KernelWriter {
         std::vector<Val> parts;
         std::vector<i64> ends;
         i64 off = 0;
-        int sc = scope_for(idx[axis].dep_mask());
+        int sc = scope_of(idx[axis]);
         bool ld = pos_ld;
         for (std::size_t k = 0; k < n.inputs.size(); ++k) {
           i64 len = node(n.inputs[k]).shape[axis];
@@ -578,6 +594,21 @@ class KernelWriter {
         for (std::size_t k = parts.size() - 1; k-- > 0;)
           e = "(" + pos + " < " + lit(ends[k]) + " ? " + parts[k].expr + " : " + e + ")";
         return emit(sc, key, ld, lane, n.dtype, e);
+      }
+      case ir::OpKind::Gather: {
+        // The index is computed (and checked, clamped) first, then the input is read at it.
+        const auto axis = static_cast<std::size_t>(n.attrs.ints.at(0));
+        Val at = value(n.inputs[1], idx, lane);
+        Val g = emit(at.scope, "G" + key, at.lane, lane, DType::Int64,
+                     c_family::gather_index_expr(g_, n, at.expr, needs_));
+        value_scope_[g.expr] = g.scope;
+        // The lanes of a vector share the variable unless it is lane-dependent itself.
+        std::uint64_t deps = g.lane ? vec_mask_ : 0;
+        for (auto& e : idx) deps |= e.dep_mask() & ~vec_mask_;
+        Val v = value(n.inputs[0],
+                      sched::gather_index(idx, axis, sched::ix_value(g.expr, deps), node(n.inputs[0]).shape), lane);
+        remember(key, v, lane);
+        return v;
       }
       default:
         break;
@@ -883,6 +914,8 @@ class KernelWriter {
   int loop_scope_ = -1;                      ///< scope of the per-position body
   std::vector<Scope> scopes_;
   std::unordered_map<int, Binding> bound_;
+  /// The scope each gathered index variable (a value term's text) is defined in.
+  std::unordered_map<std::string, int> value_scope_;
   std::set<std::string> declared_;
   std::vector<std::string> decls_;
   std::string globals_;

@@ -101,6 +101,9 @@ inline CudaSource generate_cuda(const ir::Graph& g, const sched::Schedule& s, co
   if (needs.half) src += cuda_detail::kCudaHalf;
   if (needs.bf16) src += cuda_detail::kCudaBf16;
   if (needs.ints) src += cuda_detail::kCudaInts;
+  if (needs.gather)
+    src += c_family::gather_prelude("__device__", "__noinline__",
+                                    "(long long)atomicCAS((unsigned long long*)r, 0ull, 1ull)");
   c_family::append_kernels(src, needs, body);
   return out;
 }

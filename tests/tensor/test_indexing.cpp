@@ -1,0 +1,226 @@
+// Data-dependent reads: gather, index_select, take_along_dim, embedding. Values against a plain
+// loop over the same numbers on both executors (fused kernels and the op-by-op reference), for
+// every dtype, int32 and int64 indices, negative and positive dims, non-contiguous and computed
+// inputs and indices; kernel counts for the fused cases; empty index sets; range errors as typed
+// IndexErrors naming the op, before anything compiles when the index is in host memory and from
+// the kernel that read it otherwise.
+#include <doctest/doctest.h>
+
+#include <vector>
+
+#include "../support/reference.hpp"
+
+using namespace kiln;
+namespace kt = kiln::testing;
+
+namespace {
+
+using V = std::vector<double>;
+
+struct BackendGuard {
+  Backend saved = get_backend();
+  ~BackendGuard() { set_backend(saved); }
+};
+
+/// `n` indices into a dim of `bound`: a fixed pattern with repeats, every value in range.
+V indices(std::int64_t n, std::int64_t bound, std::int64_t salt = 0) {
+  V v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = static_cast<double>((i * 7 + i / 3 + salt) % bound);
+  return v;
+}
+
+/// 0, 1, 2, ... of `shape`.
+V counting(const Shape& s) {
+  V v(static_cast<std::size_t>(s.numel()));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(i);
+  return v;
+}
+
+/// torch.gather by definition: out[p] = x[p with p[axis] = index[p]] (row-major values).
+V gathered(const V& x, const Shape& xs, std::size_t axis, const V& index, const Shape& is) {
+  V out(static_cast<std::size_t>(is.numel()));
+  Strides xst = contiguous_strides(xs);
+  std::vector<std::int64_t> p(is.size(), 0);
+  for (std::size_t flat = 0; flat < out.size(); ++flat) {
+    std::int64_t off = 0;
+    for (std::size_t d = 0; d < is.size(); ++d)
+      off += (d == axis ? static_cast<std::int64_t>(index[flat]) : p[d]) * xst[d];
+    out[flat] = x[static_cast<std::size_t>(off)];
+    for (std::size_t d = is.size(); d-- > 0;) {
+      if (++p[d] < is[d]) break;
+      p[d] = 0;
+    }
+  }
+  return out;
+}
+
+const std::pair<Backend, const char*> kBackends[] = {{Backend::Jit, "jit"}, {Backend::Eager, "reference"}};
+
+}  // namespace
+
+TEST_CASE("gather along every dim, int64 and int32 indices, on both executors") {
+  BackendGuard guard;
+  const Shape xs{3, 4, 5};
+  const V xv = counting(xs);
+  for (auto [backend, name] : kBackends) {
+    set_backend(backend);
+    for (DType it : {i64, i32}) {
+      for (std::int64_t axis = 0; axis < 3; ++axis) {
+        CAPTURE(name);
+        CAPTURE(axis);
+        // Off the axis the index may be smaller than the input.
+        Shape is{2, 3, 4};
+        is[static_cast<std::size_t>(axis)] = 6;
+        V iv = indices(is.numel(), xs[static_cast<std::size_t>(axis)], axis);
+        Tensor x = kt::make_tensor(xv, xs, f32), index = kt::make_tensor(iv, is, it);
+        V want = gathered(xv, xs, static_cast<std::size_t>(axis), iv, is);
+        Tensor g = gather(x, axis, index);
+        CHECK(g.shape() == is);
+        CHECK(g.dtype() == f32);
+        KILN_CHECK_CLOSE(g, want, kt::Tolerance{0, 0});
+        KILN_CHECK_CLOSE(gather(x, axis - 3, index), want, kt::Tolerance{0, 0});  // the same dim, negative
+      }
+    }
+  }
+}
+
+TEST_CASE("gather keeps every dtype's values exactly") {
+  const Shape xs{4, 6};
+  const V iv = indices(12, 6);
+  for (DType dt : {f64, f32, f16, bf16, i64, i32, DType::Bool}) {
+    CAPTURE(dtype_name(dt));
+    V xv = kt::values_for(dt, 24);
+    Tensor g = gather(kt::make_tensor(xv, xs, dt), 1, kt::make_tensor(iv, {4, 3}, i64));
+    CHECK(g.dtype() == dt);
+    KILN_CHECK_CLOSE(g.to(f64), gathered(xv, xs, 1, iv, {4, 3}), kt::Tolerance{0, 0});
+  }
+}
+
+TEST_CASE("gathers read transposed and computed inputs at computed indices, fused into one kernel") {
+  const Shape xs{5, 7};
+  const V xv = counting(xs);
+  Tensor x = kt::make_tensor(xv, xs, f32);
+  const V iv = indices(10, 7);
+  Tensor index = kt::make_tensor(iv, {5, 2}, i32);
+  // x.T gathered along its dim 0 reads x's columns.
+  Tensor xt = transpose(x, 0, 1);  // [7, 5]
+  const V tv = indices(10, 7, 3);
+  V xtv(35);
+  for (int i = 0; i < 7; ++i)
+    for (int j = 0; j < 5; ++j) xtv[static_cast<std::size_t>(i * 5 + j)] = xv[static_cast<std::size_t>(j * 7 + i)];
+  KILN_CHECK_CLOSE(gather(xt, 0, kt::make_tensor(tv, {2, 5}, i64)), gathered(xtv, {7, 5}, 0, tv, {2, 5}),
+                   kt::Tolerance{0, 0});
+  // A computed input at a computed index: one kernel reads x, the index, and writes the result.
+  Tensor doubled_index = index * 2 - index;  // lazy int32 arithmetic, the same values
+  reset_stats();
+  Tensor g = gather(x * 3.0f + 1.0f, 1, doubled_index);
+  V want = gathered(xv, xs, 1, iv, {5, 2});
+  for (auto& w : want) w = w * 3 + 1;
+  KILN_CHECK_CLOSE(g, want, kt::Tolerance{0, 0});
+  if (get_backend() == Backend::Jit) CHECK(stats().launches == 1);
+}
+
+TEST_CASE("index_select picks whole slices; take_along_dim broadcasts or flattens") {
+  const Shape xs{3, 4};
+  const V xv = counting(xs);
+  Tensor x = kt::make_tensor(xv, xs, f32);
+  Tensor picks = kt::make_tensor({2, 0, 2, 1}, {4}, i64);
+  KILN_CHECK_CLOSE(index_select(x, 0, picks), V{8, 9, 10, 11, 0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7},
+                   kt::Tolerance{0, 0});
+  CHECK(index_select(x, 0, picks).shape() == Shape{4, 4});
+  KILN_CHECK_CLOSE(index_select(x, -1, kt::make_tensor({3, 0}, {2}, i32)), V{3, 0, 7, 4, 11, 8}, kt::Tolerance{0, 0});
+  KILN_CHECK_CLOSE(index_select(x, 1, kt::make_tensor({1}, {}, i64)), V{1, 5, 9}, kt::Tolerance{0, 0});
+  // take_along_dim: argmax's indices pick each row's largest value.
+  Tensor y = kt::make_tensor({3, 9, 1, 4, 2, 8, 7, 0, 5, 6, 1, 2}, {3, 4}, f32);
+  KILN_CHECK_CLOSE(take_along_dim(y, argmax(y, 1, true), 1), V{9, 8, 6}, kt::Tolerance{0, 0});
+  // The index broadcasts over the input's other dims ([1, 2] against [3, 4]) and the input over the index's.
+  KILN_CHECK_CLOSE(take_along_dim(x, kt::make_tensor({3, 1}, {1, 2}, i64), 1), V{3, 1, 7, 5, 11, 9},
+                   kt::Tolerance{0, 0});
+  Tensor col = kt::make_tensor({10, 20}, {2, 1}, f32);
+  Tensor two = kt::make_tensor({0, 0, 0, 0, 0, 0}, {2, 3}, i64);
+  KILN_CHECK_CLOSE(take_along_dim(col, two, 1), V{10, 10, 10, 20, 20, 20}, kt::Tolerance{0, 0});
+  // Without a dim: positions in the flattened input.
+  KILN_CHECK_CLOSE(take_along_dim(x, kt::make_tensor({11, 0, 5}, {3}, i64)), V{11, 0, 5}, kt::Tolerance{0, 0});
+}
+
+TEST_CASE("embedding: rows at an index of any shape; embedding * scale + pos is one kernel") {
+  const Shape ws{10, 6};
+  const V wv = kt::uniform_values(60, -1, 1, f32, 3);
+  Tensor w = kt::make_tensor(wv, ws, f32);
+  const V iv = {3, 9, 0, 3, 7, 1};
+  Tensor ids = kt::make_tensor(iv, {2, 3}, i64);
+  Tensor e = embedding(w, ids);
+  CHECK(e.shape() == Shape{2, 3, 6});
+  V want;
+  for (double i : iv)
+    for (int j = 0; j < 6; ++j) want.push_back(wv[static_cast<std::size_t>(i) * 6 + static_cast<std::size_t>(j)]);
+  KILN_CHECK_CLOSE(e, want, kt::Tolerance{0, 0});
+  // The lookup, a scale and a position table: one kernel reading W, ids and pos.
+  const V pv = kt::uniform_values(18, -1, 1, f32, 4);
+  Tensor pos = kt::make_tensor(pv, {3, 6}, f32);
+  reset_stats();
+  Tensor y = embedding(w, ids) * 2.0f + pos;
+  V yw(want.size());
+  for (std::size_t k = 0; k < yw.size(); ++k)
+    yw[k] = static_cast<double>(static_cast<float>(want[k]) * 2.0f + static_cast<float>(pv[k % 18]));
+  KILN_CHECK_CLOSE(y, yw, kt::Tolerance{0, 0});
+  if (get_backend() == Backend::Jit) CHECK(stats().launches == 1);
+  // An int32 index of one element, and a scalar index.
+  KILN_CHECK_CLOSE(embedding(w, kt::make_tensor({9}, {1}, i32)), V(wv.begin() + 54, wv.end()), kt::Tolerance{0, 0});
+  CHECK(embedding(w, kt::make_tensor({2}, {}, i64)).shape() == Shape{6});
+}
+
+TEST_CASE("empty index sets give empty results of the right shape") {
+  Tensor x = kt::make_tensor(counting({3, 4}), {3, 4}, f32);
+  Tensor none = kt::make_tensor({}, {0}, i64);
+  CHECK(index_select(x, 0, none).shape() == Shape{0, 4});
+  CHECK(index_select(x, 0, none).to_vector<float>().empty());
+  CHECK(gather(x, 1, kt::make_tensor({}, {3, 0}, i64)).shape() == Shape{3, 0});
+  CHECK(embedding(x, kt::make_tensor({}, {2, 0}, i32)).shape() == Shape{2, 0, 4});
+  // Nothing to read from is fine while nothing is read.
+  Tensor empty_rows = kt::make_tensor({}, {0, 4}, f32);
+  CHECK(index_select(empty_rows, 0, none).shape() == Shape{0, 4});
+  CHECK_THROWS_AS(index_select(empty_rows, 0, kt::make_tensor({0}, {1}, i64)), IndexError);
+}
+
+TEST_CASE("out-of-range indices: IndexError naming the op, before compiling when the index is on the host") {
+  Tensor w = kt::make_tensor(counting({5, 4}), {5, 4}, f32);
+  if (kt::device().is_cpu()) {
+    Tensor bad = kt::make_tensor({1, 5}, {2}, i64);
+    reset_stats();
+    KILN_CHECK_THROWS_MENTIONING(IndexError, embedding(w, bad), "embedding", "index 5", "size 5", "float32[5, 4]");
+    KILN_CHECK_THROWS_MENTIONING(IndexError, index_select(w, 0, kt::make_tensor({-1}, {1}, i32)), "index_select",
+                                 "index -1");
+    KILN_CHECK_THROWS_MENTIONING(IndexError, gather(w, 1, kt::make_tensor({0, 4}, {1, 2}, i64)), "gather", "index 4",
+                                 "dimension 1 with size 4");
+    CHECK(stats().compiles == 0);
+    CHECK(stats().graphs == 0);
+  }
+  // A computed index is checked by the kernel that reads it: the error names the op and the value;
+  // the result is never handed out, and the next run is unaffected.
+  Tensor lazy_bad = kt::make_tensor({1, 2, 7}, {3}, i64) + std::int64_t(0);
+  Tensor e = embedding(w, lazy_bad);
+  KILN_CHECK_THROWS_MENTIONING(IndexError, e.eval(), "embedding", "index 7", "size 5");
+  CHECK_FALSE(e.is_evaluated());
+  Tensor negative = kt::make_tensor({-2, 0}, {2}, i64) * std::int64_t(1);
+  KILN_CHECK_THROWS_MENTIONING(IndexError, take_along_dim(w, negative).eval(), "take_along_dim", "index -2");
+  Tensor good = embedding(w, kt::make_tensor({4, 0}, {2}, i64) + std::int64_t(0));
+  KILN_CHECK_CLOSE(good, V{16, 17, 18, 19, 0, 1, 2, 3}, kt::Tolerance{0, 0});
+}
+
+TEST_CASE("bad arguments: typed errors naming the op, the shapes and the dtypes") {
+  Tensor x = kt::make_tensor(counting({3, 4}), {3, 4}, f32);
+  KILN_CHECK_THROWS_MENTIONING(DTypeError, gather(x, 0, kt::make_tensor({0}, {1, 1}, f32)), "gather", "float32[1, 1]");
+  KILN_CHECK_THROWS_MENTIONING(ShapeError, gather(x, 0, kt::make_tensor({0}, {1}, i64)), "gather", "rank");
+  KILN_CHECK_THROWS_MENTIONING(ShapeError, gather(x, 0, kt::make_tensor({0, 0, 0, 0, 0}, {1, 5}, i64)), "gather",
+                               "dimension 1");
+  KILN_CHECK_THROWS_MENTIONING(ShapeError, gather(x, 2, kt::make_tensor({0}, {1, 1}, i64)), "gather", "axis 2");
+  KILN_CHECK_THROWS_MENTIONING(ShapeError, index_select(x, 0, kt::make_tensor({0, 0}, {1, 2}, i64)), "index_select",
+                               "1-d");
+  KILN_CHECK_THROWS_MENTIONING(ShapeError, embedding(kt::make_tensor({0}, {1}, f32), kt::make_tensor({0}, {1}, i64)),
+                               "embedding", "2-d");
+  KILN_CHECK_THROWS_MENTIONING(ShapeError, take_along_dim(x, kt::make_tensor({0}, {1}, i64), 0), "take_along_dim",
+                               "number of dimensions");
+  KILN_CHECK_THROWS_MENTIONING(ShapeError, take_along_dim(x, kt::make_tensor({0, 0}, {2, 1}, i64), 1),
+                               "take_along_dim", "broadcast");
+}

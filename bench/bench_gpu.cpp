@@ -144,6 +144,15 @@ std::vector<Workload> workloads() {
                  NodePtr t = realize(ir::cast(mul(u, ir::constant(32768.0, f32, {8192}, kDev)), i64));
                  return std::vector<NodePtr>{decomp::cross_entropy(logits, t, -100)};
                }});
+  // E1: embedding lookup, 32768 rows of a [50304, 1024] f32 table (bytes gathered and written).
+  w.push_back({"E1", 2.0 * 32768 * 1024 * 4, [] {
+                 const std::int64_t n = 32768, d = 1024, vocab = 50304;
+                 NodePtr table = normal({vocab, d}, f32, 22);
+                 NodePtr u = ir::random({n}, 23, 0, f32, kDev);
+                 NodePtr ids = realize(ir::cast(mul(u, ir::constant(vocab - 1.0, f32, {n}, kDev)), i64));
+                 NodePtr rows = ir::broadcast(ir::reshape(ids, Shape{n, 1}), Shape{n, d});
+                 return std::vector<NodePtr>{ir::gather(table, rows, 0, ir::GatherSite::Embedding)};
+               }});
   return w;
 }
 

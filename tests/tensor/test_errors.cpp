@@ -247,13 +247,16 @@ TEST_CASE("pow, clamp, full and cross_entropy follow PyTorch's value rules") {
                                  "target 7", "3 classes");
     KILN_CHECK_THROWS_MENTIONING(IndexError, cross_entropy(logits, kt::make_int_tensor({0, -1}, {2})), "cross_entropy",
                                  "target -1");
-  } else {  // device targets are not read by the front end: the loss is NaN instead
-    CHECK(std::isnan(cross_entropy(logits, kt::make_int_tensor({7, 1}, {2})).item<float>()));
-    CHECK(std::isnan(cross_entropy(logits, kt::make_int_tensor({0, -1}, {2})).item<float>()));
+  } else {  // device targets are checked by the kernel that reads them, raised on reading back
+    KILN_CHECK_THROWS_MENTIONING(IndexError, cross_entropy(logits, kt::make_int_tensor({7, 1}, {2})).item<float>(),
+                                 "cross_entropy", "index 7", "size 3");
+    KILN_CHECK_THROWS_MENTIONING(IndexError, cross_entropy(logits, kt::make_int_tensor({0, -1}, {2})).item<float>(),
+                                 "cross_entropy", "index -1");
   }
   Tensor ok = cross_entropy(logits, kt::make_int_tensor({2, -100}, {2}));
   CHECK(std::isfinite(ok.item<float>()));
-  // Lazy targets are not read by the front end: an out-of-range one makes the loss NaN.
+  // Lazy targets are not read by the front end: the kernel reading an out-of-range one reports it.
   Tensor lazy = kt::make_int_tensor({7, 1}, {2}) + 0;
-  CHECK(std::isnan(cross_entropy(logits, lazy).item<float>()));
+  KILN_CHECK_THROWS_MENTIONING(IndexError, cross_entropy(logits, lazy).item<float>(), "cross_entropy", "index 7");
+  CHECK(std::isfinite(cross_entropy(logits, kt::make_int_tensor({1, 1}, {2}) + 0).item<float>()));
 }

@@ -293,31 +293,22 @@ inline NodePtr rms_norm(const NodePtr& x, const NodePtr& weight, double eps) {
 /// Mean negative log-likelihood of `targets` (Int64 [N]) under softmax(logits [N, C]);
 /// targets equal to `ignore_index` do not count (PyTorch's default -100).
 ///
-/// logp[target] = (x[target] - max) - log(sum(exp(x - max))), with x[target] picked by a sum of
-/// where(class == target, x, 0) over the row: every row reduction then reads only the logits
-/// (the pick and the max share a pass, and with the online max/sum of exp the row is read
-/// once), instead of a third pass over log_softmax's output. Ignored rows contribute 0 through
-/// `where`, so they are skipped as in ATen (their logits, even NaN, do not count).
+/// logp[target] = (x[target] - max) - log(sum(exp(x - max))): the row's max and sum of exp are
+/// one pass over the logits (the online max/sum of exp), x[target] one gathered element per row,
+/// instead of a third pass over log_softmax's output. Ignored rows read class 0 and contribute 0
+/// through `where`, so they are skipped as in ATen (their logits, even NaN, do not count); any
+/// other target outside [0, C) is an IndexError from the kernel that reads it.
 inline NodePtr cross_entropy(const NodePtr& logits, const NodePtr& targets, std::int64_t ignore_index) {
   return in_compute_dtype(logits, [&](const NodePtr& v) {
     const Shape& s = v->shape;                      // [N, C]
     NodePtr m = ir::reduce(Op::ReduceMax, v, {1});  // [N,1]
     NodePtr lse = ir::unary(Op::Log, ir::reduce(Op::ReduceSum, ir::unary(Op::Exp, sub(v, expand(m, s))), {1}));
-    NodePtr classes = ir::iota(s, 1, DType::Int64, v->device);
-    NodePtr t = expand(ir::reshape(targets, Shape{s[0], 1}), s);
-    NodePtr onehot = ir::binary(Op::Eq, classes, t);
-    NodePtr picked_x = ir::reduce(Op::ReduceSum, ir::where(onehot, v, scalar_like(0.0, v)), {1});  // [N,1]
-    NodePtr picked = sub(sub(picked_x, m), lse);
     NodePtr tn = ir::reshape(targets, Shape{s[0], 1});
     NodePtr valid = ir::binary(Op::Ne, tn, ir::constant_int(ignore_index, DType::Int64, tn->shape, v->device));
-    // A target outside [0, C) picks no logit: its loss is NaN, so the mean is NaN rather than
-    // a plausible number. (The front end raises IndexError where it can read the targets.)
-    NodePtr in_range =
-        ir::binary(Op::And, ir::binary(Op::Ge, tn, ir::constant_int(0, DType::Int64, tn->shape, v->device)),
-                   ir::binary(Op::Lt, tn, ir::constant_int(s[1], DType::Int64, tn->shape, v->device)));
-    NodePtr row_loss =
-        ir::where(in_range, ir::unary(Op::Neg, picked), scalar_like(std::numeric_limits<double>::quiet_NaN(), picked));
-    NodePtr loss = ir::where(valid, row_loss, scalar_like(0.0, picked));
+    NodePtr at = ir::where(valid, tn, ir::constant_int(0, DType::Int64, tn->shape, v->device));
+    NodePtr picked_x = ir::gather(v, at, 1, ir::GatherSite::CrossEntropy);  // [N,1]
+    NodePtr picked = sub(sub(picked_x, m), lse);
+    NodePtr loss = ir::where(valid, ir::unary(Op::Neg, picked), scalar_like(0.0, picked));
     NodePtr total = ir::reduce(Op::ReduceSum, loss, {0});  // [1,1]
     NodePtr count = ir::reduce(Op::ReduceSum, ir::cast(valid, v->dtype), {0});
     return ir::reshape(div(total, count), Shape{});

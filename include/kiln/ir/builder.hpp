@@ -290,6 +290,8 @@ inline NodePtr gather(const NodePtr& x, const NodePtr& index, std::int64_t axis,
   for (std::size_t d = 0; d < r; ++d)
     if (static_cast<std::int64_t>(d) != axis && index->shape[d] > x->shape[d])
       detail::invariant_failed("gather index " + index->shape.str() + " larger than " + x->shape.str());
+  if (x->shape[static_cast<std::size_t>(axis)] == 0 && index->shape.numel() > 0)
+    detail::invariant_failed("gather from an empty dim of " + x->shape.str());
   Node n = blank(Op::Gather, x->dtype, x->device, index->shape, {x, index});
   n.attrs.ints = {axis, static_cast<std::int64_t>(site)};
   return finish(std::move(n));

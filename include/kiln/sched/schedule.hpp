@@ -185,6 +185,7 @@ struct Visitor {
   std::function<bool(int)> boundary;                 ///< nodes not computed inline (default: reductions)
   std::function<void(int)> visit;                    ///< every node computed inline
   std::function<void(int, const Index&)> index_use;  ///< Iota / Random / Concat: the index itself is used
+  std::function<void(int, const Index&)> gather;     ///< a Gather evaluated at an index
   std::uint64_t opaque = 0;                          ///< dims read by opaque index expressions
 };
 
@@ -209,6 +210,7 @@ inline void walk(const ir::Graph& g, int node, const Index& idx, const Shape& sp
   if (v.visit) v.visit(node);
   if (n.op == ir::Op::Iota || n.op == ir::Op::Random || n.op == ir::Op::Concat)
     if (v.index_use) v.index_use(node, idx);
+  if (v.gather && ir::is_gather(n.op)) v.gather(node, idx);
   for (std::size_t k = 0; k < n.inputs.size(); ++k)
     walk(g, n.inputs[k], input_index(g, n, k, idx, space), space, v, seen);
 }

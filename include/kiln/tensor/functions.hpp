@@ -511,10 +511,13 @@ requires TensorLike<E> Tensor cross_entropy(const E& logits, const Tensor& targe
   if (t.dtype() != DType::Int64 && t.dtype() != DType::Int32)
     throw DTypeError("cross_entropy: targets must be int64 class indices, got " + detail::describe(t));
   // Targets already in host memory are checked here, as PyTorch's CPU kernel does. Lazy or
-  // device targets are not read (that would be a synchronisation, and a graph break inside
-  // kiln::compile): a target out of range makes the loss NaN instead.
+  // device targets are not read here (that would be a synchronisation, and a graph break inside
+  // kiln::compile): the kernel that reads a target checks it, and an out-of-range one is an
+  // IndexError when the result is evaluated (on a GPU: when it is read back).
   if (t.is_evaluated() && t.device().is_cpu() && !detail::deferring_eval())
     detail::check_class_targets(t, l.shape()[1], ignore_index, "cross_entropy");
+  if (l.shape()[1] == 0 && l.shape()[0] > 0)
+    throw IndexError("cross_entropy: no classes to pick a target from (logits " + detail::describe(l) + ")");
   return Tensor(decomp::cross_entropy(l.node(), ir::cast(t.node(), DType::Int64), ignore_index));
 }
 

@@ -2,7 +2,8 @@
 // The pieces the reduction kernels share (row, split-row and column kernels): accumulators and
 // their finish, a pass's per-thread fold, the cross-thread combination (warp shuffles, the
 // block reduce through shared memory, partials that the last block folds in order), finals
-// (reductions over all rows), one-hot picks and the row cache's reads.
+// (reductions over all rows), the row-level gathers issued at a row's start and the row
+// cache's reads.
 #include "kiln/codegen/cuda/kernel_writer.hpp"
 
 namespace kiln::codegen::cuda_detail {
@@ -12,18 +13,16 @@ class ReductionKernel : public KernelWriter {
   using KernelWriter::KernelWriter;
 
  protected:
-  /// A row kind's first planning step: finds the one-hot picks and fixes the vector lanes along
-  /// the row's innermost reduced group (the decode state every later read follows); the lanes.
+  /// A row kind's first planning step: fixes the vector lanes along the row's innermost reduced
+  /// group (the decode state every later read follows); the lanes.
   int plan_row_lanes() {
-    find_picks();
     const int inner = k_.loops.red_groups.empty() ? -1 : k_.loops.red_groups.back();
     set_vec(inner, choose_vec(inner, true));
     return vec_;
   }
 
-  /// Whether the kernel's reduction j is folded element by element in pass p's loop (a one-hot
-  /// pick of that phase is loaded once instead: bind_picks).
-  bool folded_in(std::size_t j, int p) const { return k_.phase[j] == p && !picks_.count(k_.reductions[j]); }
+  /// Whether the kernel's reduction j is folded element by element in pass p's loop.
+  bool folded_in(std::size_t j, int p) const { return k_.phase[j] == p; }
 
   /// Transcendental values along the row that more than one pass computes (softmax's
   /// exp(x - max): the sum's pass and the output's pass): kept in registers after the first.
@@ -388,112 +387,39 @@ class ReductionKernel : public KernelWriter {
       }
   }
 
-  // ---- one-hot picks -----------------------------------------------------------------------------
-  /// sum(where(iota_d == t, x, 0), d), with t the same all along the reduced dim d (the shape
-  /// cross_entropy's decomposition picks the target's logit in): x at d = t when 0 <= t < extent,
-  /// else 0. A row kernel loads that one element instead of comparing every position of the
-  /// row (N6 in bench_gpu on an H200: 0.755 -> 0.905 x copy).
-  struct Pick {
-    int x = -1, target = -1, dim = -1;
-    std::uint64_t target_dims = 0;  ///< the kernel dims t depends on (never `dim`)
-  };
-  std::map<int, Pick> picks_;  ///< reduction node -> its pick (row kernels)
-
-  /// The dims of the kernel's space that node `id`'s value at the identity index depends on;
-  /// nullopt when it reads a reduction of this kernel (bound only after its pass).
-  std::optional<std::uint64_t> dependence(int id) const {
-    std::uint64_t mask = 0;
-    bool own = false;
-    auto add = [&](const Index& idx) {
-      for (auto& e : idx) mask |= e.dep_mask();
+  // ---- row-level gathers ------------------------------------------------------------------------
+  /// Issues the loads of the row-level gathers (an element per row that a final or a row store
+  /// reads, e.g. cross_entropy's x[target]) at the row's start, before its passes: the index's and
+  /// the element's loads then overlap the row's reads instead of stalling the block after them
+  /// (two DRAM latencies a row). Gathers that read this kernel's own reductions wait for them.
+  void prefetch_row_gathers() {
+    std::vector<std::pair<int, Index>> found;
+    auto collect = [&](int root, const Index& idx) {
+      sched::detail::Visitor v;
+      v.boundary = [&](int n) { return sched::detail::reads_memory(s_, n, kid_, g_); };
+      v.gather = [&](int n, const Index& i) { found.emplace_back(n, i); };
+      std::unordered_set<std::string> seen;
+      sched::detail::walk(g_, root, idx, k_.space, v, seen);
     };
-    sched::detail::Visitor v;
-    v.boundary = [&](int n) { return sched::detail::reads_memory(s_, n, kid_, g_); };
-    v.leaf = [&](int n, const Index& idx) {
-      mask |= sched::strided_offset(idx, node(n).strides, node(n).shape).dep_mask();
-    };
-    v.reduction = [&](int n, const Index& idx) {
-      if (ir::is_reduction(node(n).op) && s_.owner[static_cast<std::size_t>(n)] == kid_) own = true;
-      add(idx);
-    };
-    v.index_use = [&](int n, const Index& idx) {
-      const ir::GraphNode& nn = node(n);
-      if (nn.op == Op::Iota || nn.op == Op::Concat)
-        mask |= idx[static_cast<std::size_t>(nn.attrs.ints.at(0))].dep_mask();
-      else
-        add(idx);
-    };
-    std::unordered_set<std::string> seen;
-    sched::detail::walk(g_, id, sched::identity_index(k_.space), k_.space, v, seen);
-    if (own) return std::nullopt;
-    return mask | v.opaque;
-  }
-
-  /// Finds the kernel's reductions that are one-hot picks (see Pick).
-  void find_picks() {
-    picks_.clear();
-    int dim = -1;
-    for (std::size_t d = 0; d < k_.space.size(); ++d) {
-      if (!k_.reduced[d] || k_.space[d] == 1) continue;
-      if (dim >= 0) return;  // more than one reduced dim
-      dim = static_cast<int>(d);
+    for (int f : k_.finals) collect(node(f).inputs[0], sched::identity_index(k_.row_shape()));
+    for (auto& st : k_.stores)
+      if (st.level == sched::Level::Row && !ir::is_reduction(node(st.node).op))
+        collect(st.node, sched::detail::level_index(k_, st.level, node(st.node).shape));
+    int issued = 0;
+    for (auto& [gid, idx] : found) {
+      bool own = false;
+      sched::detail::Visitor v;
+      v.boundary = [&](int n) { return sched::detail::reads_memory(s_, n, kid_, g_); };
+      v.reduction = [&](int n, const Index&) {
+        own = own || (ir::is_reduction(node(n).op) && s_.owner[static_cast<std::size_t>(n)] == kid_);
+      };
+      std::unordered_set<std::string> seen;
+      sched::detail::walk(g_, gid, idx, k_.space, v, seen);
+      if (own) continue;
+      value(gid, idx, 0);
+      ++issued;
     }
-    if (dim < 0) return;
-    auto integral = [](DType t) { return t == DType::Int32 || t == DType::Int64; };
-    auto is_zero = [&](int id) {
-      const ir::GraphNode& c = node(id);
-      return c.op == Op::Constant && (is_floating(c.dtype) ? c.attrs.scalar == 0.0 : c.attrs.iscalar == 0);
-    };
-    for (int rid : k_.reductions) {
-      const ir::GraphNode& r = node(rid);
-      if (r.op != Op::ReduceSum) continue;
-      const ir::GraphNode& w = node(r.inputs[0]);
-      if (w.op != Op::Where || w.shape != k_.space || !is_zero(w.inputs[2])) continue;
-      const ir::GraphNode& eq = node(w.inputs[0]);
-      if (eq.op != Op::Eq) continue;
-      for (int side = 0; side < 2; ++side) {
-        const ir::GraphNode& io = node(eq.inputs[static_cast<std::size_t>(side)]);
-        const int t = eq.inputs[static_cast<std::size_t>(1 - side)];
-        if (io.op != Op::Iota || io.attrs.ints.at(0) != dim || !integral(io.dtype) || node(t).dtype != io.dtype)
-          continue;
-        auto tdeps = dependence(t);
-        if (!tdeps || (*tdeps & (std::uint64_t(1) << dim)) || !dependence(w.inputs[1])) continue;
-        picks_[rid] = Pick{w.inputs[1], t, dim, *tdeps};
-        break;
-      }
-    }
-  }
-
-  /// Reads every pick's target at the current scope (the row's start): the load of x at the
-  /// target (bind_picks) waits for it, so it is issued long before.
-  void prepare_picks() {
-    for (auto& [rid, pk] : picks_) value(pk.target, sched::identity_index(k_.space), 0);
-  }
-
-  /// Binds every pick at the current scope (the row's): one load of x where t says. Called
-  /// after the row's first pass has been read, before its block reduction: x at the target is
-  /// then in L2 and its load overlaps the reduction (bound at the row's start, the load of t
-  /// then of x stalled every block for two DRAM latencies: N6 0.896 x copy instead of 0.905).
-  void bind_picks() {
-    if (!picks_.empty()) info_.strategy += ", " + std::to_string(picks_.size()) + " one-hot pick(s) loaded";
-    for (auto& [rid, pk] : picks_) {
-      const Red r = red_info(g_, rid);
-      Index id = sched::identity_index(k_.space);
-      const Val t = value(pk.target, id, 0);
-      const std::string valid =
-          "(" + t.expr + " >= 0 && " + t.expr + " < " + lit(k_.space[static_cast<std::size_t>(pk.dim)]) + ")";
-      IndexExpr at;
-      at.text = "(" + valid + " ? (" + it_ + ")" + t.expr + " : (" + it_ + ")0)";
-      at.deps = pk.target_dims;
-      Index xi = id;
-      xi[static_cast<std::size_t>(pk.dim)] = at;
-      const Val x = value(pk.x, xi, 0);
-      declare_acc(r);
-      line("if " + valid + " " + step(r, acc_name(r), idx_name(r), x.expr, "0"));
-      std::string res = "r" + std::to_string(rid);
-      line("const " + std::string(ctype(r.out)) + " " + res + " = " + finish(r, acc_name(r), idx_name(r)) + ";");
-      bound_[rid] = Binding{{res}, 0, top()};
-    }
+    if (issued > 0) info_.strategy += ", " + std::to_string(issued) + " row gather(s) issued at the row's start";
   }
 
   // ---- row reductions -------------------------------------------------------------------------

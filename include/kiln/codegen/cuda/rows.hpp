@@ -46,7 +46,7 @@ class RowKernel : public ReductionKernel {
   }
 
   /// The plan step. It fixes the row's vector lanes (the decode state every later read
-  /// follows) and finds the one-hot picks; it writes no text.
+  /// follows); it writes no text.
   Plan plan() {
     Plan pl;
     const int V = pl.lanes = plan_row_lanes();
@@ -165,7 +165,7 @@ class RowKernel : public ReductionKernel {
     }
     decode("row", p.kept_groups);
     const int row_scope = top();
-    prepare_picks();
+    prefetch_row_gathers();
     // Declare the cache.
     slot_var_ = "s";
     std::size_t dsm_off = 0;
@@ -220,8 +220,6 @@ class RowKernel : public ReductionKernel {
         close();
         close();
       }
-      // No reduction of this kernel feeds a pick, and what a pick feeds comes after pass 1.
-      if (pass == 1) bind_picks();
       block_reduce(reds, T);
       for (auto& r : reds) {
         std::string res = "r" + std::to_string(r.node);

@@ -21,7 +21,7 @@ class SplitRowKernel : public ReductionKernel {
   };
 
   /// The plan step: about split_blocks_per_sm blocks per multiprocessor, each chunk whole
-  /// vectors and at least four per thread. Fixes the lanes and finds the picks; writes no text.
+  /// vectors and at least four per thread. Fixes the lanes; writes no text.
   Plan plan() {
     Plan pl;
     const int V = pl.lanes = plan_row_lanes();
@@ -101,7 +101,6 @@ class SplitRowKernel : public ReductionKernel {
     decode("row", p.kept_groups);
     const int row_scope = top();
     set_vec(-1, 1);
-    bind_picks();
     for (auto& r : reds) declare_acc(r);
     std::vector<PartialRead> reads;
     for (std::size_t i = 0; i < reds.size(); ++i)

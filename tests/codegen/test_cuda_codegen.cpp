@@ -8,6 +8,7 @@
 #include "cuda_emulator.hpp"
 #include "cuda_test_util.hpp"
 #include "kiln/backend/cuda_symbolic.hpp"
+#include "kiln/codegen/scatter.hpp"
 #include "kiln/runtime/nvrtc.hpp"
 
 using namespace kiln_cuda_test;
@@ -724,4 +725,30 @@ TEST_CASE("cuda codegen: gathers (rows, per-element picks, their range checks) c
   NodePtr w = shape_only({50304, 1024}, f32), ids = shape_only({32768}, i64);
   NodePtr x = shape_only({64, 300}, bf16), t = shape_only({64, 1}, i64);
   compile_both("gather", {rows_of(w, ids), ir::gather(x, t, 1, ir::GatherSite::CrossEntropy)});
+}
+
+TEST_CASE("cuda codegen: scatter steps (deterministic and atomic, every dtype) compile with NVRTC for sm_90 and sm_80") {
+  if (!have_nvrtc()) return;
+  for (DType dt : {f32, f64, f16, bf16, i32, i64, DType::Bool}) {
+    for (bool atomic : {false, true}) {
+      CAPTURE(dtype_name(dt));
+      CAPTURE(atomic);
+      NodePtr base = shape_only({50, 8}, dt), src = shape_only({37, 8}, dt);
+      NodePtr ids = ir::broadcast(ir::reshape(shape_only({37}, i64), Shape{37, 1}), Shape{37, 8});
+      ir::Captured c = capture({ir::scatter(base, ids, src, 0, true, atomic, ir::GatherSite::IndexAdd)});
+      sched::StepPlan plan = sched::plan_steps(c.graph, true);
+      REQUIRE(plan.scatters.size() == 1);
+      codegen::ScatterSource s = codegen::generate_cuda_scatter(plan.scatters[0], "kiln_test");
+      CHECK(s.atomic == (atomic && (dt == f32 || dt == f64 || dt == i32 || dt == i64)));
+      CHECK(s.scatter_threads == (s.atomic ? 37 * 8 : 8));
+      for (auto target : {codegen::CudaTarget::sm90(), codegen::CudaTarget::sm80()}) {
+        try {
+          std::string cubin = runtime::compile_cuda_to_cubin(s.source, "scatter.cu", target.arch());
+          CHECK(cubin.compare(0, 4, "\x7f" "ELF") == 0);
+        } catch (const CompileError& e) {
+          FAIL_CHECK(target.arch() << ": " << e.what());
+        }
+      }
+    }
+  }
 }

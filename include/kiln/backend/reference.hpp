@@ -923,6 +923,74 @@ inline Value exec_gather(const ir::Graph& g, const ir::GraphNode& n, const std::
   return o;
 }
 
+/// a + b as the Add primitive computes it in dtype T (half types rounded once, integers wrap,
+/// bool is or).
+template <class T>
+inline T scatter_sum(T a, T b) {
+  if constexpr (std::is_same_v<T, bool>)
+    return a || b;
+  else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+    return T(static_cast<float>(a) + static_cast<float>(b));
+  else if constexpr (std::is_integral_v<T>)
+    return static_cast<T>(static_cast<std::make_unsigned_t<T>>(a) + static_cast<std::make_unsigned_t<T>>(b));
+  else
+    return a + b;
+}
+
+/// out = base, then src written (or added) at index along the axis, in index order; every index
+/// checked before anything is written.
+inline Value exec_scatter(const ir::Graph& g, const ir::GraphNode& n, const std::vector<Value>& vals,
+                          const Value* into) {
+  const Value& base = vals[static_cast<std::size_t>(n.inputs[0])];
+  const Value& index = vals[static_cast<std::size_t>(n.inputs[1])];
+  const Value& src = vals[static_cast<std::size_t>(n.inputs[2])];
+  const ir::GraphNode& in = g.nodes[static_cast<std::size_t>(n.inputs[1])];
+  const auto axis = static_cast<std::size_t>(n.attrs.ints.at(0));
+  const bool accumulate = n.attrs.ints.at(1) != 0;
+  const i64 bound = n.shape[axis];
+  const Shape& is = in.shape;
+  const std::size_t rank = is.size();
+  auto for_each = [&](auto&& f) {
+    std::vector<i64> pos(rank, 0);
+    for (i64 flat = 0; flat < is.numel(); ++flat) {
+      f(pos);
+      for (std::size_t d = rank; d-- > 0;) {
+        if (++pos[d] < is[d]) break;
+        pos[d] = 0;
+      }
+    }
+  };
+  auto at = [&](const std::vector<i64>& pos, const Strides& st) {
+    i64 off = 0;
+    for (std::size_t d = 0; d < rank; ++d) off += pos[d] * st[d];
+    return off;
+  };
+  const auto* ip = reinterpret_cast<const std::int64_t*>(index.data);
+  for_each([&](const std::vector<i64>& pos) {
+    const i64 v = ip[at(pos, index.strides)];
+    if (v < 0 || v >= bound)
+      throw IndexError(std::string(ir::gather_site_name(n.attrs.ints.at(3))) + ": index " + std::to_string(v) +
+                       " is out of bounds for dimension " + std::to_string(axis) + " with size " +
+                       std::to_string(bound) + " (output " + dtype_name(n.dtype) + n.shape.str() + ", index " +
+                       dtype_name(in.dtype) + is.str() + ")");
+  });
+  Value o = into ? *into : allocate(n.shape, n.dtype);
+  copy_value(base, o.data, o.strides, n.shape, n.dtype);
+  visit_dtype(n.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* out = reinterpret_cast<T*>(o.data);
+    const T* sp = reinterpret_cast<const T*>(src.data);
+    for_each([&](const std::vector<i64>& pos) {
+      std::vector<i64> q = pos;
+      q[axis] = ip[at(pos, index.strides)];
+      T& dst = out[at(q, o.strides)];
+      const T v = sp[at(pos, src.strides)];
+      dst = accumulate ? scatter_sum<T>(dst, v) : v;
+    });
+  });
+  return o;
+}
+
 inline Value exec_node(const ir::Graph& g, const ir::GraphNode& n, const std::vector<Value>& vals, const Value* into) {
   auto in = [&](std::size_t k) -> const Value& { return vals[static_cast<std::size_t>(n.inputs[k])]; };
   auto in_node = [&](std::size_t k) -> const ir::GraphNode& { return g.nodes[static_cast<std::size_t>(n.inputs[k])]; };
@@ -933,6 +1001,8 @@ inline Value exec_node(const ir::Graph& g, const ir::GraphNode& n, const std::ve
       return exec_index_map(g, n, vals, into);
     case ir::OpKind::Gather:
       return exec_gather(g, n, vals, into);
+    case ir::OpKind::Scatter:
+      return exec_scatter(g, n, vals, into);
     case ir::OpKind::Unary: {
       Value o = into ? *into : allocate(n.shape, n.dtype);
       DType dt = in_node(0).dtype;

@@ -1,7 +1,8 @@
 #pragma once
-// The step executor: a graph holding library ops (matrix products) runs as its step plan
-// (sched/steps.hpp): each segment of generated kernels bound once (a PreparedGraph), each
-// library call by the device's library (a CBLAS on the host, cuBLASLt on the GPU), the
+// The step executor: a graph holding library ops (matrix products, scatters) runs as its step
+// plan (sched/steps.hpp): each segment of generated kernels bound once (a PreparedGraph), each
+// library call by the device's library (a CBLAS on the host, cuBLASLt on the GPU), each scatter
+// by its generated scatter kernels (codegen/scatter.hpp), the
 // temporaries between them allocated per run on the graph's device (stream-ordered on CUDA,
 // so freeing them at the end of a run waits for nothing).
 #include <atomic>
@@ -12,6 +13,8 @@
 #include <vector>
 
 #include "kiln/backend/dispatch.hpp"
+#include "kiln/codegen/scatter.hpp"
+#include "kiln/core/index_fault.hpp"
 #include "kiln/runtime/autotune.hpp"
 #include "kiln/runtime/cblas.hpp"
 #include "kiln/runtime/cublaslt.hpp"
@@ -98,6 +101,63 @@ inline void run_library_call(const sched::LibraryCall& c, const char* a, const c
   }
 }
 
+/// A scatter step's compiled code: the CPU's function, or the GPU's three kernels.
+struct ScatterKernels {
+  codegen::ScatterSource source;
+  std::shared_ptr<runtime::SharedLibrary> library;
+  int (*cpu)(void* const*, int) = nullptr;
+  runtime::cu::CUfunction check = nullptr, init = nullptr, scatter = nullptr;
+};
+
+inline ScatterKernels build_scatter(const sched::ScatterCall& c, Device device) {
+  ScatterKernels k;
+  if (device.is_cpu()) {
+    k.source = codegen::generate_cpu_scatter(c, "kiln_scatter");
+    k.library = runtime::CpuModuleCache::instance().get(k.source.source);
+    k.cpu = reinterpret_cast<int (*)(void* const*, int)>(k.library->symbol(k.source.entry.c_str()));
+    return k;
+  }
+  k.source = codegen::generate_cuda_scatter(c, "kiln_scatter");
+  auto& cache = runtime::CudaModuleCache::instance();
+  k.check = cache.get_function(k.source.source, k.source.check, device.index);
+  k.init = cache.get_function(k.source.source, k.source.init, device.index);
+  k.scatter = cache.get_function(k.source.source, k.source.scatter, device.index);
+  return k;
+}
+
+/// Runs scatter `c` over {base, index, src, out} (`flag`: the GPU's range flag, an int of
+/// device memory); `stream` (GPU): queue it there (a CUDA graph capture), not on kiln's stream.
+inline void run_scatter(const sched::ScatterCall& c, const ScatterKernels& k, void* const (&operands)[4], void* flag,
+                        Device device, runtime::cu::CUstream stream = nullptr) {
+  if (device.is_cpu()) {
+    if (k.cpu(operands, detail::cpu_threads()) != 0) kiln::detail::raise_host_index_fault();
+    kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  const runtime::CudaContext& ctx = runtime::cuda_context(device.index);
+  const auto& api = runtime::detail::cuda_driver_state().api;
+  ctx.make_current();
+  runtime::cu::CUstream on = stream ? stream : ctx.stream;
+  runtime::detail::cuda_check(api.memset_d8_async(runtime::detail::device_address(flag), 0, sizeof(int), on),
+                              "cuMemsetD8Async", "clearing a scatter's range flag");
+  struct {
+    void* p[5];
+  } a{{operands[0], operands[1], operands[2], operands[3], flag}};
+  void* params[] = {&a};
+  auto launch = [&](runtime::cu::CUfunction fn, std::int64_t threads, const char* what) {
+    if (threads <= 0) return;
+    const std::int64_t blocks = (threads + 255) / 256;
+    runtime::detail::cuda_check(
+        api.launch_kernel(fn, static_cast<unsigned>(blocks), 1, 1, 256, 1, 1, 0, on, params, nullptr), "cuLaunchKernel",
+        [&] { return std::string("a scatter's ") + what + " kernel on cuda:" + std::to_string(device.index); });
+    if (!stream) kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
+  };
+  launch(k.check, k.source.index_elements, "check");
+  launch(k.init, k.source.out_elements, "init");
+  launch(k.scatter, k.source.scatter_threads, "scatter");
+  (void)c;
+}
+
 }  // namespace detail
 
 /// A graph's steps bound to their executors: built once per structure, run many times.
@@ -113,6 +173,7 @@ class StepProgram {
   struct Variant {
     sched::StepPlan plan;
     std::vector<std::unique_ptr<PreparedGraph>> segments;
+    std::vector<detail::ScatterKernels> scatters;
     const char* name = "fused";
   };
 
@@ -146,6 +207,10 @@ class StepProgram {
     for (const sched::Step& st : v.plan.order) {
       if (st.kind == sched::Step::Call) {
         run_call(v.plan.calls[static_cast<std::size_t>(st.index)], args, temps, tune, nullptr);
+        continue;
+      }
+      if (st.kind == sched::Step::Scatter) {
+        run_scatter_step(v, static_cast<std::size_t>(st.index), args, temps, nullptr);
         continue;
       }
       const sched::Segment& seg = v.plan.segments[static_cast<std::size_t>(st.index)];
@@ -183,6 +248,16 @@ class StepProgram {
     return a;
   }
 
+  /// Scatter `i` of variant `v`; `stream` (GPU): queue it there (a CUDA graph capture).
+  void run_scatter_step(const Variant& v, std::size_t i, const RunArgs& args, const std::vector<StoragePtr>& temps,
+                        runtime::cu::CUstream stream) const {
+    const sched::ScatterCall& c = v.plan.scatters[i];
+    void* const operands[4] = {c.base_constant ? nullptr : address(c.base, args, temps), address(c.index, args, temps),
+                               address(c.src, args, temps), address(c.out, args, temps)};
+    detail::run_scatter(c, v.scatters[i], operands, temps[static_cast<std::size_t>(c.flag)]->data, graph_.device,
+                        stream);
+  }
+
   /// One library call; `stream` (GPU): queue it there (a CUDA graph capture), not on kiln's stream.
   void run_call(const sched::LibraryCall& c, const RunArgs& args, const std::vector<StoragePtr>& temps, bool tune,
                 runtime::cu::CUstream stream) const {
@@ -198,13 +273,14 @@ class StepProgram {
     return false;
   }
 
-  static std::unique_ptr<Variant> make_variant(sched::StepPlan plan, Mode mode, CpuLaunchOptions launch,
-                                               const char* name) {
+  std::unique_ptr<Variant> make_variant(sched::StepPlan plan, Mode mode, CpuLaunchOptions launch,
+                                        const char* name) const {
     auto v = std::make_unique<Variant>();
     v->plan = std::move(plan);
     v->name = name;
     for (const auto& seg : v->plan.segments)
       v->segments.push_back(std::make_unique<PreparedGraph>(seg.graph, mode, launch));
+    for (const auto& sc : v->plan.scatters) v->scatters.push_back(detail::build_scatter(sc, graph_.device));
     return v;
   }
 
@@ -293,6 +369,8 @@ class StepCaptureWork final : public CudaCaptureWork {
       b->segments.push_back(std::move(k));
     }
     b->call_count = b->variant->plan.calls.size();
+    for (const auto& k : b->variant->scatters)
+      b->kernel_count += (k.source.index_elements > 0) + (k.source.out_elements > 0) + (k.source.scatter_threads > 0);
     return b;
   }
 
@@ -302,6 +380,10 @@ class StepCaptureWork final : public CudaCaptureWork {
     for (const sched::Step& st : b.variant->plan.order) {
       if (st.kind == sched::Step::Call) {
         program_->run_call(b.variant->plan.calls[static_cast<std::size_t>(st.index)], bound, b.temps, false, stream);
+        continue;
+      }
+      if (st.kind == sched::Step::Scatter) {
+        program_->run_scatter_step(*b.variant, static_cast<std::size_t>(st.index), bound, b.temps, stream);
         continue;
       }
       const Binding::Kernels& k = b.segments[static_cast<std::size_t>(st.index)];

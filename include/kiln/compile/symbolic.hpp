@@ -253,6 +253,9 @@ inline std::optional<SymbolicGraph> infer_symbolic(const ir::Graph& g,
             unite(slot(i, d), in_slot(0, d), i);
         }
         break;
+      case ir::OpKind::Scatter:
+        fail(node_text(i) + ": a scatter's sizes are specialised");
+        break;
       case ir::OpKind::Contract:
         // A library call is planned (layouts, algorithm) for static sizes: specialise.
         fail(node_text(i) + ": a matrix product's sizes are specialised");

@@ -71,7 +71,7 @@ inline std::string index_fault_message(long long site, long long value, long lon
   }
   return op + ": index " + std::to_string(value) + " is out of bounds for dimension " + axis + " with size " +
          std::to_string(bound) + (operands.empty() ? std::string() : " (" + operands + ")") +
-         "; the kernel read a clamped element instead, and its results were discarded";
+         "; found by the kernel that read it, the run's results discarded";
 }
 
 /// Throws the IndexError of `record` when it holds a fault, clearing it first.

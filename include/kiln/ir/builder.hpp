@@ -297,6 +297,25 @@ inline NodePtr gather(const NodePtr& x, const NodePtr& index, std::int64_t axis,
   return finish(std::move(n));
 }
 
+/// base with src written (`accumulate`: added) where `index` (Int64, src's shape, base's rank)
+/// says along `axis`, in index order; `atomic`: accumulation in any order (faster on a GPU, not
+/// deterministic). `site` names the user-facing op in range errors.
+inline NodePtr scatter(const NodePtr& base, const NodePtr& index, const NodePtr& src, std::int64_t axis,
+                       bool accumulate, bool atomic, GatherSite site) {
+  const std::size_t r = base->shape.size();
+  if (index->dtype != DType::Int64 || index->shape.size() != r || src->shape != index->shape ||
+      src->dtype != base->dtype || axis < 0 || axis >= static_cast<std::int64_t>(r) || !(base->device == index->device) ||
+      !(base->device == src->device))
+    detail::invariant_failed("scatter into " + base->shape.str() + " by " + index->shape.str() + " of " +
+                             src->shape.str());
+  for (std::size_t d = 0; d < r; ++d)
+    if (static_cast<std::int64_t>(d) != axis && index->shape[d] > base->shape[d])
+      detail::invariant_failed("scatter index " + index->shape.str() + " larger than " + base->shape.str());
+  Node n = blank(Op::Scatter, base->dtype, base->device, base->shape, {base, index, src});
+  n.attrs.ints = {axis, accumulate ? 1 : 0, atomic ? 1 : 0, static_cast<std::int64_t>(site)};
+  return finish(std::move(n));
+}
+
 /// Matrix product a [..., M, K] x b [..., K, N] -> [..., M, N]: equal ranks >= 2, equal batch
 /// dims (the front end broadcasts them first), one dtype.
 inline NodePtr matmul(const NodePtr& a, const NodePtr& b) {

@@ -277,6 +277,18 @@ inline void Graph::verify() const {
         if (in(0).dtype != n.dtype) fail(i, "dtype changes");
         break;
       }
+      case OpKind::Scatter: {
+        if (arity != 3 || n.attrs.ints.size() != 4) fail(i, "arity or attributes");
+        const std::size_t r = n.shape.size();
+        const std::int64_t axis = n.attrs.ints[0];
+        if (in(0).shape != n.shape || in(0).dtype != n.dtype || in(2).dtype != n.dtype) fail(i, "base or source");
+        if (in(1).dtype != DType::Int64 || in(1).shape != in(2).shape || in(1).shape.size() != r || axis < 0 ||
+            axis >= static_cast<std::int64_t>(r))
+          fail(i, "index shape or axis");
+        for (std::size_t d = 0; d < r; ++d)
+          if (static_cast<std::int64_t>(d) != axis && in(1).shape[d] > n.shape[d]) fail(i, "index larger than base");
+        break;
+      }
       case OpKind::Contract: {
         if (arity != 2) fail(i, "arity");
         const Shape &a = in(0).shape, &b = in(1).shape;

@@ -13,7 +13,7 @@ enum class CostClass : std::uint8_t {
   Transcendental,  ///< a polynomial or a library call (exp, sin, pow, ...)
 };
 
-enum class OpKind : std::uint8_t { Leaf, Unary, Binary, Ternary, Reduce, IndexMap, Gather, Contract };
+enum class OpKind : std::uint8_t { Leaf, Unary, Binary, Ternary, Reduce, IndexMap, Gather, Scatter, Contract };
 
 /// Properties of a primitive that stages read instead of listing ops themselves.
 enum OpFlag : std::uint32_t {
@@ -111,6 +111,8 @@ enum OpFlag : std::uint32_t {
   X(Concat, "concat", IndexMap, Free, kNoFlags)                                                \
   /* Data-dependent reads: the output reads input 0 where input 1's values say. */             \
   X(Gather, "gather", Gather, Free, kNoFlags)                                                  \
+  /* Accumulating writes, a step of their own (the runtime's scatter kernels). */              \
+  X(Scatter, "scatter", Scatter, Free, kLibraryCall)                                           \
   /* Contractions, computed by a library call (CBLAS, cuBLASLt). */                            \
   X(MatMul, "matmul", Contract, Free, kLibraryCall)
 
@@ -129,6 +131,12 @@ enum OpFlag : std::uint32_t {
 //              index is Int64 of the output's shape and x's rank, x's other dims at least the
 //              index's; attrs.ints[1] is the user-facing op (GatherSite) its range errors name.
 //              An index outside [0, x.shape[axis]) is reported (IndexError) and reads a clamped element
+//   Scatter    scatter(base, index, src) along axis attrs.ints[0]: out = base, then for each p of
+//              index's shape in row-major order out[p with p[axis] = index[p]] = src[p]
+//              (attrs.ints[1] == 0) or += src[p] (1); index Int64 and src of index's shape, both
+//              at most base's off the axis; attrs.ints[2] == 1: atomic accumulation (any order,
+//              GPU); attrs.ints[3] the GatherSite its range errors name. Any index outside
+//              [0, base.shape[axis]) is an IndexError and nothing is written
 //   MatMul     a [..., M, K] x b [..., K, N] -> [..., M, N]: equal rank >= 2, equal batch dims,
 //              one dtype (floating); half types accumulate in float32, the result keeps the dtype
 
@@ -154,7 +162,7 @@ namespace table_detail {
 constexpr int kind_arity(OpKind k, Op op) {
   return k == OpKind::Leaf                               ? 0
          : k == OpKind::Binary || k == OpKind::Contract || k == OpKind::Gather ? 2
-         : k == OpKind::Ternary                         ? 3
+         : k == OpKind::Ternary || k == OpKind::Scatter ? 3
          : op == Op::Concat                             ? -1
                                                         : 1;
 }
@@ -181,9 +189,20 @@ constexpr bool is_pointwise(Op op) {
 constexpr bool is_reduction(Op op) { return op_kind(op) == OpKind::Reduce; }
 constexpr bool is_index_map(Op op) { return op_kind(op) == OpKind::IndexMap; }
 constexpr bool is_gather(Op op) { return op_kind(op) == OpKind::Gather; }
+constexpr bool is_scatter(Op op) { return op_kind(op) == OpKind::Scatter; }
 
-/// The user-facing op a Gather node was made for (attrs.ints[1]): what its range errors name.
-enum class GatherSite : std::int64_t { Gather, IndexSelect, TakeAlongDim, Embedding, CrossEntropy };
+/// The user-facing op a Gather or Scatter node was made for: what its range errors name.
+enum class GatherSite : std::int64_t {
+  Gather,
+  IndexSelect,
+  TakeAlongDim,
+  Embedding,
+  CrossEntropy,
+  Scatter,
+  ScatterAdd,
+  IndexAdd,
+  IndexCopy
+};
 constexpr const char* gather_site_name(std::int64_t site) {
   switch (static_cast<GatherSite>(site)) {
     case GatherSite::IndexSelect:
@@ -194,6 +213,14 @@ constexpr const char* gather_site_name(std::int64_t site) {
       return "embedding";
     case GatherSite::CrossEntropy:
       return "cross_entropy";
+    case GatherSite::Scatter:
+      return "scatter";
+    case GatherSite::ScatterAdd:
+      return "scatter_add";
+    case GatherSite::IndexAdd:
+      return "index_add";
+    case GatherSite::IndexCopy:
+      return "index_copy";
     default:
       return "gather";
   }

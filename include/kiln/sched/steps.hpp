@@ -70,9 +70,28 @@ struct LibraryCall {
   std::optional<DType> a_from, b_from;
 };
 
-/// One step: a segment or a call.
+/// One scatter (sched's Scatter primitive, run by the runtime's scatter kernels): out = base,
+/// then src written or added where index says along `axis`.
+struct ScatterCall {
+  int node = -1;     ///< the Scatter node of the original graph
+  Shape shape;       ///< the result's (and base's) shape
+  Shape index_shape; ///< index's and src's
+  DType dtype = DType::Float32;
+  std::int64_t axis = 0;
+  bool accumulate = false, atomic = false;
+  std::int64_t site = 0;  ///< ir::GatherSite, for range errors
+  Slot base, index, src, out;
+  /// base is a constant (zeros_like(t).index_add_(...)): the output is filled with it, no read.
+  bool base_constant = false;
+  double base_scalar = 0;
+  std::int64_t base_iscalar = 0;
+  int flag = -1;  ///< the temporary holding the call's range flag (a GPU checks before writing)
+  int level = 1;
+};
+
+/// One step: a segment, a product or a scatter.
 struct Step {
-  enum Kind : std::uint8_t { Kernels, Call };
+  enum Kind : std::uint8_t { Kernels, Call, Scatter };
   Kind kind;
   int index;
 };
@@ -81,6 +100,7 @@ struct Step {
 struct StepPlan {
   std::vector<Segment> segments;
   std::vector<LibraryCall> calls;
+  std::vector<ScatterCall> scatters;
   std::vector<Step> order;
   std::vector<StepTemp> temps;
 
@@ -173,6 +193,7 @@ class StepPlanner {
       for (auto in : nd.inputs) ++uses_[static_cast<std::size_t>(in)];
     for (auto o : g_.outputs) ++uses_[static_cast<std::size_t>(o)];
     call_of_result_.assign(n_, -1);
+    scatter_of_result_.assign(n_, -1);
     absorbed_.assign(n_, 0);
     zero_.assign(n_, 0);
     level_.assign(n_, 0);
@@ -209,6 +230,10 @@ class StepPlanner {
       for (auto in : nd.inputs) lvl = std::max(lvl, level_[static_cast<std::size_t>(in)]);
       level_[i] = lvl;
       if (!ir::is_library_call(nd.op)) continue;
+      if (ir::is_scatter(nd.op)) {
+        plan_scatter(static_cast<int>(i), lvl);
+        continue;
+      }
       const ir::GraphNode& a = node(nd.inputs[0]);
       const std::size_t r = nd.shape.size();
       if (nd.shape.numel() == 0 || a.shape[r - 1] == 0) {
@@ -228,6 +253,28 @@ class StepPlanner {
       call_of_result_[static_cast<std::size_t>(c.result)] = id;
       plan_.calls.push_back(std::move(c));
     }
+  }
+
+  void plan_scatter(int i, int lvl) {
+    const ir::GraphNode& nd = node(i);
+    ScatterCall c;
+    c.node = i;
+    c.shape = nd.shape;
+    c.index_shape = node(nd.inputs[1]).shape;
+    c.dtype = nd.dtype;
+    c.axis = nd.attrs.ints.at(0);
+    c.accumulate = nd.attrs.ints.at(1) != 0;
+    c.atomic = nd.attrs.ints.at(2) != 0;
+    c.site = nd.attrs.ints.at(3);
+    const ir::GraphNode& base = node(nd.inputs[0]);
+    if (base.op == ir::Op::Constant) {
+      c.base_constant = true;
+      c.base_scalar = base.attrs.scalar;
+      c.base_iscalar = base.attrs.iscalar;
+    }
+    c.level = level_[static_cast<std::size_t>(i)] = lvl + 1;
+    scatter_of_result_[static_cast<std::size_t>(i)] = static_cast<int>(plan_.scatters.size());
+    plan_.scatters.push_back(std::move(c));
   }
 
   // bias add, then relu or tanh-gelu, each the sole reader of what precedes it.
@@ -326,10 +373,28 @@ class StepPlanner {
   // place, else memory the segment of i's level writes.
   Slot operand_slot(int i) {
     const ir::GraphNode& nd = node(i);
-    if (is_call_result(i))
-      return plan_.calls[static_cast<std::size_t>(call_of_result_[static_cast<std::size_t>(i)])].out;
+    if (is_call_result(i)) return result_slot(i);
     if (nd.op == ir::Op::Input && library_readable(nd.shape, nd.strides)) return Slot{Slot::Leaf, nd.leaf, nd.strides};
     return materialize(i);
+  }
+
+  // Where a scatter reads node i: the runtime's scatter kernels read any strides of a leaf.
+  Slot scatter_operand_slot(int i) {
+    const ir::GraphNode& nd = node(i);
+    if (is_call_result(i)) return result_slot(i);
+    if (nd.op == ir::Op::Input) {
+      bool ok = true;
+      for (auto st : nd.strides) ok = ok && st >= 0;
+      if (ok) return Slot{Slot::Leaf, nd.leaf, nd.strides};
+    }
+    return materialize(i);
+  }
+
+  // The memory a call (product or scatter) writes its result `i` to.
+  Slot result_slot(int i) const {
+    const std::size_t ii = static_cast<std::size_t>(i);
+    if (call_of_result_[ii] >= 0) return plan_.calls[static_cast<std::size_t>(call_of_result_[ii])].out;
+    return plan_.scatters[static_cast<std::size_t>(scatter_of_result_[ii])].out;
   }
 
   // Where each call writes (a graph output directly when it can) and reads.
@@ -349,10 +414,29 @@ class StepPlanner {
       }
       if (c.out.kind == Slot::None) c.out = temp(c.result);
     }
+    // A scatter writes a contiguous graph output directly, else a temporary.
+    for (auto& c : plan_.scatters) {
+      for (std::size_t k = 0; k < g_.outputs.size() && c.out.kind == Slot::None; ++k) {
+        if (g_.outputs[k] != c.node || output_taken_.count(static_cast<int>(k)) ||
+            !is_contiguous(c.shape, g_.output_strides[k]))
+          continue;
+        output_taken_.insert(static_cast<int>(k));
+        c.out = Slot{Slot::Output, static_cast<int>(k), g_.output_strides[k]};
+      }
+      if (c.out.kind == Slot::None) c.out = temp(c.node);
+      c.flag = static_cast<int>(plan_.temps.size());
+      plan_.temps.push_back({Shape{1}, DType::Int32});
+    }
     for (std::size_t k = 0; k < plan_.calls.size(); ++k) {
       LibraryCall& c = plan_.calls[k];
       c.a = operand_slot(fold_cast(operands_[k].first, c.a_from));
       c.b = operand_slot(fold_cast(operands_[k].second, c.b_from));
+    }
+    for (auto& c : plan_.scatters) {
+      const ir::GraphNode& nd = node(c.node);
+      if (!c.base_constant) c.base = scatter_operand_slot(nd.inputs[0]);
+      c.index = scatter_operand_slot(nd.inputs[1]);
+      c.src = scatter_operand_slot(nd.inputs[2]);
     }
     for (auto& [call, src] : bias_source_) {
       const ir::GraphNode& s = node(src);
@@ -366,7 +450,9 @@ class StepPlanner {
     }
   }
 
-  bool is_call_result(int i) const { return call_of_result_[static_cast<std::size_t>(i)] >= 0; }
+  bool is_call_result(int i) const {
+    return call_of_result_[static_cast<std::size_t>(i)] >= 0 || scatter_of_result_[static_cast<std::size_t>(i)] >= 0;
+  }
 
   // The operand a call reads for node i: on the CPU, a cast between floating dtypes of a value
   // the call can read in place (a leaf, another call's result) is folded into the call (the
@@ -400,7 +486,7 @@ class StepPlanner {
       if (nd.op == ir::Op::Input) {
         leaf = Slot{Slot::Leaf, nd.leaf, nd.strides};
       } else if (is_call_result(i)) {
-        leaf = plan_.calls[static_cast<std::size_t>(call_of_result_[ii])].out;
+        leaf = result_slot(i);
       } else if (materialized_[ii].kind != Slot::None && level_[ii] < s) {
         leaf = materialized_[ii];
       } else if (level_[ii] < s && ir::is_reduction(nd.op)) {
@@ -479,6 +565,8 @@ class StepPlanner {
     for (int s = 0; s <= top; ++s) {
       for (std::size_t c = 0; c < plan_.calls.size(); ++c)
         if (plan_.calls[c].level == s) plan_.order.push_back({Step::Call, static_cast<int>(c)});
+      for (std::size_t c = 0; c < plan_.scatters.size(); ++c)
+        if (plan_.scatters[c].level == s) plan_.order.push_back({Step::Scatter, static_cast<int>(c)});
       if (segments_by_level_[static_cast<std::size_t>(s)] >= 0)
         plan_.order.push_back({Step::Kernels, segments_by_level_[static_cast<std::size_t>(s)]});
     }
@@ -488,7 +576,7 @@ class StepPlanner {
   bool fuse_;
   std::size_t n_;
   StepPlan plan_;
-  std::vector<int> uses_, call_of_result_, level_;
+  std::vector<int> uses_, call_of_result_, scatter_of_result_, level_;
   std::vector<char> absorbed_, zero_;
   std::vector<Slot> materialized_;
   std::vector<std::pair<int, int>> bias_source_;  ///< (call, node of its bias)
@@ -511,6 +599,14 @@ inline std::string StepPlan::str() const {
   };
   std::ostringstream os;
   for (const Step& st : order) {
+    if (st.kind == Step::Scatter) {
+      const ScatterCall& c = scatters[static_cast<std::size_t>(st.index)];
+      os << "call " << ir::gather_site_name(c.site) << " " << dtype_name(c.dtype) << " " << c.index_shape.str()
+         << " into " << c.shape.str() << " along " << c.axis << (c.accumulate ? ", adding" : "")
+         << (c.atomic ? ", atomic" : "") << " (" << (c.base_constant ? std::string("constant") : slot(c.base)) << ", "
+         << slot(c.index) << ", " << slot(c.src) << ") -> " << slot(c.out) << "\n";
+      continue;
+    }
     if (st.kind == Step::Call) {
       const LibraryCall& c = calls[static_cast<std::size_t>(st.index)];
       os << "call matmul " << dtype_name(c.dtype) << " " << c.a_shape.str() << " x " << c.b_shape.str() << " ("

@@ -2,15 +2,22 @@
 // Data-dependent reads: gather, index_select, take_along_dim, embedding. Each is one Gather
 // primitive (the index read inside the kernel that reads the result, so `embedding(W, ids) *
 // scale + pos` is one kernel), with PyTorch's names, argument orders, shapes and dtype rules.
+// Data-dependent writes: scatter, scatter_add, index_add, index_copy, out of place (a new
+// tensor; assign it into a view to write in place). Each is one Scatter primitive: a step of
+// its own after the kernels that compute its operands. Accumulation is deterministic by default
+// (repeated indices summed in the order of their positions: the same bits on every run);
+// set_scatter_mode(ScatterMode::Atomic) trades that for atomics on a GPU.
 //
 // Indices are int64 or int32 (cast to int64 inside the kernel). A negative index is an error, as
 // on PyTorch's CUDA path (no wrap-around). Out-of-range indices raise IndexError: before anything
 // is compiled when the index is already in host memory, otherwise from the kernel that read it
 // (core/index_fault.hpp: the read is clamped into range and the run's results are discarded).
+#include <atomic>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "kiln/core/env.hpp"
 #include "kiln/tensor/functions.hpp"
 
 namespace kiln {
@@ -66,6 +73,26 @@ inline Tensor gather_nodes(const Tensor& x, const ir::NodePtr& index, std::int64
 }
 
 }  // namespace detail
+
+/// How scatter_add and index_add accumulate repeated indices.
+enum class ScatterMode {
+  Deterministic,  ///< in the order of their positions: the same bits on every run (the default)
+  Atomic,         ///< with atomics, in any order (GPU, float32/float64/int32/int64; faster)
+};
+
+namespace detail {
+inline std::atomic<int>& scatter_mode_setting() {
+  static std::atomic<int> mode{env::get("KILN_SCATTER_MODE", "") == "atomic" ? 1 : 0};
+  return mode;
+}
+}  // namespace detail
+
+/// Selects how later scatter_add / index_add calls accumulate (KILN_SCATTER_MODE=atomic sets
+/// the initial mode). The mode is part of the op, so graphs traced before a change keep theirs.
+inline void set_scatter_mode(ScatterMode mode) { detail::scatter_mode_setting().store(mode == ScatterMode::Atomic ? 1 : 0); }
+inline ScatterMode scatter_mode() {
+  return detail::scatter_mode_setting().load() != 0 ? ScatterMode::Atomic : ScatterMode::Deterministic;
+}
 
 /// Values of `input` along `dim` at `index`: out[i][j][k] = input[index[i][j][k]][j][k] (dim 0),
 /// as torch.gather. index has input's rank and, off `dim`, sizes at most input's; the result
@@ -166,6 +193,110 @@ inline Tensor embedding(const Tensor& weight, const Tensor& index) {
   ir::NodePtr rows = ir::broadcast(ir::reshape(idx, Shape{n, 1}), Shape{n, d});
   Tensor r = detail::gather_nodes(w, rows, 0, ir::GatherSite::Embedding);
   return Tensor(ir::reshape(r.node(), out));
+}
+
+namespace detail {
+
+/// The Scatter node of scatter/scatter_add: shapes and dtypes checked as torch.scatter does
+/// (index of input's rank; off `dim` at most input's; src at least index's everywhere, its
+/// leading index-shaped part used).
+inline Tensor scatter_into(const Tensor& input, std::int64_t dim, const Tensor& index, const Tensor& src,
+                           bool accumulate, ir::GatherSite site, const char* op) {
+  Tensor x = to_tensor(input);
+  ir::NodePtr idx = index_node(x, index, op);
+  check_same_device(x.device(), src.device(), op);
+  if (src.dtype() != x.dtype())
+    throw DTypeError(std::string(op) + ": src " + describe(src) + " must have the dtype of input " + describe(x));
+  if (x.dim() == 0 || index.dim() != x.dim() || src.dim() != x.dim())
+    throw ShapeError(std::string(op) + ": input " + describe(x) + ", index " + describe(index) + " and src " +
+                     describe(src) + " must have one rank of at least 1");
+  const std::int64_t axis = tensor_axis(dim, x, op);
+  for (std::size_t d = 0; d < x.shape().size(); ++d) {
+    if (static_cast<std::int64_t>(d) != axis && index.shape()[d] > x.shape()[d])
+      throw ShapeError(std::string(op) + ": index " + describe(index) + " is larger than input " + describe(x) +
+                       " in dimension " + std::to_string(d) + " (only dimension " + std::to_string(axis) +
+                       " may differ)");
+    if (index.shape()[d] > src.shape()[d])
+      throw ShapeError(std::string(op) + ": index " + describe(index) + " is larger than src " + describe(src) +
+                       " in dimension " + std::to_string(d));
+  }
+  if (x.shape()[static_cast<std::size_t>(axis)] == 0 && index.numel() > 0)
+    throw IndexError(std::string(op) + ": cannot index dimension " + std::to_string(axis) + " of size 0 (input " +
+                     describe(x) + ", index " + describe(index) + ")");
+  check_host_index(x, index, axis, x.shape()[static_cast<std::size_t>(axis)], op);
+  ir::NodePtr s = src.node();
+  for (std::size_t d = 0; d < index.shape().size(); ++d)
+    if (s->shape[d] != index.shape()[d]) s = ir::slice(s, static_cast<std::int64_t>(d), 0, index.shape()[d], 1);
+  const bool atomic = accumulate && scatter_mode() == ScatterMode::Atomic;
+  return Tensor(ir::scatter(x.node(), idx, s, axis, accumulate, atomic, site));
+}
+
+/// index_add / index_copy: the 1-d index spread over source's shape, then a scatter.
+inline Tensor index_scatter(const Tensor& input, std::int64_t dim, const Tensor& index, const Tensor& source,
+                            bool accumulate, ir::GatherSite site, const char* op) {
+  Tensor x = to_tensor(input);
+  ir::NodePtr idx = index_node(x, index, op);
+  check_same_device(x.device(), source.device(), op);
+  if (index.dim() > 1)
+    throw ShapeError(std::string(op) + ": index must be 1-d (or 0-d), got " + describe(index) + " for input " +
+                     describe(x));
+  if (source.dtype() != x.dtype())
+    throw DTypeError(std::string(op) + ": source " + describe(source) + " must have the dtype of input " + describe(x));
+  const std::int64_t axis = tensor_axis(dim, x, op);
+  Tensor xv = x.dim() == 0 ? Tensor(ir::reshape(x.node(), Shape{1})) : x;
+  Tensor sv = source.dim() == 0 ? Tensor(ir::reshape(source.node(), Shape{1})) : source;
+  Shape want = xv.shape();
+  want[static_cast<std::size_t>(axis)] = index.numel();
+  if (sv.shape() != want)
+    throw ShapeError(std::string(op) + ": source " + describe(source) + " must have shape " + want.str() +
+                     " (input " + describe(x) + " with dimension " + std::to_string(axis) + " of index " +
+                     describe(index) + "'s length)");
+  Shape column(want.size(), 1);
+  column[static_cast<std::size_t>(axis)] = index.numel();
+  Tensor spread(ir::broadcast(ir::reshape(idx, column), want));
+  if (xv.shape()[static_cast<std::size_t>(axis)] == 0 && index.numel() > 0)
+    throw IndexError(std::string(op) + ": cannot index dimension " + std::to_string(axis) + " of size 0 (input " +
+                     describe(x) + ", index " + describe(index) + ")");
+  check_host_index(x, index, axis, xv.shape()[static_cast<std::size_t>(axis)], op);
+  const bool atomic = accumulate && scatter_mode() == ScatterMode::Atomic;
+  Tensor r(ir::scatter(xv.node(), spread.node(), sv.node(), axis, accumulate, atomic, site));
+  return x.dim() == 0 ? Tensor(ir::reshape(r.node(), Shape{})) : r;
+}
+
+}  // namespace detail
+
+/// input with src[p] written at p with p[dim] = index[p], for every p of index's shape, as
+/// torch.scatter (repeated indices: the last position wins). A new tensor.
+inline Tensor scatter(const Tensor& input, std::int64_t dim, const Tensor& index, const Tensor& src) {
+  return detail::scatter_into(input, dim, index, src, false, ir::GatherSite::Scatter, "scatter");
+}
+
+/// scatter with every written value `value` (cast to input's dtype).
+inline Tensor scatter(const Tensor& input, std::int64_t dim, const Tensor& index, double value) {
+  Tensor x = detail::to_tensor(input);
+  Tensor src(ir::constant(value, x.dtype(), index.shape(), x.device()));
+  return detail::scatter_into(x, dim, index, src, false, ir::GatherSite::Scatter, "scatter");
+}
+
+/// input with src[p] added at p with p[dim] = index[p], as torch.scatter_add; repeated indices
+/// are summed (deterministically unless set_scatter_mode(ScatterMode::Atomic)). A new tensor.
+inline Tensor scatter_add(const Tensor& input, std::int64_t dim, const Tensor& index, const Tensor& src) {
+  return detail::scatter_into(input, dim, index, src, true, ir::GatherSite::ScatterAdd, "scatter_add");
+}
+
+/// input with alpha * source's slices added at the positions `index` (1-d) gives along `dim`,
+/// as torch.index_add: out.select(dim, index[i]) += alpha * source.select(dim, i). A new tensor.
+inline Tensor index_add(const Tensor& input, std::int64_t dim, const Tensor& index, const Tensor& source,
+                        double alpha = 1.0) {
+  Tensor s = detail::to_tensor(source);
+  if (alpha != 1.0) s = Tensor(ir::binary(ir::Op::Mul, s.node(), ir::constant(alpha, s.dtype(), s.shape(), s.device())));
+  return detail::index_scatter(input, dim, index, s, true, ir::GatherSite::IndexAdd, "index_add");
+}
+
+/// input with source's slices written at the positions `index` (1-d) gives along `dim`, as
+/// torch.index_copy (repeated indices: the last wins). A new tensor.
+inline Tensor index_copy(const Tensor& input, std::int64_t dim, const Tensor& index, const Tensor& source) {
+  return detail::index_scatter(input, dim, index, source, false, ir::GatherSite::IndexCopy, "index_copy");
 }
 
 }  // namespace kiln

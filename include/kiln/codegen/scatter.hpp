@@ -1,0 +1,257 @@
+#pragma once
+// Source of a scatter step (sched::ScatterCall) in the C++ and CUDA dialects: out = base (or
+// a constant), then src written or added where index says along the axis. Every index is
+// checked before anything is written (an IndexError, nothing written). Shapes and strides are
+// baked into the text, as in the fused kernels.
+//
+// Deterministic (the default): the positions off the axis are shared among threads and each
+// walks the axis in index order, so repeated indices are written (or summed) in the order of
+// their positions, as the reference does, with the same bits on every run; no two threads
+// touch one output element. Atomic (opt-in, GPU, f32/f64/int32/int64): one thread per index
+// element adds with atomicAdd, in whatever order the hardware gives.
+#include <string>
+#include <vector>
+
+#include "kiln/codegen/c/literals.hpp"
+#include "kiln/codegen/c/pointwise.hpp"
+#include "kiln/codegen/cpp/dialect.hpp"
+#include "kiln/codegen/cuda/prelude.hpp"
+#include "kiln/sched/steps.hpp"
+
+namespace kiln::codegen {
+
+/// A scatter step's unit: the CPU's one function `entry`, or the GPU's three kernels.
+struct ScatterSource {
+  std::string source;
+  std::string entry;                 ///< CPU: int entry(void* const* args, int nth); 1 = a range fault
+  std::string check, init, scatter;  ///< GPU kernels, launched in this order over `launches`
+  std::int64_t index_elements = 0;   ///< elements of index and src (the check's threads)
+  std::int64_t out_elements = 0;     ///< the init's threads
+  std::int64_t scatter_threads = 0;  ///< the scatter's threads: positions off the axis, or every element (atomic)
+  bool atomic = false;               ///< the scatter kernel accumulates with atomics
+};
+
+namespace scatter_detail {
+
+using i64 = std::int64_t;
+
+/// Statements that split flat position `flat` over `shape` (size-1 dims skipped) into the
+/// variables c<d>, each defined.
+inline std::string coords(const std::string& flat, const Shape& shape, const std::string& indent) {
+  std::string s = indent + "long long rest = " + flat + ";\n";
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    if (shape[d] == 1) {
+      s += indent + "const long long c" + std::to_string(d) + " = 0;\n";
+      continue;
+    }
+    s += indent + "const long long c" + std::to_string(d) + " = rest % " + std::to_string(shape[d]) + "LL; rest /= " +
+         std::to_string(shape[d]) + "LL;\n";
+  }
+  return s + indent + "(void)rest;\n";
+}
+
+/// sum c<d> * strides[d] (dim `replace` takes `with` instead of c<d>).
+inline std::string offset(const Strides& strides, const Shape& shape, int replace = -1, const std::string& with = "") {
+  std::string s = "0LL";
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    const std::string c = static_cast<int>(d) == replace ? "(" + with + ")" : "c" + std::to_string(d);
+    if (static_cast<int>(d) != replace && (shape[d] == 1 || strides[d] == 0)) continue;
+    s += " + " + c + " * " + std::to_string(strides[d]) + "LL";
+  }
+  return s;
+}
+
+/// The index shape without the axis (the positions each walk of the axis belongs to).
+inline Shape others(const sched::ScatterCall& c) {
+  Shape o = c.index_shape;
+  o[static_cast<std::size_t>(c.axis)] = 1;
+  return o;
+}
+
+/// Whether atomic accumulation is available for `dt` (else the deterministic kernel runs).
+inline bool atomic_dtype(DType dt) {
+  return dt == DType::Float32 || dt == DType::Float64 || dt == DType::Int32 || dt == DType::Int64;
+}
+
+/// The statement storing the scatter of src at `soff` into out at `ooff`.
+inline std::string element(const sched::ScatterCall& c, const std::string& ooff, const std::string& soff,
+                           c_family::PreludeNeeds& needs) {
+  const std::string dst = "out[" + ooff + "]", v = "src[" + soff + "]";
+  if (!c.accumulate) return dst + " = " + v + ";";
+  const DType t = c.dtype;
+  std::string sum;
+  switch (t) {
+    case DType::Bool:
+      sum = "(unsigned char)((" + dst + " != 0) | (" + v + " != 0))";
+      break;
+    case DType::Int32:
+      sum = "(int)((unsigned)" + dst + " + (unsigned)" + v + ")";
+      break;
+    case DType::Int64:
+      sum = "(long long)((unsigned long long)" + dst + " + (unsigned long long)" + v + ")";
+      break;
+    case DType::Float16:
+    case DType::BFloat16:
+      sum = c_family::to_storage(
+          c_family::from_storage(dst, t, needs) + " + " + c_family::from_storage(v, t, needs), t, needs);
+      break;
+    default:
+      sum = dst + " + " + v;
+  }
+  return dst + " = " + sum + ";";
+}
+
+/// The fault site of `c` (core/index_fault.hpp): its op, axis and operands.
+inline long long site_of(const sched::ScatterCall& c) {
+  return kiln::detail::register_index_fault_site(ir::gather_site_name(c.site), c.axis,
+                                                 "output " + std::string(dtype_name(c.dtype)) + c.shape.str() +
+                                                     ", index int64" + c.index_shape.str());
+}
+
+inline std::string constant_text(const sched::ScatterCall& c, c_family::PreludeNeeds& needs) {
+  if (is_floating(c.dtype)) {
+    const std::string f = c_family::hex_double(c.base_scalar);
+    if (c.dtype == DType::Float64) return f;
+    return c_family::to_storage("(float)" + f, c.dtype, needs);
+  }
+  if (c.dtype == DType::Bool) return c.base_iscalar != 0 ? "(unsigned char)1" : "(unsigned char)0";
+  return "(" + std::string(c_family::stype(c.dtype)) + ")" + std::to_string(c.base_iscalar) + "LL";
+}
+
+}  // namespace scatter_detail
+
+/// The C++ unit of scatter `c`, entry named `name`.
+inline ScatterSource generate_cpu_scatter(const sched::ScatterCall& c, const std::string& name) {
+  using namespace scatter_detail;
+  c_family::PreludeNeeds needs;
+  needs.gather = true;
+  ScatterSource out;
+  out.entry = name;
+  const Shape& is = c.index_shape;
+  const int axis = static_cast<int>(c.axis);
+  const i64 ni = is.numel(), no = c.shape.numel(), n = is[static_cast<std::size_t>(axis)];
+  const i64 bound = c.shape[static_cast<std::size_t>(axis)];
+  const Shape oth = others(c);
+  const i64 positions = oth.numel();
+  out.index_elements = ni;
+  out.out_elements = no;
+  const std::string st = c_family::stype(c.dtype);
+  std::string body;
+  body += "extern \"C\" int " + name + "(void* const* args, int nth) {\n  (void)nth;\n";
+  body += "  const " + st + "* __restrict base = (const " + st + "*)args[0]; (void)base;\n";
+  body += "  const long long* __restrict index = (const long long*)args[1];\n";
+  body += "  const " + st + "* __restrict src = (const " + st + "*)args[2];\n";
+  body += "  " + st + "* __restrict out = (" + st + "*)args[3];\n";
+  // 1. Every index in range, before anything is written.
+  body += "  for (long long p = 0; p < " + std::to_string(ni) + "LL; ++p) {\n" + coords("p", is, "    ");
+  body += "    const long long v = index[" + offset(c.index.strides, is) + "];\n";
+  body += "    if ((unsigned long long)v >= " + std::to_string(bound) + "ULL) { kiln_index_out_of_range(" +
+          std::to_string(site_of(c)) + "LL, v, " + std::to_string(bound) + "LL); return 1; }\n  }\n";
+  // 2. out = base.
+  const std::string team = " num_threads(nth) if(" + std::to_string(no) + "LL >= 32768LL)";
+  body += "  #pragma omp parallel for" + team + "\n";
+  body += "  for (long long q = 0; q < " + std::to_string(no) + "LL; ++q) {\n" + coords("q", c.shape, "    ");
+  body += "    out[" + offset(c.out.strides, c.shape) + "] = " +
+          (c.base_constant ? constant_text(c, needs) : "base[" + offset(c.base.strides, c.shape) + "]") + ";\n  }\n";
+  // 3. The scatter: chunks of the positions off the axis, each walking the axis in order.
+  const std::string ooff = offset(c.out.strides, c.shape, axis, "t");
+  const std::string ioff = offset(c.index.strides, is, axis, "i"), soff = offset(c.src.strides, is, axis, "i");
+  bool axis_innermost = true;
+  for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < is.size(); ++d) axis_innermost = axis_innermost && is[d] == 1;
+  const i64 chunks = std::max<i64>(1, std::min<i64>(positions, 256));
+  const i64 per = (positions + chunks - 1) / chunks;
+  auto at = [&](const std::string& indent) {
+    return coords("o", oth, indent) + indent + "const long long t = index[" + ioff + "];\n" + indent +
+           element(c, ooff, soff, needs) + "\n";
+  };
+  body += "  #pragma omp parallel for schedule(static)" +
+          std::string(" num_threads(nth) if(" + std::to_string(ni) + "LL >= 32768LL)") + "\n";
+  body += "  for (long long chunk = 0; chunk < " + std::to_string(chunks) + "LL; ++chunk) {\n";
+  body += "    const long long o0 = chunk * " + std::to_string(per) + "LL, o1 = o0 + " + std::to_string(per) + "LL < " +
+          std::to_string(positions) + "LL ? o0 + " + std::to_string(per) + "LL : " + std::to_string(positions) +
+          "LL;\n";
+  if (axis_innermost) {
+    body += "    for (long long o = o0; o < o1; ++o)\n      for (long long i = 0; i < " + std::to_string(n) +
+            "LL; ++i) {\n" + at("        ") + "      }\n";
+  } else {
+    body += "    for (long long i = 0; i < " + std::to_string(n) + "LL; ++i)\n      for (long long o = o0; o < o1; ++o) {\n" +
+            at("        ") + "      }\n";
+  }
+  body += "  }\n  return 0;\n}\n";
+  std::string& src = out.source;
+  src = "// kiln generated scatter\n";
+  if (needs.half) src += detail::kHalfHelpers;
+  if (needs.bf16) src += detail::kBf16Helpers;
+  src += c_family::gather_prelude("", "__attribute__((noinline, cold))",
+                                  "__atomic_exchange_n(&r[0], 1LL, __ATOMIC_ACQ_REL)");
+  src += body;
+  return out;
+}
+
+/// The CUDA unit of scatter `c`, kernels named `name`_check, _init and _scatter. Their one
+/// argument is {base, index, src, out, flag} by value; flag (an int, zeroed before the check)
+/// is set by the check when an index is out of range, and the other two then write nothing.
+inline ScatterSource generate_cuda_scatter(const sched::ScatterCall& c, const std::string& name) {
+  using namespace scatter_detail;
+  c_family::PreludeNeeds needs;
+  ScatterSource out;
+  out.check = name + "_check";
+  out.init = name + "_init";
+  out.scatter = name + "_scatter";
+  const Shape& is = c.index_shape;
+  const int axis = static_cast<int>(c.axis);
+  const i64 ni = is.numel(), no = c.shape.numel(), n = is[static_cast<std::size_t>(axis)];
+  const i64 bound = c.shape[static_cast<std::size_t>(axis)];
+  const Shape oth = others(c);
+  out.atomic = c.atomic && c.accumulate && atomic_dtype(c.dtype);
+  out.index_elements = ni;
+  out.out_elements = no;
+  out.scatter_threads = out.atomic ? ni : oth.numel();
+  const std::string st = c_family::stype(c.dtype);
+  const std::string args = "(kiln_scatter_args a)";
+  const std::string ptrs = "  const " + st + "* __restrict__ base = (const " + st + "*)a.p[0]; (void)base;\n" +
+                           "  const long long* __restrict__ index = (const long long*)a.p[1];\n" +
+                           "  const " + st + "* __restrict__ src = (const " + st + "*)a.p[2]; (void)src;\n" + "  " + st +
+                           "* __restrict__ out = (" + st + "*)a.p[3]; (void)out;\n" +
+                           "  volatile int* flag = (volatile int*)a.p[4];\n";
+  auto thread = [](const std::string& var, i64 count) {
+    return "  const long long " + var + " = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n  if (" + var +
+           " >= " + std::to_string(count) + "LL) return;\n";
+  };
+  std::string body;
+  body += "extern \"C\" __global__ void " + out.check + args + " {\n" + ptrs + thread("p", ni) + coords("p", is, "  ");
+  body += "  const long long v = index[" + offset(c.index.strides, is) + "];\n";
+  body += "  if ((unsigned long long)v >= " + std::to_string(bound) + "ULL) { *flag = 1; kiln_index_out_of_range(" +
+          std::to_string(site_of(c)) + "LL, v, " + std::to_string(bound) + "LL); }\n}\n";
+  body += "extern \"C\" __global__ void " + out.init + args + " {\n" + ptrs + "  if (*flag) return;\n" +
+          thread("q", no) + coords("q", c.shape, "  ");
+  body += "  out[" + offset(c.out.strides, c.shape) + "] = " +
+          (c.base_constant ? constant_text(c, needs) : "base[" + offset(c.base.strides, c.shape) + "]") + ";\n}\n";
+  const std::string ooff = offset(c.out.strides, c.shape, axis, "t");
+  body += "extern \"C\" __global__ void " + out.scatter + args + " {\n" + ptrs + "  if (*flag) return;\n";
+  if (out.atomic) {
+    body += thread("p", ni) + coords("p", is, "  ");
+    body += "  const long long t = index[" + offset(c.index.strides, is) + "];\n";
+    const std::string v = "src[" + offset(c.src.strides, is) + "]";
+    if (c.dtype == DType::Int64)
+      body += "  atomicAdd((unsigned long long*)&out[" + ooff + "], (unsigned long long)" + v + ");\n}\n";
+    else
+      body += "  atomicAdd(&out[" + ooff + "], " + v + ");\n}\n";
+  } else {
+    const std::string ioff = offset(c.index.strides, is, axis, "i"), soff = offset(c.src.strides, is, axis, "i");
+    body += thread("o", oth.numel()) + coords("o", oth, "  ");
+    body += "  for (long long i = 0; i < " + std::to_string(n) + "LL; ++i) {\n    const long long t = index[" + ioff +
+            "];\n    " + element(c, ooff, soff, needs) + "\n  }\n}\n";
+  }
+  std::string& src = out.source;
+  src = "// kiln generated scatter\nstruct kiln_scatter_args { void* p[5]; };\n";
+  src += cuda_detail::kCudaBase;
+  if (needs.half) src += cuda_detail::kCudaHalf;
+  if (needs.bf16) src += cuda_detail::kCudaBf16;
+  src += c_family::gather_prelude("__device__", "__noinline__",
+                                  "(long long)atomicCAS((unsigned long long*)r, 0ull, 1ull)");
+  src += body;
+  return out;
+}
+
+}  // namespace kiln::codegen

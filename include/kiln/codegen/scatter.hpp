@@ -68,6 +68,22 @@ inline Shape others(const sched::ScatterCall& c) {
   return o;
 }
 
+/// The index elements to check: index's shape with the dims it is broadcast along (stride 0)
+/// taken once (index_add's 1-d index spread over the source's rows is checked once per row).
+inline Shape check_shape(const sched::ScatterCall& c) {
+  Shape s = c.index_shape;
+  for (std::size_t d = 0; d < s.size(); ++d)
+    if (c.index.strides[d] == 0) s[d] = 1;
+  return s;
+}
+
+/// Elements per thread along the last dim of `shape` for the GPU's init and atomic kernels: 4
+/// when the last dim splits in fours and (`same_index`) the index is one along it, else 1.
+inline i64 lanes_along_last(const Shape& shape, bool same_index) {
+  if (shape.empty() || !same_index) return 1;
+  return shape.back() % 4 == 0 ? 4 : 1;
+}
+
 /// Whether atomic accumulation is available for `dt` (else the deterministic kernel runs).
 inline bool atomic_dtype(DType dt) {
   return dt == DType::Float32 || dt == DType::Float64 || dt == DType::Int32 || dt == DType::Int64;
@@ -143,8 +159,9 @@ inline ScatterSource generate_cpu_scatter(const sched::ScatterCall& c, const std
   body += "  const " + st + "* __restrict src = (const " + st + "*)args[2];\n";
   body += "  " + st + "* __restrict out = (" + st + "*)args[3];\n";
   // 1. Every index in range, before anything is written.
-  body += "  for (long long p = 0; p < " + std::to_string(ni) + "LL; ++p) {\n" + coords("p", is, "    ");
-  body += "    const long long v = index[" + offset(c.index.strides, is) + "];\n";
+  const Shape cs = check_shape(c);
+  body += "  for (long long p = 0; p < " + std::to_string(cs.numel()) + "LL; ++p) {\n" + coords("p", cs, "    ");
+  body += "    const long long v = index[" + offset(c.index.strides, cs) + "];\n";
   body += "    if ((unsigned long long)v >= " + std::to_string(bound) + "ULL) { kiln_index_out_of_range(" +
           std::to_string(site_of(c)) + "LL, v, " + std::to_string(bound) + "LL); return 1; }\n  }\n";
   // 2. out = base.
@@ -204,9 +221,16 @@ inline ScatterSource generate_cuda_scatter(const sched::ScatterCall& c, const st
   const i64 bound = c.shape[static_cast<std::size_t>(axis)];
   const Shape oth = others(c);
   out.atomic = c.atomic && c.accumulate && atomic_dtype(c.dtype);
-  out.index_elements = ni;
-  out.out_elements = no;
-  out.scatter_threads = out.atomic ? ni : oth.numel();
+  const Shape cs = check_shape(c);
+  const std::size_t last = is.size() - 1;
+  // The init's lanes: consecutive elements of a row; the atomic scatter's: consecutive elements
+  // of a row that share their index (the axis is another dim and the index is broadcast along it).
+  const i64 init_lanes = lanes_along_last(c.shape, true);
+  const i64 add_lanes =
+      lanes_along_last(is, static_cast<int>(last) != axis && c.index.strides[last] == 0 && is[last] > 1);
+  out.index_elements = cs.numel();
+  out.out_elements = no / init_lanes;
+  out.scatter_threads = out.atomic ? ni / add_lanes : oth.numel();
   const std::string st = c_family::stype(c.dtype);
   const std::string args = "(kiln_scatter_args a)";
   const std::string ptrs = "  const " + st + "* __restrict__ base = (const " + st + "*)a.p[0]; (void)base;\n" +
@@ -219,24 +243,42 @@ inline ScatterSource generate_cuda_scatter(const sched::ScatterCall& c, const st
            " >= " + std::to_string(count) + "LL) return;\n";
   };
   std::string body;
-  body += "extern \"C\" __global__ void " + out.check + args + " {\n" + ptrs + thread("p", ni) + coords("p", is, "  ");
-  body += "  const long long v = index[" + offset(c.index.strides, is) + "];\n";
+  body += "extern \"C\" __global__ void " + out.check + args + " {\n" + ptrs + thread("p", cs.numel()) +
+          coords("p", cs, "  ");
+  body += "  const long long v = index[" + offset(c.index.strides, cs) + "];\n";
   body += "  if ((unsigned long long)v >= " + std::to_string(bound) + "ULL) { *flag = 1; kiln_index_out_of_range(" +
           std::to_string(site_of(c)) + "LL, v, " + std::to_string(bound) + "LL); }\n}\n";
   body += "extern \"C\" __global__ void " + out.init + args + " {\n" + ptrs + "  if (*flag) return;\n" +
-          thread("q", no) + coords("q", c.shape, "  ");
-  body += "  out[" + offset(c.out.strides, c.shape) + "] = " +
-          (c.base_constant ? constant_text(c, needs) : "base[" + offset(c.base.strides, c.shape) + "]") + ";\n}\n";
+          thread("q", no / init_lanes) + coords("q * " + std::to_string(init_lanes) + "LL", c.shape, "  ");
+  {
+    const std::string value = c.base_constant ? constant_text(c, needs) : "";
+    for (i64 j = 0; j < init_lanes; ++j) {
+      const std::string step = j == 0 ? "" : " + " + std::to_string(j) + "LL * ";
+      body += "  out[" + offset(c.out.strides, c.shape) + (j ? step + std::to_string(c.out.strides.back()) + "LL" : "") +
+              "] = " +
+              (c.base_constant ? value
+                               : "base[" + offset(c.base.strides, c.shape) +
+                                     (j ? step + std::to_string(c.base.strides.back()) + "LL" : "") + "]") +
+              ";\n";
+    }
+    body += "}\n";
+  }
   const std::string ooff = offset(c.out.strides, c.shape, axis, "t");
   body += "extern \"C\" __global__ void " + out.scatter + args + " {\n" + ptrs + "  if (*flag) return;\n";
   if (out.atomic) {
-    body += thread("p", ni) + coords("p", is, "  ");
+    // One index load for the lanes, then an atomic add (a fire-and-forget reduction) per element.
+    body += thread("p", ni / add_lanes) + coords("p * " + std::to_string(add_lanes) + "LL", is, "  ");
     body += "  const long long t = index[" + offset(c.index.strides, is) + "];\n";
-    const std::string v = "src[" + offset(c.src.strides, is) + "]";
-    if (c.dtype == DType::Int64)
-      body += "  atomicAdd((unsigned long long*)&out[" + ooff + "], (unsigned long long)" + v + ");\n}\n";
-    else
-      body += "  atomicAdd(&out[" + ooff + "], " + v + ");\n}\n";
+    for (i64 j = 0; j < add_lanes; ++j) {
+      const std::string sj = j ? " + " + std::to_string(j * c.src.strides[last]) + "LL" : "";
+      const std::string oj = j ? " + " + std::to_string(j * c.out.strides[last]) + "LL" : "";
+      const std::string v = "src[" + offset(c.src.strides, is) + sj + "]";
+      if (c.dtype == DType::Int64)
+        body += "  atomicAdd((unsigned long long*)&out[" + ooff + oj + "], (unsigned long long)" + v + ");\n";
+      else
+        body += "  atomicAdd(&out[" + ooff + oj + "], " + v + ");\n";
+    }
+    body += "}\n";
   } else {
     const std::string ioff = offset(c.index.strides, is, axis, "i"), soff = offset(c.src.strides, is, axis, "i");
     body += thread("o", oth.numel()) + coords("o", oth, "  ");

@@ -34,7 +34,7 @@ struct Limits {
   /// Rows whose OpDesc::since is above this are not generated: an older version regenerates
   /// the graphs a seed gave before those rows joined (the judged graphs named in
   /// tests/CMakeLists.txt were found with version 1). The latest by default.
-  int table_version = 2;
+  int table_version = 3;
 };
 
 /// How a program is built: on which device, and whether as its float64 twin (floating inputs
@@ -1817,6 +1817,164 @@ inline const std::vector<OpDesc>& op_table() {
       t.push_back(d);
     }
 
+    // -- data-dependent reads and writes (table version 3). Indices are inputs holding values in
+    // range (an out-of-range index is an error, tested apart), int64 or int32, any layout.
+    auto index_input = [](Gen& g, const Shape& shape, std::int64_t bound) {
+      Step st;
+      st.is_input = true;
+      st.input.dtype = g.rng.chance(0.7) ? i64 : i32;
+      st.input.shape = shape;
+      for (std::int64_t i = 0; i < shape.numel(); ++i) st.input.values.push_back(static_cast<double>(g.rng.below(bound)));
+      g.layout(st.input);
+      st.info = {st.input.dtype, st.input.shape};
+      g.prog.steps.push_back(st);
+      return g.prog.size() - 1;
+    };
+    // The index operand `k` of `op`: an int input whose every value is in [0, bound).
+    auto index_ok = [](const Program& p, const OpInst& op, std::size_t k, std::int64_t bound) {
+      if (op.args.size() <= k || op.args[k].is_number()) return false;
+      const Step& st = p.steps[static_cast<std::size_t>(op.args[k].value)];
+      if (!st.is_input || (st.info.dtype != i64 && st.info.dtype != i32)) return false;
+      for (double v : st.input.values)
+        if (v < 0 || v >= static_cast<double>(bound)) return false;
+      if (st.input.arg)
+        for (double v : st.input.values2)
+          if (v < 0 || v >= static_cast<double>(bound)) return false;
+      return true;
+    };
+    {
+      OpDesc d;
+      d.name = "gather";
+      d.group = "index";
+      d.since = 3;
+      d.lift = false;
+      d.cxx = "gather({0}, {i0}, {1})";
+      d.pick = [index_input](Gen& g, OpInst& op) {
+        int x = g.operand(kAll, [](const Info& i) { return i.shape.numel() > 0; }, 1, 3);
+        if (x < 0) return false;
+        const Shape xs = g.info(x).shape;
+        const std::int64_t r = static_cast<std::int64_t>(xs.size()), axis = g.rng.range(0, r - 1);
+        Shape is = xs;  // off the axis at most x's; along it any length
+        for (std::int64_t d2 = 0; d2 < r; ++d2)
+          is[static_cast<std::size_t>(d2)] =
+              d2 == axis ? g.rng.range(1, 5) : g.rng.chance(0.7) ? xs[static_cast<std::size_t>(d2)] : g.rng.range(1, xs[static_cast<std::size_t>(d2)]);
+        op.args = {T(x), T(index_input(g, is, xs[static_cast<std::size_t>(axis)]))};
+        op.p.ints = {g.rng.chance(0.3) ? axis - r : axis};
+        return true;
+      };
+      d.predict = [index_ok](const Program& p, const OpInst& op) -> std::optional<Info> {
+        if (op.args.size() != 2 || op.args[0].is_number() || op.args[1].is_number() || op.p.ints.size() != 1)
+          return std::nullopt;
+        const Info& x = p.info(op.args[0].value);
+        const Info& i = p.info(op.args[1].value);
+        auto axis = rules::axis(op.p.ints[0], x.shape.size());
+        if (!axis || x.shape.empty() || i.shape.size() != x.shape.size()) return std::nullopt;
+        for (std::size_t d2 = 0; d2 < x.shape.size(); ++d2)
+          if (static_cast<std::int64_t>(d2) != *axis && i.shape[d2] > x.shape[d2]) return std::nullopt;
+        if (!index_ok(p, op, 1, x.shape[static_cast<std::size_t>(*axis)])) return std::nullopt;
+        return Info{x.dtype, i.shape};
+      };
+      d.build = [](const Args& a) { return gather(a.t[0], a.p().ints[0], a.t[1]); };
+      t.push_back(d);
+    }
+    {
+      OpDesc d;
+      d.name = "index_select";
+      d.group = "index";
+      d.since = 3;
+      d.lift = false;
+      d.cxx = "index_select({0}, {i0}, {1})";
+      d.pick = [index_input](Gen& g, OpInst& op) {
+        int x = g.operand(kAll, [](const Info& i) { return i.shape.numel() > 0; }, 1, 3);
+        if (x < 0) return false;
+        const Shape xs = g.info(x).shape;
+        const std::int64_t axis = g.rng.range(0, static_cast<std::int64_t>(xs.size()) - 1);
+        op.args = {T(x), T(index_input(g, Shape{g.rng.range(0, 6)}, xs[static_cast<std::size_t>(axis)]))};
+        op.p.ints = {axis};
+        return true;
+      };
+      d.predict = [index_ok](const Program& p, const OpInst& op) -> std::optional<Info> {
+        if (op.args.size() != 2 || op.args[0].is_number() || op.args[1].is_number() || op.p.ints.size() != 1)
+          return std::nullopt;
+        const Info& x = p.info(op.args[0].value);
+        const Info& i = p.info(op.args[1].value);
+        auto axis = rules::axis(op.p.ints[0], x.shape.size());
+        if (!axis || x.shape.empty() || i.shape.size() != 1) return std::nullopt;
+        if (!index_ok(p, op, 1, x.shape[static_cast<std::size_t>(*axis)])) return std::nullopt;
+        Shape out = x.shape;
+        out[static_cast<std::size_t>(*axis)] = i.shape[0];
+        return Info{x.dtype, out};
+      };
+      d.build = [](const Args& a) { return index_select(a.t[0], a.p().ints[0], a.t[1]); };
+      t.push_back(d);
+    }
+    {
+      OpDesc d;
+      d.name = "embedding";
+      d.group = "index";
+      d.since = 3;
+      d.lift = false;
+      d.weight = 0.6;
+      d.cxx = "embedding({0}, {1})";
+      d.pick = [index_input](Gen& g, OpInst& op) {
+        int w = g.operand(kAll, [](const Info& i) { return i.shape[0] > 0; }, 2, 2);
+        if (w < 0) return false;
+        Shape is = g.rng.chance(0.5) ? Shape{g.rng.range(1, 6)} : Shape{g.rng.range(1, 3), g.rng.range(1, 4)};
+        op.args = {T(w), T(index_input(g, is, g.info(w).shape[0]))};
+        return true;
+      };
+      d.predict = [index_ok](const Program& p, const OpInst& op) -> std::optional<Info> {
+        if (op.args.size() != 2 || op.args[0].is_number() || op.args[1].is_number()) return std::nullopt;
+        const Info& w = p.info(op.args[0].value);
+        const Info& i = p.info(op.args[1].value);
+        if (w.shape.size() != 2 || !index_ok(p, op, 1, w.shape[0])) return std::nullopt;
+        Shape out = i.shape;
+        out.push_back(w.shape[1]);
+        return Info{w.dtype, out};
+      };
+      d.build = [](const Args& a) { return embedding(a.t[0], a.t[1]); };
+      t.push_back(d);
+    }
+    {
+      // index_add: repeated indices summed in index order (the reference's order, bit for bit
+      // on the CPU); the source a new input of x's dtype.
+      OpDesc d;
+      d.name = "index_add";
+      d.group = "index";
+      d.since = 3;
+      d.lift = false;
+      d.accumulates = true;
+      d.cxx = "index_add({0}, {i0}, {1}, {2})";
+      d.pick = [index_input](Gen& g, OpInst& op) {
+        int x = g.operand(kAll, [](const Info& i) { return i.shape.numel() > 0; }, 1, 3);
+        if (x < 0) return false;
+        const Info xi = g.info(x);
+        const std::int64_t axis = g.rng.range(0, static_cast<std::int64_t>(xi.shape.size()) - 1);
+        const std::int64_t k = g.rng.range(0, 7);
+        Shape ss = xi.shape;
+        ss[static_cast<std::size_t>(axis)] = k;
+        const int idx = index_input(g, Shape{k}, xi.shape[static_cast<std::size_t>(axis)]);
+        op.args = {T(x), T(idx), T(g.input(xi.dtype, ss))};
+        op.p.ints = {axis};
+        return true;
+      };
+      d.predict = [index_ok](const Program& p, const OpInst& op) -> std::optional<Info> {
+        if (op.args.size() != 3 || op.args[0].is_number() || op.args[2].is_number() || op.p.ints.size() != 1)
+          return std::nullopt;
+        const Info& x = p.info(op.args[0].value);
+        const Info& i = p.info(op.args[1].value);
+        const Info& src = p.info(op.args[2].value);
+        auto axis = rules::axis(op.p.ints[0], x.shape.size());
+        if (!axis || x.shape.empty() || i.shape.size() != 1 || src.dtype != x.dtype) return std::nullopt;
+        Shape ss = x.shape;
+        ss[static_cast<std::size_t>(*axis)] = i.shape[0];
+        if (src.shape != ss || !index_ok(p, op, 1, x.shape[static_cast<std::size_t>(*axis)])) return std::nullopt;
+        return Info{x.dtype, x.shape};
+      };
+      d.build = [](const Args& a) { return index_add(a.t[0], a.p().ints[0], a.t[1], a.t[2]); };
+      t.push_back(d);
+    }
+
     return t;
   }();
   return table;
@@ -1955,15 +2113,33 @@ inline Program generate(std::uint64_t seed, std::uint64_t index, const Limits& l
     p.compile_mode = static_cast<int>(rng.range(1, 3));
     // Up to three inputs become arguments (not class targets: their new values must stay valid).
     std::vector<bool> targets(p.steps.size(), false);
-    for (auto& st : p.steps)
-      if (!st.is_input && table[static_cast<std::size_t>(st.op.desc)].name.rfind("cross_entropy", 0) == 0)
-        targets[static_cast<std::size_t>(st.op.args[1].value)] = true;
+    // Indices of gathers and scatters may become arguments: their new values are drawn in range
+    // (the smallest bound among the ops reading them).
+    std::vector<std::int64_t> index_bound(p.steps.size(), -1);
+    for (auto& st : p.steps) {
+      if (st.is_input) continue;
+      const OpDesc& desc = table[static_cast<std::size_t>(st.op.desc)];
+      if (desc.name.rfind("cross_entropy", 0) == 0) targets[static_cast<std::size_t>(st.op.args[1].value)] = true;
+      if (desc.group == "index") {
+        const Info& x = p.info(st.op.args[0].value);
+        const std::int64_t axis = desc.name == "embedding" ? 0 : *rules::axis(st.op.p.ints[0], x.shape.size());
+        std::int64_t& b = index_bound[static_cast<std::size_t>(st.op.args[1].value)];
+        const std::int64_t bound = x.shape[static_cast<std::size_t>(axis)];
+        b = b < 0 ? bound : std::min(b, bound);
+      }
+    }
     int args = 0;
     for (std::size_t v = 0; v < p.steps.size() && args < 3; ++v) {
       Input& in = p.steps[v].input;
       if (!p.steps[v].is_input || targets[v] || !rng.chance(0.7)) continue;
       in.arg = true;
-      in.values2 = gen_values(rng, in.dtype, in.shape.numel(), lim.special_rate);
+      if (index_bound[v] > 0) {
+        in.values2.clear();
+        for (std::int64_t i = 0; i < in.shape.numel(); ++i)
+          in.values2.push_back(static_cast<double>(rng.below(index_bound[v])));
+      } else {
+        in.values2 = gen_values(rng, in.dtype, in.shape.numel(), lim.special_rate);
+      }
       ++args;
     }
   } else if (rng.chance(lim.assign_rate)) {

@@ -77,11 +77,21 @@ inline Shape check_shape(const sched::ScatterCall& c) {
   return s;
 }
 
-/// Elements per thread along the last dim of `shape` for the GPU's init and atomic kernels: 4
-/// when the last dim splits in fours and (`same_index`) the index is one along it, else 1.
-inline i64 lanes_along_last(const Shape& shape, bool same_index) {
-  if (shape.empty() || !same_index) return 1;
-  return shape.back() % 4 == 0 ? 4 : 1;
+/// Elements per thread along the last dim of `shape` for the GPU's init and atomic kernels, and
+/// their distance: 4 when the last dim splits in fours and (`same_index`) the index is one along
+/// it, else 1; 32 apart when the dim splits in 128s, so that each of a warp's four accesses
+/// covers 32 consecutive elements (coalesced), else adjacent.
+struct Lanes {
+  i64 count = 1, stride = 1;
+  /// C text of thread `p`'s first element (a flat position).
+  std::string first(const std::string& p) const {
+    if (stride == 32) return "((" + p + ") / 32LL * 128LL + (" + p + ") % 32LL)";
+    return "(" + p + ") * " + std::to_string(count) + "LL";
+  }
+};
+inline Lanes lanes_along_last(const Shape& shape, bool same_index) {
+  if (shape.empty() || !same_index || shape.back() % 4 != 0) return {};
+  return {4, shape.back() % 128 == 0 ? 32 : 1};
 }
 
 /// Whether atomic accumulation is available for `dt` (else the deterministic kernel runs).
@@ -225,12 +235,12 @@ inline ScatterSource generate_cuda_scatter(const sched::ScatterCall& c, const st
   const std::size_t last = is.size() - 1;
   // The init's lanes: consecutive elements of a row; the atomic scatter's: consecutive elements
   // of a row that share their index (the axis is another dim and the index is broadcast along it).
-  const i64 init_lanes = lanes_along_last(c.shape, true);
-  const i64 add_lanes =
+  const Lanes init_lanes = lanes_along_last(c.shape, true);
+  const Lanes add_lanes =
       lanes_along_last(is, static_cast<int>(last) != axis && c.index.strides[last] == 0 && is[last] > 1);
   out.index_elements = cs.numel();
-  out.out_elements = no / init_lanes;
-  out.scatter_threads = out.atomic ? ni / add_lanes : oth.numel();
+  out.out_elements = no / init_lanes.count;
+  out.scatter_threads = out.atomic ? ni / add_lanes.count : oth.numel();
   const std::string st = c_family::stype(c.dtype);
   const std::string args = "(kiln_scatter_args a)";
   const std::string ptrs = "  const " + st + "* __restrict__ base = (const " + st + "*)a.p[0]; (void)base;\n" +
@@ -249,11 +259,11 @@ inline ScatterSource generate_cuda_scatter(const sched::ScatterCall& c, const st
   body += "  if ((unsigned long long)v >= " + std::to_string(bound) + "ULL) { *flag = 1; kiln_index_out_of_range(" +
           std::to_string(site_of(c)) + "LL, v, " + std::to_string(bound) + "LL); }\n}\n";
   body += "extern \"C\" __global__ void " + out.init + args + " {\n" + ptrs + "  if (*flag) return;\n" +
-          thread("q", no / init_lanes) + coords("q * " + std::to_string(init_lanes) + "LL", c.shape, "  ");
+          thread("q", no / init_lanes.count) + coords(init_lanes.first("q"), c.shape, "  ");
   {
     const std::string value = c.base_constant ? constant_text(c, needs) : "";
-    for (i64 j = 0; j < init_lanes; ++j) {
-      const std::string step = j == 0 ? "" : " + " + std::to_string(j) + "LL * ";
+    for (i64 j = 0; j < init_lanes.count; ++j) {
+      const std::string step = j == 0 ? "" : " + " + std::to_string(j * init_lanes.stride) + "LL * ";
       body += "  out[" + offset(c.out.strides, c.shape) + (j ? step + std::to_string(c.out.strides.back()) + "LL" : "") +
               "] = " +
               (c.base_constant ? value
@@ -267,11 +277,11 @@ inline ScatterSource generate_cuda_scatter(const sched::ScatterCall& c, const st
   body += "extern \"C\" __global__ void " + out.scatter + args + " {\n" + ptrs + "  if (*flag) return;\n";
   if (out.atomic) {
     // One index load for the lanes, then an atomic add (a fire-and-forget reduction) per element.
-    body += thread("p", ni / add_lanes) + coords("p * " + std::to_string(add_lanes) + "LL", is, "  ");
+    body += thread("p", ni / add_lanes.count) + coords(add_lanes.first("p"), is, "  ");
     body += "  const long long t = index[" + offset(c.index.strides, is) + "];\n";
-    for (i64 j = 0; j < add_lanes; ++j) {
-      const std::string sj = j ? " + " + std::to_string(j * c.src.strides[last]) + "LL" : "";
-      const std::string oj = j ? " + " + std::to_string(j * c.out.strides[last]) + "LL" : "";
+    for (i64 j = 0; j < add_lanes.count; ++j) {
+      const std::string sj = j ? " + " + std::to_string(j * add_lanes.stride * c.src.strides[last]) + "LL" : "";
+      const std::string oj = j ? " + " + std::to_string(j * add_lanes.stride * c.out.strides[last]) + "LL" : "";
       const std::string v = "src[" + offset(c.src.strides, is) + sj + "]";
       if (c.dtype == DType::Int64)
         body += "  atomicAdd((unsigned long long*)&out[" + ooff + oj + "], (unsigned long long)" + v + ");\n";

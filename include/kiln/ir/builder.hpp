@@ -292,6 +292,9 @@ inline NodePtr gather(const NodePtr& x, const NodePtr& index, std::int64_t axis,
       detail::invariant_failed("gather index " + index->shape.str() + " larger than " + x->shape.str());
   if (x->shape[static_cast<std::size_t>(axis)] == 0 && index->shape.numel() > 0)
     detail::invariant_failed("gather from an empty dim of " + x->shape.str());
+  // Nothing to read: no index is looked at (a kernel over an empty space may still hoist the
+  // index's load out of its loops).
+  if (index->shape.numel() == 0) return constant(0.0, x->dtype, index->shape, x->device);
   Node n = blank(Op::Gather, x->dtype, x->device, index->shape, {x, index});
   n.attrs.ints = {axis, static_cast<std::int64_t>(site)};
   return finish(std::move(n));

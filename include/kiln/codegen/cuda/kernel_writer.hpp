@@ -599,8 +599,12 @@ class KernelWriter {
         // The index is computed (and checked, clamped) first, then the input is read at it.
         const auto axis = static_cast<std::size_t>(n.attrs.ints.at(0));
         Val at = value(n.inputs[1], idx, lane);
-        Val g = emit(at.scope, "G" + key, at.lane, lane, DType::Int64,
-                     c_family::gather_index_expr(g_, n, at.expr, needs_));
+        // The checked index once for every lane that shares it (each lane's element of a
+        // gathered row is a lane of one vector load).
+        const Val* known = find("G" + key + (at.lane ? "|" + std::to_string(lane) : "|*"));
+        Val g = known ? *known
+                      : emit(at.scope, "G" + key, at.lane, lane, DType::Int64,
+                             c_family::gather_index_expr(g_, n, at.expr, needs_));
         value_scope_[g.expr] = g.scope;
         // The lanes of a vector share the variable unless it is lane-dependent itself.
         std::uint64_t deps = g.lane ? vec_mask_ : 0;

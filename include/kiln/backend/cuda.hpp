@@ -1035,8 +1035,15 @@ class CudaGraphRunner {
                                   std::to_string(instances_.size()) + " instance(s)");
       return;
     }
-    inst.plan = autotune_ ? detail::tuned_cuda_plan(graph_, detail::alignment_of(bound), bound)
-                          : detail::CudaPlanCache::instance().get(graph_, detail::alignment_of(bound));
+    if (autotune_) {
+      // Tuning times the kernels on the instance's buffers, before any input is copied in: the
+      // range faults of its gathers are no user's (runtime::CudaContext::synchronize_discarding_faults).
+      ctx.synchronize();
+      inst.plan = detail::tuned_cuda_plan(graph_, detail::alignment_of(bound), bound);
+      ctx.synchronize_discarding_faults();
+    } else {
+      inst.plan = detail::CudaPlanCache::instance().get(graph_, detail::alignment_of(bound));
+    }
     inst.temps = inst.plan->temp_offsets.empty() ? nullptr : runtime::allocate_cuda(inst.plan->temp_total, device);
     char* temps = inst.temps ? static_cast<char*>(inst.temps->data) : nullptr;
     const detail::CudaPlan& plan = *inst.plan;

@@ -353,7 +353,11 @@ class StepCaptureWork final : public CudaCaptureWork {
   std::shared_ptr<const void> prepare(const RunArgs& bound) const override {
     // One plain run first: kernels compiled and loaded, cuBLASLt plans made (handle,
     // workspace, heuristic query: none of it may happen while capturing), max-autotune's
-    // choices settled.
+    // choices settled. It reads the instance's input buffers before any input is copied in, so
+    // the range faults its gathers and scatters find there are no user's: dropped (a fault of
+    // earlier work is raised first).
+    const runtime::CudaContext& ctx = runtime::cuda_context(program_->graph().device.index);
+    ctx.synchronize();
     program_->run(bound);
     auto b = std::make_shared<Binding>();
     b->variant = &program_->chosen();
@@ -369,6 +373,7 @@ class StepCaptureWork final : public CudaCaptureWork {
       b->segments.push_back(std::move(k));
     }
     b->call_count = b->variant->plan.calls.size();
+    ctx.synchronize_discarding_faults();
     for (const auto& k : b->variant->scatters)
       b->kernel_count += (k.source.index_elements > 0) + (k.source.out_elements > 0) + (k.source.scatter_threads > 0);
     return b;

@@ -407,6 +407,11 @@ class ReductionKernel : public KernelWriter {
         collect(st.node, sched::detail::level_index(k_, st.level, node(st.node).shape));
     int issued = 0;
     for (auto& [gid, idx] : found) {
+      // A gather read at a gathered position (x[a[b[i]]]) is issued where its outer gather is:
+      // the walk names that position by the scheduler's placeholder, not by the variable.
+      bool nested = false;
+      for (auto& e : idx) nested = nested || !e.values.empty() || !e.text.empty();
+      if (nested) continue;
       bool own = false;
       sched::detail::Visitor v;
       v.boundary = [&](int n) { return sched::detail::reads_memory(s_, n, kid_, g_); };

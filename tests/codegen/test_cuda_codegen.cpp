@@ -753,3 +753,22 @@ TEST_CASE("cuda codegen: scatter steps (deterministic and atomic, every dtype) c
     }
   }
 }
+
+TEST_CASE("cuda emulator: a value one for every vector lane, kept in registers between passes, is read back by each lane") {
+  if (!have_host_compiler()) return;
+  // GPU fuzz seed 41 graph 1114: the variance of sinh over rows whose lanes all read one
+  // element (the rows of a one-row table, gathered by an embedding; a broadcast alike). The
+  // second pass read lane 1's register slot, which the first pass had left unwritten.
+  NodePtr table = input({1, 7}, f32, 211);
+  NodePtr ids = input_values<std::int64_t>({6}, {0, 0, 0, 0, 0, 0});
+  auto variance = [](const NodePtr& v) {
+    NodePtr s = un(Op::Exp, v);  // a transcendental the second pass needs again
+    NodePtr mean = div(red(Op::ReduceSum, s, {0, 1}), cst(static_cast<double>(v->shape.numel()), red(Op::ReduceSum, s, {0, 1})));
+    NodePtr d = sub(s, ir::broadcast(mean, s->shape));
+    return red(Op::ReduceSum, mul(d, d), {0, 1});
+  };
+  std::string r = emulate({variance(ir::reshape(rows_of(table, ids), Shape{6, 7}))});
+  CHECK_MESSAGE(r.empty(), r);
+  r = emulate({variance(ir::broadcast(table, Shape{6, 7}))});
+  CHECK_MESSAGE(r.empty(), r);
+}

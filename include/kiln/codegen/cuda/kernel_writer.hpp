@@ -632,7 +632,11 @@ class KernelWriter {
     Val v = emit(sc, key, ld, lane, n.dtype, pointwise_expr(n, in));
     if (cached != vcache_.end() && cur_pass_ > 0 && loop_scope_ >= 0 && v.scope >= loop_scope_ &&
         (cached->second.pass == 0 || cached->second.pass == cur_pass_)) {
-      line_at(v.scope, cached->second.name + "[" + value_slot(lane) + "] = " + v.expr + ";");
+      // A value that is one for every lane is computed once (the other lanes find it in the
+      // memo) but read back per lane by later passes: every lane's slot gets it now.
+      const int lanes = v.lane || vec_ <= 1 ? 1 : vec_;
+      for (int j = 0; j < lanes; ++j)
+        line_at(v.scope, cached->second.name + "[" + value_slot(lanes == 1 ? lane : j) + "] = " + v.expr + ";");
       cached->second.pass = cur_pass_;
     }
     return v;

@@ -13,6 +13,7 @@
 #include "kiln/tensor/ops.hpp"
 #include "kiln/tensor/print.hpp"
 #include "kiln/tensor/indexing.hpp"
+#include "kiln/tensor/scans.hpp"
 #include "kiln/tensor/shape_ops.hpp"
 #include "kiln/tensor/tensor.hpp"
 #include "kiln/compile/compile.hpp"

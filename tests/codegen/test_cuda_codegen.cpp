@@ -8,6 +8,7 @@
 #include "cuda_emulator.hpp"
 #include "cuda_test_util.hpp"
 #include "kiln/backend/cuda_symbolic.hpp"
+#include "kiln/codegen/scan.hpp"
 #include "kiln/codegen/scatter.hpp"
 #include "kiln/runtime/nvrtc.hpp"
 
@@ -771,4 +772,62 @@ TEST_CASE("cuda emulator: a value one for every vector lane, kept in registers b
   CHECK_MESSAGE(r.empty(), r);
   r = emulate({variance(ir::broadcast(table, Shape{6, 7}))});
   CHECK_MESSAGE(r.empty(), r);
+}
+
+TEST_CASE("cuda emulator: scan kernels (a warp per row) give the reference's scans; they compile with NVRTC") {
+  if (!have_host_compiler()) return;
+  struct Case {
+    NodePtr x;
+    std::int64_t axis;
+    ir::ScanKind kind;
+    DType out;
+  };
+  std::vector<std::int64_t> ints(37 * 5);
+  for (std::size_t i = 0; i < ints.size(); ++i) ints[i] = static_cast<std::int64_t>((i * 7) % 11) - 5;
+  std::vector<float> with_nan(1000, 1.0f);
+  for (std::size_t i = 0; i < with_nan.size(); ++i) with_nan[i] = static_cast<float>((i * 37) % 101) - 50.0f;
+  with_nan[777] = std::nanf("");
+  const std::vector<Case> cases = {
+      {input({3, 1000}, f32, 221), 1, ir::ScanKind::Sum, f32},          // eight steps of a row and a tail
+      {input({40, 6}, f64, 222), 0, ir::ScanKind::Prod, f64},           // along a strided dim, short rows
+      {input({5, 77}, bf16, 223), 1, ir::ScanKind::Sum, bf16},
+      {input({2, 300}, f32, 224, {}, -1, 0, 20.0), 1, ir::ScanKind::LogSumExp, f32},
+      {input_values<std::int64_t>({37, 5}, ints), 0, ir::ScanKind::Sum, i64},
+      {input_values<std::int64_t>({37, 5}, ints), 0, ir::ScanKind::ArgMin, i64},
+      {input_values<float>({1, 1000}, with_nan), 1, ir::ScanKind::Max, f32},
+      {input_values<float>({1, 1000}, with_nan), 1, ir::ScanKind::ArgMax, i64},
+      {input({37, 5}, DType::Bool, 225), 0, ir::ScanKind::ArgMax, i64},
+  };
+  for (std::size_t k = 0; k < cases.size(); ++k) {
+    CAPTURE(k);
+    const Case& cs = cases[k];
+    ir::Captured c = capture({ir::scan(cs.x, cs.axis, cs.kind, cs.out)});
+    sched::StepPlan plan = sched::plan_steps(c.graph, true);
+    REQUIRE(plan.scans.size() == 1);
+    REQUIRE(plan.scans[0].src.kind == sched::Slot::Leaf);  // every case scans a leaf in place
+    const sched::ScanCall& sc = plan.scans[0];
+    codegen::ScanSource src = codegen::generate_cuda_scan(sc, "kiln_scan");
+    if (runtime::nvrtc_available())
+      for (auto target : {codegen::CudaTarget::sm90(), codegen::CudaTarget::sm80()}) {
+        try {
+          CHECK(runtime::compile_cuda_to_cubin(src.source, "scan.cu", target.arch()).compare(0, 4, "\x7f" "ELF") == 0);
+        } catch (const CompileError& e) {
+          FAIL_CHECK(target.arch() << ": " << e.what());
+        }
+      }
+    std::string unit = kiln_cuda_emu::kPrelude;
+    unit += src.source;
+    unit += "\nstatic void kiln_emu_scan_body(void* p) { kiln_scan(*(kiln_scan_args*)p); }\n"
+            "extern \"C\" void kiln_emu_scan_launch(unsigned grid, unsigned block, void** args) {\n"
+            "  kiln_scan_args a; memcpy(a.p, args, sizeof a.p); ::kiln_emu::run_grid(grid, block, 0, kiln_emu_scan_body, &a);\n}\n";
+    auto lib = runtime::CpuModuleCache::instance().get(unit);
+    auto launch = reinterpret_cast<void (*)(unsigned, unsigned, void**)>(lib->symbol("kiln_emu_scan_launch"));
+    Outputs got = make_outputs(c.graph, 0xAB), want = make_outputs(c.graph, 0xAB);
+    backend::RunArgs args = args_for(c, got);
+    backend::run_reference(c.graph, args_for(c, want));
+    void* argv[2] = {const_cast<void*>(args.inputs[static_cast<std::size_t>(sc.src.index)]), got.pointers[0]};
+    launch(static_cast<unsigned>((src.threads + 255) / 256), 256, argv);
+    std::string m = compare(c.graph, got.pointers, want.pointers, 1.0);
+    CHECK_MESSAGE(m.empty(), m);
+  }
 }

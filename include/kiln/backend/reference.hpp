@@ -991,6 +991,106 @@ inline Value exec_scatter(const ir::Graph& g, const ir::GraphNode& n, const std:
   return o;
 }
 
+/// The running sum / product / max / min / arg / log-sum-exp along the axis (ir::ScanKind),
+/// each row walked in order; floats in double, rounded once per prefix; integers exactly.
+inline Value exec_scan(const ir::Graph& g, const ir::GraphNode& n, const std::vector<Value>& vals, const Value* into) {
+  const ir::GraphNode& xn = g.nodes[static_cast<std::size_t>(n.inputs[0])];
+  const Value& x = vals[static_cast<std::size_t>(n.inputs[0])];
+  const auto axis = static_cast<std::size_t>(n.attrs.ints.at(0));
+  const auto kind = static_cast<ir::ScanKind>(n.attrs.ints.at(1));
+  Value o = into ? *into : allocate(n.shape, n.dtype);
+  const Shape& shape = n.shape;
+  const i64 len = shape[axis];
+  Shape others = shape;
+  others[axis] = 1;
+  std::vector<i64> pos(shape.size(), 0);
+  visit_dtype(xn.dtype, [&](auto xtag) {
+    using X = decltype(xtag);
+    visit_dtype(n.dtype, [&](auto otag) {
+      using O = decltype(otag);
+      const X* xp = reinterpret_cast<const X*>(x.data);
+      O* op = reinterpret_cast<O*>(o.data);
+      for (i64 row = 0; row < others.numel(); ++row) {
+        i64 xo = 0, oo = 0;
+        for (std::size_t d = 0; d < shape.size(); ++d) {
+          xo += pos[d] * x.strides[d];
+          oo += pos[d] * o.strides[d];
+        }
+        double acc = 0;
+        std::uint64_t iacc = 0;
+        X best{};
+        i64 best_at = 0;
+        for (i64 i = 0; i < len; ++i) {
+          const X v = xp[xo + i * x.strides[axis]];
+          O& dst = op[oo + i * o.strides[axis]];
+          switch (kind) {
+            case ir::ScanKind::Sum:
+            case ir::ScanKind::Prod:
+              if constexpr (std::is_floating_point_v<X> || std::is_same_v<X, Half> || std::is_same_v<X, BFloat16>) {
+                const double dv = static_cast<double>(static_cast<float>(v));
+                const double exact = std::is_same_v<X, double> ? static_cast<double>(v) : dv;
+                // From the empty prefix (0 or 1), as torch accumulates: cumsum of -0.0 is +0.0.
+                const double before = i == 0 ? (kind == ir::ScanKind::Sum ? 0.0 : 1.0) : acc;
+                acc = kind == ir::ScanKind::Sum ? before + exact : before * exact;
+                dst = static_cast<O>(static_cast<float>(acc));
+                if constexpr (std::is_same_v<O, double>) dst = acc;
+              } else {
+                const auto iv = static_cast<std::uint64_t>(static_cast<std::int64_t>(v));
+                iacc = i == 0 ? iv : kind == ir::ScanKind::Sum ? iacc + iv : iacc * iv;
+                if constexpr (std::is_same_v<O, std::int64_t>) dst = static_cast<O>(iacc);
+              }
+              break;
+            case ir::ScanKind::LogSumExp:
+              if constexpr (std::is_floating_point_v<X> || std::is_same_v<X, Half> || std::is_same_v<X, BFloat16>) {
+                const double dv = std::is_same_v<X, double> ? static_cast<double>(v) : static_cast<double>(static_cast<float>(v));
+                if (i == 0) {
+                  acc = dv;
+                } else {
+                  const double m = std::max(acc, dv);
+                  acc = std::isnan(acc) || std::isnan(dv) ? std::numeric_limits<double>::quiet_NaN()
+                        : std::isinf(m) && m < 0     ? m
+                        : std::isinf(m)              ? (acc == dv ? m : m)
+                                                     : m + std::log1p(std::exp(-std::fabs(acc - dv)));
+                }
+                dst = static_cast<O>(static_cast<float>(acc));
+                if constexpr (std::is_same_v<O, double>) dst = acc;
+              }
+              break;
+            default: {
+              const bool is_max = kind == ir::ScanKind::Max || kind == ir::ScanKind::ArgMax;
+              auto isnan = [](X a) {
+                if constexpr (std::is_integral_v<X>) return false;
+                else return std::isnan(static_cast<double>(static_cast<float>(a)));
+              };
+              auto ge = [&](X a, X b) {  // a >= b (max) or a <= b (min), in X's order
+                if constexpr (std::is_same_v<X, Half> || std::is_same_v<X, BFloat16>)
+                  return is_max ? static_cast<float>(a) >= static_cast<float>(b) : static_cast<float>(a) <= static_cast<float>(b);
+                else
+                  return is_max ? a >= b : a <= b;
+              };
+              if (i == 0 || (!isnan(best) && (isnan(v) || ge(v, best)))) {
+                best = v;
+                best_at = i;
+              }
+              if (kind == ir::ScanKind::ArgMax || kind == ir::ScanKind::ArgMin) {
+                if constexpr (std::is_same_v<O, std::int64_t>) dst = best_at;
+              } else if constexpr (std::is_same_v<O, X>) {
+                dst = best;
+              }
+            }
+          }
+        }
+        for (std::size_t d = shape.size(); d-- > 0;) {
+          if (d == axis) continue;
+          if (++pos[d] < shape[d]) break;
+          pos[d] = 0;
+        }
+      }
+    });
+  });
+  return o;
+}
+
 inline Value exec_node(const ir::Graph& g, const ir::GraphNode& n, const std::vector<Value>& vals, const Value* into) {
   auto in = [&](std::size_t k) -> const Value& { return vals[static_cast<std::size_t>(n.inputs[k])]; };
   auto in_node = [&](std::size_t k) -> const ir::GraphNode& { return g.nodes[static_cast<std::size_t>(n.inputs[k])]; };
@@ -1003,6 +1103,8 @@ inline Value exec_node(const ir::Graph& g, const ir::GraphNode& n, const std::ve
       return exec_gather(g, n, vals, into);
     case ir::OpKind::Scatter:
       return exec_scatter(g, n, vals, into);
+    case ir::OpKind::Scan:
+      return exec_scan(g, n, vals, into);
     case ir::OpKind::Unary: {
       Value o = into ? *into : allocate(n.shape, n.dtype);
       DType dt = in_node(0).dtype;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kiln/backend/dispatch.hpp"
+#include "kiln/codegen/scan.hpp"
 #include "kiln/codegen/scatter.hpp"
 #include "kiln/core/index_fault.hpp"
 #include "kiln/runtime/autotune.hpp"
@@ -158,6 +159,50 @@ inline void run_scatter(const sched::ScatterCall& c, const ScatterKernels& k, vo
   (void)c;
 }
 
+/// A scan step's compiled code: the CPU's function or the GPU's kernel.
+struct ScanKernels {
+  codegen::ScanSource source;
+  std::shared_ptr<runtime::SharedLibrary> library;
+  int (*cpu)(void* const*, int) = nullptr;
+  runtime::cu::CUfunction kernel = nullptr;
+};
+
+inline ScanKernels build_scan(const sched::ScanCall& c, Device device) {
+  ScanKernels k;
+  if (device.is_cpu()) {
+    k.source = codegen::generate_cpu_scan(c, "kiln_scan");
+    k.library = runtime::CpuModuleCache::instance().get(k.source.source);
+    k.cpu = reinterpret_cast<int (*)(void* const*, int)>(k.library->symbol(k.source.entry.c_str()));
+    return k;
+  }
+  k.source = codegen::generate_cuda_scan(c, "kiln_scan");
+  k.kernel = runtime::CudaModuleCache::instance().get_function(k.source.source, k.source.entry, device.index);
+  return k;
+}
+
+/// Runs scan `c` from `src` into `out`; `stream` (GPU): queue it there (a CUDA graph capture).
+inline void run_scan(const ScanKernels& k, void* src, void* out, Device device, runtime::cu::CUstream stream = nullptr) {
+  void* const operands[2] = {src, out};
+  if (device.is_cpu()) {
+    k.cpu(operands, detail::cpu_threads());
+    kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  if (k.source.threads <= 0) return;
+  const runtime::CudaContext& ctx = runtime::cuda_context(device.index);
+  const auto& api = runtime::detail::cuda_driver_state().api;
+  ctx.make_current();
+  struct {
+    void* p[2];
+  } a{{src, out}};
+  void* params[] = {&a};
+  const std::int64_t blocks = (k.source.threads + 255) / 256;
+  runtime::detail::cuda_check(api.launch_kernel(k.kernel, static_cast<unsigned>(blocks), 1, 1, 256, 1, 1, 0,
+                                                stream ? stream : ctx.stream, params, nullptr),
+                              "cuLaunchKernel", [&] { return "a scan kernel on cuda:" + std::to_string(device.index); });
+  if (!stream) kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
+}
+
 }  // namespace detail
 
 /// A graph's steps bound to their executors: built once per structure, run many times.
@@ -174,6 +219,7 @@ class StepProgram {
     sched::StepPlan plan;
     std::vector<std::unique_ptr<PreparedGraph>> segments;
     std::vector<detail::ScatterKernels> scatters;
+    std::vector<detail::ScanKernels> scans;
     const char* name = "fused";
   };
 
@@ -211,6 +257,10 @@ class StepProgram {
       }
       if (st.kind == sched::Step::Scatter) {
         run_scatter_step(v, static_cast<std::size_t>(st.index), args, temps, nullptr);
+        continue;
+      }
+      if (st.kind == sched::Step::Scan) {
+        run_scan_step(v, static_cast<std::size_t>(st.index), args, temps, nullptr);
         continue;
       }
       const sched::Segment& seg = v.plan.segments[static_cast<std::size_t>(st.index)];
@@ -258,6 +308,13 @@ class StepProgram {
                         stream);
   }
 
+  /// Scan `i` of variant `v`; `stream` (GPU): queue it there (a CUDA graph capture).
+  void run_scan_step(const Variant& v, std::size_t i, const RunArgs& args, const std::vector<StoragePtr>& temps,
+                     runtime::cu::CUstream stream) const {
+    const sched::ScanCall& c = v.plan.scans[i];
+    detail::run_scan(v.scans[i], address(c.src, args, temps), address(c.result, args, temps), graph_.device, stream);
+  }
+
   /// One library call; `stream` (GPU): queue it there (a CUDA graph capture), not on kiln's stream.
   void run_call(const sched::LibraryCall& c, const RunArgs& args, const std::vector<StoragePtr>& temps, bool tune,
                 runtime::cu::CUstream stream) const {
@@ -281,6 +338,7 @@ class StepProgram {
     for (const auto& seg : v->plan.segments)
       v->segments.push_back(std::make_unique<PreparedGraph>(seg.graph, mode, launch));
     for (const auto& sc : v->plan.scatters) v->scatters.push_back(detail::build_scatter(sc, graph_.device));
+    for (const auto& sc : v->plan.scans) v->scans.push_back(detail::build_scan(sc, graph_.device));
     return v;
   }
 
@@ -376,6 +434,7 @@ class StepCaptureWork final : public CudaCaptureWork {
     ctx.synchronize_discarding_faults();
     for (const auto& k : b->variant->scatters)
       b->kernel_count += (k.source.index_elements > 0) + (k.source.out_elements > 0) + (k.source.scatter_threads > 0);
+    for (const auto& k : b->variant->scans) b->kernel_count += k.source.threads > 0;
     return b;
   }
 
@@ -389,6 +448,10 @@ class StepCaptureWork final : public CudaCaptureWork {
       }
       if (st.kind == sched::Step::Scatter) {
         program_->run_scatter_step(*b.variant, static_cast<std::size_t>(st.index), bound, b.temps, stream);
+        continue;
+      }
+      if (st.kind == sched::Step::Scan) {
+        program_->run_scan_step(*b.variant, static_cast<std::size_t>(st.index), bound, b.temps, stream);
         continue;
       }
       const Binding::Kernels& k = b.segments[static_cast<std::size_t>(st.index)];

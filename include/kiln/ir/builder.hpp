@@ -319,6 +319,15 @@ inline NodePtr scatter(const NodePtr& base, const NodePtr& index, const NodePtr&
   return finish(std::move(n));
 }
 
+/// The running `kind` of x along `axis` (ScanKind), of dtype `out`.
+inline NodePtr scan(const NodePtr& x, std::int64_t axis, ScanKind kind, DType out) {
+  if (axis < 0 || axis >= static_cast<std::int64_t>(x->shape.size()))
+    detail::invariant_failed("scan of " + x->shape.str() + " along " + std::to_string(axis));
+  Node n = blank(Op::Scan, out, x->device, x->shape, {x});
+  n.attrs.ints = {axis, static_cast<std::int64_t>(kind)};
+  return finish(std::move(n));
+}
+
 /// Matrix product a [..., M, K] x b [..., K, N] -> [..., M, N]: equal ranks >= 2, equal batch
 /// dims (the front end broadcasts them first), one dtype.
 inline NodePtr matmul(const NodePtr& a, const NodePtr& b) {

@@ -289,6 +289,11 @@ inline void Graph::verify() const {
           if (static_cast<std::int64_t>(d) != axis && in(1).shape[d] > n.shape[d]) fail(i, "index larger than base");
         break;
       }
+      case OpKind::Scan:
+        if (arity != 1 || n.attrs.ints.size() != 2 || in(0).shape != n.shape || n.attrs.ints[0] < 0 ||
+            n.attrs.ints[0] >= static_cast<std::int64_t>(n.shape.size()))
+          fail(i, "arity, shape or axis");
+        break;
       case OpKind::Contract: {
         if (arity != 2) fail(i, "arity");
         const Shape &a = in(0).shape, &b = in(1).shape;

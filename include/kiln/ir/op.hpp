@@ -13,7 +13,7 @@ enum class CostClass : std::uint8_t {
   Transcendental,  ///< a polynomial or a library call (exp, sin, pow, ...)
 };
 
-enum class OpKind : std::uint8_t { Leaf, Unary, Binary, Ternary, Reduce, IndexMap, Gather, Scatter, Contract };
+enum class OpKind : std::uint8_t { Leaf, Unary, Binary, Ternary, Reduce, IndexMap, Gather, Scatter, Scan, Contract };
 
 /// Properties of a primitive that stages read instead of listing ops themselves.
 enum OpFlag : std::uint32_t {
@@ -113,6 +113,8 @@ enum OpFlag : std::uint32_t {
   X(Gather, "gather", Gather, Free, kNoFlags)                                                  \
   /* Accumulating writes, a step of their own (the runtime's scatter kernels). */              \
   X(Scatter, "scatter", Scatter, Free, kLibraryCall)                                           \
+  /* Scans along one axis, a step of their own (the runtime's scan kernels). */                 \
+  X(Scan, "scan", Scan, Free, kLibraryCall)                                                    \
   /* Contractions, computed by a library call (CBLAS, cuBLASLt). */                            \
   X(MatMul, "matmul", Contract, Free, kLibraryCall)
 
@@ -137,6 +139,11 @@ enum OpFlag : std::uint32_t {
 //              at most base's off the axis; attrs.ints[2] == 1: atomic accumulation (any order,
 //              GPU); attrs.ints[3] the GatherSite its range errors name. Any index outside
 //              [0, base.shape[axis]) is an IndexError and nothing is written
+//   Scan       the running sum, product, max, min, index of the max / min, or log-sum-exp of the
+//              input along axis attrs.ints[0] (attrs.ints[1]: ScanKind), same shape; sums and
+//              products of integers and bool are int64, accumulated exactly (wrapping); floats
+//              accumulate in double and each prefix is rounded once; max/min propagate the first
+//              NaN and take the latest index among equal values (torch.cummax)
 //   MatMul     a [..., M, K] x b [..., K, N] -> [..., M, N]: equal rank >= 2, equal batch dims,
 //              one dtype (floating); half types accumulate in float32, the result keeps the dtype
 
@@ -190,6 +197,10 @@ constexpr bool is_reduction(Op op) { return op_kind(op) == OpKind::Reduce; }
 constexpr bool is_index_map(Op op) { return op_kind(op) == OpKind::IndexMap; }
 constexpr bool is_gather(Op op) { return op_kind(op) == OpKind::Gather; }
 constexpr bool is_scatter(Op op) { return op_kind(op) == OpKind::Scatter; }
+constexpr bool is_scan(Op op) { return op_kind(op) == OpKind::Scan; }
+
+/// What a Scan node accumulates (attrs.ints[1]).
+enum class ScanKind : std::int64_t { Sum, Prod, Max, Min, ArgMax, ArgMin, LogSumExp };
 
 /// The user-facing op a Gather or Scatter node was made for: what its range errors name.
 enum class GatherSite : std::int64_t {

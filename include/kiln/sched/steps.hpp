@@ -89,9 +89,21 @@ struct ScatterCall {
   int level = 1;
 };
 
-/// One step: a segment, a product or a scatter.
+/// One scan (the Scan primitive, run by the runtime's scan kernels): out = the running `kind`
+/// of src along `axis`.
+struct ScanCall {
+  int node = -1;
+  Shape shape;
+  DType in = DType::Float32, out = DType::Float32;
+  std::int64_t axis = 0;
+  ir::ScanKind kind = ir::ScanKind::Sum;
+  Slot src, result;
+  int level = 1;
+};
+
+/// One step: a segment, a product, a scatter or a scan.
 struct Step {
-  enum Kind : std::uint8_t { Kernels, Call, Scatter };
+  enum Kind : std::uint8_t { Kernels, Call, Scatter, Scan };
   Kind kind;
   int index;
 };
@@ -101,6 +113,7 @@ struct StepPlan {
   std::vector<Segment> segments;
   std::vector<LibraryCall> calls;
   std::vector<ScatterCall> scatters;
+  std::vector<ScanCall> scans;
   std::vector<Step> order;
   std::vector<StepTemp> temps;
 
@@ -194,6 +207,7 @@ class StepPlanner {
     for (auto o : g_.outputs) ++uses_[static_cast<std::size_t>(o)];
     call_of_result_.assign(n_, -1);
     scatter_of_result_.assign(n_, -1);
+    scan_of_result_.assign(n_, -1);
     absorbed_.assign(n_, 0);
     zero_.assign(n_, 0);
     level_.assign(n_, 0);
@@ -232,6 +246,19 @@ class StepPlanner {
       if (!ir::is_library_call(nd.op)) continue;
       if (ir::is_scatter(nd.op)) {
         plan_scatter(static_cast<int>(i), lvl);
+        continue;
+      }
+      if (ir::is_scan(nd.op)) {
+        ScanCall c;
+        c.node = static_cast<int>(i);
+        c.shape = nd.shape;
+        c.in = node(nd.inputs[0]).dtype;
+        c.out = nd.dtype;
+        c.axis = nd.attrs.ints.at(0);
+        c.kind = static_cast<ir::ScanKind>(nd.attrs.ints.at(1));
+        c.level = level_[i] = lvl + 1;
+        scan_of_result_[i] = static_cast<int>(plan_.scans.size());
+        plan_.scans.push_back(std::move(c));
         continue;
       }
       const ir::GraphNode& a = node(nd.inputs[0]);
@@ -394,6 +421,7 @@ class StepPlanner {
   Slot result_slot(int i) const {
     const std::size_t ii = static_cast<std::size_t>(i);
     if (call_of_result_[ii] >= 0) return plan_.calls[static_cast<std::size_t>(call_of_result_[ii])].out;
+    if (scan_of_result_[ii] >= 0) return plan_.scans[static_cast<std::size_t>(scan_of_result_[ii])].result;
     return plan_.scatters[static_cast<std::size_t>(scatter_of_result_[ii])].out;
   }
 
@@ -427,6 +455,18 @@ class StepPlanner {
       c.flag = static_cast<int>(plan_.temps.size());
       plan_.temps.push_back({Shape{1}, DType::Int32});
     }
+    // A scan too: a contiguous graph output directly, else a temporary.
+    for (auto& c : plan_.scans) {
+      for (std::size_t k = 0; k < g_.outputs.size() && c.result.kind == Slot::None; ++k) {
+        if (g_.outputs[k] != c.node || output_taken_.count(static_cast<int>(k)) ||
+            !is_contiguous(c.shape, g_.output_strides[k]))
+          continue;
+        output_taken_.insert(static_cast<int>(k));
+        c.result = Slot{Slot::Output, static_cast<int>(k), g_.output_strides[k]};
+      }
+      if (c.result.kind == Slot::None) c.result = temp(c.node);
+    }
+    for (auto& c : plan_.scans) c.src = scatter_operand_slot(node(c.node).inputs[0]);
     for (std::size_t k = 0; k < plan_.calls.size(); ++k) {
       LibraryCall& c = plan_.calls[k];
       c.a = operand_slot(fold_cast(operands_[k].first, c.a_from));
@@ -451,7 +491,8 @@ class StepPlanner {
   }
 
   bool is_call_result(int i) const {
-    return call_of_result_[static_cast<std::size_t>(i)] >= 0 || scatter_of_result_[static_cast<std::size_t>(i)] >= 0;
+    return call_of_result_[static_cast<std::size_t>(i)] >= 0 || scatter_of_result_[static_cast<std::size_t>(i)] >= 0 ||
+           scan_of_result_[static_cast<std::size_t>(i)] >= 0;
   }
 
   // The operand a call reads for node i: on the CPU, a cast between floating dtypes of a value
@@ -567,6 +608,8 @@ class StepPlanner {
         if (plan_.calls[c].level == s) plan_.order.push_back({Step::Call, static_cast<int>(c)});
       for (std::size_t c = 0; c < plan_.scatters.size(); ++c)
         if (plan_.scatters[c].level == s) plan_.order.push_back({Step::Scatter, static_cast<int>(c)});
+      for (std::size_t c = 0; c < plan_.scans.size(); ++c)
+        if (plan_.scans[c].level == s) plan_.order.push_back({Step::Scan, static_cast<int>(c)});
       if (segments_by_level_[static_cast<std::size_t>(s)] >= 0)
         plan_.order.push_back({Step::Kernels, segments_by_level_[static_cast<std::size_t>(s)]});
     }
@@ -576,7 +619,7 @@ class StepPlanner {
   bool fuse_;
   std::size_t n_;
   StepPlan plan_;
-  std::vector<int> uses_, call_of_result_, scatter_of_result_, level_;
+  std::vector<int> uses_, call_of_result_, scatter_of_result_, scan_of_result_, level_;
   std::vector<char> absorbed_, zero_;
   std::vector<Slot> materialized_;
   std::vector<std::pair<int, int>> bias_source_;  ///< (call, node of its bias)
@@ -599,6 +642,14 @@ inline std::string StepPlan::str() const {
   };
   std::ostringstream os;
   for (const Step& st : order) {
+    if (st.kind == Step::Scan) {
+      static const char* kinds[] = {"cumsum", "cumprod", "cummax", "cummin", "cummax indices", "cummin indices",
+                                    "logcumsumexp"};
+      const ScanCall& c = scans[static_cast<std::size_t>(st.index)];
+      os << "call " << kinds[static_cast<int>(c.kind)] << " " << dtype_name(c.in) << c.shape.str() << " along " << c.axis
+         << " (" << slot(c.src) << ") -> " << slot(c.result) << " " << dtype_name(c.out) << "\n";
+      continue;
+    }
     if (st.kind == Step::Scatter) {
       const ScatterCall& c = scatters[static_cast<std::size_t>(st.index)];
       os << "call " << ir::gather_site_name(c.site) << " " << dtype_name(c.dtype) << " " << c.index_shape.str()

@@ -132,6 +132,7 @@ inline void evaluate_into(const ir::NodePtr& value, const ir::NodePtr& destinati
   bool pointwise_only = std::all_of(c.graph.nodes.begin(), c.graph.nodes.end(), [](const ir::GraphNode& n) {
     return ir::op_kind(n.op) != ir::OpKind::Reduce && ir::op_kind(n.op) != ir::OpKind::IndexMap &&
            ir::op_kind(n.op) != ir::OpKind::Gather && ir::op_kind(n.op) != ir::OpKind::Scatter &&
+           ir::op_kind(n.op) != ir::OpKind::Scan &&
            ir::op_kind(n.op) != ir::OpKind::Contract;
   });
   for (auto& leaf : c.leaves) {

@@ -113,6 +113,11 @@ const std::vector<Workload>& workloads() {
        [](const auto& in) -> Tensor { return (in[0] - in[1]) * in[2] + in[3]; }, 2.0 * kM* kK * 4},
       {"R1_sum_x_squared", [] { return evaluated({randn({kN}, 1)}); },
        [](const auto& in) { return sum(in[0] * in[0]); }, 1.0 * kN * 4},
+      {"C1_cumsum_rows_16384x4096",
+       [] {
+         return evaluated({randn({16384, kK}, 1)});
+       },
+       [](const auto& in) { return cumsum(in[0], 1); }, 2.0 * 16384 * kK * 4},
       {"R2_row_sum",
        [] {
          return evaluated({randn({kM, kK}, 1)});

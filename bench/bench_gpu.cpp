@@ -153,6 +153,10 @@ std::vector<Workload> workloads() {
                  NodePtr rows = ir::broadcast(ir::reshape(ids, Shape{n, 1}), Shape{n, d});
                  return std::vector<NodePtr>{ir::gather(table, rows, 0, ir::GatherSite::Embedding)};
                }});
+  // C1: cumsum over [16384, 4096] rows (the rows read and written).
+  w.push_back({"C1", 2.0 * kM * kK * 4, [] {
+                 return std::vector<NodePtr>{ir::scan(normal({kM, kK}, f32, 26), 1, ir::ScanKind::Sum, f32)};
+               }});
   // E2: index_add of 32768 rows of 1024 floats back into a zero [50304, 1024] table (bytes as
   // torch_suite's: src read, the rows read and written), deterministic and atomic.
   for (bool atomic : {false, true})
@@ -639,7 +643,7 @@ void register_all(bool variants) {
         ->Unit(benchmark::kMillisecond);
   // max-autotune beside the default of every workload: it must never be slower.
   for (auto& w : ws)
-    if (std::string(w.id).rfind("E2", 0) != 0)  // scatters have no tuning knobs
+    if (std::string(w.id).rfind("E2", 0) != 0 && std::string(w.id) != "C1")  // scatters and scans have no knobs
     bench::add((std::string("BM_") + w.id + "/max-autotune").c_str(),
                [&w](benchmark::State& s) { run_workload(s, w, std::string(w.id) + " max-autotune", true); })
         ->Iterations(5)

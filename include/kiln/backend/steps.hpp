@@ -102,6 +102,22 @@ inline void run_library_call(const sched::LibraryCall& c, const char* a, const c
   }
 }
 
+/// Launches one of kiln's own step kernels (scatter, scan) over `threads` threads, 256 a block,
+/// with its one by-value argument `params`, on `stream` (a capture) or kiln's stream.
+inline void launch_step_kernel(runtime::cu::CUfunction fn, std::int64_t threads, void** params, Device device,
+                               runtime::cu::CUstream stream, const char* what) {
+  if (threads <= 0) return;
+  const runtime::CudaContext& ctx = runtime::cuda_context(device.index);
+  const auto& api = runtime::detail::cuda_driver_state().api;
+  ctx.make_current();
+  const std::int64_t blocks = (threads + 255) / 256;
+  runtime::detail::cuda_check(api.launch_kernel(fn, static_cast<unsigned>(blocks), 1, 1, 256, 1, 1, 0,
+                                                stream ? stream : ctx.stream, params, nullptr),
+                              "cuLaunchKernel",
+                              [&] { return std::string(what) + " kernel on cuda:" + std::to_string(device.index); });
+  if (!stream) kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
+}
+
 /// A scatter step's compiled code: the CPU's function, or the GPU's three kernels.
 struct ScatterKernels {
   codegen::ScatterSource source;
@@ -145,17 +161,9 @@ inline void run_scatter(const sched::ScatterCall& c, const ScatterKernels& k, vo
     void* p[5];
   } a{{operands[0], operands[1], operands[2], operands[3], flag}};
   void* params[] = {&a};
-  auto launch = [&](runtime::cu::CUfunction fn, std::int64_t threads, const char* what) {
-    if (threads <= 0) return;
-    const std::int64_t blocks = (threads + 255) / 256;
-    runtime::detail::cuda_check(
-        api.launch_kernel(fn, static_cast<unsigned>(blocks), 1, 1, 256, 1, 1, 0, on, params, nullptr), "cuLaunchKernel",
-        [&] { return std::string("a scatter's ") + what + " kernel on cuda:" + std::to_string(device.index); });
-    if (!stream) kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
-  };
-  launch(k.check, k.source.index_elements, "check");
-  launch(k.init, k.source.out_elements, "init");
-  launch(k.scatter, k.source.scatter_threads, "scatter");
+  launch_step_kernel(k.check, k.source.index_elements, params, device, stream, "a scatter's check");
+  launch_step_kernel(k.init, k.source.out_elements, params, device, stream, "a scatter's init");
+  launch_step_kernel(k.scatter, k.source.scatter_threads, params, device, stream, "a scatter's");
   (void)c;
 }
 
@@ -188,19 +196,11 @@ inline void run_scan(const ScanKernels& k, void* src, void* out, Device device, 
     kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  if (k.source.threads <= 0) return;
-  const runtime::CudaContext& ctx = runtime::cuda_context(device.index);
-  const auto& api = runtime::detail::cuda_driver_state().api;
-  ctx.make_current();
   struct {
     void* p[2];
   } a{{src, out}};
   void* params[] = {&a};
-  const std::int64_t blocks = (k.source.threads + 255) / 256;
-  runtime::detail::cuda_check(api.launch_kernel(k.kernel, static_cast<unsigned>(blocks), 1, 1, 256, 1, 1, 0,
-                                                stream ? stream : ctx.stream, params, nullptr),
-                              "cuLaunchKernel", [&] { return "a scan kernel on cuda:" + std::to_string(device.index); });
-  if (!stream) kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
+  launch_step_kernel(k.kernel, k.source.threads, params, device, stream, "a scan");
 }
 
 }  // namespace detail

@@ -405,7 +405,7 @@ class StepPlanner {
     return materialize(i);
   }
 
-  // Where a scatter reads node i: the runtime's scatter kernels read any strides of a leaf.
+  // Where a scatter or a scan reads node i: kiln's own step kernels read any strides of a leaf.
   Slot scatter_operand_slot(int i) {
     const ir::GraphNode& nd = node(i);
     if (is_call_result(i)) return result_slot(i);
@@ -415,6 +415,19 @@ class StepPlanner {
       if (ok) return Slot{Slot::Leaf, nd.leaf, nd.strides};
     }
     return materialize(i);
+  }
+
+  // Where a step written by kiln's own kernels (a scatter, a scan) puts node i: a graph output
+  // holding i, contiguous and not yet taken, else a temporary.
+  Slot contiguous_result(int i) {
+    for (std::size_t k = 0; k < g_.outputs.size(); ++k) {
+      if (g_.outputs[k] != i || output_taken_.count(static_cast<int>(k)) ||
+          !is_contiguous(node(i).shape, g_.output_strides[k]))
+        continue;
+      output_taken_.insert(static_cast<int>(k));
+      return Slot{Slot::Output, static_cast<int>(k), g_.output_strides[k]};
+    }
+    return temp(i);
   }
 
   // The memory a call (product or scatter) writes its result `i` to.
@@ -442,30 +455,13 @@ class StepPlanner {
       }
       if (c.out.kind == Slot::None) c.out = temp(c.result);
     }
-    // A scatter writes a contiguous graph output directly, else a temporary.
+    // Scatters and scans write a contiguous graph output directly, else a temporary.
     for (auto& c : plan_.scatters) {
-      for (std::size_t k = 0; k < g_.outputs.size() && c.out.kind == Slot::None; ++k) {
-        if (g_.outputs[k] != c.node || output_taken_.count(static_cast<int>(k)) ||
-            !is_contiguous(c.shape, g_.output_strides[k]))
-          continue;
-        output_taken_.insert(static_cast<int>(k));
-        c.out = Slot{Slot::Output, static_cast<int>(k), g_.output_strides[k]};
-      }
-      if (c.out.kind == Slot::None) c.out = temp(c.node);
+      c.out = contiguous_result(c.node);
       c.flag = static_cast<int>(plan_.temps.size());
       plan_.temps.push_back({Shape{1}, DType::Int32});
     }
-    // A scan too: a contiguous graph output directly, else a temporary.
-    for (auto& c : plan_.scans) {
-      for (std::size_t k = 0; k < g_.outputs.size() && c.result.kind == Slot::None; ++k) {
-        if (g_.outputs[k] != c.node || output_taken_.count(static_cast<int>(k)) ||
-            !is_contiguous(c.shape, g_.output_strides[k]))
-          continue;
-        output_taken_.insert(static_cast<int>(k));
-        c.result = Slot{Slot::Output, static_cast<int>(k), g_.output_strides[k]};
-      }
-      if (c.result.kind == Slot::None) c.result = temp(c.node);
-    }
+    for (auto& c : plan_.scans) c.result = contiguous_result(c.node);
     for (auto& c : plan_.scans) c.src = scatter_operand_slot(node(c.node).inputs[0]);
     for (std::size_t k = 0; k < plan_.calls.size(); ++k) {
       LibraryCall& c = plan_.calls[k];

@@ -875,6 +875,26 @@ inline Value exec_index_map(const ir::Graph& g, const ir::GraphNode& n, const st
   throw Error(std::string("reference executor: not an index map: ") + ir::op_name(n.op));
 }
 
+/// Calls f(pos) for every position of `shape`, row-major (pos: one coordinate per dim).
+template <class F>
+inline void for_each_position(const Shape& shape, F&& f) {
+  std::vector<i64> pos(shape.size(), 0);
+  for (i64 flat = 0; flat < shape.numel(); ++flat) {
+    f(static_cast<const std::vector<i64>&>(pos));
+    for (std::size_t d = shape.size(); d-- > 0;) {
+      if (++pos[d] < shape[d]) break;
+      pos[d] = 0;
+    }
+  }
+}
+
+/// sum pos[d] * strides[d].
+inline i64 offset_at(const std::vector<i64>& pos, const Strides& strides) {
+  i64 off = 0;
+  for (std::size_t d = 0; d < pos.size(); ++d) off += pos[d] * strides[d];
+  return off;
+}
+
 /// out[p] = x[p with p[axis] = index[p]], every index checked first (an IndexError names the op
 /// and writes nothing).
 inline Value exec_gather(const ir::Graph& g, const ir::GraphNode& n, const std::vector<Value>& vals,
@@ -884,23 +904,8 @@ inline Value exec_gather(const ir::Graph& g, const ir::GraphNode& n, const std::
   const Value& index = vals[static_cast<std::size_t>(n.inputs[1])];
   const auto axis = static_cast<std::size_t>(n.attrs.ints.at(0));
   const i64 bound = xn.shape[axis];
-  const std::size_t rank = n.shape.size();
-  const i64 total = n.shape.numel();
-  auto for_each = [&](auto&& f) {
-    std::vector<i64> pos(rank, 0);
-    for (i64 flat = 0; flat < total; ++flat) {
-      f(pos);
-      for (std::size_t d = rank; d-- > 0;) {
-        if (++pos[d] < n.shape[d]) break;
-        pos[d] = 0;
-      }
-    }
-  };
-  auto at = [&](const std::vector<i64>& pos, const Strides& st) {
-    i64 off = 0;
-    for (std::size_t d = 0; d < rank; ++d) off += pos[d] * st[d];
-    return off;
-  };
+  auto for_each = [&](auto&& f) { for_each_position(n.shape, f); };
+  auto at = [](const std::vector<i64>& pos, const Strides& st) { return offset_at(pos, st); };
   const auto* ip = reinterpret_cast<const std::int64_t*>(index.data);
   for_each([&](const std::vector<i64>& pos) {
     const i64 v = ip[at(pos, index.strides)];
@@ -949,22 +954,8 @@ inline Value exec_scatter(const ir::Graph& g, const ir::GraphNode& n, const std:
   const bool accumulate = n.attrs.ints.at(1) != 0;
   const i64 bound = n.shape[axis];
   const Shape& is = in.shape;
-  const std::size_t rank = is.size();
-  auto for_each = [&](auto&& f) {
-    std::vector<i64> pos(rank, 0);
-    for (i64 flat = 0; flat < is.numel(); ++flat) {
-      f(pos);
-      for (std::size_t d = rank; d-- > 0;) {
-        if (++pos[d] < is[d]) break;
-        pos[d] = 0;
-      }
-    }
-  };
-  auto at = [&](const std::vector<i64>& pos, const Strides& st) {
-    i64 off = 0;
-    for (std::size_t d = 0; d < rank; ++d) off += pos[d] * st[d];
-    return off;
-  };
+  auto for_each = [&](auto&& f) { for_each_position(is, f); };
+  auto at = [](const std::vector<i64>& pos, const Strides& st) { return offset_at(pos, st); };
   const auto* ip = reinterpret_cast<const std::int64_t*>(index.data);
   for_each([&](const std::vector<i64>& pos) {
     const i64 v = ip[at(pos, index.strides)];

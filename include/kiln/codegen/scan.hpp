@@ -112,6 +112,12 @@ inline std::string shfl_value(const sched::ScanCall& c, const std::string& v, co
   return "__shfl_sync(0xffffffffu, " + v + ", " + from + ")";
 }
 
+/// The scan's row length and row count.
+inline std::pair<i64, i64> extents(const sched::ScanCall& c) {
+  const i64 len = c.shape[static_cast<std::size_t>(c.axis)];
+  return {len, len == 0 ? 0 : c.shape.numel() / len};
+}
+
 inline std::string prelude_defines() {
   return "#define KILN_SCAN_INF __builtin_inf()\n";
 }
@@ -125,8 +131,7 @@ inline ScanSource generate_cpu_scan(const sched::ScanCall& c, const std::string&
   c_family::PreludeNeeds needs;
   ScanSource out;
   out.entry = name;
-  const i64 len = c.shape[static_cast<std::size_t>(c.axis)];
-  const i64 rows = len == 0 ? 0 : c.shape.numel() / len;
+  const auto [len, rows] = extents(c);
   out.rows = rows;
   constexpr int kGroup = 4;
   const i64 groups = rows / kGroup;
@@ -175,8 +180,7 @@ inline ScanSource generate_cuda_scan(const sched::ScanCall& c, const std::string
   c_family::PreludeNeeds needs;
   ScanSource out;
   out.entry = name;
-  const i64 len = c.shape[static_cast<std::size_t>(c.axis)];
-  const i64 rows = len == 0 ? 0 : c.shape.numel() / len;
+  const auto [len, rows] = extents(c);
   out.rows = rows;
   out.threads = rows * 32;
   constexpr int kSteps = 4;  // 32-element steps whose loads are issued together

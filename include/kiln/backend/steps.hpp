@@ -142,10 +142,10 @@ inline ScatterKernels build_scatter(const sched::ScatterCall& c, Device device) 
   return k;
 }
 
-/// Runs scatter `c` over {base, index, src, out} (`flag`: the GPU's range flag, an int of
+/// Runs a scatter's kernels `k` over {base, index, src, out} (`flag`: the GPU's range flag, an int of
 /// device memory); `stream` (GPU): queue it there (a CUDA graph capture), not on kiln's stream.
-inline void run_scatter(const sched::ScatterCall& c, const ScatterKernels& k, void* const (&operands)[4], void* flag,
-                        Device device, runtime::cu::CUstream stream = nullptr) {
+inline void run_scatter(const ScatterKernels& k, void* const (&operands)[4], void* flag, Device device,
+                        runtime::cu::CUstream stream = nullptr) {
   if (device.is_cpu()) {
     if (k.cpu(operands, detail::cpu_threads()) != 0) kiln::detail::raise_host_index_fault();
     kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
@@ -164,7 +164,6 @@ inline void run_scatter(const sched::ScatterCall& c, const ScatterKernels& k, vo
   launch_step_kernel(k.check, k.source.index_elements, params, device, stream, "a scatter's check");
   launch_step_kernel(k.init, k.source.out_elements, params, device, stream, "a scatter's init");
   launch_step_kernel(k.scatter, k.source.scatter_threads, params, device, stream, "a scatter's");
-  (void)c;
 }
 
 /// A scan step's compiled code: the CPU's function or the GPU's kernel.
@@ -304,7 +303,7 @@ class StepProgram {
     const sched::ScatterCall& c = v.plan.scatters[i];
     void* const operands[4] = {c.base_constant ? nullptr : address(c.base, args, temps), address(c.index, args, temps),
                                address(c.src, args, temps), address(c.out, args, temps)};
-    detail::run_scatter(c, v.scatters[i], operands, temps[static_cast<std::size_t>(c.flag)]->data, graph_.device,
+    detail::run_scatter(v.scatters[i], operands, temps[static_cast<std::size_t>(c.flag)]->data, graph_.device,
                         stream);
   }
 

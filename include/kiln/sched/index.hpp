@@ -174,6 +174,17 @@ inline std::string ix_text(const IndexExpr& e) {
   return e.text.empty() ? "(" + affine_text(e) + ")" : "(" + e.text + ")";
 }
 
+/// The innermost of `scope` and the scopes (`defined_in`: a writer's map from variable to
+/// scope) where the variables of `e`'s value terms are defined: where `e` can be evaluated.
+template <class Map>
+inline int scope_with_values(const IndexExpr& e, int scope, const Map& defined_in) {
+  for (auto& v : e.values) {
+    auto it = defined_in.find(v.text);
+    if (it != defined_in.end()) scope = std::max(scope, it->second);
+  }
+  return scope;
+}
+
 /// The affine part of `e` (without its value terms); `e` itself when purely affine. Undefined
 /// for opaque text.
 inline IndexExpr affine_part(const IndexExpr& e) {

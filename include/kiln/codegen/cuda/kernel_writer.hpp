@@ -123,14 +123,7 @@ class KernelWriter {
     throw Error("kiln CUDA codegen: index uses a loop variable that is not in scope (internal error)");
   }  /// Innermost open scope where everything index `e` reads is defined: its loop variables and
   /// the variables of its value terms (gathered indices, defined where they were computed).
-  int scope_of(const IndexExpr& e) const {
-    int sc = scope_for(e.dep_mask());
-    for (auto& v : e.values) {
-      auto it = value_scope_.find(v.text);
-      if (it != value_scope_.end()) sc = std::max(sc, it->second);
-    }
-    return sc;
-  }
+  int scope_of(const IndexExpr& e) const { return sched::scope_with_values(e, scope_for(e.dep_mask()), value_scope_); }
 
   std::string fresh(const char* prefix) { return prefix + std::to_string(counter_++); }
 

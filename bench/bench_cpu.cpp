@@ -118,6 +118,11 @@ const std::vector<Workload>& workloads() {
          return evaluated({randn({16384, kK}, 1)});
        },
        [](const auto& in) { return cumsum(in[0], 1); }, 2.0 * 16384 * kK * 4},
+      {"K1_topk64_rows",
+       [] {
+         return evaluated({randn({kM, kK}, 1)});
+       },
+       [](const auto& in) { return std::get<0>(topk(in[0], 64, -1)); }, 1.0 * kM * kK * 4},
       {"R2_row_sum",
        [] {
          return evaluated({randn({kM, kK}, 1)});

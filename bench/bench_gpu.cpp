@@ -157,6 +157,11 @@ std::vector<Workload> workloads() {
   w.push_back({"C1", 2.0 * kM * kK * 4, [] {
                  return std::vector<NodePtr>{ir::scan(normal({kM, kK}, f32, 26), 1, ir::ScanKind::Sum, f32)};
                }});
+  // K1: topk(x, 64, -1) values over [16384, 4096] rows (the rows read once).
+  w.push_back({"K1", 1.0 * kM * kK * 4, [] {
+                 NodePtr x = normal({kM, kK}, f32, 27);
+                 return std::vector<NodePtr>{ir::gather(x, ir::sort(x, 1, 64, true), 1, ir::GatherSite::Gather)};
+               }});
   // E2: index_add of 32768 rows of 1024 floats back into a zero [50304, 1024] table (bytes as
   // torch_suite's: src read, the rows read and written), deterministic and atomic.
   for (bool atomic : {false, true})
@@ -643,7 +648,8 @@ void register_all(bool variants) {
         ->Unit(benchmark::kMillisecond);
   // max-autotune beside the default of every workload: it must never be slower.
   for (auto& w : ws)
-    if (std::string(w.id).rfind("E2", 0) != 0 && std::string(w.id) != "C1")  // scatters and scans have no knobs
+    if (std::string(w.id).rfind("E2", 0) != 0 && std::string(w.id) != "C1" &&
+        std::string(w.id) != "K1")  // scatters, scans and sorts have no knobs
     bench::add((std::string("BM_") + w.id + "/max-autotune").c_str(),
                [&w](benchmark::State& s) { run_workload(s, w, std::string(w.id) + " max-autotune", true); })
         ->Iterations(5)

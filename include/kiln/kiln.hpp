@@ -15,5 +15,6 @@
 #include "kiln/tensor/indexing.hpp"
 #include "kiln/tensor/scans.hpp"
 #include "kiln/tensor/shape_ops.hpp"
+#include "kiln/tensor/sorting.hpp"
 #include "kiln/tensor/tensor.hpp"
 #include "kiln/compile/compile.hpp"

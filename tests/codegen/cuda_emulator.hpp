@@ -113,6 +113,18 @@ template <class T> static inline T shfl(T v, unsigned src_lane) {
   memcpy(&r, &got, sizeof(T));
   return r;
 }
+/// The lanes of the warp holding the same value as this one (every lane of the warp takes part).
+static inline unsigned match_any(unsigned long long v) {
+  Block& b = blk();
+  unsigned tid = me().tid, w = tid / 32;
+  b.slots[tid] = v;
+  warp_barrier();
+  unsigned mask = 0;
+  for (unsigned l = 0; l < 32 && w * 32 + l < b.fibers.size(); ++l)
+    if (b.fibers[w * 32 + l].state != 3 && b.slots[w * 32 + l] == v) mask |= 1u << l;
+  warp_barrier();
+  return mask;
+}
 static void trampoline(unsigned lo, unsigned hi) {
   (void)lo; (void)hi;
   Block& b = blk();
@@ -193,6 +205,10 @@ static inline double __dsub_rn(double a, double b) { return a - b; }
 static inline double __dmul_rn(double a, double b) { return a * b; }
 template <class T> static inline T __shfl_xor_sync(unsigned, T v, int m) { return ::kiln_emu::shfl(v, (::kiln_emu::me().tid & 31) ^ (unsigned)m); }
 template <class T> static inline T __shfl_sync(unsigned, T v, int src) { return ::kiln_emu::shfl(v, (unsigned)src); }
+static inline unsigned __match_any_sync(unsigned, unsigned v) { return ::kiln_emu::match_any(v); }
+static inline unsigned __match_any_sync(unsigned, unsigned long long v) { return ::kiln_emu::match_any(v); }
+static inline int __popc(unsigned v) { return __builtin_popcount(v); }
+static inline int __ffs(unsigned v) { return __builtin_ffs((int)v); }
 )EMU";
 
 /// A generated unit built for the emulator.

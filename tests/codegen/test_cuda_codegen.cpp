@@ -10,6 +10,7 @@
 #include "kiln/backend/cuda_symbolic.hpp"
 #include "kiln/codegen/scan.hpp"
 #include "kiln/codegen/scatter.hpp"
+#include "kiln/codegen/sort.hpp"
 #include "kiln/runtime/nvrtc.hpp"
 
 using namespace kiln_cuda_test;
@@ -827,6 +828,73 @@ TEST_CASE("cuda emulator: scan kernels (a warp per row) give the reference's sca
     backend::run_reference(c.graph, args_for(c, want));
     void* argv[2] = {const_cast<void*>(args.inputs[static_cast<std::size_t>(sc.src.index)]), got.pointers[0]};
     launch(static_cast<unsigned>((src.threads + 255) / 256), 256, argv);
+    std::string m = compare(c.graph, got.pointers, want.pointers, 1.0);
+    CHECK_MESSAGE(m.empty(), m);
+  }
+}
+
+TEST_CASE("cuda emulator: sort kernels (radix select, bitonic network, global scratch) give the reference's positions; NVRTC compiles them") {
+  if (!have_host_compiler()) return;
+  struct Case {
+    NodePtr x;
+    std::int64_t axis, k;
+    bool descending;
+    std::int64_t scratch_rows;  ///< > 0: the rows' working sets in global scratch, this many at a time
+  };
+  std::vector<float> ties(2 * 300);
+  for (std::size_t i = 0; i < ties.size(); ++i) ties[i] = static_cast<float>((i * 37) % 13) - 6.0f;
+  ties[7] = std::nanf(""), ties[8] = -0.0f, ties[9] = 0.0f, ties[400] = std::nanf("");
+  const std::vector<Case> cases = {
+      {input({3, 1000}, f32, 231), 1, 10, true, 0},   // a top-k: the select resolves in the key digits
+      {input_values<float>({2, 300}, ties), 1, 50, true, 0},   // ties: the select goes down to positions
+      {input_values<float>({2, 300}, ties), 1, 299, false, 0},  // ascending, NaN last
+      {input({4, 77}, f64, 232), 1, 77, false, 0},    // a full sort of wide keys
+      {input({5, 40}, bf16, 233), 1, 7, false, 0},
+      {input({37, 5}, i64, 234), 0, 37, true, 0},     // along a strided dim, integers with ties
+      {input({3, 33}, DType::Bool, 235), 1, 4, true, 0},
+      {input({37, 6}, i32, 236), 0, 3, false, 0},
+      {input({3, 20000}, f32, 237), 1, 20000, true, 2},  // rows in global scratch, blocks striding
+      {input({2, 9000}, f64, 238), 1, 100, false, 1},
+  };
+  for (std::size_t k = 0; k < cases.size(); ++k) {
+    CAPTURE(k);
+    const Case& cs = cases[k];
+    ir::Captured c = capture({ir::sort(cs.x, cs.axis, cs.k, cs.descending)});
+    sched::StepPlan plan = sched::plan_steps(c.graph, true);
+    REQUIRE(plan.sorts.size() == 1);
+    REQUIRE(plan.sorts[0].src.kind == sched::Slot::Leaf);
+    sched::SortCall sc = plan.sorts[0];
+    if (cs.scratch_rows > 0) {  // as the planner does for a GPU graph
+      CHECK(sc.gpu_row_bytes() > sched::SortCall::kSharedBudget);
+      sc.scratch = 0;
+      sc.scratch_rows = cs.scratch_rows;
+    } else {
+      CHECK(sc.gpu_row_bytes() <= sched::SortCall::kSharedBudget);
+    }
+    codegen::SortSource src = codegen::generate_cuda_sort(sc, "kiln_sort");
+    if (runtime::nvrtc_available())
+      for (auto target : {codegen::CudaTarget::sm90(), codegen::CudaTarget::sm80()}) {
+        try {
+          CHECK(runtime::compile_cuda_to_cubin(src.source, "sort.cu", target.arch()).compare(0, 4, "\x7f" "ELF") == 0);
+        } catch (const CompileError& e) {
+          FAIL_CHECK(target.arch() << ": " << e.what());
+        }
+      }
+    std::string unit = kiln_cuda_emu::kPrelude;
+    unit += src.source;
+    unit += "\nstatic void kiln_emu_sort_body(void* p) { kiln_sort(*(kiln_sort_args*)p); }\n"
+            "extern \"C\" void kiln_emu_sort_launch(unsigned grid, unsigned block, unsigned smem, void** args) {\n"
+            "  kiln_sort_args a; memcpy(a.p, args, sizeof a.p); ::kiln_emu::run_grid(grid, block, smem, kiln_emu_sort_body, &a);\n}\n";
+    auto lib = runtime::CpuModuleCache::instance().get(unit);
+    auto launch = reinterpret_cast<void (*)(unsigned, unsigned, unsigned, void**)>(lib->symbol("kiln_emu_sort_launch"));
+    Outputs got = make_outputs(c.graph, 0xAB), want = make_outputs(c.graph, 0xAB);
+    backend::RunArgs args = args_for(c, got);
+    backend::run_reference(c.graph, args_for(c, want));
+    StoragePtr scratch = runtime::allocate_host(static_cast<std::size_t>(std::max<std::int64_t>(16, sc.scratch_rows * sc.gpu_row_bytes())));
+    void* argv[3] = {const_cast<void*>(args.inputs[static_cast<std::size_t>(sc.src.index)]), got.pointers[0],
+                     sc.scratch >= 0 ? scratch->data : nullptr};
+    CHECK(src.grid == (cs.scratch_rows > 0 ? std::min(cs.scratch_rows, sc.rows()) : sc.rows()));
+    launch(static_cast<unsigned>(src.grid), static_cast<unsigned>(src.block), static_cast<unsigned>(src.shared_bytes), argv);
     std::string m = compare(c.graph, got.pointers, want.pointers, 1.0);
     CHECK_MESSAGE(m.empty(), m);
   }

@@ -1082,6 +1082,50 @@ inline Value exec_scan(const ir::Graph& g, const ir::GraphNode& n, const std::ve
   return o;
 }
 
+/// The positions of each row's k first elements in sorted order: a stable sort of the row's
+/// positions by value (NaN the largest, -0 equal to +0), ascending or descending.
+inline Value exec_sort(const ir::Graph& g, const ir::GraphNode& n, const std::vector<Value>& vals, const Value* into) {
+  const ir::GraphNode& xn = g.nodes[static_cast<std::size_t>(n.inputs[0])];
+  const Value& x = vals[static_cast<std::size_t>(n.inputs[0])];
+  const auto axis = static_cast<std::size_t>(n.attrs.ints.at(0));
+  const i64 k = n.attrs.ints.at(1);
+  const bool descending = n.attrs.ints.at(2) != 0;
+  Value o = into ? *into : allocate(n.shape, n.dtype);
+  const i64 len = xn.shape[axis];
+  Shape others = n.shape;
+  others[axis] = 1;
+  auto* op = reinterpret_cast<std::int64_t*>(o.data);
+  visit_dtype(xn.dtype, [&](auto tag) {
+    using X = decltype(tag);
+    const X* xp = reinterpret_cast<const X*>(x.data);
+    std::vector<i64> order(static_cast<std::size_t>(len));
+    std::vector<double> keys(static_cast<std::size_t>(len));
+    for_each_position(others, [&](const std::vector<i64>& pos) {
+      const i64 xo = offset_at(pos, x.strides), oo = offset_at(pos, o.strides);
+      for (i64 i = 0; i < len; ++i) {
+        order[static_cast<std::size_t>(i)] = i;
+        const X v = xp[xo + i * x.strides[axis]];
+        if constexpr (std::is_integral_v<X>)
+          keys[static_cast<std::size_t>(i)] = static_cast<double>(v);  // only compared: int64 order kept below
+        else
+          keys[static_cast<std::size_t>(i)] = std::is_same_v<X, double> ? static_cast<double>(v)
+                                                                        : static_cast<double>(static_cast<float>(v));
+      }
+      auto less = [&](i64 a, i64 b) {
+        if constexpr (std::is_integral_v<X>) {
+          return xp[xo + a * x.strides[axis]] < xp[xo + b * x.strides[axis]];
+        } else {
+          const double va = keys[static_cast<std::size_t>(a)], vb = keys[static_cast<std::size_t>(b)];
+          return std::isnan(vb) ? !std::isnan(va) : va < vb;
+        }
+      };
+      std::stable_sort(order.begin(), order.end(), [&](i64 a, i64 b) { return descending ? less(b, a) : less(a, b); });
+      for (i64 j = 0; j < k; ++j) op[oo + j * o.strides[axis]] = order[static_cast<std::size_t>(j)];
+    });
+  });
+  return o;
+}
+
 inline Value exec_node(const ir::Graph& g, const ir::GraphNode& n, const std::vector<Value>& vals, const Value* into) {
   auto in = [&](std::size_t k) -> const Value& { return vals[static_cast<std::size_t>(n.inputs[k])]; };
   auto in_node = [&](std::size_t k) -> const ir::GraphNode& { return g.nodes[static_cast<std::size_t>(n.inputs[k])]; };
@@ -1096,6 +1140,8 @@ inline Value exec_node(const ir::Graph& g, const ir::GraphNode& n, const std::ve
       return exec_scatter(g, n, vals, into);
     case ir::OpKind::Scan:
       return exec_scan(g, n, vals, into);
+    case ir::OpKind::Sort:
+      return exec_sort(g, n, vals, into);
     case ir::OpKind::Unary: {
       Value o = into ? *into : allocate(n.shape, n.dtype);
       DType dt = in_node(0).dtype;

@@ -15,6 +15,7 @@
 #include "kiln/backend/dispatch.hpp"
 #include "kiln/codegen/scan.hpp"
 #include "kiln/codegen/scatter.hpp"
+#include "kiln/codegen/sort.hpp"
 #include "kiln/core/index_fault.hpp"
 #include "kiln/runtime/autotune.hpp"
 #include "kiln/runtime/cblas.hpp"
@@ -102,20 +103,27 @@ inline void run_library_call(const sched::LibraryCall& c, const char* a, const c
   }
 }
 
-/// Launches one of kiln's own step kernels (scatter, scan) over `threads` threads, 256 a block,
-/// with its one by-value argument `params`, on `stream` (a capture) or kiln's stream.
-inline void launch_step_kernel(runtime::cu::CUfunction fn, std::int64_t threads, void** params, Device device,
-                               runtime::cu::CUstream stream, const char* what) {
-  if (threads <= 0) return;
+/// Launches one of kiln's own step kernels (scatter, scan, sort) as `blocks` blocks of `block`
+/// threads with `shared_bytes` of dynamic shared memory and its one by-value argument `params`,
+/// on `stream` (a capture) or kiln's stream.
+inline void launch_step_blocks(runtime::cu::CUfunction fn, std::int64_t blocks, std::int64_t block,
+                               std::int64_t shared_bytes, void** params, Device device, runtime::cu::CUstream stream,
+                               const char* what) {
+  if (blocks <= 0) return;
   const runtime::CudaContext& ctx = runtime::cuda_context(device.index);
   const auto& api = runtime::detail::cuda_driver_state().api;
   ctx.make_current();
-  const std::int64_t blocks = (threads + 255) / 256;
-  runtime::detail::cuda_check(api.launch_kernel(fn, static_cast<unsigned>(blocks), 1, 1, 256, 1, 1, 0,
-                                                stream ? stream : ctx.stream, params, nullptr),
-                              "cuLaunchKernel",
-                              [&] { return std::string(what) + " kernel on cuda:" + std::to_string(device.index); });
+  runtime::detail::cuda_check(
+      api.launch_kernel(fn, static_cast<unsigned>(blocks), 1, 1, static_cast<unsigned>(block), 1, 1,
+                        static_cast<unsigned>(shared_bytes), stream ? stream : ctx.stream, params, nullptr),
+      "cuLaunchKernel", [&] { return std::string(what) + " kernel on cuda:" + std::to_string(device.index); });
   if (!stream) kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
+}
+
+/// Launches one of kiln's own step kernels over `threads` threads, 256 a block.
+inline void launch_step_kernel(runtime::cu::CUfunction fn, std::int64_t threads, void** params, Device device,
+                               runtime::cu::CUstream stream, const char* what) {
+  if (threads > 0) launch_step_blocks(fn, (threads + 255) / 256, 256, 0, params, device, stream, what);
 }
 
 /// A scatter step's compiled code: the CPU's function, or the GPU's three kernels.
@@ -202,6 +210,50 @@ inline void run_scan(const ScanKernels& k, void* src, void* out, Device device, 
   launch_step_kernel(k.kernel, k.source.threads, params, device, stream, "a scan");
 }
 
+/// A sort step's compiled code: the CPU's function or the GPU's kernel.
+struct SortKernels {
+  codegen::SortSource source;
+  std::shared_ptr<runtime::SharedLibrary> library;
+  int (*cpu)(void* const*, int) = nullptr;
+  runtime::cu::CUfunction kernel = nullptr;
+};
+
+inline SortKernels build_sort(const sched::SortCall& c, Device device) {
+  SortKernels k;
+  if (device.is_cpu()) {
+    k.source = codegen::generate_cpu_sort(c, "kiln_sort");
+    if (k.source.rows == 0) return k;
+    k.library = runtime::CpuModuleCache::instance().get(k.source.source);
+    k.cpu = reinterpret_cast<int (*)(void* const*, int)>(k.library->symbol(k.source.entry.c_str()));
+    return k;
+  }
+  k.source = codegen::generate_cuda_sort(c, "kiln_sort");
+  if (k.source.rows == 0) return k;
+  k.kernel = runtime::CudaModuleCache::instance().get_function(k.source.source, k.source.entry, device.index);
+  if (k.source.shared_bytes > 48 * 1024)
+    runtime::set_max_dynamic_shared(runtime::cuda_context(device.index), k.kernel,
+                                    static_cast<int>(k.source.shared_bytes));
+  return k;
+}
+
+/// Runs sort `k` from `src` into `out` (`scratch`: the GPU's rows in global memory, or null);
+/// `stream` (GPU): queue it there (a CUDA graph capture).
+inline void run_sort(const SortKernels& k, void* src, void* out, void* scratch, Device device,
+                     runtime::cu::CUstream stream = nullptr) {
+  if (k.source.rows == 0) return;
+  void* const operands[2] = {src, out};
+  if (device.is_cpu()) {
+    k.cpu(operands, detail::cpu_threads());
+    kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  struct {
+    void* p[3];
+  } a{{src, out, scratch}};
+  void* params[] = {&a};
+  launch_step_blocks(k.kernel, k.source.grid, k.source.block, k.source.shared_bytes, params, device, stream, "a sort");
+}
+
 }  // namespace detail
 
 /// A graph's steps bound to their executors: built once per structure, run many times.
@@ -219,6 +271,7 @@ class StepProgram {
     std::vector<std::unique_ptr<PreparedGraph>> segments;
     std::vector<detail::ScatterKernels> scatters;
     std::vector<detail::ScanKernels> scans;
+    std::vector<detail::SortKernels> sorts;
     const char* name = "fused";
   };
 
@@ -260,6 +313,10 @@ class StepProgram {
       }
       if (st.kind == sched::Step::Scan) {
         run_scan_step(v, static_cast<std::size_t>(st.index), args, temps, nullptr);
+        continue;
+      }
+      if (st.kind == sched::Step::Sort) {
+        run_sort_step(v, static_cast<std::size_t>(st.index), args, temps, nullptr);
         continue;
       }
       const sched::Segment& seg = v.plan.segments[static_cast<std::size_t>(st.index)];
@@ -314,6 +371,15 @@ class StepProgram {
     detail::run_scan(v.scans[i], address(c.src, args, temps), address(c.result, args, temps), graph_.device, stream);
   }
 
+  /// Sort `i` of variant `v`; `stream` (GPU): queue it there (a CUDA graph capture).
+  void run_sort_step(const Variant& v, std::size_t i, const RunArgs& args, const std::vector<StoragePtr>& temps,
+                     runtime::cu::CUstream stream) const {
+    const sched::SortCall& c = v.plan.sorts[i];
+    detail::run_sort(v.sorts[i], address(c.src, args, temps), address(c.result, args, temps),
+                     c.scratch >= 0 ? temps[static_cast<std::size_t>(c.scratch)]->data : nullptr, graph_.device,
+                     stream);
+  }
+
   /// One library call; `stream` (GPU): queue it there (a CUDA graph capture), not on kiln's stream.
   void run_call(const sched::LibraryCall& c, const RunArgs& args, const std::vector<StoragePtr>& temps, bool tune,
                 runtime::cu::CUstream stream) const {
@@ -338,6 +404,7 @@ class StepProgram {
       v->segments.push_back(std::make_unique<PreparedGraph>(seg.graph, mode, launch));
     for (const auto& sc : v->plan.scatters) v->scatters.push_back(detail::build_scatter(sc, graph_.device));
     for (const auto& sc : v->plan.scans) v->scans.push_back(detail::build_scan(sc, graph_.device));
+    for (const auto& sc : v->plan.sorts) v->sorts.push_back(detail::build_sort(sc, graph_.device));
     return v;
   }
 
@@ -434,6 +501,7 @@ class StepCaptureWork final : public CudaCaptureWork {
     for (const auto& k : b->variant->scatters)
       b->kernel_count += (k.source.index_elements > 0) + (k.source.out_elements > 0) + (k.source.scatter_threads > 0);
     for (const auto& k : b->variant->scans) b->kernel_count += k.source.threads > 0;
+    for (const auto& k : b->variant->sorts) b->kernel_count += k.source.rows > 0;
     return b;
   }
 
@@ -451,6 +519,10 @@ class StepCaptureWork final : public CudaCaptureWork {
       }
       if (st.kind == sched::Step::Scan) {
         program_->run_scan_step(*b.variant, static_cast<std::size_t>(st.index), bound, b.temps, stream);
+        continue;
+      }
+      if (st.kind == sched::Step::Sort) {
+        program_->run_sort_step(*b.variant, static_cast<std::size_t>(st.index), bound, b.temps, stream);
         continue;
       }
       const Binding::Kernels& k = b.segments[static_cast<std::size_t>(st.index)];

@@ -6,10 +6,11 @@
 // equal values, as torch.cummax.
 //
 // The CPU walks each row in order, rows shared among the team. The GPU gives each row a warp:
-// 32 consecutive elements a step (four steps' loads issued together), an inclusive scan across
+// 32 consecutive elements a step (eight steps' loads issued together), an inclusive scan across
 // the warp by shuffles, the carry of the steps before folded in, the last lane's result carried.
 #include <string>
 
+#include "kiln/codegen/c/axis_rows.hpp"
 #include "kiln/codegen/c/literals.hpp"
 #include "kiln/codegen/cpp/dialect.hpp"
 #include "kiln/codegen/cuda/prelude.hpp"
@@ -96,14 +97,7 @@ inline std::string result(const sched::ScanCall& c, const std::string& p, c_fami
 
 /// Statements defining xo and oo, the offsets of row `row`'s first element in src and out.
 inline std::string row_offsets(const sched::ScanCall& c, const std::string& row, const std::string& indent) {
-  std::string s = indent + "long long rest = " + row + ", xo = 0, oo = 0;\n";
-  for (std::size_t d = c.shape.size(); d-- > 0;) {
-    if (static_cast<i64>(d) == c.axis || c.shape[d] == 1) continue;
-    s += indent + "{ const long long cd = rest % " + std::to_string(c.shape[d]) + "LL; rest /= " +
-         std::to_string(c.shape[d]) + "LL; xo += cd * " + std::to_string(c.src.strides[d]) + "LL; oo += cd * " +
-         std::to_string(c.result.strides[d]) + "LL; }\n";
-  }
-  return s + indent + "(void)rest;\n";
+  return c_family::axis_row_offsets(c.shape, c.axis, c.src.strides, c.result.strides, row, indent);
 }
 
 /// A warp shuffle of the input's value `v` from lane `from` (bool travels as an int).
@@ -183,7 +177,7 @@ inline ScanSource generate_cuda_scan(const sched::ScanCall& c, const std::string
   const auto [len, rows] = extents(c);
   out.rows = rows;
   out.threads = rows * 32;
-  constexpr int kSteps = 4;  // 32-element steps whose loads are issued together
+  constexpr int kSteps = 8;  // 32-element steps whose loads are issued together (enough bytes in flight per SM)
   const std::string st = c_family::stype(c.in), ot = c_family::stype(c.out), ct = ctype_of(c.in);
   const std::string xs = std::to_string(c.src.strides[static_cast<std::size_t>(c.axis)]) + "LL";
   const std::string os = std::to_string(c.result.strides[static_cast<std::size_t>(c.axis)]) + "LL";

@@ -236,8 +236,13 @@ inline ScatterSource generate_cuda_scatter(const sched::ScatterCall& c, const st
   // The init's lanes: consecutive elements of a row; the atomic scatter's: consecutive elements
   // of a row that share their index (the axis is another dim and the index is broadcast along it).
   const Lanes init_lanes = lanes_along_last(c.shape, true);
-  const Lanes add_lanes =
+  Lanes add_lanes =
       lanes_along_last(is, static_cast<int>(last) != axis && c.index.strides[last] == 0 && is[last] > 1);
+  // float32 rows whose four lanes are adjacent in src and out: one 16-byte vector atomic
+  // (sm_90's red.global.add.v4.f32) where both addresses are aligned, four scalar ones elsewhere.
+  const bool vector_add = out.atomic && c.dtype == DType::Float32 && add_lanes.count == 4 &&
+                          c.src.strides[last] == 1 && c.out.strides[last] == 1;
+  if (vector_add) add_lanes.stride = 1;
   out.index_elements = cs.numel();
   out.out_elements = no / init_lanes.count;
   out.scatter_threads = out.atomic ? ni / add_lanes.count : oth.numel();
@@ -279,6 +284,12 @@ inline ScatterSource generate_cuda_scatter(const sched::ScatterCall& c, const st
     // One index load for the lanes, then an atomic add (a fire-and-forget reduction) per element.
     body += thread("p", ni / add_lanes.count) + coords(add_lanes.first("p"), is, "  ");
     body += "  const long long t = index[" + offset(c.index.strides, is) + "];\n";
+    if (vector_add) {
+      body += "#if __CUDA_ARCH__ >= 900\n";
+      body += "  {\n    float* o = &out[" + ooff + "];\n    const float* s = &src[" + offset(c.src.strides, is) + "];\n";
+      body += "    if ((((unsigned long long)o | (unsigned long long)s) & 15ull) == 0ull) {\n";
+      body += "      atomicAdd((float4*)o, *(const float4*)s);\n      return;\n    }\n  }\n#endif\n";
+    }
     for (i64 j = 0; j < add_lanes.count; ++j) {
       const std::string sj = j ? " + " + std::to_string(j * add_lanes.stride * c.src.strides[last]) + "LL" : "";
       const std::string oj = j ? " + " + std::to_string(j * add_lanes.stride * c.out.strides[last]) + "LL" : "";

@@ -596,7 +596,7 @@ class Compiled {
 
   template <class T>
   static void collect_tensor(const T& v, std::vector<const Tensor*>& out) {
-    if constexpr (std::is_same_v<std::remove_cvref_t<T>, Tensor>)
+    if constexpr (std::is_base_of_v<Tensor, std::remove_cvref_t<T>>)
       out.push_back(&v);
     else
       static_assert(Scalar<T>, "kiln::compile: arguments must be Tensors or C++ numbers");

@@ -328,6 +328,20 @@ inline NodePtr scan(const NodePtr& x, std::int64_t axis, ScanKind kind, DType ou
   return finish(std::move(n));
 }
 
+/// The int64 positions along `axis` of x's `k` first elements in sorted order: largest first
+/// when `descending`, else smallest first (NaN the largest, equal values by position).
+inline NodePtr sort(const NodePtr& x, std::int64_t axis, std::int64_t k, bool descending) {
+  if (axis < 0 || axis >= static_cast<std::int64_t>(x->shape.size()) || k < 0 ||
+      k > x->shape[static_cast<std::size_t>(axis)])
+    detail::invariant_failed("sort of " + x->shape.str() + " along " + std::to_string(axis) + " keeping " +
+                             std::to_string(k));
+  Shape out = x->shape;
+  out[static_cast<std::size_t>(axis)] = k;
+  Node n = blank(Op::Sort, DType::Int64, x->device, std::move(out), {x});
+  n.attrs.ints = {axis, k, descending ? 1 : 0};
+  return finish(std::move(n));
+}
+
 /// Matrix product a [..., M, K] x b [..., K, N] -> [..., M, N]: equal ranks >= 2, equal batch
 /// dims (the front end broadcasts them first), one dtype.
 inline NodePtr matmul(const NodePtr& a, const NodePtr& b) {

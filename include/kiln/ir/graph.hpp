@@ -294,6 +294,17 @@ inline void Graph::verify() const {
             n.attrs.ints[0] >= static_cast<std::int64_t>(n.shape.size()))
           fail(i, "arity, shape or axis");
         break;
+      case OpKind::Sort: {
+        if (arity != 1 || n.attrs.ints.size() != 3 || n.dtype != DType::Int64) fail(i, "arity, attributes or dtype");
+        const std::int64_t axis = n.attrs.ints[0];
+        if (axis < 0 || axis >= static_cast<std::int64_t>(n.shape.size()) || in(0).shape.size() != n.shape.size())
+          fail(i, "axis or rank");
+        for (std::size_t d = 0; d < n.shape.size(); ++d)
+          if (static_cast<std::int64_t>(d) == axis ? n.shape[d] != n.attrs.ints[1] || n.shape[d] > in(0).shape[d]
+                                                    : n.shape[d] != in(0).shape[d])
+            fail(i, "shape");
+        break;
+      }
       case OpKind::Contract: {
         if (arity != 2) fail(i, "arity");
         const Shape &a = in(0).shape, &b = in(1).shape;

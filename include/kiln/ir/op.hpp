@@ -13,7 +13,7 @@ enum class CostClass : std::uint8_t {
   Transcendental,  ///< a polynomial or a library call (exp, sin, pow, ...)
 };
 
-enum class OpKind : std::uint8_t { Leaf, Unary, Binary, Ternary, Reduce, IndexMap, Gather, Scatter, Scan, Contract };
+enum class OpKind : std::uint8_t { Leaf, Unary, Binary, Ternary, Reduce, IndexMap, Gather, Scatter, Scan, Sort, Contract };
 
 /// Properties of a primitive that stages read instead of listing ops themselves.
 enum OpFlag : std::uint32_t {
@@ -115,6 +115,8 @@ enum OpFlag : std::uint32_t {
   X(Scatter, "scatter", Scatter, Free, kLibraryCall)                                           \
   /* Scans along one axis, a step of their own (the runtime's scan kernels). */                 \
   X(Scan, "scan", Scan, Free, kLibraryCall)                                                    \
+  /* Sorting and selection along one axis, a step of its own (the runtime's sort kernels). */   \
+  X(Sort, "sort", Sort, Free, kLibraryCall)                                                    \
   /* Contractions, computed by a library call (CBLAS, cuBLASLt). */                            \
   X(MatMul, "matmul", Contract, Free, kLibraryCall)
 
@@ -144,6 +146,11 @@ enum OpFlag : std::uint32_t {
 //              products of integers and bool are int64, accumulated exactly (wrapping); floats
 //              accumulate in double and each prefix is rounded once; max/min propagate the first
 //              NaN and take the latest index among equal values (torch.cummax)
+//   Sort       the int64 positions along axis attrs.ints[0] of the attrs.ints[1] (k) first elements of
+//              x in the order (largest first when attrs.ints[2] == 1, else smallest first); the
+//              output is x's shape with k along the axis. The order is total: NaN counts as larger
+//              than every number, -0 equals +0, and equal values keep their order (the lower
+//              position first), so a full sort is stable and a top-k is the stable sort's prefix
 //   MatMul     a [..., M, K] x b [..., K, N] -> [..., M, N]: equal rank >= 2, equal batch dims,
 //              one dtype (floating); half types accumulate in float32, the result keeps the dtype
 
@@ -198,6 +205,7 @@ constexpr bool is_index_map(Op op) { return op_kind(op) == OpKind::IndexMap; }
 constexpr bool is_gather(Op op) { return op_kind(op) == OpKind::Gather; }
 constexpr bool is_scatter(Op op) { return op_kind(op) == OpKind::Scatter; }
 constexpr bool is_scan(Op op) { return op_kind(op) == OpKind::Scan; }
+constexpr bool is_sort(Op op) { return op_kind(op) == OpKind::Sort; }
 
 /// What a Scan node accumulates (attrs.ints[1]).
 enum class ScanKind : std::int64_t { Sum, Prod, Max, Min, ArgMax, ArgMin, LogSumExp };

@@ -101,9 +101,48 @@ struct ScanCall {
   int level = 1;
 };
 
-/// One step: a segment, a product, a scatter or a scan.
+/// One sort (the Sort primitive, run by the runtime's sort kernels): out = the int64 positions
+/// of each row's `k` first elements of src along `axis` (largest first when `descending`).
+struct SortCall {
+  int node = -1;
+  Shape shape;  ///< the input's
+  DType in = DType::Float32;
+  std::int64_t axis = 0, k = 0;
+  bool descending = false;
+  Slot src, result;
+  /// GPU: the temporary holding the rows' working sets when they do not fit the shared-memory
+  /// budget (-1: they do), for `scratch_rows` rows at a time.
+  int scratch = -1;
+  std::int64_t scratch_rows = 0;
+  int level = 1;
+
+  /// Bytes of shared memory a GPU sort may use per block; larger rows work in global scratch.
+  /// Within every supported architecture's opt-in limit, and two blocks fit an sm_80's SM.
+  static constexpr std::int64_t kSharedBudget = 64 * 1024;
+
+  std::int64_t length() const { return shape[static_cast<std::size_t>(axis)]; }
+  std::int64_t rows() const { return length() == 0 || k == 0 ? 0 : shape.numel() / length(); }
+  bool wide_key() const { return in == DType::Int64 || in == DType::Float64; }
+  /// Whether the GPU selects the k first before sorting them (a top-k) or sorts the whole row.
+  bool selects() const { return k < length(); }
+  /// The candidates the GPU's bitonic network sorts: a power of two.
+  std::int64_t network() const {
+    std::int64_t p = 1;
+    while (p < (selects() ? k : length())) p <<= 1;
+    return p;
+  }
+  /// GPU: one row's working set in bytes: its keys (a top-k's select), then the candidates'
+  /// keys and positions, each array 16-byte aligned.
+  std::int64_t gpu_row_bytes() const {
+    auto align = [](std::int64_t b) { return (b + 15) / 16 * 16; };
+    const std::int64_t ks = wide_key() ? 8 : 4;
+    return (selects() ? align(length() * ks) : 0) + align(network() * ks) + align(network() * 4);
+  }
+};
+
+/// One step: a segment, a product, a scatter, a scan or a sort.
 struct Step {
-  enum Kind : std::uint8_t { Kernels, Call, Scatter, Scan };
+  enum Kind : std::uint8_t { Kernels, Call, Scatter, Scan, Sort };
   Kind kind;
   int index;
 };
@@ -114,6 +153,7 @@ struct StepPlan {
   std::vector<LibraryCall> calls;
   std::vector<ScatterCall> scatters;
   std::vector<ScanCall> scans;
+  std::vector<SortCall> sorts;
   std::vector<Step> order;
   std::vector<StepTemp> temps;
 
@@ -208,6 +248,7 @@ class StepPlanner {
     call_of_result_.assign(n_, -1);
     scatter_of_result_.assign(n_, -1);
     scan_of_result_.assign(n_, -1);
+    sort_of_result_.assign(n_, -1);
     absorbed_.assign(n_, 0);
     zero_.assign(n_, 0);
     level_.assign(n_, 0);
@@ -259,6 +300,19 @@ class StepPlanner {
         c.level = level_[i] = lvl + 1;
         scan_of_result_[i] = static_cast<int>(plan_.scans.size());
         plan_.scans.push_back(std::move(c));
+        continue;
+      }
+      if (ir::is_sort(nd.op)) {
+        SortCall c;
+        c.node = static_cast<int>(i);
+        c.shape = node(nd.inputs[0]).shape;
+        c.in = node(nd.inputs[0]).dtype;
+        c.axis = nd.attrs.ints.at(0);
+        c.k = nd.attrs.ints.at(1);
+        c.descending = nd.attrs.ints.at(2) != 0;
+        c.level = level_[i] = lvl + 1;
+        sort_of_result_[i] = static_cast<int>(plan_.sorts.size());
+        plan_.sorts.push_back(std::move(c));
         continue;
       }
       const ir::GraphNode& a = node(nd.inputs[0]);
@@ -435,6 +489,7 @@ class StepPlanner {
     const std::size_t ii = static_cast<std::size_t>(i);
     if (call_of_result_[ii] >= 0) return plan_.calls[static_cast<std::size_t>(call_of_result_[ii])].out;
     if (scan_of_result_[ii] >= 0) return plan_.scans[static_cast<std::size_t>(scan_of_result_[ii])].result;
+    if (sort_of_result_[ii] >= 0) return plan_.sorts[static_cast<std::size_t>(sort_of_result_[ii])].result;
     return plan_.scatters[static_cast<std::size_t>(scatter_of_result_[ii])].out;
   }
 
@@ -463,6 +518,15 @@ class StepPlanner {
     }
     for (auto& c : plan_.scans) c.result = contiguous_result(c.node);
     for (auto& c : plan_.scans) c.src = scatter_operand_slot(node(c.node).inputs[0]);
+    for (auto& c : plan_.sorts) {
+      c.result = contiguous_result(c.node);
+      c.src = scatter_operand_slot(node(c.node).inputs[0]);
+      if (g_.device.is_cuda() && c.rows() > 0 && c.gpu_row_bytes() > SortCall::kSharedBudget) {
+        c.scratch_rows = std::min<std::int64_t>(c.rows(), 512);  // the blocks stride over the rows
+        c.scratch = static_cast<int>(plan_.temps.size());
+        plan_.temps.push_back({Shape{c.scratch_rows * c.gpu_row_bytes() / 4}, DType::Int32});
+      }
+    }
     for (std::size_t k = 0; k < plan_.calls.size(); ++k) {
       LibraryCall& c = plan_.calls[k];
       c.a = operand_slot(fold_cast(operands_[k].first, c.a_from));
@@ -488,7 +552,7 @@ class StepPlanner {
 
   bool is_call_result(int i) const {
     return call_of_result_[static_cast<std::size_t>(i)] >= 0 || scatter_of_result_[static_cast<std::size_t>(i)] >= 0 ||
-           scan_of_result_[static_cast<std::size_t>(i)] >= 0;
+           scan_of_result_[static_cast<std::size_t>(i)] >= 0 || sort_of_result_[static_cast<std::size_t>(i)] >= 0;
   }
 
   // The operand a call reads for node i: on the CPU, a cast between floating dtypes of a value
@@ -606,6 +670,8 @@ class StepPlanner {
         if (plan_.scatters[c].level == s) plan_.order.push_back({Step::Scatter, static_cast<int>(c)});
       for (std::size_t c = 0; c < plan_.scans.size(); ++c)
         if (plan_.scans[c].level == s) plan_.order.push_back({Step::Scan, static_cast<int>(c)});
+      for (std::size_t c = 0; c < plan_.sorts.size(); ++c)
+        if (plan_.sorts[c].level == s) plan_.order.push_back({Step::Sort, static_cast<int>(c)});
       if (segments_by_level_[static_cast<std::size_t>(s)] >= 0)
         plan_.order.push_back({Step::Kernels, segments_by_level_[static_cast<std::size_t>(s)]});
     }
@@ -615,7 +681,7 @@ class StepPlanner {
   bool fuse_;
   std::size_t n_;
   StepPlan plan_;
-  std::vector<int> uses_, call_of_result_, scatter_of_result_, scan_of_result_, level_;
+  std::vector<int> uses_, call_of_result_, scatter_of_result_, scan_of_result_, sort_of_result_, level_;
   std::vector<char> absorbed_, zero_;
   std::vector<Slot> materialized_;
   std::vector<std::pair<int, int>> bias_source_;  ///< (call, node of its bias)
@@ -644,6 +710,14 @@ inline std::string StepPlan::str() const {
       const ScanCall& c = scans[static_cast<std::size_t>(st.index)];
       os << "call " << kinds[static_cast<int>(c.kind)] << " " << dtype_name(c.in) << c.shape.str() << " along " << c.axis
          << " (" << slot(c.src) << ") -> " << slot(c.result) << " " << dtype_name(c.out) << "\n";
+      continue;
+    }
+    if (st.kind == Step::Sort) {
+      const SortCall& c = sorts[static_cast<std::size_t>(st.index)];
+      os << "call sort " << dtype_name(c.in) << c.shape.str() << " along " << c.axis << ", first " << c.k
+         << (c.descending ? " largest" : " smallest") << " (" << slot(c.src) << ") -> " << slot(c.result) << " int64";
+      if (c.scratch >= 0) os << " + scratch " << slot(Slot{Slot::Temp, c.scratch, {}});
+      os << "\n";
       continue;
     }
     if (st.kind == Step::Scatter) {

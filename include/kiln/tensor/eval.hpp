@@ -132,7 +132,7 @@ inline void evaluate_into(const ir::NodePtr& value, const ir::NodePtr& destinati
   bool pointwise_only = std::all_of(c.graph.nodes.begin(), c.graph.nodes.end(), [](const ir::GraphNode& n) {
     return ir::op_kind(n.op) != ir::OpKind::Reduce && ir::op_kind(n.op) != ir::OpKind::IndexMap &&
            ir::op_kind(n.op) != ir::OpKind::Gather && ir::op_kind(n.op) != ir::OpKind::Scatter &&
-           ir::op_kind(n.op) != ir::OpKind::Scan &&
+           ir::op_kind(n.op) != ir::OpKind::Scan && ir::op_kind(n.op) != ir::OpKind::Sort &&
            ir::op_kind(n.op) != ir::OpKind::Contract;
   });
   for (auto& leaf : c.leaves) {
@@ -322,7 +322,7 @@ inline bool broadcasts_to(const SmallShape& from, const Shape& to) {
 template <class E>
 requires TensorLike<E> Tensor& Tensor::assign(const E& value) {
   // Typed expressions over evaluated tensors: the cached fast path (no graph building).
-  if constexpr (!std::is_same_v<E, Tensor>) {
+  if constexpr (!std::is_base_of_v<Tensor, E>) {
     if (!detail::active_trace && node_ && node_->realized() && value.out_device == device() &&
         detail::broadcasts_to(value.out_shape, shape()) && !detail::has_self_overlap(shape(), node_->buffer->strides) &&
         detail::typed_assign(value, node_))

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kiln/decomp/decompose.hpp"
@@ -14,7 +15,7 @@ namespace detail {
 
 template <class E>
 Tensor to_tensor(const E& e) {
-  if constexpr (std::is_same_v<E, Tensor>) {
+  if constexpr (std::is_base_of_v<Tensor, E>) {
     if (!e.defined()) throw Error("operation on an undefined Tensor (default-constructed)");
     return e;
   } else {
@@ -136,6 +137,72 @@ requires TensorLike<E> Tensor min(const E& x, const Axes& axes = {}, bool keepdi
   auto ax = detail::reduce_axes(axes, t, "min");
   detail::require_nonempty_reduction(t, ax, "min");
   return detail::finish_reduce(ir::reduce(ir::Op::ReduceMin, t.node(), ax), t.shape(), ax, keepdim);
+}
+
+/// Largest value over `axes` (torch.amax): the same as max over axes, under PyTorch's name.
+template <class E>
+requires TensorLike<E> Tensor amax(const E& x, const Axes& axes = {}, bool keepdim = false) {
+  return max(x, axes, keepdim);
+}
+
+/// Smallest value over `axes` (torch.amin).
+template <class E>
+requires TensorLike<E> Tensor amin(const E& x, const Axes& axes = {}, bool keepdim = false) {
+  return min(x, axes, keepdim);
+}
+
+/// The values and the int64 indices of a selection along one dim, as torch.max(x, dim) returns
+/// them: `auto [values, indices] = max(x, 1);`, `std::get<1>(max(x, 1))`,
+/// `std::tie(v, i) = min(x, 0, true)`. It is also the values Tensor itself, so `max(x, 1) + 1`
+/// and `Tensor m = max(x, 1);` keep meaning the maxima.
+struct ValuesIndices : Tensor, std::tuple<Tensor, Tensor> {
+  ValuesIndices(Tensor values, Tensor indices) : Tensor(values), std::tuple<Tensor, Tensor>(values, indices) {}
+  /// The selected values (torch's `.values`).
+  const Tensor& values() const { return std::get<0>(static_cast<const std::tuple<Tensor, Tensor>&>(*this)); }
+  /// Their positions along the dim, int64 (torch's `.indices`).
+  const Tensor& indices() const { return std::get<1>(static_cast<const std::tuple<Tensor, Tensor>&>(*this)); }
+};
+
+namespace detail {
+/// max or min along one dim with the position of the first extreme (a NaN counts as the
+/// extreme, as torch.max(x, dim)); bool inputs take their positions from an int32 copy.
+template <class E>
+ValuesIndices select_along(const E& x, std::int64_t dim, bool keepdim, bool largest) {
+  const char* op = largest ? "max" : "min";
+  Tensor t = to_tensor(x);
+  auto ax = reduce_axes(Axes{dim}, t, op);
+  require_nonempty_reduction(t, ax, op);
+  if (ax.empty())  // a 0-dim input: the value itself at position 0
+    return {t, Tensor(ir::constant_int(0, DType::Int64, t.shape(), t.device()))};
+  Tensor values = finish_reduce(ir::reduce(largest ? ir::Op::ReduceMax : ir::Op::ReduceMin, t.node(), ax), t.shape(),
+                                ax, keepdim);
+  ir::NodePtr keyed = t.dtype() == DType::Bool ? ir::cast(t.node(), DType::Int32) : t.node();
+  Tensor indices =
+      finish_reduce(ir::reduce(largest ? ir::Op::ArgMax : ir::Op::ArgMin, keyed, ax), t.shape(), ax, keepdim);
+  return {values, indices};
+}
+}  // namespace detail
+
+/// The maxima along `dim` and their int64 indices (the first maximum; a NaN counts as the
+/// maximum), as torch.max(x, dim, keepdim). Over several dims or all of them use
+/// `max(x, Axes{...})` or `amax`, which give the values alone.
+template <class E>
+requires TensorLike<E> ValuesIndices max(const E& x, std::int64_t dim, bool keepdim = false) {
+  return detail::select_along(x, dim, keepdim, true);
+}
+template <class E>
+requires TensorLike<E> ValuesIndices max(const E& x, int dim, bool keepdim = false) {
+  return detail::select_along(x, dim, keepdim, true);
+}
+
+/// The minima along `dim` and their int64 indices, as torch.min(x, dim, keepdim).
+template <class E>
+requires TensorLike<E> ValuesIndices min(const E& x, std::int64_t dim, bool keepdim = false) {
+  return detail::select_along(x, dim, keepdim, false);
+}
+template <class E>
+requires TensorLike<E> ValuesIndices min(const E& x, int dim, bool keepdim = false) {
+  return detail::select_along(x, dim, keepdim, false);
 }
 
 namespace detail {
@@ -522,3 +589,11 @@ requires TensorLike<E> Tensor cross_entropy(const E& logits, const Tensor& targe
 }
 
 }  // namespace kiln
+
+// kiln::ValuesIndices is a pair for structured bindings: `auto [values, indices] = max(x, 1);`.
+template <>
+struct std::tuple_size<kiln::ValuesIndices> : std::integral_constant<std::size_t, 2> {};
+template <std::size_t I>
+struct std::tuple_element<I, kiln::ValuesIndices> {
+  using type = kiln::Tensor;
+};

@@ -25,7 +25,7 @@ concept BinaryOperands = (TensorLike<A> && (TensorLike<B> || Scalar<B>)) || (Sca
 #define KILN_UNARY_FN(name, F) \
   template <class A>           \
   requires TensorLike<A>       \
-  auto name(const A& a) { return UnaryExpr<detail::Fn::F, std::remove_cvref_t<A>>(a.derived()); }
+  auto name(const A& a) { return UnaryExpr<detail::Fn::F, detail::expr_t<A>>(a.derived()); }
 
 /// Elementwise functions (PyTorch semantics; integer inputs of float functions give float32).
 KILN_UNARY_FN(abs, Abs)
@@ -70,16 +70,16 @@ KILN_UNARY_FN(operator~, BitNot)
 /// GELU, exact (erf) or with the tanh approximation.
 template <class A>
 requires TensorLike<A> Tensor gelu(const A& a, bool tanh_approx = false) {
-  if (tanh_approx) return UnaryExpr<detail::Fn::GeluTanh, std::remove_cvref_t<A>>(a.derived());
-  return UnaryExpr<detail::Fn::Gelu, std::remove_cvref_t<A>>(a.derived());
+  if (tanh_approx) return UnaryExpr<detail::Fn::GeluTanh, detail::expr_t<A>>(a.derived());
+  return UnaryExpr<detail::Fn::Gelu, detail::expr_t<A>>(a.derived());
 }
 
 template <class A>
 requires TensorLike<A>
-auto operator-(const A& a) { return UnaryExpr<detail::Fn::Neg, std::remove_cvref_t<A>>(a.derived()); }
+auto operator-(const A& a) { return UnaryExpr<detail::Fn::Neg, detail::expr_t<A>>(a.derived()); }
 template <class A>
 requires TensorLike<A>
-auto operator!(const A& a) { return UnaryExpr<detail::Fn::Not, std::remove_cvref_t<A>>(a.derived()); }
+auto operator!(const A& a) { return UnaryExpr<detail::Fn::Not, detail::expr_t<A>>(a.derived()); }
 
 #define KILN_BINARY_FN(name, F)                                                                          \
   template <class A, class B>                                                                            \
@@ -164,7 +164,7 @@ requires TensorLike<A> &&(TensorLike<L> || Scalar<L>)&&(TensorLike<H> || Scalar<
 template <class C, class A, class B>
 requires TensorLike<C> &&
     (TensorLike<A> || Scalar<A>)&&(TensorLike<B> || Scalar<B>)auto where(const C& cond, const A& a, const B& b) {
-  return WhereExpr<std::remove_cvref_t<C>, detail::operand_t<A>, detail::operand_t<B>>(
+  return WhereExpr<detail::expr_t<C>, detail::operand_t<A>, detail::operand_t<B>>(
       cond.derived(), detail::as_operand(a), detail::as_operand(b));
 }
 

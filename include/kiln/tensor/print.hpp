@@ -144,7 +144,7 @@ inline std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os <
 
 /// Prints an expression's value as its Tensor would print.
 template <class E>
-requires(TensorLike<E> && !std::is_same_v<std::remove_cvref_t<E>, Tensor>) std::ostream& operator<<(std::ostream& os,
+requires(TensorLike<E> && !std::is_base_of_v<Tensor, std::remove_cvref_t<E>>) std::ostream& operator<<(std::ostream& os,
                                                                                                     const E& e) {
   return os << Tensor(e).str();
 }

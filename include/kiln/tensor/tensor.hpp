@@ -67,9 +67,17 @@ struct Expr {
   }
 };
 
-/// True for Tensor and for typed expressions.
+/// True for Tensor (and types derived from it, such as ValuesIndices) and for typed expressions.
 template <class E>
-concept TensorLike = std::is_base_of_v<Expr<std::remove_cvref_t<E>>, std::remove_cvref_t<E>>;
+concept TensorLike = std::is_base_of_v<Expr<std::remove_cvref_t<E>>, std::remove_cvref_t<E>> ||
+                     std::is_base_of_v<Tensor, std::remove_cvref_t<E>>;
+
+namespace detail {
+/// The type an expression holds operand `A` as: Tensor for Tensor and the types derived from it,
+/// else the expression itself.
+template <class A>
+using expr_t = std::conditional_t<std::is_base_of_v<Tensor, std::remove_cvref_t<A>>, Tensor, std::remove_cvref_t<A>>;
+}  // namespace detail
 
 /// A C++ arithmetic value usable as a "wrapped number" operand.
 template <class T>
@@ -105,7 +113,7 @@ class Tensor : public Expr<Tensor> {
   explicit Tensor(ir::NodePtr node) : node_(detail::maybe_eval_big(std::move(node))) {}
   /// Converts a typed expression into a lazy tensor (nothing runs).
   template <class E>
-  requires(TensorLike<E> && !std::is_same_v<std::remove_cvref_t<E>, Tensor>) Tensor(const E& expr)
+  requires(TensorLike<E> && !std::is_base_of_v<Tensor, std::remove_cvref_t<E>>) Tensor(const E& expr)
       : Tensor(expr.build()) {}  // NOLINT: implicit, like `Tensor t = x + y;`
 
   /// False for a default-constructed tensor.

@@ -208,6 +208,7 @@ template <class T> static inline T __shfl_sync(unsigned, T v, int src) { return 
 static inline unsigned __match_any_sync(unsigned, unsigned v) { return ::kiln_emu::match_any(v); }
 static inline unsigned __match_any_sync(unsigned, unsigned long long v) { return ::kiln_emu::match_any(v); }
 static inline int __popc(unsigned v) { return __builtin_popcount(v); }
+static inline void __syncwarp(unsigned = 0xffffffffu) { ::kiln_emu::warp_barrier(); }
 static inline int __ffs(unsigned v) { return __builtin_ffs((int)v); }
 )EMU";
 

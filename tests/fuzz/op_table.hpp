@@ -447,6 +447,14 @@ enum class Reduce { SumProd, FloatOnly, MaxMin, Arg, LogSumExp };
 inline Operand T(int v) { return Operand{v, {}}; }
 inline Operand N(Number n) { return Operand{-1, n}; }
 
+/// The CUDA math library's documented error bounds (CUDA C++ Programming Guide, "Mathematical
+/// Functions"), in ulps, where they exceed what the host gives: the GPU's JIT is judged with them.
+inline const std::vector<std::pair<std::string, double>>& cuda_bounds() {
+  static const std::vector<std::pair<std::string, double>> b = {
+      {"exp", 2}, {"exp2", 2}, {"sin", 2}, {"cos", 2}, {"tan", 4}, {"hypot", 3}};
+  return b;
+}
+
 inline OpDesc unary_row(const char* name, DTypeSet accepts, rules::Unary rule, const char* cxx,
                         Tensor (*f)(const Tensor&), double weight = 0.35) {
   OpDesc d;
@@ -477,9 +485,7 @@ inline OpDesc unary_row(const char* name, DTypeSet accepts, rules::Unary rule, c
       {"erf", 2.0}, {"sigmoid", 2.5}, {"sin", 1.7},   {"cos", 1.9}, {"tan", 3.2},  {"gelu", 6},    {"silu", 5}};
   for (auto& [n, u] : bounds)
     if (n == name) d.ulp = u;
-  static const std::vector<std::pair<std::string, double>> cuda_bounds = {
-      {"exp", 2}, {"exp2", 2}, {"sin", 2}, {"cos", 2}, {"tan", 4}};
-  for (auto& [n, u] : cuda_bounds)
+  for (auto& [n, u] : cuda_bounds())
     if (n == name) d.cuda_ulp = u;
   if (std::string(name) == "gelu_tanh") {
     d.ulp = 6;
@@ -552,6 +558,8 @@ OpDesc binary_row(const char* name, DTypeSet accepts, rules::Binary rule, const 
     return Info{out, *shape};
   };
   d.build = [f](const Args& a) { return with_operands2(a, 0, 1, f); };
+  for (auto& [n, u] : cuda_bounds())
+    if (n == name) d.cuda_ulp = u;
   return d;
 }
 

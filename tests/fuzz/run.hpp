@@ -142,7 +142,10 @@ inline Built build_program(const Program& p, const BuildCtx& ctx, const std::vec
     Tensor t;
     // The nudged twin (BuildCtx::perturb): x times 1 + d, |d| = ulps of the compute dtype of
     // `program_dtype` (float for f16/bf16/f32).
-    auto nudge = [&](Tensor x, DType program_dtype, double ulps, std::uint64_t salt) {
+    // `may_overflow`: a device function's documented error (ulps above a half) can round a result
+    // within that many ulps of the largest finite value up to infinity (CUDA's double hypot at
+    // DBL_MAX), so there the nudge may too.
+    auto nudge = [&](Tensor x, DType program_dtype, double ulps, std::uint64_t salt, bool may_overflow = false) {
       if (!ctx.perturb || !is_floating(program_dtype) || x.dtype() != f64 || ulps <= 0) return x;
       Rng r(ctx.perturb ^ ((static_cast<std::uint64_t>(v) * 8 + salt) * 0x9e3779b97f4a7c15ull));
       double eps = program_dtype == f64 ? dtype_eps(f64) : dtype_eps(f32);
@@ -153,7 +156,7 @@ inline Built build_program(const Program& p, const BuildCtx& ctx, const std::vec
       // A finite value the factor would push past DBL_MAX stays as it is: a nudge imitates a
       // rounding, which never makes a finite operand infinite.
       Tensor y = x * from_vector<double>(f, x.shape());
-      return Tensor(where(isinf(y) && !isinf(x), x, y));
+      return may_overflow ? y : Tensor(where(isinf(y) && !isinf(x), x, y));
     };
     if (s.is_input) {
       // Inside kiln::compile the arguments stand for the inputs marked `arg`.
@@ -188,9 +191,9 @@ inline Built build_program(const Program& p, const BuildCtx& ctx, const std::vec
         t = Tensor(where(isinf(y) && !isinf(t), t, y));
       } else if (d.ulp > 0) {
         const double ulp = ctx.cuda_math ? std::max(d.ulp, d.cuda_ulp) : d.ulp;
-        t = nudge(t, s.info.dtype, s.info.dtype == f64 ? std::max(4.0, ulp) : ulp, 7);
+        t = nudge(t, s.info.dtype, s.info.dtype == f64 ? std::max(4.0, ulp) : ulp, 7, ctx.cuda_math && d.cuda_ulp > 0);
       } else if (ctx.cuda_math && d.cuda_ulp > 0) {
-        t = nudge(t, s.info.dtype, d.cuda_ulp, 7);  // exact on the host, not on the GPU (randn)
+        t = nudge(t, s.info.dtype, d.cuda_ulp, 7, true);  // exact on the host, not on the GPU (randn, hypot)
       }
       if (s.op.eval_after) t.eval();
     }

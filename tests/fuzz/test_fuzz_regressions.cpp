@@ -235,3 +235,18 @@ TEST_CASE("fuzz: seed 5 graph 1857: prod where partial products overflow and a f
   CHECK(vals(prod(arange(1, 346, 1, f64), {}, false)) == std::vector<double>{INFINITY});
   kiln::fuzz::check_against_reference(program);
 }
+
+TEST_CASE("fuzz: seed 44 graph 1700: a scatter into a constant infinity or NaN spells it as the dialect does") {
+  // The constant base was printed as hexadecimal text ("-0xinf"), which neither compiler reads.
+  Tensor v3 = index_add(full({2}, -std::numeric_limits<double>::infinity(), f64), 0,
+                        from_vector<std::int64_t>({1}, {1}), from_vector<double>({1.0}, {1}));
+  std::vector<double> a = vals(v3);
+  REQUIRE(a.size() == 2);
+  CHECK(a[0] == -std::numeric_limits<double>::infinity());
+  CHECK(a[1] == -std::numeric_limits<double>::infinity());
+  Tensor h = scatter_add(full({3}, std::nan(""), f16), 0, from_vector<std::int64_t>({0, 2}, {2}),
+                         from_vector<float>({1.0f, 2.0f}, {2}).to(f16));
+  for (double x : vals(h)) CHECK(std::isnan(x));
+  check_f32(index_add(full({2}, kInf, f32), 0, from_vector<std::int64_t>({0}, {1}), from_vector<float>({-1.0f}, {1})),
+            {kInf, kInf});
+}

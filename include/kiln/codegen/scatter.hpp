@@ -134,11 +134,13 @@ inline long long site_of(const sched::ScatterCall& c) {
                                                      ", index int64" + c.index_shape.str());
 }
 
-inline std::string constant_text(const sched::ScatterCall& c, c_family::PreludeNeeds& needs) {
+/// The constant base as stored, spelled in dialect `d` (infinities and NaN by its names).
+inline std::string constant_text(const sched::ScatterCall& c, const c_family::Dialect& d,
+                                 c_family::PreludeNeeds& needs) {
   if (is_floating(c.dtype)) {
-    const std::string f = c_family::hex_double(c.base_scalar);
-    if (c.dtype == DType::Float64) return f;
-    return c_family::to_storage("(float)" + f, c.dtype, needs);
+    const std::string f = c_family::float_literal(c.base_scalar, c.dtype == DType::Float64, d);
+    if (c.dtype == DType::Float64 || c.dtype == DType::Float32) return f;
+    return c_family::to_storage(f, c.dtype, needs);
   }
   if (c.dtype == DType::Bool) return c.base_iscalar != 0 ? "(unsigned char)1" : "(unsigned char)0";
   return "(" + std::string(c_family::stype(c.dtype)) + ")" + std::to_string(c.base_iscalar) + "LL";
@@ -179,7 +181,7 @@ inline ScatterSource generate_cpu_scatter(const sched::ScatterCall& c, const std
   body += "  #pragma omp parallel for" + team + "\n";
   body += "  for (long long q = 0; q < " + std::to_string(no) + "LL; ++q) {\n" + coords("q", c.shape, "    ");
   body += "    out[" + offset(c.out.strides, c.shape) + "] = " +
-          (c.base_constant ? constant_text(c, needs) : "base[" + offset(c.base.strides, c.shape) + "]") + ";\n  }\n";
+          (c.base_constant ? constant_text(c, c_family::kCppDialect, needs) : "base[" + offset(c.base.strides, c.shape) + "]") + ";\n  }\n";
   // 3. The scatter: chunks of the positions off the axis, each walking the axis in order.
   const std::string ooff = offset(c.out.strides, c.shape, axis, "t");
   const std::string ioff = offset(c.index.strides, is, axis, "i"), soff = offset(c.src.strides, is, axis, "i");
@@ -266,7 +268,7 @@ inline ScatterSource generate_cuda_scatter(const sched::ScatterCall& c, const st
   body += "extern \"C\" __global__ void " + out.init + args + " {\n" + ptrs + "  if (*flag) return;\n" +
           thread("q", no / init_lanes.count) + coords(init_lanes.first("q"), c.shape, "  ");
   {
-    const std::string value = c.base_constant ? constant_text(c, needs) : "";
+    const std::string value = c.base_constant ? constant_text(c, c_family::kCudaDialect, needs) : "";
     for (i64 j = 0; j < init_lanes.count; ++j) {
       const std::string step = j == 0 ? "" : " + " + std::to_string(j * init_lanes.stride) + "LL * ";
       body += "  out[" + offset(c.out.strides, c.shape) + (j ? step + std::to_string(c.out.strides.back()) + "LL" : "") +

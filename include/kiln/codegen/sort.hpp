@@ -151,7 +151,10 @@ inline SortSource generate_cuda_sort(const sched::SortCall& c, const std::string
   const i64 ks = c.wide_key() ? 8 : 4;
   const i64 row_bytes = c.gpu_row_bytes();
   const bool in_shared = c.scratch < 0;
-  const i64 threads = len >= 8192 || p >= 8192 ? 1024 : len >= 2048 ? 512 : 256;
+  // A row's keys stay in shared memory through the select's passes, so rows in flight per
+  // multiprocessor are what hides each pass's latency: 256 threads a block (eight blocks of a
+  // 4096-long row fit an SM; 512 measured 0.38 ms for K1 against 0.25 wanted, four blocks).
+  const i64 threads = len > 8192 || p > 8192 ? 1024 : 256;
   out.block = threads;
   out.grid = in_shared ? rows : std::min<i64>(rows, c.scratch_rows);
   out.shared_bytes = in_shared ? row_bytes : 0;
@@ -196,17 +199,12 @@ inline SortSource generate_cuda_sort(const sched::SortCall& c, const std::string
     b += "      const int shift = on_key ? " + std::to_string(key_bits - 8) + " - 8 * pass : " +
          std::to_string(pos_passes * 8 - 8) + " - 8 * (pass - " + std::to_string(key_passes) + ");\n";
     b += "      for (unsigned d = tid; d < 256u; d += " + T + "u) hist[d] = 0u;\n      __syncthreads();\n";
-    // Lanes of a warp with the same digit add once, by their leader: the first digits of
-    // typical data fall in a few bins, where one atomic per lane would serialise.
-    b += "      for (unsigned base = 0; base < " + N + "u; base += " + T + "u) {\n";
-    b += "        const unsigned i = base + tid;\n";
-    b += "        const kiln_key kk = i < " + N + "u ? keys[i] : (kiln_key)0;\n        const unsigned pos = " + N +
-         "u - 1u - i;\n";
-    b += "        const bool counted = i < " + N + "u && (kk & mask) == prefix && (pos & pmask) == pprefix;\n";
+    // (Aggregating a warp's equal digits with __match_any_sync measured slower on an H200.)
+    b += "      for (unsigned i = tid; i < " + N + "u; i += " + T + "u) {\n";
+    b += "        const kiln_key kk = keys[i];\n        const unsigned pos = " + N + "u - 1u - i;\n";
+    b += "        if ((kk & mask) != prefix || (pos & pmask) != pprefix) continue;\n";
     b += "        const unsigned d = on_key ? (unsigned)(kk >> shift) & 255u : (pos >> shift) & 255u;\n";
-    b += "        const unsigned peers = __match_any_sync(0xffffffffu, counted ? d : 256u);\n";
-    b += "        if (counted && (tid & 31u) == (unsigned)(__ffs(peers) - 1)) atomicAdd(&hist[d], (unsigned)__popc(peers));\n";
-    b += "      }\n      __syncthreads();\n";
+    b += "        atomicAdd(&hist[d], 1u);\n      }\n      __syncthreads();\n";
     // One warp finds the bin holding the need-th largest: lane l sums bins 255-8l down to 248-8l.
     b += "      if (tid < 32u) {\n";
     b += "        unsigned cnt[8], sum = 0;\n";
@@ -242,15 +240,21 @@ inline SortSource generate_cuda_sort(const sched::SortCall& c, const std::string
   }
   b += "    __syncthreads();\n";
   // Bitonic network: every pair (i, i + stride) put in order, the direction alternating in
-  // blocks of `size` so that the last merge orders the whole array first-to-last.
+  // blocks of `size` so that the last merge orders the whole array first-to-last. A network of
+  // up to 1024 (a top-k's candidates) is run by the first warp alone, with warp barriers between
+  // its stages instead of the block's.
+  const bool one_warp = p <= 1024;
+  const std::string workers = one_warp ? "32u" : T, barrier = one_warp ? "__syncwarp();" : "__syncthreads();";
+  if (one_warp) b += "    if (tid < 32u) {\n";
   b += "    for (unsigned size = 2u; size <= " + P + "u; size <<= 1) {\n";
   b += "      for (unsigned stride = size >> 1; stride > 0u; stride >>= 1) {\n";
-  b += "        for (unsigned t = tid; t < " + P + "u / 2u; t += " + T + "u) {\n";
+  b += "        for (unsigned t = tid; t < " + P + "u / 2u; t += " + workers + ") {\n";
   b += "          const unsigned i = 2u * t - (t & (stride - 1u)), j = i + stride;\n";
   b += "          const kiln_key ki = ck[i], kj = ck[j];\n          const unsigned pi = ci[i], pj = ci[j];\n";
   b += "          const bool j_first = kj > ki || (kj == ki && pj < pi);\n";
   b += "          if (j_first == ((i & size) == 0u)) { ck[i] = kj; ck[j] = ki; ci[i] = pj; ci[j] = pi; }\n";
-  b += "        }\n        __syncthreads();\n      }\n    }\n";
+  b += "        }\n        " + barrier + "\n      }\n    }\n";
+  if (one_warp) b += "    }\n    __syncthreads();\n";
   b += "    for (unsigned j = tid; j < " + K + "u; j += " + T + "u) out[oo + (long long)j * " + os + "] = (long long)ci[j];\n";
   b += "    __syncthreads();  // the row's memory is reused by the next row\n";
   b += "  }\n}\n";

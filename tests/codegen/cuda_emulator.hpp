@@ -210,6 +210,7 @@ static inline unsigned __match_any_sync(unsigned, unsigned long long v) { return
 static inline int __popc(unsigned v) { return __builtin_popcount(v); }
 static inline void __syncwarp(unsigned = 0xffffffffu) { ::kiln_emu::warp_barrier(); }
 static inline int __ffs(unsigned v) { return __builtin_ffs((int)v); }
+static inline int __clz(unsigned v) { return v ? __builtin_clz(v) : 32; }
 )EMU";
 
 /// A generated unit built for the emulator.

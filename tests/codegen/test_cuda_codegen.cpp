@@ -744,14 +744,22 @@ TEST_CASE("cuda codegen: scatter steps (deterministic and atomic, every dtype) c
       CHECK(s.atomic == (atomic && (dt == f32 || dt == f64 || dt == i32 || dt == i64)));
       CHECK(s.scatter_threads == (s.atomic ? 37 * 8 / 4 : 8));  // atomics: four columns a thread
       CHECK(s.index_elements == 37);                             // the 1-d index, checked once per row
-      for (auto target : {codegen::CudaTarget::sm90(), codegen::CudaTarget::sm80()}) {
-        try {
-          std::string cubin = runtime::compile_cuda_to_cubin(s.source, "scatter.cu", target.arch());
-          CHECK(cubin.compare(0, 4, "\x7f" "ELF") == 0);
-        } catch (const CompileError& e) {
-          FAIL_CHECK(target.arch() << ": " << e.what());
-        }
+      std::vector<codegen::ScatterSource> units{s};
+      if (!plan.scatters[0].atomic_adds()) {  // a GPU's plan sorts the runs of this index
+        sched::ScatterCall sorted = plan.scatters[0];
+        sorted.sorted_runs = true;
+        units.push_back(codegen::generate_cuda_scatter(sorted, "kiln_test"));
+        CHECK(units.back().sorted_runs);
       }
+      for (const auto& u : units)
+        for (auto target : {codegen::CudaTarget::sm90(), codegen::CudaTarget::sm80()}) {
+          try {
+            std::string cubin = runtime::compile_cuda_to_cubin(u.source, "scatter.cu", target.arch());
+            CHECK(cubin.compare(0, 4, "\x7f" "ELF") == 0);
+          } catch (const CompileError& e) {
+            FAIL_CHECK(target.arch() << ": " << e.what());
+          }
+        }
     }
   }
 }
@@ -897,5 +905,95 @@ TEST_CASE("cuda emulator: sort kernels (radix select, bitonic network, global sc
     launch(static_cast<unsigned>(src.grid), static_cast<unsigned>(src.block), static_cast<unsigned>(src.shared_bytes), argv);
     std::string m = compare(c.graph, got.pointers, want.pointers, 1.0);
     CHECK_MESSAGE(m.empty(), m);
+  }
+}
+
+TEST_CASE("cuda emulator: deterministic scatters of a row index sort the positions by target and apply each run in order") {
+  if (!have_host_compiler()) return;
+  auto row_index = [](const std::vector<std::int64_t>& ids, const Shape& shape, std::int64_t axis) {
+    Shape one(shape.size(), 1);
+    one[static_cast<std::size_t>(axis)] = static_cast<std::int64_t>(ids.size());
+    return ir::broadcast(ir::reshape(input_values<std::int64_t>({static_cast<std::int64_t>(ids.size())}, ids), one), shape);
+  };
+  std::vector<std::int64_t> small(37), wide(3000), same(500, 7), cols(70), ten(10), part(25);
+  for (std::size_t i = 0; i < small.size(); ++i) small[i] = static_cast<std::int64_t>((i * 17) % 50);
+  for (std::size_t i = 0; i < small.size(); i += 5) small[i] = 3;  // repeats
+  for (std::size_t i = 0; i < wide.size(); ++i) wide[i] = static_cast<std::int64_t>((i * 7919) % 300);
+  for (std::size_t i = 0; i < cols.size(); ++i) cols[i] = static_cast<std::int64_t>((i * 13) % 40);
+  for (std::size_t i = 0; i < ten.size(); ++i) ten[i] = static_cast<std::int64_t>((i * 3) % 4);
+  for (std::size_t i = 0; i < part.size(); ++i) part[i] = static_cast<std::int64_t>((i * 11) % 30);
+  struct Case {
+    NodePtr root;
+    int passes;
+  };
+  const std::vector<Case> cases = {
+      // index_add of 37 rows into a zero [50, 8] (E2's form), repeats among them
+      {ir::scatter(ir::constant(0.0, f32, {50, 8}, Device::cpu()), row_index(small, {37, 8}, 0), input({37, 8}, f32, 241), 0,
+                   true, false, ir::GatherSite::IndexAdd), 1},
+      // 3000 rows into 300 (two radix passes, two tiles), into a base that is read
+      {ir::scatter(input({300, 5}, f64, 242), row_index(wide, {3000, 5}, 0), input({3000, 5}, f64, 243), 0, true, false,
+                   ir::GatherSite::IndexAdd), 2},
+      // index_copy: the last position of each run wins
+      {ir::scatter(input({20, 6}, i64, 244), row_index(ten, {10, 6}, 0), input({10, 6}, i64, 245), 0, false, false,
+                   ir::GatherSite::IndexCopy), 1},
+      // along the last dim, half floats
+      {ir::scatter(input({4, 40}, f16, 246), row_index(cols, {4, 70}, 1), input({4, 70}, f16, 247), 1, true, false,
+                   ir::GatherSite::IndexAdd), 1},
+      // an index smaller than the base off the axis: the rest is the base's
+      {ir::scatter(input({30, 8}, f32, 248), row_index(part, {25, 5}, 0), input({25, 5}, f32, 249), 0, true, false,
+                   ir::GatherSite::ScatterAdd), 1},
+      // one run of 500 (every position the same target), bf16 sums in order
+      {ir::scatter(input({10, 4}, bf16, 250), row_index(same, {500, 4}, 0), input({500, 4}, bf16, 251), 0, true, false,
+                   ir::GatherSite::IndexAdd), 1},
+  };
+  for (std::size_t k = 0; k < cases.size(); ++k) {
+    CAPTURE(k);
+    ir::Captured c = capture({cases[k].root});
+    sched::StepPlan plan = sched::plan_steps(c.graph, true);
+    REQUIRE(plan.scatters.size() == 1);
+    sched::ScatterCall sc = plan.scatters[0];
+    REQUIRE(sc.index.kind == sched::Slot::Leaf);
+    sc.sorted_runs = true;  // as the planner does for a GPU graph
+    codegen::ScatterSource src = codegen::generate_cuda_scatter(sc, "kiln_scatter");
+    REQUIRE(src.sorted_runs);
+    CHECK(src.passes == cases[k].passes);
+    std::string unit = kiln_cuda_emu::kPrelude;
+    unit += src.source;
+    unit += "\nstruct kiln_emu_scatter_call { void (*fn)(kiln_scatter_args); kiln_scatter_args a; };\n"
+            "static void kiln_emu_scatter_body(void* p) { auto* c = (kiln_emu_scatter_call*)p; c->fn(c->a); }\n"
+            "extern \"C\" void kiln_emu_scatter_launch(const char* name, unsigned grid, unsigned block, void** args, int pass) {\n"
+            "  kiln_emu_scatter_call c; c.fn = nullptr; memcpy(c.a.p, args, sizeof c.a.p); c.a.pass = pass;\n";
+    for (const std::string& kname : {src.check, src.hist, src.scan, src.place, src.init, src.scatter})
+      unit += "  if (!strcmp(name, \"" + kname + "\")) c.fn = " + kname + ";\n";
+    unit += "  ::kiln_emu::run_grid(grid, block, 0, kiln_emu_scatter_body, &c);\n}\n";
+    auto lib = runtime::CpuModuleCache::instance().get(unit);
+    auto launch =
+        reinterpret_cast<void (*)(const char*, unsigned, unsigned, void**, int)>(lib->symbol("kiln_emu_scatter_launch"));
+    Outputs got = make_outputs(c.graph, 0xAB), want = make_outputs(c.graph, 0xAB);
+    backend::RunArgs args = args_for(c, got);
+    backend::run_reference(c.graph, args_for(c, want));
+    StoragePtr scratch = runtime::allocate_host(static_cast<std::size_t>(sc.flag_ints()) * 4);
+    std::memset(scratch->data, 0xCD, scratch->bytes);
+    std::memset(scratch->data, 0, static_cast<std::size_t>(src.zero_bytes));
+    auto leaf = [&](const sched::Slot& s) { return const_cast<void*>(args.inputs[static_cast<std::size_t>(s.index)]); };
+    void* argv[5] = {sc.base_constant ? nullptr : leaf(sc.base), leaf(sc.index), leaf(sc.src), got.pointers[0], scratch->data};
+    auto blocks = [](std::int64_t threads) { return static_cast<unsigned>((threads + 255) / 256); };
+    launch(src.check.c_str(), blocks(src.index_elements), 256, argv, 0);
+    for (int pass = 0; pass < src.passes; ++pass) {
+      launch(src.hist.c_str(), static_cast<unsigned>(src.tiles), 256, argv, pass);
+      launch(src.scan.c_str(), 1, 1024, argv, pass);
+      launch(src.place.c_str(), static_cast<unsigned>(src.tiles), 32, argv, pass);
+    }
+    launch(src.init.c_str(), blocks(src.out_elements), 256, argv, 0);
+    launch(src.scatter.c_str(), blocks(src.scatter_threads), 256, argv, 0);
+    std::string m = compare(c.graph, got.pointers, want.pointers, 0.0);
+    CHECK_MESSAGE(m.empty(), m);
+    if (runtime::nvrtc_available()) {
+      try {
+        CHECK(runtime::compile_cuda_to_cubin(src.source, "scatter.cu", "sm_90").compare(0, 4, "\x7f" "ELF") == 0);
+      } catch (const CompileError& e) {
+        FAIL_CHECK(e.what());
+      }
+    }
   }
 }

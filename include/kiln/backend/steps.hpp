@@ -132,6 +132,7 @@ struct ScatterKernels {
   std::shared_ptr<runtime::SharedLibrary> library;
   int (*cpu)(void* const*, int) = nullptr;
   runtime::cu::CUfunction check = nullptr, init = nullptr, scatter = nullptr;
+  runtime::cu::CUfunction hist = nullptr, scan = nullptr, place = nullptr;  ///< sorted runs' radix passes
 };
 
 inline ScatterKernels build_scatter(const sched::ScatterCall& c, Device device) {
@@ -147,6 +148,11 @@ inline ScatterKernels build_scatter(const sched::ScatterCall& c, Device device) 
   k.check = cache.get_function(k.source.source, k.source.check, device.index);
   k.init = cache.get_function(k.source.source, k.source.init, device.index);
   k.scatter = cache.get_function(k.source.source, k.source.scatter, device.index);
+  if (k.source.sorted_runs) {
+    k.hist = cache.get_function(k.source.source, k.source.hist, device.index);
+    k.scan = cache.get_function(k.source.source, k.source.scan, device.index);
+    k.place = cache.get_function(k.source.source, k.source.place, device.index);
+  }
   return k;
 }
 
@@ -163,13 +169,22 @@ inline void run_scatter(const ScatterKernels& k, void* const (&operands)[4], voi
   const auto& api = runtime::detail::cuda_driver_state().api;
   ctx.make_current();
   runtime::cu::CUstream on = stream ? stream : ctx.stream;
-  runtime::detail::cuda_check(api.memset_d8_async(runtime::detail::device_address(flag), 0, sizeof(int), on),
+  runtime::detail::cuda_check(api.memset_d8_async(runtime::detail::device_address(flag), 0,
+                                                  static_cast<std::size_t>(k.source.zero_bytes), on),
                               "cuMemsetD8Async", "clearing a scatter's range flag");
   struct {
     void* p[5];
-  } a{{operands[0], operands[1], operands[2], operands[3], flag}};
+    int pass;
+  } a{{operands[0], operands[1], operands[2], operands[3], flag}, 0};
   void* params[] = {&a};
   launch_step_kernel(k.check, k.source.index_elements, params, device, stream, "a scatter's check");
+  // Sorted runs: the radix passes, each reading the pass number from its argument (copied at launch).
+  for (int pass = 0; k.source.sorted_runs && pass < k.source.passes; ++pass) {
+    a.pass = pass;
+    launch_step_blocks(k.hist, k.source.tiles, 256, 0, params, device, stream, "a scatter's sort histogram");
+    launch_step_blocks(k.scan, 1, 1024, 0, params, device, stream, "a scatter's sort scan");
+    launch_step_blocks(k.place, k.source.tiles, 32, 0, params, device, stream, "a scatter's sort placement");
+  }
   launch_step_kernel(k.init, k.source.out_elements, params, device, stream, "a scatter's init");
   launch_step_kernel(k.scatter, k.source.scatter_threads, params, device, stream, "a scatter's");
 }
@@ -499,7 +514,8 @@ class StepCaptureWork final : public CudaCaptureWork {
     b->call_count = b->variant->plan.calls.size();
     ctx.synchronize_discarding_faults();
     for (const auto& k : b->variant->scatters)
-      b->kernel_count += (k.source.index_elements > 0) + (k.source.out_elements > 0) + (k.source.scatter_threads > 0);
+      b->kernel_count += (k.source.index_elements > 0) + (k.source.out_elements > 0) + (k.source.scatter_threads > 0) +
+                         (k.source.sorted_runs ? 3 * k.source.passes : 0);
     for (const auto& k : b->variant->scans) b->kernel_count += k.source.threads > 0;
     for (const auto& k : b->variant->sorts) b->kernel_count += k.source.rows > 0;
     return b;

@@ -29,6 +29,15 @@ struct ScatterSource {
   std::int64_t out_elements = 0;     ///< the init's threads
   std::int64_t scatter_threads = 0;  ///< the scatter's threads: positions off the axis, or every element (atomic)
   bool atomic = false;               ///< the scatter kernel accumulates with atomics
+  /// GPU, sched::ScatterCall::sorted_runs: between the check and the init, `passes` radix passes
+  /// of three kernels each (`hist` over `tiles` blocks of 256 threads, `scan` one block of 1024,
+  /// `place` over `tiles` blocks of 32), the pass number in the argument; `scatter` then applies
+  /// each target's run, over scatter_threads threads.
+  bool sorted_runs = false;
+  std::string hist, scan, place;
+  std::int64_t tiles = 0;
+  int passes = 0;
+  std::int64_t zero_bytes = 4;  ///< bytes of the flag's temporary cleared before the check
 };
 
 namespace scatter_detail {
@@ -92,11 +101,6 @@ struct Lanes {
 inline Lanes lanes_along_last(const Shape& shape, bool same_index) {
   if (shape.empty() || !same_index || shape.back() % 4 != 0) return {};
   return {4, shape.back() % 128 == 0 ? 32 : 1};
-}
-
-/// Whether atomic accumulation is available for `dt` (else the deterministic kernel runs).
-inline bool atomic_dtype(DType dt) {
-  return dt == DType::Float32 || dt == DType::Float64 || dt == DType::Int32 || dt == DType::Int64;
 }
 
 /// The statement storing the scatter of src at `soff` into out at `ooff`.
@@ -217,11 +221,165 @@ inline ScatterSource generate_cpu_scatter(const sched::ScatterCall& c, const std
   return out;
 }
 
+namespace scatter_detail {
+
+/// The CUDA unit of a sorted-runs scatter (sched::ScatterCall::sorted_runs; see ScatterSource):
+/// the check also writes each position's target as a key and counts the targets; a stable LSD
+/// radix sort orders the positions by target, eight bits a pass (each tile's digit histogram, one
+/// scan of them all in digit-major order, then each tile's warp placing its elements in position
+/// order: equal digits ranked by __match_any_sync, so every pass is stable); the init writes the
+/// elements no run touches; the apply kernel gives each run's first position and four columns
+/// one thread, which writes the base value and then applies the run's sources in position order.
+inline ScatterSource generate_cuda_sorted_runs(const sched::ScatterCall& c, const std::string& name) {
+  c_family::PreludeNeeds needs;
+  ScatterSource out;
+  out.sorted_runs = true;
+  out.check = name + "_check";
+  out.hist = name + "_hist";
+  out.scan = name + "_scan";
+  out.place = name + "_place";
+  out.init = name + "_init";
+  out.scatter = name + "_apply";
+  const Shape& is = c.index_shape;
+  const int axis = static_cast<int>(c.axis);
+  const std::size_t last = is.size() - 1;
+  const i64 n = c.length(), bound = c.bound(), tiles = c.sort_tiles(), tile = sched::ScatterCall::kSortTile;
+  out.tiles = tiles;
+  out.passes = c.sort_passes();
+  out.zero_bytes = (1 + bound) * 4;
+  const Shape oth = others(c), cs = check_shape(c);
+  const std::string N = std::to_string(n) + "LL", B = std::to_string(bound), TL = std::to_string(tiles);
+  // Init lanes: four elements along the last dim when they share the target and the index's extent.
+  const Lanes init_lanes = static_cast<int>(last) != axis && is[last] == c.shape[last] ? lanes_along_last(c.shape, true) : Lanes{};
+  // Apply lanes: four columns of a run's rows.
+  const Lanes run_lanes = static_cast<int>(last) != axis ? lanes_along_last(is, true) : Lanes{};
+  const i64 per_run = oth.numel() / run_lanes.count;
+  out.index_elements = cs.numel();
+  out.out_elements = c.shape.numel() / init_lanes.count;
+  out.scatter_threads = n * per_run;
+  const std::string st = c_family::stype(c.dtype);
+  const std::string args = "(kiln_scatter_args a)";
+  const std::string ptrs = "  const " + st + "* __restrict__ base = (const " + st + "*)a.p[0]; (void)base;\n" +
+                           "  const long long* __restrict__ index = (const long long*)a.p[1]; (void)index;\n" +
+                           "  const " + st + "* __restrict__ src = (const " + st + "*)a.p[2]; (void)src;\n" + "  " + st +
+                           "* __restrict__ out = (" + st + "*)a.p[3]; (void)out;\n" +
+                           "  volatile int* flag = (volatile int*)a.p[4];\n" +
+                           "  unsigned* const count = (unsigned*)a.p[4] + 1;\n" +
+                           "  unsigned* const keys0 = count + " + B + ";\n" +
+                           "  unsigned* const vals0 = keys0 + " + N + ";\n" +
+                           "  unsigned* const keys1 = vals0 + " + N + ";\n" +
+                           "  unsigned* const vals1 = keys1 + " + N + ";\n" +
+                           "  unsigned* const hist = vals1 + " + N + ";\n" +
+                           "  (void)count; (void)keys0; (void)vals0; (void)keys1; (void)vals1; (void)hist;\n";
+  auto thread = [](const std::string& var, i64 count) {
+    return "  const long long " + var + " = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n  if (" + var +
+           " >= " + std::to_string(count) + "LL) return;\n";
+  };
+  std::string body;
+  // Check: every index in range (else the flag, and nothing is written); keys and counts.
+  body += "extern \"C\" __global__ void " + out.check + args + " {\n" + ptrs + thread("p", cs.numel()) +
+          coords("p", cs, "  ");
+  body += "  const long long v = index[" + offset(c.index.strides, cs) + "];\n";
+  body += "  if ((unsigned long long)v >= " + B + "ULL) { *flag = 1; kiln_index_out_of_range(" +
+          std::to_string(site_of(c)) + "LL, v, " + B + "LL); return; }\n";
+  body += "  keys0[c" + std::to_string(axis) + "] = (unsigned)v;\n  vals0[c" + std::to_string(axis) +
+          "] = (unsigned)c" + std::to_string(axis) + ";\n  atomicAdd(&count[v], 1u);\n}\n";
+  const std::string pass_io = "  const int shift = 8 * a.pass;\n"
+                              "  const unsigned* keys_in = (a.pass & 1) ? keys1 : keys0;\n"
+                              "  const unsigned* vals_in = (a.pass & 1) ? vals1 : vals0; (void)vals_in;\n"
+                              "  unsigned* keys_out = (a.pass & 1) ? keys0 : keys1; (void)keys_out;\n"
+                              "  unsigned* vals_out = (a.pass & 1) ? vals0 : vals1; (void)vals_out;\n";
+  const std::string tile_range = "  const long long begin = (long long)blockIdx.x * " + std::to_string(tile) +
+                                 "LL, end = begin + " + std::to_string(tile) + "LL < " + N + " ? begin + " +
+                                 std::to_string(tile) + "LL : " + N + ";\n";
+  // Hist: each tile's digit counts, stored digit-major (hist[d * tiles + tile]).
+  body += "extern \"C\" __global__ void " + out.hist + args + " {\n" + ptrs + "  if (*flag) return;\n" + pass_io +
+          tile_range;
+  body += "  __shared__ unsigned h[256];\n  h[threadIdx.x] = 0u;\n  __syncthreads();\n";
+  body += "  for (long long i = begin + threadIdx.x; i < end; i += 256) atomicAdd(&h[(keys_in[i] >> shift) & 255u], 1u);\n";
+  body += "  __syncthreads();\n  hist[(long long)threadIdx.x * " + TL + " + blockIdx.x] = h[threadIdx.x];\n}\n";
+  // Scan: exclusive prefix sums of the histograms, in place (one block of 1024 threads).
+  const std::string M = std::to_string(256 * tiles);
+  body += "extern \"C\" __global__ void " + out.scan + args + " {\n" + ptrs + "  if (*flag) return;\n";
+  body += "  __shared__ unsigned part[1024];\n  const unsigned t = threadIdx.x;\n";
+  body += "  const long long per = (" + M + "LL + 1023) / 1024, lo = t * per, hi = lo + per < " + M + "LL ? lo + per : " +
+          M + "LL;\n";
+  body += "  unsigned s = 0;\n  for (long long i = lo; i < hi; ++i) s += hist[i];\n  part[t] = s;\n  __syncthreads();\n";
+  body += "  for (unsigned o = 1; o < 1024u; o <<= 1) {\n    const unsigned y = t >= o ? part[t - o] : 0u;\n"
+          "    __syncthreads();\n    part[t] += y;\n    __syncthreads();\n  }\n";
+  body += "  unsigned run = part[t] - s;\n  for (long long i = lo; i < hi; ++i) { const unsigned h = hist[i]; hist[i] = run; run += h; }\n}\n";
+  // Place: one warp per tile puts its elements, in position order, after the earlier tiles'.
+  body += "extern \"C\" __global__ void " + out.place + args + " {\n" + ptrs + "  if (*flag) return;\n" + pass_io +
+          tile_range;
+  body += "  __shared__ unsigned at[256];\n  const unsigned lane = threadIdx.x;\n";
+  body += "  for (unsigned d = lane; d < 256u; d += 32u) at[d] = hist[(long long)d * " + TL + " + blockIdx.x];\n";
+  body += "  __syncwarp();\n";
+  body += "  for (long long s = begin; s < end; s += 32) {\n";
+  body += "    const long long i = s + lane;\n    const bool valid = i < end;\n";
+  body += "    const unsigned key = valid ? keys_in[i] : 0u, d = valid ? (key >> shift) & 255u : 256u;\n";
+  body += "    const unsigned peers = __match_any_sync(0xffffffffu, d);\n";
+  body += "    if (valid) {\n      const unsigned dst = at[d] + (unsigned)__popc(peers & ((1u << lane) - 1u));\n";
+  body += "      keys_out[dst] = key;\n      vals_out[dst] = vals_in[i];\n    }\n    __syncwarp();\n";
+  body += "    if (valid && lane == 31u - (unsigned)__clz(peers)) at[d] += (unsigned)__popc(peers);\n    __syncwarp();\n  }\n}\n";
+  // Init: the elements no run writes (an untouched target, or outside the index's extent).
+  std::string inside = "count[c" + std::to_string(axis) + "] > 0u";
+  for (std::size_t d = 0; d < is.size(); ++d)
+    if (static_cast<int>(d) != axis && is[d] < c.shape[d]) inside += " && c" + std::to_string(d) + " < " + std::to_string(is[d]) + "LL";
+  const std::string constant = c.base_constant ? constant_text(c, c_family::kCudaDialect, needs) : "";
+  body += "extern \"C\" __global__ void " + out.init + args + " {\n" + ptrs + "  if (*flag) return;\n" +
+          thread("q", c.shape.numel() / init_lanes.count) + coords(init_lanes.first("q"), c.shape, "  ");
+  body += "  if (" + inside + ") return;  // the run's thread writes it\n";
+  for (i64 j = 0; j < init_lanes.count; ++j) {
+    const std::string step = j == 0 ? "" : " + " + std::to_string(j * init_lanes.stride) + "LL * ";
+    body += "  out[" + offset(c.out.strides, c.shape) + (j ? step + std::to_string(c.out.strides.back()) + "LL" : "") +
+            "] = " +
+            (c.base_constant ? constant
+                             : "base[" + offset(c.base.strides, c.shape) +
+                                   (j ? step + std::to_string(c.base.strides.back()) + "LL" : "") + "]") +
+            ";\n";
+  }
+  body += "}\n";
+  // Apply: the first position of each run, four columns a thread.
+  const bool odd = out.passes % 2 == 1;
+  body += "extern \"C\" __global__ void " + out.scatter + args + " {\n" + ptrs + "  if (*flag) return;\n" +
+          thread("id", n * per_run);
+  body += "  const unsigned* keys = " + std::string(odd ? "keys1" : "keys0") + ";\n  const unsigned* vals = " +
+          (odd ? "vals1" : "vals0") + ";\n";
+  body += "  const long long i = id / " + std::to_string(per_run) + "LL, qq = id % " + std::to_string(per_run) + "LL;\n";
+  body += "  const long long t = keys[i];\n  if (i > 0 && (long long)keys[i - 1] == t) return;\n";
+  body += coords(run_lanes.first("qq"), oth, "  ");
+  const std::string ooff = offset(c.out.strides, c.shape, axis, "t"), boff = c.base_constant ? "" : offset(c.base.strides, c.shape, axis, "t");
+  auto lane_off = [&](const std::string& off, const Strides& strides, i64 j) {
+    return j == 0 ? off : off + " + " + std::to_string(j * run_lanes.stride * strides[last]) + "LL";
+  };
+  for (i64 j = 0; j < run_lanes.count; ++j)
+    body += "  out[" + lane_off(ooff, c.out.strides, j) + "] = " +
+            (c.base_constant ? constant : "base[" + lane_off(boff, c.base.strides, j) + "]") + ";\n";
+  body += "  for (long long r = i; r < " + N + " && (long long)keys[r] == t; ++r) {\n";
+  body += "    const long long pp = vals[r];\n";
+  const std::string soff = offset(c.src.strides, is, axis, "pp");
+  for (i64 j = 0; j < run_lanes.count; ++j)
+    body += "    " + element(c, lane_off(ooff, c.out.strides, j), lane_off(soff, c.src.strides, j), needs) + "\n";
+  body += "  }\n}\n";
+  std::string& src = out.source;
+  src = "// kiln generated scatter (sorted runs)\nstruct kiln_scatter_args { void* p[5]; int pass; };\n";
+  src += cuda_detail::kCudaBase;
+  if (needs.half) src += cuda_detail::kCudaHalf;
+  if (needs.bf16) src += cuda_detail::kCudaBf16;
+  src += c_family::gather_prelude("__device__", "__noinline__",
+                                  "(long long)atomicCAS((unsigned long long*)r, 0ull, 1ull)");
+  src += body;
+  return out;
+}
+
+}  // namespace scatter_detail
+
 /// The CUDA unit of scatter `c`, kernels named `name`_check, _init and _scatter. Their one
 /// argument is {base, index, src, out, flag} by value; flag (an int, zeroed before the check)
 /// is set by the check when an index is out of range, and the other two then write nothing.
 inline ScatterSource generate_cuda_scatter(const sched::ScatterCall& c, const std::string& name) {
   using namespace scatter_detail;
+  if (c.sorted_runs) return generate_cuda_sorted_runs(c, name);
   c_family::PreludeNeeds needs;
   ScatterSource out;
   out.check = name + "_check";
@@ -232,7 +390,7 @@ inline ScatterSource generate_cuda_scatter(const sched::ScatterCall& c, const st
   const i64 ni = is.numel(), no = c.shape.numel(), n = is[static_cast<std::size_t>(axis)];
   const i64 bound = c.shape[static_cast<std::size_t>(axis)];
   const Shape oth = others(c);
-  out.atomic = c.atomic && c.accumulate && atomic_dtype(c.dtype);
+  out.atomic = c.atomic_adds();
   const Shape cs = check_shape(c);
   const std::size_t last = is.size() - 1;
   // The init's lanes: consecutive elements of a row; the atomic scatter's: consecutive elements
@@ -309,7 +467,7 @@ inline ScatterSource generate_cuda_scatter(const sched::ScatterCall& c, const st
             "];\n    " + element(c, ooff, soff, needs) + "\n  }\n}\n";
   }
   std::string& src = out.source;
-  src = "// kiln generated scatter\nstruct kiln_scatter_args { void* p[5]; };\n";
+  src = "// kiln generated scatter\nstruct kiln_scatter_args { void* p[5]; int pass; };\n";
   src += cuda_detail::kCudaBase;
   if (needs.half) src += cuda_detail::kCudaHalf;
   if (needs.bf16) src += cuda_detail::kCudaBf16;

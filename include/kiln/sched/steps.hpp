@@ -87,6 +87,34 @@ struct ScatterCall {
   std::int64_t base_iscalar = 0;
   int flag = -1;  ///< the temporary holding the call's range flag (a GPU checks before writing)
   int level = 1;
+  /// GPU, deterministic, an index that is one row of positions (broadcast off the axis, as
+  /// index_add's and index_copy's): the positions are sorted by target (a stable radix sort),
+  /// and one thread per target row and columns applies its run in position order, every output
+  /// element written once. The flag's temporary then holds the sort's buffers too (sorted_ints).
+  bool sorted_runs = false;
+
+  std::int64_t length() const { return index_shape[static_cast<std::size_t>(axis)]; }
+  std::int64_t bound() const { return shape[static_cast<std::size_t>(axis)]; }
+  /// Whether the GPU accumulates this call with atomics (in any order): asked for, adding, and
+  /// a dtype with hardware atomics.
+  bool atomic_adds() const {
+    return atomic && accumulate &&
+           (dtype == DType::Float32 || dtype == DType::Float64 || dtype == DType::Int32 || dtype == DType::Int64);
+  }
+  /// The sorted-runs path's elements of a block (radix sort tiles).
+  static constexpr std::int64_t kSortTile = 2048;
+  std::int64_t sort_tiles() const { return (length() + kSortTile - 1) / kSortTile; }
+  /// The sorted-runs path's radix passes: eight bits of the target a pass.
+  int sort_passes() const {
+    int bits = 0;
+    while ((std::int64_t{1} << bits) < bound()) ++bits;
+    return std::max(1, (bits + 7) / 8);
+  }
+  /// int32s of the flag's temporary: the flag, then with sorted runs each target's count, two
+  /// pairs of (keys, positions) buffers and the digit histograms of the tiles.
+  std::int64_t flag_ints() const {
+    return sorted_runs ? 1 + bound() + 4 * length() + 256 * sort_tiles() : 1;
+  }
 };
 
 /// One scan (the Scan primitive, run by the runtime's scan kernels): out = the running `kind`
@@ -511,11 +539,7 @@ class StepPlanner {
       if (c.out.kind == Slot::None) c.out = temp(c.result);
     }
     // Scatters and scans write a contiguous graph output directly, else a temporary.
-    for (auto& c : plan_.scatters) {
-      c.out = contiguous_result(c.node);
-      c.flag = static_cast<int>(plan_.temps.size());
-      plan_.temps.push_back({Shape{1}, DType::Int32});
-    }
+    for (auto& c : plan_.scatters) c.out = contiguous_result(c.node);
     for (auto& c : plan_.scans) c.result = contiguous_result(c.node);
     for (auto& c : plan_.scans) c.src = scatter_operand_slot(node(c.node).inputs[0]);
     for (auto& c : plan_.sorts) {
@@ -537,6 +561,12 @@ class StepPlanner {
       if (!c.base_constant) c.base = scatter_operand_slot(nd.inputs[0]);
       c.index = scatter_operand_slot(nd.inputs[1]);
       c.src = scatter_operand_slot(nd.inputs[2]);
+      bool row_index = c.length() > 0 && c.length() < (std::int64_t{1} << 30) && c.bound() < (std::int64_t{1} << 30);
+      for (std::size_t d = 0; d < c.index_shape.size(); ++d)
+        if (static_cast<std::int64_t>(d) != c.axis && c.index_shape[d] > 1 && c.index.strides[d] != 0) row_index = false;
+      c.sorted_runs = g_.device.is_cuda() && row_index && !c.atomic_adds();
+      c.flag = static_cast<int>(plan_.temps.size());
+      plan_.temps.push_back({Shape{c.flag_ints()}, DType::Int32});
     }
     for (auto& [call, src] : bias_source_) {
       const ir::GraphNode& s = node(src);

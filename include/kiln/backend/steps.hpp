@@ -189,25 +189,37 @@ inline void run_scatter(const ScatterKernels& k, void* const (&operands)[4], voi
   launch_step_kernel(k.scatter, k.source.scatter_threads, params, device, stream, "a scatter's");
 }
 
-/// A scan step's compiled code: the CPU's function or the GPU's kernel.
-struct ScanKernels {
-  codegen::ScanSource source;
+/// A scan or sort step's compiled code (one unit, one entry): the CPU's function or the GPU's kernel.
+template <class Source>
+struct RowStepKernels {
+  Source source;
   std::shared_ptr<runtime::SharedLibrary> library;
   int (*cpu)(void* const*, int) = nullptr;
   runtime::cu::CUfunction kernel = nullptr;
 };
+using ScanKernels = RowStepKernels<codegen::ScanSource>;
+using SortKernels = RowStepKernels<codegen::SortSource>;
 
-inline ScanKernels build_scan(const sched::ScanCall& c, Device device) {
-  ScanKernels k;
+/// `source`'s entry compiled for `device` (through the module caches); `empty`: nothing to run,
+/// nothing compiled.
+template <class Source>
+RowStepKernels<Source> bind_row_step(Source source, Device device, bool empty = false) {
+  RowStepKernels<Source> k;
+  k.source = std::move(source);
+  if (empty) return k;
   if (device.is_cpu()) {
-    k.source = codegen::generate_cpu_scan(c, "kiln_scan");
     k.library = runtime::CpuModuleCache::instance().get(k.source.source);
     k.cpu = reinterpret_cast<int (*)(void* const*, int)>(k.library->symbol(k.source.entry.c_str()));
-    return k;
+  } else {
+    k.kernel = runtime::CudaModuleCache::instance().get_function(k.source.source, k.source.entry, device.index);
   }
-  k.source = codegen::generate_cuda_scan(c, "kiln_scan");
-  k.kernel = runtime::CudaModuleCache::instance().get_function(k.source.source, k.source.entry, device.index);
   return k;
+}
+
+inline ScanKernels build_scan(const sched::ScanCall& c, Device device) {
+  return bind_row_step(device.is_cpu() ? codegen::generate_cpu_scan(c, "kiln_scan")
+                                       : codegen::generate_cuda_scan(c, "kiln_scan"),
+                       device);
 }
 
 /// Runs scan `c` from `src` into `out`; `stream` (GPU): queue it there (a CUDA graph capture).
@@ -225,27 +237,11 @@ inline void run_scan(const ScanKernels& k, void* src, void* out, Device device, 
   launch_step_kernel(k.kernel, k.source.threads, params, device, stream, "a scan");
 }
 
-/// A sort step's compiled code: the CPU's function or the GPU's kernel.
-struct SortKernels {
-  codegen::SortSource source;
-  std::shared_ptr<runtime::SharedLibrary> library;
-  int (*cpu)(void* const*, int) = nullptr;
-  runtime::cu::CUfunction kernel = nullptr;
-};
-
 inline SortKernels build_sort(const sched::SortCall& c, Device device) {
-  SortKernels k;
-  if (device.is_cpu()) {
-    k.source = codegen::generate_cpu_sort(c, "kiln_sort");
-    if (k.source.rows == 0) return k;
-    k.library = runtime::CpuModuleCache::instance().get(k.source.source);
-    k.cpu = reinterpret_cast<int (*)(void* const*, int)>(k.library->symbol(k.source.entry.c_str()));
-    return k;
-  }
-  k.source = codegen::generate_cuda_sort(c, "kiln_sort");
-  if (k.source.rows == 0) return k;
-  k.kernel = runtime::CudaModuleCache::instance().get_function(k.source.source, k.source.entry, device.index);
-  if (k.source.shared_bytes > 48 * 1024)
+  SortKernels k = bind_row_step(device.is_cpu() ? codegen::generate_cpu_sort(c, "kiln_sort")
+                                                : codegen::generate_cuda_sort(c, "kiln_sort"),
+                                device, c.rows() == 0);
+  if (k.kernel && k.source.shared_bytes > 48 * 1024)
     runtime::set_max_dynamic_shared(runtime::cuda_context(device.index), k.kernel,
                                     static_cast<int>(k.source.shared_bytes));
   return k;

@@ -150,6 +150,34 @@ inline std::string constant_text(const sched::ScatterCall& c, const c_family::Di
   return "(" + std::string(c_family::stype(c.dtype)) + ")" + std::to_string(c.base_iscalar) + "LL";
 }
 
+
+/// The GPU kernels' pointers to their operands, from the argument `a` (kiln_scatter_args).
+inline std::string cuda_operands(const sched::ScatterCall& c) {
+  const std::string st = c_family::stype(c.dtype);
+  return "  const " + st + "* __restrict__ base = (const " + st + "*)a.p[0]; (void)base;\n" +
+         "  const long long* __restrict__ index = (const long long*)a.p[1]; (void)index;\n" + "  const " + st +
+         "* __restrict__ src = (const " + st + "*)a.p[2]; (void)src;\n" + "  " + st + "* __restrict__ out = (" + st +
+         "*)a.p[3]; (void)out;\n" + "  volatile int* flag = (volatile int*)a.p[4];\n";
+}
+
+/// A GPU thread's flat number `var`, returning past `count`.
+inline std::string cuda_thread(const std::string& var, i64 count) {
+  return "  const long long " + var + " = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n  if (" + var +
+         " >= " + std::to_string(count) + "LL) return;\n";
+}
+
+/// The GPU check kernel `name` up to its range test: one thread per element of the check shape
+/// `cs`, its index `v` read, the flag set and the fault recorded when it is out of range (then
+/// `on_fault`), the operands declared by `operands`.
+inline std::string cuda_check_head(const sched::ScatterCall& c, const std::string& name, const std::string& operands,
+                                   const std::string& on_fault) {
+  const Shape cs = check_shape(c);
+  const std::string bound = std::to_string(c.bound());
+  return "extern \"C\" __global__ void " + name + "(kiln_scatter_args a) {\n" + operands + cuda_thread("p", cs.numel()) +
+         coords("p", cs, "  ") + "  const long long v = index[" + offset(c.index.strides, cs) + "];\n" +
+         "  if ((unsigned long long)v >= " + bound + "ULL) { *flag = 1; kiln_index_out_of_range(" +
+         std::to_string(site_of(c)) + "LL, v, " + bound + "LL); " + on_fault + "}\n";
+}
 }  // namespace scatter_detail
 
 /// The C++ unit of scatter `c`, entry named `name`.
@@ -257,31 +285,18 @@ inline ScatterSource generate_cuda_sorted_runs(const sched::ScatterCall& c, cons
   out.index_elements = cs.numel();
   out.out_elements = c.shape.numel() / init_lanes.count;
   out.scatter_threads = n * per_run;
-  const std::string st = c_family::stype(c.dtype);
   const std::string args = "(kiln_scatter_args a)";
-  const std::string ptrs = "  const " + st + "* __restrict__ base = (const " + st + "*)a.p[0]; (void)base;\n" +
-                           "  const long long* __restrict__ index = (const long long*)a.p[1]; (void)index;\n" +
-                           "  const " + st + "* __restrict__ src = (const " + st + "*)a.p[2]; (void)src;\n" + "  " + st +
-                           "* __restrict__ out = (" + st + "*)a.p[3]; (void)out;\n" +
-                           "  volatile int* flag = (volatile int*)a.p[4];\n" +
-                           "  unsigned* const count = (unsigned*)a.p[4] + 1;\n" +
+  const std::string ptrs = cuda_operands(c) + "  unsigned* const count = (unsigned*)a.p[4] + 1;\n" +
                            "  unsigned* const keys0 = count + " + B + ";\n" +
                            "  unsigned* const vals0 = keys0 + " + N + ";\n" +
                            "  unsigned* const keys1 = vals0 + " + N + ";\n" +
                            "  unsigned* const vals1 = keys1 + " + N + ";\n" +
                            "  unsigned* const hist = vals1 + " + N + ";\n" +
                            "  (void)count; (void)keys0; (void)vals0; (void)keys1; (void)vals1; (void)hist;\n";
-  auto thread = [](const std::string& var, i64 count) {
-    return "  const long long " + var + " = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n  if (" + var +
-           " >= " + std::to_string(count) + "LL) return;\n";
-  };
+  const auto thread = cuda_thread;
   std::string body;
   // Check: every index in range (else the flag, and nothing is written); keys and counts.
-  body += "extern \"C\" __global__ void " + out.check + args + " {\n" + ptrs + thread("p", cs.numel()) +
-          coords("p", cs, "  ");
-  body += "  const long long v = index[" + offset(c.index.strides, cs) + "];\n";
-  body += "  if ((unsigned long long)v >= " + B + "ULL) { *flag = 1; kiln_index_out_of_range(" +
-          std::to_string(site_of(c)) + "LL, v, " + B + "LL); return; }\n";
+  body += cuda_check_head(c, out.check, ptrs, "return; ");
   body += "  keys0[c" + std::to_string(axis) + "] = (unsigned)v;\n  vals0[c" + std::to_string(axis) +
           "] = (unsigned)c" + std::to_string(axis) + ";\n  atomicAdd(&count[v], 1u);\n}\n";
   const std::string pass_io = "  const int shift = 8 * a.pass;\n"
@@ -388,7 +403,6 @@ inline ScatterSource generate_cuda_scatter(const sched::ScatterCall& c, const st
   const Shape& is = c.index_shape;
   const int axis = static_cast<int>(c.axis);
   const i64 ni = is.numel(), no = c.shape.numel(), n = is[static_cast<std::size_t>(axis)];
-  const i64 bound = c.shape[static_cast<std::size_t>(axis)];
   const Shape oth = others(c);
   out.atomic = c.atomic_adds();
   const Shape cs = check_shape(c);
@@ -406,23 +420,11 @@ inline ScatterSource generate_cuda_scatter(const sched::ScatterCall& c, const st
   out.index_elements = cs.numel();
   out.out_elements = no / init_lanes.count;
   out.scatter_threads = out.atomic ? ni / add_lanes.count : oth.numel();
-  const std::string st = c_family::stype(c.dtype);
   const std::string args = "(kiln_scatter_args a)";
-  const std::string ptrs = "  const " + st + "* __restrict__ base = (const " + st + "*)a.p[0]; (void)base;\n" +
-                           "  const long long* __restrict__ index = (const long long*)a.p[1];\n" +
-                           "  const " + st + "* __restrict__ src = (const " + st + "*)a.p[2]; (void)src;\n" + "  " + st +
-                           "* __restrict__ out = (" + st + "*)a.p[3]; (void)out;\n" +
-                           "  volatile int* flag = (volatile int*)a.p[4];\n";
-  auto thread = [](const std::string& var, i64 count) {
-    return "  const long long " + var + " = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n  if (" + var +
-           " >= " + std::to_string(count) + "LL) return;\n";
-  };
+  const std::string ptrs = cuda_operands(c);
+  const auto thread = cuda_thread;
   std::string body;
-  body += "extern \"C\" __global__ void " + out.check + args + " {\n" + ptrs + thread("p", cs.numel()) +
-          coords("p", cs, "  ");
-  body += "  const long long v = index[" + offset(c.index.strides, cs) + "];\n";
-  body += "  if ((unsigned long long)v >= " + std::to_string(bound) + "ULL) { *flag = 1; kiln_index_out_of_range(" +
-          std::to_string(site_of(c)) + "LL, v, " + std::to_string(bound) + "LL); }\n}\n";
+  body += cuda_check_head(c, out.check, ptrs, "") + "}\n";
   body += "extern \"C\" __global__ void " + out.init + args + " {\n" + ptrs + "  if (*flag) return;\n" +
           thread("q", no / init_lanes.count) + coords(init_lanes.first("q"), c.shape, "  ");
   {

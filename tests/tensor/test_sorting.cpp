@@ -144,6 +144,13 @@ TEST_CASE("topk and sort of long rows, transposed and computed inputs (the GPU's
       KILN_CHECK_EXACT(indices, want_pos);
       KILN_CHECK_CLOSE(values, want_val, kExact);
     }
+    // Values and positions in one evaluation: the sort step writes the positions, one kernel
+    // gathers the values (and fuses what is computed from them: here the scaling).
+    reset_stats();
+    auto [scaled, at] = topk(t, 64);
+    Tensor doubled_values = scaled * 2.0f;
+    eval(doubled_values, at);
+    if (backend == Backend::Jit) CHECK(stats().launches == 2);
     // A computed, transposed input: topk over x.T * 2 along dim 0.
     V doubled(x.size());
     for (std::size_t r = 0; r < 8; ++r)

@@ -570,6 +570,8 @@ class KernelWriter {
           c_family::libm_call(c_family::kCppDialect, fn, dbl) + a + (in.size() > 1 ? ", " + b : std::string()) + ")",
           t);
     }
+    // fmod of floats: cpp/math.hpp's exact, vectorisable reduction (double: libm's).
+    if (n.op == Op::Fmod && fl) return round16(math("fmod", a, it, b), t);
     switch (n.op) {
       case Op::Cast:
         return cast_expr(a, it, t);

@@ -475,6 +475,37 @@ static inline float kiln_hypot_f32(float x, float y) {
   return (float)kiln_f64_sel((__builtin_fabs(dx) == __builtin_inf()) | (__builtin_fabs(dy) == __builtin_inf()),
                              __builtin_inf(), r);
 }
+/* fmod, exactly (as libm), in double and vectorisable: r = |x| is reduced by t = |y| 2^s while
+   r >= |y|, s chosen so that the quotient q = trunc(r / t) stays below 2^49. r - q t is exactly
+   representable (less than 2t, a multiple of the smaller of r's and t's last bits: 25 bits), so
+   one fused multiply-add gives it exactly. r / t is taken as r (1 / |y|) 2^-s (one division
+   for the element, not one a step) and truncated by adding and taking away 2^52 (trunc does
+   not vectorise); its roundings put q at most one off either way, which one correction each way
+   (r - q t below 0 or at least t) undoes. Each step takes 48 bits off the exponent difference,
+   so six cover every pair of floats (at most 277 apart); a finished lane keeps its r.
+   y = 0, an infinite x or a NaN give NaN; an infinite y gives x; the result has x's sign. */
+static inline long long kiln_f64_exponent(double x) { return (long long)((kiln_f64_bits(x) >> 52) & 0x7ff); }
+static inline float kiln_fmod_f32(float x, float y) {
+  double ax = kiln_f64_abs((double)x), ay = kiln_f64_abs((double)y), r = ax, inv = 1.0 / ay;
+  long long ey = kiln_f64_exponent(ay);
+#pragma GCC unroll 6
+  for (int step = 0; step < 6; ++step) {
+    long long s = kiln_f64_exponent(r) - ey - 48;
+    s = s < 0 ? 0 : s;
+    double t = ay * kiln_f64_from_bits((unsigned long long)(1023 + s) << 52);
+    double v = r * inv * kiln_f64_from_bits((unsigned long long)(1023 - s) << 52);
+    double q = (v + 0x1p52) - 0x1p52;  // v in [0, 2^49]: to the nearest integer, then down
+    q = kiln_f64_sel(q > v, q - 1.0, q);
+    double n = __builtin_fma(-q, t, r);
+    n = kiln_f64_sel(n < 0.0, n + t, n);
+    n = kiln_f64_sel(n >= t, n - t, n);
+    r = kiln_f64_sel(r >= ay, n, r);
+  }
+  double res = __builtin_copysign(r, (double)x);
+  int bad = (ay == 0.0) | (ax == __builtin_inf()) | (x != x) | (y != y);
+  return (float)kiln_f64_sel(bad, __builtin_nan(""), res);
+}
+static inline double kiln_fmod_f64(double x, double y) { return __builtin_fmod(x, y); }
 #if defined(KILN_CPU_MATH_LIBMVEC)
 #if defined(__cplusplus)
 #define KILN_LIBMVEC_DECL(fn) extern "C" double fn(double) noexcept(true) __attribute__((simd("notinbranch")));

@@ -97,17 +97,20 @@ inline SortSource generate_cpu_sort(const sched::SortCall& c, const std::string&
   body += "    for (long long row = 0; row < " + std::to_string(rows) + "LL; ++row) {\n";
   body += c_family::axis_row_offsets(c.shape, c.axis, c.src.strides, c.result.strides, "row", "      ");
   // The heap keeps the k best seen, the worst at the root: a parent is never before a child.
+  // The first k fill it; after them every element held comes earlier in the row, so a later
+  // one enters only with a strictly larger key (one compare against the worst key an element).
+  const std::string load = "kiln_rank(" + c_family::from_storage("src[xo + i * " + xs + "]", c.in, needs) + ")";
   body += "      long long m = 0;\n";
-  body += "      for (long long i = 0; i < " + n + "; ++i) {\n";
-  body += "        const kiln_key kk = kiln_rank(" + c_family::from_storage("src[xo + i * " + xs + "]", c.in, needs) + ");\n";
-  body += "        if (m < " + k + ") {\n";
-  body += "          long long j = m++;\n";
-  body += "          while (j > 0) { const long long p = (j - 1) >> 1; if (!kiln_before(hk[p], hp[p], kk, i)) break;"
+  body += "      for (long long i = 0; i < " + k + "; ++i) {\n";
+  body += "        const kiln_key kk = " + load + ";\n";
+  body += "        long long j = m++;\n";
+  body += "        while (j > 0) { const long long p = (j - 1) >> 1; if (!kiln_before(hk[p], hp[p], kk, i)) break;"
           " hk[j] = hk[p]; hp[j] = hp[p]; j = p; }\n";
-  body += "          hk[j] = kk; hp[j] = i;\n";
-  body += "        } else if (kiln_before(kk, i, hk[0], hp[0])) {\n";
-  body += "          kiln_sift(hk, hp, m, kk, i);\n";
-  body += "        }\n      }\n";
+  body += "        hk[j] = kk; hp[j] = i;\n      }\n";
+  body += "      kiln_key worst = hk[0];\n";
+  body += "      for (long long i = " + k + "; i < " + n + "; ++i) {\n";
+  body += "        const kiln_key kk = " + load + ";\n";
+  body += "        if (kk > worst) { kiln_sift(hk, hp, m, kk, i); worst = hk[0]; }\n      }\n";
   // Popping the worst each time fills the row from its end.
   body += "      for (long long j = m - 1; j >= 0; --j) {\n";
   body += "        out[oo + j * " + os + "] = hp[0];\n";

@@ -185,23 +185,16 @@ ValuesIndices select_along(const E& x, std::int64_t dim, bool keepdim, bool larg
 
 /// The maxima along `dim` and their int64 indices (the first maximum; a NaN counts as the
 /// maximum), as torch.max(x, dim, keepdim). Over several dims or all of them use
-/// `max(x, Axes{...})` or `amax`, which give the values alone.
+/// `max(x, Axes{...})` or `amax`, which give the values alone. (An int dim converts to this
+/// overload's int64 before it would to Axes, so `max(x, 1)` lands here.)
 template <class E>
 requires TensorLike<E> ValuesIndices max(const E& x, std::int64_t dim, bool keepdim = false) {
-  return detail::select_along(x, dim, keepdim, true);
-}
-template <class E>
-requires TensorLike<E> ValuesIndices max(const E& x, int dim, bool keepdim = false) {
   return detail::select_along(x, dim, keepdim, true);
 }
 
 /// The minima along `dim` and their int64 indices, as torch.min(x, dim, keepdim).
 template <class E>
 requires TensorLike<E> ValuesIndices min(const E& x, std::int64_t dim, bool keepdim = false) {
-  return detail::select_along(x, dim, keepdim, false);
-}
-template <class E>
-requires TensorLike<E> ValuesIndices min(const E& x, int dim, bool keepdim = false) {
   return detail::select_along(x, dim, keepdim, false);
 }
 

@@ -546,7 +546,10 @@ class StepPlanner {
       c.result = contiguous_result(c.node);
       c.src = scatter_operand_slot(node(c.node).inputs[0]);
       if (g_.device.is_cuda() && c.rows() > 0 && c.gpu_row_bytes() > SortCall::kSharedBudget) {
-        c.scratch_rows = std::min<std::int64_t>(c.rows(), 512);  // the blocks stride over the rows
+        // The blocks stride over the rows: at most 512 in flight, and no more than 1 GiB of
+        // scratch (one block per SM or so for rows of hundreds of MiB; at least one row).
+        const std::int64_t fit = std::max<std::int64_t>(1, (std::int64_t{1} << 30) / c.gpu_row_bytes());
+        c.scratch_rows = std::min<std::int64_t>({c.rows(), std::int64_t{512}, fit});
         c.scratch = static_cast<int>(plan_.temps.size());
         plan_.temps.push_back({Shape{c.scratch_rows * c.gpu_row_bytes() / 4}, DType::Int32});
       }

@@ -222,14 +222,19 @@ inline ScanKernels build_scan(const sched::ScanCall& c, Device device) {
                        device);
 }
 
+/// On the CPU, runs step `k`'s function over {src, out} and says so; on a GPU, does nothing.
+template <class Source>
+bool ran_on_host(const RowStepKernels<Source>& k, void* src, void* out, Device device) {
+  if (!device.is_cpu()) return false;
+  void* const operands[2] = {src, out};
+  k.cpu(operands, detail::cpu_threads());
+  kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
 /// Runs scan `c` from `src` into `out`; `stream` (GPU): queue it there (a CUDA graph capture).
 inline void run_scan(const ScanKernels& k, void* src, void* out, Device device, runtime::cu::CUstream stream = nullptr) {
-  void* const operands[2] = {src, out};
-  if (device.is_cpu()) {
-    k.cpu(operands, detail::cpu_threads());
-    kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
+  if (ran_on_host(k, src, out, device)) return;
   struct {
     void* p[2];
   } a{{src, out}};
@@ -251,13 +256,7 @@ inline SortKernels build_sort(const sched::SortCall& c, Device device) {
 /// `stream` (GPU): queue it there (a CUDA graph capture).
 inline void run_sort(const SortKernels& k, void* src, void* out, void* scratch, Device device,
                      runtime::cu::CUstream stream = nullptr) {
-  if (k.source.rows == 0) return;
-  void* const operands[2] = {src, out};
-  if (device.is_cpu()) {
-    k.cpu(operands, detail::cpu_threads());
-    kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
+  if (k.source.rows == 0 || ran_on_host(k, src, out, device)) return;
   struct {
     void* p[3];
   } a{{src, out, scratch}};

@@ -178,6 +178,23 @@ inline std::string cuda_check_head(const sched::ScatterCall& c, const std::strin
          "  if ((unsigned long long)v >= " + bound + "ULL) { *flag = 1; kiln_index_out_of_range(" +
          std::to_string(site_of(c)) + "LL, v, " + bound + "LL); " + on_fault + "}\n";
 }
+
+/// The GPU init's stores: out = base (or the constant) at the thread's `lanes` elements, whose
+/// coordinates c<d> are defined.
+inline std::string cuda_init_stores(const sched::ScatterCall& c, const Lanes& lanes, c_family::PreludeNeeds& needs) {
+  const std::string value = c.base_constant ? constant_text(c, c_family::kCudaDialect, needs) : "";
+  std::string s;
+  for (i64 j = 0; j < lanes.count; ++j) {
+    const std::string step = j == 0 ? "" : " + " + std::to_string(j * lanes.stride) + "LL * ";
+    s += "  out[" + offset(c.out.strides, c.shape) + (j ? step + std::to_string(c.out.strides.back()) + "LL" : "") +
+         "] = " +
+         (c.base_constant ? value
+                          : "base[" + offset(c.base.strides, c.shape) +
+                                (j ? step + std::to_string(c.base.strides.back()) + "LL" : "") + "]") +
+         ";\n";
+  }
+  return s;
+}
 }  // namespace scatter_detail
 
 /// The C++ unit of scatter `c`, entry named `name`.
@@ -344,16 +361,7 @@ inline ScatterSource generate_cuda_sorted_runs(const sched::ScatterCall& c, cons
   body += "extern \"C\" __global__ void " + out.init + args + " {\n" + ptrs + "  if (*flag) return;\n" +
           thread("q", c.shape.numel() / init_lanes.count) + coords(init_lanes.first("q"), c.shape, "  ");
   body += "  if (" + inside + ") return;  // the run's thread writes it\n";
-  for (i64 j = 0; j < init_lanes.count; ++j) {
-    const std::string step = j == 0 ? "" : " + " + std::to_string(j * init_lanes.stride) + "LL * ";
-    body += "  out[" + offset(c.out.strides, c.shape) + (j ? step + std::to_string(c.out.strides.back()) + "LL" : "") +
-            "] = " +
-            (c.base_constant ? constant
-                             : "base[" + offset(c.base.strides, c.shape) +
-                                   (j ? step + std::to_string(c.base.strides.back()) + "LL" : "") + "]") +
-            ";\n";
-  }
-  body += "}\n";
+  body += cuda_init_stores(c, init_lanes, needs) + "}\n";
   // Apply: the first position of each run, four columns a thread.
   const bool odd = out.passes % 2 == 1;
   body += "extern \"C\" __global__ void " + out.scatter + args + " {\n" + ptrs + "  if (*flag) return;\n" +
@@ -427,19 +435,7 @@ inline ScatterSource generate_cuda_scatter(const sched::ScatterCall& c, const st
   body += cuda_check_head(c, out.check, ptrs, "") + "}\n";
   body += "extern \"C\" __global__ void " + out.init + args + " {\n" + ptrs + "  if (*flag) return;\n" +
           thread("q", no / init_lanes.count) + coords(init_lanes.first("q"), c.shape, "  ");
-  {
-    const std::string value = c.base_constant ? constant_text(c, c_family::kCudaDialect, needs) : "";
-    for (i64 j = 0; j < init_lanes.count; ++j) {
-      const std::string step = j == 0 ? "" : " + " + std::to_string(j * init_lanes.stride) + "LL * ";
-      body += "  out[" + offset(c.out.strides, c.shape) + (j ? step + std::to_string(c.out.strides.back()) + "LL" : "") +
-              "] = " +
-              (c.base_constant ? value
-                               : "base[" + offset(c.base.strides, c.shape) +
-                                     (j ? step + std::to_string(c.base.strides.back()) + "LL" : "") + "]") +
-              ";\n";
-    }
-    body += "}\n";
-  }
+  body += cuda_init_stores(c, init_lanes, needs) + "}\n";
   const std::string ooff = offset(c.out.strides, c.shape, axis, "t");
   body += "extern \"C\" __global__ void " + out.scatter + args + " {\n" + ptrs + "  if (*flag) return;\n";
   if (out.atomic) {

@@ -168,6 +168,75 @@ inline ScanSource generate_cpu_scan(const sched::ScanCall& c, const std::string&
   return out;
 }
 
+namespace scan_detail {
+
+/// Whether the GPU scan may read and write `c`'s rows four floats at a time: a float kind from
+/// f32 to f32, both rows contiguous, every row's start a multiple of four elements (the kernel
+/// still checks the pointers' alignment and takes the scalar loop otherwise).
+inline bool quad_lanes(const sched::ScanCall& c) {
+  const auto [len, rows] = extents(c);
+  if (!floating_kind(c) || c.in != DType::Float32 || c.out != DType::Float32 || len % 4 != 0) return false;
+  const auto a = static_cast<std::size_t>(c.axis);
+  if (c.src.strides[a] != 1 || c.result.strides[a] != 1) return false;
+  for (std::size_t d = 0; d < c.shape.size(); ++d)
+    if (d != a && c.shape[d] > 1 && (c.src.strides[d] % 4 != 0 || c.result.strides[d] % 4 != 0)) return false;
+  return rows > 0;
+}
+
+/// The four-lane loop of a warp's row (quad_lanes), taken when both rows are 16-byte aligned and
+/// returning: each lane scans its four elements in order, the warp scans the lanes' totals by
+/// shuffles, and each lane's prefix is the carry, the lanes before it and its own elements.
+/// Four 128-element steps' loads are issued together.
+inline std::string quad_loop(const sched::ScanCall& c, i64 len, c_family::PreludeNeeds& needs) {
+  constexpr int kSteps = 4;
+  const std::string L = std::to_string(len) + "LL";
+  std::string b = "  if (((unsigned long long)(src + xo) | (unsigned long long)(out + oo)) % 16ull == 0ull) {\n";
+  b += "    for (long long base = 0; base < " + L + "; base += " + std::to_string(128 * kSteps) + "LL) {\n";
+  for (int u = 0; u < kSteps; ++u) {
+    const std::string us = std::to_string(u), i = "(base + " + std::to_string(128 * u) + "LL + 4 * lane)";
+    b += "      const bool in" + us + " = " + i + " < " + L + ";\n";
+    b += "      const float4 x" + us + " = in" + us + " ? *(const float4*)(src + xo + " + i +
+         ") : make_float4(0.f, 0.f, 0.f, 0.f);\n";
+  }
+  const char* part[4] = {"x", "y", "z", "w"};
+  for (int u = 0; u < kSteps; ++u) {
+    const std::string us = std::to_string(u), i = "(base + " + std::to_string(128 * u) + "LL + 4 * lane)";
+    b += "      {\n";
+    // The lane's own inclusive prefixes p0..p3 (the empty element past the row's end).
+    for (int j = 0; j < 4; ++j) b += "        " + declare(c, "p" + std::to_string(j)) + "\n";
+    b += "        if (in" + us + ") {\n";
+    for (int j = 0; j < 4; ++j)
+      b += "          " + element(c, "p" + std::to_string(j), "x" + us + "." + part[j], i) + "\n";
+    for (int j = 1; j < 4; ++j) {
+      const std::string pj = "p" + std::to_string(j), prev = "p" + std::to_string(j - 1);
+      b += "          { " + declare(c, "t") + " ta = " + prev + "a; " + combine(c, "t", pj) + " " + pj + "a = ta; }\n";
+    }
+    b += "        }\n";
+    // Inclusive scan of the lanes' totals across the warp, then the exclusive one.
+    b += "        " + declare(c, "s") + " sa = p3a;\n";
+    b += "        for (int o = 1; o < 32; o <<= 1) {\n          " + declare(c, "y") +
+         " ya = __shfl_up_sync(0xffffffffu, sa, o);\n          if (lane >= o) { " + combine(c, "y", "s") +
+         " sa = ya; }\n        }\n";
+    b += "        " + declare(c, "e") + "\n        { const double y = __shfl_up_sync(0xffffffffu, sa, 1); if (lane > 0) ea = y; }\n";
+    b += "        " + declare(c, "r") + " ra = ca; " + combine(c, "r", "e") + "\n";
+    b += "        float4 o;\n";
+    for (int j = 0; j < 4; ++j) {
+      const std::string pj = "p" + std::to_string(j);
+      b += "        { " + declare(c, "q") + " qa = ra; " + combine(c, "q", pj) + " o." + part[j] + " = " +
+           result(c, "q", needs) + "; }\n";
+    }
+    b += "        if (in" + us + ") *(float4*)(out + oo + " + i + ") = o;\n";
+    // The new carry: the carry and every lane's total (lane 31's inclusive scan).
+    b += "        { const double tot = __shfl_sync(0xffffffffu, sa, 31); " + declare(c, "n") + " na = tot; " +
+         combine(c, "c", "n") + " }\n";
+    b += "      }\n";
+  }
+  b += "    }\n    return;\n  }\n";
+  return b;
+}
+
+}  // namespace scan_detail
+
 /// The CUDA unit of scan `c`, kernel named `name`: a warp per row, 256 threads a block.
 inline ScanSource generate_cuda_scan(const sched::ScanCall& c, const std::string& name) {
   using namespace scan_detail;
@@ -189,6 +258,7 @@ inline ScanSource generate_cuda_scan(const sched::ScanCall& c, const std::string
   body += "  if (row >= " + std::to_string(rows) + "LL) return;  // whole warps\n";
   body += row_offsets(c, "row", "  ");
   body += "  " + declare(c, "c") + "  // the carry: every step before\n";
+  if (quad_lanes(c)) body += quad_loop(c, len, needs);
   body += "  for (long long base = 0; base < " + std::to_string(len) + "LL; base += " + std::to_string(32 * kSteps) +
           "LL) {\n";
   for (int u = 0; u < kSteps; ++u) {

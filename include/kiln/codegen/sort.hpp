@@ -193,7 +193,12 @@ inline SortSource generate_cuda_sort(const sched::SortCall& c, const std::string
   b += "  for (long long row = blockIdx.x; row < " + std::to_string(rows) + "LL; row += gridDim.x) {\n";
   b += c_family::axis_row_offsets(c.shape, c.axis, c.src.strides, c.result.strides, "row", "    ");
   if (select) {
-    b += "    for (unsigned i = tid; i < " + N + "u; i += " + T + "u) keys[i] = " + load("i") + ";\n";
+    // The first pass's histogram (every element, the key's top digit) is counted as the keys
+    // are loaded: one sweep of the row's shared keys fewer.
+    b += "    for (unsigned d = tid; d < 256u; d += " + T + "u) hist[d] = 0u;\n    __syncthreads();\n";
+    b += "    for (unsigned i = tid; i < " + N + "u; i += " + T + "u) {\n      const kiln_key kk = " + load("i") +
+         ";\n      keys[i] = kk;\n      atomicAdd(&hist[(unsigned)(kk >> " + std::to_string(key_bits - 8) +
+         ") & 255u], 1u);\n    }\n    __syncthreads();\n";
     // The k-th element's key and position, a digit at a time from the top: `prefix`/`mask` over
     // the key, then `pprefix`/`pmask` over (n - 1 - position) (lower positions first).
     b += "    kiln_key prefix = 0, mask = 0;\n    unsigned pprefix = 0, pmask = 0, need = " + K + "u;\n";
@@ -201,13 +206,14 @@ inline SortSource generate_cuda_sort(const sched::SortCall& c, const std::string
     b += "      const bool on_key = pass < " + std::to_string(key_passes) + ";\n";
     b += "      const int shift = on_key ? " + std::to_string(key_bits - 8) + " - 8 * pass : " +
          std::to_string(pos_passes * 8 - 8) + " - 8 * (pass - " + std::to_string(key_passes) + ");\n";
+    b += "      if (pass > 0) {\n";
     b += "      for (unsigned d = tid; d < 256u; d += " + T + "u) hist[d] = 0u;\n      __syncthreads();\n";
     // (Aggregating a warp's equal digits with __match_any_sync measured slower on an H200.)
     b += "      for (unsigned i = tid; i < " + N + "u; i += " + T + "u) {\n";
     b += "        const kiln_key kk = keys[i];\n        const unsigned pos = " + N + "u - 1u - i;\n";
     b += "        if ((kk & mask) != prefix || (pos & pmask) != pprefix) continue;\n";
     b += "        const unsigned d = on_key ? (unsigned)(kk >> shift) & 255u : (pos >> shift) & 255u;\n";
-    b += "        atomicAdd(&hist[d], 1u);\n      }\n      __syncthreads();\n";
+    b += "        atomicAdd(&hist[d], 1u);\n      }\n      __syncthreads();\n      }\n";
     // One warp finds the bin holding the need-th largest: lane l sums bins 255-8l down to 248-8l.
     b += "      if (tid < 32u) {\n";
     b += "        unsigned cnt[8], sum = 0;\n";

@@ -33,12 +33,15 @@ inline constexpr const char* kPrelude = R"EMU(
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __align__(n) alignas(n)
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(x)
 #define __shared__ static
 #define KILN_EXTERN_SMEM(name) unsigned char* name = ::kiln_emu::dynamic_smem()
 struct uint4 { unsigned int x, y, z, w; };
 struct uint2 { unsigned int x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+static inline float4 make_float4(float a, float b, float c, float d) { float4 r = {a, b, c, d}; return r; }
 struct kiln_dim3 { unsigned int x, y, z; };
 static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { uint4 r = {a, b, c, d}; return r; }
 static inline uint2 make_uint2(unsigned a, unsigned b) { uint2 r = {a, b}; return r; }
@@ -205,6 +208,11 @@ static inline double __dsub_rn(double a, double b) { return a - b; }
 static inline double __dmul_rn(double a, double b) { return a * b; }
 template <class T> static inline T __shfl_xor_sync(unsigned, T v, int m) { return ::kiln_emu::shfl(v, (::kiln_emu::me().tid & 31) ^ (unsigned)m); }
 template <class T> static inline T __shfl_sync(unsigned, T v, int src) { return ::kiln_emu::shfl(v, (unsigned)src); }
+// Lanes below `d` read their own value, as the hardware's.
+template <class T> static inline T __shfl_up_sync(unsigned, T v, unsigned d) {
+  const unsigned lane = ::kiln_emu::me().tid & 31;
+  return ::kiln_emu::shfl(v, lane >= d ? lane - d : lane);
+}
 static inline unsigned __match_any_sync(unsigned, unsigned v) { return ::kiln_emu::match_any(v); }
 static inline unsigned __match_any_sync(unsigned, unsigned long long v) { return ::kiln_emu::match_any(v); }
 static inline int __popc(unsigned v) { return __builtin_popcount(v); }

@@ -816,6 +816,8 @@ TEST_CASE("cuda emulator: scan kernels (a warp per row) give the reference's sca
     REQUIRE(plan.scans[0].src.kind == sched::Slot::Leaf);  // every case scans a leaf in place
     const sched::ScanCall& sc = plan.scans[0];
     codegen::ScanSource src = codegen::generate_cuda_scan(sc, "kiln_scan");
+    // contiguous f32 rows of a float kind take the four-lane loop (the rest, the scalar one)
+    CHECK((src.source.find("float4") != std::string::npos) == (k == 0 || k == 3));
     if (runtime::nvrtc_available())
       for (auto target : {codegen::CudaTarget::sm90(), codegen::CudaTarget::sm80()}) {
         try {
@@ -925,11 +927,18 @@ TEST_CASE("cuda emulator: deterministic scatters of a row index sort the positio
   struct Case {
     NodePtr root;
     int passes;
+    bool quad = false;  ///< rows move in 16-byte quads
   };
   const std::vector<Case> cases = {
       // index_add of 37 rows into a zero [50, 8] (E2's form), repeats among them
       {ir::scatter(ir::constant(0.0, f32, {50, 8}, Device::cpu()), row_index(small, {37, 8}, 0), input({37, 8}, f32, 241), 0,
-                   true, false, ir::GatherSite::IndexAdd), 1},
+                   true, false, ir::GatherSite::IndexAdd), 1, true},
+      // 3000 f32 rows into a read base of 300 (quads from base and src, twelve tiles, two passes)
+      {ir::scatter(input({300, 12}, f32, 252), row_index(wide, {3000, 12}, 0), input({3000, 12}, f32, 253), 0, true,
+                   false, ir::GatherSite::IndexAdd), 2, true},
+      // int32 sums, wrapping as PyTorch's
+      {ir::scatter(input({50, 4}, i32, 254), row_index(small, {37, 4}, 0), input({37, 4}, i32, 255), 0, true, false,
+                   ir::GatherSite::IndexAdd), 1, true},
       // 3000 rows into 300 (two radix passes, two tiles), into a base that is read
       {ir::scatter(input({300, 5}, f64, 242), row_index(wide, {3000, 5}, 0), input({3000, 5}, f64, 243), 0, true, false,
                    ir::GatherSite::IndexAdd), 2},
@@ -957,6 +966,7 @@ TEST_CASE("cuda emulator: deterministic scatters of a row index sort the positio
     codegen::ScatterSource src = codegen::generate_cuda_scatter(sc, "kiln_scatter");
     REQUIRE(src.sorted_runs);
     CHECK(src.passes == cases[k].passes);
+    CHECK((src.source.find("kiln_store4(") != std::string::npos) == cases[k].quad);
     std::string unit = kiln_cuda_emu::kPrelude;
     unit += src.source;
     unit += "\nstruct kiln_emu_scatter_call { void (*fn)(kiln_scatter_args); kiln_scatter_args a; };\n"
@@ -980,9 +990,10 @@ TEST_CASE("cuda emulator: deterministic scatters of a row index sort the positio
     auto blocks = [](std::int64_t threads) { return static_cast<unsigned>((threads + 255) / 256); };
     launch(src.check.c_str(), blocks(src.index_elements), 256, argv, 0);
     for (int pass = 0; pass < src.passes; ++pass) {
-      launch(src.hist.c_str(), static_cast<unsigned>(src.tiles), 256, argv, pass);
+      constexpr unsigned tile = static_cast<unsigned>(sched::ScatterCall::kSortTile);
+      launch(src.hist.c_str(), static_cast<unsigned>(src.tiles), tile, argv, pass);
       launch(src.scan.c_str(), 1, 1024, argv, pass);
-      launch(src.place.c_str(), static_cast<unsigned>(src.tiles), 32, argv, pass);
+      launch(src.place.c_str(), static_cast<unsigned>(src.tiles), tile, argv, pass);
     }
     launch(src.init.c_str(), blocks(src.out_elements), 256, argv, 0);
     launch(src.scatter.c_str(), blocks(src.scatter_threads), 256, argv, 0);

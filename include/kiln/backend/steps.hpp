@@ -181,9 +181,10 @@ inline void run_scatter(const ScatterKernels& k, void* const (&operands)[4], voi
   // Sorted runs: the radix passes, each reading the pass number from its argument (copied at launch).
   for (int pass = 0; k.source.sorted_runs && pass < k.source.passes; ++pass) {
     a.pass = pass;
-    launch_step_blocks(k.hist, k.source.tiles, 256, 0, params, device, stream, "a scatter's sort histogram");
+    constexpr int tile = static_cast<int>(sched::ScatterCall::kSortTile);  // one element a thread
+    launch_step_blocks(k.hist, k.source.tiles, tile, 0, params, device, stream, "a scatter's sort histogram");
     launch_step_blocks(k.scan, 1, 1024, 0, params, device, stream, "a scatter's sort scan");
-    launch_step_blocks(k.place, k.source.tiles, 32, 0, params, device, stream, "a scatter's sort placement");
+    launch_step_blocks(k.place, k.source.tiles, tile, 0, params, device, stream, "a scatter's sort placement");
   }
   launch_step_kernel(k.init, k.source.out_elements, params, device, stream, "a scatter's init");
   launch_step_kernel(k.scatter, k.source.scatter_threads, params, device, stream, "a scatter's");

@@ -92,6 +92,9 @@ inline Shape check_shape(const sched::ScatterCall& c) {
 /// covers 32 consecutive elements (coalesced), else adjacent.
 struct Lanes {
   i64 count = 1, stride = 1;
+  /// Four adjacent elements of a 4-byte dtype moved as one 16-byte access (kiln_load4 and
+  /// kiln_store4 in the unit, which fall back to four where an address is not aligned).
+  bool quad = false;
   /// C text of thread `p`'s first element (a flat position).
   std::string first(const std::string& p) const {
     if (stride == 32) return "((" + p + ") / 32LL * 128LL + (" + p + ") % 32LL)";
@@ -103,10 +106,40 @@ inline Lanes lanes_along_last(const Shape& shape, bool same_index) {
   return {4, shape.back() % 128 == 0 ? 32 : 1};
 }
 
+/// Whether rows of `shape` with `strides` split in aligned fours: a contiguous last dim of a
+/// multiple of four and every other stride a multiple of four (so only the base pointer's
+/// alignment is left, checked by kiln_load4/kiln_store4).
+inline bool quad_rows(const Shape& shape, const Strides& strides) {
+  if (shape.empty() || shape.back() % 4 != 0 || strides.back() != 1) return false;
+  for (std::size_t d = 0; d + 1 < shape.size(); ++d)
+    if (shape[d] > 1 && strides[d] % 4 != 0) return false;
+  return true;
+}
+
+/// The GPU's lanes over `c`'s output rows when they move in 16-byte quads: a 4-byte dtype, out
+/// and (unless a constant) base in aligned fours; else lanes_along_last.
+inline Lanes init_lanes_of(const sched::ScatterCall& c, bool same_index) {
+  if (same_index && itemsize(c.dtype) == 4 && quad_rows(c.shape, c.out.strides) &&
+      (c.base_constant || quad_rows(c.shape, c.base.strides)))
+    return {4, 1, true};
+  return lanes_along_last(c.shape, same_index);
+}
+
+/// The unit's quad type and its loads and stores (16 bytes where the address allows, else four).
+inline std::string quad_helpers(const sched::ScatterCall& c) {
+  const std::string st = c_family::stype(c.dtype);
+  return "struct __align__(16) kiln_quad { " + st + " v[4]; };\n"
+         "static __device__ __forceinline__ kiln_quad kiln_load4(const " + st + "* p) {\n"
+         "  if (((unsigned long long)p & 15ull) == 0ull) return *(const kiln_quad*)p;\n"
+         "  kiln_quad q; q.v[0] = p[0]; q.v[1] = p[1]; q.v[2] = p[2]; q.v[3] = p[3]; return q;\n}\n"
+         "static __device__ __forceinline__ void kiln_store4(" + st + "* p, kiln_quad q) {\n"
+         "  if (((unsigned long long)p & 15ull) == 0ull) { *(kiln_quad*)p = q; return; }\n"
+         "  p[0] = q.v[0]; p[1] = q.v[1]; p[2] = q.v[2]; p[3] = q.v[3];\n}\n";
+}
+
 /// The statement storing the scatter of src at `soff` into out at `ooff`.
-inline std::string element(const sched::ScatterCall& c, const std::string& ooff, const std::string& soff,
-                           c_family::PreludeNeeds& needs) {
-  const std::string dst = "out[" + ooff + "]", v = "src[" + soff + "]";
+inline std::string element_into(const sched::ScatterCall& c, const std::string& dst, const std::string& v,
+                                c_family::PreludeNeeds& needs) {
   if (!c.accumulate) return dst + " = " + v + ";";
   const DType t = c.dtype;
   std::string sum;
@@ -129,6 +162,12 @@ inline std::string element(const sched::ScatterCall& c, const std::string& ooff,
       sum = dst + " + " + v;
   }
   return dst + " = " + sum + ";";
+}
+
+/// The statement writing (or adding) src[soff] into out[ooff].
+inline std::string element(const sched::ScatterCall& c, const std::string& ooff, const std::string& soff,
+                           c_family::PreludeNeeds& needs) {
+  return element_into(c, "out[" + ooff + "]", "src[" + soff + "]", needs);
 }
 
 /// The fault site of `c` (core/index_fault.hpp): its op, axis and operands.
@@ -157,7 +196,11 @@ inline std::string cuda_operands(const sched::ScatterCall& c) {
   return "  const " + st + "* __restrict__ base = (const " + st + "*)a.p[0]; (void)base;\n" +
          "  const long long* __restrict__ index = (const long long*)a.p[1]; (void)index;\n" + "  const " + st +
          "* __restrict__ src = (const " + st + "*)a.p[2]; (void)src;\n" + "  " + st + "* __restrict__ out = (" + st +
-         "*)a.p[3]; (void)out;\n" + "  volatile int* flag = (volatile int*)a.p[4];\n";
+         "*)a.p[3]; (void)out;\n" +
+         // A plain pointer: the kernels after the check read the flag it wrote in an earlier
+         // launch (visible, and cached per multiprocessor); a volatile read by every thread went
+         // to one L2 slice each time and held E2's init to 1 TB/s.
+         "  int* const flag = (int*)a.p[4];\n";
 }
 
 /// A GPU thread's flat number `var`, returning past `count`.
@@ -184,6 +227,12 @@ inline std::string cuda_check_head(const sched::ScatterCall& c, const std::strin
 inline std::string cuda_init_stores(const sched::ScatterCall& c, const Lanes& lanes, c_family::PreludeNeeds& needs) {
   const std::string value = c.base_constant ? constant_text(c, c_family::kCudaDialect, needs) : "";
   std::string s;
+  if (lanes.quad) {
+    const std::string ooff = offset(c.out.strides, c.shape);
+    if (c.base_constant)
+      return "  { kiln_quad w; w.v[0] = w.v[1] = w.v[2] = w.v[3] = " + value + "; kiln_store4(&out[" + ooff + "], w); }\n";
+    return "  kiln_store4(&out[" + ooff + "], kiln_load4(&base[" + offset(c.base.strides, c.shape) + "]));\n";
+  }
   for (i64 j = 0; j < lanes.count; ++j) {
     const std::string step = j == 0 ? "" : " + " + std::to_string(j * lanes.stride) + "LL * ";
     s += "  out[" + offset(c.out.strides, c.shape) + (j ? step + std::to_string(c.out.strides.back()) + "LL" : "") +
@@ -295,9 +344,12 @@ inline ScatterSource generate_cuda_sorted_runs(const sched::ScatterCall& c, cons
   const Shape oth = others(c), cs = check_shape(c);
   const std::string N = std::to_string(n) + "LL", B = std::to_string(bound), TL = std::to_string(tiles);
   // Init lanes: four elements along the last dim when they share the target and the index's extent.
-  const Lanes init_lanes = static_cast<int>(last) != axis && is[last] == c.shape[last] ? lanes_along_last(c.shape, true) : Lanes{};
-  // Apply lanes: four columns of a run's rows.
-  const Lanes run_lanes = static_cast<int>(last) != axis ? lanes_along_last(is, true) : Lanes{};
+  const Lanes init_lanes = static_cast<int>(last) != axis && is[last] == c.shape[last] ? init_lanes_of(c, true) : Lanes{};
+  // Apply lanes: four columns of a run's rows (a quad where out, base and src rows allow).
+  Lanes run_lanes = static_cast<int>(last) != axis ? lanes_along_last(is, true) : Lanes{};
+  if (run_lanes.count == 4 && itemsize(c.dtype) == 4 && quad_rows(is, c.src.strides) &&
+      quad_rows(c.shape, c.out.strides) && (c.base_constant || quad_rows(c.shape, c.base.strides)))
+    run_lanes = {4, 1, true};
   const i64 per_run = oth.numel() / run_lanes.count;
   out.index_elements = cs.numel();
   out.out_elements = c.shape.numel() / init_lanes.count;
@@ -325,34 +377,49 @@ inline ScatterSource generate_cuda_sorted_runs(const sched::ScatterCall& c, cons
                                  "LL, end = begin + " + std::to_string(tile) + "LL < " + N + " ? begin + " +
                                  std::to_string(tile) + "LL : " + N + ";\n";
   // Hist: each tile's digit counts, stored digit-major (hist[d * tiles + tile]).
-  body += "extern \"C\" __global__ void " + out.hist + args + " {\n" + ptrs + "  if (*flag) return;\n" + pass_io +
-          tile_range;
-  body += "  __shared__ unsigned h[256];\n  h[threadIdx.x] = 0u;\n  __syncthreads();\n";
-  body += "  for (long long i = begin + threadIdx.x; i < end; i += 256) atomicAdd(&h[(keys_in[i] >> shift) & 255u], 1u);\n";
-  body += "  __syncthreads();\n  hist[(long long)threadIdx.x * " + TL + " + blockIdx.x] = h[threadIdx.x];\n}\n";
-  // Scan: exclusive prefix sums of the histograms, in place (one block of 1024 threads).
-  const std::string M = std::to_string(256 * tiles);
-  body += "extern \"C\" __global__ void " + out.scan + args + " {\n" + ptrs + "  if (*flag) return;\n";
-  body += "  __shared__ unsigned part[1024];\n  const unsigned t = threadIdx.x;\n";
-  body += "  const long long per = (" + M + "LL + 1023) / 1024, lo = t * per, hi = lo + per < " + M + "LL ? lo + per : " +
-          M + "LL;\n";
-  body += "  unsigned s = 0;\n  for (long long i = lo; i < hi; ++i) s += hist[i];\n  part[t] = s;\n  __syncthreads();\n";
-  body += "  for (unsigned o = 1; o < 1024u; o <<= 1) {\n    const unsigned y = t >= o ? part[t - o] : 0u;\n"
-          "    __syncthreads();\n    part[t] += y;\n    __syncthreads();\n  }\n";
-  body += "  unsigned run = part[t] - s;\n  for (long long i = lo; i < hi; ++i) { const unsigned h = hist[i]; hist[i] = run; run += h; }\n}\n";
-  // Place: one warp per tile puts its elements, in position order, after the earlier tiles'.
-  body += "extern \"C\" __global__ void " + out.place + args + " {\n" + ptrs + "  if (*flag) return;\n" + pass_io +
-          tile_range;
-  body += "  __shared__ unsigned at[256];\n  const unsigned lane = threadIdx.x;\n";
-  body += "  for (unsigned d = lane; d < 256u; d += 32u) at[d] = hist[(long long)d * " + TL + " + blockIdx.x];\n";
-  body += "  __syncwarp();\n";
-  body += "  for (long long s = begin; s < end; s += 32) {\n";
-  body += "    const long long i = s + lane;\n    const bool valid = i < end;\n";
-  body += "    const unsigned key = valid ? keys_in[i] : 0u, d = valid ? (key >> shift) & 255u : 256u;\n";
-  body += "    const unsigned peers = __match_any_sync(0xffffffffu, d);\n";
-  body += "    if (valid) {\n      const unsigned dst = at[d] + (unsigned)__popc(peers & ((1u << lane) - 1u));\n";
-  body += "      keys_out[dst] = key;\n      vals_out[dst] = vals_in[i];\n    }\n    __syncwarp();\n";
-  body += "    if (valid && lane == 31u - (unsigned)__clz(peers)) at[d] += (unsigned)__popc(peers);\n    __syncwarp();\n  }\n}\n";
+  const std::string one_element = "  const long long i = begin + threadIdx.x;\n  const bool valid = i < end;\n";
+  body += "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(tile) + ") " + out.hist + args + " {\n" + ptrs +
+          "  if (*flag) return;\n" + pass_io + tile_range + one_element;
+  body += "  __shared__ unsigned h[256];\n  if (threadIdx.x < 256u) h[threadIdx.x] = 0u;\n  __syncthreads();\n";
+  body += "  if (valid) atomicAdd(&h[(keys_in[i] >> shift) & 255u], 1u);\n";
+  body += "  __syncthreads();\n  if (threadIdx.x < 256u) hist[(long long)threadIdx.x * " + TL + " + blockIdx.x] = h[threadIdx.x];\n}\n";
+  // Scan: exclusive prefix sums of the histograms, in place, by one block of 1024 threads in
+  // rounds of 8192 (each thread's eight adjacent counts loaded together, then the threads'
+  // totals scanned by shuffles and the warps' totals in shared memory): a thread walking its
+  // own stretch in order was latency-bound, 68 us for E2's 32768 counts.
+  const std::string M = std::to_string(256 * tiles) + "LL";
+  body += "extern \"C\" __global__ void __launch_bounds__(1024) " + out.scan + args + " {\n" + ptrs + "  if (*flag) return;\n";
+  body += "  __shared__ unsigned warp_total[32];\n  const unsigned t = threadIdx.x, lane = t & 31u, w = t >> 5;\n";
+  body += "  unsigned carry = 0;\n";
+  body += "  for (long long base = 0; base < " + M + "; base += 8192LL) {\n";
+  body += "    const long long at = base + 8LL * t;\n    unsigned v[8], own = 0;\n";
+  body += "    for (int j = 0; j < 8; ++j) v[j] = at + j < " + M + " ? hist[at + j] : 0u;\n";
+  body += "    for (int j = 0; j < 8; ++j) { const unsigned h = v[j]; v[j] = own; own += h; }\n";
+  body += "    unsigned incl = own;\n";
+  body += "    for (unsigned o = 1; o < 32u; o <<= 1) { const unsigned y = __shfl_up_sync(0xffffffffu, incl, o); if (lane >= o) incl += y; }\n";
+  body += "    if (lane == 31u) warp_total[w] = incl;\n    __syncthreads();\n";
+  body += "    if (w == 0u) {\n      unsigned x = warp_total[lane];\n";
+  body += "      for (unsigned o = 1; o < 32u; o <<= 1) { const unsigned y = __shfl_up_sync(0xffffffffu, x, o); if (lane >= o) x += y; }\n";
+  body += "      warp_total[lane] = x;\n    }\n    __syncthreads();\n";
+  body += "    const unsigned first = carry + (w > 0u ? warp_total[w - 1u] : 0u) + incl - own;\n";
+  body += "    for (int j = 0; j < 8; ++j) if (at + j < " + M + ") hist[at + j] = first + v[j];\n";
+  body += "    carry += warp_total[31];\n    __syncthreads();  // warp_total is the next round's\n  }\n}\n";
+  // Place: one element a thread. Within a warp, equal digits are ranked by __match_any_sync; the
+  // warps' counts of each digit, scanned in warp order after the earlier tiles' (the histogram
+  // scan), give each warp's start, so the pass keeps position order (stable).
+  const std::string W = std::to_string(tile / 32);
+  body += "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(tile) + ") " + out.place + args + " {\n" +
+          ptrs + "  if (*flag) return;\n" + pass_io + tile_range + one_element;
+  body += "  __shared__ unsigned at[" + W + "][256];\n  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;\n";
+  body += "  for (unsigned w = 0; w < " + W + "u; ++w) if (threadIdx.x < 256u) at[w][threadIdx.x] = 0u;\n  __syncthreads();\n";
+  body += "  const unsigned key = valid ? keys_in[i] : 0u, d = valid ? (key >> shift) & 255u : 256u;\n";
+  body += "  const unsigned peers = __match_any_sync(0xffffffffu, d);\n";
+  body += "  const unsigned rank = (unsigned)__popc(peers & ((1u << lane) - 1u));\n";
+  body += "  if (valid && rank == 0u) at[warp][d] = (unsigned)__popc(peers);\n  __syncthreads();\n";
+  body += "  if (threadIdx.x < 256u) {\n    unsigned run = hist[(long long)threadIdx.x * " + TL + " + blockIdx.x];\n";
+  body += "    for (unsigned w = 0; w < " + W + "u; ++w) { const unsigned n = at[w][threadIdx.x]; at[w][threadIdx.x] = run; run += n; }\n  }\n";
+  body += "  __syncthreads();\n";
+  body += "  if (valid) {\n    const unsigned dst = at[warp][d] + rank;\n    keys_out[dst] = key;\n    vals_out[dst] = vals_in[i];\n  }\n}\n";
   // Init: the elements no run writes (an untouched target, or outside the index's extent).
   std::string inside = "count[c" + std::to_string(axis) + "] > 0u";
   for (std::size_t d = 0; d < is.size(); ++d)
@@ -369,26 +436,49 @@ inline ScatterSource generate_cuda_sorted_runs(const sched::ScatterCall& c, cons
   body += "  const unsigned* keys = " + std::string(odd ? "keys1" : "keys0") + ";\n  const unsigned* vals = " +
           (odd ? "vals1" : "vals0") + ";\n";
   body += "  const long long i = id / " + std::to_string(per_run) + "LL, qq = id % " + std::to_string(per_run) + "LL;\n";
-  body += "  const long long t = keys[i];\n  if (i > 0 && (long long)keys[i - 1] == t) return;\n";
+  // The run's first key, the key before it and its first position are read together, and each
+  // step reads the next key and position beside its source row (two dependent reads a run of
+  // one, not four).
+  body += "  const long long t = keys[i];\n  const long long before = i > 0 ? (long long)keys[i - 1] : -1LL;\n";
+  body += "  long long pp = vals[i];\n  if (before == t) return;  // not the run's first\n";
   body += coords(run_lanes.first("qq"), oth, "  ");
   const std::string ooff = offset(c.out.strides, c.shape, axis, "t"), boff = c.base_constant ? "" : offset(c.base.strides, c.shape, axis, "t");
   auto lane_off = [&](const std::string& off, const Strides& strides, i64 j) {
     return j == 0 ? off : off + " + " + std::to_string(j * run_lanes.stride * strides[last]) + "LL";
   };
-  for (i64 j = 0; j < run_lanes.count; ++j)
-    body += "  out[" + lane_off(ooff, c.out.strides, j) + "] = " +
-            (c.base_constant ? constant : "base[" + lane_off(boff, c.base.strides, j) + "]") + ";\n";
-  body += "  for (long long r = i; r < " + N + " && (long long)keys[r] == t; ++r) {\n";
-  body += "    const long long pp = vals[r];\n";
   const std::string soff = offset(c.src.strides, is, axis, "pp");
-  for (i64 j = 0; j < run_lanes.count; ++j)
-    body += "    " + element(c, lane_off(ooff, c.out.strides, j), lane_off(soff, c.src.strides, j), needs) + "\n";
-  body += "  }\n}\n";
+  // The run's sums stay in registers (acc.v[j]): one store of each element, no re-reads of out.
+  const std::string st = c_family::stype(c.dtype);
+  const std::string acc = run_lanes.quad ? "kiln_quad acc" : "struct { " + st + " v[" + std::to_string(run_lanes.count) + "]; } acc";
+  body += "  " + acc + ";\n";
+  if (run_lanes.quad && !c.base_constant) {
+    body += "  acc = kiln_load4(&base[" + boff + "]);\n";
+  } else {
+    for (i64 j = 0; j < run_lanes.count; ++j)
+      body += "  acc.v[" + std::to_string(j) + "] = " +
+              (c.base_constant ? constant : "base[" + lane_off(boff, c.base.strides, j) + "]") + ";\n";
+  }
+  body += "  for (long long r = i;; ++r) {\n";
+  body += "    const bool more = r + 1 < " + N + " && (long long)keys[r + 1] == t;\n";
+  body += "    const long long next = more ? (long long)vals[r + 1] : 0LL;\n";
+  if (run_lanes.quad) body += "    const kiln_quad s = kiln_load4(&src[" + soff + "]);\n";
+  for (i64 j = 0; j < run_lanes.count; ++j) {
+    const std::string js = std::to_string(j);
+    body += "    " + element_into(c, "acc.v[" + js + "]", run_lanes.quad ? "s.v[" + js + "]" : "src[" + lane_off(soff, c.src.strides, j) + "]", needs) + "\n";
+  }
+  body += "    if (!more) break;\n    pp = next;\n  }\n";
+  if (run_lanes.quad)
+    body += "  kiln_store4(&out[" + ooff + "], acc);\n";
+  else
+    for (i64 j = 0; j < run_lanes.count; ++j)
+      body += "  out[" + lane_off(ooff, c.out.strides, j) + "] = acc.v[" + std::to_string(j) + "];\n";
+  body += "}\n";
   std::string& src = out.source;
   src = "// kiln generated scatter (sorted runs)\nstruct kiln_scatter_args { void* p[5]; int pass; };\n";
   src += cuda_detail::kCudaBase;
   if (needs.half) src += cuda_detail::kCudaHalf;
   if (needs.bf16) src += cuda_detail::kCudaBf16;
+  if (init_lanes.quad || run_lanes.quad) src += quad_helpers(c);
   src += c_family::gather_prelude("__device__", "__noinline__",
                                   "(long long)atomicCAS((unsigned long long*)r, 0ull, 1ull)");
   src += body;
@@ -417,7 +507,7 @@ inline ScatterSource generate_cuda_scatter(const sched::ScatterCall& c, const st
   const std::size_t last = is.size() - 1;
   // The init's lanes: consecutive elements of a row; the atomic scatter's: consecutive elements
   // of a row that share their index (the axis is another dim and the index is broadcast along it).
-  const Lanes init_lanes = lanes_along_last(c.shape, true);
+  const Lanes init_lanes = init_lanes_of(c, true);
   Lanes add_lanes =
       lanes_along_last(is, static_cast<int>(last) != axis && c.index.strides[last] == 0 && is[last] > 1);
   // float32 rows whose four lanes are adjacent in src and out: one 16-byte vector atomic
@@ -469,6 +559,7 @@ inline ScatterSource generate_cuda_scatter(const sched::ScatterCall& c, const st
   src += cuda_detail::kCudaBase;
   if (needs.half) src += cuda_detail::kCudaHalf;
   if (needs.bf16) src += cuda_detail::kCudaBf16;
+  if (init_lanes.quad) src += quad_helpers(c);
   src += c_family::gather_prelude("__device__", "__noinline__",
                                   "(long long)atomicCAS((unsigned long long*)r, 0ull, 1ull)");
   src += body;

@@ -51,6 +51,13 @@ class ValueError : public Error {
   using Error::Error;
 };
 
+/// A gradient request the recorded graph cannot answer: a backward of a tensor that needs no
+/// grad, of a non-scalar without a gradient, through a graph a backward already freed.
+class AutogradError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A "cannot happen" state inside kiln: a bug to report, never the user's mistake.
 class InternalError : public Error {
  public:

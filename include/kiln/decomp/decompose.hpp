@@ -3,8 +3,10 @@
 // and dtypes the front end has already checked; 16-bit floats are computed in f32 and rounded
 // once at the end, as PyTorch's kernels do.
 #include <cmath>
+#include <functional>
 #include <initializer_list>
 #include <limits>
+#include <memory>
 #include <numbers>
 #include <vector>
 
@@ -143,8 +145,12 @@ inline NodePtr sigmoid(const NodePtr& x) {
   });
 }
 
-/// max(x, 0), NaN propagating.
-inline NodePtr relu(const NodePtr& x) { return ir::binary(Op::Maximum, x, scalar_like(0.0, x)); }
+/// 0 where x <= 0, else x: NaN propagates, and the gradient at 0 is 0 (PyTorch's relu'(0); a
+/// maximum with 0 would split it between the tied inputs).
+inline NodePtr relu(const NodePtr& x) {
+  NodePtr zero = scalar_like(0.0, x);
+  return ir::where(ir::binary(Op::Le, x, zero), zero, x);
+}
 
 /// x * sigmoid(x). The negative tail is x e/(1+e) with e = exp(-|x|/2)^2 and the product taken
 /// as (x E) E: exp(-|x|) alone turns subnormal at -87.3 while x e is still normal down to -91.8
@@ -161,7 +167,46 @@ inline NodePtr silu(const NodePtr& x) {
 /// GELU: exact (erf) form, or the tanh approximation. Both are evaluated without the
 /// cancellation of 1 + erf / 1 + tanh at negative x (docs/performance-math.md has the bounds);
 /// gelu(-inf) = -0.
+/// Attaches `rule` as the gradient of the composite result `out` built from `inputs` (when
+/// gradients are being recorded through one of them): see ir::CustomGradient.
+inline NodePtr with_gradient(NodePtr out, std::vector<NodePtr> inputs,
+                             std::function<std::vector<NodePtr>(const NodePtr&, const NodePtr&)> rule) {
+  if (!out->requires_grad || out->custom_gradient) return out;
+  out->custom_gradient = std::make_shared<const ir::CustomGradient>(ir::CustomGradient{std::move(inputs), std::move(rule)});
+  return out;
+}
+
+/// gelu's derivative times g (PyTorch's gelu_backward): Phi(x) + x phi(x), or for the tanh
+/// form 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 0.044715 x^2) with t = tanh(u).
+inline NodePtr gelu_backward(const NodePtr& x, const NodePtr& g, bool tanh_approx) {
+  return in_compute_dtype(x, [&](const NodePtr& v) {
+    NodePtr gv = ir::cast(g, v->dtype), half = scalar_like(0.5, v), one = scalar_like(1.0, v);
+    if (!tanh_approx) {
+      NodePtr cdf = mul(half, add(one, ir::unary(Op::Erf, mul(v, scalar_like(1.0 / std::numbers::sqrt2, v)))));
+      NodePtr pdf = mul(scalar_like(1.0 / std::sqrt(2.0 * std::numbers::pi), v),
+                        detail::exp(mul(mul(v, v), scalar_like(-0.5, v))));
+      return mul(gv, add(cdf, mul(v, pdf)));
+    }
+    const double k = std::sqrt(2.0 / std::numbers::pi);
+    NodePtr v2 = mul(v, v);
+    NodePtr t = ir::unary(Op::Tanh, mul(scalar_like(k, v), add(v, mul(scalar_like(0.044715, v), mul(v2, v)))));
+    NodePtr du = mul(scalar_like(k, v), add(one, mul(scalar_like(3 * 0.044715, v), v2)));
+    NodePtr d = add(mul(half, add(one, t)), mul(mul(mul(half, v), sub(one, mul(t, t))), du));
+    return mul(gv, d);
+  });
+}
+
+inline NodePtr gelu_value(const NodePtr& x, bool tanh_approx);
+
+/// x Phi(x) (or its tanh approximation), with its own gradient rule: the accurate piecewise
+/// value is not built to be differentiated (its untaken branches overflow).
 inline NodePtr gelu(const NodePtr& x, bool tanh_approx) {
+  return with_gradient(gelu_value(x, tanh_approx), {x}, [x, tanh_approx](const NodePtr&, const NodePtr& g) {
+    return std::vector<NodePtr>{ir::cast(gelu_backward(x, g, tanh_approx), x->dtype)};
+  });
+}
+
+inline NodePtr gelu_value(const NodePtr& x, bool tanh_approx) {
   return in_compute_dtype(x, [tanh_approx](const NodePtr& v) {
     if (!tanh_approx) return detail::gelu_erf(v);
     // 0.5 x (1 + tanh(u)) = x sigmoid(2u), as silu with exp(-2|u|) = exp(-|u|)^2.

@@ -51,6 +51,8 @@ inline NodePtr finish(Node n) {
     count += in->realized() ? 1u : in->count;
   }
   n.count = static_cast<std::uint32_t>(std::min<std::uint64_t>(count, 1u << 30));
+  if (kiln::ir::detail::grad_mode() && is_floating(n.dtype))
+    n.requires_grad = std::any_of(n.inputs.begin(), n.inputs.end(), [](const NodePtr& in) { return in->requires_grad; });
   if (n.op == Op::Input) h = kiln::detail::hash_combine(h, leaf_hash(n));
   n.hash = h;
   n.depth = depth;
@@ -172,6 +174,12 @@ inline NodePtr reshaped_constant(const NodePtr& x, const Shape& shape) {
   return finish(std::move(n));
 }
 
+/// Whether gradients flowing from `x` are being recorded: then a shape op of x must be a node
+/// of its own with x as its input (not a view of x's storage, not a rebuilt constant).
+inline bool records_grad(const NodePtr& x) { return x->requires_grad && kiln::ir::detail::grad_mode(); }
+/// Whether a shape op on realized `x` may be a view of its storage (a new leaf).
+inline bool viewable(const NodePtr& x) { return x->realized() && !records_grad(x); }
+
 /// View of a realized node with a new shape/offset/strides over the same storage.
 inline NodePtr restride(const NodePtr& x, Shape shape, std::int64_t offset, Strides strides) {
   BufferView v{x->buffer->storage, offset, std::move(strides)};
@@ -184,8 +192,8 @@ inline NodePtr broadcast(const NodePtr& x, const Shape& shape) {
   if (x->shape.size() != shape.size()) detail::invariant_failed("broadcast rank");
   for (std::size_t i = 0; i < shape.size(); ++i)
     if (x->shape[i] != shape[i] && x->shape[i] != 1) detail::invariant_failed("broadcast size");
-  if (x->op == Op::Constant && !x->realized()) return reshaped_constant(x, shape);
-  if (x->realized()) {
+  if (x->op == Op::Constant && !x->realized() && !records_grad(x)) return reshaped_constant(x, shape);
+  if (viewable(x)) {
     Strides st = x->buffer->strides;
     for (std::size_t i = 0; i < shape.size(); ++i)
       if (x->shape[i] != shape[i]) st[i] = 0;
@@ -225,8 +233,8 @@ inline std::optional<Strides> view_strides(const Shape& old, const Strides& old_
 inline NodePtr reshape(const NodePtr& x, const Shape& shape) {
   if (x->shape == shape) return x;
   if (x->shape.numel() != shape.numel()) detail::invariant_failed("reshape numel");
-  if (x->op == Op::Constant && !x->realized()) return reshaped_constant(x, shape);
-  if (x->realized()) {
+  if (x->op == Op::Constant && !x->realized() && !records_grad(x)) return reshaped_constant(x, shape);
+  if (viewable(x)) {
     if (auto st = view_strides(x->shape, x->buffer->strides, shape))
       return restride(x, shape, x->buffer->offset, std::move(*st));
   }
@@ -241,7 +249,7 @@ inline NodePtr permute(const NodePtr& x, const std::vector<std::int64_t>& perm) 
   if (identity) return x;
   Shape out(perm.size());
   for (std::size_t i = 0; i < perm.size(); ++i) out[i] = x->shape[perm[i]];
-  if (x->realized()) {
+  if (viewable(x)) {
     Strides st(perm.size());
     for (std::size_t i = 0; i < perm.size(); ++i) st[i] = x->buffer->strides[perm[i]];
     return restride(x, out, x->buffer->offset, std::move(st));
@@ -256,7 +264,7 @@ inline NodePtr slice(const NodePtr& x, std::int64_t axis, std::int64_t start, st
   if (start == 0 && step == 1 && size == x->shape[axis]) return x;
   Shape out = x->shape;
   out[axis] = size;
-  if (x->realized()) {
+  if (viewable(x)) {
     Strides st = x->buffer->strides;
     std::int64_t offset = x->buffer->offset + (size > 0 ? start * st[axis] : 0);
     st[axis] *= step;
@@ -265,6 +273,13 @@ inline NodePtr slice(const NodePtr& x, std::int64_t axis, std::int64_t start, st
   Node n = blank(Op::Slice, x->dtype, x->device, std::move(out), {x});
   n.attrs.ints = {axis, start, step};
   return finish(std::move(n));
+}
+
+/// x reversed along `axis` (a slice of step -1; fused by the kernel that reads it).
+inline NodePtr flip(const NodePtr& x, std::int64_t axis) {
+  const std::int64_t n = x->shape[static_cast<std::size_t>(axis)];
+  if (n <= 1) return x;
+  return slice(x, axis, n - 1, n, -1);
 }
 
 /// Inputs of one dtype and rank, equal except along `axis`.

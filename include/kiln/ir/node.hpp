@@ -4,6 +4,7 @@
 // structurally equal subgraphs hash equal without a walk.
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,10 +37,10 @@ struct Attrs {
     return u;
   }
   std::uint64_t hash() const {
-    std::uint64_t h = detail::hash_combine(hash_double_bits(scalar), static_cast<std::uint64_t>(iscalar));
-    h = detail::hash_combine(h, seed);
-    for (auto v : ints) h = detail::hash_combine(h, static_cast<std::uint64_t>(v));
-    return detail::hash_combine(h, ints.size());
+    std::uint64_t h = kiln::detail::hash_combine(hash_double_bits(scalar), static_cast<std::uint64_t>(iscalar));
+    h = kiln::detail::hash_combine(h, seed);
+    for (auto v : ints) h = kiln::detail::hash_combine(h, static_cast<std::uint64_t>(v));
+    return kiln::detail::hash_combine(h, ints.size());
   }
 };
 
@@ -55,8 +56,33 @@ struct BufferView {
 struct Node;
 using NodePtr = std::shared_ptr<Node>;
 
-/// One value of the lazy graph. Only `buffer` changes after construction (when the node is
-/// realized, which also drops its inputs so that the subgraph's memory can go).
+/// Autograd state of a leaf that requires grad (a tensor the user marked): the gradient that
+/// backward passes accumulate into it.
+struct GradLeaf {
+  NodePtr grad;  ///< null until a backward reaches the leaf
+};
+
+/// A composite's own gradient rule, attached to the node that is its result: a backward
+/// applies `rule` (the result, its gradient -> one gradient per entry of `inputs`, null for
+/// none) and continues at `inputs` instead of walking the composite's decomposition. For
+/// composites whose decomposition is built for accurate values (piecewise, with rounding
+/// steps or branches that overflow where they are not taken), not for differentiation.
+struct CustomGradient {
+  std::vector<NodePtr> inputs;
+  std::function<std::vector<NodePtr>(const NodePtr& result, const NodePtr& grad)> rule;
+};
+
+namespace detail {
+/// Whether nodes built on this thread record the gradient flow (kiln::NoGradGuard turns it off).
+inline bool& grad_mode() {
+  thread_local bool enabled = true;
+  return enabled;
+}
+}  // namespace detail
+
+/// One value of the lazy graph. Only `buffer` and the autograd state change after construction
+/// (realizing a node also drops its inputs so that the subgraph's memory can go, unless
+/// gradients flow through it: then the inputs are the tape, dropped when a backward has run).
 struct Node {
   Op op;
   DType dtype;
@@ -69,6 +95,13 @@ struct Node {
   std::uint32_t depth = 0;           ///< longest path from a leaf (realized inputs count as leaves)
   std::uint32_t count = 1;           ///< nodes in the unrealized subgraph (shared nodes counted per use, saturating)
   std::optional<BufferView> buffer;  ///< set once realized
+  /// Autograd: gradients flow to this node's inputs (a floating node built, with grad mode on,
+  /// from an input that requires grad) or it is a leaf the user marked (grad_leaf set).
+  bool requires_grad = false;
+  /// A backward without retain_graph has run through this node and dropped its inputs.
+  bool graph_freed = false;
+  std::shared_ptr<GradLeaf> grad_leaf;  ///< set on the leaves the user marked
+  std::shared_ptr<const CustomGradient> custom_gradient;  ///< a composite's own rule, if it has one
 
   bool realized() const { return buffer.has_value(); }
   std::int64_t numel() const { return shape.numel(); }
@@ -77,12 +110,12 @@ struct Node {
 /// Hash of a realized node seen as a leaf of a new graph: its layout, never its address.
 inline std::uint64_t leaf_hash(const Node& n) {
   std::uint64_t h =
-      detail::hash_combine(static_cast<std::uint64_t>(Op::Input) + 1000, static_cast<std::uint64_t>(n.dtype));
-  h = detail::hash_combine(
+      kiln::detail::hash_combine(static_cast<std::uint64_t>(Op::Input) + 1000, static_cast<std::uint64_t>(n.dtype));
+  h = kiln::detail::hash_combine(
       h, static_cast<std::uint64_t>(n.device.kind) * 131 + static_cast<std::uint64_t>(n.device.index));
-  for (auto d : n.shape) h = detail::hash_combine(h, static_cast<std::uint64_t>(d));
-  h = detail::hash_combine(h, n.shape.size());
-  for (auto s : n.buffer->strides) h = detail::hash_combine(h, static_cast<std::uint64_t>(s));
+  for (auto d : n.shape) h = kiln::detail::hash_combine(h, static_cast<std::uint64_t>(d));
+  h = kiln::detail::hash_combine(h, n.shape.size());
+  for (auto s : n.buffer->strides) h = kiln::detail::hash_combine(h, static_cast<std::uint64_t>(s));
   return h;
 }
 

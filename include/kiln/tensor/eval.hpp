@@ -90,7 +90,10 @@ inline void evaluate_group(const std::vector<ir::NodePtr>& roots, Device device)
   counters().graphs++;
   for (std::size_t i = 0; i < roots.size(); ++i) {
     roots[i]->buffer = ir::BufferView{storages[i], 0, contiguous_strides(roots[i]->shape)};
-    roots[i]->inputs.clear();  // the subgraph is no longer needed: let its memory go
+    // The subgraph is no longer needed (let its memory go), unless gradients flow through it:
+    // then it is the tape a backward walks.
+    const ir::Node& r = *roots[i];
+    if (!r.requires_grad || r.grad_leaf || r.graph_freed) roots[i]->inputs.clear();
   }
 }
 

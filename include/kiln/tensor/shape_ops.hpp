@@ -33,11 +33,7 @@ inline std::vector<std::int64_t> distinct_axes(const std::vector<std::int64_t>& 
 }
 
 /// x reversed along axis a (a view-like slice with step -1; fused by the kernel that reads it).
-inline ir::NodePtr flip_node(const ir::NodePtr& x, std::int64_t a) {
-  const std::int64_t n = x->shape[static_cast<std::size_t>(a)];
-  if (n <= 1) return x;
-  return ir::slice(x, a, n - 1, n, -1);
-}
+inline ir::NodePtr flip_node(const ir::NodePtr& x, std::int64_t a) { return ir::flip(x, a); }
 
 /// A 2-D mask over the last two dims of `shape`: keep (i, j) where j - i <= k (lower) or
 /// j - i >= k (upper), broadcast over the leading dims.

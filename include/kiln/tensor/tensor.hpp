@@ -51,6 +51,11 @@ struct Expr {
   std::string str() const;
   /// The matrix product with `other`, as kiln::matmul (torch.Tensor.matmul).
   Tensor matmul(const Tensor& other) const;
+  /// Gradients of the expression's value, as Tensor's (tensor/autograd.hpp).
+  bool requires_grad() const;
+  void backward(const Tensor& gradient, bool retain_graph = false) const;
+  void backward() const;
+  Tensor detach() const;
 
   /// An expression is a value, not storage: write into a Tensor (`t.assign(e)`) instead.
   template <class V>
@@ -174,6 +179,25 @@ class Tensor : public Expr<Tensor> {
   requires TensorLike<E> Tensor& assign(const E& value);
   template <class S>
   requires Scalar<S> Tensor& assign(S value);
+
+  // ---- gradients (tensor/autograd.hpp; libtorch's names and PyTorch's semantics) ----
+  /// Marks this tensor as a leaf whose gradient backward() accumulates into grad() (floating
+  /// dtypes only; `false` stops recording on a leaf). Returns *this.
+  Tensor& requires_grad_(bool requires_grad = true);
+  /// Whether gradients flow to this tensor (a marked leaf, or computed from one with grad mode on).
+  bool requires_grad() const;
+  /// The gradient accumulated by backward passes: an undefined Tensor until one reaches this leaf.
+  Tensor grad() const;
+  /// Accumulates d(this)/d(leaf) into every leaf's grad(), weighted by `gradient` (of this
+  /// tensor's shape; omitted: 1, for a single-element tensor only). Without `retain_graph`, the
+  /// recorded graph is freed and a second backward through it is an AutogradError.
+  void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
+  /// Sets grad() to zeros in place (nothing if it is undefined). Returns *this.
+  Tensor& zero_grad_();
+  /// The same values, outside the recorded graph (no gradient flows through the result).
+  Tensor detach() const;
+  /// True for tensors that need no grad and for the leaves the user marked.
+  bool is_leaf() const;
 
   /// The graph node this handle points to.
   const ir::NodePtr& node() const { return node_; }

@@ -1,0 +1,117 @@
+#pragma once
+// Reverse-mode differentiation over the lazy graph. The forward records itself: a node built
+// (with grad mode on) from an input that requires grad requires grad too and keeps its inputs
+// when it is realized (ir::finish, the evaluator). A backward walks the nodes that require grad
+// from the roots in reverse topological order, applies each node's rule (vjp.hpp, or the
+// composite's own rule where one is attached: ir::CustomGradient) to its summed gradient, and stops at the leaves the user marked (GradLeaf) and at the nodes asked for. The
+// gradients it returns are lazy nodes: evaluated together, they are one graph, fused and compiled
+// like a forward (a chain of pointwise rules becomes one kernel, reading the forward's realized
+// values and recomputing its lazy ones). Without retain_graph, the walk then drops the inputs of
+// the realized nodes it passed (freeing the saved values) and marks every node it passed, so a
+// second backward through them is an AutogradError as in PyTorch.
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "kiln/autodiff/vjp.hpp"
+#include "kiln/core/error.hpp"
+
+namespace kiln::autodiff {
+
+/// Sets grad mode for its lifetime (restores the previous one after).
+class GradModeScope {
+ public:
+  explicit GradModeScope(bool enabled) : saved_(ir::detail::grad_mode()) { ir::detail::grad_mode() = enabled; }
+  ~GradModeScope() { ir::detail::grad_mode() = saved_; }
+  GradModeScope(const GradModeScope&) = delete;
+  GradModeScope& operator=(const GradModeScope&) = delete;
+
+ private:
+  bool saved_;
+};
+
+/// A node's description for errors: "mul float32[4, 3]".
+inline std::string describe_node(const ir::Node& n) {
+  return std::string(ir::op_name(n.op)) + " " + dtype_name(n.dtype) + n.shape.str();
+}
+
+/// A node reached by a backward and its summed gradient (a lazy node).
+struct Reached {
+  NodePtr node, grad;
+};
+
+/// Gradients flowing back from `roots` (each seeded with the gradient of the same index in
+/// `seeds`, of its shape and dtype) to the nodes in `wanted` and to every marked leaf reached,
+/// in the walk's order (the same for the same graph, so the gradients' graph hashes alike run
+/// to run). `what` names the call in errors.
+inline std::vector<Reached> backward_pass(const std::vector<NodePtr>& roots,
+                                                                   const std::vector<NodePtr>& seeds,
+                                                                   const std::vector<NodePtr>& wanted,
+                                                                   bool retain_graph, const char* what) {
+  GradModeScope no_grad(false);  // the gradient graph records nothing
+  std::unordered_set<const ir::Node*> stop;
+  for (const NodePtr& w : wanted) stop.insert(w.get());
+  auto is_stop = [&](const ir::Node& n) { return n.grad_leaf != nullptr || stop.count(&n) != 0; };
+  // Reverse topological order: a node after every node that consumes it (iterative post-order).
+  std::vector<NodePtr> order;
+  std::unordered_set<const ir::Node*> seen;
+  struct Frame {
+    NodePtr node;
+    std::size_t next;
+  };
+  for (const NodePtr& root : roots) {
+    if (!root->requires_grad || !seen.insert(root.get()).second) continue;
+    std::vector<Frame> stack{{root, 0}};
+    while (!stack.empty()) {
+      Frame& f = stack.back();
+      const ir::Node& n = *f.node;
+      if (n.graph_freed)
+        throw AutogradError(std::string(what) + ": trying to backward through the graph a second time (" +
+                            describe_node(n) + " was freed by an earlier backward); pass retain_graph = true to "
+                            "the first backward to keep it");
+      // Marked leaves end the walk; a wanted node that is not one passes its gradient on.
+      const std::vector<NodePtr>& from = n.custom_gradient ? n.custom_gradient->inputs : n.inputs;
+      if (!n.grad_leaf && f.next < from.size()) {
+        const NodePtr& child = from[f.next++];
+        if (child->requires_grad && seen.insert(child.get()).second) stack.push_back({child, 0});
+        continue;
+      }
+      order.push_back(f.node);
+      stack.pop_back();
+    }
+  }
+  std::unordered_map<const ir::Node*, NodePtr> grad;
+  auto accumulate = [&](const NodePtr& node, const NodePtr& g) {
+    NodePtr& slot = grad[node.get()];
+    slot = slot ? ir::binary(Op::Add, slot, g) : g;
+  };
+  for (std::size_t i = 0; i < roots.size(); ++i)
+    if (roots[i]->requires_grad) accumulate(roots[i], seeds[i]);
+  std::vector<Reached> out;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const NodePtr& n = *it;
+    auto found = grad.find(n.get());
+    if (found == grad.end()) continue;
+    const NodePtr g = found->second;
+    if (is_stop(*n)) out.push_back({n, g});
+    if (n->grad_leaf) continue;
+    const std::vector<NodePtr>& from = n->custom_gradient ? n->custom_gradient->inputs : n->inputs;
+    Grads in = n->custom_gradient ? n->custom_gradient->rule(n, g) : vjp(n, g);
+    for (std::size_t k = 0; k < from.size() && k < in.size(); ++k)
+      if (in[k] && from[k]->requires_grad) accumulate(from[k], in[k]);
+  }
+  if (!retain_graph) {
+    for (const NodePtr& n : order) {
+      if (n->grad_leaf) continue;
+      n->graph_freed = true;
+      if (n->realized()) {  // the saved values it held are no longer needed
+        n->inputs.clear();
+        n->custom_gradient.reset();
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace kiln::autodiff

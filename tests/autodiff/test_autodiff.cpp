@@ -1,0 +1,274 @@
+// Gradients: the tape API (requires_grad_, backward, grad, accumulation, zero_grad_, detach,
+// the guards) and its errors; every primitive's rule and the composites through their
+// decompositions checked by autograd::gradcheck (float64 central differences) on small random
+// inputs, with broadcasting, keepdim, ties, slices and special values; autograd::grad,
+// kiln::grad and value_and_grad; the fused (JIT) backward against the reference executor; and
+// an MLP trained 50 steps by SGD on both executors to the same losses.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include <kiln/kiln.hpp>
+
+using namespace kiln;
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+namespace {
+
+struct BackendScope {
+  Backend saved = get_backend();
+  explicit BackendScope(Backend b) { set_backend(b); }
+  ~BackendScope() { set_backend(saved); }
+};
+
+/// gradcheck on the reference executor (no kernels to compile for the many perturbed calls).
+void check(const char* what, const Fn& f, const std::vector<Tensor>& inputs, double atol = 1e-6, double rtol = 1e-4,
+           double eps = 1e-6) {
+  INFO(std::string(what));
+  BackendScope eager(Backend::Eager);
+  try {
+    CHECK(autograd::gradcheck(f, inputs, eps, atol, rtol));
+  } catch (const AutogradError& e) {
+    FAIL_CHECK(what << ": " << e.what());
+  }
+}
+
+Tensor vals(const std::vector<double>& v, const Shape& s) { return from_vector<double>(v, s); }
+
+}  // namespace
+
+TEST_CASE("autograd: the tape accumulates into leaves; guards, detach, errors") {
+  Tensor x = vals({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor w = vals({0.5, -1, 2, 0, 1, 3}, {2, 3}).requires_grad_();
+  CHECK(w.requires_grad());
+  CHECK(w.is_leaf());
+  CHECK_FALSE(w.grad().defined());
+  Tensor loss = sum(x * w * w);
+  CHECK(loss.requires_grad());
+  CHECK_FALSE(loss.is_leaf());
+  loss.backward();
+  std::vector<double> g = w.grad().to_vector<double>();
+  const std::vector<double> xs = x.to_vector<double>(), ws = w.to_vector<double>();
+  for (std::size_t i = 0; i < g.size(); ++i) CHECK(g[i] == doctest::Approx(2 * xs[i] * ws[i]));
+  // A second forward and backward add to grad(), in place (a handle taken before sees it).
+  Tensor held = w.grad();
+  sum(x * w * w).backward();
+  g = held.to_vector<double>();
+  for (std::size_t i = 0; i < g.size(); ++i) CHECK(g[i] == doctest::Approx(4 * xs[i] * ws[i]));
+  w.zero_grad_();
+  for (double v : w.grad().to_vector<double>()) CHECK(v == 0.0);
+
+  // A second backward through a freed graph is an error; retain_graph keeps it.
+  Tensor l2 = sum(exp(w) * x);
+  l2.backward(Tensor(), true);
+  l2.backward();
+  CHECK_THROWS_AS(l2.backward(), AutogradError);
+  // Errors: no grad, non-scalar without a gradient, integer leaves, a wrong gradient shape.
+  CHECK_THROWS_AS(sum(x).backward(), AutogradError);
+  CHECK_THROWS_AS((w * 2.0).backward(), AutogradError);
+  CHECK_THROWS_AS(from_vector<std::int64_t>({1, 2}, {2}).requires_grad_(), DTypeError);
+  CHECK_THROWS_AS((w * 2.0).backward(ones({3, 2}, f64)), ShapeError);
+  CHECK_THROWS_AS(Tensor(w * 2.0).requires_grad_(false), AutogradError);
+
+  // A non-scalar output with a gradient: d(sum(v * y)).
+  w.zero_grad_();
+  (w * 3.0).backward(vals({1, 1, 1, 2, 2, 2}, {2, 3}));
+  CHECK(w.grad().to_vector<double>() == std::vector<double>{3, 3, 3, 6, 6, 6});
+
+  {
+    NoGradGuard off;
+    CHECK_FALSE((w * 2.0).requires_grad());
+    CHECK_FALSE(is_grad_enabled());
+    EnableGradGuard on;
+    CHECK((w * 2.0).requires_grad());
+  }
+  CHECK(is_grad_enabled());
+  Tensor d = (w * 2.0).detach();
+  CHECK_FALSE(d.requires_grad());
+  CHECK(d.to_vector<double>() == (w * 2.0).detach().to_vector<double>());
+}
+
+TEST_CASE("autograd: a leaf that is evaluated, viewed and read still gets its gradient") {
+  Tensor w = randn({3, 4}, 5, f64).requires_grad_();
+  w.eval();
+  Tensor h = matmul(transpose(w, 0, 1), w);  // a view of an evaluated leaf records the transpose
+  h.eval();                                  // evaluated before the backward: the tape is kept
+  Tensor loss = sum(h);
+  (void)loss.item<double>();
+  loss.backward();
+  // d sum(W^T W) / dW = W (1 1^T) + W (1 1^T) = 2 W J
+  std::vector<double> wv = w.to_vector<double>(), g = w.grad().to_vector<double>();
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 4; ++j) {
+      double row = 0;
+      for (int k = 0; k < 4; ++k) row += wv[static_cast<std::size_t>(i * 4 + k)];
+      CHECK(g[static_cast<std::size_t>(i * 4 + j)] == doctest::Approx(2 * row));
+    }
+}
+
+TEST_CASE("autograd: special values follow PyTorch (relu'(0), abs'(0), sqrt'(0), ties of max)") {
+  Tensor x = vals({-1, 0, 2}, {3}).requires_grad_();
+  sum(relu(x)).backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{0, 0, 1});
+  x.zero_grad_();
+  sum(abs(x)).backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{-1, 0, 1});
+  Tensor z = vals({0, 4}, {2}).requires_grad_();
+  sum(sqrt(z)).backward();
+  CHECK(std::isinf(z.grad().to_vector<double>()[0]));
+  CHECK(z.grad().to_vector<double>()[1] == doctest::Approx(0.25));
+  Tensor t = vals({3, 1, 3, 2}, {4}).requires_grad_();
+  max(t).backward();  // two elements hold the max: half each
+  CHECK(t.grad().to_vector<double>() == std::vector<double>{0.5, 0, 0.5, 0});
+  Tensor rows = vals({1, 5, 5, 5, 2, 0}, {2, 3}).requires_grad_();
+  sum(amax(rows, {1})).backward();  // along a dim too: the two fives of row 0 share
+  CHECK(rows.grad().to_vector<double>() == std::vector<double>{0, 0.5, 0.5, 1, 0, 0});
+  // gelu's own rule: finite everywhere, Phi(0) = 0.5 at 0 and at tiny values
+  Tensor gz = from_vector<float>({0.f, 1e-30f, -1e-30f, 20.f, -20.f}, {5}).requires_grad_();
+  sum(gelu(gz)).backward();
+  std::vector<float> gg = gz.grad().to_vector<float>();
+  CHECK(gg == std::vector<float>{0.5f, 0.5f, 0.5f, 1.f, 0.f});
+  Tensor p = vals({2, 0, 3}, {3}).requires_grad_();
+  prod(p).backward();  // one zero: only it gets the product of the others
+  CHECK(p.grad().to_vector<double>() == std::vector<double>{0, 6, 0});
+}
+
+TEST_CASE("autograd: gradcheck of the pointwise rules") {
+  Tensor a = randn({3, 4}, 11, f64), b = randn({3, 4}, 12, f64);
+  Tensor pos = abs(randn({3, 4}, 13, f64)) + 0.5, unit = tanh(randn({3, 4}, 14, f64)) * 0.9;
+  Tensor row = randn({1, 4}, 15, f64);
+  check("neg exp exp2 expm1", [](auto& v) { return -exp(v[0]) + exp2(v[0]) * expm1(v[0]); }, {a});
+  check("log log2 log1p sqrt rsqrt", [](auto& v) { return log(v[0]) + log2(v[0]) * log1p(v[0]) + sqrt(v[0]) / rsqrt(v[0]); }, {pos});
+  check("sin cos tan tanh erf atan", [](auto& v) { return sin(v[0]) * cos(v[0]) + tan(v[0]) - tanh(v[0]) + erf(v[0]) * atan(v[0]); }, {unit});
+  check("asin acos", [](auto& v) { return asin(v[0]) + acos(v[0]) * v[0]; }, {unit});
+  check("sigmoid silu gelu gelu-tanh", [](auto& v) { return sigmoid(v[0]) + silu(v[0]) + gelu(v[0]) + gelu(v[0], true); }, {a});
+  check("abs square reciprocal", [](auto& v) { return abs(v[0]) * square(v[0]) + reciprocal(v[0] + 5.0); }, {a});
+  check("add sub mul div, broadcast", [](auto& v) { return (v[0] + v[1]) * (v[0] - v[2]) / (v[1] * v[1] + 1.0); }, {a, b, row});
+  check("pow", [](auto& v) { return pow(v[0], v[1]); }, {pos, b});
+  check("pow scalar", [](auto& v) { return pow(v[0], 3.0) + pow(2.0, v[0]); }, {a});
+  check("maximum minimum", [](auto& v) { return maximum(v[0], v[1]) * 2.0 + minimum(v[0], v[1]); }, {a, b});
+  check("where", [](auto& v) { return where(v[0] > v[1], v[0] * v[1], exp(v[1])); }, {a, b});
+  check("atan2 hypot", [](auto& v) { return atan2(v[0], v[1]) + hypot(v[0], v[1]); }, {a, b});
+  check("fmod", [](auto& v) { return fmod(v[0] * 3.0, v[1]); }, {a, pos});
+  // through float32: steps of 1e-2 (float32's rounding would swamp differences of 1e-6)
+  check("casts", [](auto& v) { return v[0].to(f32).to(f64) * 2.0; }, {a}, 1e-4, 1e-4, 1e-2);
+  check("floor round", [](auto& v) { return floor(v[0] * 3.0) + round(v[0]) + v[0]; }, {a + 0.01});
+}
+
+TEST_CASE("autograd: gradcheck of reductions, index maps, products and scans") {
+  Tensor a = randn({3, 4}, 21, f64), b = randn({4, 5}, 22, f64), c = randn({2, 3, 4}, 23, f64);
+  check("sum mean keepdim", [](auto& v) { return sum(v[0], {1}, true) * mean(v[0], {0}, true); }, {a});
+  check("var", [](auto& v) { return var(v[0], {1}); }, {a});
+  check("prod", [](auto& v) { return prod(v[0], {1}); }, {a});
+  check("amax amin", [](auto& v) { return amax(v[0], {1}) + sum(amin(v[0], {0}, true)); }, {a});
+  check("max over a dim", [](auto& v) { return max(v[0] * 2.0, {1}); }, {a});
+  check("max(dim) values", [](auto& v) { return std::get<0>(max(v[0], 1)); }, {a});
+  check("logsumexp softmax log_softmax", [](auto& v) { return logsumexp(v[0], {1}) + sum(softmax(v[0], 1) * log_softmax(v[0], 0), {1}); }, {a});
+  check("transpose reshape permute", [](auto& v) { return reshape(transpose(v[0], 0, 2), {4, 6}) * 2.0 + reshape(permute(v[0], {1, 2, 0}), {4, 6}); }, {c});
+  check("slice step, flip, concat, stack", [](auto& v) {
+    return sum(concat({slice(v[0], 1, 1, 4, 2), flip(v[0], {0})}, 1)) + sum(stack({v[0], v[0] * 2.0}, 0), {0});
+  }, {a});
+  check("pad, tril, roll, repeat", [](auto& v) { return sum(pad(v[0], {1, 2}, 0.5)) + tril(v[0], 0) * roll(v[0], 1, 1) + sum(repeat(v[0], {2, 1}), {0}, true); }, {a});
+  check("matmul", [](auto& v) { return matmul(v[0], v[1]); }, {a, b});
+  check("matmul batched and broadcast", [](auto& v) { return matmul(v[0], v[1]); }, {c, b});
+  check("matmul vector", [](auto& v) { return matmul(v[0], v[1]); }, {a, randn({4}, 24, f64)});
+  check("cumsum cumprod logcumsumexp", [](auto& v) { return cumsum(v[0], 1) + cumprod(v[0], 0) + logcumsumexp(v[0], 1); }, {a});
+  check("cummax", [](auto& v) { return std::get<0>(cummax(v[0], 1)); }, {a});
+  check("topk and sort values", [](auto& v) { return std::get<0>(topk(v[0], 2, -1)) * 2.0 + sum(std::get<0>(sort(v[0], 0))); }, {a});
+}
+
+TEST_CASE("autograd: gradcheck of gathers, scatters and the model composites") {
+  Tensor w = randn({6, 3}, 31, f64), x = randn({4, 3}, 32, f64);
+  Tensor ids = from_vector<std::int64_t>({1, 4, 1, 5}, {4});  // repeats: the scatter-add sums them
+  Tensor idx2 = from_vector<std::int64_t>({0, 2, 1, 2, 0, 0}, {2, 3});
+  check("embedding", [](auto& v) { return embedding(v[0], v[1]) * 2.0; }, {w, ids});
+  check("index_select", [](auto& v) { return index_select(v[0], 0, v[1]); }, {w, ids});
+  check("gather", [](auto& v) { return gather(v[0], 1, v[1]); }, {w, idx2});
+  check("scatter_add", [](auto& v) { return scatter_add(v[0], 0, v[2], v[1]); }, {w, x, from_vector<std::int64_t>({0, 5, 0, 2, 1, 1, 3, 3, 3, 0, 5, 4}, {4, 3})});
+  check("index_add", [](auto& v) { return index_add(v[0], 0, v[2], v[1]) * 3.0; }, {w, x, ids});
+  check("scatter (overwrite)", [](auto& v) { return scatter(v[0], 0, v[2], v[1]); }, {w, x, from_vector<std::int64_t>({0, 5, 2, 2, 1, 1, 3, 4, 0, 5, 0, 4}, {4, 3})});  // unique per column, as PyTorch requires
+  check("masked_fill", [](auto& v) { return masked_fill(v[0], v[0] > 0.0, 2.0) * v[0]; }, {x});
+  Tensor lw = randn({3}, 33, f64), lb = randn({3}, 34, f64);
+  check("layer_norm", [](auto& v) { return layer_norm(v[0], v[1], v[2]); }, {x, lw, lb}, 1e-5, 1e-3);
+  check("rms_norm", [](auto& v) { return rms_norm(v[0], v[1]); }, {x, lw}, 1e-5, 1e-3);
+  Tensor targets = from_vector<std::int64_t>({2, 0, -100, 1}, {4});
+  check("cross_entropy (an ignored row)", [](auto& v) { return cross_entropy(v[0], v[1]); }, {x, targets});
+  check("relu(x @ w) the quickstart", [](auto& v) { return relu(matmul(v[0], v[1])); }, {x, transpose(w, 0, 1)});
+}
+
+TEST_CASE("autograd::grad, kiln::grad and value_and_grad") {
+  Tensor x = vals({1, 2, 3}, {3}).requires_grad_(), y = vals({4, 5, 6}, {3}).requires_grad_();
+  Tensor out = sum(x * y);
+  std::vector<Tensor> g = autograd::grad({out}, {x, y});
+  CHECK(g[0].to_vector<double>() == std::vector<double>{4, 5, 6});
+  CHECK(g[1].to_vector<double>() == std::vector<double>{1, 2, 3});
+  CHECK_FALSE(x.grad().defined());  // autograd::grad leaves .grad alone
+  Tensor unused = vals({1}, {1}).requires_grad_();
+  CHECK_THROWS_AS(autograd::grad({sum(x * 2.0)}, {unused}), AutogradError);
+  CHECK_FALSE(autograd::grad({sum(x * 2.0)}, {unused}, {}, false, true)[0].defined());
+  // An interior node's gradient.
+  Tensor h = x * x;
+  CHECK(autograd::grad({sum(h * 3.0)}, {h})[0].to_vector<double>() == std::vector<double>{3, 3, 3});
+
+  auto f = [](const Tensor& a, const Tensor& b) { return sum(a * a * b); };
+  Tensor a = vals({1, 2}, {2}), b = vals({3, 4}, {2});
+  auto [value, grads] = value_and_grad(f, {0, 1})(a, b);
+  CHECK(value.item<double>() == 3 + 16);
+  CHECK(grads[0].to_vector<double>() == std::vector<double>{6, 16});
+  CHECK(grads[1].to_vector<double>() == std::vector<double>{1, 4});
+  CHECK(kiln::grad(f)(a, b)[0].to_vector<double>() == std::vector<double>{6, 16});
+  CHECK_FALSE(a.requires_grad());  // the arguments are not marked
+  CHECK_THROWS_AS(kiln::grad([](const Tensor& t) { return t * 2.0; })(a), AutogradError);
+}
+
+TEST_CASE("autograd: one backward of a small model gives the same gradients fused (JIT) and on the reference") {
+  auto grads = [](Backend backend) {
+    BackendScope scope(backend);
+    Tensor X = randn({8, 6}, 51), w1 = randn({6, 5}, 52).requires_grad_(), b1 = zeros({5}).requires_grad_(),
+           w2 = randn({5, 3}, 53).requires_grad_();
+    Tensor targets = from_vector<std::int64_t>({0, 1, 2, 0, 1, 2, 0, 1}, {8});
+    Tensor h = matmul(X, w1) + b1;
+    std::vector<std::vector<float>> out;
+    for (int part = 0; part < 4; ++part) {
+      for (Tensor* p : {&w1, &b1, &w2}) p->zero_grad_();
+      Tensor y = part == 0 ? sum(h * h) : part == 1 ? sum(layer_norm(h)) * 0.0 + sum(layer_norm(h) * layer_norm(h) * 0.5)
+                 : part == 2 ? sum(gelu(h)) : cross_entropy(matmul(gelu(layer_norm(h)), w2), targets);
+      y.backward(Tensor(), true);
+      out.push_back(w1.grad().to_vector<float>());
+      out.push_back(b1.grad().defined() ? b1.grad().to_vector<float>() : std::vector<float>{});
+    }
+    return out;
+  };
+  std::vector<std::vector<float>> jit = grads(Backend::Jit), ref = grads(Backend::Eager);
+  for (std::size_t k = 0; k < jit.size(); ++k) {
+    CAPTURE(k);
+    REQUIRE(jit[k].size() == ref[k].size());
+    for (std::size_t i = 0; i < jit[k].size(); ++i) CHECK(jit[k][i] == doctest::Approx(ref[k][i]).epsilon(1e-4));
+  }
+}
+
+TEST_CASE("autograd: the fused backward (JIT) equals the reference, and an MLP trains to the same losses") {
+  auto run = [](Backend backend) {
+    BackendScope scope(backend);
+    Tensor X = randn({64, 16}, 41), w1 = (randn({16, 32}, 42) * 0.25).eval().requires_grad_(),
+           b1 = zeros({32}).requires_grad_(), w2 = (randn({32, 4}, 43) * 0.25).eval().requires_grad_();
+    Tensor targets = argmax(slice(X, 1, 0, 4), {1});  // a class the inputs determine
+    std::vector<double> losses;
+    for (int step = 0; step < 50; ++step) {
+      Tensor loss = cross_entropy(matmul(gelu(layer_norm(matmul(X, w1) + b1)), w2), targets);
+      losses.push_back(loss.item<float>());
+      loss.backward();
+      NoGradGuard off;
+      for (Tensor* p : {&w1, &b1, &w2}) {
+        p->assign(*p - 0.5f * p->grad());
+        p->zero_grad_();
+      }
+    }
+    return losses;
+  };
+  std::vector<double> jit = run(Backend::Jit), ref = run(Backend::Eager);
+  CHECK(jit.back() < 0.5 * jit.front());  // it learns
+  for (std::size_t i = 0; i < jit.size(); ++i) CHECK(jit[i] == doctest::Approx(ref[i]).epsilon(1e-3));
+}

@@ -194,6 +194,22 @@ void BM_workload(benchmark::State& state, const Workload& w, Backend backend) {
   set_backend(saved);
 }
 
+/// B1: forward and backward of gelu(layer_norm(X, w, b)) (tanh gelu, as torch_suite's B1) with
+/// respect to X, w and b, X [4096, 4096] f32: each call builds the forward, differentiates
+/// sum(out) and evaluates the three gradients together. Bytes: X read once and dX written once
+/// (the least traffic; torch_suite reports B1's GB/s on twice that).
+void BM_B1(benchmark::State& state) {
+  Tensor X = randn({kM, kK}, 1).eval().requires_grad_(), w = rand({kK}, 2).eval().requires_grad_(),
+         b = randn({kK}, 3).eval().requires_grad_();
+  try {
+    bench::run(state, kCpu, {.bytes = 2.0 * kM * kK * 4}, [&] {
+      return autograd::grad({sum(gelu(layer_norm(X, w, b), true))}, {X, w, b});
+    });
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
 // ---- Eigen Tensor peers -------------------------------------------------------------------
 
 using EVec = Eigen::Tensor<float, 1, Eigen::RowMajor>;
@@ -631,6 +647,7 @@ int main(int argc, char** argv) {
           ->Unit(w.bytes > 0 ? benchmark::kMillisecond : benchmark::kMicrosecond);
     }
   }
+  benchmark::RegisterBenchmark("B1_layer_norm_gelu_fwd_bwd/jit", BM_B1)->UseRealTime()->Unit(benchmark::kMillisecond);
   for (const EigenWorkload& w : eigen_workloads())
     benchmark::RegisterBenchmark((std::string(w.id) + "/eigen").c_str(), BM_eigen, w)
         ->UseRealTime()

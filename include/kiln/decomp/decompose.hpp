@@ -279,15 +279,59 @@ inline NodePtr log1p_sum_exp_below_max(const NodePtr& shifted, const std::vector
 
 /// log(sum(exp(x))) over axes, kept; stable (max subtracted; infinite maxima give the maximum,
 /// as PyTorch), and accurate when one element dominates (see log1p_sum_exp_below_max).
+/// Its gradient (own rule: the value's branches and counts are for accuracy, not for
+/// differentiation) is g exp(x - out), the softmax over the axes.
 inline NodePtr logsumexp_keep(const NodePtr& x, const std::vector<std::int64_t>& axes) {
-  return in_compute_dtype(x, [&](const NodePtr& v) {
+  NodePtr out = in_compute_dtype(x, [&](const NodePtr& v) {
     NodePtr m = ir::reduce(Op::ReduceMax, v, axes);
     NodePtr l = detail::log1p_sum_exp_below_max(sub(v, expand(m, v->shape)), axes);
     return ir::where(ir::unary(Op::IsInf, m), m, add(m, l));
   });
+  return with_gradient(out, {x}, [x](const NodePtr& result, const NodePtr& g) {
+    return std::vector<NodePtr>{in_compute_dtype(x, [&](const NodePtr& v) {
+      NodePtr r = expand(ir::cast(result, v->dtype), v->shape);
+      return mul(expand(ir::cast(g, v->dtype), v->shape), ir::unary(Op::Exp, sub(v, r)));
+    })};
+  });
 }
 
+/// softmax's gradient from its result y: y (g - sum(g y)) along the axis (PyTorch's
+/// _softmax_backward_data), computed in float32 for half types.
+inline NodePtr softmax_backward(const NodePtr& y, const NodePtr& g, std::int64_t axis) {
+  return in_compute_dtype(y, [&](const NodePtr& yv) {
+    NodePtr gv = ir::cast(g, yv->dtype);
+    NodePtr dot = ir::reduce(Op::ReduceSum, mul(gv, yv), {axis});
+    return mul(yv, sub(gv, expand(dot, yv->shape)));
+  });
+}
+
+/// log_softmax's gradient from its result: g - exp(out) sum(g) along the axis.
+inline NodePtr log_softmax_backward(const NodePtr& out, const NodePtr& g, std::int64_t axis) {
+  return in_compute_dtype(out, [&](const NodePtr& ov) {
+    NodePtr gv = ir::cast(g, ov->dtype);
+    NodePtr total = ir::reduce(Op::ReduceSum, gv, {axis});
+    return sub(gv, mul(ir::unary(Op::Exp, ov), expand(total, ov->shape)));
+  });
+}
+
+inline NodePtr softmax_value(const NodePtr& x, std::int64_t axis);
+inline NodePtr log_softmax_value(const NodePtr& x, std::int64_t axis);
+
+/// exp(x - max) / sum, with its own gradient rule (from the result, as PyTorch saves it).
 inline NodePtr softmax(const NodePtr& x, std::int64_t axis) {
+  return with_gradient(softmax_value(x, axis), {x}, [axis](const NodePtr& y, const NodePtr& g) {
+    return std::vector<NodePtr>{softmax_backward(y, g, axis)};
+  });
+}
+
+/// x - max - log(sum(exp(x - max))), with its own gradient rule (from the result).
+inline NodePtr log_softmax(const NodePtr& x, std::int64_t axis) {
+  return with_gradient(log_softmax_value(x, axis), {x}, [axis](const NodePtr& out, const NodePtr& g) {
+    return std::vector<NodePtr>{log_softmax_backward(out, g, axis)};
+  });
+}
+
+inline NodePtr softmax_value(const NodePtr& x, std::int64_t axis) {
   return in_compute_dtype(x, [&](const NodePtr& v) {
     NodePtr m = expand(ir::reduce(Op::ReduceMax, v, {axis}), v->shape);
     NodePtr e = ir::unary(Op::Exp, sub(v, m));
@@ -299,7 +343,7 @@ inline NodePtr softmax(const NodePtr& x, std::int64_t axis) {
   });
 }
 
-inline NodePtr log_softmax(const NodePtr& x, std::int64_t axis) {
+inline NodePtr log_softmax_value(const NodePtr& x, std::int64_t axis) {
   return in_compute_dtype(x, [&](const NodePtr& v) {
     // An infinite or NaN maximum makes the whole row NaN, as in PyTorch: shifted - (-inf).
     NodePtr shifted = sub(v, expand(ir::reduce(Op::ReduceMax, v, {axis}), v->shape));

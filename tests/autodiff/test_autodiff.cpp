@@ -272,3 +272,21 @@ TEST_CASE("autograd: the fused backward (JIT) equals the reference, and an MLP t
   CHECK(jit.back() < 0.5 * jit.front());  // it learns
   for (std::size_t i = 0; i < jit.size(); ++i) CHECK(jit[i] == doctest::Approx(ref[i]).epsilon(1e-3));
 }
+
+TEST_CASE("autograd: a kiln::compile'd forward whose results require grad still trains (run uncompiled)") {
+  Tensor w = randn({4, 3}, 61, f64).requires_grad_();
+  Tensor x = randn({5, 4}, 62, f64);
+  auto forward = kiln::compile([&w](const Tensor& in) { return sum(relu(matmul(in, w))); });
+  Tensor loss = forward(x);
+  REQUIRE(loss.requires_grad());
+  loss.backward();
+  std::vector<double> compiled = w.grad().to_vector<double>();
+  w.zero_grad_();
+  sum(relu(matmul(x, w))).backward();
+  CHECK(compiled == w.grad().to_vector<double>());
+  CHECK(forward.stats().graph_breaks >= 1);
+  {
+    NoGradGuard off;  // inference through the same compiled function
+    CHECK(forward(x).item<double>() == doctest::Approx(loss.item<double>()));
+  }
+}

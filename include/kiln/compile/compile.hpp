@@ -8,6 +8,7 @@
 // trace (item(), to_vector(), data_ptr(), assign()) is a graph break: the work before it runs
 // for real, the C++ code continues with the value, and that entry then re-runs the function on
 // every call, its graph pieces reusing compiled kernels by their keys.
+#include <algorithm>
 #include <any>
 #include <functional>
 #include <map>
@@ -25,6 +26,7 @@
 #include "kiln/backend/entry.hpp"
 #include "kiln/compile/symbolic.hpp"
 #include "kiln/core/log.hpp"
+#include "kiln/tensor/autograd.hpp"
 #include "kiln/tensor/creation.hpp"
 #include "kiln/tensor/eval.hpp"
 
@@ -713,6 +715,19 @@ class Compiled {
     }
     std::vector<Tensor> outs;
     detail::ResultCodec<R>::flatten(*result, outs);
+    // Results that require grad (a training step's forward): a replay would give them from its
+    // own buffers, outside the tape, so a backward could not reach the leaves. The entry runs
+    // the function on every call instead, as after a graph break: its results keep their tape
+    // and backward works as without kiln::compile (tracing the backward into the compiled
+    // graph, as AOTAutograd does, is not done yet).
+    if (std::any_of(outs.begin(), outs.end(), [](const Tensor& t) { return t.defined() && t.requires_grad(); })) {
+      log(LogChannel::graph_breaks, "kiln::compile: results require grad; this entry runs uncompiled so that backward "
+                                    "reaches the leaves");
+      s.stats.graph_breaks++;
+      entry.rerun = true;
+      evaluate_result(*result);
+      return std::move(*result);
+    }
     auto replay = std::make_shared<detail::Replay>();
     build_replay(*replay, outs, tensor_args);
     replay->traced_result = *result;

@@ -174,6 +174,24 @@ std::vector<Workload> workloads() {
                    NodePtr zero = ir::constant(0.0, f32, {vocab, d}, kDev);
                    return std::vector<NodePtr>{ir::scatter(zero, rows, src, 0, true, atomic, ir::GatherSite::IndexAdd)};
                  }});
+  // B1: forward and backward of gelu_tanh(layer_norm(X, w, b)) with respect to X, w and b
+  // (torch_suite's B1), the three gradients one graph (what autograd::grad evaluates); bytes:
+  // X read once and dX written once, the least traffic.
+  w.push_back({"B1", 2.0 * kM * kK * 4, [] {
+                 NodePtr X = normal({kM, kK}, f32, 28), wt = normal({kK}, f32, 29), b = normal({kK}, f32, 30);
+                 for (const NodePtr& leaf : {X, wt, b}) {
+                   leaf->requires_grad = true;
+                   leaf->grad_leaf = std::make_shared<ir::GradLeaf>();
+                 }
+                 NodePtr loss = ir::reduce(Op::ReduceSum, decomp::gelu(decomp::layer_norm(X, wt, b, 1e-5), true), {0, 1});
+                 std::vector<autodiff::Reached> reached =
+                     autodiff::backward_pass({loss}, {ir::constant(1.0, f32, loss->shape, kDev)}, {X, wt, b}, false, "B1");
+                 std::vector<NodePtr> grads;
+                 for (const NodePtr& leaf : {X, wt, b})
+                   for (const autodiff::Reached& r : reached)
+                     if (r.node == leaf) grads.push_back(r.grad);
+                 return grads;
+               }});
   return w;
 }
 

@@ -12,8 +12,11 @@
 
 #include <kiln/kiln.hpp>
 
+#include "../support/device.hpp"
+
 using namespace kiln;
 using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+using kiln::testing::device;  // KILN_DEVICE: the same tests on the CPU and on a GPU
 
 namespace {
 
@@ -35,7 +38,7 @@ void check(const char* what, const Fn& f, const std::vector<Tensor>& inputs, dou
   }
 }
 
-Tensor vals(const std::vector<double>& v, const Shape& s) { return from_vector<double>(v, s); }
+Tensor vals(const std::vector<double>& v, const Shape& s) { return from_vector<double>(v, s, device()); }
 
 }  // namespace
 
@@ -68,8 +71,8 @@ TEST_CASE("autograd: the tape accumulates into leaves; guards, detach, errors") 
   // Errors: no grad, non-scalar without a gradient, integer leaves, a wrong gradient shape.
   CHECK_THROWS_AS(sum(x).backward(), AutogradError);
   CHECK_THROWS_AS((w * 2.0).backward(), AutogradError);
-  CHECK_THROWS_AS(from_vector<std::int64_t>({1, 2}, {2}).requires_grad_(), DTypeError);
-  CHECK_THROWS_AS((w * 2.0).backward(ones({3, 2}, f64)), ShapeError);
+  CHECK_THROWS_AS(from_vector<std::int64_t>({1, 2}, {2}, device()).requires_grad_(), DTypeError);
+  CHECK_THROWS_AS((w * 2.0).backward(ones({3, 2}, f64, device())), ShapeError);
   CHECK_THROWS_AS(Tensor(w * 2.0).requires_grad_(false), AutogradError);
 
   // A non-scalar output with a gradient: d(sum(v * y)).
@@ -91,7 +94,7 @@ TEST_CASE("autograd: the tape accumulates into leaves; guards, detach, errors") 
 }
 
 TEST_CASE("autograd: a leaf that is evaluated, viewed and read still gets its gradient") {
-  Tensor w = randn({3, 4}, 5, f64).requires_grad_();
+  Tensor w = randn({3, 4}, 5, f64, device()).requires_grad_();
   w.eval();
   Tensor h = matmul(transpose(w, 0, 1), w);  // a view of an evaluated leaf records the transpose
   h.eval();                                  // evaluated before the backward: the tape is kept
@@ -126,7 +129,7 @@ TEST_CASE("autograd: special values follow PyTorch (relu'(0), abs'(0), sqrt'(0),
   sum(amax(rows, {1})).backward();  // along a dim too: the two fives of row 0 share
   CHECK(rows.grad().to_vector<double>() == std::vector<double>{0, 0.5, 0.5, 1, 0, 0});
   // gelu's own rule: finite everywhere, Phi(0) = 0.5 at 0 and at tiny values
-  Tensor gz = from_vector<float>({0.f, 1e-30f, -1e-30f, 20.f, -20.f}, {5}).requires_grad_();
+  Tensor gz = from_vector<float>({0.f, 1e-30f, -1e-30f, 20.f, -20.f}, {5}, device()).requires_grad_();
   sum(gelu(gz)).backward();
   std::vector<float> gg = gz.grad().to_vector<float>();
   CHECK(gg == std::vector<float>{0.5f, 0.5f, 0.5f, 1.f, 0.f});
@@ -136,9 +139,9 @@ TEST_CASE("autograd: special values follow PyTorch (relu'(0), abs'(0), sqrt'(0),
 }
 
 TEST_CASE("autograd: gradcheck of the pointwise rules") {
-  Tensor a = randn({3, 4}, 11, f64), b = randn({3, 4}, 12, f64);
-  Tensor pos = abs(randn({3, 4}, 13, f64)) + 0.5, unit = tanh(randn({3, 4}, 14, f64)) * 0.9;
-  Tensor row = randn({1, 4}, 15, f64);
+  Tensor a = randn({3, 4}, 11, f64, device()), b = randn({3, 4}, 12, f64, device());
+  Tensor pos = abs(randn({3, 4}, 13, f64, device())) + 0.5, unit = tanh(randn({3, 4}, 14, f64, device())) * 0.9;
+  Tensor row = randn({1, 4}, 15, f64, device());
   check("neg exp exp2 expm1", [](auto& v) { return -exp(v[0]) + exp2(v[0]) * expm1(v[0]); }, {a});
   check("log log2 log1p sqrt rsqrt", [](auto& v) { return log(v[0]) + log2(v[0]) * log1p(v[0]) + sqrt(v[0]) / rsqrt(v[0]); }, {pos});
   check("sin cos tan tanh erf atan", [](auto& v) { return sin(v[0]) * cos(v[0]) + tan(v[0]) - tanh(v[0]) + erf(v[0]) * atan(v[0]); }, {unit});
@@ -158,7 +161,7 @@ TEST_CASE("autograd: gradcheck of the pointwise rules") {
 }
 
 TEST_CASE("autograd: gradcheck of reductions, index maps, products and scans") {
-  Tensor a = randn({3, 4}, 21, f64), b = randn({4, 5}, 22, f64), c = randn({2, 3, 4}, 23, f64);
+  Tensor a = randn({3, 4}, 21, f64, device()), b = randn({4, 5}, 22, f64, device()), c = randn({2, 3, 4}, 23, f64, device());
   check("sum mean keepdim", [](auto& v) { return sum(v[0], {1}, true) * mean(v[0], {0}, true); }, {a});
   check("var", [](auto& v) { return var(v[0], {1}); }, {a});
   check("prod", [](auto& v) { return prod(v[0], {1}); }, {a});
@@ -173,27 +176,27 @@ TEST_CASE("autograd: gradcheck of reductions, index maps, products and scans") {
   check("pad, tril, roll, repeat", [](auto& v) { return sum(pad(v[0], {1, 2}, 0.5)) + tril(v[0], 0) * roll(v[0], 1, 1) + sum(repeat(v[0], {2, 1}), {0}, true); }, {a});
   check("matmul", [](auto& v) { return matmul(v[0], v[1]); }, {a, b});
   check("matmul batched and broadcast", [](auto& v) { return matmul(v[0], v[1]); }, {c, b});
-  check("matmul vector", [](auto& v) { return matmul(v[0], v[1]); }, {a, randn({4}, 24, f64)});
+  check("matmul vector", [](auto& v) { return matmul(v[0], v[1]); }, {a, randn({4}, 24, f64, device())});
   check("cumsum cumprod logcumsumexp", [](auto& v) { return cumsum(v[0], 1) + cumprod(v[0], 0) + logcumsumexp(v[0], 1); }, {a});
   check("cummax", [](auto& v) { return std::get<0>(cummax(v[0], 1)); }, {a});
   check("topk and sort values", [](auto& v) { return std::get<0>(topk(v[0], 2, -1)) * 2.0 + sum(std::get<0>(sort(v[0], 0))); }, {a});
 }
 
 TEST_CASE("autograd: gradcheck of gathers, scatters and the model composites") {
-  Tensor w = randn({6, 3}, 31, f64), x = randn({4, 3}, 32, f64);
-  Tensor ids = from_vector<std::int64_t>({1, 4, 1, 5}, {4});  // repeats: the scatter-add sums them
-  Tensor idx2 = from_vector<std::int64_t>({0, 2, 1, 2, 0, 0}, {2, 3});
+  Tensor w = randn({6, 3}, 31, f64, device()), x = randn({4, 3}, 32, f64, device());
+  Tensor ids = from_vector<std::int64_t>({1, 4, 1, 5}, {4}, device());  // repeats: the scatter-add sums them
+  Tensor idx2 = from_vector<std::int64_t>({0, 2, 1, 2, 0, 0}, {2, 3}, device());
   check("embedding", [](auto& v) { return embedding(v[0], v[1]) * 2.0; }, {w, ids});
   check("index_select", [](auto& v) { return index_select(v[0], 0, v[1]); }, {w, ids});
   check("gather", [](auto& v) { return gather(v[0], 1, v[1]); }, {w, idx2});
-  check("scatter_add", [](auto& v) { return scatter_add(v[0], 0, v[2], v[1]); }, {w, x, from_vector<std::int64_t>({0, 5, 0, 2, 1, 1, 3, 3, 3, 0, 5, 4}, {4, 3})});
+  check("scatter_add", [](auto& v) { return scatter_add(v[0], 0, v[2], v[1]); }, {w, x, from_vector<std::int64_t>({0, 5, 0, 2, 1, 1, 3, 3, 3, 0, 5, 4}, {4, 3}, device())});
   check("index_add", [](auto& v) { return index_add(v[0], 0, v[2], v[1]) * 3.0; }, {w, x, ids});
-  check("scatter (overwrite)", [](auto& v) { return scatter(v[0], 0, v[2], v[1]); }, {w, x, from_vector<std::int64_t>({0, 5, 2, 2, 1, 1, 3, 4, 0, 5, 0, 4}, {4, 3})});  // unique per column, as PyTorch requires
+  check("scatter (overwrite)", [](auto& v) { return scatter(v[0], 0, v[2], v[1]); }, {w, x, from_vector<std::int64_t>({0, 5, 2, 2, 1, 1, 3, 4, 0, 5, 0, 4}, {4, 3}, device())});  // unique per column, as PyTorch requires
   check("masked_fill", [](auto& v) { return masked_fill(v[0], v[0] > 0.0, 2.0) * v[0]; }, {x});
-  Tensor lw = randn({3}, 33, f64), lb = randn({3}, 34, f64);
+  Tensor lw = randn({3}, 33, f64, device()), lb = randn({3}, 34, f64, device());
   check("layer_norm", [](auto& v) { return layer_norm(v[0], v[1], v[2]); }, {x, lw, lb}, 1e-5, 1e-3);
   check("rms_norm", [](auto& v) { return rms_norm(v[0], v[1]); }, {x, lw}, 1e-5, 1e-3);
-  Tensor targets = from_vector<std::int64_t>({2, 0, -100, 1}, {4});
+  Tensor targets = from_vector<std::int64_t>({2, 0, -100, 1}, {4}, device());
   check("cross_entropy (an ignored row)", [](auto& v) { return cross_entropy(v[0], v[1]); }, {x, targets});
   check("relu(x @ w) the quickstart", [](auto& v) { return relu(matmul(v[0], v[1])); }, {x, transpose(w, 0, 1)});
 }
@@ -226,9 +229,9 @@ TEST_CASE("autograd::grad, kiln::grad and value_and_grad") {
 TEST_CASE("autograd: one backward of a small model gives the same gradients fused (JIT) and on the reference") {
   auto grads = [](Backend backend) {
     BackendScope scope(backend);
-    Tensor X = randn({8, 6}, 51), w1 = randn({6, 5}, 52).requires_grad_(), b1 = zeros({5}).requires_grad_(),
-           w2 = randn({5, 3}, 53).requires_grad_();
-    Tensor targets = from_vector<std::int64_t>({0, 1, 2, 0, 1, 2, 0, 1}, {8});
+    Tensor X = randn({8, 6}, 51, f32, device()), w1 = randn({6, 5}, 52, f32, device()).requires_grad_(), b1 = zeros({5}, f32, device()).requires_grad_(),
+           w2 = randn({5, 3}, 53, f32, device()).requires_grad_();
+    Tensor targets = from_vector<std::int64_t>({0, 1, 2, 0, 1, 2, 0, 1}, {8}, device());
     Tensor h = matmul(X, w1) + b1;
     std::vector<std::vector<float>> out;
     for (int part = 0; part < 4; ++part) {
@@ -252,8 +255,8 @@ TEST_CASE("autograd: one backward of a small model gives the same gradients fuse
 TEST_CASE("autograd: the fused backward (JIT) equals the reference, and an MLP trains to the same losses") {
   auto run = [](Backend backend) {
     BackendScope scope(backend);
-    Tensor X = randn({64, 16}, 41), w1 = (randn({16, 32}, 42) * 0.25).eval().requires_grad_(),
-           b1 = zeros({32}).requires_grad_(), w2 = (randn({32, 4}, 43) * 0.25).eval().requires_grad_();
+    Tensor X = randn({64, 16}, 41, f32, device()), w1 = (randn({16, 32}, 42, f32, device()) * 0.25).eval().requires_grad_(),
+           b1 = zeros({32}, f32, device()).requires_grad_(), w2 = (randn({32, 4}, 43, f32, device()) * 0.25).eval().requires_grad_();
     Tensor targets = argmax(slice(X, 1, 0, 4), {1});  // a class the inputs determine
     std::vector<double> losses;
     for (int step = 0; step < 50; ++step) {
@@ -274,8 +277,8 @@ TEST_CASE("autograd: the fused backward (JIT) equals the reference, and an MLP t
 }
 
 TEST_CASE("autograd: a kiln::compile'd forward whose results require grad still trains (run uncompiled)") {
-  Tensor w = randn({4, 3}, 61, f64).requires_grad_();
-  Tensor x = randn({5, 4}, 62, f64);
+  Tensor w = randn({4, 3}, 61, f64, device()).requires_grad_();
+  Tensor x = randn({5, 4}, 62, f64, device());
   auto forward = kiln::compile([&w](const Tensor& in) { return sum(relu(matmul(in, w))); });
   Tensor loss = forward(x);
   REQUIRE(loss.requires_grad());

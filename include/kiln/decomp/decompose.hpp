@@ -388,19 +388,33 @@ inline NodePtr rms_norm(const NodePtr& x, const NodePtr& weight, double eps) {
 /// through `where`, so they are skipped as in ATen (their logits, even NaN, do not count); any
 /// other target outside [0, C) is an IndexError from the kernel that reads it.
 inline NodePtr cross_entropy(const NodePtr& logits, const NodePtr& targets, std::int64_t ignore_index) {
-  return in_compute_dtype(logits, [&](const NodePtr& v) {
-    const Shape& s = v->shape;                      // [N, C]
-    NodePtr m = ir::reduce(Op::ReduceMax, v, {1});  // [N,1]
-    NodePtr lse = ir::unary(Op::Log, ir::reduce(Op::ReduceSum, ir::unary(Op::Exp, sub(v, expand(m, s))), {1}));
+  NodePtr vv, m, lse, valid, at, count;  // the forward's pieces, for the gradient rule
+  NodePtr out = in_compute_dtype(logits, [&](const NodePtr& v) {
+    const Shape& s = v->shape;           // [N, C]
+    vv = v;
+    m = ir::reduce(Op::ReduceMax, v, {1});  // [N,1]
+    lse = ir::unary(Op::Log, ir::reduce(Op::ReduceSum, ir::unary(Op::Exp, sub(v, expand(m, s))), {1}));
     NodePtr tn = ir::reshape(targets, Shape{s[0], 1});
-    NodePtr valid = ir::binary(Op::Ne, tn, ir::constant_int(ignore_index, DType::Int64, tn->shape, v->device));
-    NodePtr at = ir::where(valid, tn, ir::constant_int(0, DType::Int64, tn->shape, v->device));
+    valid = ir::binary(Op::Ne, tn, ir::constant_int(ignore_index, DType::Int64, tn->shape, v->device));
+    at = ir::where(valid, tn, ir::constant_int(0, DType::Int64, tn->shape, v->device));
     NodePtr picked_x = ir::gather(v, at, 1, ir::GatherSite::CrossEntropy);  // [N,1]
     NodePtr picked = sub(sub(picked_x, m), lse);
     NodePtr loss = ir::where(valid, ir::unary(Op::Neg, picked), scalar_like(0.0, picked));
     NodePtr total = ir::reduce(Op::ReduceSum, loss, {0});  // [1,1]
-    NodePtr count = ir::reduce(Op::ReduceSum, ir::cast(valid, v->dtype), {0});
+    count = ir::reduce(Op::ReduceSum, ir::cast(valid, v->dtype), {0});
     return ir::reshape(div(total, count), Shape{});
+  });
+  // Its own rule (PyTorch's): (softmax(x) - one_hot(target)) g / count on the counted rows, all
+  // pointwise over the forward's row max and log-sum: one fused pass, where the rules of max and
+  // gather would add tie counts and a scatter step.
+  return with_gradient(out, {logits}, [=](const NodePtr&, const NodePtr& g) {
+    const Shape& s = vv->shape;
+    NodePtr p = ir::unary(Op::Exp, sub(sub(vv, expand(m, s)), expand(lse, s)));
+    NodePtr hit = ir::binary(Op::Eq, ir::iota(s, 1, DType::Int64, vv->device), expand(at, s));
+    NodePtr d = sub(p, ir::cast(hit, vv->dtype));
+    NodePtr scale = div(ir::reshape(ir::cast(g, vv->dtype), Shape{1, 1}), count);  // [1,1]
+    NodePtr row = ir::where(valid, expand(scale, valid->shape), scalar_like(0.0, m));  // [N,1]
+    return std::vector<NodePtr>{ir::cast(mul(d, expand(row, s)), logits->dtype)};
   });
 }
 

@@ -74,6 +74,17 @@ TEST_CASE("autograd: the tape accumulates into leaves; guards, detach, errors") 
   CHECK_THROWS_AS(from_vector<std::int64_t>({1, 2}, {2}, device()).requires_grad_(), DTypeError);
   CHECK_THROWS_AS((w * 2.0).backward(ones({3, 2}, f64, device())), ShapeError);
   CHECK_THROWS_AS(Tensor(w * 2.0).requires_grad_(false), AutogradError);
+  // A slice of a leaf that requires grad is its own node while recording: writing into it is an
+  // error (it would not reach the leaf); under NoGradGuard it is a view and writes through.
+  CHECK_THROWS_AS(slice(w, 1, 0, 1).assign(0.0), AutogradError);
+  {
+    NoGradGuard off;
+    Tensor before = clone(w).eval();  // its own storage
+    slice(w, 1, 0, 1).assign(7.0);
+    CHECK(w.to_vector<double>()[0] == 7.0);
+    CHECK(w.to_vector<double>()[3] == 7.0);
+    w.assign(before);
+  }
 
   // A non-scalar output with a gradient: d(sum(v * y)).
   w.zero_grad_();

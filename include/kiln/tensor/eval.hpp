@@ -322,8 +322,23 @@ inline bool broadcasts_to(const SmallShape& from, const Shape& to) {
 }
 }  // namespace detail
 
+namespace detail {
+/// A destination computed from tensors that require grad (a slice of a marked leaf, say) is a
+/// node of its own while grad mode records, not a view of the leaf's storage: a write would land
+/// in a fresh buffer, not in the leaf, and would change a value the backward reads. An error,
+/// as PyTorch's for in-place writes through such views.
+inline void check_assign_destination(const ir::Node& n, const std::string& what) {
+  if (!n.realized() && n.requires_grad && !n.grad_leaf && ir::detail::grad_mode())
+    throw AutogradError("assign: the destination " + what +
+                        " is computed from tensors that require grad (a view of one records its own node "
+                        "while gradients are recorded); write under NoGradGuard, where views of evaluated "
+                        "tensors share their storage");
+}
+}  // namespace detail
+
 template <class E>
 requires TensorLike<E> Tensor& Tensor::assign(const E& value) {
+  detail::check_assign_destination(checked(), describe());
   // Typed expressions over evaluated tensors: the cached fast path (no graph building).
   if constexpr (!std::is_base_of_v<Tensor, E>) {
     if (!detail::active_trace && node_ && node_->realized() && value.out_device == device() &&
@@ -354,6 +369,7 @@ requires TensorLike<E> Tensor& Tensor::assign(const E& value) {
 
 template <class S>
 requires Scalar<S> Tensor& Tensor::assign(S value) {
+  detail::check_assign_destination(checked(), describe());
   detail::before_data_read("assign()", std::source_location::current());
   if (!node_->realized()) detail::evaluate({node_});
   // A fill with a new number reuses the kernel of the last (the number is an argument).

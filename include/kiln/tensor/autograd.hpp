@@ -233,12 +233,8 @@ bool gradcheck(F f, const std::vector<Tensor>& inputs, double eps = 1e-6, double
       xs.push_back(inputs[i]);
       continue;
     }
-    Tensor x;
-    {
-      NoGradGuard off;
-      x = inputs[i].to(DType::Float64).eval().detach();
-      x = from_vector<double>(x.to_vector<double>(), x.shape(), x.device());
-    }
+    // A float64 copy of the values with storage of its own, outside any graph.
+    Tensor x = from_vector<double>(inputs[i].to_vector<double>(), inputs[i].shape(), inputs[i].device());
     x.requires_grad_();
     xs.push_back(x);
     checked_inputs.push_back(i);

@@ -327,9 +327,10 @@ namespace detail {
 /// node of its own while grad mode records, not a view of the leaf's storage: a write would land
 /// in a fresh buffer, not in the leaf, and would change a value the backward reads. An error,
 /// as PyTorch's for in-place writes through such views.
-inline void check_assign_destination(const ir::Node& n, const std::string& what) {
+inline void check_assign_destination(const Tensor& destination) {
+  const ir::Node& n = *destination.node();
   if (!n.realized() && n.requires_grad && !n.grad_leaf && ir::detail::grad_mode())
-    throw AutogradError("assign: the destination " + what +
+    throw AutogradError("assign: the destination " + destination.describe() +
                         " is computed from tensors that require grad (a view of one records its own node "
                         "while gradients are recorded); write under NoGradGuard, where views of evaluated "
                         "tensors share their storage");
@@ -338,7 +339,8 @@ inline void check_assign_destination(const ir::Node& n, const std::string& what)
 
 template <class E>
 requires TensorLike<E> Tensor& Tensor::assign(const E& value) {
-  detail::check_assign_destination(checked(), describe());
+  checked();
+  detail::check_assign_destination(*this);
   // Typed expressions over evaluated tensors: the cached fast path (no graph building).
   if constexpr (!std::is_base_of_v<Tensor, E>) {
     if (!detail::active_trace && node_ && node_->realized() && value.out_device == device() &&
@@ -369,7 +371,8 @@ requires TensorLike<E> Tensor& Tensor::assign(const E& value) {
 
 template <class S>
 requires Scalar<S> Tensor& Tensor::assign(S value) {
-  detail::check_assign_destination(checked(), describe());
+  checked();
+  detail::check_assign_destination(*this);
   detail::before_data_read("assign()", std::source_location::current());
   if (!node_->realized()) detail::evaluate({node_});
   // A fill with a new number reuses the kernel of the last (the number is an argument).

@@ -207,6 +207,10 @@ TEST_CASE("autograd: gradcheck of gathers, scatters and the model composites") {
   Tensor lw = randn({3}, 33, f64, device()), lb = randn({3}, 34, f64, device());
   check("layer_norm", [](auto& v) { return layer_norm(v[0], v[1], v[2]); }, {x, lw, lb}, 1e-5, 1e-3);
   check("rms_norm", [](auto& v) { return rms_norm(v[0], v[1]); }, {x, lw}, 1e-5, 1e-3);
+  Tensor x3 = randn({2, 3, 4}, 35, f64, device()), w4 = randn({4}, 36, f64, device());
+  check("layer_norm and rms_norm over 3-D, with and without affine", [](auto& v) {
+    return layer_norm(v[0]) * 2.0 + rms_norm(v[0]) + layer_norm(v[0], v[1]) * rms_norm(v[0], v[1]);
+  }, {x3, w4}, 1e-5, 1e-3);
   Tensor targets = from_vector<std::int64_t>({2, 0, -100, 1}, {4}, device());
   check("cross_entropy (an ignored row)", [](auto& v) { return cross_entropy(v[0], v[1]); }, {x, targets});
   check("relu(x @ w) the quickstart", [](auto& v) { return relu(matmul(v[0], v[1])); }, {x, transpose(w, 0, 1)});
@@ -287,20 +291,116 @@ TEST_CASE("autograd: the fused backward (JIT) equals the reference, and an MLP t
   for (std::size_t i = 0; i < jit.size(); ++i) CHECK(jit[i] == doctest::Approx(ref[i]).epsilon(1e-3));
 }
 
-TEST_CASE("autograd: a kiln::compile'd forward whose results require grad still trains (run uncompiled)") {
+TEST_CASE("autograd: kiln::compile of a forward that requires grad compiles its backward with it") {
+  Tensor w = randn({4, 3}, 61, f64, device()).requires_grad_(), b = randn({3}, 63, f64, device()).requires_grad_();
+  Tensor x = randn({5, 4}, 62, f64, device());
+  // Two results: the loss needs the product (saved by the forward graph) and the gelu chain
+  // (recomputed in the backward); the logits are differentiated too when used.
+  auto forward = kiln::compile([&](const Tensor& in) {
+    Tensor logits = gelu(matmul(in, w) + b);
+    return std::make_tuple(logits, sum(logits * logits));
+  });
+  auto eager_grads = [&](double logit_weight) {
+    Tensor logits = gelu(matmul(x, w) + b);
+    (sum(logits * logits) + sum(logits * logit_weight)).backward();
+    std::vector<double> g = w.grad().to_vector<double>(), gb = b.grad().to_vector<double>();
+    g.insert(g.end(), gb.begin(), gb.end());
+    w.zero_grad_();
+    b.zero_grad_();
+    return g;
+  };
+  for (int call = 0; call < 3; ++call) {
+    auto [logits, loss] = forward(x);
+    REQUIRE(loss.requires_grad());
+    REQUIRE(logits.requires_grad());
+    const double weight = call;  // both results feed the backward
+    (loss + sum(logits * weight)).backward();
+    std::vector<double> compiled = w.grad().to_vector<double>(), gb = b.grad().to_vector<double>();
+    compiled.insert(compiled.end(), gb.begin(), gb.end());
+    w.zero_grad_();
+    b.zero_grad_();
+    std::vector<double> expected = eager_grads(weight);
+    REQUIRE(compiled.size() == expected.size());
+    for (std::size_t i = 0; i < compiled.size(); ++i) CHECK(compiled[i] == doctest::Approx(expected[i]).epsilon(1e-12));
+    // The backward ran through the result: a second one is PyTorch's error.
+    CHECK_THROWS_AS(loss.backward(), AutogradError);
+  }
+  CompileStats st = forward.stats();
+  CHECK(st.traces == 1);
+  CHECK(st.graph_breaks == 0);
+  CHECK(st.cache_hits == 2);
+  {
+    NoGradGuard off;  // inference: the grad mode is guarded, so this traces a graph without a backward
+    auto [logits, loss] = forward(x);
+    CHECK_FALSE(loss.requires_grad());
+    CHECK(forward.stats().traces == 2);
+  }
+  // An argument that requires grad is guarded and receives its gradient.
+  Tensor xg = x.detach().requires_grad_();
+  auto [logits, loss] = forward(xg);
+  loss.backward();
+  CHECK(forward.stats().traces == 3);
+  Tensor xe = x.detach().requires_grad_();
+  Tensor le = gelu(matmul(xe, w) + b);
+  sum(le * le).backward();
+  std::vector<double> got = xg.grad().to_vector<double>(), want = xe.grad().to_vector<double>();
+  for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-12));
+}
+
+TEST_CASE("autograd: a compiled model trains as the uncompiled one (50 SGD steps of an MLP)") {
+  auto run = [](bool compiled) {
+    Tensor X = randn({64, 16}, 41, f32, device()), w1 = (randn({16, 32}, 42, f32, device()) * 0.25).eval().requires_grad_(),
+           b1 = zeros({32}, f32, device()).requires_grad_(), w2 = (randn({32, 4}, 43, f32, device()) * 0.25).eval().requires_grad_();
+    Tensor targets = argmax(slice(X, 1, 0, 4), {1});
+    auto model = [&](const Tensor& x, const Tensor& t) {
+      return cross_entropy(matmul(gelu(layer_norm(matmul(x, w1) + b1)), w2), t);
+    };
+    auto compiled_model = kiln::compile(model);
+    std::vector<double> losses;
+    for (int step = 0; step < 50; ++step) {
+      Tensor loss = compiled ? compiled_model(X, targets) : model(X, targets);
+      losses.push_back(loss.item<float>());
+      loss.backward();
+      NoGradGuard off;
+      for (Tensor* p : {&w1, &b1, &w2}) {
+        p->assign(*p - 0.5f * p->grad());
+        p->zero_grad_();
+      }
+    }
+    if (compiled) {
+      CHECK(compiled_model.stats().traces == 1);  // parameters updated in place: one trace serves every step
+      CHECK(compiled_model.stats().graph_breaks == 0);
+    }
+    return losses;
+  };
+  std::vector<double> eager = run(false), compiled = run(true);
+  CHECK(compiled.back() < 0.5 * compiled.front());
+  for (std::size_t i = 0; i < eager.size(); ++i) CHECK(compiled[i] == doctest::Approx(eager[i]).epsilon(1e-4));
+}
+
+TEST_CASE("autograd: backward() inside a compiled function is a graph break that still trains; fullgraph refuses it") {
   Tensor w = randn({4, 3}, 61, f64, device()).requires_grad_();
   Tensor x = randn({5, 4}, 62, f64, device());
-  auto forward = kiln::compile([&w](const Tensor& in) { return sum(relu(matmul(in, w))); });
-  Tensor loss = forward(x);
-  REQUIRE(loss.requires_grad());
-  loss.backward();
-  std::vector<double> compiled = w.grad().to_vector<double>();
-  w.zero_grad_();
-  sum(relu(matmul(x, w))).backward();
-  CHECK(compiled == w.grad().to_vector<double>());
-  CHECK(forward.stats().graph_breaks >= 1);
-  {
-    NoGradGuard off;  // inference through the same compiled function
-    CHECK(forward(x).item<double>() == doctest::Approx(loss.item<double>()));
+  auto step = kiln::compile([&w](const Tensor& in) {
+    Tensor loss = sum(relu(matmul(in, w)));
+    loss.backward();
+    return loss.detach();
+  });
+  for (int call = 0; call < 2; ++call) {
+    Tensor loss = step(x);
+    std::vector<double> compiled = w.grad().to_vector<double>();
+    w.zero_grad_();
+    sum(relu(matmul(x, w))).backward();
+    CHECK(compiled == w.grad().to_vector<double>());
+    w.zero_grad_();
   }
+  CHECK(step.stats().graph_breaks >= 1);
+  CompileOptions strict;
+  strict.fullgraph = true;
+  auto refused = kiln::compile([&w](const Tensor& in) {
+    Tensor loss = sum(matmul(in, w));
+    loss.backward();
+    return loss.detach();
+  }, strict);
+  CHECK_THROWS_AS(refused(x), GraphBreakError);
 }

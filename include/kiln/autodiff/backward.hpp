@@ -44,15 +44,17 @@ struct Reached {
 /// Gradients flowing back from `roots` (each seeded with the gradient of the same index in
 /// `seeds`, of its shape and dtype) to the nodes in `wanted` and to every marked leaf reached,
 /// in the walk's order (the same for the same graph, so the gradients' graph hashes alike run
-/// to run). `what` names the call in errors.
-inline std::vector<Reached> backward_pass(const std::vector<NodePtr>& roots,
-                                                                   const std::vector<NodePtr>& seeds,
-                                                                   const std::vector<NodePtr>& wanted,
-                                                                   bool retain_graph, const char* what) {
+/// to run). `what` names the call in errors. With `stop_at_wanted` the walk ends at the wanted
+/// nodes as at marked leaves (a compiled function's backward: what lies before its inputs is
+/// another graph's business).
+inline std::vector<Reached> backward_pass(const std::vector<NodePtr>& roots, const std::vector<NodePtr>& seeds,
+                                          const std::vector<NodePtr>& wanted, bool retain_graph, const char* what,
+                                          bool stop_at_wanted = false) {
   GradModeScope no_grad(false);  // the gradient graph records nothing
   std::unordered_set<const ir::Node*> stop;
   for (const NodePtr& w : wanted) stop.insert(w.get());
   auto is_stop = [&](const ir::Node& n) { return n.grad_leaf != nullptr || stop.count(&n) != 0; };
+  auto ends_walk = [&](const ir::Node& n) { return n.grad_leaf != nullptr || (stop_at_wanted && stop.count(&n) != 0); };
   // Reverse topological order: a node after every node that consumes it (iterative post-order).
   std::vector<NodePtr> order;
   std::unordered_set<const ir::Node*> seen;
@@ -72,7 +74,7 @@ inline std::vector<Reached> backward_pass(const std::vector<NodePtr>& roots,
                             "the first backward to keep it");
       // Marked leaves end the walk; a wanted node that is not one passes its gradient on.
       const std::vector<NodePtr>& from = n.custom_gradient ? n.custom_gradient->inputs : n.inputs;
-      if (!n.grad_leaf && f.next < from.size()) {
+      if (!ends_walk(n) && f.next < from.size()) {
         const NodePtr& child = from[f.next++];
         if (child->requires_grad && seen.insert(child.get()).second) stack.push_back({child, 0});
         continue;
@@ -95,7 +97,7 @@ inline std::vector<Reached> backward_pass(const std::vector<NodePtr>& roots,
     if (found == grad.end()) continue;
     const NodePtr g = found->second;
     if (is_stop(*n)) out.push_back({n, g});
-    if (n->grad_leaf) continue;
+    if (ends_walk(*n)) continue;
     const std::vector<NodePtr>& from = n->custom_gradient ? n->custom_gradient->inputs : n->inputs;
     Grads in = n->custom_gradient ? n->custom_gradient->rule(n, g) : vjp(n, g);
     for (std::size_t k = 0; k < from.size() && k < in.size(); ++k)

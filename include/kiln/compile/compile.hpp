@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kiln/backend/entry.hpp"
+#include "kiln/compile/backward_graph.hpp"
 #include "kiln/compile/symbolic.hpp"
 #include "kiln/core/log.hpp"
 #include "kiln/tensor/autograd.hpp"
@@ -153,6 +154,7 @@ struct GuardItem {
   Shape shape;
   Strides strides;
   std::vector<bool> dynamic_dims;  ///< sizes not guarded (only whether they are 0, 1 or more)
+  bool requires_grad = false;  ///< a tensor that requires grad gets a replay with a backward
   double number = 0;
   int number_type = 0;
 
@@ -161,7 +163,9 @@ struct GuardItem {
     if (kind == Kind::Number)
       return number_type == call.number_type && std::memcmp(&number, &call.number, sizeof(double)) == 0;
     if (kind == Kind::Undefined) return true;
-    if (dtype != call.dtype || device != call.device || shape.size() != call.shape.size()) return false;
+    if (dtype != call.dtype || device != call.device || shape.size() != call.shape.size() ||
+        requires_grad != call.requires_grad)
+      return false;
     for (std::size_t d = 0; d < shape.size(); ++d) {
       if (dynamic_dims.empty() || !dynamic_dims[d]) {
         if (shape[d] != call.shape[d] || strides[d] != call.strides[d]) return false;
@@ -180,7 +184,8 @@ struct GuardItem {
     if (!t.defined() || !t.is_evaluated()) return matches(guard_of_tensor(t));
     if (kind != Kind::Tensor) return false;
     const ir::Node& n = *t.node();
-    if (dtype != n.dtype || device != n.device || shape.size() != n.shape.size()) return false;
+    if (dtype != n.dtype || device != n.device || shape.size() != n.shape.size() || requires_grad != n.requires_grad)
+      return false;
     const Strides& st = n.buffer->strides;
     for (std::size_t d = 0; d < shape.size(); ++d) {
       if (dynamic_dims.empty() || !dynamic_dims[d]) {
@@ -212,7 +217,7 @@ struct GuardItem {
     if (kind == Kind::Undefined) return "undefined";
     std::string s = std::string(dtype_name(dtype)) + shape.str() + " strides [";
     for (std::size_t i = 0; i < strides.size(); ++i) s += (i ? ", " : "") + std::to_string(strides[i]);
-    return s + "] " + device.str();
+    return s + "] " + device.str() + (requires_grad ? " requires_grad" : "");
   }
 };
 
@@ -224,6 +229,7 @@ inline GuardItem guard_of(const Tensor& t) {
   g.device = t.device();
   g.shape = t.shape();
   g.strides = t.strides();
+  g.requires_grad = t.requires_grad();
   return g;
 }
 inline GuardItem GuardItem::guard_of_tensor(const Tensor& t) { return guard_of(t); }
@@ -339,6 +345,9 @@ struct Replay {
   std::vector<ResultSource> results;
   std::any traced_result;  ///< the function's result at trace time (its numbers are specialised)
   GraphRunner runner;
+  /// Results that require grad: their backward (the graph's outputs after the function's own
+  /// results are the values it saves).
+  std::shared_ptr<const CompiledBackward> backward;
   // Reused by every replay (calls hold the compiled function's lock), so a cached call
   // allocates no pointer vectors; emptied of storages after each call.
   backend::RunArgs args;
@@ -347,6 +356,7 @@ struct Replay {
 
 struct Entry {
   std::vector<GuardItem> guard;
+  bool grad_mode = true;  ///< is_grad_enabled() at the call (results require grad or not)
   bool rerun = false;  ///< had graph breaks: the function runs on every call
   bool dynamic = false;
   std::vector<std::pair<std::vector<GuardItem>, std::shared_ptr<Replay>>> replays;  ///< per concrete guard
@@ -511,8 +521,9 @@ class Compiled {
 
     // The hot path: an entry and a replay whose guards match, checked against the arguments
     // themselves (no guard objects built).
+    const bool grad_mode = ir::detail::grad_mode();
     for (auto& e : s.entries) {
-      if (!matches_args(e->guard, args...)) continue;
+      if (e->grad_mode != grad_mode || !matches_args(e->guard, args...)) continue;
       if (e->rerun) break;
       for (auto& [g, replay] : e->replays)
         if (matches_args(g, args...)) {
@@ -524,7 +535,7 @@ class Compiled {
 
     std::vector<detail::GuardItem> call{detail::guard_of(args)...};
     for (auto& e : s.entries) {
-      if (!matches(e->guard, call)) continue;
+      if (e->grad_mode != grad_mode || !matches(e->guard, call)) continue;
       s.stats.cache_hits++;
       if (e->rerun) return rerun<R>(args...);
       for (auto& [g, replay] : e->replays)
@@ -559,12 +570,16 @@ class Compiled {
 
     auto entry = std::make_shared<detail::Entry>();
     entry->guard = call;
+    entry->grad_mode = grad_mode;
     if (!s.entries.empty()) {
       s.stats.recompiles++;
       const auto& last = s.entries.back()->guard;
       // Automatic dynamic: a size that changed becomes symbolic.
       if (!s.options.dynamic.has_value()) mark_changed_sizes_dynamic(*entry, last);
-      std::string why = "recompiling: " + first_failure(last, call);
+      std::string why = "recompiling: " + (s.entries.back()->grad_mode != grad_mode
+                                               ? std::string("grad mode changed (is_grad_enabled() is ") +
+                                                     (grad_mode ? "true" : "false") + ")"
+                                               : first_failure(last, call));
       if (!s.options.dynamic.has_value() && entry->dynamic) why += "; now symbolic: " + dynamic_dims_text(entry->guard);
       log(LogChannel::recompiles, why);
     }
@@ -715,18 +730,29 @@ class Compiled {
     }
     std::vector<Tensor> outs;
     detail::ResultCodec<R>::flatten(*result, outs);
-    // Results that require grad (a training step's forward): a replay would give them from its
-    // own buffers, outside the tape, so a backward could not reach the leaves. The entry runs
-    // the function on every call instead, as after a graph break: its results keep their tape
-    // and backward works as without kiln::compile (tracing the backward into the compiled
-    // graph, as AOTAutograd does, is not done yet).
+    // Results that require grad (a model's forward): the backward is derived now from the
+    // traced forward, and the forward graph also outputs the values it saves
+    // (compile/backward_graph.hpp). A result that requires grad and is not computed by the
+    // graph (an argument returned as it is) keeps the tape by running the function every call.
+    std::optional<detail::PendingBackward> pending;
     if (std::any_of(outs.begin(), outs.end(), [](const Tensor& t) { return t.defined() && t.requires_grad(); })) {
-      log(LogChannel::graph_breaks, "kiln::compile: results require grad; this entry runs uncompiled so that backward "
-                                    "reaches the leaves");
-      s.stats.graph_breaks++;
-      entry.rerun = true;
-      evaluate_result(*result);
-      return std::move(*result);
+      if (std::any_of(outs.begin(), outs.end(),
+                      [](const Tensor& t) { return t.defined() && t.requires_grad() && t.is_evaluated(); })) {
+        log(LogChannel::graph_breaks, "kiln::compile: a result that requires grad is not computed by the traced "
+                                      "graph; this entry runs the function on every call");
+        s.stats.graph_breaks++;
+        entry.rerun = true;
+        evaluate_result(*result);
+        return std::move(*result);
+      }
+      pending = detail::trace_backward(outs, tensor_args);
+    }
+    const std::size_t own_results = outs.size();
+    if (pending) {
+      // Still deferred, as inside the trace: a Tensor of a large lazy node would evaluate it.
+      detail::TraceSession quiet;
+      detail::TraceScope scope(quiet);
+      for (const ir::NodePtr& n : pending->saved) outs.push_back(Tensor(n));
     }
     auto replay = std::make_shared<detail::Replay>();
     build_replay(*replay, outs, tensor_args);
@@ -736,7 +762,8 @@ class Compiled {
       for (auto& n : replay->graph.nodes) ops += n.op != ir::Op::Input;
       log(LogChannel::graph, "compiling new graph: " + std::to_string(ops) + " ops\n" + replay->graph.str());
     }
-    if (entry.dynamic && !entry.base) {
+    // A replay with a backward is specialised to its sizes (its backward graph is).
+    if (entry.dynamic && !entry.base && !pending) {
       entry.base = replay;
       if constexpr (detail::kHasNumbers<R>)
         log(LogChannel::recompiles, "dynamic entry: new sizes will re-trace: the function returns C++ numbers");
@@ -744,6 +771,16 @@ class Compiled {
         make_symbolic(entry, call, tensor_args);
     }
     replay->runner = make_runner(entry, replay->graph, tensor_args);
+    if (pending) {
+      // The first forward run gives the saved values, at which the backward graphs stop.
+      std::vector<Tensor> first = run_replay(*replay, tensor_args);
+      std::vector<Tensor> saved(first.begin() + static_cast<std::ptrdiff_t>(own_results), first.end());
+      replay->backward = detail::capture_backward(*pending, saved, own_results, tensor_args);
+      entry.replays.emplace_back(call, replay);
+      detail::attach_backward(replay->backward, first, tensor_args);
+      std::size_t k = 0;
+      return detail::ResultCodec<R>::rebuild(std::any_cast<const R&>(replay->traced_result), first, k);
+    }
     entry.replays.emplace_back(call, replay);
     return replay_call<R>(*replay, tensor_args);
   }
@@ -960,6 +997,14 @@ class Compiled {
 
   template <class R>
   static R replay_call(detail::Replay& r, const std::vector<const Tensor*>& tensor_args) {
+    std::vector<Tensor> results = run_replay(r, tensor_args);
+    if (r.backward) detail::attach_backward(r.backward, results, tensor_args);
+    std::size_t k = 0;
+    return detail::ResultCodec<R>::rebuild(std::any_cast<const R&>(r.traced_result), results, k);
+  }
+
+  /// Runs a replay's graph: its flattened results (the saved values of a backward after them).
+  static std::vector<Tensor> run_replay(detail::Replay& r, const std::vector<const Tensor*>& tensor_args) {
     std::vector<Tensor> results(r.results.size());
     std::vector<StoragePtr>& storages = r.storages;
     storages.clear();
@@ -1019,8 +1064,7 @@ class Compiled {
           break;
       }
     }
-    std::size_t k = 0;
-    return detail::ResultCodec<R>::rebuild(std::any_cast<const R&>(r.traced_result), results, k);
+    return results;
   }
 
   std::shared_ptr<State> state_;

@@ -178,7 +178,7 @@ inline NodePtr reshaped_constant(const NodePtr& x, const Shape& shape) {
 /// of its own with x as its input (not a view of x's storage, not a rebuilt constant).
 inline bool records_grad(const NodePtr& x) { return x->requires_grad && kiln::ir::detail::grad_mode(); }
 /// Whether a shape op on realized `x` may be a view of its storage (a new leaf).
-inline bool viewable(const NodePtr& x) { return x->realized() && !records_grad(x); }
+inline bool viewable(const NodePtr& x) { return x->realized() && !x->placeholder && !records_grad(x); }
 
 /// View of a realized node with a new shape/offset/strides over the same storage.
 inline NodePtr restride(const NodePtr& x, Shape shape, std::int64_t offset, Strides strides) {

@@ -102,6 +102,9 @@ struct Node {
   bool graph_freed = false;
   std::shared_ptr<GradLeaf> grad_leaf;  ///< set on the leaves the user marked
   std::shared_ptr<const CustomGradient> custom_gradient;  ///< a composite's own rule, if it has one
+  /// A stand-in leaf whose value is bound when the graph is rebuilt (a compiled backward's
+  /// incoming gradient): shape ops on it stay nodes, never views of its (empty) storage.
+  bool placeholder = false;
 
   bool realized() const { return buffer.has_value(); }
   std::int64_t numel() const { return shape.numel(); }

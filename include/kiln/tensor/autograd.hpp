@@ -151,12 +151,17 @@ inline Tensor Tensor::detach() const {
   return Tensor(std::move(copy));
 }
 
-inline void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
+inline void Tensor::backward(const Tensor& gradient, bool retain_graph, std::source_location where) const {
   if (!requires_grad())
     throw AutogradError("backward: " + describe() +
                         " does not require grad (nothing it was computed from requires grad, or it was computed under "
                         "NoGradGuard)");
   ir::NodePtr seed = detail::backward_seed(*this, gradient, "backward");
+  // Inside a trace: a graph break, and the backward runs for real (as torch.compile's Dynamo
+  // breaks at backward()); a compiled forward called before backward() is what is compiled
+  // with its backward.
+  detail::before_data_read("backward()", where);
+  detail::SuspendTrace eager;
   std::vector<autodiff::Reached> reached = autodiff::backward_pass({node_}, {seed}, {}, retain_graph, "backward");
   NoGradGuard off;
   std::vector<ir::NodePtr> fresh;

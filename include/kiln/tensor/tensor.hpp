@@ -102,6 +102,17 @@ inline void before_data_read(const char* what, std::source_location where) {
 }
 /// While tracing, evaluation is deferred to the end of the trace (or to a data read).
 inline bool deferring_eval() { return active_trace != nullptr; }
+/// Evaluation happens at once while it lives, even inside a trace (the work after a graph break).
+class SuspendTrace {
+ public:
+  SuspendTrace() : saved_(active_trace) { active_trace = nullptr; }
+  ~SuspendTrace() { active_trace = saved_; }
+  SuspendTrace(const SuspendTrace&) = delete;
+  SuspendTrace& operator=(const SuspendTrace&) = delete;
+
+ private:
+  TraceHook* saved_;
+};
 
 void evaluate(const std::vector<ir::NodePtr>& roots);
 void evaluate_into(const ir::NodePtr& value, const ir::NodePtr& destination);
@@ -190,8 +201,11 @@ class Tensor : public Expr<Tensor> {
   Tensor grad() const;
   /// Accumulates d(this)/d(leaf) into every leaf's grad(), weighted by `gradient` (of this
   /// tensor's shape; omitted: 1, for a single-element tensor only). Without `retain_graph`, the
-  /// recorded graph is freed and a second backward through it is an AutogradError.
-  void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
+  /// recorded graph is freed and a second backward through it is an AutogradError. Inside a
+  /// function kiln::compile traces it is a graph break (its effect, the leaves' grad(), is not
+  /// a result of the graph): the function then runs on every call.
+  void backward(const Tensor& gradient = Tensor(), bool retain_graph = false,
+                std::source_location where = std::source_location::current()) const;
   /// Sets grad() to zeros in place (nothing if it is undefined). Returns *this.
   Tensor& zero_grad_();
   /// The same values, outside the recorded graph (no gradient flows through the result).

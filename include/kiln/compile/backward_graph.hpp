@@ -1,0 +1,280 @@
+#pragma once
+// The backward of a compiled function, as AOTAutograd builds it: when a traced function's
+// results require grad, its backward is derived once, at trace time, from the traced forward
+// (the autodiff stage's rules over the lazy graph) and kept as one captured graph per result.
+// The forward graph then also outputs the values the backward needs and that are costly to
+// recompute (products, reductions, scans, sorts, gathers: AOTAutograd's default partition);
+// pointwise chains are recomputed inside the backward's kernels from those and from the
+// function's inputs. Each replay gives its results a gradient rule that rebuilds the backward
+// graph over that call's buffers and incoming gradient: lazy nodes that fuse with the rest of
+// the user's backward and whose kernels are compiled once and cached like any other.
+#include <algorithm>
+#include <memory>
+#include <unordered_set>
+#include <vector>
+
+#include "kiln/autodiff/backward.hpp"
+#include "kiln/ir/rebuild.hpp"
+#include "kiln/tensor/tensor.hpp"
+
+namespace kiln::detail {
+
+/// Where a leaf of a backward graph comes from when the backward runs.
+struct BackwardLeaf {
+  enum class Kind : std::uint8_t { Seed, Saved, Arg, Constant } kind = Kind::Constant;
+  int index = 0;            ///< Saved: index among the saved values; Arg: tensor argument index
+  std::int64_t offset = 0;  ///< Saved, Arg: element offset of the leaf's view (relative to the argument's own)
+  ir::NodePtr constant;     ///< Constant: a tensor the function captured
+};
+
+/// A forward input that gradients flow to: a tensor argument, or a tensor the function captured
+/// (a parameter).
+struct GradInput {
+  int arg = -1;          ///< tensor argument index, or -1
+  ir::NodePtr constant;  ///< arg == -1: the captured node itself (it holds the parameter's grad)
+};
+
+/// The backward of one result: its gradient in, the gradients of the grad inputs out.
+struct ResultBackward {
+  std::size_t result = 0;  ///< index among the function's flattened results
+  ir::Graph graph;
+  std::vector<BackwardLeaf> leaves;
+  std::vector<std::size_t> input_of_output;  ///< graph output k is the gradient of inputs[input_of_output[k]]
+};
+
+/// Everything a replay needs to give its results gradients.
+struct CompiledBackward {
+  std::vector<GradInput> inputs;
+  std::vector<ResultBackward> results;
+  std::size_t saved_first = 0;  ///< flattened result index of the first saved value
+  std::size_t saved_count = 0;
+};
+
+/// The traced backward before the forward has run: lazy gradient nodes over the traced forward.
+struct PendingBackward {
+  std::vector<ir::NodePtr> grad_inputs;  ///< realized forward inputs that require grad
+  std::vector<GradInput> inputs;
+  struct PerResult {
+    std::size_t result;
+    StoragePtr seed;                      ///< placeholder storage of the incoming gradient's leaf
+    std::vector<ir::NodePtr> grads;       ///< gradient of each reached grad input
+    std::vector<std::size_t> input_of;    ///< its index in grad_inputs
+  };
+  std::vector<PerResult> results;
+  std::vector<ir::NodePtr> saved;  ///< forward nodes the backward reads (outputs of the forward graph)
+};
+
+/// Values that are costly to recompute in the backward: kept from the forward instead.
+inline bool save_for_backward(ir::Op op) {
+  switch (ir::op_kind(op)) {
+    case ir::OpKind::Reduce:
+    case ir::OpKind::Contract:
+    case ir::OpKind::Gather:
+    case ir::OpKind::Scatter:
+    case ir::OpKind::Scan:
+    case ir::OpKind::Sort:
+      return true;
+    default:
+      return false;
+  }
+}
+
+/// Derives the backward of the traced results `outs` (lazy; those that require grad are
+/// differentiated) towards every realized tensor they were computed from that requires grad.
+/// `args` are the call's tensor arguments (to tell arguments from captured tensors).
+inline PendingBackward trace_backward(const std::vector<Tensor>& outs, const std::vector<const Tensor*>& args) {
+  PendingBackward p;
+  // Leaves marked while still lazy (randn(...).requires_grad_()) are evaluated now: the graph
+  // must read the parameter's storage, which an optimizer then updates in place, rather than
+  // recompute its initial value on every call.
+  {
+    std::vector<ir::NodePtr> lazy_leaves, stack;
+    std::unordered_set<const ir::Node*> seen;
+    for (const Tensor& t : outs)
+      if (t.defined() && !t.is_evaluated()) stack.push_back(t.node());
+    while (!stack.empty()) {
+      ir::NodePtr n = std::move(stack.back());
+      stack.pop_back();
+      if (n->realized() || !seen.insert(n.get()).second) continue;
+      if (n->grad_leaf) {
+        lazy_leaves.push_back(n);
+        continue;
+      }
+      for (const ir::NodePtr& in : n->inputs) stack.push_back(in);
+    }
+    if (!lazy_leaves.empty()) evaluate(lazy_leaves);
+  }
+  // The forward's lazy nodes and its realized inputs that require grad.
+  std::unordered_set<const ir::Node*> forward;
+  {
+    std::vector<ir::NodePtr> stack;
+    for (const Tensor& t : outs)
+      if (t.defined() && !t.is_evaluated()) stack.push_back(t.node());
+    std::unordered_set<const ir::Node*> seen_leaf;
+    while (!stack.empty()) {
+      ir::NodePtr n = std::move(stack.back());
+      stack.pop_back();
+      if (n->realized()) {
+        if (n->requires_grad && seen_leaf.insert(n.get()).second) p.grad_inputs.push_back(n);
+        continue;
+      }
+      if (!forward.insert(n.get()).second) continue;
+      for (const ir::NodePtr& in : n->inputs) stack.push_back(in);
+    }
+  }
+  for (const ir::NodePtr& n : p.grad_inputs) {
+    GradInput g;
+    for (std::size_t k = 0; k < args.size(); ++k)
+      if (args[k]->defined() && args[k]->node() == n) g.arg = static_cast<int>(k);
+    if (g.arg < 0) g.constant = n;
+    p.inputs.push_back(std::move(g));
+  }
+  // One backward per result that requires grad, seeded by a placeholder leaf (never read: the
+  // graph is only captured, and its rebuild binds the real gradient there).
+  for (std::size_t i = 0; i < outs.size(); ++i) {
+    const Tensor& t = outs[i];
+    if (!t.defined() || !t.requires_grad()) continue;
+    PendingBackward::PerResult r;
+    r.result = i;
+    r.seed = std::make_shared<Storage>();
+    r.seed->device = t.device();
+    ir::NodePtr seed = ir::input(ir::BufferView{r.seed, 0, contiguous_strides(t.shape())}, t.shape(), t.dtype(),
+                                 t.device());
+    seed->placeholder = true;
+    std::vector<autodiff::Reached> reached =
+        autodiff::backward_pass({t.node()}, {seed}, p.grad_inputs, true, "kiln::compile (backward)", true);
+    for (std::size_t k = 0; k < p.grad_inputs.size(); ++k)
+      for (const autodiff::Reached& hit : reached)
+        if (hit.node == p.grad_inputs[k]) {
+          r.grads.push_back(hit.grad);
+          r.input_of.push_back(k);
+        }
+    p.results.push_back(std::move(r));
+  }
+  // The forward values the gradients read and that are costly to recompute.
+  std::unordered_set<const ir::Node*> seen, saved;
+  std::vector<ir::NodePtr> stack;
+  for (auto& r : p.results)
+    for (auto& g : r.grads) stack.push_back(g);
+  while (!stack.empty()) {
+    ir::NodePtr n = std::move(stack.back());
+    stack.pop_back();
+    if (n->realized() || !seen.insert(n.get()).second) continue;
+    if (forward.count(n.get()) && save_for_backward(n->op)) {
+      if (saved.insert(n.get()).second) p.saved.push_back(n);
+      continue;
+    }
+    for (const ir::NodePtr& in : n->inputs) stack.push_back(in);
+  }
+  return p;
+}
+
+/// Captures the backward graphs once the forward has run: `saved` are the forward's values of
+/// `pending.saved` (its extra outputs, from this first call), which become the graphs' leaves.
+inline std::shared_ptr<const CompiledBackward> capture_backward(PendingBackward& pending,
+                                                                const std::vector<Tensor>& saved,
+                                                                std::size_t saved_first,
+                                                                const std::vector<const Tensor*>& args) {
+  auto cb = std::make_shared<CompiledBackward>();
+  cb->inputs = pending.inputs;
+  cb->saved_first = saved_first;
+  cb->saved_count = saved.size();
+  // The traced nodes take the forward's buffers, so that capture stops at them.
+  for (std::size_t j = 0; j < pending.saved.size(); ++j) pending.saved[j]->buffer = *saved[j].node()->buffer;
+  for (auto& r : pending.results) {
+    if (r.grads.empty()) continue;
+    ResultBackward rb;
+    rb.result = r.result;
+    rb.input_of_output = r.input_of;
+    ir::Captured c = ir::capture(r.grads, r.grads.front()->device);
+    rb.graph = std::move(c.graph);
+    for (const ir::NodePtr& leaf : c.leaves) {
+      BackwardLeaf bl;
+      const StoragePtr& st = leaf->buffer->storage;
+      if (st == r.seed) {
+        bl.kind = BackwardLeaf::Kind::Seed;
+      } else {
+        for (std::size_t j = 0; j < saved.size() && bl.kind == BackwardLeaf::Kind::Constant; ++j)
+          if (st == saved[j].node()->buffer->storage) {
+            bl.kind = BackwardLeaf::Kind::Saved;
+            bl.index = static_cast<int>(j);
+            bl.offset = leaf->buffer->offset;
+          }
+        for (std::size_t k = 0; k < args.size() && bl.kind == BackwardLeaf::Kind::Constant; ++k)
+          if (args[k]->defined() && args[k]->is_evaluated() && args[k]->node()->buffer->storage == st) {
+            bl.kind = BackwardLeaf::Kind::Arg;
+            bl.index = static_cast<int>(k);
+            bl.offset = leaf->buffer->offset - args[k]->node()->buffer->offset;
+          }
+        if (bl.kind == BackwardLeaf::Kind::Constant) bl.constant = leaf;
+      }
+      rb.leaves.push_back(std::move(bl));
+    }
+    cb->results.push_back(std::move(rb));
+  }
+  // The traced nodes are lazy again: the first call's saved values are that call's, not the
+  // entry's (the traced result still holds these nodes).
+  for (const ir::NodePtr& n : pending.saved) n->buffer.reset();
+  return cb;
+}
+
+/// Gives a replay's results their gradients: `results` are the flattened results of one call
+/// (the saved values after the function's own), `args` its tensor arguments.
+inline void attach_backward(const std::shared_ptr<const CompiledBackward>& cb, std::vector<Tensor>& results,
+                            const std::vector<const Tensor*>& args) {
+  std::vector<ir::NodePtr> inputs;
+  for (const GradInput& g : cb->inputs) inputs.push_back(g.arg >= 0 ? args[static_cast<std::size_t>(g.arg)]->node() : g.constant);
+  for (std::size_t k = 0; k < cb->results.size(); ++k) {
+    const ResultBackward& rb = cb->results[k];
+    const ir::GraphNode* seed_node = nullptr;
+    std::vector<ir::NodePtr> leaves(rb.leaves.size());
+    for (const ir::GraphNode& g : rb.graph.nodes) {
+      if (g.op != ir::Op::Input) continue;
+      const BackwardLeaf& bl = rb.leaves[static_cast<std::size_t>(g.leaf)];
+      ir::NodePtr& leaf = leaves[static_cast<std::size_t>(g.leaf)];
+      switch (bl.kind) {
+        case BackwardLeaf::Kind::Seed:
+          seed_node = &g;
+          break;
+        case BackwardLeaf::Kind::Saved: {  // the saved value, or a view of it (its transpose)
+          const ir::Node& v = *results[cb->saved_first + static_cast<std::size_t>(bl.index)].node();
+          leaf = ir::input(ir::BufferView{v.buffer->storage, v.buffer->offset + bl.offset, g.strides}, g.shape, g.dtype,
+                           v.device);
+          break;
+        }
+        case BackwardLeaf::Kind::Arg: {
+          const ir::Node& a = *args[static_cast<std::size_t>(bl.index)]->node();
+          leaf = ir::input(ir::BufferView{a.buffer->storage, a.buffer->offset + bl.offset, g.strides}, g.shape, g.dtype,
+                           a.device);
+          break;
+        }
+        case BackwardLeaf::Kind::Constant:
+          leaf = bl.constant;
+          break;
+      }
+    }
+    // The rule holds the graph (shared by every call of the entry) and this call's leaves; the
+    // backward frees both (with the saved values) when it has run through the result.
+    auto shared = std::shared_ptr<const ResultBackward>(cb, &rb);
+    std::int32_t seed_leaf = seed_node ? seed_node->leaf : -1;
+    std::vector<ir::NodePtr> rule_inputs = inputs;
+    auto rule = [shared, leaves = std::move(leaves), seed_leaf, n_inputs = inputs.size()](
+                    const ir::NodePtr& result, const ir::NodePtr& grad) {
+      std::vector<ir::NodePtr> bound = leaves;
+      if (seed_leaf >= 0)
+        bound[static_cast<std::size_t>(seed_leaf)] = grad->dtype == result->dtype ? grad : ir::cast(grad, result->dtype);
+      std::vector<ir::NodePtr> outs = ir::rebuild(shared->graph, bound);
+      std::vector<ir::NodePtr> grads(n_inputs);
+      for (std::size_t o = 0; o < outs.size(); ++o) {
+        ir::NodePtr& slot = grads[shared->input_of_output[o]];
+        slot = slot ? ir::binary(ir::Op::Add, slot, outs[o]) : outs[o];
+      }
+      return grads;
+    };
+    ir::Node& out = *results[rb.result].node();
+    out.requires_grad = true;
+    out.custom_gradient = std::make_shared<ir::CustomGradient>(ir::CustomGradient{std::move(rule_inputs), std::move(rule)});
+  }
+}
+
+}  // namespace kiln::detail

@@ -351,31 +351,85 @@ inline NodePtr log_softmax_value(const NodePtr& x, std::int64_t axis) {
   });
 }
 
-/// Normalises over the last axis; weight and bias (shape [K], same dtype) may be null.
+namespace detail {
+
+/// The gradients of a normalisation over the last axis, y = xhat w (+ b) with xhat = (x - mean)
+/// rstd (`centred`: layer_norm; else rms_norm, mean = 0), from the forward's row statistics
+/// (PyTorch's native_layer_norm_backward): dx = rstd (gw - [mean(gw)] - xhat mean(gw xhat)),
+/// gw = g w; dw = sum of g xhat over the rows; db = sum of g. `inputs` are x, then the weight
+/// and bias that are not null, in that order.
+inline std::vector<NodePtr> norm_backward(const NodePtr& v, const NodePtr& mean, const NodePtr& rstd,
+                                          const NodePtr& weight, const NodePtr& bias, const NodePtr& x,
+                                          const NodePtr& g, bool centred) {
+  const Shape& s = v->shape;
+  const std::int64_t last = static_cast<std::int64_t>(s.size()) - 1;
+  std::vector<std::int64_t> rows;
+  for (std::int64_t d = 0; d < last; ++d) rows.push_back(d);
+  NodePtr gv = ir::cast(g, v->dtype);
+  NodePtr centred_v = centred ? sub(v, expand(mean, s)) : v;
+  NodePtr xhat = mul(centred_v, expand(rstd, s));
+  NodePtr gw = weight ? mul(gv, expand(ir::cast(weight, v->dtype), s)) : gv;
+  NodePtr k = scalar_like(1.0 / static_cast<double>(s[static_cast<std::size_t>(last)]), rstd);
+  NodePtr proj = mul(ir::reduce(Op::ReduceSum, mul(gw, xhat), {last}), k);
+  NodePtr inner = sub(gw, mul(xhat, expand(proj, s)));
+  if (centred) inner = sub(inner, expand(mul(ir::reduce(Op::ReduceSum, gw, {last}), k), s));
+  std::vector<NodePtr> grads{ir::cast(mul(inner, expand(rstd, s)), x->dtype)};
+  auto column_sum = [&](const NodePtr& t, const NodePtr& like) {
+    NodePtr c = rows.empty() ? t : ir::reduce(Op::ReduceSum, t, rows);
+    return ir::cast(ir::reshape(c, like->shape), like->dtype);
+  };
+  if (weight) grads.push_back(column_sum(mul(gv, xhat), weight));
+  if (bias) grads.push_back(column_sum(gv, bias));
+  return grads;
+}
+
+/// x, then the weight and bias that are not null.
+inline std::vector<NodePtr> present(std::initializer_list<NodePtr> nodes) {
+  std::vector<NodePtr> out;
+  for (const NodePtr& n : nodes)
+    if (n) out.push_back(n);
+  return out;
+}
+
+}  // namespace detail
+
+/// Normalises over the last axis; weight and bias (shape [K], same dtype) may be null. Its own
+/// gradient rule reads the forward's mean and rstd (saved: a compiled forward outputs them).
 inline NodePtr layer_norm(const NodePtr& x, const NodePtr& weight, const NodePtr& bias, double eps) {
   std::int64_t last = static_cast<std::int64_t>(x->shape.size()) - 1;
+  NodePtr vv, mean, rstd;
   NodePtr y = in_compute_dtype(x, [&](const NodePtr& v) {
-    NodePtr mean = mean_keep(v, {last});
+    vv = v;
+    mean = mean_keep(v, {last});
     NodePtr d = sub(v, expand(mean, v->shape));
     NodePtr var =
         div(ir::reduce(Op::ReduceSum, mul(d, d), {last}), scalar_like(static_cast<double>(v->shape[last]), mean));
-    NodePtr rstd = ir::unary(Op::Rsqrt, add(var, scalar_like(eps, var)));
+    rstd = ir::unary(Op::Rsqrt, add(var, scalar_like(eps, var)));
     NodePtr out = mul(d, expand(rstd, v->shape));
     if (weight) out = mul(out, expand(ir::cast(weight, v->dtype), v->shape));
     if (bias) out = add(out, expand(ir::cast(bias, v->dtype), v->shape));
     return out;
   });
-  return y;
+  return with_gradient(y, detail::present({x, weight, bias}), [=](const NodePtr&, const NodePtr& g) {
+    return detail::norm_backward(vv, mean, rstd, weight, bias, x, g, true);
+  });
 }
 
-/// x * rsqrt(mean(x^2, last) + eps) * weight; weight may be null.
+/// x * rsqrt(mean(x^2, last) + eps) * weight; weight may be null. Its own gradient rule reads
+/// the forward's rstd.
 inline NodePtr rms_norm(const NodePtr& x, const NodePtr& weight, double eps) {
   std::int64_t last = static_cast<std::int64_t>(x->shape.size()) - 1;
-  return in_compute_dtype(x, [&](const NodePtr& v) {
+  NodePtr vv, rstd;
+  NodePtr y = in_compute_dtype(x, [&](const NodePtr& v) {
+    vv = v;
     NodePtr ms = mean_keep(mul(v, v), {last});
-    NodePtr out = mul(v, expand(ir::unary(Op::Rsqrt, add(ms, scalar_like(eps, ms))), v->shape));
+    rstd = ir::unary(Op::Rsqrt, add(ms, scalar_like(eps, ms)));
+    NodePtr out = mul(v, expand(rstd, v->shape));
     if (weight) out = mul(out, expand(ir::cast(weight, v->dtype), v->shape));
     return out;
+  });
+  return with_gradient(y, detail::present({x, weight}), [=](const NodePtr&, const NodePtr& g) {
+    return detail::norm_backward(vv, nullptr, rstd, weight, nullptr, x, g, false);
   });
 }
 

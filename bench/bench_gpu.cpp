@@ -228,6 +228,7 @@ double copy_gbps() { return bench::copy_bandwidth(kDev) / 1e9; }
 struct Result {
   double ms = 0, gbps = 0, ratio = 0;
   std::string strategy;
+  double peak_mib = 0;  ///< device memory of one run beyond its inputs
 };
 std::map<std::string, Result>& results() {
   static std::map<std::string, Result> r;
@@ -238,7 +239,12 @@ std::map<std::string, Result>& results() {
 /// the untimed first run (or loaded from the disk cache), as kiln::compile's max-autotune modes run it.
 void run_workload(benchmark::State& state, const Workload& w, const std::string& label, bool autotune = false) {
   if (skip_without_gpu(state)) return;
-  Bound b = bind_graph(w.build());
+  std::vector<NodePtr> roots = w.build();  // the inputs are allocated here
+  // Device memory beyond the inputs: the outputs and every temporary of one run (the pool's
+  // high-water mark; torch_suite reports max_memory_allocated beyond the inputs alike).
+  runtime::reset_cuda_memory_peak(0);
+  const std::uint64_t before = runtime::cuda_memory_use(0).current;
+  Bound b = bind_graph(roots);
   // A graph with steps (a scatter) runs as kiln::compile runs it, bound once.
   std::unique_ptr<backend::PreparedGraph> steps;
   if (sched::has_library_calls(b.captured.graph))
@@ -251,11 +257,15 @@ void run_workload(benchmark::State& state, const Workload& w, const std::string&
     else
       backend::run_cuda(b.captured.graph, b.args);
   };
+  run();
+  const double peak_mib = static_cast<double>(runtime::cuda_memory_use(0).peak - before) / (1 << 20);
   // The kit: an untimed first call (compile_ms) and one warm-up, then batches of 10 calls
   // between CUDA events, one batch per benchmark iteration.
   const bench::Measurement m = bench::run(state, kDev, {.bytes = w.bytes}, run);
   if (state.error_occurred()) return;
+  state.counters["peak_MiB"] = peak_mib;
   Result r;
+  r.peak_mib = peak_mib;
   r.ms = m.median_ms;
   r.gbps = w.bytes / (r.ms * 1e-3) / 1e9;
   r.ratio = r.gbps / m.copy_gbps;
@@ -628,6 +638,39 @@ std::vector<ProductWorkload> product_workloads() {
                  return std::vector<std::vector<NodePtr>>{{ir::matmul(in[0], transposed(in[1]))},
                                                           {ir::matmul(in[5], transposed(in[3]))}};
                }});
+  // B2: forward and backward of G3 with respect to x, W1, b1, W2 and b2 (torch_suite's B2), from
+  // a given gradient of the output; held to the six plain products of the same sizes (two
+  // forward, four backward).
+  auto grad_out = std::make_shared<NodePtr>();
+  w.push_back({"B2", 6 * 2.0 * 8192.0 * 4096 * 16384,
+               [get, grad_out] {
+                 auto in = get();
+                 if (!*grad_out) *grad_out = normal({8192, 4096}, bf16, 27, 1.0);
+                 std::vector<NodePtr> leaves;
+                 for (int k = 0; k < 5; ++k) {  // fresh leaves over the same buffers: each build records anew
+                   NodePtr leaf = ir::input(*in[k]->buffer, in[k]->shape, in[k]->dtype, in[k]->device);
+                   leaf->requires_grad = true;
+                   leaf->grad_leaf = std::make_shared<ir::GradLeaf>();
+                   leaves.push_back(leaf);
+                 }
+                 NodePtr h = decomp::gelu(add(ir::matmul(leaves[0], transposed(leaves[1])), row_bias(leaves[2], 8192)), true);
+                 NodePtr y = add(ir::matmul(h, transposed(leaves[3])), row_bias(leaves[4], 8192));
+                 std::vector<autodiff::Reached> reached = autodiff::backward_pass({y}, {*grad_out}, leaves, false, "B2");
+                 std::vector<NodePtr> grads{y};  // the forward's output too, as a training step has it
+                 for (const NodePtr& leaf : leaves)
+                   for (const autodiff::Reached& r : reached)
+                     if (r.node == leaf) grads.push_back(r.grad);
+                 return grads;
+               },
+               [get, grad_out] {
+                 auto in = get();
+                 if (!*grad_out) *grad_out = normal({8192, 4096}, bf16, 27, 1.0);
+                 const NodePtr &x = in[0], &W1 = in[1], &W2 = in[3], &h = in[5], &g = *grad_out;
+                 return std::vector<std::vector<NodePtr>>{
+                     {ir::matmul(x, transposed(W1))}, {ir::matmul(h, transposed(W2))},  // forward
+                     {ir::matmul(g, W2)},             {ir::matmul(transposed(g), h)},   // dh, dW2
+                     {ir::matmul(h, W1)},             {ir::matmul(transposed(h), x)}};  // dx, dW1 (h as dh')
+               }});
   return w;
 }
 
@@ -760,10 +803,11 @@ void register_all(bool variants) {
 
 void print_summary() {
   if (results().empty()) return;
-  std::printf("\n%-34s %10s %10s %8s  %s\n", "workload", "ms", "GB/s", "/copy", "kernel");
+  std::printf("\n%-34s %10s %10s %8s %9s  %s\n", "workload", "ms", "GB/s", "/copy", "peak MiB", "kernel");
   for (auto& [name, r] : results()) {
     if (r.gbps > 0)
-      std::printf("%-34s %10.4f %10.1f %8.3f  %s\n", name.c_str(), r.ms, r.gbps, r.ratio, r.strategy.c_str());
+      std::printf("%-34s %10.4f %10.1f %8.3f %9.0f  %s\n", name.c_str(), r.ms, r.gbps, r.ratio, r.peak_mib,
+                  r.strategy.c_str());
     else
       std::printf("%-34s %10.3f %19s  %s\n", name.c_str(), r.ms, "", r.strategy.c_str());
   }

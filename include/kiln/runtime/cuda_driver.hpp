@@ -77,6 +77,8 @@ enum CUfunction_attribute : int {
 
 enum CUmemPool_attribute : int {
   CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4,
+  CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7,
+  CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8,
 };
 
 enum CUstreamCaptureMode : int {
@@ -137,6 +139,8 @@ struct CudaDriverApi {
   CUresult (*mem_pool_set_attribute)(cu::CUmemoryPool, cu::CUmemPool_attribute,
                                      void*) = nullptr;                    // cuMemPoolSetAttribute
   CUresult (*mem_pool_trim_to)(cu::CUmemoryPool, std::size_t) = nullptr;  // cuMemPoolTrimTo
+  CUresult (*mem_pool_get_attribute)(cu::CUmemoryPool, cu::CUmemPool_attribute,
+                                     void*) = nullptr;  // cuMemPoolGetAttribute
   CUresult (*mem_get_info)(std::size_t*, std::size_t*) = nullptr;         // cuMemGetInfo_v2
   CUresult (*memcpy_htod_async)(cu::CUdeviceptr, const void*, std::size_t,
                                 cu::CUstream) = nullptr;                                       // cuMemcpyHtoDAsync_v2
@@ -298,6 +302,7 @@ inline CudaDriverState load_cuda_driver(const std::string& path) {
   sym(a.device_get_default_mem_pool, {"cuDeviceGetDefaultMemPool"});
   sym(a.mem_pool_set_attribute, {"cuMemPoolSetAttribute"});
   sym(a.mem_pool_trim_to, {"cuMemPoolTrimTo"});
+  sym(a.mem_pool_get_attribute, {"cuMemPoolGetAttribute"});
   sym(a.mem_get_info, {"cuMemGetInfo_v2"});
   sym(a.memcpy_htod_async, {"cuMemcpyHtoDAsync_v2"});
   sym(a.memcpy_dtoh_async, {"cuMemcpyDtoHAsync_v2"});

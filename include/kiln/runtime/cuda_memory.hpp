@@ -28,6 +28,34 @@ inline std::string bytes_text(std::size_t n) {
 
 }  // namespace detail
 
+/// Bytes of cuda:`device`'s memory pool in use now and at most since the last
+/// reset_cuda_memory_peak (kiln's device memory: every tensor and temporary comes from it).
+struct CudaMemoryUse {
+  std::uint64_t current = 0, peak = 0;
+};
+inline CudaMemoryUse cuda_memory_use(int device) {
+  const auto& api = detail::require_cuda_driver([] { return std::string("read the memory pool's use"); });
+  CudaContext& ctx = cuda_context(device);
+  CudaMemoryUse use;
+  if (!ctx.pool) return use;
+  detail::cuda_check(api.stream_synchronize(ctx.stream), "cuStreamSynchronize", "before reading the pool's use");
+  detail::cuda_check(api.mem_pool_get_attribute(ctx.pool, cu::CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &use.current),
+                     "cuMemPoolGetAttribute(CU_MEMPOOL_ATTR_USED_MEM_CURRENT)");
+  detail::cuda_check(api.mem_pool_get_attribute(ctx.pool, cu::CU_MEMPOOL_ATTR_USED_MEM_HIGH, &use.peak),
+                     "cuMemPoolGetAttribute(CU_MEMPOOL_ATTR_USED_MEM_HIGH)");
+  return use;
+}
+/// Starts a new peak for cuda_memory_use (the driver resets the high-water mark to the use now).
+inline void reset_cuda_memory_peak(int device) {
+  const auto& api = detail::require_cuda_driver([] { return std::string("reset the memory pool's peak"); });
+  CudaContext& ctx = cuda_context(device);
+  if (!ctx.pool) return;
+  detail::cuda_check(api.stream_synchronize(ctx.stream), "cuStreamSynchronize", "before resetting the pool's peak");
+  std::uint64_t zero = 0;
+  detail::cuda_check(api.mem_pool_set_attribute(ctx.pool, cu::CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero),
+                     "cuMemPoolSetAttribute(CU_MEMPOOL_ATTR_USED_MEM_HIGH)");
+}
+
 /// A new block of `bytes` bytes on cuda:`device`, allocated in stream order on the device's
 /// stream and freed (cuMemFreeAsync, same stream) when the Storage's owner is released.
 /// Throws DeviceError when CUDA is unavailable, and on out of memory with the bytes asked for

@@ -247,6 +247,14 @@ inline NodePtr permute(const NodePtr& x, const std::vector<std::int64_t>& perm) 
   bool identity = true;
   for (std::size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == static_cast<std::int64_t>(i);
   if (identity) return x;
+  // A permute of a lazy permute is one permute of its input (a transpose of a transpose, as
+  // the gradient of a transposed weight makes, is the weight).
+  if (!x->realized() && x->op == Op::Permute) {
+    std::vector<std::int64_t> composed(perm.size());
+    for (std::size_t i = 0; i < perm.size(); ++i)
+      composed[i] = x->attrs.ints[static_cast<std::size_t>(perm[i])];
+    return permute(x->inputs[0], composed);
+  }
   Shape out(perm.size());
   for (std::size_t i = 0; i < perm.size(); ++i) out[i] = x->shape[perm[i]];
   if (viewable(x)) {
@@ -273,6 +281,44 @@ inline NodePtr slice(const NodePtr& x, std::int64_t axis, std::int64_t start, st
   Node n = blank(Op::Slice, x->dtype, x->device, std::move(out), {x});
   n.attrs.ints = {axis, start, step};
   return finish(std::move(n));
+}
+
+/// The leaf view that the shape op `n` of a realized node amounts to (what the builders above
+/// make when no gradient is recorded through it), or null. Capture folds such ops into its
+/// leaves: a graph recorded for gradients (where x's transpose is a node, so that the
+/// gradient flows back through it) then reads a weight's transpose in place, as a product's
+/// transposed operand, instead of copying it first.
+inline NodePtr as_leaf_view(const Node& n) {
+  if (n.realized() || n.inputs.size() != 1) return nullptr;
+  const NodePtr& x = n.inputs[0];
+  if (!x->realized() || x->placeholder) return nullptr;
+  const BufferView& b = *x->buffer;
+  switch (n.op) {
+    case Op::Broadcast: {
+      Strides st = b.strides;
+      for (std::size_t i = 0; i < n.shape.size(); ++i)
+        if (x->shape[i] != n.shape[i]) st[i] = 0;
+      return restride(x, n.shape, b.offset, std::move(st));
+    }
+    case Op::Reshape:
+      if (auto st = view_strides(x->shape, b.strides, n.shape)) return restride(x, n.shape, b.offset, std::move(*st));
+      return nullptr;
+    case Op::Permute: {
+      Strides st(n.attrs.ints.size());
+      for (std::size_t i = 0; i < st.size(); ++i) st[i] = b.strides[static_cast<std::size_t>(n.attrs.ints[i])];
+      return restride(x, n.shape, b.offset, std::move(st));
+    }
+    case Op::Slice: {
+      const auto axis = static_cast<std::size_t>(n.attrs.ints[0]);
+      const std::int64_t start = n.attrs.ints[1], step = n.attrs.ints[2];
+      Strides st = b.strides;
+      const std::int64_t offset = b.offset + (n.shape[axis] > 0 ? start * st[axis] : 0);
+      st[axis] *= step;
+      return restride(x, n.shape, offset, std::move(st));
+    }
+    default:
+      return nullptr;
+  }
 }
 
 /// x reversed along `axis` (a slice of step -1; fused by the kernel that reads it).

@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kiln/ir/builder.hpp"
 #include "kiln/ir/node.hpp"
 
 namespace kiln::ir {
@@ -86,7 +87,8 @@ inline bool same_graph(const Graph& a, const Graph& b) {
   return true;
 }
 
-/// Flattens the lazy DAG under `roots` (stopping at realized nodes, which become leaves),
+/// Flattens the lazy DAG under `roots` (stopping at realized nodes, which become leaves, and at
+/// shape ops of realized nodes, which become leaves viewing the same storage: as_leaf_view),
 /// merging structurally equal nodes (common-subexpression elimination through the hashes).
 inline Captured capture(const std::vector<NodePtr>& roots, Device device) {
   Captured c;
@@ -100,17 +102,18 @@ inline Captured capture(const std::vector<NodePtr>& roots, Device device) {
   struct Frame {
     const NodePtr* node;
     std::size_t next;
+    NodePtr view;  ///< the leaf a shape op of a realized node stands for, if it is one
   };
   auto visit_root = [&](const NodePtr& root) {
     if (index_of.count(root.get())) return;
-    std::vector<Frame> stack{{&root, 0}};
+    std::vector<Frame> stack{{&root, 0, as_leaf_view(*root)}};
     while (!stack.empty()) {
       Frame& f = stack.back();
-      const Node& n = **f.node;
+      const Node& n = f.view ? *f.view : **f.node;
       bool leaf = n.realized();
       if (!leaf && f.next < n.inputs.size()) {
         const NodePtr& child = n.inputs[f.next++];
-        if (!index_of.count(child.get())) stack.push_back({&child, 0});
+        if (!index_of.count(child.get())) stack.push_back({&child, 0, as_leaf_view(*child)});
         continue;
       }
       GraphNode g;
@@ -149,7 +152,7 @@ inline Captured capture(const std::vector<NodePtr>& roots, Device device) {
       if (found < 0) {
         if (leaf) {
           g.leaf = static_cast<std::int32_t>(c.leaves.size());
-          c.leaves.push_back(*f.node);
+          c.leaves.push_back(f.view ? f.view : *f.node);
         }
         found = static_cast<std::int32_t>(c.graph.nodes.size());
         c.graph.nodes.push_back(std::move(g));

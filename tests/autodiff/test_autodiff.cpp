@@ -404,3 +404,36 @@ TEST_CASE("autograd: backward() inside a compiled function is a graph break that
   }, strict);
   CHECK_THROWS_AS(refused(x), GraphBreakError);
 }
+
+TEST_CASE("autograd: an MLP block's backward reads weights and activations transposed in place: five products") {
+  // y = gelu(x W1^T + b1) W2^T + b2 (a linear layer twice) and its gradients with respect to
+  // the four parameters, compiled as one graph: two forward products and three backward ones
+  // (dh, dW2, dW1; x needs none), each reading a transposed weight, activation or gradient
+  // through its strides (no copies), the weight gradients computed in the weights' own layout.
+  Tensor x = randn({16, 8}, 71, f32, device()).eval(), gy = randn({16, 8}, 76, f32, device()).eval();
+  Tensor W1 = randn({24, 8}, 72, f32, device()).eval().requires_grad_(),
+         b1 = randn({24}, 73, f32, device()).eval().requires_grad_(),
+         W2 = randn({8, 24}, 74, f32, device()).eval().requires_grad_(),
+         b2 = randn({8}, 75, f32, device()).eval().requires_grad_();
+  auto block = [&](const Tensor& in) {
+    return matmul(gelu(matmul(in, transpose(W1, 0, 1)) + b1, true), transpose(W2, 0, 1)) + b2;
+  };
+  auto step = kiln::compile([&](const Tensor& in, const Tensor& g) {
+    Tensor y = block(in);
+    std::vector<Tensor> d = autograd::grad({y}, {W1, b1, W2, b2}, {g});
+    return std::make_tuple(y.detach(), d[0], d[1], d[2], d[3]);
+  });
+  const std::string plan = kiln::explain(step, x, gy);
+  std::size_t products = 0;
+  for (std::size_t at = plan.find("call matmul"); at != std::string::npos; at = plan.find("call matmul", at + 1)) ++products;
+  CHECK_MESSAGE(products == 5, plan);
+  CHECK_MESSAGE(plan.find("permute") == std::string::npos, plan);
+  auto [y, dW1, db1, dW2, db2] = step(x, gy);
+  block(x).backward(gy);
+  const std::vector<std::pair<Tensor, Tensor>> pairs{{dW1, W1.grad()}, {db1, b1.grad()}, {dW2, W2.grad()}, {db2, b2.grad()}};
+  for (const auto& [got, want] : pairs) {
+    REQUIRE(got.shape() == want.shape());
+    std::vector<float> a = got.to_vector<float>(), b = want.to_vector<float>();
+    for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-4));
+  }
+}

@@ -486,6 +486,21 @@ class StepPlanner {
     const ir::GraphNode& nd = node(i);
     if (is_call_result(i)) return result_slot(i);
     if (nd.op == ir::Op::Input && library_readable(nd.shape, nd.strides)) return Slot{Slot::Leaf, nd.leaf, nd.strides};
+    // A transpose of a value some step writes anyway (another call's result, or a value a
+    // segment stores: the forward's activation whose transpose a weight gradient reads): the
+    // call reads that memory through the permuted strides instead of a transposed copy.
+    if (nd.op == ir::Op::Permute && node(nd.inputs[0]).op != ir::Op::Input) {
+      const int src = nd.inputs[0];
+      const Strides base = is_call_result(src) ? result_slot(src).strides : contiguous_strides(node(src).shape);
+      if (base.size() == nd.shape.size()) {
+        Strides st(base.size());
+        for (std::size_t k = 0; k < st.size(); ++k) st[k] = base[static_cast<std::size_t>(nd.attrs.ints[k])];
+        if (library_readable(nd.shape, st)) {
+          Slot m = operand_slot(src);
+          if (m.strides == base) return Slot{m.kind, m.index, st};
+        }
+      }
+    }
     return materialize(i);
   }
 

@@ -322,6 +322,23 @@ TEST_CASE("cuda emulator: column reductions split over many blocks combine every
   for (auto& s : strat) CHECK_MESSAGE(has(s, "156 split(s)"), s);
 }
 
+TEST_CASE("cuda emulator: a column sum stored beside the values it sums splits its rows over blocks") {
+  if (!have_host_compiler()) return;
+  // A bias gradient: the column sum of a pointwise value that is itself an output (the input
+  // gradient of the product before it). The full values are written by the block that reads
+  // their rows, so the rows split over blocks as for a sum alone.
+  codegen::CudaTarget t = kiln_cuda_emu::small_target();
+  t.sm_count = 132;
+  NodePtr X = input({4000, 24}, f32, 49);
+  NodePtr e = un(Op::Exp, X);
+  std::vector<std::string> strat;
+  std::string r = emulate_on({red(Op::ReduceSum, e, {0}), e}, t, &strat);
+  CHECK_MESSAGE(r.empty(), r);
+  REQUIRE(!strat.empty());
+  CHECK_MESSAGE(strat[0].find("column reduction") == 0, strat[0]);
+  CHECK_MESSAGE(strat[0].find(" 1 split(s)") == std::string::npos, strat[0]);
+}
+
 TEST_CASE("cuda emulator: a permuted leaf's log, stored and summed over two of its dims in one graph") {
   if (!have_host_compiler()) return;
   // The shape of the GPU fuzzer's seed 23 graph 2300: sum(log(permute(x, {2, 0, 1})), {0, 1})

@@ -63,7 +63,11 @@ class ColumnKernel : public ReductionKernel {
     const i64 tiles = pl.tiles = outer * pl.column_tiles;
     const i64 target = static_cast<i64>(t_.sm_count) * std::max(1, t_.split_blocks_per_sm);
     i64 splits = 1;
-    const bool single_pass = k_.phases <= 1 && k_.passes <= 1 && !has_level(sched::Level::Full);
+    // Values stored beside the sums (a bias gradient's column sum beside the gradient it sums)
+    // are written in the same row loop, each row by the block that reads it: splitting the rows
+    // splits them too. Only a second pass or phase (values that need the finished sums) keeps
+    // a tile in one block.
+    const bool single_pass = k_.phases <= 1 && k_.passes <= 1;
     // Rounded down: every block of the grid runs in the first wave (a 17th split of 32 tiles
     // on 528 block slots would leave a second wave of 16 blocks).
     if (single_pass && tiles > 0 && tiles < target)

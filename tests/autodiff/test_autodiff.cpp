@@ -40,6 +40,30 @@ void check(const char* what, const Fn& f, const std::vector<Tensor>& inputs, dou
 
 Tensor vals(const std::vector<double>& v, const Shape& s) { return from_vector<double>(v, s, device()); }
 
+/// The small MLP the training tests run: its data, its parameters, and one SGD step.
+struct SmallMlp {
+  Tensor X = randn({64, 16}, 41, f32, device());
+  Tensor w1 = (randn({16, 32}, 42, f32, device()) * 0.25).eval().requires_grad_();
+  Tensor b1 = zeros({32}, f32, device()).requires_grad_();
+  Tensor w2 = (randn({32, 4}, 43, f32, device()) * 0.25).eval().requires_grad_();
+  Tensor targets = argmax(slice(X, 1, 0, 4), {1});  // a class the inputs determine
+
+  Tensor loss(const Tensor& x, const Tensor& t) const {
+    return cross_entropy(matmul(gelu(layer_norm(matmul(x, w1) + b1)), w2), t);
+  }
+  /// Backward from `loss`, then p -= 0.5 p.grad() for every parameter; returns the loss's value.
+  double step(const Tensor& loss) {
+    const double value = loss.item<float>();
+    loss.backward();
+    NoGradGuard off;
+    for (Tensor* p : {&w1, &b1, &w2}) {
+      p->assign(*p - 0.5f * p->grad());
+      p->zero_grad_();
+    }
+    return value;
+  }
+};
+
 }  // namespace
 
 TEST_CASE("autograd: the tape accumulates into leaves; guards, detach, errors") {
@@ -270,20 +294,9 @@ TEST_CASE("autograd: one backward of a small model gives the same gradients fuse
 TEST_CASE("autograd: the fused backward (JIT) equals the reference, and an MLP trains to the same losses") {
   auto run = [](Backend backend) {
     BackendScope scope(backend);
-    Tensor X = randn({64, 16}, 41, f32, device()), w1 = (randn({16, 32}, 42, f32, device()) * 0.25).eval().requires_grad_(),
-           b1 = zeros({32}, f32, device()).requires_grad_(), w2 = (randn({32, 4}, 43, f32, device()) * 0.25).eval().requires_grad_();
-    Tensor targets = argmax(slice(X, 1, 0, 4), {1});  // a class the inputs determine
+    SmallMlp mlp;
     std::vector<double> losses;
-    for (int step = 0; step < 50; ++step) {
-      Tensor loss = cross_entropy(matmul(gelu(layer_norm(matmul(X, w1) + b1)), w2), targets);
-      losses.push_back(loss.item<float>());
-      loss.backward();
-      NoGradGuard off;
-      for (Tensor* p : {&w1, &b1, &w2}) {
-        p->assign(*p - 0.5f * p->grad());
-        p->zero_grad_();
-      }
-    }
+    for (int step = 0; step < 50; ++step) losses.push_back(mlp.step(mlp.loss(mlp.X, mlp.targets)));
     return losses;
   };
   std::vector<double> jit = run(Backend::Jit), ref = run(Backend::Eager);
@@ -349,24 +362,11 @@ TEST_CASE("autograd: kiln::compile of a forward that requires grad compiles its 
 
 TEST_CASE("autograd: a compiled model trains as the uncompiled one (50 SGD steps of an MLP)") {
   auto run = [](bool compiled) {
-    Tensor X = randn({64, 16}, 41, f32, device()), w1 = (randn({16, 32}, 42, f32, device()) * 0.25).eval().requires_grad_(),
-           b1 = zeros({32}, f32, device()).requires_grad_(), w2 = (randn({32, 4}, 43, f32, device()) * 0.25).eval().requires_grad_();
-    Tensor targets = argmax(slice(X, 1, 0, 4), {1});
-    auto model = [&](const Tensor& x, const Tensor& t) {
-      return cross_entropy(matmul(gelu(layer_norm(matmul(x, w1) + b1)), w2), t);
-    };
-    auto compiled_model = kiln::compile(model);
+    SmallMlp mlp;  // b1 is a lazy zeros when marked: the trace evaluates it, so updates reach the replays
+    auto compiled_model = kiln::compile([&mlp](const Tensor& x, const Tensor& t) { return mlp.loss(x, t); });
     std::vector<double> losses;
-    for (int step = 0; step < 50; ++step) {
-      Tensor loss = compiled ? compiled_model(X, targets) : model(X, targets);
-      losses.push_back(loss.item<float>());
-      loss.backward();
-      NoGradGuard off;
-      for (Tensor* p : {&w1, &b1, &w2}) {
-        p->assign(*p - 0.5f * p->grad());
-        p->zero_grad_();
-      }
-    }
+    for (int step = 0; step < 50; ++step)
+      losses.push_back(mlp.step(compiled ? compiled_model(mlp.X, mlp.targets) : mlp.loss(mlp.X, mlp.targets)));
     if (compiled) {
       CHECK(compiled_model.stats().traces == 1);  // parameters updated in place: one trace serves every step
       CHECK(compiled_model.stats().graph_breaks == 0);

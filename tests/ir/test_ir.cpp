@@ -247,6 +247,32 @@ TEST_CASE("shape primitives on realized nodes become views; on lazy nodes, index
   CHECK(ir::reshape(c, Shape{3})->op == ir::Op::Constant);
 }
 
+TEST_CASE("capture folds shape ops of realized nodes recorded for gradients into leaf views") {
+  // While gradients are recorded through x, its transpose and slice are nodes (the gradient
+  // flows back through them); captured, they are leaves viewing x's storage, as the builders
+  // make them when nothing is recorded. A permute of a lazy permute is one permute.
+  Tensor x = realized({1, 2, 3, 4, 5, 6}, {2, 3});
+  x.requires_grad_();
+  ir::NodePtr t = ir::permute(x.node(), {1, 0});
+  ir::NodePtr s = ir::slice(x.node(), 1, 1, 2, 1);
+  REQUIRE(t->op == ir::Op::Permute);
+  REQUIRE(s->op == ir::Op::Slice);
+  CHECK(ir::permute(t, {1, 0}) == x.node());
+  ir::NodePtr y = ir::binary(ir::Op::Mul, ir::reshape(t, Shape{6}), ir::reshape(t, Shape{6}));
+  ir::Captured c = ir::capture({y, s}, x.device());
+  CHECK(count_ops(c.graph, ir::Op::Permute) == 0);
+  CHECK(count_ops(c.graph, ir::Op::Slice) == 0);
+  REQUIRE(c.leaves.size() == 2);
+  for (const ir::NodePtr& leaf : c.leaves) CHECK(leaf->buffer->storage == x.node()->buffer->storage);
+  CHECK(c.leaves[0]->buffer->strides == Strides{1, 3});  // the transpose, read in place
+  CHECK(c.leaves[1]->buffer->offset == x.node()->buffer->offset + 1);
+  // The reshape of the transpose is not a view of it (its layout does not allow one): it stays.
+  CHECK(count_ops(c.graph, ir::Op::Reshape) == 1);
+  // Evaluated, the graph gives the values of the ops it folded.
+  Tensor out(y);
+  CHECK(out.to_vector<float>() == std::vector<float>{1, 16, 4, 25, 9, 36});
+}
+
 TEST_CASE("depth and node counts grow with the lazy graph and restart at realized nodes") {
   Tensor x = realized({1, 2}, {2});
   Tensor y = x;

@@ -19,12 +19,24 @@
 
 namespace kiln::detail {
 
+/// The index of the tensor argument whose storage is `st`, or -1 (a tensor the function captured).
+inline int argument_of_storage(const StoragePtr& st, const std::vector<const Tensor*>& args) {
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const Tensor& t = *args[i];
+    if (t.defined() && t.is_evaluated() && t.node()->buffer->storage == st) return static_cast<int>(i);
+  }
+  return -1;
+}
+
 /// Where a leaf of a backward graph comes from when the backward runs.
 struct BackwardLeaf {
   enum class Kind : std::uint8_t { Seed, Saved, Arg, Constant } kind = Kind::Constant;
   int index = 0;            ///< Saved: index among the saved values; Arg: tensor argument index
   std::int64_t offset = 0;  ///< Saved, Arg: element offset of the leaf's view (relative to the argument's own)
   ir::NodePtr constant;     ///< Constant: a tensor the function captured
+  Shape shape;              ///< Saved, Arg: the view the graph reads
+  Strides strides;
+  DType dtype = DType::Float32;
 };
 
 /// A forward input that gradients flow to: a tensor argument, or a tensor the function captured
@@ -38,7 +50,8 @@ struct GradInput {
 struct ResultBackward {
   std::size_t result = 0;  ///< index among the function's flattened results
   ir::Graph graph;
-  std::vector<BackwardLeaf> leaves;
+  std::vector<BackwardLeaf> leaves;           ///< by leaf index
+  std::int32_t seed_leaf = -1;                 ///< the leaf the result's gradient binds to
   std::vector<std::size_t> input_of_output;  ///< graph output k is the gradient of inputs[input_of_output[k]]
 };
 
@@ -47,7 +60,6 @@ struct CompiledBackward {
   std::vector<GradInput> inputs;
   std::vector<ResultBackward> results;
   std::size_t saved_first = 0;  ///< flattened result index of the first saved value
-  std::size_t saved_count = 0;
 };
 
 /// The traced backward before the forward has run: lazy gradient nodes over the traced forward.
@@ -84,44 +96,31 @@ inline bool save_for_backward(ir::Op op) {
 /// `args` are the call's tensor arguments (to tell arguments from captured tensors).
 inline PendingBackward trace_backward(const std::vector<Tensor>& outs, const std::vector<const Tensor*>& args) {
   PendingBackward p;
-  // Leaves marked while still lazy (randn(...).requires_grad_()) are evaluated now: the graph
+  // The forward's lazy nodes, and the inputs that require grad: realized ones, and leaves
+  // marked while still lazy (randn(...).requires_grad_()), which are evaluated now: the graph
   // must read the parameter's storage, which an optimizer then updates in place, rather than
   // recompute its initial value on every call.
-  {
-    std::vector<ir::NodePtr> lazy_leaves, stack;
-    std::unordered_set<const ir::Node*> seen;
-    for (const Tensor& t : outs)
-      if (t.defined() && !t.is_evaluated()) stack.push_back(t.node());
-    while (!stack.empty()) {
-      ir::NodePtr n = std::move(stack.back());
-      stack.pop_back();
-      if (n->realized() || !seen.insert(n.get()).second) continue;
-      if (n->grad_leaf) {
-        lazy_leaves.push_back(n);
-        continue;
-      }
-      for (const ir::NodePtr& in : n->inputs) stack.push_back(in);
-    }
-    if (!lazy_leaves.empty()) evaluate(lazy_leaves);
-  }
-  // The forward's lazy nodes and its realized inputs that require grad.
-  std::unordered_set<const ir::Node*> forward;
+  std::unordered_set<const ir::Node*> forward, seen_input;
+  std::vector<ir::NodePtr> lazy_leaves;
   {
     std::vector<ir::NodePtr> stack;
     for (const Tensor& t : outs)
       if (t.defined() && !t.is_evaluated()) stack.push_back(t.node());
-    std::unordered_set<const ir::Node*> seen_leaf;
     while (!stack.empty()) {
       ir::NodePtr n = std::move(stack.back());
       stack.pop_back();
-      if (n->realized()) {
-        if (n->requires_grad && seen_leaf.insert(n.get()).second) p.grad_inputs.push_back(n);
+      if (n->realized() || n->grad_leaf) {
+        if (n->requires_grad && seen_input.insert(n.get()).second) {
+          if (!n->realized()) lazy_leaves.push_back(n);
+          p.grad_inputs.push_back(n);
+        }
         continue;
       }
       if (!forward.insert(n.get()).second) continue;
       for (const ir::NodePtr& in : n->inputs) stack.push_back(in);
     }
   }
+  if (!lazy_leaves.empty()) evaluate(lazy_leaves);
   for (const ir::NodePtr& n : p.grad_inputs) {
     GradInput g;
     for (std::size_t k = 0; k < args.size(); ++k)
@@ -178,7 +177,6 @@ inline std::shared_ptr<const CompiledBackward> capture_backward(PendingBackward&
   auto cb = std::make_shared<CompiledBackward>();
   cb->inputs = pending.inputs;
   cb->saved_first = saved_first;
-  cb->saved_count = saved.size();
   // The traced nodes take the forward's buffers, so that capture stops at them.
   for (std::size_t j = 0; j < pending.saved.size(); ++j) pending.saved[j]->buffer = *saved[j].node()->buffer;
   for (auto& r : pending.results) {
@@ -188,25 +186,27 @@ inline std::shared_ptr<const CompiledBackward> capture_backward(PendingBackward&
     rb.input_of_output = r.input_of;
     ir::Captured c = ir::capture(r.grads, r.grads.front()->device);
     rb.graph = std::move(c.graph);
-    for (const ir::NodePtr& leaf : c.leaves) {
+    for (std::size_t l = 0; l < c.leaves.size(); ++l) {
+      const ir::Node& leaf = *c.leaves[l];
+      const StoragePtr& st = leaf.buffer->storage;
       BackwardLeaf bl;
-      const StoragePtr& st = leaf->buffer->storage;
+      bl.shape = leaf.shape;
+      bl.strides = leaf.buffer->strides;
+      bl.dtype = leaf.dtype;
+      bl.offset = leaf.buffer->offset;
       if (st == r.seed) {
         bl.kind = BackwardLeaf::Kind::Seed;
+        rb.seed_leaf = static_cast<std::int32_t>(l);
+      } else if (auto s = std::find_if(saved.begin(), saved.end(),
+                                       [&](const Tensor& v) { return v.node()->buffer->storage == st; });
+                 s != saved.end()) {
+        bl.kind = BackwardLeaf::Kind::Saved;
+        bl.index = static_cast<int>(s - saved.begin());
+      } else if ((bl.index = argument_of_storage(st, args)) >= 0) {
+        bl.kind = BackwardLeaf::Kind::Arg;
+        bl.offset -= args[static_cast<std::size_t>(bl.index)]->node()->buffer->offset;
       } else {
-        for (std::size_t j = 0; j < saved.size() && bl.kind == BackwardLeaf::Kind::Constant; ++j)
-          if (st == saved[j].node()->buffer->storage) {
-            bl.kind = BackwardLeaf::Kind::Saved;
-            bl.index = static_cast<int>(j);
-            bl.offset = leaf->buffer->offset;
-          }
-        for (std::size_t k = 0; k < args.size() && bl.kind == BackwardLeaf::Kind::Constant; ++k)
-          if (args[k]->defined() && args[k]->is_evaluated() && args[k]->node()->buffer->storage == st) {
-            bl.kind = BackwardLeaf::Kind::Arg;
-            bl.index = static_cast<int>(k);
-            bl.offset = leaf->buffer->offset - args[k]->node()->buffer->offset;
-          }
-        if (bl.kind == BackwardLeaf::Kind::Constant) bl.constant = leaf;
+        bl.constant = c.leaves[l];
       }
       rb.leaves.push_back(std::move(bl));
     }
@@ -224,45 +224,32 @@ inline void attach_backward(const std::shared_ptr<const CompiledBackward>& cb, s
                             const std::vector<const Tensor*>& args) {
   std::vector<ir::NodePtr> inputs;
   for (const GradInput& g : cb->inputs) inputs.push_back(g.arg >= 0 ? args[static_cast<std::size_t>(g.arg)]->node() : g.constant);
-  for (std::size_t k = 0; k < cb->results.size(); ++k) {
-    const ResultBackward& rb = cb->results[k];
-    const ir::GraphNode* seed_node = nullptr;
+  for (const ResultBackward& rb : cb->results) {
     std::vector<ir::NodePtr> leaves(rb.leaves.size());
-    for (const ir::GraphNode& g : rb.graph.nodes) {
-      if (g.op != ir::Op::Input) continue;
-      const BackwardLeaf& bl = rb.leaves[static_cast<std::size_t>(g.leaf)];
-      ir::NodePtr& leaf = leaves[static_cast<std::size_t>(g.leaf)];
-      switch (bl.kind) {
-        case BackwardLeaf::Kind::Seed:
-          seed_node = &g;
-          break;
-        case BackwardLeaf::Kind::Saved: {  // the saved value, or a view of it (its transpose)
-          const ir::Node& v = *results[cb->saved_first + static_cast<std::size_t>(bl.index)].node();
-          leaf = ir::input(ir::BufferView{v.buffer->storage, v.buffer->offset + bl.offset, g.strides}, g.shape, g.dtype,
-                           v.device);
-          break;
-        }
-        case BackwardLeaf::Kind::Arg: {
-          const ir::Node& a = *args[static_cast<std::size_t>(bl.index)]->node();
-          leaf = ir::input(ir::BufferView{a.buffer->storage, a.buffer->offset + bl.offset, g.strides}, g.shape, g.dtype,
-                           a.device);
-          break;
-        }
-        case BackwardLeaf::Kind::Constant:
-          leaf = bl.constant;
-          break;
-      }
+    for (std::size_t l = 0; l < rb.leaves.size(); ++l) {
+      const BackwardLeaf& bl = rb.leaves[l];
+      // A saved value or an argument, or a view of it (a transpose): this call's buffer.
+      auto view_of = [&](const ir::Node& v) {
+        return ir::input(ir::BufferView{v.buffer->storage, v.buffer->offset + bl.offset, bl.strides}, bl.shape, bl.dtype,
+                         v.device);
+      };
+      if (bl.kind == BackwardLeaf::Kind::Saved)
+        leaves[l] = view_of(*results[cb->saved_first + static_cast<std::size_t>(bl.index)].node());
+      else if (bl.kind == BackwardLeaf::Kind::Arg)
+        leaves[l] = view_of(*args[static_cast<std::size_t>(bl.index)]->node());
+      else if (bl.kind == BackwardLeaf::Kind::Constant)
+        leaves[l] = bl.constant;  // the seed's is bound by the rule
     }
     // The rule holds the graph (shared by every call of the entry) and this call's leaves; the
     // backward frees both (with the saved values) when it has run through the result.
     auto shared = std::shared_ptr<const ResultBackward>(cb, &rb);
-    std::int32_t seed_leaf = seed_node ? seed_node->leaf : -1;
     std::vector<ir::NodePtr> rule_inputs = inputs;
-    auto rule = [shared, leaves = std::move(leaves), seed_leaf, n_inputs = inputs.size()](
-                    const ir::NodePtr& result, const ir::NodePtr& grad) {
+    auto rule = [shared, leaves = std::move(leaves), n_inputs = inputs.size()](const ir::NodePtr& result,
+                                                                               const ir::NodePtr& grad) {
       std::vector<ir::NodePtr> bound = leaves;
-      if (seed_leaf >= 0)
-        bound[static_cast<std::size_t>(seed_leaf)] = grad->dtype == result->dtype ? grad : ir::cast(grad, result->dtype);
+      if (shared->seed_leaf >= 0)
+        bound[static_cast<std::size_t>(shared->seed_leaf)] =
+            grad->dtype == result->dtype ? grad : ir::cast(grad, result->dtype);
       std::vector<ir::NodePtr> outs = ir::rebuild(shared->graph, bound);
       std::vector<ir::NodePtr> grads(n_inputs);
       for (std::size_t o = 0; o < outs.size(); ++o) {

@@ -777,20 +777,10 @@ class Compiled {
       std::vector<Tensor> saved(first.begin() + static_cast<std::ptrdiff_t>(own_results), first.end());
       replay->backward = detail::capture_backward(*pending, saved, own_results, tensor_args);
       entry.replays.emplace_back(call, replay);
-      detail::attach_backward(replay->backward, first, tensor_args);
-      std::size_t k = 0;
-      return detail::ResultCodec<R>::rebuild(std::any_cast<const R&>(replay->traced_result), first, k);
+      return finish_call<R>(*replay, std::move(first), tensor_args);
     }
     entry.replays.emplace_back(call, replay);
     return replay_call<R>(*replay, tensor_args);
-  }
-
-  static int arg_of_storage(const StoragePtr& st, const std::vector<const Tensor*>& tensor_args) {
-    for (std::size_t i = 0; i < tensor_args.size(); ++i) {
-      const Tensor& t = *tensor_args[i];
-      if (t.defined() && t.is_evaluated() && t.node()->buffer->storage == st) return static_cast<int>(i);
-    }
-    return -1;
   }
 
   static void build_replay(detail::Replay& r, const std::vector<Tensor>& outs,
@@ -803,7 +793,7 @@ class Compiled {
       if (!t.defined()) {
         src.kind = detail::ResultSource::Kind::Constant;
       } else if (t.is_evaluated()) {
-        int a = arg_of_storage(t.node()->buffer->storage, tensor_args);
+        int a = detail::argument_of_storage(t.node()->buffer->storage, tensor_args);
         if (a >= 0) {
           src.kind = detail::ResultSource::Kind::ArgView;
           src.index = a;
@@ -828,7 +818,7 @@ class Compiled {
     r.graph = std::move(c.graph);
     for (auto& leaf : c.leaves) {
       detail::LeafSource ls;
-      ls.arg = arg_of_storage(leaf->buffer->storage, tensor_args);
+      ls.arg = detail::argument_of_storage(leaf->buffer->storage, tensor_args);
       if (ls.arg >= 0)
         ls.offset = leaf->buffer->offset - tensor_args[ls.arg]->node()->buffer->offset;
       else
@@ -997,7 +987,13 @@ class Compiled {
 
   template <class R>
   static R replay_call(detail::Replay& r, const std::vector<const Tensor*>& tensor_args) {
-    std::vector<Tensor> results = run_replay(r, tensor_args);
+    return finish_call<R>(r, run_replay(r, tensor_args), tensor_args);
+  }
+
+  /// The function's result from a run's flattened results, with their backward if they have one.
+  template <class R>
+  static R finish_call(const detail::Replay& r, std::vector<Tensor> results,
+                       const std::vector<const Tensor*>& tensor_args) {
     if (r.backward) detail::attach_backward(r.backward, results, tensor_args);
     std::size_t k = 0;
     return detail::ResultCodec<R>::rebuild(std::any_cast<const R&>(r.traced_result), results, k);

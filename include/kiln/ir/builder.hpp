@@ -186,6 +186,27 @@ inline NodePtr restride(const NodePtr& x, Shape shape, std::int64_t offset, Stri
   return input(std::move(v), std::move(shape), x->dtype, x->device);
 }
 
+// The strided views of realized x's storage that its shape ops are (the builders below make them
+// when no gradient is recorded through x; capture folds the recorded ones: as_leaf_view).
+inline NodePtr broadcast_view(const NodePtr& x, const Shape& shape) {
+  Strides st = x->buffer->strides;
+  for (std::size_t i = 0; i < shape.size(); ++i)
+    if (x->shape[i] != shape[i]) st[i] = 0;
+  return restride(x, shape, x->buffer->offset, std::move(st));
+}
+inline NodePtr permute_view(const NodePtr& x, const std::vector<std::int64_t>& perm, Shape out) {
+  Strides st(perm.size());
+  for (std::size_t i = 0; i < perm.size(); ++i) st[i] = x->buffer->strides[static_cast<std::size_t>(perm[i])];
+  return restride(x, std::move(out), x->buffer->offset, std::move(st));
+}
+inline NodePtr slice_view(const NodePtr& x, std::int64_t axis, std::int64_t start, std::int64_t step, Shape out) {
+  const auto a = static_cast<std::size_t>(axis);
+  Strides st = x->buffer->strides;
+  const std::int64_t offset = x->buffer->offset + (out[a] > 0 ? start * st[a] : 0);
+  st[a] *= step;
+  return restride(x, std::move(out), offset, std::move(st));
+}
+
 /// Same rank; size-1 dims of x repeat to `shape`.
 inline NodePtr broadcast(const NodePtr& x, const Shape& shape) {
   if (x->shape == shape) return x;
@@ -193,12 +214,7 @@ inline NodePtr broadcast(const NodePtr& x, const Shape& shape) {
   for (std::size_t i = 0; i < shape.size(); ++i)
     if (x->shape[i] != shape[i] && x->shape[i] != 1) detail::invariant_failed("broadcast size");
   if (x->op == Op::Constant && !x->realized() && !records_grad(x)) return reshaped_constant(x, shape);
-  if (viewable(x)) {
-    Strides st = x->buffer->strides;
-    for (std::size_t i = 0; i < shape.size(); ++i)
-      if (x->shape[i] != shape[i]) st[i] = 0;
-    return restride(x, shape, x->buffer->offset, std::move(st));
-  }
+  if (viewable(x)) return broadcast_view(x, shape);
   Node n = blank(Op::Broadcast, x->dtype, x->device, shape, {x});
   return finish(std::move(n));
 }
@@ -230,14 +246,18 @@ inline std::optional<Strides> view_strides(const Shape& old, const Strides& old_
   return out;
 }
 
+/// The view of realized x as `shape`, or null where its layout allows none.
+inline NodePtr reshape_view(const NodePtr& x, const Shape& shape) {
+  if (auto st = view_strides(x->shape, x->buffer->strides, shape)) return restride(x, shape, x->buffer->offset, std::move(*st));
+  return nullptr;
+}
+
 inline NodePtr reshape(const NodePtr& x, const Shape& shape) {
   if (x->shape == shape) return x;
   if (x->shape.numel() != shape.numel()) detail::invariant_failed("reshape numel");
   if (x->op == Op::Constant && !x->realized() && !records_grad(x)) return reshaped_constant(x, shape);
-  if (viewable(x)) {
-    if (auto st = view_strides(x->shape, x->buffer->strides, shape))
-      return restride(x, shape, x->buffer->offset, std::move(*st));
-  }
+  if (viewable(x))
+    if (NodePtr v = reshape_view(x, shape)) return v;
   Node n = blank(Op::Reshape, x->dtype, x->device, shape, {x});
   return finish(std::move(n));
 }
@@ -257,11 +277,7 @@ inline NodePtr permute(const NodePtr& x, const std::vector<std::int64_t>& perm) 
   }
   Shape out(perm.size());
   for (std::size_t i = 0; i < perm.size(); ++i) out[i] = x->shape[perm[i]];
-  if (viewable(x)) {
-    Strides st(perm.size());
-    for (std::size_t i = 0; i < perm.size(); ++i) st[i] = x->buffer->strides[perm[i]];
-    return restride(x, out, x->buffer->offset, std::move(st));
-  }
+  if (viewable(x)) return permute_view(x, perm, std::move(out));
   Node n = blank(Op::Permute, x->dtype, x->device, std::move(out), {x});
   n.attrs.ints = perm;
   return finish(std::move(n));
@@ -272,12 +288,7 @@ inline NodePtr slice(const NodePtr& x, std::int64_t axis, std::int64_t start, st
   if (start == 0 && step == 1 && size == x->shape[axis]) return x;
   Shape out = x->shape;
   out[axis] = size;
-  if (viewable(x)) {
-    Strides st = x->buffer->strides;
-    std::int64_t offset = x->buffer->offset + (size > 0 ? start * st[axis] : 0);
-    st[axis] *= step;
-    return restride(x, std::move(out), offset, std::move(st));
-  }
+  if (viewable(x)) return slice_view(x, axis, start, step, std::move(out));
   Node n = blank(Op::Slice, x->dtype, x->device, std::move(out), {x});
   n.attrs.ints = {axis, start, step};
   return finish(std::move(n));
@@ -292,30 +303,15 @@ inline NodePtr as_leaf_view(const Node& n) {
   if (n.realized() || n.inputs.size() != 1) return nullptr;
   const NodePtr& x = n.inputs[0];
   if (!x->realized() || x->placeholder) return nullptr;
-  const BufferView& b = *x->buffer;
   switch (n.op) {
-    case Op::Broadcast: {
-      Strides st = b.strides;
-      for (std::size_t i = 0; i < n.shape.size(); ++i)
-        if (x->shape[i] != n.shape[i]) st[i] = 0;
-      return restride(x, n.shape, b.offset, std::move(st));
-    }
+    case Op::Broadcast:
+      return broadcast_view(x, n.shape);
     case Op::Reshape:
-      if (auto st = view_strides(x->shape, b.strides, n.shape)) return restride(x, n.shape, b.offset, std::move(*st));
-      return nullptr;
-    case Op::Permute: {
-      Strides st(n.attrs.ints.size());
-      for (std::size_t i = 0; i < st.size(); ++i) st[i] = b.strides[static_cast<std::size_t>(n.attrs.ints[i])];
-      return restride(x, n.shape, b.offset, std::move(st));
-    }
-    case Op::Slice: {
-      const auto axis = static_cast<std::size_t>(n.attrs.ints[0]);
-      const std::int64_t start = n.attrs.ints[1], step = n.attrs.ints[2];
-      Strides st = b.strides;
-      const std::int64_t offset = b.offset + (n.shape[axis] > 0 ? start * st[axis] : 0);
-      st[axis] *= step;
-      return restride(x, n.shape, offset, std::move(st));
-    }
+      return reshape_view(x, n.shape);
+    case Op::Permute:
+      return permute_view(x, n.attrs.ints, n.shape);
+    case Op::Slice:
+      return slice_view(x, n.attrs.ints[0], n.attrs.ints[1], n.attrs.ints[2], n.shape);
     default:
       return nullptr;
   }

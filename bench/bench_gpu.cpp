@@ -641,11 +641,13 @@ std::vector<ProductWorkload> product_workloads() {
   // B2: forward and backward of G3 with respect to x, W1, b1, W2 and b2 (torch_suite's B2), from
   // a given gradient of the output; held to the six plain products of the same sizes (two
   // forward, four backward).
-  auto grad_out = std::make_shared<NodePtr>();
+  auto grad_out = [g = std::make_shared<NodePtr>()] {
+    if (!*g) *g = normal({8192, 4096}, bf16, 27, 1.0);
+    return *g;
+  };
   w.push_back({"B2", 6 * 2.0 * 8192.0 * 4096 * 16384,
                [get, grad_out] {
                  auto in = get();
-                 if (!*grad_out) *grad_out = normal({8192, 4096}, bf16, 27, 1.0);
                  std::vector<NodePtr> leaves;
                  for (int k = 0; k < 5; ++k) {  // fresh leaves over the same buffers: each build records anew
                    NodePtr leaf = ir::input(*in[k]->buffer, in[k]->shape, in[k]->dtype, in[k]->device);
@@ -655,7 +657,7 @@ std::vector<ProductWorkload> product_workloads() {
                  }
                  NodePtr h = decomp::gelu(add(ir::matmul(leaves[0], transposed(leaves[1])), row_bias(leaves[2], 8192)), true);
                  NodePtr y = add(ir::matmul(h, transposed(leaves[3])), row_bias(leaves[4], 8192));
-                 std::vector<autodiff::Reached> reached = autodiff::backward_pass({y}, {*grad_out}, leaves, false, "B2");
+                 std::vector<autodiff::Reached> reached = autodiff::backward_pass({y}, {grad_out()}, leaves, false, "B2");
                  std::vector<NodePtr> grads{y};  // the forward's output too, as a training step has it
                  for (const NodePtr& leaf : leaves)
                    for (const autodiff::Reached& r : reached)
@@ -664,8 +666,8 @@ std::vector<ProductWorkload> product_workloads() {
                },
                [get, grad_out] {
                  auto in = get();
-                 if (!*grad_out) *grad_out = normal({8192, 4096}, bf16, 27, 1.0);
-                 const NodePtr &x = in[0], &W1 = in[1], &W2 = in[3], &h = in[5], &g = *grad_out;
+                 const NodePtr g = grad_out();
+                 const NodePtr &x = in[0], &W1 = in[1], &W2 = in[3], &h = in[5];
                  return std::vector<std::vector<NodePtr>>{
                      {ir::matmul(x, transposed(W1))}, {ir::matmul(h, transposed(W2))},  // forward
                      {ir::matmul(g, W2)},             {ir::matmul(transposed(g), h)},   // dh, dW2

@@ -77,4 +77,12 @@ class OutOfMemoryError : public DeviceError {
   using DeviceError::DeviceError;
 };
 
+/// A checkpoint file that cannot be written or read: a malformed safetensors header (bad JSON,
+/// missing or extra fields, offsets that do not tile the data), a dtype kiln lacks, an I/O
+/// failure. The message names the operation, the file, the tensor and what is wrong.
+class CheckpointError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace kiln

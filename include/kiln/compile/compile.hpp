@@ -27,6 +27,7 @@
 #include "kiln/compile/backward_graph.hpp"
 #include "kiln/compile/symbolic.hpp"
 #include "kiln/core/log.hpp"
+#include "kiln/tensor/autocast.hpp"
 #include "kiln/tensor/autograd.hpp"
 #include "kiln/tensor/creation.hpp"
 #include "kiln/tensor/eval.hpp"
@@ -357,6 +358,7 @@ struct Replay {
 struct Entry {
   std::vector<GuardItem> guard;
   bool grad_mode = true;  ///< is_grad_enabled() at the call (results require grad or not)
+  std::uint32_t autocast = 0;  ///< detail::autocast_key() at the call (which inputs the ops cast)
   bool rerun = false;  ///< had graph breaks: the function runs on every call
   bool dynamic = false;
   std::vector<std::pair<std::vector<GuardItem>, std::shared_ptr<Replay>>> replays;  ///< per concrete guard
@@ -522,8 +524,9 @@ class Compiled {
     // The hot path: an entry and a replay whose guards match, checked against the arguments
     // themselves (no guard objects built).
     const bool grad_mode = ir::detail::grad_mode();
+    const std::uint32_t autocast = detail::autocast_key();
     for (auto& e : s.entries) {
-      if (e->grad_mode != grad_mode || !matches_args(e->guard, args...)) continue;
+      if (e->grad_mode != grad_mode || e->autocast != autocast || !matches_args(e->guard, args...)) continue;
       if (e->rerun) break;
       for (auto& [g, replay] : e->replays)
         if (matches_args(g, args...)) {
@@ -535,7 +538,7 @@ class Compiled {
 
     std::vector<detail::GuardItem> call{detail::guard_of(args)...};
     for (auto& e : s.entries) {
-      if (e->grad_mode != grad_mode || !matches(e->guard, call)) continue;
+      if (e->grad_mode != grad_mode || e->autocast != autocast || !matches(e->guard, call)) continue;
       s.stats.cache_hits++;
       if (e->rerun) return rerun<R>(args...);
       for (auto& [g, replay] : e->replays)
@@ -571,6 +574,7 @@ class Compiled {
     auto entry = std::make_shared<detail::Entry>();
     entry->guard = call;
     entry->grad_mode = grad_mode;
+    entry->autocast = autocast;
     if (!s.entries.empty()) {
       s.stats.recompiles++;
       const auto& last = s.entries.back()->guard;
@@ -579,6 +583,8 @@ class Compiled {
       std::string why = "recompiling: " + (s.entries.back()->grad_mode != grad_mode
                                                ? std::string("grad mode changed (is_grad_enabled() is ") +
                                                      (grad_mode ? "true" : "false") + ")"
+                                           : s.entries.back()->autocast != autocast
+                                               ? "autocast changed (now " + detail::autocast_describe() + ")"
                                                : first_failure(last, call));
       if (!s.options.dynamic.has_value() && entry->dynamic) why += "; now symbolic: " + dynamic_dims_text(entry->guard);
       log(LogChannel::recompiles, why);

@@ -14,6 +14,7 @@
 #include "kiln/decomp/decompose.hpp"
 #include "kiln/decomp/elementwise.hpp"
 #include "kiln/runtime/host_allocator.hpp"
+#include "kiln/tensor/autocast.hpp"
 #include "kiln/tensor/tensor.hpp"
 
 namespace kiln {
@@ -138,6 +139,33 @@ inline const char* fn_name(Fn f) { return fn_info(f).name; }
 constexpr bool is_float_fn(Fn f) { return fn_info(f).rule == FnRule::ToFloat; }
 constexpr bool is_compare_fn(Fn f) { return f >= Fn::Eq && f <= Fn::Ge; }
 constexpr bool is_logical_fn(Fn f) { return f == Fn::And || f == Fn::Or || f == Fn::Not || f == Fn::Xor; }
+
+/// The autocast class of each pointwise function (tensor/autocast.hpp): torch's float32 list,
+/// of the functions kiln has. A number divided by a tensor (torch's __rtruediv__) is float32
+/// too (BinaryExpr). atan2 is on torch's promote list; its ordinary promotion already gives the
+/// widest input. The others run in their inputs' dtype.
+constexpr AutocastClass autocast_class(Fn f) {
+  switch (f) {
+    case Fn::Exp:
+    case Fn::Log:
+    case Fn::Log2:
+    case Fn::Log1p:
+    case Fn::Expm1:
+    case Fn::Rsqrt:
+    case Fn::Reciprocal:
+    case Fn::Tan:
+    case Fn::Sinh:
+    case Fn::Cosh:
+    case Fn::Acos:
+    case Fn::Asin:
+    case Fn::Pow:
+      return AutocastClass::Fp32;
+    case Fn::Atan2:
+      return AutocastClass::Promote;
+    default:
+      return AutocastClass::None;
+  }
+}
 
 /// Output dtype of unary `f` on `in` (of `shape`, for the message); throws DTypeError for
 /// unsupported combinations.
@@ -520,6 +548,7 @@ struct UnaryExpr : Expr<UnaryExpr<F, A>> {
   DType out_dtype;
   detail::SmallShape out_shape;
   Device out_device;
+  bool autocast = false;  ///< autocast made out_dtype float32 (the typed-assign guard tells them apart)
   static constexpr std::uint64_t kStructKey =
       detail::hash_combine(detail::hash_combine(0x0a1, static_cast<std::uint64_t>(F)), detail::struct_key<A>());
 
@@ -528,6 +557,11 @@ struct UnaryExpr : Expr<UnaryExpr<F, A>> {
     out_shape = detail::shape_of(a, name);
     out_device = detail::device_of(a);
     out_dtype = detail::unary_result(F, detail::info_of(a).dtype, out_shape);
+    if constexpr (detail::autocast_class(F) == detail::AutocastClass::Fp32)
+      if (is_reduced_float(out_dtype) && detail::autocast_on(out_device)) {
+        out_dtype = DType::Float32;  // build() casts the input to it
+        autocast = true;
+      }
   }
   detail::OperandInfo info() const {
     return {out_dtype, out_shape.rank == 0 ? detail::Tier::ZeroDim : detail::Tier::Dim};
@@ -553,6 +587,7 @@ struct BinaryExpr : Expr<BinaryExpr<F, A, B>> {
   DType out_dtype;
   detail::SmallShape out_shape;
   Device out_device;
+  bool autocast = false;  ///< autocast made the operands float32 (the typed-assign guard tells them apart)
   static constexpr std::uint64_t kStructKey = detail::hash_combine(
       detail::hash_combine(detail::hash_combine(0x0b2, static_cast<std::uint64_t>(F)), detail::struct_key<A>()),
       detail::struct_key<B>());
@@ -580,6 +615,13 @@ struct BinaryExpr : Expr<BinaryExpr<F, A, B>> {
     auto types = detail::binary_result(F, rt.result(), ia.dtype, ib.dtype, out_shape);
     operand_dtype = types.operand;
     out_dtype = types.out;
+    // Autocast's float32 ops: pow, and a number divided by a tensor (torch's __rtruediv__).
+    if constexpr (detail::autocast_class(F) == detail::AutocastClass::Fp32 ||
+                  (F == detail::Fn::Div && detail::is_scalar_expr<A>::value))
+      if (is_reduced_float(out_dtype) && detail::autocast_on(out_device)) {
+        operand_dtype = out_dtype = DType::Float32;
+        autocast = true;
+      }
     if constexpr (F == detail::Fn::Pow && detail::is_scalar_expr<B>::value) {
       // As torch.pow: an integer exponent given as a number may not be negative for an
       // integer (or bool) base; a tensor exponent follows integer pow's rules instead.

@@ -25,6 +25,14 @@ Tensor to_tensor(const E& e) {
 
 inline std::string describe(const Tensor& t) { return std::string(dtype_name(t.dtype())) + t.shape().str(); }
 
+/// The input of one of autocast's float32 ops (sum, prod, softmax, log_softmax, logsumexp,
+/// layer_norm, rms_norm, cross_entropy, cumsum, cumprod): f16/bf16 as float32 while autocast is
+/// on for its device (tensor/autocast.hpp), else unchanged.
+template <class E>
+Tensor fp32_operand(const E& e) {
+  return autocast_cast(to_tensor(e), AutocastClass::Fp32);
+}
+
 /// Maps a possibly negative axis of `t` into [0, rank) (0 and -1 for a 0-dim tensor) or throws
 /// ShapeError naming `op`, the axis, t's shape and dtype.
 inline std::int64_t tensor_axis(std::int64_t axis, const Tensor& t, const char* op) {
@@ -95,7 +103,7 @@ inline void require_nonempty_reduction(const Tensor& t, const std::vector<std::i
 /// Sum over `axes` (all when omitted). Integer and bool inputs sum in int64 (as PyTorch).
 template <class E>
 requires TensorLike<E> Tensor sum(const E& x, const Axes& axes = {}, bool keepdim = false) {
-  Tensor t = detail::to_tensor(x);
+  Tensor t = detail::fp32_operand(x);
   auto ax = detail::reduce_axes(axes, t, "sum");
   ir::NodePtr n = t.node();
   if (!is_floating(n->dtype)) n = ir::cast(n, DType::Int64);
@@ -105,7 +113,7 @@ requires TensorLike<E> Tensor sum(const E& x, const Axes& axes = {}, bool keepdi
 /// Product over `axes`. Integer and bool inputs multiply in int64.
 template <class E>
 requires TensorLike<E> Tensor prod(const E& x, const Axes& axes = {}, bool keepdim = false) {
-  Tensor t = detail::to_tensor(x);
+  Tensor t = detail::fp32_operand(x);
   auto ax = detail::reduce_axes(axes, t, "prod");
   ir::NodePtr n = t.node();
   if (!is_floating(n->dtype)) n = ir::cast(n, DType::Int64);
@@ -244,7 +252,7 @@ requires TensorLike<E> Tensor var(const E& x, const Axes& axes = {}, bool keepdi
 /// log(sum(exp(x))) over `axes`, computed stably. Integer inputs give float32.
 template <class E>
 requires TensorLike<E> Tensor logsumexp(const E& x, const Axes& axes = {}, bool keepdim = false) {
-  Tensor t = detail::to_tensor(x);
+  Tensor t = detail::fp32_operand(x);
   auto ax = detail::reduce_axes(axes, t, "logsumexp");
   ir::NodePtr n = is_floating(t.dtype()) ? t.node() : ir::cast(t.node(), kDefaultFloat);
   return detail::finish_reduce(decomp::logsumexp_keep(n, ax), t.shape(), ax, keepdim);
@@ -479,7 +487,7 @@ requires TensorLike<E> std::vector<Tensor> chunk(const E& x, std::int64_t chunks
 /// exp(x - max) / sum(exp(x - max)) along `axis`. Integer inputs give float32.
 template <class E>
 requires TensorLike<E> Tensor softmax(const E& x, std::int64_t axis = -1) {
-  Tensor t = detail::to_tensor(x);
+  Tensor t = detail::fp32_operand(x);
   std::int64_t a = detail::tensor_axis(axis, t, "softmax");
   ir::NodePtr n = is_floating(t.dtype()) ? t.node() : ir::cast(t.node(), kDefaultFloat);
   if (t.dim() == 0) n = ir::reshape(n, Shape{1});
@@ -490,7 +498,7 @@ requires TensorLike<E> Tensor softmax(const E& x, std::int64_t axis = -1) {
 /// log(softmax(x)) along `axis`, computed stably.
 template <class E>
 requires TensorLike<E> Tensor log_softmax(const E& x, std::int64_t axis = -1) {
-  Tensor t = detail::to_tensor(x);
+  Tensor t = detail::fp32_operand(x);
   std::int64_t a = detail::tensor_axis(axis, t, "log_softmax");
   ir::NodePtr n = is_floating(t.dtype()) ? t.node() : ir::cast(t.node(), kDefaultFloat);
   if (t.dim() == 0) n = ir::reshape(n, Shape{1});
@@ -532,9 +540,11 @@ inline void check_class_targets(const Tensor& t, std::int64_t classes, std::int6
 /// Normalises over the last axis: (x - mean) / sqrt(var + eps) * weight + bias. weight and
 /// bias (shape [K]) may be undefined `Tensor{}`.
 template <class E>
-requires TensorLike<E> Tensor layer_norm(const E& x, const Tensor& weight = {}, const Tensor& bias = {},
+requires TensorLike<E> Tensor layer_norm(const E& x, const Tensor& weight_in = {}, const Tensor& bias_in = {},
                                          double eps = 1e-5) {
-  Tensor t = detail::to_tensor(x);
+  Tensor t = detail::fp32_operand(x);
+  const Tensor weight = detail::autocast_cast(weight_in, detail::AutocastClass::Fp32);
+  const Tensor bias = detail::autocast_cast(bias_in, detail::AutocastClass::Fp32);
   detail::require_float(t, "layer_norm");
   if (t.dim() == 0) throw ShapeError("layer_norm: input must have at least one dimension, got " + detail::describe(t));
   return Tensor(decomp::layer_norm(t.node(), detail::norm_param(weight, t, "layer_norm", "weight"),
@@ -544,9 +554,10 @@ requires TensorLike<E> Tensor layer_norm(const E& x, const Tensor& weight = {}, 
 /// x * rsqrt(mean(x^2, -1) + eps) * weight over the last axis; eps defaults to the dtype's
 /// machine epsilon, as torch.nn.functional.rms_norm.
 template <class E>
-requires TensorLike<E> Tensor rms_norm(const E& x, const Tensor& weight = {},
+requires TensorLike<E> Tensor rms_norm(const E& x, const Tensor& weight_in = {},
                                        std::optional<double> eps = std::nullopt) {
-  Tensor t = detail::to_tensor(x);
+  Tensor t = detail::fp32_operand(x);
+  const Tensor weight = detail::autocast_cast(weight_in, detail::AutocastClass::Fp32);
   detail::require_float(t, "rms_norm");
   if (t.dim() == 0) throw ShapeError("rms_norm: input must have at least one dimension, got " + detail::describe(t));
   double e = eps                            ? *eps
@@ -561,7 +572,7 @@ requires TensorLike<E> Tensor rms_norm(const E& x, const Tensor& weight = {},
 /// targets equal to `ignore_index` are left out of the mean.
 template <class E>
 requires TensorLike<E> Tensor cross_entropy(const E& logits, const Tensor& targets, std::int64_t ignore_index = -100) {
-  Tensor l = detail::to_tensor(logits);
+  Tensor l = detail::fp32_operand(logits);
   Tensor t = detail::to_tensor(targets);
   detail::require_float(l, "cross_entropy");
   detail::check_same_device(l.device(), t.device(), "cross_entropy");

@@ -280,8 +280,11 @@ inline Tensor scatter(const Tensor& input, std::int64_t dim, const Tensor& index
 
 /// input with src[p] added at p with p[dim] = index[p], as torch.scatter_add; repeated indices
 /// are summed (deterministically unless set_scatter_mode(ScatterMode::Atomic)). A new tensor.
+/// Under an AutocastGuard input and src run in the wider of their dtypes (torch's promote list).
 inline Tensor scatter_add(const Tensor& input, std::int64_t dim, const Tensor& index, const Tensor& src) {
-  return detail::scatter_into(input, dim, index, src, true, ir::GatherSite::ScatterAdd, "scatter_add");
+  Tensor x = detail::to_tensor(input), s = detail::to_tensor(src);
+  detail::autocast_promote({&x, &s});
+  return detail::scatter_into(x, dim, index, s, true, ir::GatherSite::ScatterAdd, "scatter_add");
 }
 
 /// input with alpha * source's slices added at the positions `index` (1-d) gives along `dim`,

@@ -1,7 +1,8 @@
 #pragma once
 // Matrix products: matmul (torch.matmul's rules), mm, bmm, addmm, linear, einsum. Each lowers
 // to the MatMul primitive over views (transposes and broadcast batch dims are strides, not
-// copies) plus pointwise ops, which the step planner fuses around the library call.
+// copies) plus pointwise ops, which the step planner fuses around the library call. Under an
+// AutocastGuard each casts its floating inputs (not f64) to the autocast dtype first.
 #include <algorithm>
 #include <map>
 #include <string>
@@ -31,6 +32,12 @@ inline std::string get_float32_matmul_precision() {
 namespace detail {
 
 inline std::string describe_pair(const Tensor& a, const Tensor& b) { return describe(a) + " and " + describe(b); }
+
+/// A product's operand as autocast gives it (torch's lower_precision_fp policy).
+template <class E>
+Tensor product_operand(const E& e) {
+  return autocast_cast(to_tensor(e), AutocastClass::LowerPrecision);
+}
 
 /// The checks every product makes before it builds anything: one device, one floating dtype.
 inline void check_product_operands(const Tensor& a, const Tensor& b, const char* op) {
@@ -96,7 +103,7 @@ inline ir::NodePtr batched_product(const Tensor& a, const Tensor& b, const char*
 /// (rank 0, inner sizes, batch dims) or DTypeError naming matmul, both shapes and dtypes.
 template <class A, class B>
 requires(TensorLike<A>&& TensorLike<B>) Tensor matmul(const A& a_in, const B& b_in) {
-  Tensor a = detail::to_tensor(a_in), b = detail::to_tensor(b_in);
+  Tensor a = detail::product_operand(a_in), b = detail::product_operand(b_in);
   if (a.dim() == 0 || b.dim() == 0)
     throw ShapeError("matmul: both arguments need at least 1 dimension, got " + detail::describe_pair(a, b));
   detail::check_product_operands(a, b, "matmul");
@@ -117,7 +124,7 @@ requires(TensorLike<A>&& TensorLike<B>) Tensor matmul(const A& a_in, const B& b_
 /// Product of two matrices [M, K] x [K, N] (torch.mm): both 2-D, no broadcasting.
 template <class A, class B>
 requires(TensorLike<A>&& TensorLike<B>) Tensor mm(const A& a_in, const B& b_in) {
-  Tensor a = detail::to_tensor(a_in), b = detail::to_tensor(b_in);
+  Tensor a = detail::product_operand(a_in), b = detail::product_operand(b_in);
   if (a.dim() != 2 || b.dim() != 2)
     throw ShapeError("mm: expected two 2-D tensors, got " + detail::describe_pair(a, b));
   detail::check_product_operands(a, b, "mm");
@@ -127,7 +134,7 @@ requires(TensorLike<A>&& TensorLike<B>) Tensor mm(const A& a_in, const B& b_in) 
 /// Batched product [B, M, K] x [B, K, N] (torch.bmm): both 3-D with equal batch sizes.
 template <class A, class B>
 requires(TensorLike<A>&& TensorLike<B>) Tensor bmm(const A& a_in, const B& b_in) {
-  Tensor a = detail::to_tensor(a_in), b = detail::to_tensor(b_in);
+  Tensor a = detail::product_operand(a_in), b = detail::product_operand(b_in);
   if (a.dim() != 3 || b.dim() != 3)
     throw ShapeError("bmm: expected two 3-D tensors, got " + detail::describe_pair(a, b));
   if (a.shape()[0] != b.shape()[0]) throw ShapeError("bmm: batch sizes differ: " + detail::describe_pair(a, b));
@@ -140,7 +147,7 @@ requires(TensorLike<A>&& TensorLike<B>) Tensor bmm(const A& a_in, const B& b_in)
 template <class C, class A, class B>
 requires(TensorLike<C>&& TensorLike<A>&& TensorLike<B>) Tensor
     addmm(const C& c_in, const A& a_in, const B& b_in, double beta = 1.0, double alpha = 1.0) {
-  Tensor c = detail::to_tensor(c_in);
+  Tensor c = detail::product_operand(c_in);
   Tensor p = mm(a_in, b_in);
   detail::check_same_device(c.device(), p.device(), "addmm");
   if (c.dtype() != p.dtype())
@@ -157,8 +164,9 @@ requires(TensorLike<C>&& TensorLike<A>&& TensorLike<B>) Tensor
 /// x @ w^T + bias (torch.nn.functional.linear): x [..., in], w [out, in] (or [in]: the
 /// output's last dim is dropped), bias [out] or broadcastable, or undefined `Tensor{}`.
 template <class X, class W>
-requires(TensorLike<X>&& TensorLike<W>) Tensor linear(const X& x_in, const W& w_in, const Tensor& bias = {}) {
-  Tensor x = detail::to_tensor(x_in), w = detail::to_tensor(w_in);
+requires(TensorLike<X>&& TensorLike<W>) Tensor linear(const X& x_in, const W& w_in, const Tensor& bias_in = {}) {
+  Tensor x = detail::product_operand(x_in), w = detail::product_operand(w_in);
+  const Tensor bias = detail::autocast_cast(bias_in, detail::AutocastClass::LowerPrecision);
   if (x.dim() == 0 || w.dim() == 0 || w.dim() > 2)
     throw ShapeError("linear: expected an input of rank >= 1 and a 1-D or 2-D weight, got " +
                      detail::describe_pair(x, w));
@@ -296,7 +304,8 @@ inline Tensor einsum_arrange(Tensor t, std::string& have, const std::string& kee
 /// Indices of size 1 broadcast. Not supported (ValueError): "..." and an index repeated within
 /// one operand (a diagonal).
 inline Tensor einsum(const std::string& equation, const Tensor& a_in) {
-  Tensor a = detail::to_tensor(a_in);
+  Tensor a = detail::product_operand(a_in);
+  detail::AutocastSuspend inner;  // its sum runs in the dtype autocast chose (torch's einsum)
   auto spec = detail::parse_einsum(equation, 1);
   detail::einsum_sizes(spec, {a}, equation);
   std::string have = spec.inputs[0];
@@ -305,7 +314,8 @@ inline Tensor einsum(const std::string& equation, const Tensor& a_in) {
 
 /// Two operands: see above.
 inline Tensor einsum(const std::string& equation, const Tensor& a_in, const Tensor& b_in) {
-  Tensor a = detail::to_tensor(a_in), b = detail::to_tensor(b_in);
+  Tensor a = detail::product_operand(a_in), b = detail::product_operand(b_in);
+  detail::AutocastSuspend inner;  // sums of letters in one operand keep the product's dtype
   auto spec = detail::parse_einsum(equation, 2);
   auto size = detail::einsum_sizes(spec, {a, b}, equation);
   detail::check_same_device(a.device(), b.device(), "einsum");

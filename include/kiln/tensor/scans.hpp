@@ -26,8 +26,8 @@ inline Tensor scan_result(const Tensor& x, ir::NodePtr r) {
 
 inline Tensor accumulate_scan(const Tensor& input, std::int64_t dim, std::optional<DType> dtype, ir::ScanKind kind,
                               const char* op) {
-  Tensor x = to_tensor(input);
-  if (dtype) x = x.to(*dtype);
+  // Autocast (float32 for f16/bf16 inputs) only when no dtype is asked for, as torch.
+  Tensor x = dtype ? to_tensor(input).to(*dtype) : fp32_operand(input);
   auto [n, axis] = scan_operand(x, dim, op);
   const DType out = is_floating(x.dtype()) ? x.dtype() : DType::Int64;
   return scan_result(x, ir::scan(n, axis, kind, out));

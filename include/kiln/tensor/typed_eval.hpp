@@ -41,12 +41,25 @@ struct TypedLeaves {
   Number numbers[kMaxNumbers];
   std::size_t num_numbers = 0;
   alignas(8) unsigned char slots[kMaxNumbers][8];
+  /// Which pointwise nodes, in visiting order, autocast made float32 (one expression type
+  /// builds different graphs with and without autocast; the guard ends with this mask).
+  std::uint64_t autocast_mask = 0;
+  std::size_t pointwise_nodes = 0;
 
   void word(std::int64_t w) {
     if (num_words < kMaxWords)
       words[num_words++] = w;
     else
       ok = false;
+  }
+  void pointwise(bool autocast) {
+    if (autocast) {
+      if (pointwise_nodes < 64)
+        autocast_mask |= std::uint64_t{1} << pointwise_nodes;
+      else
+        ok = false;
+    }
+    ++pointwise_nodes;
   }
   void tensor(const Tensor& t) {
     const ir::Node* n = t.node().get();
@@ -99,8 +112,10 @@ void collect_leaves(const E& e, TypedLeaves& out) {
     out.tensor(e);
   else if constexpr (is_scalar_expr<E>::value)
     out.number(e);
-  else
+  else {
+    if constexpr (requires { e.autocast; }) out.pointwise(e.autocast);
     e.for_each_child([&out](const auto& child) { collect_leaves(child, out); });
+  }
 }
 
 struct TypedEntry {
@@ -136,6 +151,10 @@ bool typed_assign(const E& value, const ir::NodePtr& dest) {
     L.word(dst.strides[d]);
   }
   L.word(static_cast<std::int64_t>(backend_mode()));
+  if (L.autocast_mask) {
+    L.word(0x6175746f63617374);  // "autocast"
+    L.word(static_cast<std::int64_t>(L.autocast_mask));
+  }
   if (!L.ok) return false;
 
   thread_local std::unordered_multimap<std::uint64_t, TypedEntry> cache;

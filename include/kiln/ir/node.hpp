@@ -60,6 +60,12 @@ using NodePtr = std::shared_ptr<Node>;
 /// backward passes accumulate into it.
 struct GradLeaf {
   NodePtr grad;  ///< null until a backward reaches the leaf
+  /// Where a fresh gradient is written (a row-major view of the leaf's shape and dtype, on its
+  /// device), if set: a backward that finds `grad` null evaluates the gradient into this memory
+  /// instead of new memory, and `grad` becomes a leaf over it. A fused optimizer gives each of
+  /// its parameters a slice of one flat gradient buffer, so that every gradient of a step lies
+  /// in one tensor it updates from (optim/optimizer.hpp). Setting `grad` to null keeps it.
+  std::optional<BufferView> home;
 };
 
 /// A composite's own gradient rule, attached to the node that is its result: a backward

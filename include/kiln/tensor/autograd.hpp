@@ -91,6 +91,14 @@ inline std::vector<ir::NodePtr> gradient_nodes(const std::vector<Tensor>& output
   return out;
 }
 
+/// Whether gradient home `home` can hold a gradient of leaf `n` (its memory is on n's device and
+/// large enough: a leaf moved or cast since the home was given falls back to new memory).
+inline bool home_holds(const ir::BufferView& home, const ir::Node& n) {
+  const auto end = static_cast<std::size_t>(home.offset + n.numel()) * itemsize(n.dtype);
+  return home.storage && home.storage->device == n.device && home.strides.size() == n.shape.size() &&
+         home.offset >= 0 && end <= home.storage->bytes;
+}
+
 /// Evaluates `nodes` together (one graph) unless kiln::compile is tracing; null entries stay.
 inline void evaluate_together(const std::vector<ir::NodePtr>& nodes) {
   if (deferring_eval()) return;
@@ -165,23 +173,64 @@ inline void Tensor::backward(const Tensor& gradient, bool retain_graph, std::sou
   std::vector<autodiff::Reached> reached = autodiff::backward_pass({node_}, {seed}, {}, retain_graph, "backward");
   NoGradGuard off;
   std::vector<ir::NodePtr> fresh;
+  std::vector<std::shared_ptr<ir::GradLeaf>> fresh_leaves;
+  // Gradients written into existing memory: a leaf's gradient home, or its grad() accumulated in
+  // place. They and the fresh gradients are evaluated together (one graph).
+  std::vector<ir::NodePtr> values, destinations;
+  const bool in_place_ok = !detail::deferring_eval();
   for (const autodiff::Reached& r : reached) {
     std::shared_ptr<ir::GradLeaf>& leaf = r.node->grad_leaf;
     if (!leaf) continue;
+    if (!leaf->grad && leaf->home && in_place_ok && detail::home_holds(*leaf->home, *r.node)) {
+      ir::NodePtr home = ir::input(*leaf->home, r.node->shape, r.node->dtype, r.node->device);
+      values.push_back(ir::cast(r.grad, r.node->dtype));
+      destinations.push_back(home);
+      leaf->grad = home;
+      continue;
+    }
+    if (leaf->grad && leaf->grad->realized() && in_place_ok) {
+      values.push_back(ir::binary(ir::Op::Add, leaf->grad, ir::cast(r.grad, leaf->grad->dtype)));  // in place
+      destinations.push_back(leaf->grad);
+      continue;
+    }
     // A realized gradient may be another tensor's storage (the seed itself): copy it, since
     // later backward passes add into grad() in place.
-    ir::NodePtr g = r.grad->realized() && !detail::deferring_eval() ? detail::contiguous_copy(r.grad) : r.grad;
+    ir::NodePtr g = r.grad->realized() && in_place_ok ? detail::contiguous_copy(r.grad) : r.grad;
     if (!leaf->grad) {
       leaf->grad = g;
       fresh.push_back(g);
-    } else if (leaf->grad->realized() && !detail::deferring_eval()) {
-      detail::evaluate_into(ir::binary(ir::Op::Add, leaf->grad, g), leaf->grad);  // accumulate in place
+      fresh_leaves.push_back(leaf);
     } else {
       leaf->grad = ir::binary(ir::Op::Add, leaf->grad, g);
       fresh.push_back(leaf->grad);
+      fresh_leaves.push_back(leaf);
     }
   }
-  detail::evaluate_together(fresh);
+  // The output itself is evaluated with its gradients (one graph, no second pass over the
+  // forward): its value is the one the gradients are of, even when it is read after an optimizer
+  // has updated the leaves in place (PyTorch's `loss.backward(); opt.step(); loss.item()`).
+  const bool output_lazy = in_place_ok && !node_->realized();
+  if (values.empty()) {
+    if (output_lazy) fresh.push_back(node_);
+    detail::evaluate_together(fresh);
+    return;
+  }
+  // The fresh gradients (and the output) join the graph of the in-place ones, each into new memory.
+  auto into_new_memory = [&](const ir::NodePtr& g) {
+    StoragePtr st = detail::allocate_value(*g, "backward");
+    ir::NodePtr dest = ir::input(ir::BufferView{st, 0, contiguous_strides(g->shape)}, g->shape, g->dtype, g->device);
+    values.push_back(g);
+    destinations.push_back(dest);
+    return dest;
+  };
+  for (std::size_t i = 0; i < fresh.size(); ++i)
+    if (!fresh[i]->realized()) fresh_leaves[i]->grad = into_new_memory(fresh[i]);
+  ir::NodePtr output = output_lazy ? into_new_memory(node_) : nullptr;
+  detail::evaluate_into_many(values, destinations);
+  if (output) {
+    node_->buffer = output->buffer;
+    if (node_->graph_freed) node_->inputs.clear();  // as the evaluator does: the tape is spent
+  }
 }
 
 template <class D>

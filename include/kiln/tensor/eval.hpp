@@ -3,6 +3,7 @@
 // to the selected executor, and turn the results into realized leaves.
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -166,6 +167,154 @@ inline void evaluate_into(const ir::NodePtr& value, const ir::NodePtr& destinati
   for (auto& leaf : c.leaves) args.inputs.push_back(leaf_pointer(*leaf));
   args.outputs.push_back(static_cast<char*>(dst.storage->data) +
                          dst.offset * static_cast<std::int64_t>(itemsize(destination->dtype)));
+  run_graph(c.graph, args);
+  counters().graphs++;
+}
+
+/// The bytes [lo, hi) of its storage that a realized node's view addresses (lo == hi: none).
+struct ViewSpan {
+  const Storage* storage = nullptr;
+  std::int64_t lo = 0, hi = 0;
+};
+inline ViewSpan view_span(const ir::Node& n) {
+  const ir::BufferView& b = *n.buffer;
+  const auto es = static_cast<std::int64_t>(itemsize(n.dtype));
+  if (n.numel() == 0) return {b.storage.get(), 0, 0};
+  std::int64_t lo = b.offset, hi = b.offset;
+  for (std::size_t i = 0; i < n.shape.size(); ++i) {
+    const std::int64_t extent = (n.shape[i] - 1) * b.strides[i];
+    (extent < 0 ? lo : hi) += extent;
+  }
+  return {b.storage.get(), lo * es, (hi + 1) * es};
+}
+inline bool spans_overlap(const ViewSpan& a, const ViewSpan& b) {
+  return a.storage == b.storage && a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi;
+}
+/// Whether two realized nodes are the same elements in the same order (one view).
+inline bool same_view(const ir::Node& a, const ir::Node& b) {
+  return a.buffer->storage == b.buffer->storage && a.buffer->offset == b.buffer->offset && a.dtype == b.dtype &&
+         a.shape == b.shape && a.buffer->strides == b.buffer->strides;
+}
+
+/// Writes each `values[i]` (of `destinations[i]`'s shape and dtype, on its device) into the
+/// realized `destinations[i]`: one graph per device, so that the writes fuse (an optimizer's
+/// update of parameters and state, gradients accumulated in place). The destinations must not
+/// overlap. A value may read a destination's memory in place when that cannot see a written
+/// element: the leaf is exactly the destination's view and everything computed from it is
+/// pointwise (it is read only at the index being written), and either only that destination's
+/// value reads it, or the whole graph is pointwise and every value reading it has its shape and
+/// includes that destination's (then one fused kernel reads each element of all of them before
+/// it writes that element). Otherwise the values are computed into new memory first, then copied.
+inline void evaluate_into_many(const std::vector<ir::NodePtr>& values, const std::vector<ir::NodePtr>& destinations) {
+  if (values.size() != destinations.size())
+    throw InternalError("evaluate_into_many: " + std::to_string(values.size()) + " values for " +
+                        std::to_string(destinations.size()) + " destinations");
+  std::vector<ir::NodePtr> vals, dsts;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const ir::Node& v = *values[i];
+    const ir::Node& d = *destinations[i];
+    if (!d.realized() || v.shape != d.shape || v.dtype != d.dtype || !(v.device == d.device))
+      throw InternalError("evaluate_into_many: value " + std::string(dtype_name(v.dtype)) + v.shape.str() + " on " +
+                          v.device.str() + " for destination " + dtype_name(d.dtype) + d.shape.str() + " on " +
+                          d.device.str() + (d.realized() ? "" : " (not evaluated)"));
+    if (d.numel() == 0) continue;
+    vals.push_back(values[i]);
+    dsts.push_back(destinations[i]);
+  }
+  if (vals.empty()) return;
+  // One graph per device.
+  const Device device = dsts.front()->device;
+  if (std::any_of(dsts.begin(), dsts.end(), [&](const ir::NodePtr& d) { return !(d->device == device); })) {
+    std::vector<ir::NodePtr> here_v, here_d, rest_v, rest_d;
+    for (std::size_t i = 0; i < vals.size(); ++i) {
+      const bool here = dsts[i]->device == device;
+      (here ? here_v : rest_v).push_back(vals[i]);
+      (here ? here_d : rest_d).push_back(dsts[i]);
+    }
+    evaluate_into_many(here_v, here_d);
+    evaluate_into_many(rest_v, rest_d);
+    return;
+  }
+  const std::size_t n_out = vals.size();
+  std::vector<ViewSpan> spans;
+  for (const ir::NodePtr& d : dsts) spans.push_back(view_span(*d));
+  for (std::size_t i = 0; i < n_out; ++i)
+    for (std::size_t j = i + 1; j < n_out; ++j)
+      if (spans_overlap(spans[i], spans[j]))
+        throw ValueError("evaluate_into_many: destinations " + std::to_string(i) + " (" + dtype_name(dsts[i]->dtype) +
+                         dsts[i]->shape.str() + ") and " + std::to_string(j) + " (" + dtype_name(dsts[j]->dtype) +
+                         dsts[j]->shape.str() + ") share memory");
+  ir::Captured c = ir::capture(vals, device);
+  const std::vector<ir::GraphNode>& nodes = c.graph.nodes;
+  // The destination each leaf is exactly (-1: none; -2: it overlaps one otherwise).
+  std::vector<int> alias_of(c.leaves.size(), -1);
+  bool unsafe = false, any_alias = false;
+  for (std::size_t l = 0; l < c.leaves.size(); ++l) {
+    const ViewSpan ls = view_span(*c.leaves[l]);
+    for (std::size_t k = 0; k < n_out; ++k) {
+      if (!spans_overlap(ls, spans[k])) continue;
+      any_alias = true;
+      if (alias_of[l] == -1 && same_view(*c.leaves[l], *dsts[k])) {
+        alias_of[l] = static_cast<int>(k);
+      } else {
+        unsafe = true;
+      }
+    }
+  }
+  if (any_alias && !unsafe) {
+    const bool pointwise_only = std::all_of(nodes.begin(), nodes.end(), [](const ir::GraphNode& n) {
+      return ir::op_kind(n.op) == ir::OpKind::Leaf || ir::is_pointwise(n.op);
+    });
+    // The aliased leaves each node is computed from (sorted, usually none or a few).
+    std::vector<std::vector<int>> from(nodes.size());
+    for (std::size_t i = 0; i < nodes.size() && !unsafe; ++i) {
+      const ir::GraphNode& n = nodes[i];
+      if (n.op == ir::Op::Input) {
+        if (alias_of[static_cast<std::size_t>(n.leaf)] >= 0) from[i].push_back(n.leaf);
+        continue;
+      }
+      for (std::int32_t in : n.inputs) {
+        const std::vector<int>& f = from[static_cast<std::size_t>(in)];
+        std::vector<int> merged;
+        std::set_union(from[i].begin(), from[i].end(), f.begin(), f.end(), std::back_inserter(merged));
+        from[i].swap(merged);
+      }
+      // Read other than at the index written (a reduction, a view, a gather): unsafe in place.
+      if (!from[i].empty() && !ir::is_pointwise(n.op)) unsafe = true;
+    }
+    for (std::size_t l = 0; l < c.leaves.size() && !unsafe; ++l) {
+      const int k = alias_of[l];
+      if (k < 0) continue;
+      bool others = false, own = false, same_shape = true;
+      for (std::size_t o = 0; o < n_out; ++o) {
+        const std::vector<int>& f = from[static_cast<std::size_t>(c.graph.outputs[o])];
+        if (!std::binary_search(f.begin(), f.end(), static_cast<int>(l))) continue;
+        (static_cast<int>(o) == k ? own : others) = true;
+        same_shape = same_shape && dsts[o]->shape == dsts[static_cast<std::size_t>(k)]->shape;
+      }
+      if (others && !(pointwise_only && own && same_shape)) unsafe = true;
+    }
+  }
+  backend::RunArgs args;
+  for (auto& leaf : c.leaves) args.inputs.push_back(leaf_pointer(*leaf));
+  if (unsafe) {
+    // Into new memory first, then copied: the graph reads what it overwrites.
+    std::vector<ir::NodePtr> temps;
+    for (const ir::NodePtr& v : vals) {
+      StoragePtr st = allocate_value(*v, "evaluate_into");
+      args.outputs.push_back(st->data);
+      temps.push_back(ir::input(ir::BufferView{st, 0, contiguous_strides(v->shape)}, v->shape, v->dtype, device));
+    }
+    run_graph(c.graph, args);
+    counters().graphs++;
+    evaluate_into_many(temps, dsts);
+    return;
+  }
+  for (std::size_t o = 0; o < n_out; ++o) {
+    c.graph.output_strides[o] = dsts[o]->buffer->strides;
+    args.outputs.push_back(const_cast<void*>(leaf_pointer(*dsts[o])));
+  }
+  c.graph.rehash();
   run_graph(c.graph, args);
   counters().graphs++;
 }

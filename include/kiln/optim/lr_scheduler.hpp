@@ -1,0 +1,399 @@
+#pragma once
+// Learning-rate schedulers (torch.optim.lr_scheduler): each sets the lr of every parameter
+// group of its optimizer, step by step, with PyTorch's chainable (recursive) forms, so that
+// several schedulers and manual changes compose as they do there. The lr is read by the
+// optimizer's kernel as a number in memory: a schedule never recompiles anything.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <numbers>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/core/error.hpp"
+#include "kiln/nn/state_dict.hpp"
+#include "kiln/optim/optimizer.hpp"
+
+namespace kiln::optim {
+
+class SequentialLR;
+
+/// The base of the schedulers (torch's LRScheduler). Making one records each group's lr as its
+/// initial_lr (unless a scheduler did already) and takes the first step (epoch 0); call step()
+/// after each optimizer.step() (or each epoch).
+class LRScheduler {
+ public:
+  virtual ~LRScheduler() = default;
+  LRScheduler(const LRScheduler&) = delete;
+  LRScheduler& operator=(const LRScheduler&) = delete;
+
+  /// Advances the schedule by one and sets the groups' lr.
+  virtual void step() {
+    ++step_count_;
+    update_lr(std::nullopt);
+  }
+  /// The lr of each group that the last step set.
+  std::vector<double> get_last_lr() const { return last_lr_; }
+  /// Steps taken since epoch 0 (torch's last_epoch: 0 right after construction).
+  std::int64_t last_epoch() const { return last_epoch_; }
+  /// The initial lr of each group: the base of the closed forms.
+  const std::vector<double>& base_lrs() const { return base_lrs_; }
+  Optimizer& optimizer() const { return *optimizer_; }
+
+  /// last_epoch, the steps counted, base_lrs and the last lrs, for checkpoints.
+  virtual nn::StateDict state_dict() const {
+    nn::StateDict out;
+    out.insert("last_epoch", from_vector<std::int64_t>({last_epoch_}, Shape{}));
+    out.insert("_step_count", from_vector<std::int64_t>({step_count_}, Shape{}));
+    out.insert("base_lrs", from_vector<double>(base_lrs_, Shape{static_cast<std::int64_t>(base_lrs_.size())}));
+    out.insert("_last_lr", from_vector<double>(last_lr_, Shape{static_cast<std::int64_t>(last_lr_.size())}));
+    return out;
+  }
+  /// Restores what state_dict() saved (ValueError naming a missing or mis-shaped key).
+  virtual void load_state_dict(const nn::StateDict& dict) {
+    const auto n = static_cast<std::int64_t>(base_lrs_.size());
+    auto get = [&](const std::string& key, const Shape& shape) {
+      const Tensor* t = dict.find(key);
+      if (!t) throw ValueError("LRScheduler.load_state_dict: missing key '" + key + "'");
+      if (!t->defined() || t->shape() != shape)
+        throw ValueError("LRScheduler.load_state_dict: key '" + key + "' has shape " +
+                         (t->defined() ? t->shape().str() : std::string("undefined")) + ", expected " + shape.str());
+      return t->to_vector<double>();
+    };
+    const std::vector<double> epoch = get("last_epoch", Shape{}), count = get("_step_count", Shape{});
+    std::vector<double> base = get("base_lrs", Shape{n}), last = get("_last_lr", Shape{n});
+    last_epoch_ = std::llround(epoch[0]);
+    step_count_ = std::llround(count[0]);
+    base_lrs_ = std::move(base);
+    last_lr_ = std::move(last);
+  }
+
+ protected:
+  explicit LRScheduler(Optimizer& optimizer) : optimizer_(&optimizer) {
+    for (ParamGroup& g : optimizer.param_groups()) {
+      if (!g.initial_lr) g.initial_lr = g.lr;
+      base_lrs_.push_back(*g.initial_lr);
+    }
+  }
+
+  /// The lrs of the next step from the groups' current ones (torch's get_lr).
+  virtual std::vector<double> get_lr() const = 0;
+  /// The lrs at last_epoch from base_lrs, where the schedule has a closed form.
+  virtual std::optional<std::vector<double>> closed_form_lr() const { return std::nullopt; }
+
+  /// torch's _initial_step: derived constructors call it last.
+  void initial_step() {
+    step_count_ = 0;
+    is_initial_ = true;
+    try {
+      step();
+    } catch (...) {
+      is_initial_ = false;
+      throw;
+    }
+    is_initial_ = false;
+  }
+  /// Sets the groups' lr for the next epoch, or for `epoch` by the closed form if there is one.
+  void update_lr(std::optional<std::int64_t> epoch) {
+    std::vector<double> values;
+    if (!epoch) {
+      ++last_epoch_;
+      values = get_lr();
+    } else {
+      last_epoch_ = *epoch;
+      std::optional<std::vector<double>> closed = closed_form_lr();
+      values = closed ? *closed : get_lr();
+    }
+    std::vector<ParamGroup>& groups = optimizer_->param_groups();
+    for (std::size_t i = 0; i < groups.size() && i < values.size(); ++i) groups[i].lr = values[i];
+    last_lr_ = group_lrs();
+  }
+  /// Undoes the step a scheduler took when it was made (SequentialLR re-takes it).
+  virtual void undo_initial_step() { --last_epoch_; }
+  std::vector<double> group_lrs() const {
+    std::vector<double> out;
+    for (const ParamGroup& g : optimizer_->param_groups()) out.push_back(g.lr);
+    return out;
+  }
+
+  Optimizer* optimizer_;
+  std::vector<double> base_lrs_;
+  std::int64_t last_epoch_ = -1;
+  std::int64_t step_count_ = 0;
+  bool is_initial_ = false;
+  std::vector<double> last_lr_;
+
+  friend class SequentialLR;
+};
+
+/// lr = initial lr * lr_lambda(epoch) (torch's LambdaLR), one function for every group or one
+/// per group.
+class LambdaLR : public LRScheduler {
+ public:
+  LambdaLR(Optimizer& optimizer, std::function<double(std::int64_t)> lr_lambda)
+      : LambdaLR(optimizer, std::vector<std::function<double(std::int64_t)>>(optimizer.param_groups().size(),
+                                                                              std::move(lr_lambda))) {}
+  LambdaLR(Optimizer& optimizer, std::vector<std::function<double(std::int64_t)>> lr_lambdas)
+      : LRScheduler(optimizer), lambdas_(std::move(lr_lambdas)) {
+    if (lambdas_.size() != optimizer.param_groups().size())
+      throw ValueError("LambdaLR: expected " + std::to_string(optimizer.param_groups().size()) + " lr_lambdas, got " +
+                       std::to_string(lambdas_.size()));
+    for (const auto& f : lambdas_)
+      if (!f) throw ValueError("LambdaLR: an lr_lambda is empty");
+    initial_step();
+  }
+
+ protected:
+  std::vector<double> get_lr() const override {
+    std::vector<double> out;
+    for (std::size_t i = 0; i < base_lrs_.size(); ++i) out.push_back(base_lrs_[i] * lambdas_[i](last_epoch_));
+    return out;
+  }
+
+ private:
+  std::vector<std::function<double(std::int64_t)>> lambdas_;
+};
+
+/// lr *= gamma every step_size epochs (torch's StepLR): initial lr * gamma^(epoch / step_size).
+class StepLR : public LRScheduler {
+ public:
+  StepLR(Optimizer& optimizer, std::int64_t step_size, double gamma = 0.1)
+      : LRScheduler(optimizer), step_size_(step_size), gamma_(gamma) {
+    if (step_size <= 0) throw ValueError("StepLR: step_size must be positive, got " + std::to_string(step_size));
+    initial_step();
+  }
+
+ protected:
+  std::vector<double> get_lr() const override {
+    std::vector<double> lrs = group_lrs();
+    if (last_epoch_ == 0 || last_epoch_ % step_size_ != 0) return lrs;
+    for (double& lr : lrs) lr *= gamma_;
+    return lrs;
+  }
+  std::optional<std::vector<double>> closed_form_lr() const override {
+    std::vector<double> out;
+    for (double b : base_lrs_) out.push_back(b * std::pow(gamma_, static_cast<double>(last_epoch_ / step_size_)));
+    return out;
+  }
+
+ private:
+  std::int64_t step_size_;
+  double gamma_;
+};
+
+/// lr *= gamma at each milestone epoch (torch's MultiStepLR; a milestone listed twice
+/// multiplies by gamma twice).
+class MultiStepLR : public LRScheduler {
+ public:
+  MultiStepLR(Optimizer& optimizer, std::vector<std::int64_t> milestones, double gamma = 0.1)
+      : LRScheduler(optimizer), gamma_(gamma) {
+    for (std::int64_t m : milestones) ++count_[m];
+    initial_step();
+  }
+
+ protected:
+  std::vector<double> get_lr() const override {
+    std::vector<double> lrs = group_lrs();
+    auto it = count_.find(last_epoch_);
+    if (it == count_.end()) return lrs;
+    for (double& lr : lrs) lr *= std::pow(gamma_, static_cast<double>(it->second));
+    return lrs;
+  }
+  std::optional<std::vector<double>> closed_form_lr() const override {
+    std::int64_t passed = 0;
+    for (const auto& [m, c] : count_)
+      if (m <= last_epoch_) passed += c;
+    std::vector<double> out;
+    for (double b : base_lrs_) out.push_back(b * std::pow(gamma_, static_cast<double>(passed)));
+    return out;
+  }
+
+ private:
+  std::map<std::int64_t, std::int64_t> count_;
+  double gamma_;
+};
+
+/// lr *= gamma every epoch (torch's ExponentialLR): initial lr * gamma^epoch.
+class ExponentialLR : public LRScheduler {
+ public:
+  ExponentialLR(Optimizer& optimizer, double gamma) : LRScheduler(optimizer), gamma_(gamma) { initial_step(); }
+
+ protected:
+  std::vector<double> get_lr() const override {
+    std::vector<double> lrs = group_lrs();
+    if (is_initial_) return lrs;
+    for (double& lr : lrs) lr *= gamma_;
+    return lrs;
+  }
+  std::optional<std::vector<double>> closed_form_lr() const override {
+    std::vector<double> out;
+    for (double b : base_lrs_) out.push_back(b * std::pow(gamma_, static_cast<double>(last_epoch_)));
+    return out;
+  }
+
+ private:
+  double gamma_;
+};
+
+/// Cosine annealing from the initial lr to eta_min over T_max epochs (torch's
+/// CosineAnnealingLR, its recursive form): closed form eta_min + (lr0 - eta_min)(1 +
+/// cos(pi epoch / T_max)) / 2, rising again after T_max (no restarts).
+class CosineAnnealingLR : public LRScheduler {
+ public:
+  CosineAnnealingLR(Optimizer& optimizer, std::int64_t T_max, double eta_min = 0)
+      : LRScheduler(optimizer), t_max_(T_max), eta_min_(eta_min) {
+    if (T_max <= 0) throw ValueError("CosineAnnealingLR: T_max must be positive, got " + std::to_string(T_max));
+    initial_step();
+  }
+
+ protected:
+  std::vector<double> get_lr() const override {
+    const double pi = std::numbers::pi, T = static_cast<double>(t_max_), e = static_cast<double>(last_epoch_);
+    std::vector<double> lrs = group_lrs();
+    if (is_initial_) return lrs;
+    if (step_count_ == 1 && last_epoch_ > 0) {
+      for (std::size_t i = 0; i < lrs.size(); ++i)
+        lrs[i] = eta_min_ + (base_lrs_[i] - eta_min_) * (1 + std::cos(e * pi / T)) / 2;
+      return lrs;
+    }
+    if ((last_epoch_ - 1 - t_max_) % (2 * t_max_) == 0) {
+      for (std::size_t i = 0; i < lrs.size(); ++i) lrs[i] += (base_lrs_[i] - eta_min_) * (1 - std::cos(pi / T)) / 2;
+      return lrs;
+    }
+    for (double& lr : lrs) lr = (1 + std::cos(pi * e / T)) / (1 + std::cos(pi * (e - 1) / T)) * (lr - eta_min_) + eta_min_;
+    return lrs;
+  }
+  std::optional<std::vector<double>> closed_form_lr() const override {
+    const double pi = std::numbers::pi;
+    std::vector<double> out;
+    for (double b : base_lrs_)
+      out.push_back(eta_min_ + (b - eta_min_) * (1 + std::cos(pi * static_cast<double>(last_epoch_) /
+                                                               static_cast<double>(t_max_))) /
+                                   2);
+    return out;
+  }
+
+ private:
+  std::int64_t t_max_;
+  double eta_min_;
+};
+
+/// The linear warm-up (torch's LinearLR): the lr's factor goes linearly from start_factor at
+/// epoch 0 to end_factor at total_iters, then stays.
+class LinearLR : public LRScheduler {
+ public:
+  LinearLR(Optimizer& optimizer, double start_factor = 1.0 / 3, double end_factor = 1.0, std::int64_t total_iters = 5)
+      : LRScheduler(optimizer), start_(start_factor), end_(end_factor), total_(total_iters) {
+    if (start_factor > 1.0 || start_factor <= 0)
+      throw ValueError(
+          "LinearLR: starting multiplicative factor expected to be greater than 0 and less or equal to 1, got " +
+          std::to_string(start_factor));
+    if (end_factor > 1.0 || end_factor < 0)
+      throw ValueError("LinearLR: ending multiplicative factor expected to be between 0 and 1, got " +
+                       std::to_string(end_factor));
+    if (total_iters <= 0) throw ValueError("LinearLR: total_iters must be positive, got " + std::to_string(total_iters));
+    initial_step();
+  }
+
+ protected:
+  std::vector<double> get_lr() const override {
+    std::vector<double> lrs = group_lrs();
+    if (last_epoch_ == 0) {
+      for (double& lr : lrs) lr *= start_;
+      return lrs;
+    }
+    if (is_initial_ || last_epoch_ > total_) return lrs;
+    const double f = 1.0 + (end_ - start_) / (static_cast<double>(total_) * start_ +
+                                              static_cast<double>(last_epoch_ - 1) * (end_ - start_));
+    for (double& lr : lrs) lr *= f;
+    return lrs;
+  }
+  std::optional<std::vector<double>> closed_form_lr() const override {
+    std::vector<double> out;
+    const double done = static_cast<double>(std::min(total_, last_epoch_)) / static_cast<double>(total_);
+    for (double b : base_lrs_) out.push_back(b * (start_ + (end_ - start_) * done));
+    return out;
+  }
+
+ private:
+  double start_, end_;
+  std::int64_t total_;
+};
+
+/// Schedulers one after another (torch's SequentialLR): schedulers[0] until milestones[0],
+/// then schedulers[1] (restarted at its epoch 0), and so on. Every scheduler must belong to
+/// `optimizer`; milestones has one entry fewer than schedulers (ValueError otherwise).
+/// `SequentialLR s(opt, {std::make_shared<LinearLR>(opt, 0.1, 1.0, 5),
+///                       std::make_shared<CosineAnnealingLR>(opt, 95)}, {5});`
+class SequentialLR : public LRScheduler {
+ public:
+  SequentialLR(Optimizer& optimizer, std::vector<std::shared_ptr<LRScheduler>> schedulers,
+               std::vector<std::int64_t> milestones)
+      : LRScheduler(optimizer), schedulers_(std::move(schedulers)), milestones_(std::move(milestones)) {
+    if (schedulers_.empty()) throw ValueError("SequentialLR expects at least one scheduler, but got none");
+    for (std::size_t i = 0; i < schedulers_.size(); ++i) {
+      if (!schedulers_[i]) throw ValueError("SequentialLR: scheduler " + std::to_string(i) + " is null");
+      if (schedulers_[i]->optimizer_ != &optimizer)
+        throw ValueError("SequentialLR expects all schedulers to belong to the same optimizer, but scheduler " +
+                         std::to_string(i) + " belongs to another");
+    }
+    if (milestones_.size() != schedulers_.size() - 1)
+      throw ValueError("SequentialLR expects number of schedulers provided to be one more than the number of "
+                       "milestone points, but got " +
+                       std::to_string(schedulers_.size()) + " schedulers and " + std::to_string(milestones_.size()) +
+                       " milestones");
+    last_epoch_ = 0;
+    for (ParamGroup& g : optimizer.param_groups()) g.lr = *g.initial_lr;
+    for (auto& s : schedulers_) s->undo_initial_step();
+    schedulers_[0]->initial_step();
+    last_lr_ = schedulers_[0]->get_last_lr();
+  }
+
+  void step() override {
+    ++last_epoch_;
+    const auto idx =
+        static_cast<std::size_t>(std::upper_bound(milestones_.begin(), milestones_.end(), last_epoch_) - milestones_.begin());
+    LRScheduler& s = *schedulers_[idx];
+    if (idx > 0 && milestones_[idx - 1] == last_epoch_)
+      s.update_lr(0);
+    else
+      s.step();
+    last_lr_ = s.get_last_lr();
+  }
+
+  nn::StateDict state_dict() const override {
+    nn::StateDict out = LRScheduler::state_dict();
+    for (std::size_t i = 0; i < schedulers_.size(); ++i)
+      for (const auto& [k, v] : schedulers_[i]->state_dict()) out.insert("_schedulers." + std::to_string(i) + "." + k, v);
+    return out;
+  }
+  void load_state_dict(const nn::StateDict& dict) override {
+    LRScheduler::load_state_dict(dict);
+    for (std::size_t i = 0; i < schedulers_.size(); ++i) {
+      const std::string prefix = "_schedulers." + std::to_string(i) + ".";
+      nn::StateDict sub;
+      for (const auto& [k, v] : dict)
+        if (k.rfind(prefix, 0) == 0) sub.insert(k.substr(prefix.size()), v);
+      schedulers_[i]->load_state_dict(sub);
+    }
+  }
+
+ protected:
+  std::vector<double> get_lr() const override {
+    throw ValueError("SequentialLR has no lr of its own: it steps its schedulers");
+  }
+  void undo_initial_step() override {
+    for (auto& s : schedulers_) s->undo_initial_step();
+  }
+
+ private:
+  std::vector<std::shared_ptr<LRScheduler>> schedulers_;
+  std::vector<std::int64_t> milestones_;
+};
+
+}  // namespace kiln::optim

@@ -20,3 +20,5 @@
 #include "kiln/tensor/sorting.hpp"
 #include "kiln/tensor/tensor.hpp"
 #include "kiln/compile/compile.hpp"
+#include "kiln/nn/nn.hpp"
+#include "kiln/optim/optim.hpp"

@@ -536,12 +536,13 @@ class KernelWriter {
           return emit(scope_of(e), key, ld, lane, n.dtype,
                       cast_from_index(render(e, ld ? lane : 0), n.dtype));
         }
-        // The front end gives GPU graphs the seed as a literal (numbers are not kernel
-        // arguments on CUDA yet).
-        if (!n.inputs.empty()) throw InternalError("kiln CUDA codegen: random with its seed as an input");
         IndexExpr flat = sched::flat_index(idx, n.shape);
         bool ld = lane_dep(flat);
-        return emit(scope_of(flat), key, ld, lane, n.dtype, random_expr(n, render(flat, ld ? lane : 0)));
+        // A seed input (dropout's key, a 0-dim int64 value in device memory) is read once per
+        // thread: one kernel for every key.
+        const std::string seed =
+            n.inputs.empty() ? "" : "(unsigned long long)" + value(n.inputs[0], Index{}, 0).expr;
+        return emit(scope_of(flat), key, ld, lane, n.dtype, random_expr(n, render(flat, ld ? lane : 0), seed));
       }
       case ir::OpKind::Reduce: {
         if (s_.owner[static_cast<std::size_t>(id)] == kid_) {
@@ -672,8 +673,8 @@ class KernelWriter {
     }
   }
 
-  std::string random_expr(const ir::GraphNode& n, const std::string& flat) {
-    return c_family::random_expr(n, flat, needs_, kWriter);
+  std::string random_expr(const ir::GraphNode& n, const std::string& flat, const std::string& seed = "") {
+    return c_family::random_expr(n, flat, needs_, kWriter, seed);
   }
 
   [[noreturn]] void unsupported(const ir::GraphNode& n, DType in) const { c_family::unsupported(kWriter, n, in); }

@@ -1,0 +1,407 @@
+#pragma once
+// The layers of kiln::nn, with PyTorch's parameter names, shapes and default initialisation
+// (drawn from the global generator: manual_seed makes them reproducible).
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/nn/functional.hpp"
+#include "kiln/nn/module.hpp"
+
+namespace kiln::nn {
+
+namespace init {
+/// Uniform numbers in [low, high) of `shape` from the global generator.
+inline Tensor uniform(const Shape& shape, double low, double high, DType dtype = f32, Device device = Device::cpu()) {
+  NoGradGuard off;
+  return (rand(shape, dtype, device) * (high - low) + low).eval();
+}
+/// Normal numbers N(mean, std^2) of `shape` from the global generator.
+inline Tensor normal(const Shape& shape, double mean = 0.0, double std = 1.0, DType dtype = f32,
+                     Device device = Device::cpu()) {
+  NoGradGuard off;
+  return (randn(shape, dtype, device) * std + mean).eval();
+}
+/// Writes U(low, high) into `t` in place (torch.nn.init.uniform_).
+inline Tensor& uniform_(Tensor& t, double low = 0.0, double high = 1.0) {
+  NoGradGuard off;
+  t.assign(uniform(t.shape(), low, high, t.dtype(), t.device()));
+  return t;
+}
+/// Writes N(mean, std^2) into `t` in place (torch.nn.init.normal_).
+inline Tensor& normal_(Tensor& t, double mean = 0.0, double std = 1.0) {
+  NoGradGuard off;
+  t.assign(normal(t.shape(), mean, std, t.dtype(), t.device()));
+  return t;
+}
+inline Tensor& constant_(Tensor& t, double value) {
+  NoGradGuard off;
+  t.assign(value);
+  return t;
+}
+inline Tensor& zeros_(Tensor& t) { return constant_(t, 0.0); }
+inline Tensor& ones_(Tensor& t) { return constant_(t, 1.0); }
+/// fan_in and fan_out of a weight (torch.nn.init._calculate_fan_in_and_fan_out).
+inline std::pair<std::int64_t, std::int64_t> fans(const Tensor& t) {
+  if (t.dim() < 2)
+    throw ShapeError("init: fan in and fan out need a tensor of at least 2 dimensions, got " + t.describe());
+  std::int64_t field = 1;
+  for (std::int64_t d = 2; d < t.dim(); ++d) field *= t.shape()[static_cast<std::size_t>(d)];
+  return {t.shape()[1] * field, t.shape()[0] * field};
+}
+/// U(-b, b) with b = gain * sqrt(6 / (fan_in + fan_out)) (torch.nn.init.xavier_uniform_).
+inline Tensor& xavier_uniform_(Tensor& t, double gain = 1.0) {
+  auto [in, out] = fans(t);
+  const double b = gain * std::sqrt(6.0 / static_cast<double>(in + out));
+  return uniform_(t, -b, b);
+}
+/// torch.nn.init.kaiming_uniform_ with leaky_relu gain sqrt(2 / (1 + a^2)) over fan_in.
+inline Tensor& kaiming_uniform_(Tensor& t, double a = 0.0) {
+  auto [in, out] = fans(t);
+  const double gain = std::sqrt(2.0 / (1.0 + a * a));
+  const double b = gain * std::sqrt(3.0 / static_cast<double>(in));
+  return uniform_(t, -b, b);
+}
+}  // namespace init
+
+/// y = x W^T + b (torch.nn.Linear): weight [out_features, in_features], bias [out_features];
+/// both U(-1/sqrt(in), 1/sqrt(in)) as PyTorch's reset_parameters.
+class Linear : public Module {
+ public:
+  Linear(std::int64_t in_features, std::int64_t out_features, bool bias = true, DType dtype = f32,
+         Device device = Device::cpu())
+      : in_features(in_features), out_features(out_features) {
+    if (in_features < 0 || out_features < 0)
+      throw ValueError("Linear: features must be non-negative, got in " + std::to_string(in_features) + ", out " +
+                       std::to_string(out_features));
+    const double bound = in_features > 0 ? 1.0 / std::sqrt(static_cast<double>(in_features)) : 0.0;
+    weight = init::uniform({out_features, in_features}, -bound, bound, dtype, device);
+    register_parameter("weight", weight);
+    if (bias) {
+      this->bias = init::uniform({out_features}, -bound, bound, dtype, device);
+      register_parameter("bias", this->bias);
+    }
+  }
+  Tensor forward(const Tensor& x) override { return functional::linear(x, weight, bias); }
+  std::string name() const override { return "Linear"; }
+
+  std::int64_t in_features, out_features;
+  Tensor weight, bias;
+};
+
+/// A lookup table (torch.nn.Embedding): weight [num_embeddings, embedding_dim] ~ N(0, 1); the
+/// row of `padding_idx` starts at zero and gets no gradient.
+class Embedding : public Module {
+ public:
+  Embedding(std::int64_t num_embeddings, std::int64_t embedding_dim,
+            std::optional<std::int64_t> padding_idx = std::nullopt, DType dtype = f32, Device device = Device::cpu())
+      : num_embeddings(num_embeddings), embedding_dim(embedding_dim) {
+    if (padding_idx) {
+      std::int64_t p = *padding_idx < 0 ? *padding_idx + num_embeddings : *padding_idx;
+      if (p < 0 || p >= num_embeddings)
+        throw IndexError("Embedding: padding_idx " + std::to_string(*padding_idx) + " is out of range for " +
+                         std::to_string(num_embeddings) + " embeddings");
+      this->padding_idx = p;
+    }
+    weight = init::normal({num_embeddings, embedding_dim}, 0.0, 1.0, dtype, device);
+    if (this->padding_idx) {
+      NoGradGuard off;
+      weight.assign(where(reshape(arange(num_embeddings, DType::Int64, device), {num_embeddings, 1}) ==
+                              *this->padding_idx,
+                          0.0, weight));
+    }
+    register_parameter("weight", weight);
+  }
+  Tensor forward(const Tensor& indices) override {
+    if (!padding_idx) return embedding(weight, indices);
+    // The padding row's gradient is zero: its rows of the result are cut from the tape.
+    Tensor rows = embedding(weight, indices);
+    Tensor pad = unsqueeze(indices == *padding_idx, -1);
+    return where(pad, 0.0, rows);
+  }
+  std::string name() const override { return "Embedding"; }
+
+  std::int64_t num_embeddings, embedding_dim;
+  std::optional<std::int64_t> padding_idx;
+  Tensor weight;
+};
+
+/// Layer normalisation over the last axis (torch.nn.LayerNorm with one normalised dim):
+/// weight ones, bias zeros.
+class LayerNorm : public Module {
+ public:
+  LayerNorm(std::int64_t normalized_shape, double eps = 1e-5, bool elementwise_affine = true, bool bias = true,
+            DType dtype = f32, Device device = Device::cpu())
+      : normalized_shape(normalized_shape), eps(eps) {
+    if (elementwise_affine) {
+      weight = ones({normalized_shape}, dtype, device);
+      register_parameter("weight", weight);
+      if (bias) {
+        this->bias = zeros({normalized_shape}, dtype, device);
+        register_parameter("bias", this->bias);
+      }
+    }
+  }
+  Tensor forward(const Tensor& x) override {
+    if (x.dim() == 0 || x.shape().back() != normalized_shape)
+      throw ShapeError("LayerNorm: input " + x.describe() + " must end in the normalized size " +
+                       std::to_string(normalized_shape));
+    return layer_norm(x, weight, bias, eps);
+  }
+  std::string name() const override { return "LayerNorm"; }
+
+  std::int64_t normalized_shape;
+  double eps;
+  Tensor weight, bias;
+};
+
+/// RMS normalisation over the last axis (torch.nn.RMSNorm): weight ones; eps defaults to the
+/// input dtype's machine epsilon.
+class RMSNorm : public Module {
+ public:
+  explicit RMSNorm(std::int64_t normalized_shape, std::optional<double> eps = std::nullopt,
+                   bool elementwise_affine = true, DType dtype = f32, Device device = Device::cpu())
+      : normalized_shape(normalized_shape), eps(eps) {
+    if (elementwise_affine) {
+      weight = ones({normalized_shape}, dtype, device);
+      register_parameter("weight", weight);
+    }
+  }
+  Tensor forward(const Tensor& x) override {
+    if (x.dim() == 0 || x.shape().back() != normalized_shape)
+      throw ShapeError("RMSNorm: input " + x.describe() + " must end in the normalized size " +
+                       std::to_string(normalized_shape));
+    return rms_norm(x, weight, eps);
+  }
+  std::string name() const override { return "RMSNorm"; }
+
+  std::int64_t normalized_shape;
+  std::optional<double> eps;
+  Tensor weight;
+};
+
+/// Dropout with probability p while training (torch.nn.Dropout); the identity in eval().
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.5) : p(p) {
+    if (!(p >= 0.0 && p <= 1.0))
+      throw ValueError("Dropout: probability has to be between 0 and 1, but got " + std::to_string(p));
+  }
+  Tensor forward(const Tensor& x) override { return functional::dropout(x, p, is_training()); }
+  std::string name() const override { return "Dropout"; }
+  double p;
+};
+
+/// GELU, exact ("none") or with the tanh approximation ("tanh").
+class GELU : public Module {
+ public:
+  explicit GELU(std::string approximate = "none") : approximate(std::move(approximate)) {
+    if (this->approximate != "none" && this->approximate != "tanh")
+      throw ValueError("GELU: approximate must be 'none' or 'tanh', got '" + this->approximate + "'");
+  }
+  Tensor forward(const Tensor& x) override { return gelu(x, approximate == "tanh"); }
+  std::string name() const override { return "GELU"; }
+  std::string approximate;
+};
+
+class ReLU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return relu(x); }
+  std::string name() const override { return "ReLU"; }
+};
+
+class SiLU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return silu(x); }
+  std::string name() const override { return "SiLU"; }
+};
+
+class Tanh : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return tanh(x); }
+  std::string name() const override { return "Tanh"; }
+};
+
+class Identity : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return x; }
+  std::string name() const override { return "Identity"; }
+};
+
+/// A list of modules registered under "0", "1", ... (torch.nn.ModuleList); it has no forward.
+class ModuleList : public Module {
+ public:
+  ModuleList() = default;
+  template <class... Ms>
+  // Not for one ModuleList-like argument: that is a copy or a move (nest one with push_back).
+  requires(sizeof...(Ms) > 0 && (std::is_base_of_v<Module, std::decay_t<Ms>> && ...) &&
+           !(sizeof...(Ms) == 1 && (std::is_base_of_v<ModuleList, std::decay_t<Ms>> && ...)))
+  explicit ModuleList(Ms&&... ms) {
+    (push_back(std::forward<Ms>(ms)), ...);
+  }
+  /// Appends a copy (or the moved module) owned by the list; returns it.
+  template <class M>
+  requires std::is_base_of_v<Module, std::decay_t<M>> std::decay_t<M>& push_back(M&& module) {
+    auto owned = std::make_shared<std::decay_t<M>>(std::forward<M>(module));
+    return *push_back(std::move(owned));
+  }
+  /// Appends a shared module; returns it.
+  template <class M>
+  requires std::is_base_of_v<Module, M> std::shared_ptr<M> push_back(std::shared_ptr<M> module) {
+    register_module(std::to_string(items_.size()), module);
+    items_.push_back(module);
+    return module;
+  }
+  Module& operator[](std::size_t i) { return *at(i); }
+  /// The i-th module as its own type (libtorch's ptr<T>).
+  template <class M>
+  M& get(std::size_t i) {
+    M* m = dynamic_cast<M*>(at(i).get());
+    if (!m) throw ValueError("ModuleList: module " + std::to_string(i) + " is a " + at(i)->name() + ", not that type");
+    return *m;
+  }
+  std::size_t size() const { return items_.size(); }
+  bool empty() const { return items_.empty(); }
+  auto begin() { return items_.begin(); }
+  auto end() { return items_.end(); }
+  std::string name() const override { return "ModuleList"; }
+
+ protected:
+  const std::shared_ptr<Module>& at(std::size_t i) const {
+    if (i >= items_.size())
+      throw IndexError("ModuleList: index " + std::to_string(i) + " is out of range for " +
+                       std::to_string(items_.size()) + " modules");
+    return items_[i];
+  }
+  std::vector<std::shared_ptr<Module>> items_;
+};
+
+/// Modules applied one after another (torch.nn.Sequential): `Sequential(Linear(4, 8),
+/// ReLU(), Linear(8, 2))`; children are named "0", "1", ...
+class Sequential : public ModuleList {
+ public:
+  using ModuleList::ModuleList;
+  Tensor forward(const Tensor& x) override {
+    Tensor y = x;
+    for (const std::shared_ptr<Module>& m : items_) y = m->forward(y);
+    return y;
+  }
+  std::string name() const override { return "Sequential"; }
+};
+
+/// Multi-head attention (torch.nn.MultiheadAttention with kdim = vdim = embed_dim):
+/// in_proj_weight [3E, E] (xavier uniform), in_proj_bias [3E] (zeros), out_proj a Linear(E, E)
+/// whose bias starts at zero. Inputs are [L, N, E] (or [N, L, E] with batch_first).
+class MultiheadAttention : public Module {
+ public:
+  MultiheadAttention(std::int64_t embed_dim, std::int64_t num_heads, double dropout = 0.0, bool bias = true,
+                     bool batch_first = false, DType dtype = f32, Device device = Device::cpu())
+      : embed_dim(embed_dim),
+        num_heads(num_heads),
+        dropout(dropout),
+        batch_first(batch_first),
+        out_proj(embed_dim, embed_dim, bias, dtype, device) {
+    if (num_heads <= 0 || embed_dim % num_heads != 0)
+      throw ValueError("MultiheadAttention: embed_dim " + std::to_string(embed_dim) +
+                       " must be divisible by num_heads " + std::to_string(num_heads));
+    in_proj_weight = empty({3 * embed_dim, embed_dim}, dtype, device);
+    init::xavier_uniform_(in_proj_weight);
+    register_parameter("in_proj_weight", in_proj_weight);
+    if (bias) {
+      in_proj_bias = zeros({3 * embed_dim}, dtype, device);
+      register_parameter("in_proj_bias", in_proj_bias);
+      init::zeros_(out_proj.bias);
+    }
+    register_module("out_proj", out_proj);
+  }
+
+  /// The attention output and, when `need_weights`, the attention weights averaged over heads
+  /// ([N, L, S]; undefined otherwise). `attn_mask` [L, S] (bool: true = masked out, as torch's
+  /// MultiheadAttention; float: added), `is_causal` masks the future.
+  std::pair<Tensor, Tensor> forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                                    const Tensor& attn_mask = {}, bool need_weights = true, bool is_causal = false) {
+    if (query.dim() != 3 || key.dim() != 3 || value.dim() != 3 || query.shape()[2] != embed_dim ||
+        key.shape()[2] != embed_dim || value.shape()[2] != embed_dim)
+      throw ShapeError("MultiheadAttention: query " + query.describe() + ", key " + key.describe() + ", value " +
+                       value.describe() + " must be 3-d with embedding size " + std::to_string(embed_dim));
+    // Work batch first: [N, L, E].
+    Tensor q = batch_first ? query : transpose(query, 0, 1);
+    Tensor k = batch_first ? key : transpose(key, 0, 1);
+    Tensor v = batch_first ? value : transpose(value, 0, 1);
+    const std::int64_t N = q.shape()[0], L = q.shape()[1], S = k.shape()[1], H = num_heads, D = embed_dim / H;
+    auto project = [&](const Tensor& x, std::int64_t part) {
+      Tensor w = slice(in_proj_weight, 0, part * embed_dim, (part + 1) * embed_dim);
+      Tensor b = in_proj_bias.defined() ? slice(in_proj_bias, 0, part * embed_dim, (part + 1) * embed_dim) : Tensor();
+      const std::int64_t T = x.shape()[1];
+      return transpose(reshape(functional::linear(x, w, b), {N, T, H, D}), 1, 2);  // [N, H, T, D]
+    };
+    Tensor qh = project(q, 0), kh = project(k, 1), vh = project(v, 2);
+    Tensor scores = matmul(qh, transpose(kh, -2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));
+    if (is_causal) scores = scores + functional::causal_mask(L, S, scores.dtype(), scores.device());
+    if (attn_mask.defined())
+      scores = attn_mask.dtype() == DType::Bool ? masked_fill(scores, attn_mask, -INFINITY)
+                                                : Tensor(scores + attn_mask.to(scores.dtype()));
+    Tensor weights = softmax(scores, -1);
+    Tensor dropped = functional::dropout(weights, dropout, is_training());
+    Tensor out = reshape(transpose(matmul(dropped, vh), 1, 2), {N, L, embed_dim});
+    out = out_proj.forward(out);
+    if (!batch_first) out = transpose(out, 0, 1);
+    Tensor averaged = need_weights ? Tensor(mean(weights, {1})) : Tensor();
+    return {out, averaged};
+  }
+  /// Self-attention of x (query = key = value); the output only.
+  Tensor forward(const Tensor& x) override { return forward(x, x, x, {}, false).first; }
+  std::string name() const override { return "MultiheadAttention"; }
+
+  std::int64_t embed_dim, num_heads;
+  double dropout;
+  bool batch_first;
+  Tensor in_proj_weight, in_proj_bias;
+  Linear out_proj;
+};
+
+/// GPT-2's causal self-attention block on [B, T, C]: c_attn Linear(C, 3C) into heads,
+/// softmax(q k^T / sqrt(d)) v with the future masked, c_proj Linear(C, C), dropout on the
+/// attention weights and the output.
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(std::int64_t n_embd, std::int64_t n_head, double dropout = 0.0, bool bias = true,
+                      DType dtype = f32, Device device = Device::cpu())
+      : n_embd(n_embd),
+        n_head(n_head),
+        dropout(dropout),
+        c_attn(n_embd, 3 * n_embd, bias, dtype, device),
+        c_proj(n_embd, n_embd, bias, dtype, device) {
+    if (n_head <= 0 || n_embd % n_head != 0)
+      throw ValueError("CausalSelfAttention: n_embd " + std::to_string(n_embd) + " must be divisible by n_head " +
+                       std::to_string(n_head));
+    register_module("c_attn", c_attn);
+    register_module("c_proj", c_proj);
+  }
+  Tensor forward(const Tensor& x) override {
+    if (x.dim() != 3 || x.shape()[2] != n_embd)
+      throw ShapeError("CausalSelfAttention: input " + x.describe() + " must be [B, T, " + std::to_string(n_embd) +
+                       "]");
+    const std::int64_t B = x.shape()[0], T = x.shape()[1], H = n_head, D = n_embd / n_head;
+    Tensor qkv = c_attn.forward(x);  // [B, T, 3C]
+    auto head = [&](std::int64_t part) {
+      return transpose(reshape(slice(qkv, 2, part * n_embd, (part + 1) * n_embd), {B, T, H, D}), 1, 2);
+    };
+    Tensor y = functional::scaled_dot_product_attention(head(0), head(1), head(2), {},
+                                                        is_training() ? dropout : 0.0, true);
+    y = reshape(transpose(y, 1, 2), {B, T, n_embd});
+    return functional::dropout(c_proj.forward(y), dropout, is_training());
+  }
+  std::string name() const override { return "CausalSelfAttention"; }
+
+  std::int64_t n_embd, n_head;
+  double dropout;
+  Linear c_attn, c_proj;
+};
+
+}  // namespace kiln::nn

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
@@ -388,6 +389,56 @@ inline const codegen::CudaAlignment& alignment_of(const RunArgs& args) {
 
 /// Whether CUDA graphs can run here: a driver and a device, and NVRTC to compile kernels.
 inline bool cuda_jit_available() { return cuda_available() && runtime::nvrtc_available(); }
+
+/// Compiles, in parallel threads, the cubins that `graphs` (CUDA graphs run one after another,
+/// such as the segments of a step program) need when their buffers are 16-byte aligned, as
+/// fresh allocations are: their first run then finds every cubin in memory instead of waiting
+/// for NVRTC once per graph in turn (a model's first step meets dozens). Host work only (code
+/// generation and NVRTC; nothing is loaded or allocated on the device). A compile error is left
+/// for the graph's own run to raise with its context; a graph whose buffers turn out
+/// misaligned compiles its own variant then.
+inline void precompile_cuda_graphs(const std::vector<const ir::Graph*>& graphs) {
+  if (graphs.size() < 2 || !cuda_jit_available()) return;
+  struct Job {
+    std::string source, arch, name;
+  };
+  std::vector<Job> jobs;
+  auto& cache = runtime::CudaModuleCache::instance();
+  for (const ir::Graph* g : graphs) {
+    if (!g->device.is_cuda() || g->outputs.empty()) continue;
+    const runtime::CudaContext& ctx = runtime::cuda_context(g->device.index);
+    codegen::CudaAlignment al;
+    al.inputs.assign(g->num_leaves(), 1);
+    al.outputs.assign(g->outputs.size(), 1);
+    try {
+      sched::Schedule s = sched::schedule(*g);
+      codegen::CudaSource src =
+          codegen::generate_cuda(*g, s, detail::cuda_kernel_prefix(*g, al), detail::cuda_targets(ctx, s, {}), al);
+      if (src.kernels.empty()) continue;
+      jobs.push_back({std::move(src.source), runtime::cubin_arch_for(ctx.cc_major, ctx.cc_minor, cache.nvrtc_identity().archs),
+                      src.kernels.front().name + ".cu"});
+    } catch (const Error&) {
+      // The graph's own run raises it, where its message has the context.
+    }
+  }
+  if (jobs.size() < 2) return;
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t i = next++; i < jobs.size(); i = next++) {
+      try {
+        cache.get_cubin(jobs[i].source, jobs[i].arch, {}, {}, jobs[i].name);
+      } catch (...) {
+        // As above: the run compiles it again and reports the error.
+      }
+    }
+  };
+  const std::size_t threads =
+      std::min<std::size_t>(jobs.size(), std::max(1u, std::min(16u, std::thread::hardware_concurrency())));
+  std::vector<std::thread> pool;
+  for (std::size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+}
 
 /// How `g` runs on its GPU: the schedule, then one line per kernel (strategy, launch shape).
 /// Compiles nothing when the plan is cached; otherwise generates the code (without compiling

@@ -413,6 +413,13 @@ class StepProgram {
     v->name = name;
     for (const auto& seg : v->plan.segments)
       v->segments.push_back(std::make_unique<PreparedGraph>(seg.graph, mode, launch));
+    // The segments' kernels compile side by side now, not one per segment as the first run
+    // meets them (max-autotune compiles its candidates when it times them).
+    if (graph_.device.is_cuda() && mode != Mode::Eager && !launch.autotune) {
+      std::vector<const ir::Graph*> graphs;
+      for (const auto& seg : v->plan.segments) graphs.push_back(&seg.graph);
+      precompile_cuda_graphs(graphs);
+    }
     for (const auto& sc : v->plan.scatters) v->scatters.push_back(detail::build_scatter(sc, graph_.device));
     for (const auto& sc : v->plan.scans) v->scans.push_back(detail::build_scan(sc, graph_.device));
     for (const auto& sc : v->plan.sorts) v->sorts.push_back(detail::build_sort(sc, graph_.device));

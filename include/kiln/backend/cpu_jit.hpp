@@ -64,23 +64,13 @@ struct CpuPlan {
   bool tuned = false;    ///< autotune: the launch configuration is settled (timed or loaded)
 };
 
-/// CPUs this process may run on: its affinity mask (taskset, cpusets), else the hardware's count.
-inline int available_cpus() {
-  static const int n = [] {
-    cpu_set_t set;
-    if (::sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
-    unsigned h = std::thread::hardware_concurrency();
-    return h ? static_cast<int>(h) : 1;
-  }();
-  return n;
-}
+using runtime::available_cpus;
 
 /// Threads of the kernels' OpenMP teams: KILN_NUM_THREADS, else the CPUs this process may run
 /// on. The most a kernel gets; team_size and launch_team give kernels with less work fewer.
 inline int cpu_threads() {
   static const int n = [] {
-    long v = std::atol(env::get("KILN_NUM_THREADS", "0").c_str());
-    return v > 0 ? static_cast<int>(v) : available_cpus();
+    return runtime::configured_cpu_threads();
   }();
   return n;
 }

@@ -20,6 +20,7 @@
 #include "kiln/core/log.hpp"
 #include "kiln/runtime/dynlib.hpp"
 #include "kiln/runtime/gemm.hpp"
+#include "kiln/runtime/process.hpp"
 
 namespace kiln::runtime {
 
@@ -101,6 +102,10 @@ inline const CblasState& cblas_state() {
   static const CblasState st = [] {
     CblasState s = detail::load_cblas(detail::cblas_candidates());
     if (s.blas) {
+      // The library's own pool would start a thread per CPU of the machine, whatever the
+      // process's affinity (16 threads spinning on the 2 CPUs taskset gave it): as many as
+      // kiln's kernels use instead.
+      if (s.blas->set_threads) s.blas->set_threads(configured_cpu_threads());
       log(LogChannel::perf, "CPU products through " + s.blas->path + " (loaded in " +
                                 std::to_string(static_cast<int>(s.load_seconds * 1e3)) + " ms)");
     } else {

@@ -6,19 +6,40 @@
 #include <spawn.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
+#include <thread>
 #include <cstring>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "kiln/core/env.hpp"
 #include "kiln/core/error.hpp"
 
 extern char** environ;
 
 namespace kiln::runtime {
+
+/// CPUs this process may run on: its affinity mask (taskset, cpusets), else the hardware's count.
+inline int available_cpus() {
+  static const int n = [] {
+    cpu_set_t set;
+    if (::sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+    unsigned h = std::thread::hardware_concurrency();
+    return h ? static_cast<int>(h) : 1;
+  }();
+  return n;
+}
+
+/// The CPU threads kiln works with: KILN_NUM_THREADS, else available_cpus().
+inline int configured_cpu_threads() {
+  const long v = std::atol(env::get("KILN_NUM_THREADS", "0").c_str());
+  return v > 0 ? static_cast<int>(v) : available_cpus();
+}
 
 /// What a finished program said and how it ended.
 struct ProcessResult {

@@ -210,6 +210,30 @@ void BM_B1(benchmark::State& state) {
   }
 }
 
+/// T3: one training step of an MLP (1024 -> 1024 -> 1024 -> 1024 -> 10, tanh-GELU, batch 256,
+/// f32, AdamW, cross_entropy), eager or with model.compile(). compile_ms is the first step (cold:
+/// the run's cache starts empty). The peers are PyTorch's eager and torch.compile steps on the
+/// same CPU pinned alike (run this as `KILN_NUM_THREADS=2 taskset -c 0,1 bench_cpu`).
+void BM_T3(benchmark::State& state, bool compiled) {
+  manual_seed(0);
+  auto model = nn::Sequential(nn::Linear(1024, 1024), nn::GELU("tanh"), nn::Linear(1024, 1024), nn::GELU("tanh"),
+                              nn::Linear(1024, 1024), nn::GELU("tanh"), nn::Linear(1024, 10));
+  if (compiled) model.compile();
+  optim::AdamW opt(model.parameters(), {.lr = 1e-3});
+  Tensor x = randn({256, 1024}, 7).eval();
+  Tensor y = argmax(randn({256, 10}, 8), 1).eval();
+  // Products: three forward, and for each layer the two backward ones (the first layer's input
+  // gradient is not needed).
+  const double flops = 2.0 * 256 * (3 * 1024.0 * 1024 + 1024 * 10) * 3;
+  bench::run(state, kCpu, {.flops = flops}, [&] {
+    Tensor loss = cross_entropy(model(x), y);
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+    return loss;
+  });
+}
+
 // ---- Eigen Tensor peers -------------------------------------------------------------------
 
 using EVec = Eigen::Tensor<float, 1, Eigen::RowMajor>;
@@ -648,6 +672,10 @@ int main(int argc, char** argv) {
     }
   }
   benchmark::RegisterBenchmark("B1_layer_norm_gelu_fwd_bwd/jit", BM_B1)->UseRealTime()->Unit(benchmark::kMillisecond);
+  for (bool compiled : {false, true})
+    benchmark::RegisterBenchmark(compiled ? "T3_mlp_train_step/compiled" : "T3_mlp_train_step/eager", BM_T3, compiled)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
   for (const EigenWorkload& w : eigen_workloads())
     benchmark::RegisterBenchmark((std::string(w.id) + "/eigen").c_str(), BM_eigen, w)
         ->UseRealTime()

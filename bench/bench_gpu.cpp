@@ -31,6 +31,8 @@
 #include "kiln/kiln.hpp"
 #include "kiln/runtime/cuda_memory.hpp"
 
+#include "gpt.hpp"
+
 namespace {
 
 using namespace kiln;
@@ -702,6 +704,95 @@ void time_graphs(benchmark::State& state, const std::vector<std::vector<NodePtr>
   state.counters["TFLOP/s"] = flops / (r.ms * 1e-3) / 1e12;
 }
 
+// ---- training (T1, T2) ------------------------------------------------------------------------
+
+/// Token ids in [0, vocab) of shape [B, T] on the GPU, from a fixed-seed xorshift.
+Tensor token_ids(std::int64_t B, std::int64_t T, std::int64_t vocab, std::uint64_t seed) {
+  std::vector<std::int64_t> v(static_cast<std::size_t>(B * T));
+  for (auto& x : v) {
+    seed ^= seed << 13;
+    seed ^= seed >> 7;
+    seed ^= seed << 17;
+    x = static_cast<std::int64_t>(seed % static_cast<std::uint64_t>(vocab));
+  }
+  return from_vector(v, {B, T}, kDev);
+}
+
+/// T1's model: torch_suite's GPT (6 layers, d 768, 12 heads, T 1024, vocabulary 50304, tied
+/// head), no dropout.
+gpt::Config t1_config() {
+  gpt::Config c;
+  c.vocab_size = 50304;
+  c.block_size = 1024;
+  c.n_layer = 6;
+  c.n_head = 12;
+  c.n_embd = 768;
+  return c;
+}
+
+/// T1: one training step of the GPT at batch 16 (bf16 autocast, AdamW lr 3e-4, weight decay
+/// 0.1, the forward compiled; the step's loss read back as torch_suite's step returns it).
+/// compile_ms is the first step: trace and compile of forward, backward and optimizer (cold
+/// unless KILN_CACHE_DIR holds a warm cache). peak_GiB is the pool's high-water mark over
+/// everything the run holds (parameters, optimizer state, activations), as
+/// torch.cuda.max_memory_allocated.
+void BM_T1(benchmark::State& state) {
+  if (skip_without_gpu(state)) return;
+  runtime::reset_cuda_memory_peak(0);
+  manual_seed(0);
+  gpt::Gpt model(t1_config());
+  model.to(kDev);
+  model.compile();
+  optim::AdamW opt(model.parameters(), {.lr = 3e-4, .weight_decay = 0.1});
+  Tensor idx = token_ids(16, 1024, 50304, 1), tgt = token_ids(16, 1024, 50304, 2);
+  auto step = [&] {
+    Tensor loss;
+    {
+      AutocastGuard amp(bf16);
+      loss = gpt::Gpt::loss(model(idx), tgt);
+    }
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+    return loss;
+  };
+  const bench::Measurement m = bench::run(state, kDev, {}, step);
+  if (state.error_occurred()) return;
+  const double peak_gib = static_cast<double>(runtime::cuda_memory_use(0).peak) / (1u << 30);
+  state.counters["peak_GiB"] = peak_gib;
+  state.counters["first_step_s"] = m.first_call_ms / 1e3;
+  Result r;
+  r.ms = m.median_ms;
+  r.peak_mib = peak_gib * 1024;
+  r.strategy = "first step " + std::to_string(m.first_call_ms / 1e3).substr(0, 5) + " s";
+  results()["T1 GPT step"] = r;
+}
+
+/// T2: the AdamW step alone over T1's parameters (gradients from one backward), held to copy
+/// speed on 28 bytes a parameter (p, g, m, v read; p, m, v written).
+void BM_T2(benchmark::State& state) {
+  if (skip_without_gpu(state)) return;
+  manual_seed(0);
+  gpt::Gpt model(t1_config());
+  model.to(kDev);
+  optim::AdamW opt(model.parameters(), {.lr = 3e-4, .weight_decay = 0.1});
+  double params = 0;
+  for (const Tensor& p : model.parameters()) params += static_cast<double>(p.numel());
+  {
+    Tensor idx = token_ids(2, 64, 50304, 1), tgt = token_ids(2, 64, 50304, 2);
+    gpt::Gpt::loss(model(idx), tgt).backward();
+  }
+  const bench::Measurement m = bench::run(state, kDev, {.bytes = 28.0 * params}, [&] { opt.step(); });
+  if (state.error_occurred()) return;
+  Result r;
+  r.ms = m.median_ms;
+  r.gbps = 28.0 * params / (r.ms * 1e-3) / 1e9;
+  r.ratio = r.gbps / m.copy_gbps;
+  r.strategy = std::to_string(static_cast<long long>(m.launches_per_call)) + " launch(es) per step, " +
+               std::to_string(static_cast<long long>(params / 1e6)) + " M parameters";
+  results()["T2 AdamW step"] = r;
+}
+
 void register_all(bool variants) {
   bench::add("BM_copy", BM_copy)->Iterations(3)->Unit(benchmark::kMillisecond);
   static std::vector<Workload> ws = workloads();
@@ -785,6 +876,8 @@ void register_all(bool variants) {
                [mode](benchmark::State& s) { BM_G4_compiled(s, mode); })
         ->Iterations(5)
         ->Unit(benchmark::kMicrosecond);
+  bench::add("BM_T1", BM_T1)->Iterations(5)->Unit(benchmark::kMillisecond);
+  bench::add("BM_T2", BM_T2)->Iterations(5)->Unit(benchmark::kMillisecond);
   bench::add("BM_first_compile", BM_first_compile)->Iterations(7)->Unit(benchmark::kMillisecond);
   bench::add("BM_disk_hit_new_process", BM_disk_hit_new_process)->Iterations(5)->Unit(benchmark::kMillisecond);
   bench::add("BM_launch_floor", BM_launch_floor)->Iterations(5)->Unit(benchmark::kMicrosecond);

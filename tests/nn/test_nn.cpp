@@ -377,6 +377,18 @@ TEST_CASE("model.compile(): traced once, replayed with updated parameters, one t
   CHECK(t1 != t2);
   CHECK(model.compile_stats().traces == 2);
   CHECK(model.explain(x).find("graph breaks: 0") != std::string::npos);
+
+  // kiln::compile(model): a handle of its own; the model stays eager behind it.
+  model.eval();
+  auto step = kiln::compile(model);
+  CHECK(values(step(x)) == values(model(x)));
+  CHECK(values(step(x)) == values(model(x)));
+  CHECK(step.stats().traces == 1);
+  model.to(f64);  // the parameters moved: the handle traces again, in f64
+  Tensor x64 = x.to(f64);
+  CHECK(step(x64).dtype() == f64);
+  CHECK(step.stats().traces == 1);  // the old entries are gone, one new trace
+  CHECK(values(step(x64)) == values(model.forward(x64)));
 }
 
 namespace {

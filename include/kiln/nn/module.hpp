@@ -24,6 +24,7 @@
 namespace kiln::nn {
 
 class Module;
+class CompiledModule;
 
 namespace detail {
 
@@ -160,7 +161,7 @@ class Module {
   /// without recompiling. Dropout draws new masks on every call.
   void compile(CompileOptions options = {});
   /// Whether compile() was called (and to()/load have not dropped it since).
-  bool is_compiled() const { return compile_options_.has_value(); }
+  bool is_compiled() const { return compiled_ != nullptr; }
   /// The compiled forward's counters (traces, recompiles, cache hits); zeros if not compiled.
   CompileStats compile_stats() const;
   /// kiln::explain of the compiled forward at `input` (its graph breaks and kernels).
@@ -193,10 +194,12 @@ class Module {
     parameters_ = other.parameters_;
     buffers_ = other.buffers_;
     modules_ = other.modules_;
-    // The compiled forward calls the module it was made for: a copy compiles its own.
-    compiled_.clear();
-    compile_options_ = other.compile_options_;
+    compiled_.reset();
+    copy_compiled(other);
   }
+  /// A copy of a compiled module is compiled with the same options (for itself: a compiled
+  /// forward calls the module it was made for).
+  void copy_compiled(const Module& other);
   void check_name(const std::string& name, const char* op) const;
   Tensor& add_tensor(std::vector<TensorEntry>& list, const std::string& name, detail::Slot<Tensor> slot,
                      bool persistent);
@@ -204,19 +207,45 @@ class Module {
                StateDict& out) const;
   /// Every parameter and buffer handle of this module tree, with its dotted name.
   std::vector<std::pair<std::string, Tensor*>> all_tensors(const std::string& prefix = "");
+  /// Counts changes that invalidate traces of this tree (to() moving or casting parameters).
   void drop_compiled() {
-    for (Module* m : modules()) m->compiled_.clear();
+    for (Module* m : modules()) ++m->layout_version_;
   }
-  using CompiledForward = Compiled<std::function<Tensor(const Tensor&, const Tensor&)>>;
-  /// The compiled forward for the tree's current train/eval modes (each mode set is traced
-  /// once: a mode is part of what the trace bakes in, as torch.compile guards on it).
-  CompiledForward& compiled_for_modes();
+  friend class CompiledModule;
 
   std::vector<TensorEntry> parameters_;
   std::vector<TensorEntry> buffers_;
   std::vector<ModuleEntry> modules_;
-  std::optional<CompileOptions> compile_options_;
-  std::vector<std::pair<std::vector<bool>, std::shared_ptr<CompiledForward>>> compiled_;
+  std::uint64_t layout_version_ = 0;
+  std::shared_ptr<CompiledModule> compiled_;
+};
+
+/// A module's forward compiled (what `model.compile()` installs and `kiln::compile(model)`
+/// returns): one kiln::compile entry set per train/eval modes of the tree, the dropout key an
+/// argument drawn afresh each call, the traces dropped when to() moves the parameters. Holds
+/// the module by reference: it must outlive this.
+class CompiledModule {
+ public:
+  CompiledModule(Module& module, CompileOptions options) : module_(&module), options_(std::move(options)) {}
+  /// module.forward(input), compiled.
+  Tensor operator()(const Tensor& input);
+  /// The counters summed over the mode sets' entries.
+  CompileStats stats() const;
+  /// kiln::explain at `input` for the current modes.
+  std::string explain(const Tensor& input);
+  const CompileOptions& options() const { return options_; }
+  Module& module() const { return *module_; }
+
+ private:
+  using Forward = Compiled<std::function<Tensor(const Tensor&, const Tensor&)>>;
+  /// The compiled forward for the tree's current train/eval modes (a mode is part of what a
+  /// trace bakes in, as torch.compile guards on it).
+  Forward& for_current_modes();
+
+  Module* module_;
+  CompileOptions options_;
+  std::uint64_t layout_version_ = 0;
+  std::vector<std::pair<std::vector<bool>, std::shared_ptr<Forward>>> entries_;
 };
 
 // ---- definitions ----------------------------------------------------------------------------
@@ -464,43 +493,59 @@ inline void Module::load_state_dict(const StateDict& state, bool strict) {
   }
 }
 
-inline void Module::compile(CompileOptions options) {
-  compiled_.clear();
-  compile_options_ = std::move(options);
+inline void Module::copy_compiled(const Module& other) {
+  if (other.compiled_) compile(other.compiled_->options());
 }
 
-inline Module::CompiledForward& Module::compiled_for_modes() {
+inline void Module::compile(CompileOptions options) {
+  compiled_ = std::make_shared<CompiledModule>(*this, std::move(options));
+}
+
+inline Tensor Module::operator()(const Tensor& input) { return compiled_ ? (*compiled_)(input) : forward(input); }
+
+inline CompileStats Module::compile_stats() const { return compiled_ ? compiled_->stats() : CompileStats{}; }
+
+inline std::string Module::explain(const Tensor& input) {
+  if (!compiled_) compile();
+  return compiled_->explain(input);
+}
+
+inline CompiledModule::Forward& CompiledModule::for_current_modes() {
+  if (module_->layout_version_ != layout_version_) {  // the parameters moved: trace anew
+    entries_.clear();
+    layout_version_ = module_->layout_version_;
+  }
   std::vector<bool> modes;
-  for (Module* m : modules()) modes.push_back(m->training_);
-  for (auto& [k, c] : compiled_)
+  for (Module* m : module_->modules()) modes.push_back(m->training_);
+  for (auto& [k, c] : entries_)
     if (k == modes) return *c;
-  // The traced forward reads the dropout seed from its second argument (see operator()).
-  auto fn = std::function<Tensor(const Tensor&, const Tensor&)>([this](const Tensor& input, const Tensor& seed) {
+  // The traced forward reads the dropout key from its second argument (see operator()).
+  Module* module = module_;
+  auto fn = std::function<Tensor(const Tensor&, const Tensor&)>([module](const Tensor& input, const Tensor& seed) {
     detail::TracedRandomness randomness{seed, 0};
     struct Restore {
       detail::TracedRandomness* saved;
       ~Restore() { detail::traced_randomness = saved; }
     } restore{detail::traced_randomness};
     detail::traced_randomness = &randomness;
-    return forward(input);
+    return module->forward(input);
   });
-  compiled_.emplace_back(modes, std::make_shared<CompiledForward>(std::move(fn), *compile_options_));
-  return *compiled_.back().second;
+  entries_.emplace_back(modes, std::make_shared<Forward>(std::move(fn), options_));
+  return *entries_.back().second;
 }
 
-inline Tensor Module::operator()(const Tensor& input) {
-  if (!compile_options_) return forward(input);
-  CompiledForward& compiled = compiled_for_modes();
+inline Tensor CompiledModule::operator()(const Tensor& input) {
+  Forward& compiled = for_current_modes();
   // A fresh key per call from the global generator, passed in as a 0-dim int64 tensor: the
   // traced graph reads it, so replays draw new dropout masks without recompiling.
-  const auto key = static_cast<std::int64_t>(kiln::detail::next_generator_key("Module::operator()") >> 1);
+  const auto key = static_cast<std::int64_t>(kiln::detail::next_generator_key("CompiledModule") >> 1);
   Tensor seed = from_vector<std::int64_t>({key}, Shape{}, input.device());
   return compiled(input, seed);
 }
 
-inline CompileStats Module::compile_stats() const {
+inline CompileStats CompiledModule::stats() const {
   CompileStats total;
-  for (const auto& [k, c] : compiled_) {
+  for (const auto& [k, c] : entries_) {
     CompileStats s = c->stats();
     total.traces += s.traces;
     total.recompiles += s.recompiles;
@@ -511,10 +556,20 @@ inline CompileStats Module::compile_stats() const {
   return total;
 }
 
-inline std::string Module::explain(const Tensor& input) {
-  if (!compile_options_) compile();
+inline std::string CompiledModule::explain(const Tensor& input) {
   Tensor seed = from_vector<std::int64_t>({0}, Shape{}, input.device());
-  return kiln::explain(compiled_for_modes(), input, seed);
+  return kiln::explain(for_current_modes(), input, seed);
 }
 
 }  // namespace kiln::nn
+
+namespace kiln {
+/// `auto step = kiln::compile(model, options)` (torch.compile(model)): the model's forward
+/// compiled as model.compile() compiles it, called through the returned handle (the model
+/// itself keeps running eagerly; it must outlive the handle).
+template <class M>
+requires std::is_base_of_v<nn::Module, M> nn::CompiledModule compile(M& model, CompileOptions options = {}) {
+  return nn::CompiledModule(model, std::move(options));
+}
+}  // namespace kiln
+

@@ -179,6 +179,7 @@ TEST_CASE("activation modules equal their functions") {
   CHECK(values(nn::Tanh()(x)) == values(tanh(x)));
   CHECK(values(nn::GELU()(x)) == values(gelu(x)));
   CHECK(values(nn::GELU("tanh")(x)) == values(gelu(x, true)));
+  CHECK(values(nn::functional::relu(x)) == values(relu(x)));  // torch.nn.functional's names
   CHECK_THROWS_AS(nn::GELU("fast"), ValueError);
 }
 
@@ -211,7 +212,7 @@ TEST_CASE("scaled_dot_product_attention and MultiheadAttention against float64 l
         std::vector<std::string>{"in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"});
   CHECK(values(mha.in_proj_bias) == std::vector<double>(12, 0.0));
   Tensor x = f64_randn({3, 2, 4}, 7);  // L 3, N 2
-  auto [out, weights] = mha.forward(x, x, x);
+  auto [out, weights] = mha(x, x, x);
   CHECK(out.shape() == Shape{3, 2, 4});
   CHECK(weights.shape() == Shape{2, 3, 3});
   std::vector<double> xv = values(x), W = values(mha.in_proj_weight), Wo = values(mha.out_proj.weight),

@@ -17,6 +17,16 @@ namespace kiln::nn::functional {
 
 /// x @ weight^T + bias (torch.nn.functional.linear): kiln::linear.
 using ::kiln::linear;
+// The tensor functions torch.nn.functional also has, under their torch.nn.functional names.
+using ::kiln::cross_entropy;
+using ::kiln::embedding;
+using ::kiln::gelu;
+using ::kiln::layer_norm;
+using ::kiln::log_softmax;
+using ::kiln::relu;
+using ::kiln::rms_norm;
+using ::kiln::silu;
+using ::kiln::softmax;
 
 namespace detail {
 /// The Philox key of a dropout mask, as a 0-dim int64 node: from the compiled module's seed

@@ -356,6 +356,13 @@ class MultiheadAttention : public Module {
   }
   /// Self-attention of x (query = key = value); the output only.
   Tensor forward(const Tensor& x) override { return forward(x, x, x, {}, false).first; }
+  using Module::operator();
+  /// forward(query, key, value, ...): `mha(q, k, v)` as torch's module call.
+  std::pair<Tensor, Tensor> operator()(const Tensor& query, const Tensor& key, const Tensor& value,
+                                       const Tensor& attn_mask = {}, bool need_weights = true,
+                                       bool is_causal = false) {
+    return forward(query, key, value, attn_mask, need_weights, is_causal);
+  }
   std::string name() const override { return "MultiheadAttention"; }
 
   std::int64_t embed_dim, num_heads;

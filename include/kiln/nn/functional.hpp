@@ -40,9 +40,7 @@ inline ir::NodePtr dropout_key(Device device) {
     if (seed->device != device) throw DeviceError("dropout: the input is on " + device.str() + ", the module's seed on " + seed->device.str());
     return k == 0 ? seed : ir::binary(ir::Op::Add, seed, ir::constant_int(k, DType::Int64, Shape{}, device));
   }
-  const auto key = static_cast<std::int64_t>(kiln::detail::next_generator_key("dropout") >> 1);
-  if (device.is_cpu()) return kiln::detail::number_leaf(key, DType::Int64, Shape{}, device);
-  return from_vector<std::int64_t>({key}, Shape{}, device).node();
+  return nn::detail::fresh_key("dropout", device);
 }
 }  // namespace detail
 

@@ -57,6 +57,16 @@ struct TracedRandomness {
 };
 inline thread_local TracedRandomness* traced_randomness = nullptr;
 
+/// A fresh Philox key from the global generator as a 0-dim int64 leaf on `device`: on the CPU a
+/// kernel argument in host memory, on a GPU 8 bytes copied there. Either way every key runs the
+/// same kernel. `op` names the caller in the error a kiln::compile trace gives (draws there
+/// would replay one key).
+inline ir::NodePtr fresh_key(const char* op, Device device) {
+  const auto key = static_cast<std::int64_t>(kiln::detail::next_generator_key(op) >> 1);
+  if (device.is_cpu()) return kiln::detail::number_leaf(key, DType::Int64, Shape{}, device);
+  return from_vector<std::int64_t>({key}, Shape{}, device).node();
+}
+
 }  // namespace detail
 
 /// The base of every layer and model (torch.nn.Module). A subclass registers what it owns in
@@ -536,11 +546,9 @@ inline CompiledModule::Forward& CompiledModule::for_current_modes() {
 
 inline Tensor CompiledModule::operator()(const Tensor& input) {
   Forward& compiled = for_current_modes();
-  // A fresh key per call from the global generator, passed in as a 0-dim int64 tensor: the
-  // traced graph reads it, so replays draw new dropout masks without recompiling.
-  const auto key = static_cast<std::int64_t>(kiln::detail::next_generator_key("CompiledModule") >> 1);
-  Tensor seed = from_vector<std::int64_t>({key}, Shape{}, input.device());
-  return compiled(input, seed);
+  // A fresh key per call, passed in as an argument: the traced graph reads it, so replays draw
+  // new dropout masks without recompiling.
+  return compiled(input, Tensor(detail::fresh_key("CompiledModule", input.device())));
 }
 
 inline CompileStats CompiledModule::stats() const {

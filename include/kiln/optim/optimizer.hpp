@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "kiln/core/error.hpp"
+#include "kiln/decomp/decompose.hpp"
 #include "kiln/nn/state_dict.hpp"
 #include "kiln/tensor/autograd.hpp"
 #include "kiln/tensor/creation.hpp"
@@ -70,12 +71,13 @@ using ir::NodePtr;
 /// The dtype an update computes in (PyTorch's opmath): float32 for the half types.
 inline DType opmath(DType d) { return d == DType::Float64 ? DType::Float64 : DType::Float32; }
 
-inline NodePtr add(const NodePtr& a, const NodePtr& b) { return ir::binary(ir::Op::Add, a, b); }
-inline NodePtr sub(const NodePtr& a, const NodePtr& b) { return ir::binary(ir::Op::Sub, a, b); }
-inline NodePtr mul(const NodePtr& a, const NodePtr& b) { return ir::binary(ir::Op::Mul, a, b); }
-inline NodePtr div(const NodePtr& a, const NodePtr& b) { return ir::binary(ir::Op::Div, a, b); }
+// The decompositions' node builders, plus the one they lack.
+using decomp::add;
+using decomp::div;
+using decomp::mul;
+using decomp::sub;
+using decomp::detail::neg;
 inline NodePtr maximum(const NodePtr& a, const NodePtr& b) { return ir::binary(ir::Op::Maximum, a, b); }
-inline NodePtr neg(const NodePtr& a) { return ir::unary(ir::Op::Neg, a); }
 inline NodePtr sqrt(const NodePtr& a) { return ir::unary(ir::Op::Sqrt, a); }
 
 /// Elements [offset, offset + numel(shape)) of `storage`, row-major as `shape`.

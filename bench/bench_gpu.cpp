@@ -675,6 +675,48 @@ std::vector<ProductWorkload> product_workloads() {
                      {ir::matmul(g, W2)},             {ir::matmul(transposed(g), h)},   // dh, dW2
                      {ir::matmul(h, W1)},             {ir::matmul(transposed(h), x)}};  // dx, dW1 (h as dh')
                }});
+  // A1 / A2: fused causal attention over [16, 16, 2048, 128] bf16 (torch_suite's A1 / A2), its
+  // forward and its forward with the backward of q, k and v from a given gradient; held to the
+  // dense bf16 product rate (G1's plain product, same run). flops: 4 B H T T D halved by the
+  // causal mask; the backward counted as 2.5 forwards (FlashAttention's convention).
+  auto attn = std::make_shared<std::vector<NodePtr>>();
+  auto qkv = [attn] {
+    if (attn->empty())
+      for (std::uint64_t s = 0; s < 4; ++s) attn->push_back(normal({16, 16, 2048, 128}, bf16, 31 + s, 1.0));
+    return *attn;
+  };
+  const double attn_flops = 4.0 * 16 * 16 * 2048.0 * 2048 * 128 / 2;
+  const double scale = 1.0 / std::sqrt(128.0);
+  auto dense = [] {
+    NodePtr a = normal({4096, 4096}, bf16, 11, 0.02), b = normal({4096, 4096}, bf16, 12, 0.02);
+    return std::vector<std::vector<NodePtr>>{{ir::matmul(a, b)}};
+  };
+  w.push_back({"A1", attn_flops,
+               [qkv, scale] {
+                 auto in = qkv();
+                 return std::vector<NodePtr>{
+                     ir::attention(ir::AttentionRole::Out, in[0], in[1], in[2], nullptr, true, scale)};
+               },
+               dense});
+  w.push_back({"A2", 3.5 * attn_flops,
+               [qkv, scale] {
+                 auto in = qkv();
+                 std::vector<NodePtr> leaves;
+                 for (int k = 0; k < 3; ++k) {
+                   NodePtr leaf = ir::input(*in[k]->buffer, in[k]->shape, in[k]->dtype, in[k]->device);
+                   leaf->requires_grad = true;
+                   leaf->grad_leaf = std::make_shared<ir::GradLeaf>();
+                   leaves.push_back(leaf);
+                 }
+                 NodePtr y = ir::attention(ir::AttentionRole::Out, leaves[0], leaves[1], leaves[2], nullptr, true, scale);
+                 std::vector<autodiff::Reached> reached = autodiff::backward_pass({y}, {in[3]}, leaves, false, "A2");
+                 std::vector<NodePtr> outs{y};
+                 for (const NodePtr& leaf : leaves)
+                   for (const autodiff::Reached& r : reached)
+                     if (r.node == leaf) outs.push_back(r.grad);
+                 return outs;
+               },
+               dense});
   return w;
 }
 

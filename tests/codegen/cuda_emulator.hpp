@@ -64,6 +64,7 @@ struct Fiber {
   ucontext_t ctx;
   unsigned tid = 0;
   int state = 0;  // 0 runnable, 1 block barrier, 2 warp barrier, 3 done
+  unsigned mma_calls = 0;  // which of the warp's two fragment areas its next mma uses
   std::vector<char> stack;
 };
 struct Block {
@@ -74,6 +75,7 @@ struct Block {
   unsigned live = 0, at_block = 0;
   std::vector<unsigned> at_warp, warp_live;
   std::vector<unsigned long long> slots;  // 32 per warp
+  std::vector<unsigned> fragments;        // mma operands: 2 areas a warp, 6 words a lane
   std::vector<unsigned char> smem;
   void (*body)(void*) = nullptr;
   void* arg = nullptr;
@@ -166,10 +168,12 @@ static inline void run_grid(unsigned grid, unsigned block, unsigned smem_bytes, 
     b.at_warp.assign(warps, 0);
     b.warp_live.assign(warps, 0);
     b.slots.assign(warps * 32, 0);
+    b.fragments.assign(warps * 2 * 32 * 6, 0);
     for (unsigned t = 0; t < block; ++t) {
       Fiber& f = b.fibers[t];
       f.tid = t;
       f.state = 0;
+      f.mma_calls = 0;
       b.warp_live[t / 32]++;
       getcontext(&f.ctx);
       f.ctx.uc_stack.ss_sp = f.stack.data();
@@ -219,6 +223,65 @@ static inline int __popc(unsigned v) { return __builtin_popcount(v); }
 static inline void __syncwarp(unsigned = 0xffffffffu) { ::kiln_emu::warp_barrier(); }
 static inline int __ffs(unsigned v) { return __builtin_ffs((int)v); }
 static inline int __clz(unsigned v) { return v ? __builtin_clz(v) : 32; }
+
+// Tensor-core helpers of generated units (their PTX versions are under #ifndef KILN_EMULATED_MMA).
+#define KILN_EMULATED_MMA 1
+namespace kiln_emu {
+static inline float f16_value(unsigned short h) {
+  unsigned int sign = (unsigned int)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0x1fu) return __uint_as_float(sign | 0x7f800000u | (m << 13));
+  if (e == 0) { float v = (float)m * 5.9604644775390625e-08f; return sign ? -v : v; }
+  return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+}
+static inline float bf16_value(unsigned short b) { return __uint_as_float((unsigned int)b << 16); }
+/// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: every lane publishes its fragments, then
+/// computes its own four outputs from the whole warp's, with the PTX ISA's lane layout (g = lane
+/// / 4, t = lane % 4; A: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..); B: b0
+/// (k 2t..2t+1, n g), b1 (k 2t+8.., n g); C: c0 c1 (g, 2t..2t+1), c2 c3 (g+8, 2t..)). The
+/// products are exact in double; the sum is rounded once into the f32 accumulator. Two areas a
+/// warp, alternating, so one barrier a call suffices: a lane that reaches the call after next
+/// has passed the next call's barrier, which every lane reaches only after reading this one.
+template <bool BF16>
+static inline void mma_m16n8k16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                unsigned b1) {
+  Block& b = blk();
+  Fiber& f = me();
+  const unsigned lane = f.tid & 31, w = f.tid / 32;
+  unsigned* const area = b.fragments.data() + ((size_t)w * 2 + (f.mma_calls++ & 1u)) * 32 * 6;
+  unsigned* const mine = area + lane * 6;
+  mine[0] = a0; mine[1] = a1; mine[2] = a2; mine[3] = a3; mine[4] = b0; mine[5] = b1;
+  warp_barrier();
+  auto half = [&](unsigned from_lane, unsigned reg, unsigned k) -> double {
+    const unsigned word = area[from_lane * 6 + reg];
+    const unsigned short bits = (unsigned short)((k & 1u) ? word >> 16 : word & 0xffffu);
+    return BF16 ? (double)bf16_value(bits) : (double)f16_value(bits);
+  };
+  const unsigned g = lane >> 2, t = lane & 3;
+  for (unsigned e = 0; e < 4; ++e) {
+    const unsigned row = g + (e >= 2 ? 8u : 0u), col = 2 * t + (e & 1u);
+    double s = 0;
+    for (unsigned k = 0; k < 16; ++k) {
+      const double x = half((row & 7u) * 4 + ((k & 7u) >> 1), (row >= 8 ? 1u : 0u) + (k >= 8 ? 2u : 0u), k);
+      const double y = half(col * 4 + ((k & 7u) >> 1), 4u + (k >= 8 ? 1u : 0u), k);
+      s += x * y;
+    }
+    d[e] = (float)((double)d[e] + s);
+  }
+}
+}  // namespace kiln_emu
+static inline void kiln_mma_m16n8k16_f16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                         unsigned b0, unsigned b1) {
+  ::kiln_emu::mma_m16n8k16<false>(d, a0, a1, a2, a3, b0, b1);
+}
+static inline void kiln_mma_m16n8k16_bf16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                          unsigned b0, unsigned b1) {
+  ::kiln_emu::mma_m16n8k16<true>(d, a0, a1, a2, a3, b0, b1);
+}
+// cp.async as a plain copy: the copy is complete at once, so commits and waits have nothing to do.
+static inline void kiln_cp_async16(void* smem, const void* gmem) { memcpy(smem, gmem, 16); }
+static inline void kiln_cp_async_commit() {}
+static inline void kiln_cp_async_wait_all() {}
+static inline void kiln_cp_async_wait_one() {}
 )EMU";
 
 /// A generated unit built for the emulator.

@@ -485,6 +485,33 @@ template <> struct Vjp<Op::MatMul> {
   }
 };
 
+template <> struct Vjp<Op::Attention> {
+  // The output's gradients are the backward's three values, over the forward's operands, its
+  // output, the incoming gradient and the rows' log-sum-exp (a sibling of the output: planned
+  // into the same forward step when both are computed together). The mask gets none (the front
+  // end writes attention out when a mask requires grad).
+  static Grads apply(const NodePtr& n, const NodePtr& g) {
+    const auto role = static_cast<ir::AttentionRole>(n->attrs.ints.at(0));
+    if (role != ir::AttentionRole::Out)
+      throw AutogradError(std::string("scaled_dot_product_attention: the fused kernel's ") +
+                          (role == ir::AttentionRole::Lse ? "log-sum-exp" : "gradients") +
+                          " have no gradient of their own (a double backward): compute attention written out "
+                          "(softmax(q k^T * scale) v) to differentiate twice");
+    const bool causal = n->attrs.ints.at(1) != 0, has_mask = n->attrs.ints.at(2) != 0;
+    const NodePtr &q = vjp_detail::in(n, 0), &k = vjp_detail::in(n, 1), &v = vjp_detail::in(n, 2);
+    const NodePtr mask = has_mask ? n->inputs.back() : nullptr;
+    const double scale = n->attrs.scalar;
+    NodePtr lse = ir::attention(ir::AttentionRole::Lse, q, k, v, mask, causal, scale);
+    NodePtr gc = g->dtype == n->dtype ? g : ir::cast(g, n->dtype);
+    const std::vector<NodePtr> saved{n, gc, lse};
+    Grads out(n->inputs.size());
+    out[0] = ir::attention(ir::AttentionRole::DQ, q, k, v, mask, causal, scale, saved);
+    out[1] = ir::attention(ir::AttentionRole::DK, q, k, v, mask, causal, scale, saved);
+    out[2] = ir::attention(ir::AttentionRole::DV, q, k, v, mask, causal, scale, saved);
+    return out;
+  }
+};
+
 /// A rule in the table: the gradients of a node's inputs.
 using VjpRule = Grads (*)(const NodePtr& n, const NodePtr& g);
 

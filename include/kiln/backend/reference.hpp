@@ -1126,6 +1126,115 @@ inline Value exec_sort(const ir::Graph& g, const ir::GraphNode& n, const std::ve
   return o;
 }
 
+/// One value of fused attention (ir::AttentionRole), from its definition in double: the scores
+/// s = scale q·k + mask (causal: -inf past the diagonal), P = softmax over keys (0 for a row
+/// whose keys are all masked); the gradients from the operands out, dout and lse as given.
+inline Value exec_attention(const ir::Graph& g, const ir::GraphNode& n, const std::vector<Value>& vals,
+                            const Value* into) {
+  const auto role = static_cast<ir::AttentionRole>(n.attrs.ints.at(0));
+  const bool causal = n.attrs.ints.at(1) != 0, has_mask = n.attrs.ints.at(2) != 0;
+  const bool gradient = role == ir::AttentionRole::DQ || role == ir::AttentionRole::DK || role == ir::AttentionRole::DV;
+  auto node = [&](std::size_t k) -> const ir::GraphNode& { return g.nodes[static_cast<std::size_t>(n.inputs[k])]; };
+  auto val = [&](std::size_t k) -> const Value& { return vals[static_cast<std::size_t>(n.inputs[k])]; };
+  // Element (a, b, c, d) of operand k as double (rank-3 operands ignore d).
+  auto at = [&](std::size_t k, i64 a, i64 b, i64 c, i64 d) {
+    const Value& v = val(k);
+    i64 off = a * v.strides[0] + b * v.strides[1] + c * v.strides[2];
+    if (v.strides.size() > 3) off += d * v.strides[3];
+    double r = 0;
+    visit_dtype(node(k).dtype, [&](auto tag) {
+      using T = decltype(tag);
+      r = static_cast<double>(load(reinterpret_cast<const T*>(v.data)[off]));
+    });
+    return r;
+  };
+  const Shape &qs = node(0).shape, &ks = node(1).shape, &vs = node(2).shape;
+  const i64 B = qs[0], H = qs[1], L = qs[2], E = qs[3], Hkv = ks[1], S = ks[2], Ev = vs[3], G = H / Hkv;
+  const double scale = n.attrs.scalar;
+  const std::size_t mask_at = n.inputs.size() - 1;
+  Value o = into ? *into : allocate(n.shape, n.dtype);
+  std::vector<double> result(static_cast<std::size_t>(n.shape.numel()), 0.0);
+  std::vector<double> p(static_cast<std::size_t>(L * S)), lse(static_cast<std::size_t>(L));
+  for (i64 b = 0; b < B; ++b)
+    for (i64 h = 0; h < H; ++h) {
+      const i64 hk = h / G;
+      for (i64 i = 0; i < L; ++i) {
+        double mx = -INFINITY;
+        for (i64 j = 0; j < S; ++j) {
+          double sc = -INFINITY;
+          if (!(causal && j > i)) {
+            sc = 0;
+            for (i64 e = 0; e < E; ++e) sc += at(0, b, h, i, e) * at(1, b, hk, j, e);
+            sc *= scale;
+            if (has_mask) sc += at(mask_at, node(mask_at).shape[0] == 1 ? 0 : b, node(mask_at).shape[1] == 1 ? 0 : h, i, j);
+          }
+          p[static_cast<std::size_t>(i * S + j)] = sc;
+          mx = std::max(mx, sc);
+        }
+        double sum = 0;
+        for (i64 j = 0; j < S; ++j) sum += mx == -INFINITY ? 0.0 : std::exp(p[static_cast<std::size_t>(i * S + j)] - mx);
+        lse[static_cast<std::size_t>(i)] = sum > 0 ? mx + std::log(sum) : -INFINITY;
+        // The gradients use the lse they are given, as the fused kernels do.
+        const double rl = gradient ? at(5, b, h, i, 0) : lse[static_cast<std::size_t>(i)];
+        for (i64 j = 0; j < S; ++j) {
+          double& x = p[static_cast<std::size_t>(i * S + j)];
+          x = rl == -INFINITY || x == -INFINITY ? 0.0 : std::exp(x - rl);
+        }
+      }
+      auto res = [&](i64 a, i64 bb, i64 c, i64 d) -> double& {
+        const Shape& sh = n.shape;
+        i64 off = ((a * sh[1] + bb) * sh[2] + c);
+        if (sh.size() > 3) off = off * sh[3] + d;
+        return result[static_cast<std::size_t>(off)];
+      };
+      for (i64 i = 0; i < L; ++i) {
+        const double* pi = &p[static_cast<std::size_t>(i * S)];
+        switch (role) {
+          case ir::AttentionRole::Out:
+            for (i64 e = 0; e < Ev; ++e) {
+              double a = 0;
+              for (i64 j = 0; j < S; ++j) a += pi[j] * at(2, b, hk, j, e);
+              res(b, h, i, e) = a;
+            }
+            break;
+          case ir::AttentionRole::Lse:
+            res(b, h, i, 0) = lse[static_cast<std::size_t>(i)];
+            break;
+          default: {
+            double delta = 0;
+            for (i64 e = 0; e < Ev; ++e) delta += at(4, b, h, i, e) * at(3, b, h, i, e);
+            for (i64 j = 0; j < S; ++j) {
+              if (pi[j] == 0) continue;
+              if (role == ir::AttentionRole::DV) {
+                for (i64 e = 0; e < Ev; ++e) res(b, hk, j, e) += pi[j] * at(4, b, h, i, e);
+                continue;
+              }
+              double dp = 0;
+              for (i64 e = 0; e < Ev; ++e) dp += at(4, b, h, i, e) * at(2, b, hk, j, e);
+              const double ds = pi[j] * (dp - delta) * scale;
+              for (i64 e = 0; e < E; ++e) {
+                if (role == ir::AttentionRole::DQ)
+                  res(b, h, i, e) += ds * at(1, b, hk, j, e);
+                else
+                  res(b, hk, j, e) += ds * at(0, b, h, i, e);
+              }
+            }
+          }
+        }
+      }
+    }
+  std::size_t flat = 0;
+  for_each_position(n.shape, [&](const std::vector<i64>& pos) {
+    const i64 off = offset_at(pos, o.strides);
+    const double x = result[flat++];
+    visit_dtype(n.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      reinterpret_cast<T*>(o.data)[off] = store<T>(static_cast<compute_t<T>>(x));
+    });
+  });
+  return o;
+}
+
 inline Value exec_node(const ir::Graph& g, const ir::GraphNode& n, const std::vector<Value>& vals, const Value* into) {
   auto in = [&](std::size_t k) -> const Value& { return vals[static_cast<std::size_t>(n.inputs[k])]; };
   auto in_node = [&](std::size_t k) -> const ir::GraphNode& { return g.nodes[static_cast<std::size_t>(n.inputs[k])]; };
@@ -1142,6 +1251,8 @@ inline Value exec_node(const ir::Graph& g, const ir::GraphNode& n, const std::ve
       return exec_scan(g, n, vals, into);
     case ir::OpKind::Sort:
       return exec_sort(g, n, vals, into);
+    case ir::OpKind::Attention:
+      return exec_attention(g, n, vals, into);
     case ir::OpKind::Unary: {
       Value o = into ? *into : allocate(n.shape, n.dtype);
       DType dt = in_node(0).dtype;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kiln/backend/dispatch.hpp"
+#include "kiln/codegen/attention.hpp"
 #include "kiln/codegen/scan.hpp"
 #include "kiln/codegen/scatter.hpp"
 #include "kiln/codegen/sort.hpp"
@@ -265,6 +266,58 @@ inline void run_sort(const SortKernels& k, void* src, void* out, void* scratch, 
   launch_step_blocks(k.kernel, k.source.grid, k.source.block, k.source.shared_bytes, params, device, stream, "a sort");
 }
 
+/// An attention step's compiled code: the CPU's entries or the GPU's kernels, run in order.
+struct AttentionKernels {
+  codegen::AttentionSource source;
+  std::shared_ptr<runtime::SharedLibrary> library;
+  std::vector<int (*)(void* const*, int)> cpu;
+  std::vector<runtime::cu::CUfunction> kernels;
+};
+
+inline AttentionKernels build_attention(const sched::AttentionCall& c, Device device) {
+  AttentionKernels k;
+  if (device.is_cpu()) {
+    k.source = codegen::generate_cpu_attention(c, "kiln_attention");
+    if (k.source.entries.empty()) return k;
+    k.library = runtime::CpuModuleCache::instance().get(k.source.source);
+    for (const auto& e : k.source.entries)
+      k.cpu.push_back(reinterpret_cast<int (*)(void* const*, int)>(k.library->symbol(e.name.c_str())));
+    return k;
+  }
+  k.source = codegen::generate_cuda_attention(c, "kiln_attention");
+  auto& cache = runtime::CudaModuleCache::instance();
+  for (const auto& e : k.source.entries) {
+    k.kernels.push_back(cache.get_function(k.source.source, e.name, device.index));
+    if (e.shared_bytes > 48 * 1024)
+      runtime::set_max_dynamic_shared(runtime::cuda_context(device.index), k.kernels.back(),
+                                      static_cast<int>(e.shared_bytes));
+  }
+  return k;
+}
+
+/// Runs attention `k` over its argument list (codegen/c/attention.hpp); `stream` (GPU): queue
+/// it there (a CUDA graph capture).
+inline void run_attention(const AttentionKernels& k, const std::vector<void*>& args, Device device,
+                          runtime::cu::CUstream stream = nullptr) {
+  if (device.is_cpu()) {
+    for (auto fn : k.cpu) {
+      fn(args.data(), detail::cpu_threads());
+      kiln::detail::counters().launches.fetch_add(1, std::memory_order_relaxed);
+    }
+    return;
+  }
+  // The kernels take the pointers as one struct by value: its bytes are the argument.
+  struct {
+    void* p[11];
+  } a{};
+  for (std::size_t i = 0; i < args.size() && i < 11; ++i) a.p[i] = args[i];
+  void* params[] = {&a};
+  for (std::size_t i = 0; i < k.kernels.size(); ++i) {
+    const auto& e = k.source.entries[i];
+    launch_step_blocks(k.kernels[i], e.grid, e.block, e.shared_bytes, params, device, stream, "an attention");
+  }
+}
+
 }  // namespace detail
 
 /// A graph's steps bound to their executors: built once per structure, run many times.
@@ -283,6 +336,7 @@ class StepProgram {
     std::vector<detail::ScatterKernels> scatters;
     std::vector<detail::ScanKernels> scans;
     std::vector<detail::SortKernels> sorts;
+    std::vector<detail::AttentionKernels> attentions;
     const char* name = "fused";
   };
 
@@ -328,6 +382,10 @@ class StepProgram {
       }
       if (st.kind == sched::Step::Sort) {
         run_sort_step(v, static_cast<std::size_t>(st.index), args, temps, nullptr);
+        continue;
+      }
+      if (st.kind == sched::Step::Attention) {
+        run_attention_step(v, static_cast<std::size_t>(st.index), args, temps, nullptr);
         continue;
       }
       const sched::Segment& seg = v.plan.segments[static_cast<std::size_t>(st.index)];
@@ -391,6 +449,24 @@ class StepProgram {
                      stream);
   }
 
+  /// Attention `i` of variant `v`; `stream` (GPU): queue it there (a CUDA graph capture).
+  void run_attention_step(const Variant& v, std::size_t i, const RunArgs& args, const std::vector<StoragePtr>& temps,
+                          runtime::cu::CUstream stream) const {
+    const sched::AttentionCall& c = v.plan.attentions[i];
+    auto at = [&](const sched::Slot& s) -> void* {
+      return s.kind == sched::Slot::None ? nullptr : static_cast<void*>(address(s, args, temps));
+    };
+    std::vector<void*> a{at(c.q), at(c.k), at(c.v), at(c.mask)};
+    if (c.kind == sched::AttentionCall::Forward) {
+      a.push_back(at(c.out));
+      a.push_back(at(c.lse));
+    } else {
+      for (const sched::Slot* s : {&c.out, &c.dout, &c.lse, &c.dq, &c.dk, &c.dv}) a.push_back(at(*s));
+      a.push_back(temps[static_cast<std::size_t>(c.delta)]->data);
+    }
+    detail::run_attention(v.attentions[i], a, graph_.device, stream);
+  }
+
   /// One library call; `stream` (GPU): queue it there (a CUDA graph capture), not on kiln's stream.
   void run_call(const sched::LibraryCall& c, const RunArgs& args, const std::vector<StoragePtr>& temps, bool tune,
                 runtime::cu::CUstream stream) const {
@@ -423,6 +499,7 @@ class StepProgram {
     for (const auto& sc : v->plan.scatters) v->scatters.push_back(detail::build_scatter(sc, graph_.device));
     for (const auto& sc : v->plan.scans) v->scans.push_back(detail::build_scan(sc, graph_.device));
     for (const auto& sc : v->plan.sorts) v->sorts.push_back(detail::build_sort(sc, graph_.device));
+    for (const auto& ac : v->plan.attentions) v->attentions.push_back(detail::build_attention(ac, graph_.device));
     return v;
   }
 
@@ -521,6 +598,8 @@ class StepCaptureWork final : public CudaCaptureWork {
                          (k.source.sorted_runs ? 3 * k.source.passes : 0);
     for (const auto& k : b->variant->scans) b->kernel_count += k.source.threads > 0;
     for (const auto& k : b->variant->sorts) b->kernel_count += k.source.rows > 0;
+    for (const auto& k : b->variant->attentions)
+      for (const auto& e : k.source.entries) b->kernel_count += e.grid > 0;
     return b;
   }
 
@@ -542,6 +621,10 @@ class StepCaptureWork final : public CudaCaptureWork {
       }
       if (st.kind == sched::Step::Sort) {
         program_->run_sort_step(*b.variant, static_cast<std::size_t>(st.index), bound, b.temps, stream);
+        continue;
+      }
+      if (st.kind == sched::Step::Attention) {
+        program_->run_attention_step(*b.variant, static_cast<std::size_t>(st.index), bound, b.temps, stream);
         continue;
       }
       const Binding::Kernels& k = b.segments[static_cast<std::size_t>(st.index)];

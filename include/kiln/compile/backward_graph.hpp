@@ -85,6 +85,7 @@ inline bool save_for_backward(ir::Op op) {
     case ir::OpKind::Scatter:
     case ir::OpKind::Scan:
     case ir::OpKind::Sort:
+    case ir::OpKind::Attention:
       return true;
     default:
       return false;
@@ -118,6 +119,8 @@ inline PendingBackward trace_backward(const std::vector<Tensor>& outs, const std
       }
       if (!forward.insert(n.get()).second) continue;
       for (const ir::NodePtr& in : n->inputs) stack.push_back(in);
+      if (n->custom_gradient)
+        for (const ir::NodePtr& c : n->custom_gradient->companions) stack.push_back(c);
     }
   }
   if (!lazy_leaves.empty()) evaluate(lazy_leaves);
@@ -260,7 +263,7 @@ inline void attach_backward(const std::shared_ptr<const CompiledBackward>& cb, s
     };
     ir::Node& out = *results[rb.result].node();
     out.requires_grad = true;
-    out.custom_gradient = std::make_shared<ir::CustomGradient>(ir::CustomGradient{std::move(rule_inputs), std::move(rule)});
+    out.custom_gradient = std::make_shared<ir::CustomGradient>(ir::CustomGradient{std::move(rule_inputs), std::move(rule), {}});
   }
 }
 

@@ -262,6 +262,9 @@ inline std::optional<SymbolicGraph> infer_symbolic(const ir::Graph& g,
       case ir::OpKind::Sort:
         fail(node_text(i) + ": a sort's sizes are specialised");
         break;
+      case ir::OpKind::Attention:
+        fail(node_text(i) + ": an attention's sizes are specialised");
+        break;
       case ir::OpKind::Contract:
         // A library call is planned (layouts, algorithm) for static sizes: specialise.
         fail(node_text(i) + ": a matrix product's sizes are specialised");

@@ -172,7 +172,7 @@ inline NodePtr silu(const NodePtr& x) {
 inline NodePtr with_gradient(NodePtr out, std::vector<NodePtr> inputs,
                              std::function<std::vector<NodePtr>(const NodePtr&, const NodePtr&)> rule) {
   if (!out->requires_grad || out->custom_gradient) return out;
-  out->custom_gradient = std::make_shared<const ir::CustomGradient>(ir::CustomGradient{std::move(inputs), std::move(rule)});
+  out->custom_gradient = std::make_shared<const ir::CustomGradient>(ir::CustomGradient{std::move(inputs), std::move(rule), {}});
   return out;
 }
 

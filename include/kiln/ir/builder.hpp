@@ -413,4 +413,55 @@ inline NodePtr matmul(const NodePtr& a, const NodePtr& b) {
   return finish(blank(Op::MatMul, a->dtype, a->device, std::move(out), {a, b}));
 }
 
+/// One value (`role`) of fused attention over q [B, H, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev]
+/// (see Op::Attention): `grads` are {out, dout, lse} for the gradient roles, empty for Out and
+/// Lse; `mask` an additive [B|1, H|1, L, S] mask or null.
+inline NodePtr attention(AttentionRole role, const NodePtr& q, const NodePtr& k, const NodePtr& v, const NodePtr& mask,
+                         bool causal, double scale, const std::vector<NodePtr>& grads = {}) {
+  auto bad = [&](const std::string& why) {
+    detail::invariant_failed("attention of " + q->shape.str() + ", " + k->shape.str() + ", " + v->shape.str() + ": " +
+                             why);
+  };
+  if (q->shape.size() != 4 || k->shape.size() != 4 || v->shape.size() != 4) bad("not rank 4");
+  const std::int64_t B = q->shape[0], H = q->shape[1], L = q->shape[2], E = q->shape[3];
+  const std::int64_t Hkv = k->shape[1], S = k->shape[2], Ev = v->shape[3];
+  if (k->shape[0] != B || v->shape[0] != B || v->shape[1] != Hkv || v->shape[2] != S || k->shape[3] != E ||
+      Hkv == 0 || H % Hkv != 0)
+    bad("shapes do not match");
+  if (k->dtype != q->dtype || v->dtype != q->dtype || !is_floating(q->dtype)) bad("dtypes");
+  if (mask && (mask->shape.size() != 4 || (mask->shape[0] != 1 && mask->shape[0] != B) ||
+               (mask->shape[1] != 1 && mask->shape[1] != H) || mask->shape[2] != L || mask->shape[3] != S ||
+               !is_floating(mask->dtype)))
+    bad("mask " + mask->shape.str());
+  const bool gradient = role == AttentionRole::DQ || role == AttentionRole::DK || role == AttentionRole::DV;
+  if (grads.size() != (gradient ? 3u : 0u)) bad("gradient operands");
+  std::vector<NodePtr> in{q, k, v};
+  for (const auto& g : grads) in.push_back(g);
+  if (mask) in.push_back(mask);
+  Shape out;
+  DType dt = q->dtype;
+  switch (role) {
+    case AttentionRole::Out:
+      out = Shape{B, H, L, Ev};
+      break;
+    case AttentionRole::Lse:
+      out = Shape{B, H, L};
+      dt = q->dtype == DType::Float64 ? DType::Float64 : DType::Float32;
+      break;
+    case AttentionRole::DQ:
+      out = q->shape;
+      break;
+    case AttentionRole::DK:
+      out = k->shape;
+      break;
+    case AttentionRole::DV:
+      out = v->shape;
+      break;
+  }
+  Node n = blank(Op::Attention, dt, q->device, std::move(out), std::move(in));
+  n.attrs.ints = {static_cast<std::int64_t>(role), causal ? 1 : 0, mask ? 1 : 0};
+  n.attrs.scalar = scale;
+  return finish(std::move(n));
+}
+
 }  // namespace kiln::ir

@@ -308,6 +308,17 @@ inline void Graph::verify() const {
             fail(i, "shape");
         break;
       }
+      case OpKind::Attention: {
+        if (n.attrs.ints.size() != 3 || n.attrs.ints[0] < 0 || n.attrs.ints[0] > 4) fail(i, "attributes");
+        const bool gradient = n.attrs.ints[0] >= static_cast<std::int64_t>(AttentionRole::DQ);
+        if (arity != (gradient ? 6u : 3u) + (n.attrs.ints[2] != 0 ? 1u : 0u)) fail(i, "arity");
+        const Shape &q = in(0).shape, &k = in(1).shape, &v = in(2).shape;
+        if (q.size() != 4 || k.size() != 4 || v.size() != 4 || k[0] != q[0] || v[0] != q[0] || v[1] != k[1] ||
+            v[2] != k[2] || k[3] != q[3] || k[1] == 0 || q[1] % k[1] != 0)
+          fail(i, "operand shapes");
+        if (in(1).dtype != in(0).dtype || in(2).dtype != in(0).dtype) fail(i, "dtypes differ");
+        break;
+      }
       case OpKind::Contract: {
         if (arity != 2) fail(i, "arity");
         const Shape &a = in(0).shape, &b = in(1).shape;

@@ -76,6 +76,9 @@ struct GradLeaf {
 struct CustomGradient {
   std::vector<NodePtr> inputs;
   std::function<std::vector<NodePtr>(const NodePtr& result, const NodePtr& grad)> rule;
+  /// Values computed beside the result that the rule reads (an attention's row log-sum-exp):
+  /// a compiled forward computes them with the result and keeps them for its backward.
+  std::vector<NodePtr> companions;
 };
 
 namespace detail {

@@ -13,7 +13,9 @@ enum class CostClass : std::uint8_t {
   Transcendental,  ///< a polynomial or a library call (exp, sin, pow, ...)
 };
 
-enum class OpKind : std::uint8_t { Leaf, Unary, Binary, Ternary, Reduce, IndexMap, Gather, Scatter, Scan, Sort, Contract };
+enum class OpKind : std::uint8_t {
+  Leaf, Unary, Binary, Ternary, Reduce, IndexMap, Gather, Scatter, Scan, Sort, Contract, Attention
+};
 
 /// Properties of a primitive that stages read instead of listing ops themselves.
 enum OpFlag : std::uint32_t {
@@ -118,7 +120,9 @@ enum OpFlag : std::uint32_t {
   /* Sorting and selection along one axis, a step of its own (the runtime's sort kernels). */   \
   X(Sort, "sort", Sort, Free, kLibraryCall)                                                    \
   /* Contractions, computed by a library call (CBLAS, cuBLASLt). */                            \
-  X(MatMul, "matmul", Contract, Free, kLibraryCall)
+  X(MatMul, "matmul", Contract, Free, kLibraryCall)                                            \
+  /* Fused attention and its gradients, a step of their own (the runtime's attention kernels). */ \
+  X(Attention, "attention", Attention, Free, kLibraryCall)
 
 // Attributes and leaves, op by op:
 //   Input      a realized buffer: shape, strides and dtype are structure, the pointer is bound at run time
@@ -153,6 +157,16 @@ enum OpFlag : std::uint32_t {
 //              position first), so a full sort is stable and a top-k is the stable sort's prefix
 //   MatMul     a [..., M, K] x b [..., K, N] -> [..., M, N]: equal rank >= 2, equal batch dims,
 //              one dtype (floating); half types accumulate in float32, the result keeps the dtype
+//   Attention  one value of softmax(q kᵀ · attrs.scalar + mask) v, computed without the scores
+//              in memory (sched::AttentionCall): attrs.ints = {role, causal, has_mask}; the role
+//              (AttentionRole) says which value: Out [B, H, L, Ev] of q's dtype, Lse [B, H, L]
+//              float32 (float64 for float64 q): each row's log-sum-exp of its scores, -inf where
+//              every key is masked;
+//              or the gradient DQ / DK / DV (q's, k's, v's shape and dtype). Inputs: forward
+//              roles {q [B, H, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev], mask?}; gradient roles
+//              {q, k, v, out, dout, lse, mask?}; the mask is additive, [B|1, H|1, L, S], of a
+//              floating dtype. H is a multiple of Hkv (grouped-query heads). A row whose keys are
+//              all masked gives 0 (torch's fused kernels), and no gradient
 
 enum class Op : std::uint8_t {
 #define KILN_IR_OP_ENUM(name, text, kind, cost, flags) name,
@@ -177,7 +191,7 @@ constexpr int kind_arity(OpKind k, Op op) {
   return k == OpKind::Leaf                               ? 0
          : k == OpKind::Binary || k == OpKind::Contract || k == OpKind::Gather ? 2
          : k == OpKind::Ternary || k == OpKind::Scatter ? 3
-         : op == Op::Concat                             ? -1
+         : op == Op::Concat || k == OpKind::Attention   ? -1
                                                         : 1;
 }
 inline constexpr OpInfo kOpTable[] = {
@@ -206,6 +220,10 @@ constexpr bool is_gather(Op op) { return op_kind(op) == OpKind::Gather; }
 constexpr bool is_scatter(Op op) { return op_kind(op) == OpKind::Scatter; }
 constexpr bool is_scan(Op op) { return op_kind(op) == OpKind::Scan; }
 constexpr bool is_sort(Op op) { return op_kind(op) == OpKind::Sort; }
+constexpr bool is_attention(Op op) { return op_kind(op) == OpKind::Attention; }
+
+/// Which value of a fused attention an Attention node is (attrs.ints[0]).
+enum class AttentionRole : std::int64_t { Out, Lse, DQ, DK, DV };
 
 /// What a Scan node accumulates (attrs.ints[1]).
 enum class ScanKind : std::int64_t { Sum, Prod, Max, Min, ArgMax, ArgMin, LogSumExp };

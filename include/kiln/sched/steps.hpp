@@ -170,9 +170,52 @@ struct SortCall {
   }
 };
 
-/// One step: a segment, a product, a scatter, a scan or a sort.
+/// One fused attention (the Attention primitives, run by the runtime's attention kernels):
+/// softmax(q kᵀ · scale + mask) v over [batch, heads, L, E] without the [L, S] scores in memory
+/// (an online softmax over key blocks), or its backward, which recomputes the scores block by
+/// block from the forward's saved row log-sum-exp.
+///
+/// Tensors are [batch, heads, rows, features]: q [B, H, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev],
+/// out and dout [B, H, L, Ev], lse [B, H, L] (contiguous, of accumulation_dtype(): float32, or
+/// float64 for float64 operands); dq, dk, dv as q, k, v. Each
+/// slot's `strides` are 4 element strides (the last 1, except for the mask); the mask is an
+/// additive one of `mask_dtype` read at [b, h, i, j] through its strides, 0 on broadcast dims.
+/// Heads share key/value heads in groups of heads / kv_heads (grouped-query attention): head h
+/// reads kv head h / (heads / kv_heads), and dk, dv sum over a group's heads.
+struct AttentionCall {
+  enum Kind : std::uint8_t { Forward, Backward };
+  Kind kind = Forward;
+  int node = -1;  ///< the forward's output (or lse) node; the backward's first gradient node
+  DType dtype = DType::Float32;  ///< q, k, v, out, dout, dq, dk, dv
+  std::int64_t batch = 0, heads = 0, kv_heads = 0, q_len = 0, kv_len = 0, head_dim = 0, value_dim = 0;
+  bool causal = false;  ///< key j > query i masked out (torch's is_causal: the top-left triangle)
+  double scale = 1.0;   ///< the scores' factor (1 / sqrt(E) by default)
+  bool has_mask = false;
+  DType mask_dtype = DType::Float32;
+  /// Operands (Slot::None where absent) and results (Slot::None where nobody reads them: the
+  /// kernels skip their work). Forward: q, k, v, mask -> out, lse. Backward: q, k, v, mask,
+  /// out, dout, lse -> dq, dk, dv.
+  Slot q, k, v, mask, out, dout, lse, dq, dk, dv;
+  /// Backward: the temporary [B, H, L] of accumulation_dtype() holding rowsum(dout * out) (-1 in
+  /// a forward).
+  int delta = -1;
+  int level = 1;
+
+  std::int64_t group() const { return kv_heads > 0 ? heads / kv_heads : 1; }
+  /// The softmax statistics' dtype (lse, delta): float64 for float64 operands, else float32.
+  DType accumulation_dtype() const { return dtype == DType::Float64 ? DType::Float64 : DType::Float32; }
+  bool wants(const Slot& s) const { return s.kind != Slot::None; }
+  /// Whether the scores' product runs on tensor cores on the GPU (half types, feature dims a
+  /// multiple of 16 up to 256): the others take the generic kernel.
+  bool tensor_cores() const {
+    return (dtype == DType::Float16 || dtype == DType::BFloat16) && head_dim % 16 == 0 && value_dim % 16 == 0 &&
+           head_dim <= 256 && value_dim <= 256;
+  }
+};
+
+/// One step: a segment, a product, a scatter, a scan, a sort or an attention.
 struct Step {
-  enum Kind : std::uint8_t { Kernels, Call, Scatter, Scan, Sort };
+  enum Kind : std::uint8_t { Kernels, Call, Scatter, Scan, Sort, Attention };
   Kind kind;
   int index;
 };
@@ -184,6 +227,7 @@ struct StepPlan {
   std::vector<ScatterCall> scatters;
   std::vector<ScanCall> scans;
   std::vector<SortCall> sorts;
+  std::vector<AttentionCall> attentions;
   std::vector<Step> order;
   std::vector<StepTemp> temps;
 
@@ -279,6 +323,7 @@ class StepPlanner {
     scatter_of_result_.assign(n_, -1);
     scan_of_result_.assign(n_, -1);
     sort_of_result_.assign(n_, -1);
+    attention_of_result_.assign(n_, -1);
     absorbed_.assign(n_, 0);
     zero_.assign(n_, 0);
     level_.assign(n_, 0);
@@ -332,6 +377,10 @@ class StepPlanner {
         plan_.scans.push_back(std::move(c));
         continue;
       }
+      if (ir::is_attention(nd.op)) {
+        plan_attention(static_cast<int>(i), lvl);
+        continue;
+      }
       if (ir::is_sort(nd.op)) {
         SortCall c;
         c.node = static_cast<int>(i);
@@ -363,6 +412,109 @@ class StepPlanner {
       operands_.push_back({nd.inputs[0], nd.inputs[1]});  // slots once every call's result has one
       call_of_result_[static_cast<std::size_t>(c.result)] = id;
       plan_.calls.push_back(std::move(c));
+    }
+  }
+
+  // An attention value joins the call computing its siblings (the same operands and
+  // attributes: the forward's output and log-sum-exp, the backward's three gradients) or
+  // starts one.
+  void plan_attention(int i, int lvl) {
+    const ir::GraphNode& nd = node(i);
+    const auto role = static_cast<ir::AttentionRole>(nd.attrs.ints.at(0));
+    const bool backward = role != ir::AttentionRole::Out && role != ir::AttentionRole::Lse;
+    auto ii = static_cast<std::size_t>(i);
+    for (std::size_t a = 0; a < plan_.attentions.size(); ++a) {
+      const ir::GraphNode& other = node(attention_nodes_[a].front());
+      const bool other_backward = plan_.attentions[a].kind == AttentionCall::Backward;
+      if (other_backward != backward || other.inputs != nd.inputs ||
+          !std::equal(other.attrs.ints.begin() + 1, other.attrs.ints.end(), nd.attrs.ints.begin() + 1,
+                      nd.attrs.ints.end()) ||
+          ir::Attrs::hash_double_bits(other.attrs.scalar) != ir::Attrs::hash_double_bits(nd.attrs.scalar))
+        continue;
+      attention_of_result_[ii] = static_cast<int>(a);
+      level_[ii] = plan_.attentions[a].level;
+      attention_nodes_[a].push_back(i);
+      return;
+    }
+    const ir::GraphNode &q = node(nd.inputs[0]), &k = node(nd.inputs[1]), &v = node(nd.inputs[2]);
+    AttentionCall c;
+    c.kind = backward ? AttentionCall::Backward : AttentionCall::Forward;
+    c.node = i;
+    c.dtype = q.dtype;
+    c.batch = q.shape[0], c.heads = q.shape[1], c.q_len = q.shape[2], c.head_dim = q.shape[3];
+    c.kv_heads = k.shape[1], c.kv_len = k.shape[2], c.value_dim = v.shape[3];
+    c.causal = nd.attrs.ints.at(1) != 0;
+    c.has_mask = nd.attrs.ints.at(2) != 0;
+    if (c.has_mask) c.mask_dtype = node(nd.inputs.back()).dtype;
+    c.scale = nd.attrs.scalar;
+    c.level = level_[ii] = lvl + 1;
+    attention_of_result_[ii] = static_cast<int>(plan_.attentions.size());
+    attention_nodes_.push_back({i});
+    plan_.attentions.push_back(std::move(c));
+  }
+
+  // Where an attention reads node i: through any strides whose last is 1 (`any_last`: any
+  // strides at all, the mask's), contiguous where `dense` (the log-sum-exp).
+  Slot attention_operand_slot(int i, bool any_last, bool dense) {
+    const ir::GraphNode& nd = node(i);
+    auto fits = [&](const Shape& shape, const Strides& st) {
+      if (dense) return is_contiguous(shape, st);
+      for (auto x : st)
+        if (x < 0) return false;
+      return any_last || st.empty() || st.back() == 1 || shape.back() <= 1;
+    };
+    if (is_call_result(i)) {
+      Slot r = result_slot(i);
+      if (fits(nd.shape, r.strides)) return r;
+    } else if (nd.op == ir::Op::Input && fits(nd.shape, nd.strides)) {
+      return Slot{Slot::Leaf, nd.leaf, nd.strides};
+    }
+    return materialize(i);
+  }
+
+  void plan_attention_slots() {
+    for (std::size_t a = 0; a < plan_.attentions.size(); ++a) {
+      AttentionCall& c = plan_.attentions[a];
+      for (int r : attention_nodes_[a]) {
+        Slot out = contiguous_result(r);
+        switch (static_cast<ir::AttentionRole>(node(r).attrs.ints.at(0))) {
+          case ir::AttentionRole::Out:
+            c.out = out;
+            break;
+          case ir::AttentionRole::Lse:
+            c.lse = out;
+            break;
+          case ir::AttentionRole::DQ:
+            c.dq = out;
+            break;
+          case ir::AttentionRole::DK:
+            c.dk = out;
+            break;
+          case ir::AttentionRole::DV:
+            c.dv = out;
+            break;
+        }
+      }
+    }
+    for (std::size_t a = 0; a < plan_.attentions.size(); ++a) {
+      AttentionCall& c = plan_.attentions[a];
+      const std::vector<int>& in = node(attention_nodes_[a].front()).inputs;
+      c.q = attention_operand_slot(in[0], false, false);
+      c.k = attention_operand_slot(in[1], false, false);
+      c.v = attention_operand_slot(in[2], false, false);
+      if (c.kind == AttentionCall::Backward) {
+        c.out = attention_operand_slot(in[3], false, false);
+        c.dout = attention_operand_slot(in[4], false, false);
+        c.lse = attention_operand_slot(in[5], false, true);
+        c.delta = static_cast<int>(plan_.temps.size());
+        plan_.temps.push_back({Shape{c.batch * c.heads * c.q_len}, c.accumulation_dtype()});
+      }
+      if (c.has_mask) {
+        c.mask = attention_operand_slot(in.back(), true, false);
+        // A mask of one batch or one head reads that one for every batch or head.
+        for (std::size_t d = 0; d < 2; ++d)
+          if (node(in.back()).shape[d] == 1) c.mask.strides[d] = 0;
+      }
     }
   }
 
@@ -535,6 +687,21 @@ class StepPlanner {
     if (call_of_result_[ii] >= 0) return plan_.calls[static_cast<std::size_t>(call_of_result_[ii])].out;
     if (scan_of_result_[ii] >= 0) return plan_.scans[static_cast<std::size_t>(scan_of_result_[ii])].result;
     if (sort_of_result_[ii] >= 0) return plan_.sorts[static_cast<std::size_t>(sort_of_result_[ii])].result;
+    if (attention_of_result_[ii] >= 0) {
+      const AttentionCall& c = plan_.attentions[static_cast<std::size_t>(attention_of_result_[ii])];
+      switch (static_cast<ir::AttentionRole>(node(i).attrs.ints.at(0))) {
+        case ir::AttentionRole::Out:
+          return c.out;
+        case ir::AttentionRole::Lse:
+          return c.lse;
+        case ir::AttentionRole::DQ:
+          return c.dq;
+        case ir::AttentionRole::DK:
+          return c.dk;
+        case ir::AttentionRole::DV:
+          return c.dv;
+      }
+    }
     return plan_.scatters[static_cast<std::size_t>(scatter_of_result_[ii])].out;
   }
 
@@ -588,6 +755,7 @@ class StepPlanner {
       c.flag = static_cast<int>(plan_.temps.size());
       plan_.temps.push_back({Shape{c.flag_ints()}, DType::Int32});
     }
+    plan_attention_slots();
     for (auto& [call, src] : bias_source_) {
       const ir::GraphNode& s = node(src);
       LibraryCall& c = plan_.calls[static_cast<std::size_t>(call)];
@@ -602,7 +770,8 @@ class StepPlanner {
 
   bool is_call_result(int i) const {
     return call_of_result_[static_cast<std::size_t>(i)] >= 0 || scatter_of_result_[static_cast<std::size_t>(i)] >= 0 ||
-           scan_of_result_[static_cast<std::size_t>(i)] >= 0 || sort_of_result_[static_cast<std::size_t>(i)] >= 0;
+           scan_of_result_[static_cast<std::size_t>(i)] >= 0 || sort_of_result_[static_cast<std::size_t>(i)] >= 0 ||
+           attention_of_result_[static_cast<std::size_t>(i)] >= 0;
   }
 
   // The operand a call reads for node i: on the CPU, a cast between floating dtypes of a value
@@ -722,6 +891,8 @@ class StepPlanner {
         if (plan_.scans[c].level == s) plan_.order.push_back({Step::Scan, static_cast<int>(c)});
       for (std::size_t c = 0; c < plan_.sorts.size(); ++c)
         if (plan_.sorts[c].level == s) plan_.order.push_back({Step::Sort, static_cast<int>(c)});
+      for (std::size_t c = 0; c < plan_.attentions.size(); ++c)
+        if (plan_.attentions[c].level == s) plan_.order.push_back({Step::Attention, static_cast<int>(c)});
       if (segments_by_level_[static_cast<std::size_t>(s)] >= 0)
         plan_.order.push_back({Step::Kernels, segments_by_level_[static_cast<std::size_t>(s)]});
     }
@@ -732,6 +903,8 @@ class StepPlanner {
   std::size_t n_;
   StepPlan plan_;
   std::vector<int> uses_, call_of_result_, scatter_of_result_, scan_of_result_, sort_of_result_, level_;
+  std::vector<int> attention_of_result_;
+  std::vector<std::vector<int>> attention_nodes_;  ///< per attention call: its result nodes
   std::vector<char> absorbed_, zero_;
   std::vector<Slot> materialized_;
   std::vector<std::pair<int, int>> bias_source_;  ///< (call, node of its bias)
@@ -743,7 +916,15 @@ class StepPlanner {
 
 }  // namespace detail
 
+// Defined in attention_match.hpp (included at the end of this file).
+inline bool fuse_written_out_attention(const ir::Graph& g, ir::Graph& rewritten);
+
 inline StepPlan plan_steps(const ir::Graph& g, bool fuse_epilogues) {
+  // Written-out attention becomes one fused call first. The rewritten graph keeps g's leaf
+  // indices and output positions, so the plan's slots bind to g's buffers unchanged; it lives
+  // while the planner runs (the plan holds no reference to it).
+  ir::Graph rewritten;
+  if (fuse_written_out_attention(g, rewritten)) return detail::StepPlanner(rewritten, fuse_epilogues).run();
   return detail::StepPlanner(g, fuse_epilogues).run();
 }
 
@@ -754,6 +935,27 @@ inline std::string StepPlan::str() const {
   };
   std::ostringstream os;
   for (const Step& st : order) {
+    if (st.kind == Step::Attention) {
+      const AttentionCall& c = attentions[static_cast<std::size_t>(st.index)];
+      const bool fwd = c.kind == AttentionCall::Forward;
+      os << "call attention " << (fwd ? "forward " : "backward ") << dtype_name(c.dtype) << " [" << c.batch << ", "
+         << c.heads << ", " << c.q_len << ", " << c.head_dim << "] x [" << c.batch << ", " << c.kv_heads << ", "
+         << c.kv_len << ", " << c.value_dim << "]" << (c.causal ? ", causal" : "") << (c.has_mask ? ", mask" : "")
+         << " (" << slot(c.q) << ", " << slot(c.k) << ", " << slot(c.v);
+      if (c.has_mask) os << ", mask " << slot(c.mask);
+      if (fwd) {
+        os << ") ->";
+        if (c.wants(c.out)) os << " out " << slot(c.out);
+        if (c.wants(c.lse)) os << " lse " << slot(c.lse);
+      } else {
+        os << ", " << slot(c.out) << ", " << slot(c.dout) << ", " << slot(c.lse) << ") ->";
+        if (c.wants(c.dq)) os << " dq " << slot(c.dq);
+        if (c.wants(c.dk)) os << " dk " << slot(c.dk);
+        if (c.wants(c.dv)) os << " dv " << slot(c.dv);
+      }
+      os << "\n";
+      continue;
+    }
     if (st.kind == Step::Scan) {
       static const char* kinds[] = {"cumsum", "cumprod", "cummax", "cummin", "cummax indices", "cummin indices",
                                     "logcumsumexp"};
@@ -800,3 +1002,5 @@ inline std::string StepPlan::str() const {
 }
 
 }  // namespace kiln::sched
+
+#include "kiln/sched/attention_match.hpp"

@@ -137,7 +137,7 @@ inline void evaluate_into(const ir::NodePtr& value, const ir::NodePtr& destinati
     return ir::op_kind(n.op) != ir::OpKind::Reduce && ir::op_kind(n.op) != ir::OpKind::IndexMap &&
            ir::op_kind(n.op) != ir::OpKind::Gather && ir::op_kind(n.op) != ir::OpKind::Scatter &&
            ir::op_kind(n.op) != ir::OpKind::Scan && ir::op_kind(n.op) != ir::OpKind::Sort &&
-           ir::op_kind(n.op) != ir::OpKind::Contract;
+           ir::op_kind(n.op) != ir::OpKind::Contract && ir::op_kind(n.op) != ir::OpKind::Attention;
   });
   for (auto& leaf : c.leaves) {
     if (leaf->buffer->storage != dst.storage) continue;

@@ -1,0 +1,231 @@
+// scaled_dot_product_attention: the fused kernels (forward and backward) against the
+// written-out form in float64, for every mask kind, causal, grouped heads, head dims, odd
+// lengths and dtypes; the plan holds no [L, S] buffer; errors name the op and the shapes.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <kiln/kiln.hpp>
+#include <kiln/sched/steps.hpp>
+
+#include "../support/compile_util.hpp"
+#include "../support/device.hpp"
+
+using namespace kiln;
+
+namespace {
+
+/// The device under test (KILN_DEVICE).
+const Device dev = kiln::testing::device();
+
+std::vector<double> values(const Tensor& t) { return t.to(f64).to_vector<double>(); }
+
+/// max |got - want| / max(1, max |want|).
+double relative_error(const Tensor& got, const Tensor& want) {
+  std::vector<double> g = values(got), w = values(want);
+  REQUIRE(g.size() == w.size());
+  double err = 0, top = 1;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    if (std::isnan(g[i]) != std::isnan(w[i])) return INFINITY;
+    if (!std::isnan(w[i])) err = std::max(err, std::abs(g[i] - w[i]));
+    top = std::max(top, std::abs(w[i]));
+  }
+  return err / top;
+}
+
+enum class MaskKind { None, Causal, Bool, Additive, BatchBroadcast };
+
+struct Case {
+  std::int64_t B, Hq, Hkv, L, S, E, Ev;
+  MaskKind mask = MaskKind::None;
+  DType dtype = f64;
+  const char* name = "";
+};
+
+double tolerance(DType dt) {
+  return dt == f64 ? 1e-10 : dt == f32 ? 2e-5 : dt == f16 ? 4e-3 : 3e-2;
+}
+
+/// The fused attention of `c` (in c.dtype, inputs rounded from float64 values) against the
+/// written-out form in float64 over the same rounded inputs: the output and the gradients of q,
+/// k and v under a random cotangent.
+void check_case(const Case& c, std::uint64_t seed) {
+  const std::string what = std::string(c.name) + " in " + dtype_name(c.dtype);
+  CAPTURE(what);
+  const bool gqa = c.Hq != c.Hkv;
+  auto make = [&](Shape s, std::uint64_t k) { return randn(s, seed * 16 + k, f64, dev).to(c.dtype).to(f64).eval(); };
+  Tensor q = make({c.B, c.Hq, c.L, c.E}, 1), k = make({c.B, c.Hkv, c.S, c.E}, 2), v = make({c.B, c.Hkv, c.S, c.Ev}, 3);
+  Tensor cot = make({c.B, c.Hq, c.L, c.Ev}, 4);
+  Tensor mask;
+  bool causal = false;
+  switch (c.mask) {
+    case MaskKind::None:
+      break;
+    case MaskKind::Causal:
+      causal = true;
+      break;
+    case MaskKind::Bool: {
+      mask = (rand({c.L, c.S}, seed * 16 + 5, f64, dev) > 0.3).eval();  // some rows may lose every key
+      break;
+    }
+    case MaskKind::Additive:
+      mask = (randn({c.B, c.Hq, c.L, c.S}, seed * 16 + 6, f64, dev) * 2.0).to(c.dtype).eval();
+      break;
+    case MaskKind::BatchBroadcast:
+      mask = (randn({c.B, 1, c.L, c.S}, seed * 16 + 7, f64, dev)).to(c.dtype).eval();
+      break;
+  }
+  auto run = [&](bool fused, std::vector<Tensor>& grads) {
+    Tensor qq = q.detach().requires_grad_(), kk = k.detach().requires_grad_(), vv = v.detach().requires_grad_();
+    Tensor out = fused ? scaled_dot_product_attention(qq.to(c.dtype), kk.to(c.dtype), vv.to(c.dtype), mask, 0.0, causal,
+                                                      std::nullopt, gqa)
+                       : nn::functional::scaled_dot_product_attention_math(
+                             qq, kk, vv, mask.defined() ? mask.to(mask.dtype() == DType::Bool ? DType::Bool : f64) : mask,
+                             0.0, causal, std::nullopt, gqa);
+    sum(out.to(f64) * cot).backward();
+    grads = {qq.grad(), kk.grad(), vv.grad()};
+    return out.to(f64).eval();
+  };
+  std::vector<Tensor> gf, gr;
+  Tensor got = run(true, gf), want = run(false, gr);
+  const double tol = tolerance(c.dtype);
+  CHECK(relative_error(got, want) <= tol);
+  const std::string names[] = {"dq", "dk", "dv"};
+  for (int i = 0; i < 3; ++i) {
+    CAPTURE(names[i]);
+    // The gradients sum over S (dq) or over L and the group (dk, dv): a few more roundings.
+    CHECK(relative_error(gf[static_cast<std::size_t>(i)], gr[static_cast<std::size_t>(i)]) <= 4 * tol);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("scaled_dot_product_attention: fused forward and backward match the written-out form in float64") {
+  const std::vector<Case> cases = {
+      {2, 2, 2, 7, 7, 16, 16, MaskKind::None, f64, "plain"},
+      {1, 2, 2, 129, 129, 64, 64, MaskKind::Causal, f64, "causal, T past a tile"},
+      {1, 4, 2, 33, 20, 32, 24, MaskKind::Additive, f64, "grouped heads, L != S, Ev != E, additive mask"},
+      {2, 2, 1, 17, 70, 40, 40, MaskKind::Bool, f64, "one kv head, bool mask with empty rows"},
+      {2, 2, 2, 9, 13, 96, 96, MaskKind::BatchBroadcast, f64, "mask broadcast over heads"},
+      {1, 1, 1, 1, 1, 128, 128, MaskKind::Causal, f64, "T = 1"},
+      {1, 2, 2, 40, 40, 256, 256, MaskKind::Causal, f64, "head dim 256"},
+      {1, 2, 2, 1000, 1000, 32, 32, MaskKind::Causal, f32, "T = 1000"},
+      {1, 2, 2, 65, 65, 64, 64, MaskKind::Causal, f32, "float32"},
+      {1, 2, 2, 65, 65, 64, 64, MaskKind::Causal, bf16, "bfloat16"},
+      {1, 4, 2, 65, 31, 128, 128, MaskKind::Additive, f16, "float16, grouped, masked"},
+  };
+  for (std::size_t i = 0; i < cases.size(); ++i) check_case(cases[i], 100 + i);
+}
+
+TEST_CASE("scaled_dot_product_attention: 3-d and 5-d operands, default and explicit scale, rows without keys") {
+  Tensor q = randn({3, 5, 8}, 1, f64, dev), k = randn({3, 6, 8}, 2, f64, dev), v = randn({3, 6, 4}, 3, f64, dev);
+  CHECK(relative_error(scaled_dot_product_attention(q, k, v, {}, 0.0, false, 0.5),
+                       nn::functional::scaled_dot_product_attention_math(q, k, v, {}, 0.0, false, 0.5)) < 1e-12);
+  Tensor q5 = randn({2, 2, 3, 5, 8}, 4, f64, dev), k5 = randn({2, 2, 3, 6, 8}, 5, f64, dev), v5 = randn({2, 2, 3, 6, 8}, 6, f64, dev);
+  Tensor out5 = scaled_dot_product_attention(q5, k5, v5, {}, 0.0, true);
+  CHECK(out5.shape() == Shape{2, 2, 3, 5, 8});
+  CHECK(relative_error(out5, nn::functional::scaled_dot_product_attention_math(q5, k5, v5, {}, 0.0, true)) < 1e-12);
+  // A row whose keys are all masked gives 0 and passes no gradient (torch's fused kernels).
+  Tensor none = zeros({5, 6}, DType::Bool, dev);
+  Tensor qq = q.detach().requires_grad_();
+  Tensor out = scaled_dot_product_attention(qq, k, v, none);
+  for (double x : values(out)) CHECK(x == 0.0);
+  sum(out).backward();
+  for (double x : values(qq.grad())) CHECK(x == 0.0);
+  // An empty key set: zeros as well.
+  Tensor empty = scaled_dot_product_attention(q, randn({3, 0, 8}, 7, f64, dev), randn({3, 0, 4}, 8, f64, dev));
+  CHECK(empty.shape() == Shape{3, 5, 4});
+  for (double x : values(empty)) CHECK(x == 0.0);
+}
+
+TEST_CASE("scaled_dot_product_attention: one fused step forward, one backward, no [L, S] buffer") {
+  const std::int64_t T = 512;
+  Tensor q = randn({2, 2, T, 32}, 11, f32, dev).requires_grad_(), k = randn({2, 2, T, 32}, 12, f32, dev).requires_grad_(),
+         v = randn({2, 2, T, 32}, 13, f32, dev).requires_grad_();
+  kiln::testing::LogCapture logs("schedule");
+  Tensor out = scaled_dot_product_attention(q, k, v, {}, 0.0, true);
+  sum(out * out).backward();
+  (void)q.grad().eval();
+  const std::string text = logs.text();
+  CHECK(text.find("call attention forward float32 [2, 2, 512, 32]") != std::string::npos);
+  CHECK(text.find("call attention backward float32") != std::string::npos);
+  CHECK(text.find("-> dq") != std::string::npos);
+  // The plans' temporaries: O(T) per row at most (the backward's delta, [B, H, T]).
+  Tensor out2 = scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), {}, 0.0, true);
+  ir::Captured c = ir::capture({out2.node()}, dev);
+  sched::StepPlan plan = sched::plan_steps(c.graph, dev.is_cuda());
+  REQUIRE(plan.attentions.size() == 1);
+  for (const auto& t : plan.temps) CHECK(t.shape.numel() < T * T);
+  // Written out when dropout is asked for, and the log says why.
+  kiln::testing::LogCapture why("schedule");
+  (void)scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), {}, 0.5).eval();
+  CHECK(why.text().find("written out: dropout") != std::string::npos);
+}
+
+TEST_CASE("scaled_dot_product_attention: typed errors name the op, the shapes and the dtypes") {
+  Tensor q = randn({2, 4, 8}, 0, f32, dev), k = randn({2, 5, 8}, 0, f32, dev), v = randn({2, 5, 3}, 0, f32, dev);
+  CHECK_THROWS_WITH_AS(scaled_dot_product_attention(q, randn({2, 5, 7}, 0, f32, dev), v),
+                       doctest::Contains("scaled_dot_product_attention: query Tensor(float32[2, 4, 8]"), ShapeError);
+  CHECK_THROWS_AS(scaled_dot_product_attention(q, k, randn({2, 6, 3}, 0, f32, dev)), ShapeError);
+  CHECK_THROWS_WITH_AS(scaled_dot_product_attention(q, k.to(f64), v), doctest::Contains("one dtype"), DTypeError);
+  CHECK_THROWS_AS(scaled_dot_product_attention(q.to(DType::Int32), k.to(DType::Int32), v.to(DType::Int32)),
+                  DTypeError);
+  CHECK_THROWS_AS(scaled_dot_product_attention(q, k, v, zeros({4, 5}, DType::Bool, dev), 0.0, true), ValueError);
+  CHECK_THROWS_WITH_AS(scaled_dot_product_attention(q, k, v, zeros({3, 5}, DType::Bool, dev)),
+                       doctest::Contains("does not broadcast to the scores"), ShapeError);
+  CHECK_THROWS_AS(scaled_dot_product_attention(q, k, v, zeros({4, 5}, DType::Int64, dev)), DTypeError);
+  CHECK_THROWS_AS(scaled_dot_product_attention(q, k, v, {}, 1.5), ValueError);
+  Tensor q4 = randn({1, 6, 4, 8}, 0, f32, dev), k4 = randn({1, 4, 5, 8}, 0, f32, dev), v4 = randn({1, 4, 5, 8}, 0, f32, dev);
+  CHECK_THROWS_WITH_AS(scaled_dot_product_attention(q4, k4, v4, {}, 0.0, false, std::nullopt, true),
+                       doctest::Contains("enable_gqa"), ShapeError);
+  CHECK_THROWS_AS(scaled_dot_product_attention(q4, k4, v4), ShapeError);  // heads differ without enable_gqa
+}
+
+TEST_CASE("scaled_dot_product_attention: under kiln::compile, autocast and nn::MultiheadAttention") {
+  Tensor q = randn({1, 2, 20, 16}, 21, f32, dev), k = randn({1, 2, 20, 16}, 22, f32, dev), v = randn({1, 2, 20, 16}, 23, f32, dev);
+  auto fn = [](const Tensor& a, const Tensor& b, const Tensor& c) {
+    return scaled_dot_product_attention(a, b, c, {}, 0.0, true);
+  };
+  auto compiled = kiln::compile(fn);
+  Tensor want = nn::functional::scaled_dot_product_attention_math(q.to(f64), k.to(f64), v.to(f64), {}, 0.0, true);
+  CHECK(relative_error(compiled(q, k, v), want) < 1e-5);
+  CHECK(relative_error(compiled(q, k, v), want) < 1e-5);  // the replay
+  {
+    AutocastGuard autocast(bf16);
+    Tensor low = scaled_dot_product_attention(q, k, v, {}, 0.0, true);
+    CHECK(low.dtype() == bf16);
+    CHECK(relative_error(low, want) < 3e-2);
+  }
+  nn::MultiheadAttention mha(16, 2);
+  mha.to(dev);
+  Tensor x = randn({3, 10, 16}, 24, f32, dev);
+  auto [y, w] = mha.forward(x, x, x, {}, false);
+  CHECK(y.shape() == Shape{3, 10, 16});
+}
+
+TEST_CASE("scaled_dot_product_attention: a compiled forward keeps the log-sum-exp for its backward") {
+  auto fn = [](const Tensor& a, const Tensor& b, const Tensor& c) {
+    return scaled_dot_product_attention(a, b, c, {}, 0.0, true);
+  };
+  auto compiled = kiln::compile(fn);
+  Tensor q = randn({1, 2, 40, 16}, 31, f32, dev).requires_grad_(), k = randn({1, 2, 40, 16}, 32, f32, dev),
+         v = randn({1, 2, 40, 16}, 33, f32, dev).requires_grad_();
+  kiln::testing::LogCapture logs("schedule");
+  sum(compiled(q, k, v)).backward();
+  (void)q.grad().eval();
+  const std::string text = logs.text();
+  // One forward step computing the output and the lse; the backward recomputes nothing forward.
+  std::size_t forwards = 0;
+  for (std::size_t at = text.find("call attention forward"); at != std::string::npos;
+       at = text.find("call attention forward", at + 1))
+    ++forwards;
+  CHECK(forwards == 1);
+  CHECK(text.find(" lse ") != std::string::npos);
+  CHECK(text.find("call attention backward") != std::string::npos);
+  Tensor qr = q.detach().requires_grad_(), vr = v.detach().requires_grad_();
+  sum(nn::functional::scaled_dot_product_attention_math(qr, k, vr, {}, 0.0, true)).backward();
+  CHECK(relative_error(q.grad(), qr.grad()) < 1e-5);
+  CHECK(relative_error(v.grad(), vr.grad()) < 1e-5);
+}

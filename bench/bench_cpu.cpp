@@ -234,6 +234,24 @@ void BM_T3(benchmark::State& state, bool compiled) {
   });
 }
 
+/// A3: causal attention on the CPU, f32 [1, 8, 2048, 64] (kiln's fused step: an online softmax
+/// over key blocks, no [2048, 2048] scores), the forward alone and with the backward of q, k and
+/// v; flops as FlashAttention counts them (4 B H T T D halved by the mask; the backward 2.5
+/// forwards). Held to the CBLAS product rate of the same run (G_cpu_1024/cblas).
+void BM_A3(benchmark::State& state, bool backward) {
+  const std::int64_t T = 2048;
+  Tensor q = randn({1, 8, T, 64}, 1).eval(), k = randn({1, 8, T, 64}, 2).eval(), v = randn({1, 8, T, 64}, 3).eval();
+  const double flops = 4.0 * 8 * T * T * 64 / 2 * (backward ? 3.5 : 1.0);
+  if (backward) {
+    q.requires_grad_(), k.requires_grad_(), v.requires_grad_();
+    bench::run(state, kCpu, {.flops = flops}, [&] {
+      return autograd::grad({sum(scaled_dot_product_attention(q, k, v, {}, 0.0, true))}, {q, k, v});
+    });
+  } else {
+    bench::run(state, kCpu, {.flops = flops}, [&] { return scaled_dot_product_attention(q, k, v, {}, 0.0, true); });
+  }
+}
+
 // ---- Eigen Tensor peers -------------------------------------------------------------------
 
 using EVec = Eigen::Tensor<float, 1, Eigen::RowMajor>;
@@ -674,6 +692,10 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("B1_layer_norm_gelu_fwd_bwd/jit", BM_B1)->UseRealTime()->Unit(benchmark::kMillisecond);
   for (bool compiled : {false, true})
     benchmark::RegisterBenchmark(compiled ? "T3_mlp_train_step/compiled" : "T3_mlp_train_step/eager", BM_T3, compiled)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  for (bool backward : {false, true})
+    benchmark::RegisterBenchmark(backward ? "A3_attention_fwd_bwd/kiln" : "A3_attention_fwd/kiln", BM_A3, backward)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   for (const EigenWorkload& w : eigen_workloads())

@@ -502,12 +502,8 @@ template <> struct Vjp<Op::Attention> {
     const NodePtr mask = has_mask ? n->inputs.back() : nullptr;
     const double scale = n->attrs.scalar;
     NodePtr lse = ir::attention(ir::AttentionRole::Lse, q, k, v, mask, causal, scale);
-    NodePtr gc = g->dtype == n->dtype ? g : ir::cast(g, n->dtype);
-    const std::vector<NodePtr> saved{n, gc, lse};
-    Grads out(n->inputs.size());
-    out[0] = ir::attention(ir::AttentionRole::DQ, q, k, v, mask, causal, scale, saved);
-    out[1] = ir::attention(ir::AttentionRole::DK, q, k, v, mask, causal, scale, saved);
-    out[2] = ir::attention(ir::AttentionRole::DV, q, k, v, mask, causal, scale, saved);
+    Grads out = ir::attention_gradients(q, k, v, mask, causal, scale, n, g, lse);
+    out.resize(n->inputs.size());  // the mask's: none
     return out;
   }
 };

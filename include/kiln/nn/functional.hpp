@@ -209,10 +209,7 @@ inline Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v,
     ir::NodePtr lse = ir::attention(ir::AttentionRole::Lse, q4.node(), k4.node(), v4.node(), mask, is_causal, a.scale);
     auto rule = [q = q4.node(), k = k4.node(), v = v4.node(), mask, lse, is_causal, s = a.scale](
                     const ir::NodePtr& y, const ir::NodePtr& g) {
-      const std::vector<ir::NodePtr> saved{y, g->dtype == y->dtype ? g : ir::cast(g, y->dtype), lse};
-      return std::vector<ir::NodePtr>{ir::attention(ir::AttentionRole::DQ, q, k, v, mask, is_causal, s, saved),
-                                      ir::attention(ir::AttentionRole::DK, q, k, v, mask, is_causal, s, saved),
-                                      ir::attention(ir::AttentionRole::DV, q, k, v, mask, is_causal, s, saved)};
+      return ir::attention_gradients(q, k, v, mask, is_causal, s, y, g, lse);
     };
     out->custom_gradient = std::make_shared<const ir::CustomGradient>(
         ir::CustomGradient{{q4.node(), k4.node(), v4.node()}, rule, {lse}});

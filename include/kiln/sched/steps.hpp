@@ -205,6 +205,23 @@ struct AttentionCall {
   /// The softmax statistics' dtype (lse, delta): float64 for float64 operands, else float32.
   DType accumulation_dtype() const { return dtype == DType::Float64 ? DType::Float64 : DType::Float32; }
   bool wants(const Slot& s) const { return s.kind != Slot::None; }
+  /// The slot holding the value of `role` (the output, the lse or a gradient).
+  Slot& result(ir::AttentionRole role) {
+    switch (role) {
+      case ir::AttentionRole::Out:
+        return out;
+      case ir::AttentionRole::Lse:
+        return lse;
+      case ir::AttentionRole::DQ:
+        return dq;
+      case ir::AttentionRole::DK:
+        return dk;
+      case ir::AttentionRole::DV:
+        break;
+    }
+    return dv;
+  }
+  const Slot& result(ir::AttentionRole role) const { return const_cast<AttentionCall*>(this)->result(role); }
   /// Whether the scores' product runs on tensor cores on the GPU (half types, feature dims a
   /// multiple of 16 up to 256): the others take the generic kernel.
   bool tensor_cores() const {
@@ -475,26 +492,8 @@ class StepPlanner {
   void plan_attention_slots() {
     for (std::size_t a = 0; a < plan_.attentions.size(); ++a) {
       AttentionCall& c = plan_.attentions[a];
-      for (int r : attention_nodes_[a]) {
-        Slot out = contiguous_result(r);
-        switch (static_cast<ir::AttentionRole>(node(r).attrs.ints.at(0))) {
-          case ir::AttentionRole::Out:
-            c.out = out;
-            break;
-          case ir::AttentionRole::Lse:
-            c.lse = out;
-            break;
-          case ir::AttentionRole::DQ:
-            c.dq = out;
-            break;
-          case ir::AttentionRole::DK:
-            c.dk = out;
-            break;
-          case ir::AttentionRole::DV:
-            c.dv = out;
-            break;
-        }
-      }
+      for (int r : attention_nodes_[a])
+        c.result(static_cast<ir::AttentionRole>(node(r).attrs.ints.at(0))) = contiguous_result(r);
     }
     for (std::size_t a = 0; a < plan_.attentions.size(); ++a) {
       AttentionCall& c = plan_.attentions[a];
@@ -687,21 +686,9 @@ class StepPlanner {
     if (call_of_result_[ii] >= 0) return plan_.calls[static_cast<std::size_t>(call_of_result_[ii])].out;
     if (scan_of_result_[ii] >= 0) return plan_.scans[static_cast<std::size_t>(scan_of_result_[ii])].result;
     if (sort_of_result_[ii] >= 0) return plan_.sorts[static_cast<std::size_t>(sort_of_result_[ii])].result;
-    if (attention_of_result_[ii] >= 0) {
-      const AttentionCall& c = plan_.attentions[static_cast<std::size_t>(attention_of_result_[ii])];
-      switch (static_cast<ir::AttentionRole>(node(i).attrs.ints.at(0))) {
-        case ir::AttentionRole::Out:
-          return c.out;
-        case ir::AttentionRole::Lse:
-          return c.lse;
-        case ir::AttentionRole::DQ:
-          return c.dq;
-        case ir::AttentionRole::DK:
-          return c.dk;
-        case ir::AttentionRole::DV:
-          return c.dv;
-      }
-    }
+    if (attention_of_result_[ii] >= 0)
+      return plan_.attentions[static_cast<std::size_t>(attention_of_result_[ii])].result(
+          static_cast<ir::AttentionRole>(node(i).attrs.ints.at(0)));
     return plan_.scatters[static_cast<std::size_t>(scatter_of_result_[ii])].out;
   }
 

@@ -24,16 +24,6 @@ namespace attention_detail {
 
 using i64 = std::int64_t;
 
-/// The element strides of `s` as C constants named prefix0..prefix3 (0 for an absent slot).
-inline std::string stride_constants(const char* prefix, const sched::Slot& s) {
-  std::string out;
-  for (int d = 0; d < 4; ++d) {
-    const i64 v = s.kind == sched::Slot::None ? 0 : s.strides.at(static_cast<std::size_t>(d));
-    out += "#define " + std::string(prefix) + std::to_string(d) + " " + std::to_string(v) + "LL\n";
-  }
-  return out;
-}
-
 // The body every C++ attention unit shares; the constants and conversions above it say the
 // call's shapes, strides and dtypes.
 inline constexpr const char* kCpuAttentionBody = R"CPP(
@@ -54,7 +44,7 @@ static void ka_scores(const ka_acc* qb, long long nq, const ka_acc* kb, long lon
       for (long long e = 0; e < KA_E; ++e) a += qb[r * KA_E + e] * kb[c * KA_E + e];
       a *= (ka_acc)KA_SCALE;
 #if KA_HAS_MASK
-      a += ka_load_mask(mask[b * KA_M0 + h * KA_M1 + (i0 + r) * KA_M2 + (j0 + c) * KA_M3]);
+      a += ka_ldm(mask[b * KA_M0 + h * KA_M1 + (i0 + r) * KA_M2 + (j0 + c) * KA_M3]);
 #endif
       s[r * KA_KT + c] = a;
     }
@@ -64,7 +54,7 @@ static void ka_scores(const ka_acc* qb, long long nq, const ka_acc* kb, long lon
 static void ka_rows(const ka_t* x, long long base, long long rs, long long r0, long long n, long long width,
                     ka_acc* to) {
   for (long long r = 0; r < n; ++r)
-    for (long long e = 0; e < width; ++e) to[r * width + e] = ka_load(x[base + (r0 + r) * rs + e]);
+    for (long long e = 0; e < width; ++e) to[r * width + e] = ka_ld(x[base + (r0 + r) * rs + e]);
 }
 
 // The first key row past query rows [i0, i0 + nq)'s reach.
@@ -103,7 +93,7 @@ extern "C" int KA_NAME_forward(void* const* args, int nth) {
         for (long long r = 0; r < nq; ++r) {
           ka_acc* sr = s + r * KA_KT;
           ka_acc mx = m[r];
-          for (long long c = 0; c < nk; ++c) mx = sr[c] > mx ? sr[c] : mx;
+          for (long long c = 0; c < nk; ++c) mx = ka_nanmax(mx, sr[c]);
           if (mx == KA_NEG_INF) {  // every key so far masked: nothing to add
             for (long long c = 0; c < nk; ++c) sr[c] = 0;
             continue;
@@ -126,11 +116,11 @@ extern "C" int KA_NAME_forward(void* const* args, int nth) {
         }
       }
       for (long long r = 0; r < nq; ++r) {
-        if (KA_WANT_LSE) lse[(b * KA_H + h) * KA_L + i0 + r] = l[r] > 0 ? m[r] + KA_LOG(l[r]) : KA_NEG_INF;
+        if (KA_WANT_LSE) lse[(b * KA_H + h) * KA_L + i0 + r] = l[r] != 0 ? m[r] + KA_LOG(l[r]) : KA_NEG_INF;
         if (KA_WANT_OUT) {
-          const ka_acc inv = l[r] > 0 ? 1 / l[r] : 0;
+          const ka_acc inv = l[r] != 0 ? 1 / l[r] : 0;
           ka_t* orow = out + b * KA_O0 + h * KA_O1 + (i0 + r) * KA_O2;
-          for (long long e = 0; e < KA_EV; ++e) orow[e] = ka_store(o[r * KA_EV + e] * inv);
+          for (long long e = 0; e < KA_EV; ++e) orow[e] = ka_st(o[r * KA_EV + e] * inv);
         }
       }
     }
@@ -154,7 +144,7 @@ extern "C" int KA_NAME_delta(void* const* args, int nth) {
     const ka_t* orow = out + b * KA_O0 + h * KA_O1 + i * KA_O2;
     const ka_t* grow = dout + b * KA_G0 + h * KA_G1 + i * KA_G2;
     ka_acc a = 0;
-    for (long long e = 0; e < KA_EV; ++e) a += ka_load(orow[e]) * ka_load(grow[e]);
+    for (long long e = 0; e < KA_EV; ++e) a += ka_ld(orow[e]) * ka_ld(grow[e]);
     delta[t] = a;
   }
   return 0;
@@ -209,7 +199,7 @@ extern "C" int KA_NAME_dq(void* const* args, int nth) {
       }
       for (long long r = 0; r < nq; ++r) {
         ka_t* drow = dq + b * KA_DQ0 + h * KA_DQ1 + (i0 + r) * KA_DQ2;
-        for (long long e = 0; e < KA_E; ++e) drow[e] = ka_store(acc[r * KA_E + e] * (ka_acc)KA_SCALE);
+        for (long long e = 0; e < KA_E; ++e) drow[e] = ka_st(acc[r * KA_E + e] * (ka_acc)KA_SCALE);
       }
     }
     free(qb);
@@ -274,11 +264,11 @@ extern "C" int KA_NAME_dkdv(void* const* args, int nth) {
       for (long long c = 0; c < nk; ++c) {
         if (KA_WANT_DK) {
           ka_t* row = dk + b * KA_DK0 + hk * KA_DK1 + (j0 + c) * KA_DK2;
-          for (long long e = 0; e < KA_E; ++e) row[e] = ka_store(dka[c * KA_E + e] * (ka_acc)KA_SCALE);
+          for (long long e = 0; e < KA_E; ++e) row[e] = ka_st(dka[c * KA_E + e] * (ka_acc)KA_SCALE);
         }
         if (KA_WANT_DV) {
           ka_t* row = dv + b * KA_DV0 + hk * KA_DV1 + (j0 + c) * KA_DV2;
-          for (long long e = 0; e < KA_EV; ++e) row[e] = ka_store(dva[c * KA_EV + e]);
+          for (long long e = 0; e < KA_EV; ++e) row[e] = ka_st(dva[c * KA_EV + e]);
         }
       }
     }
@@ -295,44 +285,13 @@ extern "C" int KA_NAME_dkdv(void* const* args, int nth) {
 inline AttentionSource generate_cpu_attention(const sched::AttentionCall& c, const std::string& name) {
   using namespace attention_detail;
   c_family::PreludeNeeds needs;
-  const bool dbl = c.dtype == DType::Float64;
-  const std::string acc = dbl ? "double" : "float";
   std::string s = "// kiln generated attention\n#include <math.h>\n#include <stdlib.h>\n";
-  auto def = [&](const std::string& k, const std::string& v) { s += "#define " + k + " " + v + "\n"; };
-  def("KA_B", std::to_string(c.batch) + "LL");
-  def("KA_H", std::to_string(c.heads) + "LL");
-  def("KA_HKV", std::to_string(c.kv_heads) + "LL");
-  def("KA_GROUP", std::to_string(c.group()) + "LL");
-  def("KA_L", std::to_string(c.q_len) + "LL");
-  def("KA_S", std::to_string(c.kv_len) + "LL");
-  def("KA_E", std::to_string(c.head_dim) + "LL");
-  def("KA_EV", std::to_string(c.value_dim) + "LL");
-  def("KA_WORK", std::to_string(c.batch * c.heads * c.q_len * c.kv_len * (c.head_dim + c.value_dim)) + "LL");
-  def("KA_CAUSAL", c.causal ? "1" : "0");
-  def("KA_HAS_MASK", c.has_mask ? "1" : "0");
-  def("KA_SCALE", c_family::hex_double(c.scale));
-  def("KA_WANT_OUT", c.wants(c.out) ? "1" : "0");
-  def("KA_WANT_LSE", c.wants(c.lse) ? "1" : "0");
-  def("KA_WANT_DK", c.wants(c.dk) ? "1" : "0");
-  def("KA_WANT_DV", c.wants(c.dv) ? "1" : "0");
-  def("KA_EXP", dbl ? "exp" : "expf");
-  def("KA_LOG", dbl ? "log" : "logf");
-  s += stride_constants("KA_Q", c.q) + stride_constants("KA_K", c.k) + stride_constants("KA_V", c.v) +
-       stride_constants("KA_M", c.mask) + stride_constants("KA_O", c.out) + stride_constants("KA_G", c.dout) +
-       stride_constants("KA_DQ", c.dq) + stride_constants("KA_DK", c.dk) + stride_constants("KA_DV", c.dv);
-  s += "typedef " + acc + " ka_acc;\n";
-  s += "typedef " + std::string(c_family::stype(c.dtype)) + " ka_t;\n";
-  const DType mdt = c.has_mask ? c.mask_dtype : c.dtype;
-  s += "typedef " + std::string(c_family::stype(mdt)) + " ka_mask_t;\n";
-  const std::string load = c_family::from_storage("x", c.dtype, needs);
-  const std::string store = c_family::to_storage("(" + std::string(c_family::ctype(c.dtype)) + ")v", c.dtype, needs);
-  const std::string mload = c_family::from_storage("x", mdt, needs);
-  std::string helpers = "static inline ka_acc ka_load(ka_t x) { return (ka_acc)" + load + "; }\n";
-  helpers += "static inline ka_t ka_store(ka_acc v) { return " + store + "; }\n";
-  helpers += "static inline ka_acc ka_load_mask(ka_mask_t x) { return (ka_acc)" + mload + "; }\n";
+  s += attention_constants(c);
+  s += "#define KA_WORK " + std::to_string(c.batch * c.heads * c.q_len * c.kv_len * (c.head_dim + c.value_dim)) + "LL\n";
+  const std::string conversions = attention_conversions(c, "static inline", needs);
   if (needs.half) s += detail::kHalfHelpers;
   if (needs.bf16) s += detail::kBf16Helpers;
-  s += helpers;
+  s += conversions;
   std::string body = kCpuAttentionBody;
   for (std::size_t at; (at = body.find("KA_NAME")) != std::string::npos;) body.replace(at, 7, name);
   s += body;

@@ -214,14 +214,14 @@ extern "C" __global__ void __launch_bounds__(128) KA_NAME_forward(ka_args a) {
         float x = -KILN_INF_F;
         if (i < KA_L && j < jend && !(KA_CAUSAL && j > i)) x = s[n][e] * KA_SCALE2 + ka_mask2(mask, mo, i, j);
         s[n][e] = x;
-        if (e < 2) mx0 = fmaxf(mx0, x); else mx1 = fmaxf(mx1, x);
+        if (e < 2) mx0 = ka_nanmax(mx0, x); else mx1 = ka_nanmax(mx1, x);
       }
     // A row's values live in the 4 lanes of a quad.
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    mx0 = ka_nanmax(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = ka_nanmax(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = ka_nanmax(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = ka_nanmax(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float mn0 = ka_nanmax(m0, mx0), mn1 = ka_nanmax(m1, mx1);
     // Every key so far masked: subtract 0, so exp2(-inf - base) is 0 rather than NaN.
     const float base0 = mn0 == -KILN_INF_F ? 0.0f : mn0, base1 = mn1 == -KILN_INF_F ? 0.0f : mn1;
     const float al0 = exp2f(m0 - base0), al1 = exp2f(m1 - base1);
@@ -258,11 +258,11 @@ extern "C" __global__ void __launch_bounds__(128) KA_NAME_forward(ka_args a) {
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
   if (KA_WANT_LSE && t == 0) {
     float* const lr = lse + (b * KA_H + h) * KA_L;
-    if (qi0 < KA_L) lr[qi0] = l0 > 0.0f ? (m0 + log2f(l0)) * 0.6931471805599453f : -KILN_INF_F;
-    if (qi1 < KA_L) lr[qi1] = l1 > 0.0f ? (m1 + log2f(l1)) * 0.6931471805599453f : -KILN_INF_F;
+    if (qi0 < KA_L) lr[qi0] = l0 != 0.0f ? (m0 + log2f(l0)) * 0.6931471805599453f : -KILN_INF_F;
+    if (qi1 < KA_L) lr[qi1] = l1 != 0.0f ? (m1 + log2f(l1)) * 0.6931471805599453f : -KILN_INF_F;
   }
   if (KA_WANT_OUT) {
-    const float v0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, v1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    const float v0 = l0 != 0.0f ? 1.0f / l0 : 0.0f, v1 = l1 != 0.0f ? 1.0f / l1 : 0.0f;
     unsigned short* const ob = out + b * KA_O0 + h * KA_O1;
 #pragma unroll
     for (int n = 0; n < KA_EV / 8; ++n) {
@@ -525,7 +525,7 @@ extern "C" __global__ void __launch_bounds__(128) KA_NAME_forward(ka_args a) {
     for (int r = tid; r < KA_GQ; r += 128) {
       ka_acc* const sr = sS + r * KA_GK;
       ka_acc mx = sM[r];
-      for (int c = 0; c < KA_GK; ++c) mx = sr[c] > mx ? sr[c] : mx;
+      for (int c = 0; c < KA_GK; ++c) mx = ka_nanmax(mx, sr[c]);
       if (mx == KA_NEG_INF) {  // every key so far masked: nothing to add
         for (int c = 0; c < KA_GK; ++c) sr[c] = 0;
         sA[r] = 1;
@@ -551,12 +551,12 @@ extern "C" __global__ void __launch_bounds__(128) KA_NAME_forward(ka_args a) {
   __syncthreads();
   if (KA_WANT_LSE)
     for (int r = tid; r < nq; r += 128)
-      lse[(b * KA_H + h) * KA_L + i0 + r] = sL[r] > 0 ? (ka_stat)(sM[r] + KA_LOG(sL[r])) : (ka_stat)-KILN_INF_F;
+      lse[(b * KA_H + h) * KA_L + i0 + r] = sL[r] != 0 ? (ka_stat)(sM[r] + KA_LOG(sL[r])) : (ka_stat)-KILN_INF_F;
   if (KA_WANT_OUT)
     for (int x = tid; x < nq * KA_EV; x += 128) {
       const int r = x / KA_EV, e = x - r * KA_EV;
       const ka_acc l = sL[r];
-      out[b * KA_O0 + h * KA_O1 + (i0 + r) * KA_O2 + e] = ka_st(l > 0 ? sO[x] / l : (ka_acc)0);
+      out[b * KA_O0 + h * KA_O1 + (i0 + r) * KA_O2 + e] = ka_st(l != 0 ? sO[x] / l : (ka_acc)0);
     }
 }
 )CUDA";
@@ -721,15 +721,6 @@ inline std::string replace_all(std::string s, const std::string& from, const std
 }
 
 /// `#define prefix0..prefix3` as the element strides of `s` (0 for an absent slot).
-inline std::string stride_defines(const char* prefix, const sched::Slot& s) {
-  std::string out;
-  for (std::size_t d = 0; d < 4; ++d) {
-    const i64 v = s.kind == sched::Slot::None || s.strides.size() != 4 ? 0 : s.strides[d];
-    out += "#define " + std::string(prefix) + std::to_string(d) + " " + std::to_string(v) + "LL\n";
-  }
-  return out;
-}
-
 /// Whether every row of `s` starts 16-byte aligned given an aligned base (half types: strides
 /// that are multiples of 8 elements).
 inline bool vec_strides(const sched::Slot& s) {
@@ -802,50 +793,18 @@ inline AttentionSource generate_cuda_attention(const sched::AttentionCall& c, co
   const bool fwd = c.kind == sched::AttentionCall::Forward, dbl = c.dtype == DType::Float64;
   // (Empty feature dims would make empty fragment arrays: the generic kernels handle them.)
   const bool tc = c.tensor_cores() && c.head_dim > 0 && c.value_dim > 0;
-  const std::string acc = dbl ? "double" : "float";
   std::string s = "// kiln generated attention\n";
   s += std::string("struct ka_args { void* p[") + (fwd ? "6" : "11") + "]; };\n";
   s += cuda_detail::kCudaBase;
   s += "#ifndef KILN_EXTERN_SMEM\n#define KILN_EXTERN_SMEM(name) extern __shared__ __align__(16) unsigned char "
        "name[]\n#endif\n";
   auto def = [&](const std::string& k, const std::string& v) { s += "#define " + k + " " + v + "\n"; };
-  auto ll = [](i64 v) { return std::to_string(v) + "LL"; };
   def("KA_MIN(a, b)", "((a) < (b) ? (a) : (b))");
-  def("KA_B", ll(c.batch));
-  def("KA_H", ll(c.heads));
-  def("KA_HKV", ll(c.kv_heads));
-  def("KA_GROUP", ll(c.group()));
-  def("KA_L", ll(c.q_len));
-  def("KA_S", ll(c.kv_len));
-  def("KA_E", std::to_string(c.head_dim));
-  def("KA_EV", std::to_string(c.value_dim));
-  def("KA_CAUSAL", c.causal ? "1" : "0");
-  def("KA_HAS_MASK", c.has_mask ? "1" : "0");
-  def("KA_SCALE", "(" + c_family::hex_double(c.scale) + ")");
+  s += attention_detail::attention_constants(c);
   def("KA_SCALEF", c_family::float_literal(c.scale, false, c_family::kCudaDialect));
   def("KA_SCALE2", c_family::float_literal(c.scale * 1.4426950408889634, false, c_family::kCudaDialect));
-  def("KA_WANT_OUT", c.wants(c.out) ? "1" : "0");
-  def("KA_WANT_LSE", c.wants(c.lse) ? "1" : "0");
-  def("KA_WANT_DK", c.wants(c.dk) ? "1" : "0");
-  def("KA_WANT_DV", c.wants(c.dv) ? "1" : "0");
   def("KA_NEG_INF", dbl ? "(-KILN_INF_D)" : "(-KILN_INF_F)");
-  def("KA_EXP", dbl ? "exp" : "expf");
-  def("KA_LOG", dbl ? "log" : "logf");
-  s += stride_defines("KA_Q", c.q) + stride_defines("KA_K", c.k) + stride_defines("KA_V", c.v) +
-       stride_defines("KA_M", c.mask) + stride_defines("KA_O", c.out) + stride_defines("KA_G", c.dout) +
-       stride_defines("KA_DQ", c.dq) + stride_defines("KA_DK", c.dk) + stride_defines("KA_DV", c.dv);
-  const DType mdt = c.has_mask ? c.mask_dtype : c.dtype;
-  std::string helpers = "typedef " + acc + " ka_acc;\n";
-  // lse and delta: the call's accumulation dtype (float64 for float64 operands).
-  helpers += std::string("typedef ") + (c.accumulation_dtype() == DType::Float64 ? "double" : "float") + " ka_stat;\n";
-  helpers += "typedef " + std::string(c_family::stype(c.dtype)) + " ka_t;\n";
-  helpers += "typedef " + std::string(c_family::stype(mdt)) + " ka_mask_t;\n";
-  helpers += "static __device__ __forceinline__ ka_acc ka_ld(ka_t x) { return (ka_acc)" +
-             c_family::from_storage("x", c.dtype, needs) + "; }\n";
-  helpers += "static __device__ __forceinline__ ka_t ka_st(ka_acc v) { return " +
-             c_family::to_storage("(" + std::string(c_family::ctype(c.dtype)) + ")v", c.dtype, needs) + "; }\n";
-  helpers += "static __device__ __forceinline__ ka_acc ka_ldm(ka_mask_t x) { return (ka_acc)" +
-             c_family::from_storage("x", mdt, needs) + "; }\n";
+  std::string helpers = attention_detail::attention_conversions(c, "static __device__ __forceinline__", needs);
   AttentionSource out;
   out.arguments = fwd ? 6 : 11;
   const i64 bh = c.batch * c.heads, bhkv = c.batch * c.kv_heads;

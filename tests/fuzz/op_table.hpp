@@ -34,7 +34,7 @@ struct Limits {
   /// Rows whose OpDesc::since is above this are not generated: an older version regenerates
   /// the graphs a seed gave before those rows joined (the judged graphs named in
   /// tests/CMakeLists.txt were found with version 1). The latest by default.
-  int table_version = 5;
+  int table_version = 6;
 };
 
 /// How a program is built: on which device, and whether as its float64 twin (floating inputs
@@ -2081,6 +2081,52 @@ inline const std::vector<OpDesc>& op_table() {
       };
       d.build = [](const Args& a) {
         return std::get<0>(topk(a.t[0], a.p().ints[1], a.p().ints[0], a.p().ints[2] != 0));
+      };
+      t.push_back(d);
+    }
+
+    // -- fused attention (table version 6): q is an earlier floating value of rank 3 or 4
+    // ([.., L, E]); k [.., S, E] and v [.., S, Ev] new inputs of its dtype and batch dims;
+    // causal or not. The fused step runs where the reference runs its definition.
+    {
+      OpDesc d;
+      d.name = "scaled_dot_product_attention";
+      d.group = "composite";
+      d.accumulates = true;
+      d.since = 6;
+      d.weight = 0.5;
+      d.cxx = "scaled_dot_product_attention({0}, {1}, {2}, Tensor(), 0.0, {i0} != 0)";
+      d.pick = [](Gen& g, OpInst& op) {
+        int q = g.operand(kFloats, [](const Info& i) { return i.shape.size() >= 3 && i.shape.size() <= 4; }, 3, 4);
+        if (q < 0) return false;
+        const Info qi = g.info(q);
+        Shape ks = qi.shape, vs = qi.shape;
+        const std::int64_t S = g.dim();
+        ks[ks.size() - 2] = vs[vs.size() - 2] = S;
+        vs.back() = g.dim();
+        if (ks.numel() > g.lim.max_elems || vs.numel() > g.lim.max_elems) return false;
+        op.args = {T(q), T(g.input(qi.dtype, ks)), T(g.input(qi.dtype, vs))};
+        op.p.ints = {g.rng.range(0, 1)};
+        return true;
+      };
+      d.predict = [](const Program& p, const OpInst& op) -> std::optional<Info> {
+        if (op.args.size() != 3 || op.p.ints.size() != 1) return std::nullopt;
+        for (const auto& a : op.args)
+          if (a.is_number()) return std::nullopt;
+        const Info &q = p.info(op.args[0].value), &k = p.info(op.args[1].value), &v = p.info(op.args[2].value);
+        const std::size_t r = q.shape.size();
+        if (r < 3 || r > 4 || k.shape.size() != r || v.shape.size() != r || !is_floating(q.dtype) ||
+            k.dtype != q.dtype || v.dtype != q.dtype || k.shape.back() != q.shape.back() ||
+            k.shape[r - 2] != v.shape[r - 2])
+          return std::nullopt;
+        for (std::size_t d = 0; d + 2 < r; ++d)
+          if (k.shape[d] != q.shape[d] || v.shape[d] != q.shape[d]) return std::nullopt;
+        Shape out = q.shape;
+        out.back() = v.shape.back();
+        return Info{q.dtype, out};
+      };
+      d.build = [](const Args& a) {
+        return scaled_dot_product_attention(a.t[0], a.t[1], a.t[2], {}, 0.0, a.p().ints[0] != 0);
       };
       t.push_back(d);
     }

@@ -250,3 +250,27 @@ TEST_CASE("fuzz: seed 44 graph 1700: a scatter into a constant infinity or NaN s
   check_f32(index_add(full({2}, kInf, f32), 0, from_vector<std::int64_t>({0}, {1}), from_vector<float>({-1.0f}, {1})),
             {kInf, kInf});
 }
+
+TEST_CASE("fuzz: seed 57 graphs 7, 229, 258: attention with a NaN query, empty feature dims, zero heads") {
+  // A NaN score made the fused kernel's running maximum skip it (a masked row: 0); it is NaN,
+  // as softmax's. An empty feature dim gives scale 1 / sqrt(0) = inf, printed as text no
+  // compiler read. Zero heads failed the builder's group check.
+  auto nan_query = [&]() {
+    Tensor q = asin(from_vector<std::int64_t>({3}, {1, 1, 1, 1}));
+    Tensor k = from_vector<float>({1.0f, 1.0f, 1.0f, 1.0f, 1.0f}, {1, 1, 5, 1});
+    return std::vector<Tensor>{scaled_dot_product_attention(q, k, full({1, 1, 5, 5}, 1.0, f32))};
+  };
+  kiln::fuzz::check_against_reference(nan_query);
+  for (double x : vals(nan_query()[0])) CHECK(std::isnan(x));
+  auto empty_features = [&]() {
+    Tensor q = from_vector<float>({}, {1, 1, 0}), k = from_vector<float>({}, {1, 1, 0});
+    return std::vector<Tensor>{scaled_dot_product_attention(q, k, from_vector<float>({1.0f}, {1, 1, 1}))};
+  };
+  kiln::fuzz::check_against_reference(empty_features);
+  auto zero_heads = [&]() {
+    Tensor x = from_vector<BFloat16>({}, {0, 1, 1});
+    return std::vector<Tensor>{scaled_dot_product_attention(x, x, x, Tensor(), 0.0, true)};
+  };
+  kiln::fuzz::check_against_reference(zero_heads);
+  CHECK(zero_heads()[0].shape() == Shape{0, 1, 1});
+}

@@ -1149,7 +1149,7 @@ inline Value exec_attention(const ir::Graph& g, const ir::GraphNode& n, const st
     return r;
   };
   const Shape &qs = node(0).shape, &ks = node(1).shape, &vs = node(2).shape;
-  const i64 B = qs[0], H = qs[1], L = qs[2], E = qs[3], Hkv = ks[1], S = ks[2], Ev = vs[3], G = H / Hkv;
+  const i64 B = qs[0], H = qs[1], L = qs[2], E = qs[3], Hkv = ks[1], S = ks[2], Ev = vs[3], G = Hkv > 0 ? H / Hkv : 1;
   const double scale = n.attrs.scalar;
   const std::size_t mask_at = n.inputs.size() - 1;
   Value o = into ? *into : allocate(n.shape, n.dtype);
@@ -1169,11 +1169,11 @@ inline Value exec_attention(const ir::Graph& g, const ir::GraphNode& n, const st
             if (has_mask) sc += at(mask_at, node(mask_at).shape[0] == 1 ? 0 : b, node(mask_at).shape[1] == 1 ? 0 : h, i, j);
           }
           p[static_cast<std::size_t>(i * S + j)] = sc;
-          mx = std::max(mx, sc);
+          if (std::isnan(sc) || sc > mx) mx = sc;  // a NaN score makes the row NaN
         }
         double sum = 0;
         for (i64 j = 0; j < S; ++j) sum += mx == -INFINITY ? 0.0 : std::exp(p[static_cast<std::size_t>(i * S + j)] - mx);
-        lse[static_cast<std::size_t>(i)] = sum > 0 ? mx + std::log(sum) : -INFINITY;
+        lse[static_cast<std::size_t>(i)] = sum != 0 ? mx + std::log(sum) : -INFINITY;
         // The gradients use the lse they are given, as the fused kernels do.
         const double rl = gradient ? at(5, b, h, i, 0) : lse[static_cast<std::size_t>(i)];
         for (i64 j = 0; j < S; ++j) {
@@ -1191,6 +1191,8 @@ inline Value exec_attention(const ir::Graph& g, const ir::GraphNode& n, const st
         const double* pi = &p[static_cast<std::size_t>(i * S)];
         switch (role) {
           case ir::AttentionRole::Out:
+            // A row without keys is 0 (its keys are never read: an infinite value gives no NaN).
+            if (lse[static_cast<std::size_t>(i)] == -INFINITY) break;
             for (i64 e = 0; e < Ev; ++e) {
               double a = 0;
               for (i64 j = 0; j < S; ++j) a += pi[j] * at(2, b, hk, j, e);

@@ -426,7 +426,7 @@ inline NodePtr attention(AttentionRole role, const NodePtr& q, const NodePtr& k,
   const std::int64_t B = q->shape[0], H = q->shape[1], L = q->shape[2], E = q->shape[3];
   const std::int64_t Hkv = k->shape[1], S = k->shape[2], Ev = v->shape[3];
   if (k->shape[0] != B || v->shape[0] != B || v->shape[1] != Hkv || v->shape[2] != S || k->shape[3] != E ||
-      Hkv == 0 || H % Hkv != 0)
+      (Hkv == 0 ? H != 0 : H % Hkv != 0))
     bad("shapes do not match");
   if (k->dtype != q->dtype || v->dtype != q->dtype || !is_floating(q->dtype)) bad("dtypes");
   if (mask && (mask->shape.size() != 4 || (mask->shape[0] != 1 && mask->shape[0] != B) ||
@@ -462,6 +462,17 @@ inline NodePtr attention(AttentionRole role, const NodePtr& q, const NodePtr& k,
   n.attrs.ints = {static_cast<std::int64_t>(role), causal ? 1 : 0, mask ? 1 : 0};
   n.attrs.scalar = scale;
   return finish(std::move(n));
+}
+
+/// The gradients {dq, dk, dv} of attention output `out` (the Out node over q, k, v, mask) given
+/// its incoming gradient `g` and the rows' log-sum-exp `lse`: one backward call when planned.
+inline std::vector<NodePtr> attention_gradients(const NodePtr& q, const NodePtr& k, const NodePtr& v,
+                                                const NodePtr& mask, bool causal, double scale, const NodePtr& out,
+                                                const NodePtr& g, const NodePtr& lse) {
+  const std::vector<NodePtr> saved{out, g->dtype == out->dtype ? g : cast(g, out->dtype), lse};
+  return {attention(AttentionRole::DQ, q, k, v, mask, causal, scale, saved),
+          attention(AttentionRole::DK, q, k, v, mask, causal, scale, saved),
+          attention(AttentionRole::DV, q, k, v, mask, causal, scale, saved)};
 }
 
 }  // namespace kiln::ir

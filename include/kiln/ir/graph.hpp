@@ -314,7 +314,7 @@ inline void Graph::verify() const {
         if (arity != (gradient ? 6u : 3u) + (n.attrs.ints[2] != 0 ? 1u : 0u)) fail(i, "arity");
         const Shape &q = in(0).shape, &k = in(1).shape, &v = in(2).shape;
         if (q.size() != 4 || k.size() != 4 || v.size() != 4 || k[0] != q[0] || v[0] != q[0] || v[1] != k[1] ||
-            v[2] != k[2] || k[3] != q[3] || k[1] == 0 || q[1] % k[1] != 0)
+            v[2] != k[2] || k[3] != q[3] || (k[1] == 0 ? q[1] != 0 : q[1] % k[1] != 0))
           fail(i, "operand shapes");
         if (in(1).dtype != in(0).dtype || in(2).dtype != in(0).dtype) fail(i, "dtypes differ");
         break;

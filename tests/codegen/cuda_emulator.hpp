@@ -53,6 +53,7 @@ static inline double __longlong_as_double(long long i) { double d; memcpy(&d, &i
 static inline long long __double_as_longlong(double d) { long long i; memcpy(&i, &d, 8); return i; }
 static inline void __threadfence() {}
 static inline unsigned atomicAdd(unsigned* p, unsigned v) { unsigned old = *p; *p = old + v; return old; }
+static inline unsigned atomicExch(unsigned* p, unsigned v) { unsigned old = *p; *p = v; return old; }
 static inline unsigned long long atomicCAS(unsigned long long* p, unsigned long long cmp, unsigned long long v) {
   unsigned long long old = *p;
   if (old == cmp) *p = v;

@@ -927,7 +927,16 @@ TEST_CASE("cuda emulator: sort kernels (radix select, bitonic network, global sc
   }
 }
 
-TEST_CASE("cuda emulator: deterministic scatters of a row index sort the positions by target and apply each run in order") {
+/// A host leaf of values k / 3 + 1 / 7 (k = 0, 1, ..., 96, again), rounded to T: none exact, so
+/// their sums depend on the order.
+template <class T>
+NodePtr thirds(const Shape& shape) {
+  std::vector<T> v(static_cast<std::size_t>(shape.numel()));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<T>(static_cast<double>(i % 97) / 3.0 + 1.0 / 7.0);
+  return input_values<T>(shape, v);
+}
+
+TEST_CASE("cuda emulator: scatters of a row index counting-sort the positions by target and apply each run in order, whatever order the atomics hand out places") {
   if (!have_host_compiler()) return;
   auto row_index = [](const std::vector<std::int64_t>& ids, const Shape& shape, std::int64_t axis) {
     Shape one(shape.size(), 1);
@@ -943,34 +952,46 @@ TEST_CASE("cuda emulator: deterministic scatters of a row index sort the positio
   for (std::size_t i = 0; i < part.size(); ++i) part[i] = static_cast<std::int64_t>((i * 11) % 30);
   struct Case {
     NodePtr root;
-    int passes;
+    bool ordered;       ///< deterministic: runs in position order (the atomic mode: linked, any order)
     bool quad = false;  ///< rows move in 16-byte quads
   };
   const std::vector<Case> cases = {
       // index_add of 37 rows into a zero [50, 8] (E2's form), repeats among them
       {ir::scatter(ir::constant(0.0, f32, {50, 8}, Device::cpu()), row_index(small, {37, 8}, 0), input({37, 8}, f32, 241), 0,
-                   true, false, ir::GatherSite::IndexAdd), 1, true},
-      // 3000 f32 rows into a read base of 300 (quads from base and src, twelve tiles, two passes)
+                   true, false, ir::GatherSite::IndexAdd), true, true},
+      // 3000 f32 rows into a read base of 300 (quads from base and src), runs of ten
       {ir::scatter(input({300, 12}, f32, 252), row_index(wide, {3000, 12}, 0), input({3000, 12}, f32, 253), 0, true,
-                   false, ir::GatherSite::IndexAdd), 2, true},
+                   false, ir::GatherSite::IndexAdd), true, true},
       // int32 sums, wrapping as PyTorch's
       {ir::scatter(input({50, 4}, i32, 254), row_index(small, {37, 4}, 0), input({37, 4}, i32, 255), 0, true, false,
-                   ir::GatherSite::IndexAdd), 1, true},
-      // 3000 rows into 300 (two radix passes, two tiles), into a base that is read
+                   ir::GatherSite::IndexAdd), true, true},
+      // 3000 rows into 300, into a base that is read
       {ir::scatter(input({300, 5}, f64, 242), row_index(wide, {3000, 5}, 0), input({3000, 5}, f64, 243), 0, true, false,
-                   ir::GatherSite::IndexAdd), 2},
+                   ir::GatherSite::IndexAdd), true},
       // index_copy: the last position of each run wins
       {ir::scatter(input({20, 6}, i64, 244), row_index(ten, {10, 6}, 0), input({10, 6}, i64, 245), 0, false, false,
-                   ir::GatherSite::IndexCopy), 1},
+                   ir::GatherSite::IndexCopy), true},
       // along the last dim, half floats
       {ir::scatter(input({4, 40}, f16, 246), row_index(cols, {4, 70}, 1), input({4, 70}, f16, 247), 1, true, false,
-                   ir::GatherSite::IndexAdd), 1},
+                   ir::GatherSite::IndexAdd), true},
       // an index smaller than the base off the axis: the rest is the base's
       {ir::scatter(input({30, 8}, f32, 248), row_index(part, {25, 5}, 0), input({25, 5}, f32, 249), 0, true, false,
-                   ir::GatherSite::ScatterAdd), 1},
+                   ir::GatherSite::ScatterAdd), true},
       // one run of 500 (every position the same target), bf16 sums in order
       {ir::scatter(input({10, 4}, bf16, 250), row_index(same, {500, 4}, 0), input({500, 4}, bf16, 251), 0, true, false,
-                   ir::GatherSite::IndexAdd), 1},
+                   ir::GatherSite::IndexAdd), true},
+      // 21 output elements (odd): one a thread, where even counts take two a thread
+      {ir::scatter(input({7, 3}, f32, 263), row_index(ten, {10, 3}, 0), input({10, 3}, f32, 264), 0, true, false,
+                   ir::GatherSite::IndexAdd), true},
+      // rows of 256 doubles: four lanes 32 apart
+      {ir::scatter(input({50, 256}, f64, 261), row_index(small, {37, 256}, 0), input({37, 256}, f64, 262), 0, true,
+                   false, ir::GatherSite::IndexAdd), true},
+      // the atomic mode: the runs summed in the order their lists were linked (full-mantissa
+      // values, so that another order rounds differently)
+      {ir::scatter(ir::constant(0.0, f32, {10, 8}, Device::cpu()), row_index(same, {500, 8}, 0), thirds<float>({500, 8}), 0,
+                   true, true, ir::GatherSite::IndexAdd), false, true},
+      {ir::scatter(input({300, 5}, f64, 257), row_index(wide, {3000, 5}, 0), thirds<double>({3000, 5}), 0, true, true,
+                   ir::GatherSite::IndexAdd), false},
   };
   for (std::size_t k = 0; k < cases.size(); ++k) {
     CAPTURE(k);
@@ -982,20 +1003,20 @@ TEST_CASE("cuda emulator: deterministic scatters of a row index sort the positio
     sc.sorted_runs = true;  // as the planner does for a GPU graph
     codegen::ScatterSource src = codegen::generate_cuda_scatter(sc, "kiln_scatter");
     REQUIRE(src.sorted_runs);
-    CHECK(src.passes == cases[k].passes);
+    CHECK(src.linked == !cases[k].ordered);
+    CHECK(src.init.empty());  // the apply writes every output element
     CHECK((src.source.find("kiln_store4(") != std::string::npos) == cases[k].quad);
     std::string unit = kiln_cuda_emu::kPrelude;
     unit += src.source;
     unit += "\nstruct kiln_emu_scatter_call { void (*fn)(kiln_scatter_args); kiln_scatter_args a; };\n"
             "static void kiln_emu_scatter_body(void* p) { auto* c = (kiln_emu_scatter_call*)p; c->fn(c->a); }\n"
-            "extern \"C\" void kiln_emu_scatter_launch(const char* name, unsigned grid, unsigned block, void** args, int pass) {\n"
-            "  kiln_emu_scatter_call c; c.fn = nullptr; memcpy(c.a.p, args, sizeof c.a.p); c.a.pass = pass;\n";
-    for (const std::string& kname : {src.check, src.hist, src.scan, src.place, src.init, src.scatter})
-      unit += "  if (!strcmp(name, \"" + kname + "\")) c.fn = " + kname + ";\n";
+            "extern \"C\" void kiln_emu_scatter_launch(const char* name, unsigned grid, unsigned block, void** args) {\n"
+            "  kiln_emu_scatter_call c; c.fn = nullptr; memcpy(c.a.p, args, sizeof c.a.p);\n";
+    for (const std::string& kname : {src.check, src.reserve, src.place, src.order, src.scatter})
+      if (!kname.empty()) unit += "  if (!strcmp(name, \"" + kname + "\")) c.fn = " + kname + ";\n";
     unit += "  ::kiln_emu::run_grid(grid, block, 0, kiln_emu_scatter_body, &c);\n}\n";
     auto lib = runtime::CpuModuleCache::instance().get(unit);
-    auto launch =
-        reinterpret_cast<void (*)(const char*, unsigned, unsigned, void**, int)>(lib->symbol("kiln_emu_scatter_launch"));
+    auto launch = reinterpret_cast<void (*)(const char*, unsigned, unsigned, void**)>(lib->symbol("kiln_emu_scatter_launch"));
     Outputs got = make_outputs(c.graph, 0xAB), want = make_outputs(c.graph, 0xAB);
     backend::RunArgs args = args_for(c, got);
     backend::run_reference(c.graph, args_for(c, want));
@@ -1005,17 +1026,29 @@ TEST_CASE("cuda emulator: deterministic scatters of a row index sort the positio
     auto leaf = [&](const sched::Slot& s) { return const_cast<void*>(args.inputs[static_cast<std::size_t>(s.index)]); };
     void* argv[5] = {sc.base_constant ? nullptr : leaf(sc.base), leaf(sc.index), leaf(sc.src), got.pointers[0], scratch->data};
     auto blocks = [](std::int64_t threads) { return static_cast<unsigned>((threads + 255) / 256); };
-    launch(src.check.c_str(), blocks(src.index_elements), 256, argv, 0);
-    for (int pass = 0; pass < src.passes; ++pass) {
-      constexpr unsigned tile = static_cast<unsigned>(sched::ScatterCall::kSortTile);
-      launch(src.hist.c_str(), static_cast<unsigned>(src.tiles), tile, argv, pass);
-      launch(src.scan.c_str(), 1, 1024, argv, pass);
-      launch(src.place.c_str(), static_cast<unsigned>(src.tiles), tile, argv, pass);
-    }
-    launch(src.init.c_str(), blocks(src.out_elements), 256, argv, 0);
-    launch(src.scatter.c_str(), blocks(src.scatter_threads), 256, argv, 0);
-    std::string m = compare(c.graph, got.pointers, want.pointers, 0.0);
+    launch(src.check.c_str(), blocks(src.index_elements), 256, argv);
+    if (!src.linked) {
+      // The emulator's threads take their places in position order; a GPU's atomics hand them
+      // out in any order. Reversing each run's places makes the order kernel do real work.
+      const sched::ScatterCall::RunsLayout layout = sc.runs_layout();
+      auto* ints = static_cast<std::uint32_t*>(scratch->data);
+      for (std::int64_t p = 0; p < sc.length(); ++p) {
+        const std::uint32_t t = ints[layout.keys + p];
+        ints[layout.slots + p] = ints[layout.counts + t] - 1 - ints[layout.slots + p];
+      }
+      launch(src.reserve.c_str(), static_cast<unsigned>(src.reserve_blocks), 1024, argv);
+      launch(src.place.c_str(), blocks(src.positions), 256, argv);
+      launch(src.order.c_str(), blocks(src.positions), 256, argv);
+    }  // (linked runs, pushed in position order, are walked from the last: sums in another order)
+    launch(src.scatter.c_str(), blocks(src.scatter_threads), 256, argv);
+    // Ordered runs give the reference's bits; the atomic mode's sums in another order are close.
+    std::string m = compare(c.graph, got.pointers, want.pointers, cases[k].ordered ? 0.0 : 1.0);
     CHECK_MESSAGE(m.empty(), m);
+    if (!cases[k].ordered) {  // and the reversed order did change some bits (else the case tests nothing)
+      const ir::GraphNode& o = c.graph.nodes[static_cast<std::size_t>(c.graph.outputs[0])];
+      const std::size_t bytes = static_cast<std::size_t>(o.shape.numel()) * itemsize(o.dtype);
+      CHECK(std::memcmp(got.pointers[0], want.pointers[0], bytes) != 0);
+    }
     if (runtime::nvrtc_available()) {
       try {
         CHECK(runtime::compile_cuda_to_cubin(src.source, "scatter.cu", "sm_90").compare(0, 4, "\x7f" "ELF") == 0);

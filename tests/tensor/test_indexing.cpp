@@ -329,6 +329,22 @@ TEST_CASE("index_copy, index_add with alpha, scatter of a value; non-contiguous 
   Tensor atomic = index_add(x, 0, idx, src);
   set_scatter_mode(ScatterMode::Deterministic);
   KILN_CHECK_CLOSE(atomic, V{90, 101, 112, 63, 84, 105, 6, 7, 8, 39, 50, 61}, kt::Tolerance{0, 0});
+  // Runs of ten rows a target, summed in any order by the atomic mode: close to the ordered sums.
+  std::vector<double> ids(3000), rows(3000 * 64);
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<double>((i * 7919) % 300);
+  for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<double>(i % 97) / 3.0 + 1.0 / 7.0;
+  Tensor many = kt::make_tensor(ids, {3000}, i64), many_src = kt::make_tensor(rows, {3000, 64}, f32);
+  Tensor ordered_sums = index_add(zeros({300, 64}).to(kt::device()), 0, many, many_src).eval();
+  // Deterministic: each run summed in position order, the bits of a plain loop in float.
+  std::vector<float> in_order(300 * 64, 0.0f);
+  for (std::size_t p = 0; p < ids.size(); ++p)
+    for (std::size_t j = 0; j < 64; ++j)
+      in_order[static_cast<std::size_t>(ids[p]) * 64 + j] += static_cast<float>(rows[p * 64 + j]);
+  KILN_CHECK_CLOSE(ordered_sums, std::vector<double>(in_order.begin(), in_order.end()), kt::Tolerance{0, 0});
+  set_scatter_mode(ScatterMode::Atomic);
+  Tensor any_order_sums = index_add(zeros({300, 64}).to(kt::device()), 0, many, many_src).eval();
+  set_scatter_mode(ScatterMode::Deterministic);
+  KILN_CHECK_CLOSE(any_order_sums, kt::values(ordered_sums), kt::Tolerance{1e-5, 1e-4});
 }
 
 TEST_CASE("scatters: range errors name the op and nothing is written; bad arguments are typed errors") {

@@ -133,7 +133,7 @@ struct ScatterKernels {
   std::shared_ptr<runtime::SharedLibrary> library;
   int (*cpu)(void* const*, int) = nullptr;
   runtime::cu::CUfunction check = nullptr, init = nullptr, scatter = nullptr;
-  runtime::cu::CUfunction hist = nullptr, scan = nullptr, place = nullptr;  ///< sorted runs' radix passes
+  runtime::cu::CUfunction reserve = nullptr, place = nullptr, order = nullptr;  ///< sorted runs' counting sort
 };
 
 inline ScatterKernels build_scatter(const sched::ScatterCall& c, Device device) {
@@ -147,12 +147,15 @@ inline ScatterKernels build_scatter(const sched::ScatterCall& c, Device device) 
   k.source = codegen::generate_cuda_scatter(c, "kiln_scatter");
   auto& cache = runtime::CudaModuleCache::instance();
   k.check = cache.get_function(k.source.source, k.source.check, device.index);
-  k.init = cache.get_function(k.source.source, k.source.init, device.index);
   k.scatter = cache.get_function(k.source.source, k.source.scatter, device.index);
   if (k.source.sorted_runs) {
-    k.hist = cache.get_function(k.source.source, k.source.hist, device.index);
-    k.scan = cache.get_function(k.source.source, k.source.scan, device.index);
-    k.place = cache.get_function(k.source.source, k.source.place, device.index);
+    if (!k.source.linked) {
+      k.reserve = cache.get_function(k.source.source, k.source.reserve, device.index);
+      k.place = cache.get_function(k.source.source, k.source.place, device.index);
+      k.order = cache.get_function(k.source.source, k.source.order, device.index);
+    }
+  } else {
+    k.init = cache.get_function(k.source.source, k.source.init, device.index);
   }
   return k;
 }
@@ -175,19 +178,21 @@ inline void run_scatter(const ScatterKernels& k, void* const (&operands)[4], voi
                               "cuMemsetD8Async", "clearing a scatter's range flag");
   struct {
     void* p[5];
-    int pass;
-  } a{{operands[0], operands[1], operands[2], operands[3], flag}, 0};
+  } a{{operands[0], operands[1], operands[2], operands[3], flag}};
   void* params[] = {&a};
   launch_step_kernel(k.check, k.source.index_elements, params, device, stream, "a scatter's check");
-  // Sorted runs: the radix passes, each reading the pass number from its argument (copied at launch).
-  for (int pass = 0; k.source.sorted_runs && pass < k.source.passes; ++pass) {
-    a.pass = pass;
-    constexpr int tile = static_cast<int>(sched::ScatterCall::kSortTile);  // one element a thread
-    launch_step_blocks(k.hist, k.source.tiles, tile, 0, params, device, stream, "a scatter's sort histogram");
-    launch_step_blocks(k.scan, 1, 1024, 0, params, device, stream, "a scatter's sort scan");
-    launch_step_blocks(k.place, k.source.tiles, tile, 0, params, device, stream, "a scatter's sort placement");
+  if (k.source.sorted_runs) {
+    // Counted runs: each target's places reserved, each position placed, each run ordered
+    // (linked runs were built by the check).
+    if (!k.source.linked) {
+      launch_step_blocks(k.reserve, k.source.reserve_blocks, 1024, 0, params, device, stream,
+                         "a scatter's run reservation");
+      launch_step_kernel(k.place, k.source.positions, params, device, stream, "a scatter's placement");
+      launch_step_kernel(k.order, k.source.positions, params, device, stream, "a scatter's run order");
+    }
+  } else {
+    launch_step_kernel(k.init, k.source.out_elements, params, device, stream, "a scatter's init");
   }
-  launch_step_kernel(k.init, k.source.out_elements, params, device, stream, "a scatter's init");
   launch_step_kernel(k.scatter, k.source.scatter_threads, params, device, stream, "a scatter's");
 }
 
@@ -595,7 +600,7 @@ class StepCaptureWork final : public CudaCaptureWork {
     ctx.synchronize_discarding_faults();
     for (const auto& k : b->variant->scatters)
       b->kernel_count += (k.source.index_elements > 0) + (k.source.out_elements > 0) + (k.source.scatter_threads > 0) +
-                         (k.source.sorted_runs ? 3 * k.source.passes : 0);
+                         (k.source.sorted_runs && !k.source.linked ? 3 : 0);
     for (const auto& k : b->variant->scans) b->kernel_count += k.source.threads > 0;
     for (const auto& k : b->variant->sorts) b->kernel_count += k.source.rows > 0;
     for (const auto& k : b->variant->attentions)

@@ -7,8 +7,11 @@
 // Deterministic (the default): the positions off the axis are shared among threads and each
 // walks the axis in index order, so repeated indices are written (or summed) in the order of
 // their positions, as the reference does, with the same bits on every run; no two threads
-// touch one output element. Atomic (opt-in, GPU, f32/f64/int32/int64): one thread per index
-// element adds with atomicAdd, in whatever order the hardware gives.
+// touch one output element. On a GPU, an index that is one row of positions is counting-sorted
+// by target instead, and one thread per output element applies its run in position order
+// (generate_cuda_sorted_runs). Atomic (opt-in, GPU, f32/f64/int32/int64): a row index's runs
+// are linked lists summed in the order their atomics linked them; any other index is added one
+// element a thread with atomicAdd, in whatever order the hardware gives.
 #include <string>
 #include <vector>
 
@@ -20,7 +23,7 @@
 
 namespace kiln::codegen {
 
-/// A scatter step's unit: the CPU's one function `entry`, or the GPU's three kernels.
+/// A scatter step's unit: the CPU's one function `entry`, or the GPU's kernels.
 struct ScatterSource {
   std::string source;
   std::string entry;                 ///< CPU: int entry(void* const* args, int nth); 1 = a range fault
@@ -29,14 +32,16 @@ struct ScatterSource {
   std::int64_t out_elements = 0;     ///< the init's threads
   std::int64_t scatter_threads = 0;  ///< the scatter's threads: positions off the axis, or every element (atomic)
   bool atomic = false;               ///< the scatter kernel accumulates with atomics
-  /// GPU, sched::ScatterCall::sorted_runs: between the check and the init, `passes` radix passes
-  /// of three kernels each (`hist` over `tiles` blocks of 256 threads, `scan` one block of 1024,
-  /// `place` over `tiles` blocks of 32), the pass number in the argument; `scatter` then applies
-  /// each target's run, over scatter_threads threads.
+  /// GPU, sched::ScatterCall::sorted_runs: after the check (which counts each target),
+  /// `reserve` (reserve_blocks blocks of 1024 threads: each target's run its places), `place`
+  /// (one thread a position), `order` (one thread a position), then `scatter` over every output
+  /// element (scatter_threads); no init.
   bool sorted_runs = false;
-  std::string hist, scan, place;
-  std::int64_t tiles = 0;
-  int passes = 0;
+  /// Sorted runs in the atomic mode: linked lists built by the check, no reserve, place or order.
+  bool linked = false;
+  std::string reserve, place, order;
+  std::int64_t reserve_blocks = 0;
+  std::int64_t positions = 0;  ///< the place and order kernels' threads
   std::int64_t zero_bytes = 4;  ///< bytes of the flag's temporary cleared before the check
 };
 
@@ -45,25 +50,29 @@ namespace scatter_detail {
 using i64 = std::int64_t;
 
 /// Statements that split flat position `flat` over `shape` (size-1 dims skipped) into the
-/// variables c<d>, each defined.
-inline std::string coords(const std::string& flat, const Shape& shape, const std::string& indent) {
-  std::string s = indent + "long long rest = " + flat + ";\n";
+/// variables c<d><suffix>, each defined.
+inline std::string coords(const std::string& flat, const Shape& shape, const std::string& indent,
+                          const std::string& suffix = "") {
+  const std::string rest = "rest" + suffix;
+  std::string s = indent + "long long " + rest + " = " + flat + ";\n";
   for (std::size_t d = shape.size(); d-- > 0;) {
+    const std::string c = "c" + std::to_string(d) + suffix;
     if (shape[d] == 1) {
-      s += indent + "const long long c" + std::to_string(d) + " = 0;\n";
+      s += indent + "const long long " + c + " = 0;\n";
       continue;
     }
-    s += indent + "const long long c" + std::to_string(d) + " = rest % " + std::to_string(shape[d]) + "LL; rest /= " +
+    s += indent + "const long long " + c + " = " + rest + " % " + std::to_string(shape[d]) + "LL; " + rest + " /= " +
          std::to_string(shape[d]) + "LL;\n";
   }
-  return s + indent + "(void)rest;\n";
+  return s + indent + "(void)" + rest + ";\n";
 }
 
-/// sum c<d> * strides[d] (dim `replace` takes `with` instead of c<d>).
-inline std::string offset(const Strides& strides, const Shape& shape, int replace = -1, const std::string& with = "") {
+/// sum c<d><suffix> * strides[d] (dim `replace` takes `with` instead).
+inline std::string offset(const Strides& strides, const Shape& shape, int replace = -1, const std::string& with = "",
+                          const std::string& suffix = "") {
   std::string s = "0LL";
   for (std::size_t d = 0; d < shape.size(); ++d) {
-    const std::string c = static_cast<int>(d) == replace ? "(" + with + ")" : "c" + std::to_string(d);
+    const std::string c = static_cast<int>(d) == replace ? "(" + with + ")" : "c" + std::to_string(d) + suffix;
     if (static_cast<int>(d) != replace && (shape[d] == 1 || strides[d] == 0)) continue;
     s += " + " + c + " * " + std::to_string(strides[d]) + "LL";
   }
@@ -318,167 +327,179 @@ inline ScatterSource generate_cpu_scatter(const sched::ScatterCall& c, const std
 namespace scatter_detail {
 
 /// The CUDA unit of a sorted-runs scatter (sched::ScatterCall::sorted_runs; see ScatterSource):
-/// the check also writes each position's target as a key and counts the targets; a stable LSD
-/// radix sort orders the positions by target, eight bits a pass (each tile's digit histogram, one
-/// scan of them all in digit-major order, then each tile's warp placing its elements in position
-/// order: equal digits ranked by __match_any_sync, so every pass is stable); the init writes the
-/// elements no run touches; the apply kernel gives each run's first position and four columns
-/// one thread, which writes the base value and then applies the run's sources in position order.
+/// a counting sort of the positions by target, then one pass over the output.
+/// - check: every index in range; each position's target kept, and its arrival place in its
+///   target's run taken from the target's count (an atomic increment);
+/// - reserve: each target's run its places, taken from one cursor a block at a time;
+/// - place: each position written at its target's first place plus its arrival place;
+/// - order (deterministic): each position's rank in its run is the number of the run's positions
+///   before it, so the runs are copied in position order: O(run length) a position, where a
+///   stable radix sort of the targets took six launches;
+/// - apply: one thread per four columns of every output row, untouched ones included, starting
+///   from the base value and applying its target's run in order, then storing once (the init
+///   kernel that wrote untouched rows separately is gone).
+/// The atomic mode needs no order, so its runs are linked lists instead: the check pushes each
+/// position on its target's list (an atomic exchange of the list's head; the lists hold
+/// position + 1, 0 ends them) and the apply walks the lists, in whatever order the exchanges
+/// took: two launches, where the counted runs take four or five.
 inline ScatterSource generate_cuda_sorted_runs(const sched::ScatterCall& c, const std::string& name) {
   c_family::PreludeNeeds needs;
   ScatterSource out;
   out.sorted_runs = true;
   out.check = name + "_check";
-  out.hist = name + "_hist";
-  out.scan = name + "_scan";
-  out.place = name + "_place";
-  out.init = name + "_init";
+  out.linked = !c.ordered_runs();
+  if (!out.linked) {
+    out.reserve = name + "_reserve";
+    out.place = name + "_place";
+    out.order = name + "_order";
+  }
   out.scatter = name + "_apply";
   const Shape& is = c.index_shape;
   const int axis = static_cast<int>(c.axis);
   const std::size_t last = is.size() - 1;
-  const i64 n = c.length(), bound = c.bound(), tiles = c.sort_tiles(), tile = sched::ScatterCall::kSortTile;
-  out.tiles = tiles;
-  out.passes = c.sort_passes();
-  out.zero_bytes = (1 + bound) * 4;
-  const Shape oth = others(c), cs = check_shape(c);
-  const std::string N = std::to_string(n) + "LL", B = std::to_string(bound), TL = std::to_string(tiles);
-  // Init lanes: four elements along the last dim when they share the target and the index's extent.
-  const Lanes init_lanes = static_cast<int>(last) != axis && is[last] == c.shape[last] ? init_lanes_of(c, true) : Lanes{};
-  // Apply lanes: four columns of a run's rows (a quad where out, base and src rows allow).
-  Lanes run_lanes = static_cast<int>(last) != axis ? lanes_along_last(is, true) : Lanes{};
-  if (run_lanes.count == 4 && itemsize(c.dtype) == 4 && quad_rows(is, c.src.strides) &&
-      quad_rows(c.shape, c.out.strides) && (c.base_constant || quad_rows(c.shape, c.base.strides)))
-    run_lanes = {4, 1, true};
-  const i64 per_run = oth.numel() / run_lanes.count;
-  out.index_elements = cs.numel();
-  out.out_elements = c.shape.numel() / init_lanes.count;
-  out.scatter_threads = n * per_run;
+  const std::string ax = std::to_string(axis);
+  const sched::ScatterCall::RunsLayout L = c.runs_layout();
+  const i64 n = c.length(), bound = c.bound();
+  out.zero_bytes = L.cleared * 4;
+  out.positions = n;
+  out.reserve_blocks = (bound + 1023) / 1024;
+  const std::string N = std::to_string(n) + "LL", B = std::to_string(bound) + "LL";
+  // Apply lanes: four columns of an output row when the index spans the row (then they share a
+  // target and a run), a quad where out, base and src rows allow.
+  Lanes lanes = static_cast<int>(last) != axis && is[last] == c.shape[last] ? lanes_along_last(c.shape, true) : Lanes{};
+  if (lanes.count == 4 && itemsize(c.dtype) == 4 && quad_rows(is, c.src.strides) && quad_rows(c.shape, c.out.strides) &&
+      (c.base_constant || quad_rows(c.shape, c.base.strides)))
+    lanes = {4, 1, true};
+  out.index_elements = check_shape(c).numel();
   const std::string args = "(kiln_scatter_args a)";
-  const std::string ptrs = cuda_operands(c) + "  unsigned* const count = (unsigned*)a.p[4] + 1;\n" +
-                           "  unsigned* const keys0 = count + " + B + ";\n" +
-                           "  unsigned* const vals0 = keys0 + " + N + ";\n" +
-                           "  unsigned* const keys1 = vals0 + " + N + ";\n" +
-                           "  unsigned* const vals1 = keys1 + " + N + ";\n" +
-                           "  unsigned* const hist = vals1 + " + N + ";\n" +
-                           "  (void)count; (void)keys0; (void)vals0; (void)keys1; (void)vals1; (void)hist;\n";
+  auto at = [](i64 ints) { return "(unsigned*)a.p[4] + " + std::to_string(ints); };
+  const std::string ptrs = cuda_operands(c) + "  unsigned* const counts = " + at(L.counts) + ";\n" +
+                           "  unsigned* const offsets = " + at(L.offsets) + ";\n" + "  unsigned* const heads = " + at(L.heads) + ";\n" + "  unsigned* const keys = " +
+                           at(L.keys) + ";\n" + "  unsigned* const slots = " + at(L.slots) + ";\n" +
+                           "  unsigned* const placed = " + at(L.placed) + ";\n" + "  unsigned* const ordered = " +
+                           at(L.ordered) + ";\n" + "  unsigned* const links = " + at(L.links) + ";\n" +
+                           "  (void)counts; (void)offsets; (void)heads; (void)keys; (void)slots; (void)placed; (void)ordered;\n"
+                           "  (void)links;\n";
   const auto thread = cuda_thread;
   std::string body;
-  // Check: every index in range (else the flag, and nothing is written); keys and counts.
+  // Check: every index in range (else the flag, and nothing is written); targets and places.
   body += cuda_check_head(c, out.check, ptrs, "return; ");
-  body += "  keys0[c" + std::to_string(axis) + "] = (unsigned)v;\n  vals0[c" + std::to_string(axis) +
-          "] = (unsigned)c" + std::to_string(axis) + ";\n  atomicAdd(&count[v], 1u);\n}\n";
-  const std::string pass_io = "  const int shift = 8 * a.pass;\n"
-                              "  const unsigned* keys_in = (a.pass & 1) ? keys1 : keys0;\n"
-                              "  const unsigned* vals_in = (a.pass & 1) ? vals1 : vals0; (void)vals_in;\n"
-                              "  unsigned* keys_out = (a.pass & 1) ? keys0 : keys1; (void)keys_out;\n"
-                              "  unsigned* vals_out = (a.pass & 1) ? vals0 : vals1; (void)vals_out;\n";
-  const std::string tile_range = "  const long long begin = (long long)blockIdx.x * " + std::to_string(tile) +
-                                 "LL, end = begin + " + std::to_string(tile) + "LL < " + N + " ? begin + " +
-                                 std::to_string(tile) + "LL : " + N + ";\n";
-  // Hist: each tile's digit counts, stored digit-major (hist[d * tiles + tile]).
-  const std::string one_element = "  const long long i = begin + threadIdx.x;\n  const bool valid = i < end;\n";
-  body += "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(tile) + ") " + out.hist + args + " {\n" + ptrs +
-          "  if (*flag) return;\n" + pass_io + tile_range + one_element;
-  body += "  __shared__ unsigned h[256];\n  if (threadIdx.x < 256u) h[threadIdx.x] = 0u;\n  __syncthreads();\n";
-  body += "  if (valid) atomicAdd(&h[(keys_in[i] >> shift) & 255u], 1u);\n";
-  body += "  __syncthreads();\n  if (threadIdx.x < 256u) hist[(long long)threadIdx.x * " + TL + " + blockIdx.x] = h[threadIdx.x];\n}\n";
-  // Scan: exclusive prefix sums of the histograms, in place, by one block of 1024 threads in
-  // rounds of 8192 (each thread's eight adjacent counts loaded together, then the threads'
-  // totals scanned by shuffles and the warps' totals in shared memory): a thread walking its
-  // own stretch in order was latency-bound, 68 us for E2's 32768 counts.
-  const std::string M = std::to_string(256 * tiles) + "LL";
-  body += "extern \"C\" __global__ void __launch_bounds__(1024) " + out.scan + args + " {\n" + ptrs + "  if (*flag) return;\n";
-  body += "  __shared__ unsigned warp_total[32];\n  const unsigned t = threadIdx.x, lane = t & 31u, w = t >> 5;\n";
-  body += "  unsigned carry = 0;\n";
-  body += "  for (long long base = 0; base < " + M + "; base += 8192LL) {\n";
-  body += "    const long long at = base + 8LL * t;\n    unsigned v[8], own = 0;\n";
-  body += "    for (int j = 0; j < 8; ++j) v[j] = at + j < " + M + " ? hist[at + j] : 0u;\n";
-  body += "    for (int j = 0; j < 8; ++j) { const unsigned h = v[j]; v[j] = own; own += h; }\n";
-  body += "    unsigned incl = own;\n";
-  body += "    for (unsigned o = 1; o < 32u; o <<= 1) { const unsigned y = __shfl_up_sync(0xffffffffu, incl, o); if (lane >= o) incl += y; }\n";
-  body += "    if (lane == 31u) warp_total[w] = incl;\n    __syncthreads();\n";
-  body += "    if (w == 0u) {\n      unsigned x = warp_total[lane];\n";
-  body += "      for (unsigned o = 1; o < 32u; o <<= 1) { const unsigned y = __shfl_up_sync(0xffffffffu, x, o); if (lane >= o) x += y; }\n";
-  body += "      warp_total[lane] = x;\n    }\n    __syncthreads();\n";
-  body += "    const unsigned first = carry + (w > 0u ? warp_total[w - 1u] : 0u) + incl - own;\n";
-  body += "    for (int j = 0; j < 8; ++j) if (at + j < " + M + ") hist[at + j] = first + v[j];\n";
-  body += "    carry += warp_total[31];\n    __syncthreads();  // warp_total is the next round's\n  }\n}\n";
-  // Place: one element a thread. Within a warp, equal digits are ranked by __match_any_sync; the
-  // warps' counts of each digit, scanned in warp order after the earlier tiles' (the histogram
-  // scan), give each warp's start, so the pass keeps position order (stable).
-  const std::string W = std::to_string(tile / 32);
-  body += "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(tile) + ") " + out.place + args + " {\n" +
-          ptrs + "  if (*flag) return;\n" + pass_io + tile_range + one_element;
-  body += "  __shared__ unsigned at[" + W + "][256];\n  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;\n";
-  body += "  for (unsigned w = 0; w < " + W + "u; ++w) if (threadIdx.x < 256u) at[w][threadIdx.x] = 0u;\n  __syncthreads();\n";
-  body += "  const unsigned key = valid ? keys_in[i] : 0u, d = valid ? (key >> shift) & 255u : 256u;\n";
-  body += "  const unsigned peers = __match_any_sync(0xffffffffu, d);\n";
-  body += "  const unsigned rank = (unsigned)__popc(peers & ((1u << lane) - 1u));\n";
-  body += "  if (valid && rank == 0u) at[warp][d] = (unsigned)__popc(peers);\n  __syncthreads();\n";
-  body += "  if (threadIdx.x < 256u) {\n    unsigned run = hist[(long long)threadIdx.x * " + TL + " + blockIdx.x];\n";
-  body += "    for (unsigned w = 0; w < " + W + "u; ++w) { const unsigned n = at[w][threadIdx.x]; at[w][threadIdx.x] = run; run += n; }\n  }\n";
-  body += "  __syncthreads();\n";
-  body += "  if (valid) {\n    const unsigned dst = at[warp][d] + rank;\n    keys_out[dst] = key;\n    vals_out[dst] = vals_in[i];\n  }\n}\n";
-  // Init: the elements no run writes (an untouched target, or outside the index's extent).
-  std::string inside = "count[c" + std::to_string(axis) + "] > 0u";
-  for (std::size_t d = 0; d < is.size(); ++d)
-    if (static_cast<int>(d) != axis && is[d] < c.shape[d]) inside += " && c" + std::to_string(d) + " < " + std::to_string(is[d]) + "LL";
-  const std::string constant = c.base_constant ? constant_text(c, c_family::kCudaDialect, needs) : "";
-  body += "extern \"C\" __global__ void " + out.init + args + " {\n" + ptrs + "  if (*flag) return;\n" +
-          thread("q", c.shape.numel() / init_lanes.count) + coords(init_lanes.first("q"), c.shape, "  ");
-  body += "  if (" + inside + ") return;  // the run's thread writes it\n";
-  body += cuda_init_stores(c, init_lanes, needs) + "}\n";
-  // Apply: the first position of each run, four columns a thread.
-  const bool odd = out.passes % 2 == 1;
-  body += "extern \"C\" __global__ void " + out.scatter + args + " {\n" + ptrs + "  if (*flag) return;\n" +
-          thread("id", n * per_run);
-  body += "  const unsigned* keys = " + std::string(odd ? "keys1" : "keys0") + ";\n  const unsigned* vals = " +
-          (odd ? "vals1" : "vals0") + ";\n";
-  body += "  const long long i = id / " + std::to_string(per_run) + "LL, qq = id % " + std::to_string(per_run) + "LL;\n";
-  // The run's first key, the key before it and its first position are read together, and each
-  // step reads the next key and position beside its source row (two dependent reads a run of
-  // one, not four).
-  body += "  const long long t = keys[i];\n  const long long before = i > 0 ? (long long)keys[i - 1] : -1LL;\n";
-  body += "  long long pp = vals[i];\n  if (before == t) return;  // not the run's first\n";
-  body += coords(run_lanes.first("qq"), oth, "  ");
-  const std::string ooff = offset(c.out.strides, c.shape, axis, "t"), boff = c.base_constant ? "" : offset(c.base.strides, c.shape, axis, "t");
-  auto lane_off = [&](const std::string& off, const Strides& strides, i64 j) {
-    return j == 0 ? off : off + " + " + std::to_string(j * run_lanes.stride * strides[last]) + "LL";
-  };
-  const std::string soff = offset(c.src.strides, is, axis, "pp");
-  // The run's sums stay in registers (acc.v[j]): one store of each element, no re-reads of out.
-  const std::string st = c_family::stype(c.dtype);
-  const std::string acc = run_lanes.quad ? "kiln_quad acc" : "struct { " + st + " v[" + std::to_string(run_lanes.count) + "]; } acc";
-  body += "  " + acc + ";\n";
-  if (run_lanes.quad && !c.base_constant) {
-    body += "  acc = kiln_load4(&base[" + boff + "]);\n";
-  } else {
-    for (i64 j = 0; j < run_lanes.count; ++j)
-      body += "  acc.v[" + std::to_string(j) + "] = " +
-              (c.base_constant ? constant : "base[" + lane_off(boff, c.base.strides, j) + "]") + ";\n";
-  }
-  body += "  for (long long r = i;; ++r) {\n";
-  body += "    const bool more = r + 1 < " + N + " && (long long)keys[r + 1] == t;\n";
-  body += "    const long long next = more ? (long long)vals[r + 1] : 0LL;\n";
-  if (run_lanes.quad) body += "    const kiln_quad s = kiln_load4(&src[" + soff + "]);\n";
-  for (i64 j = 0; j < run_lanes.count; ++j) {
-    const std::string js = std::to_string(j);
-    body += "    " + element_into(c, "acc.v[" + js + "]", run_lanes.quad ? "s.v[" + js + "]" : "src[" + lane_off(soff, c.src.strides, j) + "]", needs) + "\n";
-  }
-  body += "    if (!more) break;\n    pp = next;\n  }\n";
-  if (run_lanes.quad)
-    body += "  kiln_store4(&out[" + ooff + "], acc);\n";
+  if (out.linked)
+    body += "  links[c" + ax + "] = atomicExch(&heads[v], (unsigned)c" + ax + " + 1u);\n}\n";
   else
-    for (i64 j = 0; j < run_lanes.count; ++j)
-      body += "  out[" + lane_off(ooff, c.out.strides, j) + "] = acc.v[" + std::to_string(j) + "];\n";
-  body += "}\n";
+    body += "  keys[c" + ax + "] = (unsigned)v;\n  slots[c" + ax + "] = atomicAdd(&counts[v], 1u);\n}\n";
+  if (!out.linked) {
+    // Reserve: each target's run gets `count` places from one cursor (the int after the flag),
+    // one atomic per block: a block's counts are scanned by shuffles, its total reserved, and
+    // each target's start is the block's start plus the counts before it. The runs lie in any
+    // order (a one-block scan of E2's 50304 counts into a fixed layout took 56 us); what a run
+    // holds, and the order of its sums, does not depend on where it lies.
+    body += "extern \"C\" __global__ void __launch_bounds__(1024) " + out.reserve + args + " {\n" + ptrs +
+            "  if (*flag) return;\n";
+    body += "  __shared__ unsigned warp_total[32];\n  __shared__ unsigned block_start;\n";
+    body += "  const long long t = (long long)blockIdx.x * 1024LL + threadIdx.x;\n";
+    body += "  const unsigned lane = threadIdx.x & 31u, w = threadIdx.x >> 5;\n";
+    body += "  const unsigned own = t < " + B + " ? counts[t] : 0u;\n  unsigned incl = own;\n";
+    body += "  for (unsigned o = 1; o < 32u; o <<= 1) { const unsigned y = __shfl_up_sync(0xffffffffu, incl, o); if (lane >= o) incl += y; }\n";
+    body += "  if (lane == 31u) warp_total[w] = incl;\n  __syncthreads();\n";
+    body += "  if (w == 0u) {\n    unsigned x = warp_total[lane];\n";
+    body += "    for (unsigned o = 1; o < 32u; o <<= 1) { const unsigned y = __shfl_up_sync(0xffffffffu, x, o); if (lane >= o) x += y; }\n";
+    body += "    warp_total[lane] = x;\n    if (lane == 31u) block_start = x ? atomicAdd((unsigned*)a.p[4] + " + std::to_string(L.cursor) + ", x) : 0u;\n  }\n";
+    body += "  __syncthreads();\n";
+    body += "  if (t < " + B + " && own) offsets[t] = block_start + (w > 0u ? warp_total[w - 1u] : 0u) + incl - own;\n}\n";
+    // Place: each position at its target's first place plus its arrival place.
+    body += "extern \"C\" __global__ void " + out.place + args + " {\n" + ptrs + "  if (*flag) return;\n" +
+            thread("p", n) + "  placed[offsets[keys[p]] + slots[p]] = (unsigned)p;\n}\n";
+    // Order: each position's rank among its run's positions (distinct, so the ranks are too).
+    {
+      body += "extern \"C\" __global__ void " + out.order + args + " {\n" + ptrs + "  if (*flag) return;\n" +
+              thread("p", n);
+      body += "  const unsigned t = keys[p], first = offsets[t], length = counts[t];\n";
+      body += "  unsigned rank = 0;\n  for (unsigned j = 0; j < length; ++j) rank += placed[first + j] < (unsigned)p;\n";
+      body += "  ordered[first + rank] = (unsigned)p;\n  if (rank == 0u) heads[t] = (unsigned)p;\n}\n";
+    }
+  }
+  // Apply: every output element once, four columns a thread where the lanes allow, and two such
+  // groups a thread (q and q + half, each coalesced across a warp) when they split evenly, their
+  // loads in flight together: the kernel waits on a chain of loads (the run's bounds, then the
+  // source rows), so bytes in flight are what it lacks. (Four groups of one row a thread, with
+  // the run's start waiting on its length, took E2's apply from 101 to 124 us on an H200.)
+  const i64 groups = c.shape.numel() / lanes.count, sets = groups % 2 == 0 ? 2 : 1;
+  out.scatter_threads = groups / sets;
+  body += "extern \"C\" __global__ void " + out.scatter + args + " {\n" + ptrs + "  if (*flag) return;\n" +
+          thread("q", out.scatter_threads);
+  if (!out.linked) body += "  const unsigned* const runs = ordered;\n";
+  const std::string st = c_family::stype(c.dtype);
+  const std::string acc_type = lanes.quad ? "kiln_quad" : "struct { " + st + " v[" + std::to_string(lanes.count) + "]; }";
+  const std::string constant = c.base_constant ? constant_text(c, c_family::kCudaDialect, needs) : "";
+  auto lane_off = [&](const std::string& off, const Strides& strides, i64 j) {
+    return j == 0 ? off : off + " + " + std::to_string(j * lanes.stride * strides[last]) + "LL";
+  };
+  std::string loop;
+  if (out.linked)
+    loop = sets == 1 ? "  while (link_0) {\n" : "  while (link_0 | link_1) {\n";
+  else
+    loop = sets == 1 ? "  for (unsigned r = 0; r < length_0; ++r) {\n"
+                     : "  for (unsigned r = 0; r < (length_0 > length_1 ? length_0 : length_1); ++r) {\n";
+  std::string stores;
+  for (i64 m = 0; m < sets; ++m) {
+    const std::string x = "_" + std::to_string(m);
+    body += coords(lanes.first(m == 0 ? "q" : "q + " + std::to_string(groups / 2) + "LL"), c.shape, "  ", x);
+    std::string inside = "true";
+    for (std::size_t d = 0; d < is.size(); ++d)
+      if (static_cast<int>(d) != axis && is[d] < c.shape[d])
+        inside += " && c" + std::to_string(d) + x + " < " + std::to_string(is[d]) + "LL";
+    body += "  const long long t" + x + " = c" + ax + x + ";\n";
+    // Counted runs: the run's length, start and first position are three independent loads
+    // (the position would otherwise wait on the start), so a run of one reads its source row
+    // after two hops, as a linked run does.
+    if (out.linked)
+      body += "  unsigned link" + x + " = (" + inside + ") ? heads[t" + x + "] : 0u;\n";
+    else
+      body += "  const unsigned length" + x + " = (" + inside + ") ? counts[t" + x + "] : 0u, first" + x + " = offsets[t" +
+              x + "], head" + x + " = heads[t" + x + "];\n";
+    const std::string ooff = offset(c.out.strides, c.shape, -1, "", x),
+                      boff = c.base_constant ? "" : offset(c.base.strides, c.shape, -1, "", x);
+    const std::string soff = offset(c.src.strides, is, axis, "pp" + x, x);
+    // The run's sums stay in registers (acc.v[j]): one store of each element, no re-reads of out.
+    const std::string acc = "acc" + x;
+    body += "  " + acc_type + " " + acc + ";\n";
+    if (lanes.quad && !c.base_constant) {
+      body += "  " + acc + " = kiln_load4(&base[" + boff + "]);\n";
+    } else {
+      for (i64 j = 0; j < lanes.count; ++j)
+        body += "  " + acc + ".v[" + std::to_string(j) + "] = " +
+                (c.base_constant ? constant : "base[" + lane_off(boff, c.base.strides, j) + "]") + ";\n";
+    }
+    if (out.linked) {
+      loop += "    if (link" + x + ") {\n";
+      loop += "      const long long pp" + x + " = (long long)link" + x + " - 1LL;\n      link" + x + " = links[pp" + x + "];\n";
+    } else {
+      loop += "    if (r < length" + x + ") {\n";
+      loop += "      const long long pp" + x + " = r == 0u ? (long long)head" + x + " : (long long)runs[first" + x + " + r];\n";
+    }
+    if (lanes.quad) loop += "      const kiln_quad s" + x + " = kiln_load4(&src[" + soff + "]);\n";
+    for (i64 j = 0; j < lanes.count; ++j) {
+      const std::string js = std::to_string(j);
+      loop += "      " +
+              element_into(c, acc + ".v[" + js + "]",
+                           lanes.quad ? "s" + x + ".v[" + js + "]" : "src[" + lane_off(soff, c.src.strides, j) + "]", needs) +
+              "\n";
+    }
+    loop += "    }\n";
+    if (lanes.quad)
+      stores += "  kiln_store4(&out[" + ooff + "], " + acc + ");\n";
+    else
+      for (i64 j = 0; j < lanes.count; ++j)
+        stores += "  out[" + lane_off(ooff, c.out.strides, j) + "] = " + acc + ".v[" + std::to_string(j) + "];\n";
+  }
+  body += loop + "  }\n" + stores + "}\n";
   std::string& src = out.source;
-  src = "// kiln generated scatter (sorted runs)\nstruct kiln_scatter_args { void* p[5]; int pass; };\n";
+  src = "// kiln generated scatter (sorted runs)\nstruct kiln_scatter_args { void* p[5]; };\n";
   src += cuda_detail::kCudaBase;
   if (needs.half) src += cuda_detail::kCudaHalf;
   if (needs.bf16) src += cuda_detail::kCudaBf16;
-  if (init_lanes.quad || run_lanes.quad) src += quad_helpers(c);
+  if (lanes.quad) src += quad_helpers(c);
   src += c_family::gather_prelude("__device__", "__noinline__",
                                   "(long long)atomicCAS((unsigned long long*)r, 0ull, 1ull)");
   src += body;
@@ -555,7 +576,7 @@ inline ScatterSource generate_cuda_scatter(const sched::ScatterCall& c, const st
             "];\n    " + element(c, ooff, soff, needs) + "\n  }\n}\n";
   }
   std::string& src = out.source;
-  src = "// kiln generated scatter\nstruct kiln_scatter_args { void* p[5]; int pass; };\n";
+  src = "// kiln generated scatter\nstruct kiln_scatter_args { void* p[5]; };\n";
   src += cuda_detail::kCudaBase;
   if (needs.half) src += cuda_detail::kCudaHalf;
   if (needs.bf16) src += cuda_detail::kCudaBf16;

@@ -87,10 +87,13 @@ struct ScatterCall {
   std::int64_t base_iscalar = 0;
   int flag = -1;  ///< the temporary holding the call's range flag (a GPU checks before writing)
   int level = 1;
-  /// GPU, deterministic, an index that is one row of positions (broadcast off the axis, as
-  /// index_add's and index_copy's): the positions are sorted by target (a stable radix sort),
-  /// and one thread per target row and columns applies its run in position order, every output
-  /// element written once. The flag's temporary then holds the sort's buffers too (sorted_ints).
+  /// GPU, an index that is one row of positions (broadcast off the axis, as index_add's and
+  /// index_copy's): the positions are counting-sorted by target (each target's count, their
+  /// running sum, each position placed in its target's run) and one thread per output element
+  /// applies its target's run, so every output element is written once, untouched ones included.
+  /// Deterministic calls (ordered_runs) put each run in position order first; the atomic mode
+  /// links each target's positions in a list instead, in whatever order its atomics run. The
+  /// flag's temporary then holds the runs' buffers too (runs_layout).
   bool sorted_runs = false;
 
   std::int64_t length() const { return index_shape[static_cast<std::size_t>(axis)]; }
@@ -101,22 +104,44 @@ struct ScatterCall {
     return atomic && accumulate &&
            (dtype == DType::Float32 || dtype == DType::Float64 || dtype == DType::Int32 || dtype == DType::Int64);
   }
-  /// The sorted-runs path's elements of a block (radix sort tiles): one a thread, so a pass's
-  /// histogram and placement are one parallel step each (a warp walking 2048 elements in order
-  /// was latency-bound: 0.39 ms for E2's 32768 positions).
-  static constexpr std::int64_t kSortTile = 256;
-  std::int64_t sort_tiles() const { return (length() + kSortTile - 1) / kSortTile; }
-  /// The sorted-runs path's radix passes: eight bits of the target a pass.
-  int sort_passes() const {
-    int bits = 0;
-    while ((std::int64_t{1} << bits) < bound()) ++bits;
-    return std::max(1, (bits + 7) / 8);
+  /// Sorted runs: each run is summed (or written) in position order, the same bits on every run;
+  /// not in the atomic mode, which takes the places' arrival order.
+  bool ordered_runs() const { return !atomic_adds(); }
+  /// Where the sorted-runs buffers lie in the flag's temporary, in int32s: the flag, the cursor
+  /// that hands out the runs' places, each target's count (these three cleared before the
+  /// check, `cleared` ints), each target's first place and its run's first position (in the
+  /// run's order), each position's target and arrival
+  /// place in its run, the runs as placed, and the runs in position order. The atomic mode's
+  /// linked runs hold each target's list head (cleared) and each position's link instead.
+  /// Arrays start on 16-byte boundaries.
+  struct RunsLayout {
+    std::int64_t cursor = 1, counts = 4, offsets = 0, heads = 0, keys = 0, slots = 0, placed = 0, ordered = 0, links = 0,
+                 ints = 1, cleared = 1;
+  };
+  RunsLayout runs_layout() const {
+    RunsLayout l;
+    if (!sorted_runs) return l;
+    auto round4 = [](std::int64_t v) { return (v + 3) / 4 * 4; };
+    const std::int64_t b = round4(bound()), n = round4(length());
+    if (!ordered_runs()) {  // linked runs: each target's list head (cleared), each position's link
+      l.heads = 4;
+      l.links = l.heads + b;
+      l.ints = l.links + n;
+      l.cleared = l.heads + bound();
+      return l;
+    }
+    l.offsets = l.counts + b;
+    l.heads = l.offsets + b;
+    l.keys = l.heads + b;
+    l.slots = l.keys + n;
+    l.placed = l.slots + n;
+    l.ordered = l.placed + n;
+    l.ints = l.ordered + n;
+    l.cleared = l.counts + bound();
+    return l;
   }
-  /// int32s of the flag's temporary: the flag, then with sorted runs each target's count, two
-  /// pairs of (keys, positions) buffers and the digit histograms of the tiles.
-  std::int64_t flag_ints() const {
-    return sorted_runs ? 1 + bound() + 4 * length() + 256 * sort_tiles() : 1;
-  }
+  /// int32s of the flag's temporary: the flag, and with sorted runs their buffers.
+  std::int64_t flag_ints() const { return runs_layout().ints; }
 };
 
 /// One scan (the Scan primitive, run by the runtime's scan kernels): out = the running `kind`
@@ -738,7 +763,7 @@ class StepPlanner {
       bool row_index = c.length() > 0 && c.length() < (std::int64_t{1} << 30) && c.bound() < (std::int64_t{1} << 30);
       for (std::size_t d = 0; d < c.index_shape.size(); ++d)
         if (static_cast<std::int64_t>(d) != c.axis && c.index_shape[d] > 1 && c.index.strides[d] != 0) row_index = false;
-      c.sorted_runs = g_.device.is_cuda() && row_index && !c.atomic_adds();
+      c.sorted_runs = g_.device.is_cuda() && row_index;
       c.flag = static_cast<int>(plan_.temps.size());
       plan_.temps.push_back({Shape{c.flag_ints()}, DType::Int32});
     }

@@ -869,6 +869,7 @@ void register_all(bool variants) {
         {"column_unroll", {"R3"}, &backend::detail::CudaTuning::column_unroll, {8}},
         {"warp_row_vectors", {"N2"}, &backend::detail::CudaTuning::warp_row_vectors, {4, 8}},
         {"row_vectors_per_thread", {"N1", "N3", "N4"}, &backend::detail::CudaTuning::row_vectors_per_thread, {2, 8}},
+        {"pointwise_unroll_gather", {"E1"}, &backend::detail::CudaTuning::pointwise_unroll_gather, {2, 8}},
     };
     for (auto& v : vs)
       for (int value : v.values)

@@ -588,6 +588,8 @@ inline std::vector<CudaTuning> cuda_tuning_candidates() {
   one(&CudaTuning::warp_row_vectors, 8);
   one(&CudaTuning::pointwise_unroll, 1);
   one(&CudaTuning::pointwise_unroll, 4);
+  one(&CudaTuning::pointwise_unroll_gather, 2);
+  one(&CudaTuning::pointwise_unroll_gather, 8);
   one(&CudaTuning::pointwise_unroll_heavy, 2);
   one(&CudaTuning::pointwise_lanes_heavy, 1);
   one(&CudaTuning::pointwise_lanes_heavy, 4);

@@ -45,7 +45,8 @@ class PointwiseKernel : public KernelWriter {
     pl.lanes = v;
     pl.vectors = numel / v;
     pl.tail = numel - pl.vectors * v;
-    const int unroll = pl.unroll = std::max(1, heavy ? t_.pointwise_unroll_heavy : t_.pointwise_unroll);
+    const int unroll = pl.unroll =
+        std::max(1, heavy ? t_.pointwise_unroll_heavy : gathers() ? t_.pointwise_unroll_gather : t_.pointwise_unroll);
     // Each thread takes `unroll` vectors and leaves (the hardware balances blocks across the
     // GPU); only very large tensors loop, over at most 256 blocks' worth per multiprocessor.
     const i64 per_block = static_cast<i64>(block) * unroll;
@@ -53,12 +54,13 @@ class PointwiseKernel : public KernelWriter {
     pl.per_size = sym_ ? per_size(p.order) : 0;
     // (A symbolic size over a space with an empty dim: nothing per unit of the size, so no
     // rule; one block that does nothing, never a grid of 0.)
+    const i64 max_grid = t_.sm_count * i64(256);
     if (sym_ && pl.per_size > 0) {
       pl.launch.grid = 0;
-      pl.launch.grid_rule = CudaGridRule{pl.per_size, v, per_block, t_.sm_count * i64(256)};
+      pl.launch.grid_rule = CudaGridRule{pl.per_size, v, per_block, max_grid};
     } else {
-      pl.launch.grid = static_cast<unsigned>(
-          std::max<i64>(1, std::min<i64>((pl.vectors + per_block - 1) / per_block, t_.sm_count * i64(256))));
+      pl.launch.grid =
+          static_cast<unsigned>(std::max<i64>(1, std::min<i64>((pl.vectors + per_block - 1) / per_block, max_grid)));
     }
     pl.launch.strategy = "pointwise, " + std::to_string(v) + " lane(s) per thread, grid " +
                          (pl.launch.grid == 0 ? rule_text(pl.launch.grid_rule) : std::to_string(pl.launch.grid)) +
@@ -134,23 +136,34 @@ class PointwiseKernel : public KernelWriter {
     }
   }
 
+  /// Whether the kernel reads through a gathered index (a data-dependent load).
+  bool gathers() const {
+    return reached([](const ir::GraphNode& nn) { return nn.op == Op::Gather; }) > 0;
+  }
+
   /// Transcendental functions a pointwise kernel evaluates per element (heavy bodies are not
   /// unrolled: they are bound by arithmetic, and code size costs compile time).
   int heavy_ops() const {
+    return reached([](const ir::GraphNode& nn) { return ir::has_flag(nn.op, ir::kMathCall) || nn.op == Op::Random; });
+  }
+
+  /// The nodes the kernel computes (from its stores back to its loads) for which `pred` holds.
+  template <class Pred>
+  int reached(Pred pred) const {
     std::set<int> seen;
     std::vector<int> todo;
     for (auto& st : k_.stores) todo.push_back(st.node);
-    int heavy = 0;
+    int count = 0;
     while (!todo.empty()) {
       int n = todo.back();
       todo.pop_back();
       if (!seen.insert(n).second) continue;
       const ir::GraphNode& nn = node(n);
-      if (ir::has_flag(nn.op, ir::kMathCall) || nn.op == Op::Random) ++heavy;
+      if (pred(nn)) ++count;
       if (nn.op == Op::Input || ir::is_reduction(nn.op)) continue;
       for (int i : nn.inputs) todo.push_back(i);
     }
-    return heavy;
+    return count;
   }
 };
 

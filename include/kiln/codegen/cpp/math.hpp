@@ -199,10 +199,14 @@ static inline float kiln_log1p_f32(float x) {
 static inline float kiln_tanh_f32(float x) {
   float a = kiln_f32_abs(x);
   a = kiln_f32_sel(a > 10.0f, 10.0f, a); /* tanh(10) rounds to 1 */
-  /* tanh(a) = expm1(2a) / (expm1(2a) + 2): one formula over the whole range, relative error
-     of expm1 is not amplified (the factor is 2 / (em + 2) <= 1). */
+  /* Below 1.5, tanh(a) = expm1(2a) / (expm1(2a) + 2): the relative error of expm1 is not
+     amplified (the factor is 2 / (em + 2) <= 1). From 1.5 on, 1 - 2 / (em + 2): the quotient is
+     at most 0.095, so its error is a fraction of the result's ulp (max 0.66 ulp there, was
+     1.50), and results next to 1 round right: em / (em + 2) rounded its denominator at the
+     result's own ulp and gave 1 for tanh(8.897) = 0.99999994. One division either way. */
   float em = kiln_f32_expm1_core(2.0f * a);
-  float y = em / (em + 2.0f);
+  int big = a >= 1.5f;
+  float y = kiln_f32_sel(big, 1.0f, 0.0f) + kiln_f32_sel(big, -2.0f, em) / (em + 2.0f);
   return kiln_f32_from_bits(kiln_f32_bits(y) | (kiln_f32_bits(x) & 0x80000000u));
 }
 

@@ -657,7 +657,8 @@ inline std::vector<char> outputs_after_digitless(const Program& p, std::uint64_t
       if (st.is_input || st.op.args.empty() || st.op.args[0].is_number() || !is_floating(st.info.dtype)) continue;
       const std::string& name = rows[static_cast<std::size_t>(st.op.desc)].name;
       const bool norm = name.rfind("layer_norm", 0) == 0, sum = name == "sum" || name == "mean" || name == "var";
-      if (name != "prod" && name != "matmul" && !norm && !sum) continue;
+      const bool attention = name == "scaled_dot_product_attention";
+      if (name != "prod" && name != "matmul" && !attention && !norm && !sum) continue;
       const bool f64_compute = st.info.dtype == f64;
       const double top = dtype_max(f64_compute ? f64 : f32);
       const Shape& shape = p.info(st.op.args[0].value).shape;
@@ -674,7 +675,7 @@ inline std::vector<char> outputs_after_digitless(const Program& p, std::uint64_t
           (l > 0 ? up : down) += l;
         }
         order_dependent = up >= up_limit || down < down_limit;
-      } else if (name == "matmul") {
+      } else if (name == "matmul" || attention) {
         if (st.op.args[1].is_number()) continue;
         auto largest = [](const std::vector<double>& vals) {
           double m = 0;
@@ -685,6 +686,13 @@ inline std::vector<char> outputs_after_digitless(const Program& p, std::uint64_t
         const double b = largest(read_values(a.values[static_cast<std::size_t>(st.op.args[1].value)]));
         const double K = static_cast<double>(std::max<std::int64_t>(1, shape.back()));
         order_dependent = largest(x) * b * K >= top;
+        // Attention's scores are q kT (the same rule), and its output a weighted sum of v's
+        // rows over the keys (weights at most 1).
+        if (attention && st.op.args.size() > 2 && !st.op.args[2].is_number()) {
+          const std::vector<std::int64_t>& ks = p.info(st.op.args[1].value).shape;
+          const double S = ks.size() >= 2 ? static_cast<double>(std::max<std::int64_t>(1, ks[ks.size() - 2])) : 1;
+          order_dependent = order_dependent || largest(read_values(a.values[static_cast<std::size_t>(st.op.args[2].value)])) * S >= top;
+        }
       } else {
         std::vector<bool> reduced(shape.size(), false);
         if (norm) {

@@ -451,7 +451,7 @@ inline Operand N(Number n) { return Operand{-1, n}; }
 /// Functions"), in ulps, where they exceed what the host gives: the GPU's JIT is judged with them.
 inline const std::vector<std::pair<std::string, double>>& cuda_bounds() {
   static const std::vector<std::pair<std::string, double>> b = {
-      {"exp", 2}, {"exp2", 2}, {"sin", 2}, {"cos", 2}, {"tan", 4}, {"hypot", 3}};
+      {"exp", 2}, {"exp2", 2}, {"sin", 2}, {"cos", 2}, {"tan", 4}, {"hypot", 3}, {"pow", 4}};
   return b;
 }
 
@@ -2125,8 +2125,24 @@ inline const std::vector<OpDesc>& op_table() {
         out.back() = v.shape.back();
         return Info{q.dtype, out};
       };
+      // The nudged twin also adds 2 sqrt(S) eps sum_j p_j |v_j| (the attention of |v|) to each
+      // element, as matmul's row does: the output is a weighted sum of v's rows over S keys, and
+      // its rounding is bounded by the terms' magnitudes (v's rows of +-1e6 that cancel to 500
+      // keep an error of a few ulps of 1e6), not by its value; the operands' nudges stand for
+      // the scores' rounding.
       d.build = [](const Args& a) {
-        return scaled_dot_product_attention(a.t[0], a.t[1], a.t[2], {}, 0.0, a.p().ints[0] != 0);
+        const bool causal = a.p().ints[0] != 0;
+        Tensor r = scaled_dot_product_attention(a.t[0], a.t[1], a.t[2], {}, 0.0, causal);
+        if (!a.ctx.perturb) return r;
+        const auto& vs = a.t[2].shape();
+        const double S = static_cast<double>(std::max<std::int64_t>(1, vs[vs.size() - 2]));
+        const double eps = a.orig_dtype(0) == f64 ? dtype_eps(f64) : dtype_eps(f32);
+        Rng rng(a.ctx.perturb ^ (static_cast<std::uint64_t>(r.numel()) * 0x9e3779b97f4a7c15ull + 0xa77e));
+        std::vector<double> sign(static_cast<std::size_t>(r.numel()));
+        for (auto& v : sign) v = rng.uniform() < 0.5 ? -1.0 : 1.0;
+        Tensor signs = from_vector<double>(sign, r.shape(), a.ctx.device);
+        Tensor weighted = scaled_dot_product_attention(a.t[0], a.t[1], abs(a.t[2]), {}, 0.0, causal);
+        return Tensor(r + weighted * signs * (2 * std::sqrt(S) * eps));
       };
       t.push_back(d);
     }

@@ -691,7 +691,14 @@ inline std::vector<char> outputs_after_digitless(const Program& p, std::uint64_t
         if (attention && st.op.args.size() > 2 && !st.op.args[2].is_number()) {
           const std::vector<std::int64_t>& ks = p.info(st.op.args[1].value).shape;
           const double S = ks.size() >= 2 ? static_cast<double>(std::max<std::int64_t>(1, ks[ks.size() - 2])) : 1;
-          order_dependent = order_dependent || largest(read_values(a.values[static_cast<std::size_t>(st.op.args[2].value)])) * S >= top;
+          const std::vector<double> vv = read_values(a.values[static_cast<std::size_t>(st.op.args[2].value)]);
+          order_dependent = order_dependent || largest(vv) * S >= top;
+          // Under the causal mask the fused kernels skip the keys past the diagonal a block at
+          // a time (as PyTorch's flash kernels do), while the definition weighs every key by 0:
+          // a non-finite value of v there gives 0 * inf = NaN in one and nothing in the other.
+          const bool causal = !st.op.p.ints.empty() && st.op.p.ints[0] != 0;
+          if (causal)
+            for (double x : vv) order_dependent = order_dependent || !std::isfinite(x);
         }
       } else {
         std::vector<bool> reduced(shape.size(), false);

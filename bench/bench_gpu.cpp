@@ -870,6 +870,7 @@ void register_all(bool variants) {
         {"warp_row_vectors", {"N2"}, &backend::detail::CudaTuning::warp_row_vectors, {4, 8}},
         {"row_vectors_per_thread", {"N1", "N3", "N4"}, &backend::detail::CudaTuning::row_vectors_per_thread, {2, 8}},
         {"pointwise_unroll_gather", {"E1"}, &backend::detail::CudaTuning::pointwise_unroll_gather, {2, 8}},
+        {"row_cache_load_keep", {"N1", "N3", "N4", "N5"}, &backend::detail::CudaTuning::row_cache_load_keep, {-1}},
     };
     for (auto& v : vs)
       for (int value : v.values)

@@ -152,6 +152,23 @@ TEST_CASE("cuda codegen: floating +, - and * are the _rn intrinsics, which NVRTC
   }
 }
 
+TEST_CASE("cuda codegen: a row kept on chip is read with an L2 evict_last policy, and only then") {
+  // N4's shape: the rows of 4096 floats sit in registers; a pointwise kernel's loads stay plain.
+  NodePtr x = shape_only({16384, 4096}, f32), w = shape_only({4096}, f32);
+  ir::Captured rows = capture({softmax_ir(mul(x, expand(w, x->shape)), 1)});
+  sched::Schedule s = sched::schedule(rows.graph);
+  codegen::CudaTarget target = codegen::CudaTarget::sm90();
+  const std::string kept = codegen::generate_cuda(rows.graph, s, "kiln_test", target).source;
+  CHECK(has(kept, "= kiln_ld_keep("));
+  target.row_cache_load_keep = false;
+  const std::string plain = codegen::generate_cuda(rows.graph, s, "kiln_test", target).source;
+  CHECK_FALSE(has(plain, "= kiln_ld_keep("));
+  ir::Captured pointwise = capture({mul(x, expand(w, x->shape))});
+  const std::string pw = codegen::generate_cuda(pointwise.graph, sched::schedule(pointwise.graph), "kiln_test",
+                                                codegen::CudaTarget::sm90()).source;
+  CHECK_FALSE(has(pw, "= kiln_ld_keep("));
+}
+
 TEST_CASE("cuda codegen: launch strategies at the GPU shapes of WORKLOADS.md (H200)") {
   const std::int64_t M = 16384, K = 4096, N = std::int64_t(1) << 26;
   // Pointwise: 16-byte vectors (4 f32 lanes), one kernel.

@@ -596,6 +596,7 @@ inline std::vector<CudaTuning> cuda_tuning_candidates() {
   one(&CudaTuning::row_vectors_per_thread, 2);
   one(&CudaTuning::row_vectors_per_thread, 8);
   one(&CudaTuning::row_cache_shared, 1);
+  one(&CudaTuning::row_cache_load_keep, -1);
   one(&CudaTuning::row_vectors_per_thread_uncached, 16);
   one(&CudaTuning::row_vectors_per_thread_uncached, 64);
   one(&CudaTuning::row_unroll_uncached, 8);

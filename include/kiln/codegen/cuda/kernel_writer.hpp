@@ -297,9 +297,12 @@ class KernelWriter {
       for (std::size_t j = 0; j < nch; ++j) c.text.push_back(cache_ref(cs, j));
       if (!cs.loaded) {
         cs.loaded = true;
-        for (std::size_t j = 0; j < nch; ++j)
-          line_at(sc, c.text[j] + " = *(const " + ct + "*)(" + ptr + " + " + render(off) +
-                          (j ? " + " + lit(static_cast<i64>(j * per)) : "") + ");");
+        // 16-byte chunks kept on chip: read with an L2 evict_last policy (CudaTarget::row_cache_load_keep).
+        const bool keep = t_.row_cache_load_keep && c.chunk_bytes == 16;
+        for (std::size_t j = 0; j < nch; ++j) {
+          const std::string at = ptr + " + " + render(off) + (j ? " + " + lit(static_cast<i64>(j * per)) : "");
+          line_at(sc, c.text[j] + " = " + (keep ? "kiln_ld_keep(" + at + ")" : "*(const " + std::string(ct) + "*)(" + at + ")") + ";");
+        }
       }
       return c;
     }

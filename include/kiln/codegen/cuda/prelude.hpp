@@ -17,6 +17,19 @@ typedef unsigned long long kiln_u64;
 #define KILN_INF_D __longlong_as_double(0x7ff0000000000000LL)
 #define KILN_NAN_D __longlong_as_double(0x7ff8000000000000LL)
 static __device__ __forceinline__ long long kiln_iclamp(long long x, long long hi) { return x < 0 ? 0 : x > hi ? hi : x; }
+// A 16-byte load whose lines L2 evicts last (row kernels' rows kept on chip: see
+// CudaTarget::row_cache_load_keep).
+static __device__ __forceinline__ uint4 kiln_ld_keep(const void* p) {
+#if defined(__CUDA_ARCH__)
+  uint4 r; kiln_u64 pol;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+  asm volatile("ld.global.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "l"(pol));
+  return r;
+#else
+  return *(const uint4*)p;
+#endif
+}
 )";
 
 // IEEE binary16 <-> float: one PTX conversion each on the GPU (round to nearest even,

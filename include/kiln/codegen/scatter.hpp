@@ -373,13 +373,15 @@ inline ScatterSource generate_cuda_sorted_runs(const sched::ScatterCall& c, cons
   out.index_elements = check_shape(c).numel();
   const std::string args = "(kiln_scatter_args a)";
   auto at = [](i64 ints) { return "(unsigned*)a.p[4] + " + std::to_string(ints); };
-  const std::string ptrs = cuda_operands(c) + "  unsigned* const counts = " + at(L.counts) + ";\n" +
-                           "  unsigned* const offsets = " + at(L.offsets) + ";\n" + "  unsigned* const heads = " + at(L.heads) + ";\n" + "  unsigned* const keys = " +
-                           at(L.keys) + ";\n" + "  unsigned* const slots = " + at(L.slots) + ";\n" +
-                           "  unsigned* const placed = " + at(L.placed) + ";\n" + "  unsigned* const ordered = " +
-                           at(L.ordered) + ";\n" + "  unsigned* const links = " + at(L.links) + ";\n" +
-                           "  (void)counts; (void)offsets; (void)heads; (void)keys; (void)slots; (void)placed; (void)ordered;\n"
-                           "  (void)links;\n";
+  // Each mode names only its own buffers (RunsLayout lays out one mode's).
+  auto pointer = [&](const char* buffer, i64 ints) {
+    return std::string("  unsigned* const ") + buffer + " = " + at(ints) + "; (void)" + buffer + ";\n";
+  };
+  const std::string ptrs =
+      cuda_operands(c) + pointer("heads", L.heads) +
+      (out.linked ? pointer("links", L.links)
+                  : pointer("counts", L.counts) + pointer("offsets", L.offsets) + pointer("keys", L.keys) +
+                        pointer("slots", L.slots) + pointer("placed", L.placed) + pointer("ordered", L.ordered));
   const auto thread = cuda_thread;
   std::string body;
   // Check: every index in range (else the flag, and nothing is written); targets and places.

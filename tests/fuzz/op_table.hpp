@@ -394,6 +394,24 @@ struct OpDesc {
   /// The op sums or multiplies many values (reductions but max/min/argmax/argmin, composites
   /// holding such a reduction): the JIT's order of accumulation may differ from the reference's.
   bool accumulates = false;
+  /// How the op's result can depend on the order of its accumulation through the compute
+  /// dtype's range (the judge's outputs_after_digitless, docs/fuzzing.md):
+  /// - Product: partial products that overflow or underflow in some order (prod);
+  /// - Sums: a kept position whose positive or negative terms alone reach the largest value
+  ///   over the reduced dims (sum, mean, var); LastDimSums the same over the last dim
+  ///   (layer_norm; sums of squares, rms_norm's, overflow in every order or in none);
+  /// - Dot: max |a| max |b| K reaching the largest value (matmul);
+  /// - Attention: the scores as Dot, the output as a weighted sum of v over S keys, and under
+  ///   the causal mask any non-finite v (the fused kernels skip keys past the diagonal a block
+  ///   at a time, the definition weighs them by 0).
+  enum class OrderRisk { None, Product, Sums, LastDimSums, Dot, Attention };
+  OrderRisk order_risk = OrderRisk::None;
+  /// The result is the position of a running extreme (cummin's indices): where a later element
+  /// lies within a few roundings of the extreme so far, the last ulp picks the position.
+  bool running_extreme_position = false;
+  /// The accumulation runs along a dim that another operand names positions of (cross_entropy's
+  /// targets): the nudged twin keeps its order instead of reversing it.
+  bool fixed_order = false;
   /// In the float64 twin, non-floating operands from index lift_from on are widened to f64
   /// when the result is floating (i32 * 2.5f is f32 in the program, f64 in its twin).
   bool lift = true;
@@ -901,11 +919,14 @@ inline const std::vector<OpDesc>& op_table() {
     // -- reductions
     t.push_back(reduce_row("sum", kAll, Reduce::SumProd, "sum({0}, {ints}, {keep})",
                            [](const Tensor& x, const Axes& a, bool k) { return sum(x, a, k); }));
+    t.back().order_risk = OpDesc::OrderRisk::Sums;
     t.push_back(reduce_row(
         "prod", kAll, Reduce::SumProd, "prod({0}, {ints}, {keep})",
         [](const Tensor& x, const Axes& a, bool k) { return prod(x, a, k); }, 0.8));
+    t.back().order_risk = OpDesc::OrderRisk::Product;
     t.push_back(reduce_row("mean", kFloats, Reduce::FloatOnly, "mean({0}, {ints}, {keep})",
                            [](const Tensor& x, const Axes& a, bool k) { return mean(x, a, k); }));
+    t.back().order_risk = OpDesc::OrderRisk::Sums;
     t.push_back(reduce_row("max", kAll, Reduce::MaxMin, "max({0}, {ints}, {keep})",
                            [](const Tensor& x, const Axes& a, bool k) { return max(x, a, k); }));
     t.push_back(reduce_row("min", kAll, Reduce::MaxMin, "min({0}, {ints}, {keep})",
@@ -919,6 +940,7 @@ inline const std::vector<OpDesc>& op_table() {
                            [](const Tensor& x, const Axes& a, bool k) { return logsumexp(x, a, k); }));
     {
       OpDesc d = reduce_row("var", kFloats, Reduce::FloatOnly, "var({0}, {ints}, {keep}, {real})", nullptr);
+      d.order_risk = OpDesc::OrderRisk::Sums;
       PickFn base = d.pick;
       d.pick = [base](Gen& g, OpInst& op) {
         if (!base(g, op)) return false;
@@ -1443,6 +1465,7 @@ inline const std::vector<OpDesc>& op_table() {
       d.name = "layer_norm";
       d.group = "composite";
       d.accumulates = true;
+      d.order_risk = OpDesc::OrderRisk::LastDimSums;
       d.cxx = "layer_norm({0})";
       d.pick = norm_pick(0);
       d.predict = norm_predict(0);
@@ -1455,6 +1478,7 @@ inline const std::vector<OpDesc>& op_table() {
       d.build = [](const Args& a) { return layer_norm(a.t[0], a.t[1], a.t[2], a.p().real); };
       t.push_back(d);
       d.name = "rms_norm";
+      d.order_risk = OpDesc::OrderRisk::None;  // sums of squares
       d.cxx = "rms_norm({0})";
       d.pick = norm_pick(0);
       d.predict = norm_predict(0);
@@ -1476,6 +1500,7 @@ inline const std::vector<OpDesc>& op_table() {
       d.name = "cross_entropy";
       d.group = "composite";
       d.accumulates = true;
+      d.fixed_order = true;
       d.cxx = "cross_entropy({0}, {1}, {i0})";
       d.lift = false;  // the targets stay integers
       d.pick = [](Gen& g, OpInst& op) {
@@ -1758,6 +1783,7 @@ inline const std::vector<OpDesc>& op_table() {
       d.name = "matmul";
       d.group = "composite";
       d.accumulates = true;
+      d.order_risk = OpDesc::OrderRisk::Dot;
       d.since = 2;
       d.weight = 1.5;
       d.cxx = "matmul({0}, {1})";
@@ -2020,6 +2046,7 @@ inline const std::vector<OpDesc>& op_table() {
                          [](const Tensor& x, std::int64_t d) -> Tensor { return std::get<0>(cummax(x, d)); }, 0));
     t.push_back(scan_row("cummin_indices", kAll, "std::get<1>(cummin({0}, {i0}))", false,
                          [](const Tensor& x, std::int64_t d) -> Tensor { return std::get<1>(cummin(x, d)); }, 2));
+    t.back().running_extreme_position = true;
     t.push_back(scan_row("logcumsumexp", kFloats, "logcumsumexp({0}, {i0})", true,
                          [](const Tensor& x, std::int64_t d) -> Tensor { return logcumsumexp(x, d); }, 0));
     t.back().ulp = 2;
@@ -2093,6 +2120,7 @@ inline const std::vector<OpDesc>& op_table() {
       d.name = "scaled_dot_product_attention";
       d.group = "composite";
       d.accumulates = true;
+      d.order_risk = OpDesc::OrderRisk::Attention;
       d.since = 6;
       d.weight = 0.5;
       d.cxx = "scaled_dot_product_attention({0}, {1}, {2}, Tensor(), 0.0, {i0} != 0)";

@@ -136,7 +136,7 @@ inline Built build_program(const Program& p, const BuildCtx& ctx, const std::vec
   // and products changes, and with it whether a partial result overflows (a sum of +-1e300
   // and DBL_MAX, a product that meets its 0 before or after it overflowed). cross_entropy's
   // targets name positions along the class dim, so it keeps its order.
-  auto reorders = [&](const OpDesc& d) { return ctx.perturb && d.accumulates && d.name != "cross_entropy"; };
+  auto reorders = [&](const OpDesc& d) { return ctx.perturb && d.accumulates && !d.fixed_order; };
   for (int v = 0; v < p.size(); ++v) {
     const Step& s = p.steps[static_cast<std::size_t>(v)];
     Tensor t;
@@ -610,7 +610,7 @@ inline std::vector<char> outputs_after_digitless(const Program& p, std::uint64_t
     const auto& rows = op_table();
     for (int v = 0; v < p.size(); ++v) {
       const Step& st = p.steps[static_cast<std::size_t>(v)];
-      if (st.is_input || rows[static_cast<std::size_t>(st.op.desc)].name != "cummin_indices") continue;
+      if (st.is_input || !rows[static_cast<std::size_t>(st.op.desc)].running_extreme_position) continue;
       const int operand = st.op.args[0].value;
       if (!is_floating(p.info(operand).dtype)) continue;
       const std::vector<double> x = read_values(a.values[static_cast<std::size_t>(operand)]),
@@ -641,7 +641,8 @@ inline std::vector<char> outputs_after_digitless(const Program& p, std::uint64_t
         }
     }
     // Ops whose result depends on the order of their accumulation through the range of the
-    // compute dtype (float for the half types), judged on the twin's operands:
+    // compute dtype (float for the half types), judged on the twin's operands; the op table's
+    // order_risk column says which rule an op takes (OpDesc::OrderRisk):
     //  - prod: factors whose partial products overflow or underflow in some order (with a 0
     //    or an infinity among them 0 * inf meets NaN or not as the blocking decides; without
     //    one a finite product becomes inf or 0; the reference multiplies in long double);
@@ -655,16 +656,16 @@ inline std::vector<char> outputs_after_digitless(const Program& p, std::uint64_t
     for (int v = 0; v < p.size(); ++v) {
       const Step& st = p.steps[static_cast<std::size_t>(v)];
       if (st.is_input || st.op.args.empty() || st.op.args[0].is_number() || !is_floating(st.info.dtype)) continue;
-      const std::string& name = rows[static_cast<std::size_t>(st.op.desc)].name;
-      const bool norm = name.rfind("layer_norm", 0) == 0, sum = name == "sum" || name == "mean" || name == "var";
-      const bool attention = name == "scaled_dot_product_attention";
-      if (name != "prod" && name != "matmul" && !attention && !norm && !sum) continue;
+      using Risk = OpDesc::OrderRisk;
+      const Risk risk = rows[static_cast<std::size_t>(st.op.desc)].order_risk;
+      if (risk == Risk::None) continue;
+      const bool norm = risk == Risk::LastDimSums, attention = risk == Risk::Attention;
       const bool f64_compute = st.info.dtype == f64;
       const double top = dtype_max(f64_compute ? f64 : f32);
       const Shape& shape = p.info(st.op.args[0].value).shape;
       const std::vector<double> x = read_values(a.values[static_cast<std::size_t>(st.op.args[0].value)]);
       bool order_dependent = false;
-      if (name == "prod") {
+      if (risk == Risk::Product) {
         // log2 of the compute dtype's largest and smallest (subnormal) sizes, and of the
         // largest and the smallest partial product's size
         const double up_limit = f64_compute ? 1024 : 128, down_limit = f64_compute ? -1074 : -149;
@@ -675,7 +676,7 @@ inline std::vector<char> outputs_after_digitless(const Program& p, std::uint64_t
           (l > 0 ? up : down) += l;
         }
         order_dependent = up >= up_limit || down < down_limit;
-      } else if (name == "matmul" || attention) {
+      } else if (risk == Risk::Dot || attention) {
         if (st.op.args[1].is_number()) continue;
         auto largest = [](const std::vector<double>& vals) {
           double m = 0;

@@ -54,6 +54,9 @@ struct BuildCtx {
   /// The JIT under judgement runs on a GPU: the nudge takes the larger of the CPU's and CUDA's
   /// documented bounds (OpDesc::cuda_ulp).
   bool cuda_math = false;
+  /// Every nudge's sign times this: -1 is the mirrored twin, each rounding moved the other way
+  /// (an integer cast of a value next to an integer moves only one way; see check_program).
+  double sign = 1;
 };
 
 /// What a row's builder sees.
@@ -1845,7 +1848,7 @@ inline const std::vector<OpDesc>& op_table() {
         // ties, a normalisation) sees independent moves, as from independent roundings.
         Rng rng(a.ctx.perturb ^ (static_cast<std::uint64_t>(r.numel()) * 0x9e3779b97f4a7c15ull + 0x51ed27));
         std::vector<double> sign(static_cast<std::size_t>(r.numel()));
-        for (auto& v : sign) v = rng.uniform() < 0.5 ? -1.0 : 1.0;
+        for (auto& v : sign) v = (rng.uniform() < 0.5 ? -1.0 : 1.0) * a.ctx.sign;
         Tensor signs = from_vector<double>(sign, r.shape(), a.ctx.device);
         return Tensor(r + matmul(abs(a.t[0]), abs(a.t[1])) * signs * (2 * std::sqrt(K) * eps));
       };
@@ -2167,7 +2170,7 @@ inline const std::vector<OpDesc>& op_table() {
         const double eps = a.orig_dtype(0) == f64 ? dtype_eps(f64) : dtype_eps(f32);
         Rng rng(a.ctx.perturb ^ (static_cast<std::uint64_t>(r.numel()) * 0x9e3779b97f4a7c15ull + 0xa77e));
         std::vector<double> sign(static_cast<std::size_t>(r.numel()));
-        for (auto& v : sign) v = rng.uniform() < 0.5 ? -1.0 : 1.0;
+        for (auto& v : sign) v = (rng.uniform() < 0.5 ? -1.0 : 1.0) * a.ctx.sign;
         Tensor signs = from_vector<double>(sign, r.shape(), a.ctx.device);
         Tensor weighted = scaled_dot_product_attention(a.t[0], a.t[1], abs(a.t[2]), {}, 0.0, causal);
         return Tensor(r + weighted * signs * (2 * std::sqrt(S) * eps));

@@ -152,7 +152,7 @@ inline Built build_program(const Program& p, const BuildCtx& ctx, const std::vec
       std::vector<double> f(static_cast<std::size_t>(x.numel()));
       // The bound itself, with a random sign: a spread drawn inside the bound can come out
       // near 0 and then stands for less than the error the JIT may have.
-      for (auto& e : f) e = 1 + (r.uniform() < 0.5 ? -1 : 1) * ulps * eps;
+      for (auto& e : f) e = 1 + (r.uniform() < 0.5 ? -1 : 1) * ctx.sign * ulps * eps;
       // A finite value the factor would push past DBL_MAX stays as it is: a nudge imitates a
       // rounding, which never makes a finite operand infinite.
       Tensor y = x * from_vector<double>(f, x.shape());
@@ -186,7 +186,7 @@ inline Built build_program(const Program& p, const BuildCtx& ctx, const std::vec
         double eps = s.info.dtype == f64 ? dtype_eps(f64) : dtype_eps(f32);
         std::vector<double> f(xv.size());
         for (std::size_t i = 0; i < f.size(); ++i)
-          f[i] = 1 + (r.uniform() < 0.5 ? -1 : 1) * std::max(d.ulp, d.ulp_of(xv[i])) * eps;
+          f[i] = 1 + (r.uniform() < 0.5 ? -1 : 1) * ctx.sign * std::max(d.ulp, d.ulp_of(xv[i])) * eps;
         Tensor y = t * from_vector<double>(f, t.shape());
         t = Tensor(where(isinf(y) && !isinf(t), t, y));
       } else if (d.ulp > 0) {
@@ -742,9 +742,11 @@ inline std::vector<char> outputs_after_digitless(const Program& p, std::uint64_t
 }
 
 /// The verdict on the JIT's result given the reference's, the float64 twin's and the nudged
-/// twin's; `loose` marks the outputs excused whole (outputs_after_digitless).
+/// twin's (and the mirrored twin's, nudged the other way: an element's spread is the larger
+/// move); `loose` marks the outputs excused whole (outputs_after_digitless).
 inline Verdict judge(const Program& p, const Result& ref, const Result& jit, const Result* twin,
-                     const Result* nudged = nullptr, const std::vector<char>* loose = nullptr) {
+                     const Result* nudged = nullptr, const std::vector<char>* loose = nullptr,
+                     const Result* mirrored = nullptr) {
   Verdict v;
   auto fail = [&](Kind k, std::string d) {
     v.kind = k;
@@ -774,6 +776,10 @@ inline Verdict judge(const Program& p, const Result& ref, const Result& jit, con
     std::vector<double> spread(rv.size(), 0.0);
     if (have_t && nudged && nudged->status == Result::Status::Ok && nudged->values.size() == ref.values.size())
       spread = spread_of(twin->values[o], nudged->values[o], ri.dtype);
+    if (have_t && mirrored && mirrored->status == Result::Status::Ok && mirrored->values.size() == ref.values.size()) {
+      const std::vector<double> other = spread_of(twin->values[o], mirrored->values[o], ri.dtype);
+      for (std::size_t i = 0; i < spread.size() && i < other.size(); ++i) spread[i] = std::max(spread[i], other[i]);
+    }
     if (have_t && loose && o < loose->size() && (*loose)[o])
       for (std::size_t i = 0; i < rv.size(); ++i) spread[i] = HUGE_VAL;
     std::size_t bad = 0, first = 0;
@@ -818,6 +824,15 @@ inline void corrupt(Result& r) {
   }
 }
 
+/// The nudged twin of `p` with every nudge's sign reversed (BuildCtx::sign).
+inline Result mirrored_twin(const Program& p, std::uint64_t perturb, bool cuda_math) {
+  BuildCtx ctx{true, Device::cpu(), perturb, cuda_math};
+  ctx.sign = -1;
+  Result r = run_program(p, Backend::Eager, ctx);
+  set_backend(Backend::Auto);
+  return r;
+}
+
 /// Runs the reference, the JIT (on `device`) and the float64 twin, and judges.
 inline Verdict check_program(const Program& p, Device device = Device::cpu(), bool selftest = false) {
   Result ref = run_program(p, Backend::Eager, BuildCtx{false, Device::cpu()}, true);
@@ -836,6 +851,12 @@ inline Verdict check_program(const Program& p, Device device = Device::cpu(), bo
   if (v.kind == Kind::Mismatch && floating) {
     loose = outputs_after_digitless(p, p.seed * 31 + p.index + 1, device.is_cuda());
     v = judge(p, ref, jit, &twin, &nudged, &loose);
+  }
+  if (v.kind == Kind::Mismatch && floating) {
+    // The nudge's signs are random, so a value next to an integer (then truncated) or a tie
+    // may have been moved away from it only: the mirrored twin moves every rounding the other way.
+    Result mirrored = mirrored_twin(p, p.seed * 31 + p.index + 1, device.is_cuda());
+    v = judge(p, ref, jit, &twin, &nudged, &loose, &mirrored);
   }
   set_backend(Backend::Auto);
   if (v.kind != Kind::Pass || !p.compile_mode) return v;
@@ -859,6 +880,11 @@ inline Verdict check_program(const Program& p, Device device = Device::cpu(), bo
       std::vector<char> lc = outputs_after_digitless(pc, p.seed * 31 + p.index + 1 + c, device.is_cuda());
       cv = c == 0 ? judge(p, ref, calls.first, &twin, &nudged, &lc)
                   : judge(p2, ref2, calls.second, &twin2, &nudged2, &lc);
+      if (cv.kind == Kind::Mismatch) {
+        Result mirrored = mirrored_twin(pc, p.seed * 31 + p.index + 1 + c, device.is_cuda());
+        cv = c == 0 ? judge(p, ref, calls.first, &twin, &nudged, &lc, &mirrored)
+                    : judge(p2, ref2, calls.second, &twin2, &nudged2, &lc, &mirrored);
+      }
       set_backend(Backend::Auto);
     }
     v.excused += cv.excused;

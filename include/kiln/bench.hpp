@@ -67,6 +67,11 @@ struct Options {
   /// on a GPU (so the launch gap after each synchronisation weighs a tenth), 1 on the CPU.
   /// More than 1 needs manual time (a benchmark registered with `add` or `KILN_BENCH`).
   int batch = 0;
+  /// On a GPU with manual time: one untimed call before each batch's start event. The stream is
+  /// then busy while the host dispatches the batch's first call, so the host's dispatch time is
+  /// not counted as GPU time (Triton's do_bench hides it behind its cache flush the same way).
+  /// Off: the host's dispatch of each batch's first call is part of the batch's time.
+  bool lead = true;
 };
 
 /// What `run` measured (also reported as counters).
@@ -263,15 +268,17 @@ inline bool skip_if_unavailable(benchmark::State& state, Device device) {
 }
 
 /// Median milliseconds of one call of `fn` on a GPU: CUDA events around `batches` batches of
-/// `reps` calls, after one untimed call. Throws DeviceError without a GPU.
+/// `reps` calls, after one untimed call; each batch is led by an untimed call when `lead`
+/// (Options::lead). Throws DeviceError without a GPU.
 template <class F>
-double gpu_time_ms(Device device, F&& fn, int batches = 15, int reps = 10) {
+double gpu_time_ms(Device device, F&& fn, int batches = 15, int reps = 10, bool lead = true) {
   const runtime::CudaContext& ctx = runtime::cuda_context(device.index);
   fn();
   runtime::synchronize_cuda(device.index);
   std::vector<double> ms;
   runtime::CudaEvent start(ctx), stop(ctx);
   for (int b = 0; b < batches; ++b) {
+    if (lead) fn();
     start.record();
     for (int r = 0; r < reps; ++r) fn();
     stop.record();
@@ -408,10 +415,15 @@ Measurement run(benchmark::State& state, Device device, const Work& work, Body&&
       seconds += s;
       if (samples.size() < kMaxSamples) samples.push_back(s);
     };
+    std::int64_t lead_calls = 0;  // untimed calls inside the loop (Options::lead)
     if (manual && device.is_cuda()) {
       const runtime::CudaContext& ctx = runtime::cuda_context(device.index);
       runtime::CudaEvent start(ctx), stop(ctx);
       for (auto _ : state) {
+        if (options.lead) {  // manual time: the host clock of the loop is not the figure
+          detail::call(body);
+          ++lead_calls;
+        }
         start.record();
         for (int i = 0; i < batch; ++i) detail::call(body);
         stop.record();
@@ -444,7 +456,8 @@ Measurement run(benchmark::State& state, Device device, const Work& work, Body&&
     m.ms = per_call * 1e3;
     m.median_ms = samples.empty() ? m.ms : detail::median_of(std::move(samples)) * 1e3;
     m.launches_per_call =
-        static_cast<double>(after.launches - before.launches) / static_cast<double>(std::max<std::int64_t>(1, m.calls));
+        static_cast<double>(after.launches - before.launches) /
+        static_cast<double>(std::max<std::int64_t>(1, m.calls + lead_calls));
     state.counters["launches_per_call"] = m.launches_per_call;
     if (after.compiles != before.compiles)
       state.counters["loop_compiles"] = static_cast<double>(after.compiles - before.compiles);

@@ -169,6 +169,22 @@ TEST_CASE("cuda codegen: a row kept on chip is read with an L2 evict_last policy
   CHECK_FALSE(has(pw, "= kiln_ld_keep("));
 }
 
+TEST_CASE("cuda codegen: gathered rows take the evict_last policy with gather_load_keep, their ids never") {
+  // E1's shape: embedding rows of 1024 floats; the ids (i64) and the output stay plain.
+  NodePtr w = shape_only({50304, 1024}, f32), ids = shape_only({32768}, i64);
+  const std::int64_t n = 32768, d = 1024;
+  NodePtr rows = ir::gather(w, ir::broadcast(ir::reshape(ids, Shape{n, 1}), Shape{n, d}), 0, ir::GatherSite::Embedding);
+  ir::Captured c = capture({rows});
+  sched::Schedule s = sched::schedule(c.graph);
+  codegen::CudaTarget target = codegen::CudaTarget::sm90();
+  const std::string plain = codegen::generate_cuda(c.graph, s, "kiln_test", target).source;
+  CHECK_FALSE(has(plain, "= kiln_ld_keep("));
+  target.gather_load_keep = true;
+  const std::string kept = codegen::generate_cuda(c.graph, s, "kiln_test", target).source;
+  CHECK_MESSAGE(has(kept, "= kiln_ld_keep(in0 +"), kept);
+  CHECK_FALSE(has(kept, "kiln_ld_keep(in1"));
+}
+
 TEST_CASE("cuda codegen: launch strategies at the GPU shapes of WORKLOADS.md (H200)") {
   const std::int64_t M = 16384, K = 4096, N = std::int64_t(1) << 26;
   // Pointwise: 16-byte vectors (4 f32 lanes), one kernel.

@@ -315,9 +315,12 @@ class KernelWriter {
       }
     }
     std::string name = fresh("w");
+    // Rows read through a gathered index: an L2 evict_last policy when CudaTarget::gather_load_keep.
+    const bool keep = t_.gather_load_keep && off.has_values() && c.chunk_bytes == 16;
     for (std::size_t j = 0; j < nch; ++j) {
-      line_at(sc, "const " + std::string(ct) + " " + name + "_" + std::to_string(j) + " = *(const " + ct + "*)(" + ptr +
-                      " + " + render(off) + (j ? " + " + lit(static_cast<i64>(j * per)) : "") + ");");
+      const std::string at = ptr + " + " + render(off) + (j ? " + " + lit(static_cast<i64>(j * per)) : "");
+      line_at(sc, "const " + std::string(ct) + " " + name + "_" + std::to_string(j) + " = " +
+                      (keep ? "kiln_ld_keep(" + at + ")" : "*(const " + std::string(ct) + "*)(" + at + ")") + ";");
       c.text.push_back(name + "_" + std::to_string(j));
     }
     scopes_[static_cast<std::size_t>(sc)].memo[mkey] = Val{name, sc, true};

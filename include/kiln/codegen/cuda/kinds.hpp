@@ -46,7 +46,8 @@ inline constexpr unsigned kReadAll = kReadPointwise | kReadRows | kReadSplitRows
   X(warp_rows_per_block, Count, kReadRows)                                                             \
   X(warp_row_vectors, Count, kReadRows)                                                                \
   X(pointwise_unroll_gather, Count, kReadPointwise)                                                    \
-  X(row_cache_load_keep, Switch, kReadRows)
+  X(row_cache_load_keep, Switch, kReadRows)                                                            \
+  X(gather_load_keep, Switch, kReadAll)
 
 /// The kinds (kRead* bits) that read knob `name`; 0 for a name that is not a knob.
 inline unsigned knob_readers(const std::string& name) {

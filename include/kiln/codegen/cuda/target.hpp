@@ -50,6 +50,11 @@ struct CudaTarget {
   /// of cudaMemcpy over the same bytes, also with a new input each launch and without slowing
   /// the kernel after it (evict_first instead: 0.90).
   bool row_cache_load_keep = true;
+  /// 16-byte loads through a gathered index (embedding rows) use the same evict_last policy. Off:
+  /// on an H200 it helped E1 only when the launch before had left clean lines in L2 (0.940 ->
+  /// 0.955 of copy, inputs rotated) and cost as much after a cache flush (0.947 -> 0.930), as
+  /// Triton's do_bench times torch (bench/probes/embedding_l2_policy.cu).
+  bool gather_load_keep = false;
   /// x / d with d loop-invariant (f32): x * (1 / d), the exact division where 1/d is not a
   /// normal number. Off: it bought nothing on an H200 and its select doubles compile time.
   bool reciprocal_div = false;

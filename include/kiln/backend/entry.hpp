@@ -17,16 +17,10 @@
 #include <vector>
 
 #include "kiln/backend/executor.hpp"
+#include "kiln/core/linkage.hpp"
 #include "kiln/core/device.hpp"
 #include "kiln/core/storage.hpp"
 #include "kiln/ir/graph.hpp"
-
-/// `inline` in header-only mode; nothing in compiled mode, where the library defines each entry once.
-#if defined(KILN_COMPILED_LIBRARY)
-#define KILN_ENTRY
-#else
-#define KILN_ENTRY inline
-#endif
 
 namespace kiln::backend {
 

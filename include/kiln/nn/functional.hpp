@@ -9,6 +9,7 @@
 
 #include "kiln/nn/module.hpp"
 #include "kiln/tensor/functions.hpp"
+#include "kiln/tensor/indexing.hpp"
 #include "kiln/tensor/linalg.hpp"
 #include "kiln/tensor/ops.hpp"
 #include "kiln/tensor/shape_ops.hpp"
@@ -32,39 +33,17 @@ namespace detail {
 /// The Philox key of a dropout mask, as a 0-dim int64 node: from the compiled module's seed
 /// argument while one is traced (draw k of the trace adds k), else a fresh key of the global
 /// generator, passed as a kernel argument so every key runs the same kernel.
-inline ir::NodePtr dropout_key(Device device) {
-  if (nn::detail::traced_randomness) {
-    nn::detail::TracedRandomness& r = *nn::detail::traced_randomness;
-    const std::int64_t k = r.draws++;
-    ir::NodePtr seed = r.seed.node();
-    if (seed->device != device) throw DeviceError("dropout: the input is on " + device.str() + ", the module's seed on " + seed->device.str());
-    return k == 0 ? seed : ir::binary(ir::Op::Add, seed, ir::constant_int(k, DType::Int64, Shape{}, device));
-  }
-  return nn::detail::fresh_key("dropout", device);
-}
+KILN_ENTRY ir::NodePtr dropout_key(Device device);
 }  // namespace detail
 
 /// Zeroes each element with probability `p` and scales the rest by 1 / (1 - p) while
 /// `training` (torch.nn.functional.dropout). The mask comes from Philox keyed per call: the
 /// same seed (manual_seed) gives the same mask on every device and thread count.
-inline Tensor dropout(const Tensor& x, double p = 0.5, bool training = true) {
-  if (!(p >= 0.0 && p <= 1.0))
-    throw ValueError("dropout: probability has to be between 0 and 1, but got " + std::to_string(p));
-  if (!training || p == 0.0) return x;
-  if (!is_floating(x.dtype())) throw DTypeError("dropout: input must be floating point, got " + x.describe());
-  if (p == 1.0) return x * 0.0;
-  Tensor keep(ir::random(x.shape(), detail::dropout_key(x.device()), 0, DType::Float32, x.device()));
-  keep = (keep >= p).to(x.dtype());
-  return x * keep * (1.0 / (1.0 - p));
-}
+KILN_ENTRY Tensor dropout(const Tensor& x, double p = 0.5, bool training = true);
 
 /// The additive mask of causal attention over [L, S]: 0 where key j <= query i + (S - L),
 /// -inf elsewhere (torch's is_causal aligns the mask to the top left: j <= i).
-inline Tensor causal_mask(std::int64_t L, std::int64_t S, DType dtype, Device device) {
-  Tensor i = reshape(arange(L, DType::Int64, device), {L, 1});
-  Tensor j = reshape(arange(S, DType::Int64, device), {1, S});
-  return where(j <= i, 0.0, -INFINITY).to(dtype);
-}
+KILN_ENTRY Tensor causal_mask(std::int64_t L, std::int64_t S, DType dtype, Device device);
 
 namespace detail {
 
@@ -75,149 +54,21 @@ struct AttentionOperands {
   double scale = 1.0;
 };
 
-inline AttentionOperands check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
-                                         double dropout_p, bool is_causal, std::optional<double> scale,
-                                         bool enable_gqa) {
-  const std::string op = "scaled_dot_product_attention";
-  const std::string all = "query " + q.describe() + ", key " + k.describe() + " and value " + v.describe();
-  if (!q.defined() || !k.defined() || !v.defined()) throw ValueError(op + ": query, key and value must be defined");
-  if (q.dim() < 2 || k.dim() < 2 || v.dim() < 2 || q.shape().back() != k.shape().back() ||
-      k.shape()[k.dim() - 2] != v.shape()[v.dim() - 2])
-    throw ShapeError(op + ": " + all + " do not match ([..., L, E], [..., S, E], [..., S, Ev])");
-  if (q.dtype() != k.dtype() || q.dtype() != v.dtype())
-    throw DTypeError(op + ": " + all + " must have one dtype");
-  if (!is_floating(q.dtype())) throw DTypeError(op + ": " + all + " must be floating point");
-  if (!(q.device() == k.device()) || !(q.device() == v.device()))
-    throw DeviceError(op + ": " + all + " are on different devices");
-  if (!(dropout_p >= 0.0 && dropout_p <= 1.0))
-    throw ValueError(op + ": dropout_p has to be between 0 and 1, but got " + std::to_string(dropout_p));
-  if (is_causal && attn_mask.defined()) throw ValueError(op + ": pass either attn_mask or is_causal, not both");
-  if (scale && !std::isfinite(*scale)) throw ValueError(op + ": scale must be finite, got " + std::to_string(*scale));
-  AttentionOperands a;
-  a.L = q.shape()[q.dim() - 2], a.S = k.shape()[k.dim() - 2], a.E = q.shape().back(), a.Ev = v.shape().back();
-  a.scale = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(a.E));
-  if (enable_gqa) {
-    if (q.dim() < 3 || k.dim() < 3 || v.dim() < 3 || k.shape()[k.dim() - 3] != v.shape()[v.dim() - 3] ||
-        k.shape()[k.dim() - 3] == 0 || q.shape()[q.dim() - 3] % k.shape()[k.dim() - 3] != 0)
-      throw ShapeError(op + ": enable_gqa needs query heads a multiple of key and value heads (dim -3), got " + all);
-  }
-  // The batch dims (the heads' too, but for grouped heads) broadcast as matmul's do.
-  auto batch = [](const Tensor& t, bool drop_heads) {
-    std::vector<std::int64_t> b(t.shape().begin(), t.shape().end() - (drop_heads && t.dim() >= 3 ? 3 : 2));
-    return Shape(b);
-  };
-  const bool grouped = enable_gqa && q.dim() >= 3;
-  Shape qb = batch(q, grouped), kb = batch(k, grouped), vb = batch(v, grouped);
-  try {
-    broadcast_shapes(broadcast_shapes(qb, kb, "scaled_dot_product_attention"), vb, "scaled_dot_product_attention");
-  } catch (const ShapeError&) {
-    throw ShapeError(op + ": the batch dims of " + all + " do not broadcast");
-  }
-  if (attn_mask.defined()) {
-    if (attn_mask.dtype() != DType::Bool && !is_floating(attn_mask.dtype()))
-      throw DTypeError(op + ": attn_mask must be bool or floating point, got " + attn_mask.describe());
-    if (!(attn_mask.device() == q.device()))
-      throw DeviceError(op + ": attn_mask " + attn_mask.describe() + " is not on " + q.device().str());
-    std::vector<std::int64_t> scores(q.shape().begin(), q.shape().end() - 1);
-    scores.push_back(a.S);
-    Shape want(scores);
-    bool ok = attn_mask.dim() <= static_cast<std::int64_t>(want.size());
-    for (std::int64_t d = 1; ok && d <= attn_mask.dim(); ++d) {
-      const std::int64_t m = attn_mask.shape()[static_cast<std::size_t>(attn_mask.dim() - d)];
-      const std::int64_t w = want[want.size() - static_cast<std::size_t>(d)];
-      ok = m == 1 || m == w;
-    }
-    if (!ok)
-      throw ShapeError(op + ": attn_mask " + attn_mask.describe() + " does not broadcast to the scores " + want.str());
-  }
-  return a;
-}
+KILN_ENTRY AttentionOperands check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
+                                             double dropout_p, bool is_causal, std::optional<double> scale,
+                                             bool enable_gqa);
 
 /// Whether the fused kernels compute this call (else it is written out): no dropout (its mask
 /// is drawn by the written-out form), no mask that requires grad (the kernels give the mask no
 /// gradient), and batch dims equal but for grouped or single key/value heads (a broadcast
 /// batch is written out too). `why` gets the reason when not.
-inline bool fusable_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
-                              double dropout_p, bool enable_gqa, std::string& why) {
-  if (dropout_p > 0.0) {
-    why = "dropout";
-    return false;
-  }
-  if (attn_mask.defined() && attn_mask.requires_grad()) {
-    why = "the mask requires grad";
-    return false;
-  }
-  if (q.dim() != k.dim() || q.dim() != v.dim()) {
-    why = "operand ranks differ";
-    return false;
-  }
-  const std::size_t r = static_cast<std::size_t>(q.dim());
-  for (std::size_t d = 0; d + 2 < r; ++d) {
-    const bool heads = d + 3 == r;
-    if (k.shape()[d] == q.shape()[d] && v.shape()[d] == q.shape()[d]) continue;
-    if (heads && k.shape()[d] == v.shape()[d] && (enable_gqa || k.shape()[d] == 1) && k.shape()[d] > 0 &&
-        q.shape()[d] % k.shape()[d] == 0)
-      continue;
-    why = "the batch dims broadcast";
-    return false;
-  }
-  return true;
-}
+KILN_ENTRY bool fusable_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
+                                  double dropout_p, bool enable_gqa, std::string& why);
 
 /// q, k, v and the mask as the fused kernels take them ([B, H, L, E] and an additive
 /// [B|1, H|1, L, S] mask), one Attention node, and its value in q's leading shape.
-inline Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
-                              bool is_causal, const AttentionOperands& a) {
-  const std::size_t r = static_cast<std::size_t>(q.dim());
-  auto four = [&](const Tensor& t, std::int64_t rows, std::int64_t width) {
-    std::int64_t B = 1, H = 1;
-    for (std::size_t d = 0; d + 3 < r; ++d) B *= t.shape()[d];
-    if (r >= 3) H = t.shape()[r - 3];
-    return reshape(t, {B, H, rows, width});
-  };
-  Tensor q4 = four(q, a.L, a.E), k4 = four(k, a.S, a.E), v4 = four(v, a.S, a.Ev);
-  ir::NodePtr mask;
-  if (attn_mask.defined()) {
-    Tensor m = attn_mask.dtype() == DType::Bool ? where(attn_mask, 0.0, -INFINITY).to(q.dtype()) : attn_mask;
-    // To q's rank, then [B|1, H|1, L, S]: a dim of the batch or heads broadcasts only as a
-    // whole (all 1, or all full); L and S are expanded where they are 1.
-    std::vector<std::int64_t> ms(r, 1);
-    for (std::int64_t d = 1; d <= m.dim(); ++d)
-      ms[r - static_cast<std::size_t>(d)] = m.shape()[static_cast<std::size_t>(m.dim() - d)];
-    m = reshape(m, Shape(ms));
-    std::vector<std::int64_t> full(ms);
-    bool batch_ones = true, batch_full = true;
-    for (std::size_t d = 0; d + 3 < r; ++d) {
-      batch_ones = batch_ones && ms[d] == 1;
-      batch_full = batch_full && ms[d] == q.shape()[d];
-    }
-    if (!batch_ones)
-      for (std::size_t d = 0; d + 3 < r; ++d) full[d] = q.shape()[d];
-    full[r - 2] = a.L, full[r - 1] = a.S;
-    if (full != ms) m = broadcast_to(m, Shape(full));
-    std::int64_t Bm = 1;
-    for (std::size_t d = 0; d + 3 < r; ++d) Bm *= full[d];
-    const std::int64_t Hm = r >= 3 ? full[r - 3] : 1;
-    mask = reshape(m, {Bm, Hm, a.L, a.S}).node();
-    (void)batch_full;
-  }
-  ir::NodePtr out = ir::attention(ir::AttentionRole::Out, q4.node(), k4.node(), v4.node(), mask, is_causal, a.scale);
-  if (out->requires_grad) {
-    // The backward's row log-sum-exp is the forward's sibling: built now, so that a compiled
-    // forward computes it in the same step as the output and saves it (the op table's rule
-    // would build it in the backward, a second pass over the keys).
-    ir::NodePtr lse = ir::attention(ir::AttentionRole::Lse, q4.node(), k4.node(), v4.node(), mask, is_causal, a.scale);
-    auto rule = [q = q4.node(), k = k4.node(), v = v4.node(), mask, lse, is_causal, s = a.scale](
-                    const ir::NodePtr& y, const ir::NodePtr& g) {
-      return ir::attention_gradients(q, k, v, mask, is_causal, s, y, g, lse);
-    };
-    out->custom_gradient = std::make_shared<const ir::CustomGradient>(
-        ir::CustomGradient{{q4.node(), k4.node(), v4.node()}, rule, {lse}});
-  }
-  std::vector<std::int64_t> shape(q.shape().begin(), q.shape().end() - 1);
-  shape.push_back(a.Ev);
-  return reshape(Tensor(out), Shape(shape));
-}
+KILN_ENTRY Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
+                                  bool is_causal, const AttentionOperands& a);
 
 }  // namespace detail
 
@@ -226,41 +77,10 @@ inline Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v,
 /// scores in memory. A row whose keys are all masked gives 0 (torch's safe softmax). The
 /// reference of the fused kernels, and what scaled_dot_product_attention runs where they do
 /// not apply (dropout, a mask that requires grad, broadcast batch dims).
-inline Tensor scaled_dot_product_attention_math(const Tensor& q, const Tensor& k, const Tensor& v,
-                                                const Tensor& attn_mask = {}, double dropout_p = 0.0,
-                                                bool is_causal = false, std::optional<double> scale = std::nullopt,
-                                                bool enable_gqa = false) {
-  const detail::AttentionOperands a = detail::check_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa);
-  Tensor kk = k, vv = v;
-  if (enable_gqa && q.dim() >= 3) {
-    const std::int64_t group = q.shape()[q.dim() - 3] / k.shape()[k.dim() - 3];
-    // Each key/value head repeated for its group of query heads (torch's repeat_interleave).
-    auto repeat_heads = [group](const Tensor& t) {
-      std::vector<std::int64_t> split(t.shape().begin(), t.shape().end()), wide;
-      split.insert(split.end() - 2, 1);
-      wide = split;
-      wide[wide.size() - 3] = group;
-      std::vector<std::int64_t> joined(t.shape().begin(), t.shape().end());
-      joined[joined.size() - 3] *= group;
-      return reshape(broadcast_to(reshape(t, Shape(split)), Shape(wide)), Shape(joined));
-    };
-    kk = repeat_heads(k);
-    vv = repeat_heads(v);
-  }
-  Tensor scores = matmul(q, transpose(kk, -2, -1)) * a.scale;
-  if (is_causal) {
-    scores = scores + causal_mask(a.L, a.S, scores.dtype(), q.device());
-  } else if (attn_mask.defined()) {
-    scores = attn_mask.dtype() == DType::Bool ? masked_fill(scores, logical_not(attn_mask), -INFINITY)
-                                              : Tensor(scores + attn_mask.to(scores.dtype()));
-  }
-  Tensor weights = softmax(scores, -1);
-  // A row of -inf scores softmaxes to NaN; torch's math backend (_safe_softmax) gives 0.
-  if (!is_causal && attn_mask.defined())
-    weights = where(amax(scores, {-1}, true) == -INFINITY, 0.0, weights).to(weights.dtype());
-  if (dropout_p > 0.0) weights = dropout(weights, dropout_p, true);
-  return matmul(weights, vv);
-}
+KILN_ENTRY Tensor scaled_dot_product_attention_math(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                    const Tensor& attn_mask = {}, double dropout_p = 0.0,
+                                                    bool is_causal = false, std::optional<double> scale = std::nullopt,
+                                                    bool enable_gqa = false);
 
 /// softmax(q kᵀ · scale + mask) v over the last two axes (torch.nn.functional.
 /// scaled_dot_product_attention): q [..., L, E], k [..., S, E], v [..., S, Ev] of one floating
@@ -272,24 +92,10 @@ inline Tensor scaled_dot_product_attention_math(const Tensor& q, const Tensor& k
 /// row's saved log-sum-exp; with dropout, a mask that requires grad or broadcast batch dims it
 /// is written out (scaled_dot_product_attention_math). Under autocast it runs in the lower
 /// precision, as torch's. A row whose keys are all masked gives 0.
-inline Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
-                                           const Tensor& attn_mask = {}, double dropout_p = 0.0,
-                                           bool is_causal = false, std::optional<double> scale = std::nullopt,
-                                           bool enable_gqa = false) {
-  using ::kiln::detail::AutocastClass;
-  const Tensor q = ::kiln::detail::autocast_cast(query, AutocastClass::LowerPrecision);
-  const Tensor k = ::kiln::detail::autocast_cast(key, AutocastClass::LowerPrecision);
-  const Tensor v = ::kiln::detail::autocast_cast(value, AutocastClass::LowerPrecision);
-  const detail::AttentionOperands a = detail::check_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa);
-  std::string why;
-  if (!detail::fusable_attention(q, k, v, attn_mask, dropout_p, enable_gqa, why)) {
-    if (log_enabled(LogChannel::schedule))
-      log(LogChannel::schedule, "scaled_dot_product_attention " + q.shape().str() + " written out: " + why);
-    ::kiln::detail::AutocastSuspend inner;
-    return scaled_dot_product_attention_math(q, k, v, attn_mask, dropout_p, is_causal, a.scale, enable_gqa);
-  }
-  return detail::fused_attention(q, k, v, attn_mask, is_causal, a);
-}
+KILN_ENTRY Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
+                                               const Tensor& attn_mask = {}, double dropout_p = 0.0,
+                                               bool is_causal = false, std::optional<double> scale = std::nullopt,
+                                               bool enable_gqa = false);
 
 }  // namespace kiln::nn::functional
 
@@ -297,3 +103,7 @@ namespace kiln {
 /// torch.nn.functional.scaled_dot_product_attention (see nn::functional).
 using nn::functional::scaled_dot_product_attention;
 }  // namespace kiln
+
+#if !defined(KILN_COMPILED_LIBRARY)
+#include "kiln/nn/functional_impl.hpp"
+#endif

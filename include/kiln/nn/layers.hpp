@@ -17,56 +17,24 @@ namespace kiln::nn {
 
 namespace init {
 /// Uniform numbers in [low, high) of `shape` from the global generator.
-inline Tensor uniform(const Shape& shape, double low, double high, DType dtype = f32, Device device = Device::cpu()) {
-  NoGradGuard off;
-  return (rand(shape, dtype, device) * (high - low) + low).eval();
-}
+KILN_ENTRY Tensor uniform(const Shape& shape, double low, double high, DType dtype = f32,
+                          Device device = Device::cpu());
 /// Normal numbers N(mean, std^2) of `shape` from the global generator.
-inline Tensor normal(const Shape& shape, double mean = 0.0, double std = 1.0, DType dtype = f32,
-                     Device device = Device::cpu()) {
-  NoGradGuard off;
-  return (randn(shape, dtype, device) * std + mean).eval();
-}
+KILN_ENTRY Tensor normal(const Shape& shape, double mean = 0.0, double std = 1.0, DType dtype = f32,
+                         Device device = Device::cpu());
 /// Writes U(low, high) into `t` in place (torch.nn.init.uniform_).
-inline Tensor& uniform_(Tensor& t, double low = 0.0, double high = 1.0) {
-  NoGradGuard off;
-  t.assign(uniform(t.shape(), low, high, t.dtype(), t.device()));
-  return t;
-}
+KILN_ENTRY Tensor& uniform_(Tensor& t, double low = 0.0, double high = 1.0);
 /// Writes N(mean, std^2) into `t` in place (torch.nn.init.normal_).
-inline Tensor& normal_(Tensor& t, double mean = 0.0, double std = 1.0) {
-  NoGradGuard off;
-  t.assign(normal(t.shape(), mean, std, t.dtype(), t.device()));
-  return t;
-}
-inline Tensor& constant_(Tensor& t, double value) {
-  NoGradGuard off;
-  t.assign(value);
-  return t;
-}
-inline Tensor& zeros_(Tensor& t) { return constant_(t, 0.0); }
-inline Tensor& ones_(Tensor& t) { return constant_(t, 1.0); }
+KILN_ENTRY Tensor& normal_(Tensor& t, double mean = 0.0, double std = 1.0);
+KILN_ENTRY Tensor& constant_(Tensor& t, double value);
+KILN_ENTRY Tensor& zeros_(Tensor& t);
+KILN_ENTRY Tensor& ones_(Tensor& t);
 /// fan_in and fan_out of a weight (torch.nn.init._calculate_fan_in_and_fan_out).
-inline std::pair<std::int64_t, std::int64_t> fans(const Tensor& t) {
-  if (t.dim() < 2)
-    throw ShapeError("init: fan in and fan out need a tensor of at least 2 dimensions, got " + t.describe());
-  std::int64_t field = 1;
-  for (std::int64_t d = 2; d < t.dim(); ++d) field *= t.shape()[static_cast<std::size_t>(d)];
-  return {t.shape()[1] * field, t.shape()[0] * field};
-}
+KILN_ENTRY std::pair<std::int64_t, std::int64_t> fans(const Tensor& t);
 /// U(-b, b) with b = gain * sqrt(6 / (fan_in + fan_out)) (torch.nn.init.xavier_uniform_).
-inline Tensor& xavier_uniform_(Tensor& t, double gain = 1.0) {
-  auto [in, out] = fans(t);
-  const double b = gain * std::sqrt(6.0 / static_cast<double>(in + out));
-  return uniform_(t, -b, b);
-}
+KILN_ENTRY Tensor& xavier_uniform_(Tensor& t, double gain = 1.0);
 /// torch.nn.init.kaiming_uniform_ with leaky_relu gain sqrt(2 / (1 + a^2)) over fan_in.
-inline Tensor& kaiming_uniform_(Tensor& t, double a = 0.0) {
-  auto [in, out] = fans(t);
-  const double gain = std::sqrt(2.0 / (1.0 + a * a));
-  const double b = gain * std::sqrt(3.0 / static_cast<double>(in));
-  return uniform_(t, -b, b);
-}
+KILN_ENTRY Tensor& kaiming_uniform_(Tensor& t, double a = 0.0);
 }  // namespace init
 
 /// y = x W^T + b (torch.nn.Linear): weight [out_features, in_features], bias [out_features];
@@ -111,19 +79,13 @@ class Embedding : public Module {
     weight = init::normal({num_embeddings, embedding_dim}, 0.0, 1.0, dtype, device);
     if (this->padding_idx) {
       NoGradGuard off;
-      weight.assign(where(reshape(arange(num_embeddings, DType::Int64, device), {num_embeddings, 1}) ==
-                              *this->padding_idx,
-                          0.0, weight));
+      weight.assign(
+          where(reshape(arange(num_embeddings, DType::Int64, device), {num_embeddings, 1}) == *this->padding_idx, 0.0,
+                weight));
     }
     register_parameter("weight", weight);
   }
-  Tensor forward(const Tensor& indices) override {
-    if (!padding_idx) return embedding(weight, indices);
-    // The padding row's gradient is zero: its rows of the result are cut from the tape.
-    Tensor rows = embedding(weight, indices);
-    Tensor pad = unsqueeze(indices == *padding_idx, -1);
-    return where(pad, 0.0, rows);
-  }
+  Tensor forward(const Tensor& indices) override;
   std::string name() const override { return "Embedding"; }
 
   std::int64_t num_embeddings, embedding_dim;
@@ -147,12 +109,7 @@ class LayerNorm : public Module {
       }
     }
   }
-  Tensor forward(const Tensor& x) override {
-    if (x.dim() == 0 || x.shape().back() != normalized_shape)
-      throw ShapeError("LayerNorm: input " + x.describe() + " must end in the normalized size " +
-                       std::to_string(normalized_shape));
-    return layer_norm(x, weight, bias, eps);
-  }
+  Tensor forward(const Tensor& x) override;
   std::string name() const override { return "LayerNorm"; }
 
   std::int64_t normalized_shape;
@@ -172,12 +129,7 @@ class RMSNorm : public Module {
       register_parameter("weight", weight);
     }
   }
-  Tensor forward(const Tensor& x) override {
-    if (x.dim() == 0 || x.shape().back() != normalized_shape)
-      throw ShapeError("RMSNorm: input " + x.describe() + " must end in the normalized size " +
-                       std::to_string(normalized_shape));
-    return rms_norm(x, weight, eps);
-  }
+  Tensor forward(const Tensor& x) override;
   std::string name() const override { return "RMSNorm"; }
 
   std::int64_t normalized_shape;
@@ -240,13 +192,14 @@ class ModuleList : public Module {
   template <class... Ms>
   // Not for one ModuleList-like argument: that is a copy or a move (nest one with push_back).
   requires(sizeof...(Ms) > 0 && (std::is_base_of_v<Module, std::decay_t<Ms>> && ...) &&
-           !(sizeof...(Ms) == 1 && (std::is_base_of_v<ModuleList, std::decay_t<Ms>> && ...)))
-  explicit ModuleList(Ms&&... ms) {
+           !(sizeof...(Ms) == 1 &&
+             (std::is_base_of_v<ModuleList, std::decay_t<Ms>> && ...))) explicit ModuleList(Ms&&... ms) {
     (push_back(std::forward<Ms>(ms)), ...);
   }
   /// Appends a copy (or the moved module) owned by the list; returns it.
   template <class M>
-  requires std::is_base_of_v<Module, std::decay_t<M>> std::decay_t<M>& push_back(M&& module) {
+  requires std::is_base_of_v<Module, std::decay_t<M>> std::decay_t<M>
+  &push_back(M&& module) {
     auto owned = std::make_shared<std::decay_t<M>>(std::forward<M>(module));
     return *push_back(std::move(owned));
   }
@@ -272,12 +225,7 @@ class ModuleList : public Module {
   std::string name() const override { return "ModuleList"; }
 
  protected:
-  const std::shared_ptr<Module>& at(std::size_t i) const {
-    if (i >= items_.size())
-      throw IndexError("ModuleList: index " + std::to_string(i) + " is out of range for " +
-                       std::to_string(items_.size()) + " modules");
-    return items_[i];
-  }
+  const std::shared_ptr<Module>& at(std::size_t i) const;
   std::vector<std::shared_ptr<Module>> items_;
 };
 
@@ -286,11 +234,7 @@ class ModuleList : public Module {
 class Sequential : public ModuleList {
  public:
   using ModuleList::ModuleList;
-  Tensor forward(const Tensor& x) override {
-    Tensor y = x;
-    for (const std::shared_ptr<Module>& m : items_) y = m->forward(y);
-    return y;
-  }
+  Tensor forward(const Tensor& x) override;
   std::string name() const override { return "Sequential"; }
 };
 
@@ -359,8 +303,7 @@ class MultiheadAttention : public Module {
   using Module::operator();
   /// forward(query, key, value, ...): `mha(q, k, v)` as torch's module call.
   std::pair<Tensor, Tensor> operator()(const Tensor& query, const Tensor& key, const Tensor& value,
-                                       const Tensor& attn_mask = {}, bool need_weights = true,
-                                       bool is_causal = false) {
+                                       const Tensor& attn_mask = {}, bool need_weights = true, bool is_causal = false) {
     return forward(query, key, value, attn_mask, need_weights, is_causal);
   }
   std::string name() const override { return "MultiheadAttention"; }
@@ -390,20 +333,7 @@ class CausalSelfAttention : public Module {
     register_module("c_attn", c_attn);
     register_module("c_proj", c_proj);
   }
-  Tensor forward(const Tensor& x) override {
-    if (x.dim() != 3 || x.shape()[2] != n_embd)
-      throw ShapeError("CausalSelfAttention: input " + x.describe() + " must be [B, T, " + std::to_string(n_embd) +
-                       "]");
-    const std::int64_t B = x.shape()[0], T = x.shape()[1], H = n_head, D = n_embd / n_head;
-    Tensor qkv = c_attn.forward(x);  // [B, T, 3C]
-    auto head = [&](std::int64_t part) {
-      return transpose(reshape(slice(qkv, 2, part * n_embd, (part + 1) * n_embd), {B, T, H, D}), 1, 2);
-    };
-    Tensor y = functional::scaled_dot_product_attention(head(0), head(1), head(2), {},
-                                                        is_training() ? dropout : 0.0, true);
-    y = reshape(transpose(y, 1, 2), {B, T, n_embd});
-    return functional::dropout(c_proj.forward(y), dropout, is_training());
-  }
+  Tensor forward(const Tensor& x) override;
   std::string name() const override { return "CausalSelfAttention"; }
 
   std::int64_t n_embd, n_head;
@@ -412,3 +342,7 @@ class CausalSelfAttention : public Module {
 };
 
 }  // namespace kiln::nn
+
+#if !defined(KILN_COMPILED_LIBRARY)
+#include "kiln/nn/layers_impl.hpp"
+#endif

@@ -33,10 +33,7 @@ class LRScheduler {
   LRScheduler& operator=(const LRScheduler&) = delete;
 
   /// Advances the schedule by one and sets the groups' lr.
-  virtual void step() {
-    ++step_count_;
-    update_lr(std::nullopt);
-  }
+  virtual void step();
   /// The lr of each group that the last step set.
   std::vector<double> get_last_lr() const { return last_lr_; }
   /// Steps taken since epoch 0 (torch's last_epoch: 0 right after construction).
@@ -46,32 +43,9 @@ class LRScheduler {
   Optimizer& optimizer() const { return *optimizer_; }
 
   /// last_epoch, the steps counted, base_lrs and the last lrs, for checkpoints.
-  virtual nn::StateDict state_dict() const {
-    nn::StateDict out;
-    out.insert("last_epoch", from_vector<std::int64_t>({last_epoch_}, Shape{}));
-    out.insert("_step_count", from_vector<std::int64_t>({step_count_}, Shape{}));
-    out.insert("base_lrs", from_vector<double>(base_lrs_, Shape{static_cast<std::int64_t>(base_lrs_.size())}));
-    out.insert("_last_lr", from_vector<double>(last_lr_, Shape{static_cast<std::int64_t>(last_lr_.size())}));
-    return out;
-  }
+  virtual nn::StateDict state_dict() const;
   /// Restores what state_dict() saved (ValueError naming a missing or mis-shaped key).
-  virtual void load_state_dict(const nn::StateDict& dict) {
-    const auto n = static_cast<std::int64_t>(base_lrs_.size());
-    auto get = [&](const std::string& key, const Shape& shape) {
-      const Tensor* t = dict.find(key);
-      if (!t) throw ValueError("LRScheduler.load_state_dict: missing key '" + key + "'");
-      if (!t->defined() || t->shape() != shape)
-        throw ValueError("LRScheduler.load_state_dict: key '" + key + "' has shape " +
-                         (t->defined() ? t->shape().str() : std::string("undefined")) + ", expected " + shape.str());
-      return t->to_vector<double>();
-    };
-    const std::vector<double> epoch = get("last_epoch", Shape{}), count = get("_step_count", Shape{});
-    std::vector<double> base = get("base_lrs", Shape{n}), last = get("_last_lr", Shape{n});
-    last_epoch_ = std::llround(epoch[0]);
-    step_count_ = std::llround(count[0]);
-    base_lrs_ = std::move(base);
-    last_lr_ = std::move(last);
-  }
+  virtual void load_state_dict(const nn::StateDict& dict);
 
  protected:
   explicit LRScheduler(Optimizer& optimizer) : optimizer_(&optimizer) {
@@ -87,39 +61,12 @@ class LRScheduler {
   virtual std::optional<std::vector<double>> closed_form_lr() const { return std::nullopt; }
 
   /// torch's _initial_step: derived constructors call it last.
-  void initial_step() {
-    step_count_ = 0;
-    is_initial_ = true;
-    try {
-      step();
-    } catch (...) {
-      is_initial_ = false;
-      throw;
-    }
-    is_initial_ = false;
-  }
+  void initial_step();
   /// Sets the groups' lr for the next epoch, or for `epoch` by the closed form if there is one.
-  void update_lr(std::optional<std::int64_t> epoch) {
-    std::vector<double> values;
-    if (!epoch) {
-      ++last_epoch_;
-      values = get_lr();
-    } else {
-      last_epoch_ = *epoch;
-      std::optional<std::vector<double>> closed = closed_form_lr();
-      values = closed ? *closed : get_lr();
-    }
-    std::vector<ParamGroup>& groups = optimizer_->param_groups();
-    for (std::size_t i = 0; i < groups.size() && i < values.size(); ++i) groups[i].lr = values[i];
-    last_lr_ = group_lrs();
-  }
+  void update_lr(std::optional<std::int64_t> epoch);
   /// Undoes the step a scheduler took when it was made (SequentialLR re-takes it).
   virtual void undo_initial_step() { --last_epoch_; }
-  std::vector<double> group_lrs() const {
-    std::vector<double> out;
-    for (const ParamGroup& g : optimizer_->param_groups()) out.push_back(g.lr);
-    return out;
-  }
+  std::vector<double> group_lrs() const;
 
   Optimizer* optimizer_;
   std::vector<double> base_lrs_;
@@ -137,7 +84,7 @@ class LambdaLR : public LRScheduler {
  public:
   LambdaLR(Optimizer& optimizer, std::function<double(std::int64_t)> lr_lambda)
       : LambdaLR(optimizer, std::vector<std::function<double(std::int64_t)>>(optimizer.param_groups().size(),
-                                                                              std::move(lr_lambda))) {}
+                                                                             std::move(lr_lambda))) {}
   LambdaLR(Optimizer& optimizer, std::vector<std::function<double(std::int64_t)>> lr_lambdas)
       : LRScheduler(optimizer), lambdas_(std::move(lr_lambdas)) {
     if (lambdas_.size() != optimizer.param_groups().size())
@@ -149,11 +96,7 @@ class LambdaLR : public LRScheduler {
   }
 
  protected:
-  std::vector<double> get_lr() const override {
-    std::vector<double> out;
-    for (std::size_t i = 0; i < base_lrs_.size(); ++i) out.push_back(base_lrs_[i] * lambdas_[i](last_epoch_));
-    return out;
-  }
+  std::vector<double> get_lr() const override;
 
  private:
   std::vector<std::function<double(std::int64_t)>> lambdas_;
@@ -169,17 +112,8 @@ class StepLR : public LRScheduler {
   }
 
  protected:
-  std::vector<double> get_lr() const override {
-    std::vector<double> lrs = group_lrs();
-    if (last_epoch_ == 0 || last_epoch_ % step_size_ != 0) return lrs;
-    for (double& lr : lrs) lr *= gamma_;
-    return lrs;
-  }
-  std::optional<std::vector<double>> closed_form_lr() const override {
-    std::vector<double> out;
-    for (double b : base_lrs_) out.push_back(b * std::pow(gamma_, static_cast<double>(last_epoch_ / step_size_)));
-    return out;
-  }
+  std::vector<double> get_lr() const override;
+  std::optional<std::vector<double>> closed_form_lr() const override;
 
  private:
   std::int64_t step_size_;
@@ -197,21 +131,8 @@ class MultiStepLR : public LRScheduler {
   }
 
  protected:
-  std::vector<double> get_lr() const override {
-    std::vector<double> lrs = group_lrs();
-    auto it = count_.find(last_epoch_);
-    if (it == count_.end()) return lrs;
-    for (double& lr : lrs) lr *= std::pow(gamma_, static_cast<double>(it->second));
-    return lrs;
-  }
-  std::optional<std::vector<double>> closed_form_lr() const override {
-    std::int64_t passed = 0;
-    for (const auto& [m, c] : count_)
-      if (m <= last_epoch_) passed += c;
-    std::vector<double> out;
-    for (double b : base_lrs_) out.push_back(b * std::pow(gamma_, static_cast<double>(passed)));
-    return out;
-  }
+  std::vector<double> get_lr() const override;
+  std::optional<std::vector<double>> closed_form_lr() const override;
 
  private:
   std::map<std::int64_t, std::int64_t> count_;
@@ -224,17 +145,8 @@ class ExponentialLR : public LRScheduler {
   ExponentialLR(Optimizer& optimizer, double gamma) : LRScheduler(optimizer), gamma_(gamma) { initial_step(); }
 
  protected:
-  std::vector<double> get_lr() const override {
-    std::vector<double> lrs = group_lrs();
-    if (is_initial_) return lrs;
-    for (double& lr : lrs) lr *= gamma_;
-    return lrs;
-  }
-  std::optional<std::vector<double>> closed_form_lr() const override {
-    std::vector<double> out;
-    for (double b : base_lrs_) out.push_back(b * std::pow(gamma_, static_cast<double>(last_epoch_)));
-    return out;
-  }
+  std::vector<double> get_lr() const override;
+  std::optional<std::vector<double>> closed_form_lr() const override;
 
  private:
   double gamma_;
@@ -252,31 +164,8 @@ class CosineAnnealingLR : public LRScheduler {
   }
 
  protected:
-  std::vector<double> get_lr() const override {
-    const double pi = std::numbers::pi, T = static_cast<double>(t_max_), e = static_cast<double>(last_epoch_);
-    std::vector<double> lrs = group_lrs();
-    if (is_initial_) return lrs;
-    if (step_count_ == 1 && last_epoch_ > 0) {
-      for (std::size_t i = 0; i < lrs.size(); ++i)
-        lrs[i] = eta_min_ + (base_lrs_[i] - eta_min_) * (1 + std::cos(e * pi / T)) / 2;
-      return lrs;
-    }
-    if ((last_epoch_ - 1 - t_max_) % (2 * t_max_) == 0) {
-      for (std::size_t i = 0; i < lrs.size(); ++i) lrs[i] += (base_lrs_[i] - eta_min_) * (1 - std::cos(pi / T)) / 2;
-      return lrs;
-    }
-    for (double& lr : lrs) lr = (1 + std::cos(pi * e / T)) / (1 + std::cos(pi * (e - 1) / T)) * (lr - eta_min_) + eta_min_;
-    return lrs;
-  }
-  std::optional<std::vector<double>> closed_form_lr() const override {
-    const double pi = std::numbers::pi;
-    std::vector<double> out;
-    for (double b : base_lrs_)
-      out.push_back(eta_min_ + (b - eta_min_) * (1 + std::cos(pi * static_cast<double>(last_epoch_) /
-                                                               static_cast<double>(t_max_))) /
-                                   2);
-    return out;
-  }
+  std::vector<double> get_lr() const override;
+  std::optional<std::vector<double>> closed_form_lr() const override;
 
  private:
   std::int64_t t_max_;
@@ -296,29 +185,14 @@ class LinearLR : public LRScheduler {
     if (end_factor > 1.0 || end_factor < 0)
       throw ValueError("LinearLR: ending multiplicative factor expected to be between 0 and 1, got " +
                        std::to_string(end_factor));
-    if (total_iters <= 0) throw ValueError("LinearLR: total_iters must be positive, got " + std::to_string(total_iters));
+    if (total_iters <= 0)
+      throw ValueError("LinearLR: total_iters must be positive, got " + std::to_string(total_iters));
     initial_step();
   }
 
  protected:
-  std::vector<double> get_lr() const override {
-    std::vector<double> lrs = group_lrs();
-    if (last_epoch_ == 0) {
-      for (double& lr : lrs) lr *= start_;
-      return lrs;
-    }
-    if (is_initial_ || last_epoch_ > total_) return lrs;
-    const double f = 1.0 + (end_ - start_) / (static_cast<double>(total_) * start_ +
-                                              static_cast<double>(last_epoch_ - 1) * (end_ - start_));
-    for (double& lr : lrs) lr *= f;
-    return lrs;
-  }
-  std::optional<std::vector<double>> closed_form_lr() const override {
-    std::vector<double> out;
-    const double done = static_cast<double>(std::min(total_, last_epoch_)) / static_cast<double>(total_);
-    for (double b : base_lrs_) out.push_back(b * (start_ + (end_ - start_) * done));
-    return out;
-  }
+  std::vector<double> get_lr() const override;
+  std::optional<std::vector<double>> closed_form_lr() const override;
 
  private:
   double start_, end_;
@@ -343,10 +217,10 @@ class SequentialLR : public LRScheduler {
                          std::to_string(i) + " belongs to another");
     }
     if (milestones_.size() != schedulers_.size() - 1)
-      throw ValueError("SequentialLR expects number of schedulers provided to be one more than the number of "
-                       "milestone points, but got " +
-                       std::to_string(schedulers_.size()) + " schedulers and " + std::to_string(milestones_.size()) +
-                       " milestones");
+      throw ValueError(
+          "SequentialLR expects number of schedulers provided to be one more than the number of "
+          "milestone points, but got " +
+          std::to_string(schedulers_.size()) + " schedulers and " + std::to_string(milestones_.size()) + " milestones");
     last_epoch_ = 0;
     for (ParamGroup& g : optimizer.param_groups()) g.lr = *g.initial_lr;
     for (auto& s : schedulers_) s->undo_initial_step();
@@ -354,34 +228,10 @@ class SequentialLR : public LRScheduler {
     last_lr_ = schedulers_[0]->get_last_lr();
   }
 
-  void step() override {
-    ++last_epoch_;
-    const auto idx =
-        static_cast<std::size_t>(std::upper_bound(milestones_.begin(), milestones_.end(), last_epoch_) - milestones_.begin());
-    LRScheduler& s = *schedulers_[idx];
-    if (idx > 0 && milestones_[idx - 1] == last_epoch_)
-      s.update_lr(0);
-    else
-      s.step();
-    last_lr_ = s.get_last_lr();
-  }
+  void step() override;
 
-  nn::StateDict state_dict() const override {
-    nn::StateDict out = LRScheduler::state_dict();
-    for (std::size_t i = 0; i < schedulers_.size(); ++i)
-      for (const auto& [k, v] : schedulers_[i]->state_dict()) out.insert("_schedulers." + std::to_string(i) + "." + k, v);
-    return out;
-  }
-  void load_state_dict(const nn::StateDict& dict) override {
-    LRScheduler::load_state_dict(dict);
-    for (std::size_t i = 0; i < schedulers_.size(); ++i) {
-      const std::string prefix = "_schedulers." + std::to_string(i) + ".";
-      nn::StateDict sub;
-      for (const auto& [k, v] : dict)
-        if (k.rfind(prefix, 0) == 0) sub.insert(k.substr(prefix.size()), v);
-      schedulers_[i]->load_state_dict(sub);
-    }
-  }
+  nn::StateDict state_dict() const override;
+  void load_state_dict(const nn::StateDict& dict) override;
 
  protected:
   std::vector<double> get_lr() const override {
@@ -397,3 +247,7 @@ class SequentialLR : public LRScheduler {
 };
 
 }  // namespace kiln::optim
+
+#if !defined(KILN_COMPILED_LIBRARY)
+#include "kiln/optim/lr_scheduler_impl.hpp"
+#endif

@@ -36,17 +36,7 @@ class SGD : public Optimizer {
   /// Adds a group with the optimizer's default hyper-parameters (those it was made with).
   void add_param_group(std::vector<Tensor> params) { add_param_group(std::move(params), defaults_); }
   /// Adds a group with its own hyper-parameters.
-  void add_param_group(std::vector<Tensor> params, const SGDOptions& o) {
-    ParamGroup g;
-    g.params = std::move(params);
-    g.lr = o.lr;
-    g.momentum = o.momentum;
-    g.dampening = o.dampening;
-    g.weight_decay = o.weight_decay;
-    g.nesterov = o.nesterov;
-    g.maximize = o.maximize;
-    Optimizer::add_param_group(std::move(g));
-  }
+  void add_param_group(std::vector<Tensor> params, const SGDOptions& o);
   using Optimizer::add_param_group;
 
   /// The hyper-parameters the optimizer was made with.
@@ -54,22 +44,8 @@ class SGD : public Optimizer {
 
  protected:
   const char* name() const override { return "SGD"; }
-  void check_options(const ParamGroup& g) const override {
-    if (!(g.lr >= 0)) throw ValueError("SGD: invalid learning rate: " + std::to_string(g.lr));
-    if (!(g.momentum >= 0)) throw ValueError("SGD: invalid momentum value: " + std::to_string(g.momentum));
-    if (!(g.weight_decay >= 0)) throw ValueError("SGD: invalid weight_decay value: " + std::to_string(g.weight_decay));
-    if (g.nesterov && (g.momentum <= 0 || g.dampening != 0))
-      throw ValueError("SGD: Nesterov momentum requires a momentum and zero dampening (momentum " +
-                       std::to_string(g.momentum) + ", dampening " + std::to_string(g.dampening) + ")");
-  }
-  std::vector<Field> fields() const override {
-    return {{"lr", &ParamGroup::lr},
-            {"momentum", &ParamGroup::momentum},
-            {"dampening", &ParamGroup::dampening},
-            {"weight_decay", &ParamGroup::weight_decay},
-            {"nesterov", nullptr, &ParamGroup::nesterov},
-            {"maximize", nullptr, &ParamGroup::maximize}};
-  }
+  void check_options(const ParamGroup& g) const override;
+  std::vector<Field> fields() const override;
   std::vector<std::string> slot_names() const override { return {"momentum_buffer"}; }
   bool slot_used(const ParamGroup& g, std::size_t) const override { return g.momentum != 0; }
   bool slot_required(std::size_t) const override { return true; }
@@ -77,28 +53,16 @@ class SGD : public Optimizer {
 
   // The numbers a step reads: lr, weight_decay, momentum, then the buffer's update b * keep + g *
   // take (keep = 0, take = 1 on the buffer's first step: b = g).
-  std::vector<double> scalars(const ParamGroup& g, const detail::ParamState& ps) const override {
-    const bool first = !ps.initialized;
-    return {g.lr, g.weight_decay, g.momentum, first ? 0.0 : g.momentum, first ? 1.0 : 1.0 - g.dampening};
-  }
+  std::vector<double> scalars(const ParamGroup& g, const detail::ParamState& ps) const override;
 
-  Updated update(const ParamGroup& g, const Update& in) const override {
-    using namespace detail;
-    NodePtr grad = g.maximize ? neg(in.grad) : in.grad;
-    if (g.weight_decay != 0) grad = add(grad, mul(in.scalar(1), in.param));
-    Updated out;
-    out.state.resize(1);
-    if (g.momentum != 0) {
-      NodePtr buf = add(mul(in.state[0], in.scalar(3)), mul(grad, in.scalar(4)));
-      out.state[0] = buf;
-      grad = g.nesterov ? add(grad, mul(in.scalar(2), buf)) : buf;
-    }
-    out.param = sub(in.param, mul(in.scalar(0), grad));
-    return out;
-  }
+  Updated update(const ParamGroup& g, const Update& in) const override;
 
  private:
   SGDOptions defaults_;
 };
 
 }  // namespace kiln::optim
+
+#if !defined(KILN_COMPILED_LIBRARY)
+#include "kiln/optim/sgd_impl.hpp"
+#endif

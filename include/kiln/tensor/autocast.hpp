@@ -15,6 +15,7 @@
 #include "kiln/core/device.hpp"
 #include "kiln/core/dtype.hpp"
 #include "kiln/core/error.hpp"
+#include "kiln/core/linkage.hpp"
 #include "kiln/tensor/tensor.hpp"
 
 namespace kiln {
@@ -40,70 +41,30 @@ inline thread_local AutocastState autocast_tls;
 inline std::size_t autocast_kind(Device::Kind k) { return static_cast<std::size_t>(k); }
 
 /// Whether autocast applies to ops on `device` now.
-inline bool autocast_on(Device device) {
-  const std::size_t k = autocast_kind(device.kind);
-  return k < kAutocastKinds && autocast_tls.enabled[k];
-}
+KILN_ENTRY bool autocast_on(Device device);
 
 /// torch's is_eligible: a floating tensor that is not float64.
 constexpr bool autocast_eligible(DType t) { return is_floating(t) && t != DType::Float64; }
 
 /// The dtype autocast gives an input of dtype `t` on `device` for an op of class `c` (`t` when
 /// autocast leaves it; Promote is decided over all inputs, see autocast_promote).
-inline DType autocast_target(AutocastClass c, DType t, Device device) {
-  if (c == AutocastClass::Fp32) return is_reduced_float(t) && autocast_on(device) ? DType::Float32 : t;
-  if (c == AutocastClass::LowerPrecision && autocast_eligible(t) && autocast_on(device))
-    return autocast_tls.dtype[autocast_kind(device.kind)];
-  return t;
-}
+KILN_ENTRY DType autocast_target(AutocastClass c, DType t, Device device);
 
 /// `t` as autocast gives it to an op of class `c` (a Cast node, or `t` itself). Undefined
 /// tensors (an absent bias) stay undefined.
-inline Tensor autocast_cast(const Tensor& t, AutocastClass c) {
-  if (!t.defined()) return t;
-  const DType to = autocast_target(c, t.dtype(), t.device());
-  return to == t.dtype() ? t : Tensor(ir::cast(t.node(), to));
-}
+KILN_ENTRY Tensor autocast_cast(const Tensor& t, AutocastClass c);
 
 /// torch's promote policy over the tensors `ts` (in place): where autocast is on for some
 /// eligible input, every eligible input is cast to float32 if one of them is float32 (or the
 /// two 16-bit types meet), else to the autocast dtype. f64 and integer inputs are left alone.
-inline void autocast_promote(std::initializer_list<Tensor*> ts) {
-  bool any = false;
-  DType to = DType::Bool;
-  for (Tensor* t : ts) {
-    if (!t->defined() || !autocast_eligible(t->dtype()) || !autocast_on(t->device())) continue;
-    if (!any) to = autocast_tls.dtype[autocast_kind(t->device().kind)];
-    any = true;
-    to = promote_types(to, t->dtype());
-  }
-  if (!any) return;
-  for (Tensor* t : ts)
-    if (t->defined() && autocast_eligible(t->dtype()) && autocast_on(t->device()) && t->dtype() != to)
-      *t = Tensor(ir::cast(t->node(), to));
-}
+KILN_ENTRY void autocast_promote(std::initializer_list<Tensor*> ts);
 
 /// The state as one word (0: off everywhere), for guards: per device kind, on and its dtype.
 /// The dtype of a kind that is off is left out (it changes nothing).
-inline std::uint32_t autocast_key() {
-  std::uint32_t key = 0;
-  for (std::size_t k = 0; k < kAutocastKinds; ++k)
-    if (autocast_tls.enabled[k])
-      key |= (1u | (static_cast<std::uint32_t>(autocast_tls.dtype[k]) << 1)) << (8 * k);
-  return key;
-}
+KILN_ENTRY std::uint32_t autocast_key();
 
 /// "off", or e.g. "cpu: bfloat16, cuda: off" (for logs).
-inline std::string autocast_describe() {
-  if (autocast_key() == 0) return "off";
-  std::string s;
-  const char* names[kAutocastKinds] = {"cpu", "cuda"};
-  for (std::size_t k = 0; k < kAutocastKinds; ++k) {
-    if (k) s += ", ";
-    s += std::string(names[k]) + ": " + (autocast_tls.enabled[k] ? dtype_name(autocast_tls.dtype[k]) : "off");
-  }
-  return s;
-}
+KILN_ENTRY std::string autocast_describe();
 
 /// Autocast off while it lives: the body of an op whose inputs autocast already cast (torch
 /// runs it with the autocast dispatch key excluded), so its inner ops keep those dtypes.
@@ -179,9 +140,10 @@ inline bool is_autocast_enabled(Device::Kind device_type) { return detail::autoc
 inline DType get_autocast_dtype() { return detail::autocast_tls.last; }
 /// The lower-precision dtype for devices of kind `device_type`: the one a guard set for it, else
 /// torch's default (bfloat16 on the CPU, float16 on CUDA).
-inline DType get_autocast_dtype(Device::Kind device_type) {
-  const std::size_t k = detail::autocast_kind(device_type);
-  return k < detail::kAutocastKinds ? detail::autocast_tls.dtype[k] : DType::BFloat16;
-}
+KILN_ENTRY DType get_autocast_dtype(Device::Kind device_type);
 
 }  // namespace kiln
+
+#if !defined(KILN_COMPILED_LIBRARY)
+#include "kiln/tensor/autocast_impl.hpp"
+#endif

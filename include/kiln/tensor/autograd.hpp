@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kiln/autodiff/backward.hpp"
+#include "kiln/core/linkage.hpp"
 #include "kiln/tensor/creation.hpp"
 #include "kiln/tensor/eval.hpp"
 
@@ -45,193 +46,27 @@ namespace detail {
 
 /// The seed of a backward from `output`: `gradient` cast to the output's dtype, or 1 for a
 /// single-element output. `what` names the call in errors.
-inline ir::NodePtr backward_seed(const Tensor& output, const Tensor& gradient, const std::string& what) {
-  if (!gradient.defined()) {
-    if (output.numel() != 1)
-      throw AutogradError(what + ": grad can be implicitly created only for scalar outputs; " + output.describe() +
-                          " has " + std::to_string(output.numel()) + " elements: pass a gradient of its shape");
-    return ir::constant(1.0, output.dtype(), output.shape(), output.device());
-  }
-  if (gradient.shape() != output.shape())
-    throw ShapeError(what + ": the gradient " + gradient.describe() + " does not match the output " +
-                     output.describe() + " (the shapes must be equal)");
-  check_same_device(output.device(), gradient.device(), what.c_str());
-  return ir::cast(gradient.node(), output.dtype());
-}
+KILN_ENTRY ir::NodePtr backward_seed(const Tensor& output, const Tensor& gradient, const std::string& what);
 
 /// The nodes of a backward from `outputs` (seeded by `grad_outputs`, or 1s) to `inputs`, lazy;
 /// an input the outputs do not depend on gets null.
-inline std::vector<ir::NodePtr> gradient_nodes(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
-                                               const std::vector<Tensor>& grad_outputs, bool retain_graph,
-                                               const std::string& what) {
-  if (outputs.empty()) throw AutogradError(what + ": no outputs to differentiate");
-  if (!grad_outputs.empty() && grad_outputs.size() != outputs.size())
-    throw AutogradError(what + ": " + std::to_string(grad_outputs.size()) + " grad_outputs for " +
-                        std::to_string(outputs.size()) + " outputs");
-  std::vector<ir::NodePtr> roots, seeds, wanted;
-  for (std::size_t i = 0; i < outputs.size(); ++i) {
-    const Tensor& o = outputs[i];
-    if (!o.requires_grad())
-      throw AutogradError(what + ": output " + std::to_string(i) + " " + o.describe() +
-                          " does not require grad (nothing it was computed from requires grad, or it was "
-                          "computed under NoGradGuard)");
-    seeds.push_back(backward_seed(o, grad_outputs.empty() ? Tensor() : grad_outputs[i], what));
-    roots.push_back(o.node());
-  }
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i].requires_grad())
-      throw AutogradError(what + ": input " + std::to_string(i) + " " + inputs[i].describe() + " does not require grad");
-    wanted.push_back(inputs[i].node());
-  }
-  std::vector<autodiff::Reached> reached = autodiff::backward_pass(roots, seeds, wanted, retain_graph, what.c_str());
-  std::vector<ir::NodePtr> out(inputs.size());
-  for (std::size_t i = 0; i < inputs.size(); ++i)
-    for (const autodiff::Reached& r : reached)
-      if (r.node == wanted[i]) out[i] = r.grad;
-  return out;
-}
+KILN_ENTRY std::vector<ir::NodePtr> gradient_nodes(const std::vector<Tensor>& outputs,
+                                                   const std::vector<Tensor>& inputs,
+                                                   const std::vector<Tensor>& grad_outputs, bool retain_graph,
+                                                   const std::string& what);
 
 /// Whether gradient home `home` can hold a gradient of leaf `n` (its memory is on n's device and
 /// large enough: a leaf moved or cast since the home was given falls back to new memory).
-inline bool home_holds(const ir::BufferView& home, const ir::Node& n) {
-  const auto end = static_cast<std::size_t>(home.offset + n.numel()) * itemsize(n.dtype);
-  return home.storage && home.storage->device == n.device && home.strides.size() == n.shape.size() &&
-         home.offset >= 0 && end <= home.storage->bytes;
-}
+KILN_ENTRY bool home_holds(const ir::BufferView& home, const ir::Node& n);
 
 /// Evaluates `nodes` together (one graph) unless kiln::compile is tracing; null entries stay.
-inline void evaluate_together(const std::vector<ir::NodePtr>& nodes) {
-  if (deferring_eval()) return;
-  std::vector<ir::NodePtr> lazy;
-  for (const ir::NodePtr& n : nodes)
-    if (n && !n->realized()) lazy.push_back(n);
-  if (!lazy.empty()) evaluate(lazy);
-}
+KILN_ENTRY void evaluate_together(const std::vector<ir::NodePtr>& nodes);
 
 }  // namespace detail
-
-inline Tensor& Tensor::requires_grad_(bool requires_grad) {
-  checked();
-  ir::Node& n = *node_;
-  if (requires_grad && !is_floating(n.dtype))
-    throw DTypeError(std::string("requires_grad_: only tensors of floating point dtype can require gradients, not ") +
-                     describe());
-  if (n.requires_grad && !n.grad_leaf) {
-    if (!requires_grad)
-      throw AutogradError("requires_grad_(false): " + describe() +
-                          " is computed from tensors that require grad; only leaves can stop requiring it (use "
-                          "detach())");
-    return *this;  // already recorded
-  }
-  if (requires_grad && !n.grad_leaf) n.grad_leaf = std::make_shared<ir::GradLeaf>();
-  n.requires_grad = requires_grad;
-  return *this;
-}
 
 inline bool Tensor::requires_grad() const { return node_ && node_->requires_grad; }
 
 inline bool Tensor::is_leaf() const { return !requires_grad() || node_->grad_leaf != nullptr; }
-
-inline Tensor Tensor::grad() const {
-  if (!node_ || !node_->grad_leaf || !node_->grad_leaf->grad) return Tensor();
-  return Tensor(node_->grad_leaf->grad);
-}
-
-inline Tensor& Tensor::zero_grad_() {
-  if (!node_ || !node_->grad_leaf || !node_->grad_leaf->grad) return *this;
-  ir::NodePtr& g = node_->grad_leaf->grad;
-  if (g->realized() && !detail::deferring_eval()) {
-    NoGradGuard off;
-    Tensor(g).assign(0);
-  } else {
-    g = ir::constant(0.0, g->dtype, g->shape, g->device);
-  }
-  return *this;
-}
-
-inline Tensor Tensor::detach() const {
-  const ir::Node& n = checked();
-  if (n.realized()) return Tensor(ir::input(*n.buffer, n.shape, n.dtype, n.device));
-  auto copy = std::make_shared<ir::Node>(n);  // the same lazy value, outside the tape
-  copy->requires_grad = false;
-  copy->graph_freed = false;
-  copy->grad_leaf.reset();
-  return Tensor(std::move(copy));
-}
-
-inline void Tensor::backward(const Tensor& gradient, bool retain_graph, std::source_location where) const {
-  if (!requires_grad())
-    throw AutogradError("backward: " + describe() +
-                        " does not require grad (nothing it was computed from requires grad, or it was computed under "
-                        "NoGradGuard)");
-  ir::NodePtr seed = detail::backward_seed(*this, gradient, "backward");
-  // Inside a trace: a graph break, and the backward runs for real (as torch.compile's Dynamo
-  // breaks at backward()); a compiled forward called before backward() is what is compiled
-  // with its backward.
-  detail::before_data_read("backward()", where);
-  detail::SuspendTrace eager;
-  std::vector<autodiff::Reached> reached = autodiff::backward_pass({node_}, {seed}, {}, retain_graph, "backward");
-  NoGradGuard off;
-  std::vector<ir::NodePtr> fresh;
-  std::vector<std::shared_ptr<ir::GradLeaf>> fresh_leaves;
-  // Gradients written into existing memory: a leaf's gradient home, or its grad() accumulated in
-  // place. They and the fresh gradients are evaluated together (one graph).
-  std::vector<ir::NodePtr> values, destinations;
-  const bool in_place_ok = !detail::deferring_eval();
-  for (const autodiff::Reached& r : reached) {
-    std::shared_ptr<ir::GradLeaf>& leaf = r.node->grad_leaf;
-    if (!leaf) continue;
-    if (!leaf->grad && leaf->home && in_place_ok && detail::home_holds(*leaf->home, *r.node)) {
-      ir::NodePtr home = ir::input(*leaf->home, r.node->shape, r.node->dtype, r.node->device);
-      values.push_back(ir::cast(r.grad, r.node->dtype));
-      destinations.push_back(home);
-      leaf->grad = home;
-      continue;
-    }
-    if (leaf->grad && leaf->grad->realized() && in_place_ok) {
-      values.push_back(ir::binary(ir::Op::Add, leaf->grad, ir::cast(r.grad, leaf->grad->dtype)));  // in place
-      destinations.push_back(leaf->grad);
-      continue;
-    }
-    // A realized gradient may be another tensor's storage (the seed itself): copy it, since
-    // later backward passes add into grad() in place.
-    ir::NodePtr g = r.grad->realized() && in_place_ok ? detail::contiguous_copy(r.grad) : r.grad;
-    if (!leaf->grad) {
-      leaf->grad = g;
-      fresh.push_back(g);
-      fresh_leaves.push_back(leaf);
-    } else {
-      leaf->grad = ir::binary(ir::Op::Add, leaf->grad, g);
-      fresh.push_back(leaf->grad);
-      fresh_leaves.push_back(leaf);
-    }
-  }
-  // The output itself is evaluated with its gradients (one graph, no second pass over the
-  // forward): its value is the one the gradients are of, even when it is read after an optimizer
-  // has updated the leaves in place (PyTorch's `loss.backward(); opt.step(); loss.item()`).
-  const bool output_lazy = in_place_ok && !node_->realized();
-  if (values.empty()) {
-    if (output_lazy) fresh.push_back(node_);
-    detail::evaluate_together(fresh);
-    return;
-  }
-  // The fresh gradients (and the output) join the graph of the in-place ones, each into new memory.
-  auto into_new_memory = [&](const ir::NodePtr& g) {
-    StoragePtr st = detail::allocate_value(*g, "backward");
-    ir::NodePtr dest = ir::input(ir::BufferView{st, 0, contiguous_strides(g->shape)}, g->shape, g->dtype, g->device);
-    values.push_back(g);
-    destinations.push_back(dest);
-    return dest;
-  };
-  for (std::size_t i = 0; i < fresh.size(); ++i)
-    if (!fresh[i]->realized()) fresh_leaves[i]->grad = into_new_memory(fresh[i]);
-  ir::NodePtr output = output_lazy ? into_new_memory(node_) : nullptr;
-  detail::evaluate_into_many(values, destinations);
-  if (output) {
-    node_->buffer = output->buffer;
-    if (node_->graph_freed) node_->inputs.clear();  // as the evaluator does: the tape is spent
-  }
-}
 
 template <class D>
 bool Expr<D>::requires_grad() const {
@@ -256,20 +91,9 @@ namespace autograd {
 /// weighted by the same index of `grad_outputs` (omitted: 1, for single-element outputs), the
 /// inputs' grad() untouched. An input the outputs do not depend on is an AutogradError, or an
 /// undefined Tensor with `allow_unused`. Without `retain_graph` the recorded graph is freed.
-inline std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
-                                const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false,
-                                bool allow_unused = false) {
-  std::vector<ir::NodePtr> nodes = detail::gradient_nodes(outputs, inputs, grad_outputs, retain_graph, "autograd::grad");
-  for (std::size_t i = 0; i < nodes.size(); ++i)
-    if (!nodes[i] && !allow_unused)
-      throw AutogradError("autograd::grad: input " + std::to_string(i) + " " + inputs[i].describe() +
-                          " was not used to compute the outputs (pass allow_unused = true to get an undefined "
-                          "gradient for it)");
-  detail::evaluate_together(nodes);
-  std::vector<Tensor> out;
-  for (const ir::NodePtr& n : nodes) out.push_back(n ? Tensor(n) : Tensor());
-  return out;
-}
+KILN_ENTRY std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                                    const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false,
+                                    bool allow_unused = false);
 
 /// torch.autograd.gradcheck: the gradients of `f` at `inputs` by backward against float64
 /// central differences. The floating inputs are copied to float64 leaves that require grad
@@ -310,13 +134,15 @@ bool gradcheck(F f, const std::vector<Tensor>& inputs, double eps = 1e-6, double
     analytic.resize(wrt.size());
   }
   NoGradGuard off;
-  auto projected = [&](std::vector<Tensor> args) { return sum(f(args).to(DType::Float64) * v).template item<double>(); };
+  auto projected = [&](std::vector<Tensor> args) {
+    return sum(f(args).to(DType::Float64) * v).template item<double>();
+  };
   for (std::size_t k = 0; k < checked_inputs.size(); ++k) {
     const std::size_t at = checked_inputs[k];
     const Tensor& x = xs[at];
     std::vector<double> values = x.to_vector<double>();
     std::vector<double> got = analytic[k].defined() ? analytic[k].to(DType::Float64).to_vector<double>()
-                                                     : std::vector<double>(values.size(), 0.0);
+                                                    : std::vector<double>(values.size(), 0.0);
     for (std::size_t e = 0; e < values.size(); ++e) {
       std::vector<Tensor> args = xs;
       std::vector<double> moved = values;
@@ -385,9 +211,11 @@ auto value_and_grad(F f, std::vector<int> argnums = {0}) {
 /// (JAX's grad): `grad(f)(x, y)` returns `{df/dx}`, one Tensor per argnum.
 template <class F>
 auto grad(F f, std::vector<int> argnums = {0}) {
-  return [vg = value_and_grad(std::move(f), std::move(argnums))](const auto&... args) {
-    return vg(args...).second;
-  };
+  return [vg = value_and_grad(std::move(f), std::move(argnums))](const auto&... args) { return vg(args...).second; };
 }
 
 }  // namespace kiln
+
+#if !defined(KILN_COMPILED_LIBRARY)
+#include "kiln/tensor/autograd_impl.hpp"
+#endif

@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kiln/core/linkage.hpp"
 #include "kiln/tensor/eval.hpp"
 
 namespace kiln {
@@ -73,10 +74,7 @@ Tensor from_blob(T* data, const Shape& shape, Device device = Device::cpu(), Str
 /// A tensor of `shape` filled with `value` (lazy: fused into its consumers).
 namespace detail {
 /// `full` under the name the user called (errors name zeros and ones as such).
-inline Tensor filled(const Shape& shape, double value, DType dtype, Device device, const char* op) {
-  check_creation_shape(shape, op, dtype);
-  return Tensor(ir::constant(value, dtype, shape, device));
-}
+KILN_ENTRY Tensor filled(const Shape& shape, double value, DType dtype, Device device, const char* op);
 }  // namespace detail
 inline Tensor full(const Shape& shape, double value, DType dtype = f32, Device device = Device::cpu()) {
   return detail::filled(shape, value, dtype, device, "full");
@@ -89,40 +87,12 @@ inline Tensor ones(const Shape& shape, DType dtype = f32, Device device = Device
 }
 
 /// 0, 1, ..., n-1.
-inline Tensor arange(std::int64_t n, DType dtype = i64, Device device = Device::cpu()) {
-  if (n < 0) throw ShapeError("arange: negative length " + std::to_string(n));
-  return Tensor(ir::iota(Shape{n}, 0, dtype, device));
-}
+KILN_ENTRY Tensor arange(std::int64_t n, DType dtype = i64, Device device = Device::cpu());
 
 namespace detail {
 /// torch.arange(start, end, step): ceil((end - start) / step) values start + i * step, computed
 /// in int64 when every bound is an integer and the dtype is integral, else in double, then cast.
-inline Tensor arange_range(double start, double end, double step, bool integral_bounds, DType dtype, Device device) {
-  auto bounds = [&] {
-    std::ostringstream os;
-    os << "(start " << start << ", end " << end << ", step " << step << ")";
-    return os.str();
-  };
-  if (!std::isfinite(start) || !std::isfinite(end))
-    throw ValueError("arange: unsupported range " + bounds() + ": bounds must be finite");
-  if (step == 0 || !std::isfinite(step)) throw ValueError("arange: step must be finite and nonzero " + bounds());
-  if ((end - start) * step < 0)
-    throw ValueError("arange: the bounds are inconsistent with the step's sign " + bounds());
-  const double count = std::ceil((end - start) / step);
-  if (count > 9.0e18) throw ValueError("arange: too many elements " + bounds());
-  const auto n = static_cast<std::int64_t>(count);
-  check_creation_shape(Shape{n}, "arange", dtype);
-  const DType compute = integral_bounds && !is_floating(dtype) ? DType::Int64 : DType::Float64;
-  const bool exact_int = compute == DType::Int64;
-  auto number = [&](double v) {
-    return exact_int ? ir::constant_int(static_cast<std::int64_t>(v), compute, Shape{n}, device)
-                     : ir::constant(v, compute, Shape{n}, device);
-  };
-  ir::NodePtr values = ir::iota(Shape{n}, 0, compute, device);
-  if (step != 1) values = ir::binary(ir::Op::Mul, values, number(step));
-  if (start != 0) values = ir::binary(ir::Op::Add, values, number(start));
-  return Tensor(compute == dtype ? values : ir::cast(values, dtype));
-}
+KILN_ENTRY Tensor arange_range(double start, double end, double step, bool integral_bounds, DType dtype, Device device);
 }  // namespace detail
 
 /// start, start + step, ... below `end` (above it for a negative step), as torch.arange: the
@@ -147,32 +117,19 @@ namespace detail {
 /// A Random node keyed by `seed`. On the CPU, outside a kiln::compile trace, the seed is a
 /// 0-dim int64 leaf read at launch, as numbers are (one kernel for every seed); elsewhere it
 /// is part of the code.
-inline ir::NodePtr random_node(const Shape& shape, std::uint64_t seed, int distribution, DType dtype, Device device) {
-  if (device.is_cpu() && !deferring_eval())
-    return ir::random(shape, number_leaf(seed, DType::Int64, Shape{}, device), distribution, dtype, device);
-  return ir::random(shape, seed, distribution, dtype, device);
-}
+KILN_ENTRY ir::NodePtr random_node(const Shape& shape, std::uint64_t seed, int distribution, DType dtype,
+                                   Device device);
 
 /// rand's and randn's checks, before any key is drawn or node built.
-inline void check_random(const Shape& shape, const char* op, DType dtype) {
-  check_creation_shape(shape, op, dtype);
-  if (!is_floating(dtype))
-    throw DTypeError(std::string(op) + ": dtype must be floating point, got " + dtype_name(dtype));
-}
+KILN_ENTRY void check_random(const Shape& shape, const char* op, DType dtype);
 }  // namespace detail
 
 /// Uniform numbers in [0, 1) from Philox4x32-10 keyed by `seed` (element i uses counter i:
 /// the same on every device and thread count).
-inline Tensor rand(const Shape& shape, std::uint64_t seed, DType dtype = f32, Device device = Device::cpu()) {
-  detail::check_random(shape, "rand", dtype);
-  return Tensor(detail::random_node(shape, seed, 0, dtype, device));
-}
+KILN_ENTRY Tensor rand(const Shape& shape, std::uint64_t seed, DType dtype = f32, Device device = Device::cpu());
 
 /// Standard normal numbers (Box-Muller over Philox4x32-10, counter = element index).
-inline Tensor randn(const Shape& shape, std::uint64_t seed, DType dtype = f32, Device device = Device::cpu()) {
-  detail::check_random(shape, "randn", dtype);
-  return Tensor(detail::random_node(shape, seed, 1, dtype, device));
-}
+KILN_ENTRY Tensor randn(const Shape& shape, std::uint64_t seed, DType dtype = f32, Device device = Device::cpu());
 
 namespace detail {
 
@@ -185,35 +142,19 @@ struct GlobalGenerator {
   std::atomic<std::uint64_t> seed{kDefaultSeed};
   std::atomic<std::uint64_t> drawn{0};
 };
-inline GlobalGenerator& global_generator() {
-  static GlobalGenerator g;
-  return g;
-}
+KILN_ENTRY GlobalGenerator& global_generator();
 
 /// The Philox key of the next tensor drawn from the global generator: splitmix64 of the seed
 /// and the draw's index, so consecutive tensors get unrelated streams. Inside kiln::compile a
 /// draw would be traced once and replayed with the same key on every call, so it is refused
 /// there, before anything is built.
-inline std::uint64_t next_generator_key(const char* op) {
-  if (active_trace)
-    throw ValueError(std::string(op) +
-                     " without a seed inside kiln::compile: the traced graph would replay the same numbers on every "
-                     "call; pass the seed in (rand(shape, seed, ...)) from outside the compiled function");
-  GlobalGenerator& g = global_generator();
-  std::uint64_t z = g.seed.load() + 0x9e3779b97f4a7c15ull * (g.drawn.fetch_add(1) + 1);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+KILN_ENTRY std::uint64_t next_generator_key(const char* op);
 
 }  // namespace detail
 
 /// Seeds the generator that rand(shape) and randn(shape) draw from (torch.manual_seed): the
 /// same seed gives the same sequence of tensors. Explicitly seeded rand/randn do not touch it.
-inline void manual_seed(std::uint64_t seed) {
-  detail::global_generator().seed = seed;
-  detail::global_generator().drawn = 0;
-}
+KILN_ENTRY void manual_seed(std::uint64_t seed);
 
 /// The seed of the global generator (torch.initial_seed): 67280421310721 until manual_seed.
 inline std::uint64_t initial_seed() { return detail::global_generator().seed; }
@@ -221,16 +162,10 @@ inline std::uint64_t initial_seed() { return detail::global_generator().seed; }
 /// Uniform numbers in [0, 1) from the global generator (torch.rand): each call draws a new
 /// Philox key (see manual_seed). On the CPU the key is a kernel argument (one kernel for every
 /// key); on CUDA each key is still its own kernel.
-inline Tensor rand(const Shape& shape, DType dtype = f32, Device device = Device::cpu()) {
-  detail::check_random(shape, "rand", dtype);
-  return Tensor(detail::random_node(shape, detail::next_generator_key("rand"), 0, dtype, device));
-}
+KILN_ENTRY Tensor rand(const Shape& shape, DType dtype = f32, Device device = Device::cpu());
 
 /// Standard normal numbers from the global generator (torch.randn).
-inline Tensor randn(const Shape& shape, DType dtype = f32, Device device = Device::cpu()) {
-  detail::check_random(shape, "randn", dtype);
-  return Tensor(detail::random_node(shape, detail::next_generator_key("randn"), 1, dtype, device));
-}
+KILN_ENTRY Tensor randn(const Shape& shape, DType dtype = f32, Device device = Device::cpu());
 
 /// rand with x's shape, dtype and device (torch.rand_like).
 inline Tensor rand_like(const Tensor& x) { return rand(x.shape(), x.dtype(), x.device()); }
@@ -243,15 +178,7 @@ namespace kiln {
 
 /// A tensor of `shape` whose contents are unspecified (realized now: its storage is for
 /// `assign` to write into).
-inline Tensor empty(const Shape& shape, DType dtype = f32, Device device = Device::cpu()) {
-  detail::check_creation_shape(shape, "empty", dtype);
-  ir::Node like;
-  like.shape = shape;
-  like.dtype = dtype;
-  like.device = device;
-  StoragePtr st = detail::allocate_value(like, "empty");
-  return Tensor(ir::input(ir::BufferView{st, 0, contiguous_strides(shape)}, shape, dtype, device));
-}
+KILN_ENTRY Tensor empty(const Shape& shape, DType dtype = f32, Device device = Device::cpu());
 
 /// `full`, `zeros`, `ones` and `empty` with the shape, dtype and device of `t` (each may be
 /// overridden), as torch.*_like.
@@ -290,3 +217,7 @@ requires TensorLike<E> Tensor clone(const E& x) {
 }
 
 }  // namespace kiln
+
+#if !defined(KILN_COMPILED_LIBRARY)
+#include "kiln/tensor/creation_impl.hpp"
+#endif

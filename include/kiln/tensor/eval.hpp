@@ -10,6 +10,7 @@
 
 #include "kiln/backend/entry.hpp"
 #include "kiln/core/env.hpp"
+#include "kiln/core/linkage.hpp"
 #include "kiln/core/log.hpp"
 #include "kiln/core/stats.hpp"
 #include "kiln/ir/graph.hpp"
@@ -28,41 +29,18 @@ namespace detail {
 inline constexpr std::uint32_t kMaxLazyDepth = 100;
 inline constexpr std::uint32_t kMaxLazyNodes = 4096;
 
-inline Backend backend_from_env() {
-  std::string v = env::get("KILN_BACKEND", "auto");
-  if (v == "eager" || v == "reference") return Backend::Eager;
-  if (v == "jit") return Backend::Jit;
-  return Backend::Auto;
-}
+KILN_ENTRY Backend backend_from_env();
 
-inline Backend& backend_mode() {
-  static Backend mode = backend_from_env();
-  return mode;
-}
+KILN_ENTRY Backend& backend_mode();
 
 inline StoragePtr allocate(std::size_t bytes, Device device) { return backend::entry::allocate(bytes, device); }
 
 /// Memory for the value of `n` (row-major). An impossible request is an OutOfMemoryError that
 /// names the op, the shape, the dtype and the bytes, raised before anything is compiled.
-inline StoragePtr allocate_value(const ir::Node& n, const char* op) {
-  const std::int64_t bytes =
-      checked_numel(n.shape, op, itemsize(n.dtype)) * static_cast<std::int64_t>(itemsize(n.dtype));
-  try {
-    return allocate(static_cast<std::size_t>(bytes), n.device);
-  } catch (const OutOfMemoryError& e) {
-    throw OutOfMemoryError(std::string(op) + ": cannot allocate " + dtype_name(n.dtype) + n.shape.str() + " (" +
-                           std::to_string(bytes) + " bytes) on " + n.device.str() + ": " + e.what());
-  } catch (const std::bad_alloc&) {
-    throw OutOfMemoryError(std::string(op) + ": cannot allocate " + dtype_name(n.dtype) + n.shape.str() + " (" +
-                           std::to_string(bytes) + " bytes) on " + n.device.str());
-  }
-}
+KILN_ENTRY StoragePtr allocate_value(const ir::Node& n, const char* op);
 
 /// Runs a captured graph with the executor `mode` selects.
-inline void run_graph_with(const ir::Graph& g, const backend::RunArgs& args, Backend mode) {
-  if (log_enabled(LogChannel::graph)) log(LogChannel::graph, "evaluating graph\n" + g.str());
-  backend::entry::run(g, args, mode);
-}
+KILN_ENTRY void run_graph_with(const ir::Graph& g, const backend::RunArgs& args, Backend mode);
 
 /// Runs a captured graph with the executor set_backend / KILN_BACKEND selects.
 inline void run_graph(const ir::Graph& g, const backend::RunArgs& args) { run_graph_with(g, args, backend_mode()); }
@@ -73,128 +51,33 @@ inline std::string explain_graph(const ir::Graph& g) { return backend::entry::ex
 /// Drops every compiled kernel and plan the executors keep in memory.
 inline void clear_kernel_caches() { backend::entry::clear_caches(); }
 
-inline const void* leaf_pointer(const ir::Node& n) {
-  return static_cast<const char*>(n.buffer->storage->data) +
-         n.buffer->offset * static_cast<std::int64_t>(itemsize(n.dtype));
-}
+KILN_ENTRY const void* leaf_pointer(const ir::Node& n);
 
-inline void evaluate_group(const std::vector<ir::NodePtr>& roots, Device device) {
-  ir::Captured c = ir::capture(roots, device);
-  backend::RunArgs args;
-  for (auto& leaf : c.leaves) args.inputs.push_back(leaf_pointer(*leaf));
-  std::vector<StoragePtr> storages;
-  for (auto& r : roots) {
-    storages.push_back(allocate_value(*r, "eval"));
-    args.outputs.push_back(storages.back()->data);
-  }
-  run_graph(c.graph, args);
-  counters().graphs++;
-  for (std::size_t i = 0; i < roots.size(); ++i) {
-    roots[i]->buffer = ir::BufferView{storages[i], 0, contiguous_strides(roots[i]->shape)};
-    // The subgraph is no longer needed (let its memory go), unless gradients flow through it:
-    // then it is the tape a backward walks.
-    const ir::Node& r = *roots[i];
-    if (!r.requires_grad || r.grad_leaf || r.graph_freed) roots[i]->inputs.clear();
-  }
-}
+KILN_ENTRY void evaluate_group(const std::vector<ir::NodePtr>& roots, Device device);
 
-inline void evaluate(const std::vector<ir::NodePtr>& roots) {
-  std::vector<ir::NodePtr> todo;
-  std::unordered_set<const ir::Node*> seen;
-  for (auto& r : roots)
-    if (r && !r->realized() && seen.insert(r.get()).second) todo.push_back(r);
-  while (!todo.empty()) {
-    Device d = todo.front()->device;
-    std::vector<ir::NodePtr> group, rest;
-    for (auto& r : todo) (r->device == d ? group : rest).push_back(r);
-    evaluate_group(group, d);
-    todo.swap(rest);
-  }
-}
+KILN_ENTRY void evaluate(const std::vector<ir::NodePtr>& roots);
 
-inline ir::NodePtr maybe_eval_big(ir::NodePtr node) {
-  if (node && !node->realized() && !deferring_eval() && (node->depth > kMaxLazyDepth || node->count > kMaxLazyNodes))
-    evaluate({node});
-  return node;
-}
+KILN_ENTRY ir::NodePtr maybe_eval_big(ir::NodePtr node);
 
 /// True if some element is reachable through two different indices (a broadcast view). A view
 /// with no elements has none to share, whatever its strides.
-inline bool has_self_overlap(const Shape& shape, const Strides& strides) {
-  if (shape.numel() == 0) return false;
-  for (std::size_t i = 0; i < shape.size(); ++i)
-    if (shape[i] > 1 && strides[i] == 0) return true;
-  return false;
-}
+KILN_ENTRY bool has_self_overlap(const Shape& shape, const Strides& strides);
 
 /// Writes `value` (already cast and broadcast to destination's dtype and shape) into the
 /// realized `destination`.
-inline void evaluate_into(const ir::NodePtr& value, const ir::NodePtr& destination) {
-  const ir::BufferView& dst = *destination->buffer;
-  ir::Captured c = ir::capture({value}, destination->device);
-  bool aliased = false, unsafe_alias = false;
-  bool pointwise_only = std::all_of(c.graph.nodes.begin(), c.graph.nodes.end(), [](const ir::GraphNode& n) {
-    return ir::op_kind(n.op) != ir::OpKind::Reduce && ir::op_kind(n.op) != ir::OpKind::IndexMap &&
-           ir::op_kind(n.op) != ir::OpKind::Gather && ir::op_kind(n.op) != ir::OpKind::Scatter &&
-           ir::op_kind(n.op) != ir::OpKind::Scan && ir::op_kind(n.op) != ir::OpKind::Sort &&
-           ir::op_kind(n.op) != ir::OpKind::Contract && ir::op_kind(n.op) != ir::OpKind::Attention;
-  });
-  for (auto& leaf : c.leaves) {
-    if (leaf->buffer->storage != dst.storage) continue;
-    aliased = true;
-    // Reading an element only at the index it is written to is safe in any executor.
-    if (!pointwise_only || leaf->buffer->offset != dst.offset || leaf->buffer->strides != dst.strides)
-      unsafe_alias = true;
-  }
-  if (aliased && unsafe_alias) {
-    // Compute into a fresh temporary first, then copy: the graph reads what it overwrites.
-    // The captured graph itself is run into new memory: `value` may be a realized view of the
-    // destination (x.assign(transpose(x))), which evaluating would leave where it is.
-    StoragePtr st = allocate_value(*value, "assign");
-    backend::RunArgs targs;
-    for (auto& leaf : c.leaves) targs.inputs.push_back(leaf_pointer(*leaf));
-    targs.outputs.push_back(st->data);
-    run_graph(c.graph, targs);
-    counters().graphs++;
-    evaluate_into(ir::input(ir::BufferView{st, 0, contiguous_strides(value->shape)}, value->shape, value->dtype,
-                            destination->device),
-                  destination);
-    return;
-  }
-  c.graph.output_strides[0] = dst.strides;
-  c.graph.rehash();
-  backend::RunArgs args;
-  for (auto& leaf : c.leaves) args.inputs.push_back(leaf_pointer(*leaf));
-  args.outputs.push_back(static_cast<char*>(dst.storage->data) +
-                         dst.offset * static_cast<std::int64_t>(itemsize(destination->dtype)));
-  run_graph(c.graph, args);
-  counters().graphs++;
-}
+KILN_ENTRY void evaluate_into(const ir::NodePtr& value, const ir::NodePtr& destination);
 
 /// The bytes [lo, hi) of its storage that a realized node's view addresses (lo == hi: none).
 struct ViewSpan {
   const Storage* storage = nullptr;
   std::int64_t lo = 0, hi = 0;
 };
-inline ViewSpan view_span(const ir::Node& n) {
-  const ir::BufferView& b = *n.buffer;
-  const auto es = static_cast<std::int64_t>(itemsize(n.dtype));
-  if (n.numel() == 0) return {b.storage.get(), 0, 0};
-  std::int64_t lo = b.offset, hi = b.offset;
-  for (std::size_t i = 0; i < n.shape.size(); ++i) {
-    const std::int64_t extent = (n.shape[i] - 1) * b.strides[i];
-    (extent < 0 ? lo : hi) += extent;
-  }
-  return {b.storage.get(), lo * es, (hi + 1) * es};
-}
+KILN_ENTRY ViewSpan view_span(const ir::Node& n);
 inline bool spans_overlap(const ViewSpan& a, const ViewSpan& b) {
   return a.storage == b.storage && a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi;
 }
 /// Whether two realized nodes are the same elements in the same order (one view).
-inline bool same_view(const ir::Node& a, const ir::Node& b) {
-  return a.buffer->storage == b.buffer->storage && a.buffer->offset == b.buffer->offset && a.dtype == b.dtype &&
-         a.shape == b.shape && a.buffer->strides == b.buffer->strides;
-}
+KILN_ENTRY bool same_view(const ir::Node& a, const ir::Node& b);
 
 /// Writes each `values[i]` (of `destinations[i]`'s shape and dtype, on its device) into the
 /// realized `destinations[i]`: one graph per device, so that the writes fuse (an optimizer's
@@ -205,160 +88,14 @@ inline bool same_view(const ir::Node& a, const ir::Node& b) {
 /// value reads it, or the whole graph is pointwise and every value reading it has its shape and
 /// includes that destination's (then one fused kernel reads each element of all of them before
 /// it writes that element). Otherwise the values are computed into new memory first, then copied.
-inline void evaluate_into_many(const std::vector<ir::NodePtr>& values, const std::vector<ir::NodePtr>& destinations) {
-  if (values.size() != destinations.size())
-    throw InternalError("evaluate_into_many: " + std::to_string(values.size()) + " values for " +
-                        std::to_string(destinations.size()) + " destinations");
-  std::vector<ir::NodePtr> vals, dsts;
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    const ir::Node& v = *values[i];
-    const ir::Node& d = *destinations[i];
-    if (!d.realized() || v.shape != d.shape || v.dtype != d.dtype || !(v.device == d.device))
-      throw InternalError("evaluate_into_many: value " + std::string(dtype_name(v.dtype)) + v.shape.str() + " on " +
-                          v.device.str() + " for destination " + dtype_name(d.dtype) + d.shape.str() + " on " +
-                          d.device.str() + (d.realized() ? "" : " (not evaluated)"));
-    if (d.numel() == 0) continue;
-    vals.push_back(values[i]);
-    dsts.push_back(destinations[i]);
-  }
-  if (vals.empty()) return;
-  // One graph per device.
-  const Device device = dsts.front()->device;
-  if (std::any_of(dsts.begin(), dsts.end(), [&](const ir::NodePtr& d) { return !(d->device == device); })) {
-    std::vector<ir::NodePtr> here_v, here_d, rest_v, rest_d;
-    for (std::size_t i = 0; i < vals.size(); ++i) {
-      const bool here = dsts[i]->device == device;
-      (here ? here_v : rest_v).push_back(vals[i]);
-      (here ? here_d : rest_d).push_back(dsts[i]);
-    }
-    evaluate_into_many(here_v, here_d);
-    evaluate_into_many(rest_v, rest_d);
-    return;
-  }
-  const std::size_t n_out = vals.size();
-  std::vector<ViewSpan> spans;
-  for (const ir::NodePtr& d : dsts) spans.push_back(view_span(*d));
-  for (std::size_t i = 0; i < n_out; ++i)
-    for (std::size_t j = i + 1; j < n_out; ++j)
-      if (spans_overlap(spans[i], spans[j]))
-        throw ValueError("evaluate_into_many: destinations " + std::to_string(i) + " (" + dtype_name(dsts[i]->dtype) +
-                         dsts[i]->shape.str() + ") and " + std::to_string(j) + " (" + dtype_name(dsts[j]->dtype) +
-                         dsts[j]->shape.str() + ") share memory");
-  ir::Captured c = ir::capture(vals, device);
-  const std::vector<ir::GraphNode>& nodes = c.graph.nodes;
-  // The destination each leaf is exactly (-1: none; -2: it overlaps one otherwise).
-  std::vector<int> alias_of(c.leaves.size(), -1);
-  bool unsafe = false, any_alias = false;
-  for (std::size_t l = 0; l < c.leaves.size(); ++l) {
-    const ViewSpan ls = view_span(*c.leaves[l]);
-    for (std::size_t k = 0; k < n_out; ++k) {
-      if (!spans_overlap(ls, spans[k])) continue;
-      any_alias = true;
-      if (alias_of[l] == -1 && same_view(*c.leaves[l], *dsts[k])) {
-        alias_of[l] = static_cast<int>(k);
-      } else {
-        unsafe = true;
-      }
-    }
-  }
-  if (any_alias && !unsafe) {
-    const bool pointwise_only = std::all_of(nodes.begin(), nodes.end(), [](const ir::GraphNode& n) {
-      return ir::op_kind(n.op) == ir::OpKind::Leaf || ir::is_pointwise(n.op);
-    });
-    // The aliased leaves each node is computed from (sorted, usually none or a few).
-    std::vector<std::vector<int>> from(nodes.size());
-    for (std::size_t i = 0; i < nodes.size() && !unsafe; ++i) {
-      const ir::GraphNode& n = nodes[i];
-      if (n.op == ir::Op::Input) {
-        if (alias_of[static_cast<std::size_t>(n.leaf)] >= 0) from[i].push_back(n.leaf);
-        continue;
-      }
-      for (std::int32_t in : n.inputs) {
-        const std::vector<int>& f = from[static_cast<std::size_t>(in)];
-        std::vector<int> merged;
-        std::set_union(from[i].begin(), from[i].end(), f.begin(), f.end(), std::back_inserter(merged));
-        from[i].swap(merged);
-      }
-      // Read other than at the index written (a reduction, a view, a gather): unsafe in place.
-      if (!from[i].empty() && !ir::is_pointwise(n.op)) unsafe = true;
-    }
-    for (std::size_t l = 0; l < c.leaves.size() && !unsafe; ++l) {
-      const int k = alias_of[l];
-      if (k < 0) continue;
-      bool others = false, own = false, same_shape = true;
-      for (std::size_t o = 0; o < n_out; ++o) {
-        const std::vector<int>& f = from[static_cast<std::size_t>(c.graph.outputs[o])];
-        if (!std::binary_search(f.begin(), f.end(), static_cast<int>(l))) continue;
-        (static_cast<int>(o) == k ? own : others) = true;
-        same_shape = same_shape && dsts[o]->shape == dsts[static_cast<std::size_t>(k)]->shape;
-      }
-      if (others && !(pointwise_only && own && same_shape)) unsafe = true;
-    }
-  }
-  backend::RunArgs args;
-  for (auto& leaf : c.leaves) args.inputs.push_back(leaf_pointer(*leaf));
-  if (unsafe) {
-    // Into new memory first, then copied: the graph reads what it overwrites.
-    std::vector<ir::NodePtr> temps;
-    for (const ir::NodePtr& v : vals) {
-      StoragePtr st = allocate_value(*v, "evaluate_into");
-      args.outputs.push_back(st->data);
-      temps.push_back(ir::input(ir::BufferView{st, 0, contiguous_strides(v->shape)}, v->shape, v->dtype, device));
-    }
-    run_graph(c.graph, args);
-    counters().graphs++;
-    evaluate_into_many(temps, dsts);
-    return;
-  }
-  for (std::size_t o = 0; o < n_out; ++o) {
-    c.graph.output_strides[o] = dsts[o]->buffer->strides;
-    args.outputs.push_back(const_cast<void*>(leaf_pointer(*dsts[o])));
-  }
-  c.graph.rehash();
-  run_graph(c.graph, args);
-  counters().graphs++;
-}
+KILN_ENTRY void evaluate_into_many(const std::vector<ir::NodePtr>& values,
+                                   const std::vector<ir::NodePtr>& destinations);
 
 /// A new row-major copy of a realized node on its own device.
-inline ir::NodePtr contiguous_copy(const ir::NodePtr& node) {
-  ir::Captured c = ir::capture({node}, node->device);  // the output is the leaf itself: a copy
-  StoragePtr st = allocate_value(*node, "contiguous");
-  backend::RunArgs args;
-  for (auto& leaf : c.leaves) args.inputs.push_back(leaf_pointer(*leaf));
-  args.outputs.push_back(st->data);
-  run_graph(c.graph, args);
-  return ir::input(ir::BufferView{st, 0, contiguous_strides(node->shape)}, node->shape, node->dtype, node->device);
-}
+KILN_ENTRY ir::NodePtr contiguous_copy(const ir::NodePtr& node);
 
 /// Copies an evaluated node's elements, row-major, into `out` on the host.
-inline void copy_to_host_contiguous(const ir::NodePtr& node, void* out) {
-  std::size_t es = itemsize(node->dtype);
-  std::int64_t n = node->numel();
-  if (n == 0) return;
-  if (!node->device.is_cpu()) {
-    ir::NodePtr src = kiln::is_contiguous(node->shape, node->buffer->strides) ? node : contiguous_copy(node);
-    backend::entry::copy_bytes(out, Device::cpu(), leaf_pointer(*src), src->device, static_cast<std::size_t>(n) * es);
-    return;
-  }
-  const ir::BufferView& b = *node->buffer;
-  const char* base = static_cast<const char*>(b.storage->data) + b.offset * static_cast<std::int64_t>(es);
-  if (kiln::is_contiguous(node->shape, b.strides)) {
-    std::memcpy(out, base, static_cast<std::size_t>(n) * es);
-    return;
-  }
-  const Shape& s = node->shape;
-  std::vector<std::int64_t> idx(s.size(), 0);
-  char* o = static_cast<char*>(out);
-  for (std::int64_t i = 0; i < n; ++i) {
-    std::int64_t off = 0;
-    for (std::size_t d = 0; d < s.size(); ++d) off += idx[d] * b.strides[d];
-    std::memcpy(o + i * static_cast<std::int64_t>(es), base + off * static_cast<std::int64_t>(es), es);
-    for (std::size_t d = s.size(); d-- > 0;) {
-      if (++idx[d] < s[d]) break;
-      idx[d] = 0;
-    }
-  }
-}
+KILN_ENTRY void copy_to_host_contiguous(const ir::NodePtr& node, void* out);
 
 }  // namespace detail
 
@@ -376,11 +113,7 @@ requires(std::is_same_v<std::remove_cvref_t<Ts>, Tensor>&&...) void eval(Ts&&...
 }
 
 /// Evaluates every tensor of the list in one graph.
-inline void eval(const std::vector<Tensor>& tensors) {
-  std::vector<ir::NodePtr> nodes;
-  for (auto& t : tensors) nodes.push_back(t.node());
-  if (!detail::deferring_eval()) detail::evaluate(nodes);
-}
+KILN_ENTRY void eval(const std::vector<Tensor>& tensors);
 
 // ---- Tensor members that need the whole front end ------------------------------------------
 
@@ -439,36 +172,11 @@ Tensor Expr<Derived>::to(Device device) const {
   return Tensor(derived()).to(device);
 }
 
-inline Tensor Tensor::to(DType dtype) const {
-  checked();
-  return Tensor(ir::cast(node_, dtype));
-}
-
-inline Tensor Tensor::to(Device device) const {
-  if (device == this->device()) return *this;
-  eval();
-  ir::NodePtr src = node_;
-  if (!kiln::is_contiguous(shape(), src->buffer->strides)) src = detail::contiguous_copy(src);
-  std::size_t bytes = static_cast<std::size_t>(numel()) * itemsize(dtype());
-  ir::Node target = *src;
-  target.device = device;
-  StoragePtr st = detail::allocate_value(target, "to");
-  backend::entry::copy_bytes(st->data, device, detail::leaf_pointer(*src), src->device, bytes);
-  return Tensor(ir::input(ir::BufferView{st, 0, contiguous_strides(shape())}, shape(), dtype(), device));
-}
-
 namespace detail {
 template <class E>
 bool typed_assign(const E& value, const ir::NodePtr& dest);
 
-inline bool broadcasts_to(const SmallShape& from, const Shape& to) {
-  if (from.rank > to.size()) return false;
-  for (std::size_t i = 0; i < from.rank; ++i) {
-    std::int64_t d = from.dims[from.rank - 1 - i];
-    if (d != 1 && d != to[to.size() - 1 - i]) return false;
-  }
-  return true;
-}
+KILN_ENTRY bool broadcasts_to(const SmallShape& from, const Shape& to);
 }  // namespace detail
 
 namespace detail {
@@ -476,14 +184,7 @@ namespace detail {
 /// node of its own while grad mode records, not a view of the leaf's storage: a write would land
 /// in a fresh buffer, not in the leaf, and would change a value the backward reads. An error,
 /// as PyTorch's for in-place writes through such views.
-inline void check_assign_destination(const Tensor& destination) {
-  const ir::Node& n = *destination.node();
-  if (!n.realized() && n.requires_grad && !n.grad_leaf && ir::detail::grad_mode())
-    throw AutogradError("assign: the destination " + destination.describe() +
-                        " is computed from tensors that require grad (a view of one records its own node "
-                        "while gradients are recorded); write under NoGradGuard, where views of evaluated "
-                        "tensors share their storage");
-}
+KILN_ENTRY void check_assign_destination(const Tensor& destination);
 }  // namespace detail
 
 template <class E>
@@ -540,3 +241,7 @@ requires Scalar<S> Tensor& Tensor::assign(S value) {
 
 // The typed fast path of assign() (defined after everything it uses).
 #include "kiln/tensor/typed_eval.hpp"
+
+#if !defined(KILN_COMPILED_LIBRARY)
+#include "kiln/tensor/eval_impl.hpp"
+#endif

@@ -6,6 +6,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kiln/core/linkage.hpp"
 #include "kiln/decomp/decompose.hpp"
 #include "kiln/tensor/ops.hpp"
 
@@ -35,66 +36,20 @@ Tensor fp32_operand(const E& e) {
 
 /// Maps a possibly negative axis of `t` into [0, rank) (0 and -1 for a 0-dim tensor) or throws
 /// ShapeError naming `op`, the axis, t's shape and dtype.
-inline std::int64_t tensor_axis(std::int64_t axis, const Tensor& t, const char* op) {
-  std::int64_t rank = t.dim(), r = rank == 0 ? 1 : rank;
-  if (axis < -r || axis >= r)
-    throw ShapeError(std::string(op) + ": axis " + std::to_string(axis) + " is out of range for " + describe(t) +
-                     " (rank " + std::to_string(rank) + ")");
-  return axis < 0 ? axis + r : axis;
-}
+KILN_ENTRY std::int64_t tensor_axis(std::int64_t axis, const Tensor& t, const char* op);
 
 /// Normalized, sorted, unique axes of `t`; `{}` means all. Throws ShapeError naming `op`.
-inline std::vector<std::int64_t> reduce_axes(const Axes& axes, const Tensor& t, const char* op) {
-  const Shape& shape = t.shape();
-  std::int64_t rank = static_cast<std::int64_t>(shape.size());
-  std::vector<std::int64_t> out;
-  if (axes.axes.empty()) {
-    for (std::int64_t i = 0; i < rank; ++i) out.push_back(i);
-    return out;
-  }
-  for (auto a : axes.axes) {
-    std::int64_t n = tensor_axis(a, t, op);
-    if (rank == 0) continue;  // axis 0/-1 of a 0-dim tensor: nothing to reduce
-    if (std::find(out.begin(), out.end(), n) != out.end())
-      throw ShapeError(std::string(op) + ": axis " + std::to_string(a) + " appears twice for " + describe(t));
-    out.push_back(n);
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
+KILN_ENTRY std::vector<std::int64_t> reduce_axes(const Axes& axes, const Tensor& t, const char* op);
 
-inline Shape reduced_shape(const Shape& shape, const std::vector<std::int64_t>& axes, bool keepdim) {
-  Shape out;
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    bool reduced = std::find(axes.begin(), axes.end(), static_cast<std::int64_t>(i)) != axes.end();
-    if (!reduced)
-      out.push_back(shape[i]);
-    else if (keepdim)
-      out.push_back(1);
-  }
-  return out;
-}
+KILN_ENTRY Shape reduced_shape(const Shape& shape, const std::vector<std::int64_t>& axes, bool keepdim);
 
 /// Drops the kept dims of a keepdim reduction result unless keepdim.
-inline Tensor finish_reduce(const ir::NodePtr& kept, const Shape& in_shape, const std::vector<std::int64_t>& axes,
-                            bool keepdim) {
-  return Tensor(ir::reshape(kept, reduced_shape(in_shape, axes, keepdim)));
-}
+KILN_ENTRY Tensor finish_reduce(const ir::NodePtr& kept, const Shape& in_shape, const std::vector<std::int64_t>& axes,
+                                bool keepdim);
 
-inline void require_float(const Tensor& t, const char* op) {
-  if (!is_floating(t.dtype()))
-    throw DTypeError(std::string(op) + ": expected a floating point tensor, got " + describe(t) +
-                     " (convert with .to(kiln::f32))");
-}
+KILN_ENTRY void require_float(const Tensor& t, const char* op);
 
-inline void require_nonempty_reduction(const Tensor& t, const std::vector<std::int64_t>& axes, const char* op) {
-  for (auto a : axes)
-    if (t.shape()[a] == 0)
-      throw ShapeError(std::string(op) + ": cannot reduce over a dimension of size 0 (input " + describe(t) +
-                       ", axis " + std::to_string(a) + ")");
-  if (t.numel() == 0 && axes.size() == t.shape().size() && !t.shape().empty())
-    throw ShapeError(std::string(op) + ": cannot reduce an empty tensor " + describe(t));
-}
+KILN_ENTRY void require_nonempty_reduction(const Tensor& t, const std::vector<std::int64_t>& axes, const char* op);
 
 }  // namespace detail
 
@@ -182,8 +137,8 @@ ValuesIndices select_along(const E& x, std::int64_t dim, bool keepdim, bool larg
   require_nonempty_reduction(t, ax, op);
   if (ax.empty())  // a 0-dim input: the value itself at position 0
     return {t, Tensor(ir::constant_int(0, DType::Int64, t.shape(), t.device()))};
-  Tensor values = finish_reduce(ir::reduce(largest ? ir::Op::ReduceMax : ir::Op::ReduceMin, t.node(), ax), t.shape(),
-                                ax, keepdim);
+  Tensor values =
+      finish_reduce(ir::reduce(largest ? ir::Op::ReduceMax : ir::Op::ReduceMin, t.node(), ax), t.shape(), ax, keepdim);
   ir::NodePtr keyed = t.dtype() == DType::Bool ? ir::cast(t.node(), DType::Int32) : t.node();
   Tensor indices =
       finish_reduce(ir::reduce(largest ? ir::Op::ArgMax : ir::Op::ArgMin, keyed, ax), t.shape(), ax, keepdim);
@@ -395,33 +350,7 @@ requires TensorLike<E> Tensor slice(const E& x, std::int64_t axis, std::int64_t 
 }
 
 /// Joins tensors along `axis`; shapes must match elsewhere; dtypes promote (torch.cat).
-inline Tensor concat(const std::vector<Tensor>& xs, std::int64_t axis = 0) {
-  if (xs.empty()) throw ShapeError("concat: expected a non-empty list of tensors");
-  const Tensor& first = detail::to_tensor(xs[0]);
-  if (first.dim() == 0)
-    throw ShapeError("concat: zero-dimensional tensors cannot be concatenated, got " + detail::describe(first));
-  std::int64_t a = detail::tensor_axis(axis, first, "concat");
-  DType dt = first.dtype();
-  std::int64_t joined = 0;
-  for (auto& x : xs) {
-    detail::to_tensor(x);
-    detail::check_same_device(first.device(), x.device(), "concat");
-    bool ok = x.dim() == first.dim();
-    for (std::int64_t d = 0; ok && d < first.dim(); ++d) ok = d == a || x.shape()[d] == first.shape()[d];
-    if (!ok)
-      throw ShapeError("concat: inputs " + detail::describe(first) + " and " + detail::describe(x) +
-                       " differ outside axis " + std::to_string(a));
-    dt = promote_types(dt, x.dtype());
-    if (__builtin_add_overflow(joined, x.shape()[a], &joined))
-      throw ShapeError("concat: the joined size along axis " + std::to_string(a) + " overflows int64 (inputs like " +
-                       detail::describe(x) + ")");
-  }
-  std::vector<ir::NodePtr> nodes;
-  for (auto& x : xs)
-    if (x.shape()[a] > 0 || xs.size() == 1) nodes.push_back(ir::cast(x.node(), dt));
-  if (nodes.empty()) nodes.push_back(ir::cast(first.node(), dt));
-  return Tensor(ir::concat(nodes, a));
-}
+KILN_ENTRY Tensor concat(const std::vector<Tensor>& xs, std::int64_t axis = 0);
 
 /// Pieces of `split_size` elements along `axis` (the last one smaller when the size does not
 /// divide), as torch.split; views where the layout allows.
@@ -507,34 +436,13 @@ requires TensorLike<E> Tensor log_softmax(const E& x, std::int64_t axis = -1) {
 }
 
 namespace detail {
-inline ir::NodePtr norm_param(const Tensor& p, const Tensor& x, const char* op, const char* what) {
-  if (!p.defined()) return nullptr;
-  check_same_device(x.device(), p.device(), op);
-  if (p.dim() != 1 || p.shape()[0] != x.shape().back())
-    throw ShapeError(std::string(op) + ": " + what + " must have shape [" + std::to_string(x.shape().back()) +
-                     "] to match input " + describe(x) + ", got " + describe(p));
-  if (!is_floating(p.dtype()))
-    throw DTypeError(std::string(op) + ": " + what + " must be floating point, got " + describe(p));
-  return p.node();
-}
+KILN_ENTRY ir::NodePtr norm_param(const Tensor& p, const Tensor& x, const char* op, const char* what);
 }  // namespace detail
 
 namespace detail {
 /// IndexError naming `op`, the first target outside [0, classes) (other than ignore_index)
 /// and the class count. `t` is a realized 1-d int32/int64 tensor in host memory.
-inline void check_class_targets(const Tensor& t, std::int64_t classes, std::int64_t ignore_index, const char* op) {
-  const ir::BufferView& b = *t.node()->buffer;
-  const std::int64_t n = t.numel(), stride = b.strides.empty() ? 1 : b.strides[0];
-  for (std::int64_t i = 0; i < n; ++i) {
-    const std::int64_t at = b.offset + i * stride;
-    const std::int64_t v = t.dtype() == DType::Int64 ? static_cast<const std::int64_t*>(b.data())[at]
-                                                     : static_cast<const std::int32_t*>(b.data())[at];
-    if (v != ignore_index && (v < 0 || v >= classes))
-      throw IndexError(std::string(op) + ": target " + std::to_string(v) + " at index " + std::to_string(i) +
-                       " is out of bounds for " + std::to_string(classes) + " classes (targets " + describe(t) +
-                       ", ignore_index " + std::to_string(ignore_index) + ")");
-  }
-}
+KILN_ENTRY void check_class_targets(const Tensor& t, std::int64_t classes, std::int64_t ignore_index, const char* op);
 }  // namespace detail
 
 /// Normalises over the last axis: (x - mean) / sqrt(var + eps) * weight + bias. weight and
@@ -601,3 +509,7 @@ template <std::size_t I>
 struct std::tuple_element<I, kiln::ValuesIndices> {
   using type = kiln::Tensor;
 };
+
+#if !defined(KILN_COMPILED_LIBRARY)
+#include "kiln/tensor/functions_impl.hpp"
+#endif

@@ -7,6 +7,7 @@
 #include <string>
 #include <tuple>
 
+#include "kiln/core/linkage.hpp"
 #include "kiln/tensor/functions.hpp"
 
 namespace kiln {
@@ -14,32 +15,16 @@ namespace kiln {
 namespace detail {
 
 /// x as a node of rank >= 1 (a 0-dim tensor scans as one element) and the normalised dim.
-inline std::pair<ir::NodePtr, std::int64_t> scan_operand(const Tensor& x, std::int64_t dim, const char* op) {
-  const std::int64_t axis = tensor_axis(dim, x, op);
-  ir::NodePtr n = x.dim() == 0 ? ir::reshape(x.node(), Shape{1}) : x.node();
-  return {n, axis};
-}
+KILN_ENTRY std::pair<ir::NodePtr, std::int64_t> scan_operand(const Tensor& x, std::int64_t dim, const char* op);
 
 inline Tensor scan_result(const Tensor& x, ir::NodePtr r) {
   return x.dim() == 0 ? Tensor(ir::reshape(r, Shape{})) : Tensor(std::move(r));
 }
 
-inline Tensor accumulate_scan(const Tensor& input, std::int64_t dim, std::optional<DType> dtype, ir::ScanKind kind,
-                              const char* op) {
-  // Autocast (float32 for f16/bf16 inputs) only when no dtype is asked for, as torch.
-  Tensor x = dtype ? to_tensor(input).to(*dtype) : fp32_operand(input);
-  auto [n, axis] = scan_operand(x, dim, op);
-  const DType out = is_floating(x.dtype()) ? x.dtype() : DType::Int64;
-  return scan_result(x, ir::scan(n, axis, kind, out));
-}
+KILN_ENTRY Tensor accumulate_scan(const Tensor& input, std::int64_t dim, std::optional<DType> dtype, ir::ScanKind kind,
+                                  const char* op);
 
-inline std::tuple<Tensor, Tensor> select_scan(const Tensor& input, std::int64_t dim, bool max, const char* op) {
-  Tensor x = to_tensor(input);
-  auto [n, axis] = scan_operand(x, dim, op);
-  ir::NodePtr values = ir::scan(n, axis, max ? ir::ScanKind::Max : ir::ScanKind::Min, x.dtype());
-  ir::NodePtr indices = ir::scan(n, axis, max ? ir::ScanKind::ArgMax : ir::ScanKind::ArgMin, DType::Int64);
-  return {scan_result(x, values), scan_result(x, indices)};
-}
+KILN_ENTRY std::tuple<Tensor, Tensor> select_scan(const Tensor& input, std::int64_t dim, bool max, const char* op);
 
 }  // namespace detail
 
@@ -66,12 +51,10 @@ inline std::tuple<Tensor, Tensor> cummin(const Tensor& x, std::int64_t dim) {
 }
 
 /// log(cumsum(exp(x))) along `dim`, computed stably, as torch.logcumsumexp (floating inputs).
-inline Tensor logcumsumexp(const Tensor& input, std::int64_t dim) {
-  Tensor x = detail::to_tensor(input);
-  if (!is_floating(x.dtype()))
-    throw DTypeError("logcumsumexp: expected a floating input, got " + detail::describe(x));
-  auto [n, axis] = detail::scan_operand(x, dim, "logcumsumexp");
-  return detail::scan_result(x, ir::scan(n, axis, ir::ScanKind::LogSumExp, x.dtype()));
-}
+KILN_ENTRY Tensor logcumsumexp(const Tensor& input, std::int64_t dim);
 
 }  // namespace kiln
+
+#if !defined(KILN_COMPILED_LIBRARY)
+#include "kiln/tensor/scans_impl.hpp"
+#endif

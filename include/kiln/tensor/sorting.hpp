@@ -11,6 +11,7 @@
 #include <string>
 #include <tuple>
 
+#include "kiln/core/linkage.hpp"
 #include "kiln/tensor/functions.hpp"
 
 namespace kiln {
@@ -19,20 +20,8 @@ namespace detail {
 
 /// The positions of x's k first elements along `dim` and the values there (0-dim inputs act as
 /// one element and give 0-dim results).
-inline std::tuple<Tensor, Tensor> sorted_along(const Tensor& input, std::int64_t dim, std::int64_t k, bool descending,
-                                               const char* op) {
-  Tensor x = to_tensor(input);
-  const std::int64_t axis = tensor_axis(dim, x, op);
-  const std::int64_t len = x.dim() == 0 ? 1 : x.shape()[static_cast<std::size_t>(axis)];
-  if (k < 0 || k > len)
-    throw ValueError(std::string(op) + ": k = " + std::to_string(k) + " is out of range for dimension " +
-                     std::to_string(dim) + " of size " + std::to_string(len) + " (input " + describe(x) + ")");
-  ir::NodePtr n = x.dim() == 0 ? ir::reshape(x.node(), Shape{1}) : x.node();
-  ir::NodePtr positions = ir::sort(n, axis, k, descending);
-  ir::NodePtr values = ir::gather(n, positions, axis, ir::GatherSite::Gather);
-  if (x.dim() == 0) return {Tensor(ir::reshape(values, Shape{})), Tensor(ir::reshape(positions, Shape{}))};
-  return {Tensor(values), Tensor(positions)};
-}
+KILN_ENTRY std::tuple<Tensor, Tensor> sorted_along(const Tensor& input, std::int64_t dim, std::int64_t k,
+                                                   bool descending, const char* op);
 
 inline std::int64_t length_along(const Tensor& x, std::int64_t dim, const char* op) {
   return x.dim() == 0 ? 1 : x.shape()[static_cast<std::size_t>(tensor_axis(dim, x, op))];
@@ -44,19 +33,13 @@ inline std::int64_t length_along(const Tensor& x, std::int64_t dim, const char* 
 /// positions, as torch.topk: sorted first to last (`sorted` = false is accepted and gives the
 /// same order), NaN counting as the largest, the lower position first among equal values.
 /// ValueError unless 0 <= k <= the dim's size.
-inline std::tuple<Tensor, Tensor> topk(const Tensor& x, std::int64_t k, std::int64_t dim = -1, bool largest = true,
-                                       bool sorted = true) {
-  (void)sorted;
-  return detail::sorted_along(x, dim, k, largest, "topk");
-}
+KILN_ENTRY std::tuple<Tensor, Tensor> topk(const Tensor& x, std::int64_t k, std::int64_t dim = -1, bool largest = true,
+                                           bool sorted = true);
 
 /// x sorted along `dim` (ascending, or descending) and the int64 positions the values came
 /// from, as torch.sort; always stable (NaN last ascending, first descending).
-inline std::tuple<Tensor, Tensor> sort(const Tensor& x, std::int64_t dim = -1, bool descending = false,
-                                       bool stable = false) {
-  (void)stable;
-  return detail::sorted_along(x, dim, detail::length_along(detail::to_tensor(x), dim, "sort"), descending, "sort");
-}
+KILN_ENTRY std::tuple<Tensor, Tensor> sort(const Tensor& x, std::int64_t dim = -1, bool descending = false,
+                                           bool stable = false);
 
 /// The int64 positions that sort x along `dim`, as torch.argsort (stable).
 inline Tensor argsort(const Tensor& x, std::int64_t dim = -1, bool descending = false, bool stable = false) {
@@ -67,3 +50,7 @@ inline Tensor argsort(const Tensor& x, std::int64_t dim = -1, bool descending = 
 inline Tensor msort(const Tensor& x) { return std::get<0>(sort(x, 0)); }
 
 }  // namespace kiln
+
+#if !defined(KILN_COMPILED_LIBRARY)
+#include "kiln/tensor/sorting_impl.hpp"
+#endif

@@ -85,7 +85,7 @@ class Embedding : public Module {
     }
     register_parameter("weight", weight);
   }
-  Tensor forward(const Tensor& indices) override;
+  KILN_ENTRY Tensor forward(const Tensor& indices) override;
   std::string name() const override { return "Embedding"; }
 
   std::int64_t num_embeddings, embedding_dim;
@@ -109,7 +109,7 @@ class LayerNorm : public Module {
       }
     }
   }
-  Tensor forward(const Tensor& x) override;
+  KILN_ENTRY Tensor forward(const Tensor& x) override;
   std::string name() const override { return "LayerNorm"; }
 
   std::int64_t normalized_shape;
@@ -129,7 +129,7 @@ class RMSNorm : public Module {
       register_parameter("weight", weight);
     }
   }
-  Tensor forward(const Tensor& x) override;
+  KILN_ENTRY Tensor forward(const Tensor& x) override;
   std::string name() const override { return "RMSNorm"; }
 
   std::int64_t normalized_shape;
@@ -234,7 +234,7 @@ class ModuleList : public Module {
 class Sequential : public ModuleList {
  public:
   using ModuleList::ModuleList;
-  Tensor forward(const Tensor& x) override;
+  KILN_ENTRY Tensor forward(const Tensor& x) override;
   std::string name() const override { return "Sequential"; }
 };
 
@@ -333,7 +333,7 @@ class CausalSelfAttention : public Module {
     register_module("c_attn", c_attn);
     register_module("c_proj", c_proj);
   }
-  Tensor forward(const Tensor& x) override;
+  KILN_ENTRY Tensor forward(const Tensor& x) override;
   std::string name() const override { return "CausalSelfAttention"; }
 
   std::int64_t n_embd, n_head;

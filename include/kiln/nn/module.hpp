@@ -87,7 +87,7 @@ class Module {
   virtual ~Module() = default;
 
   /// The module's computation. Subclasses with one tensor input override it; the base throws.
-  virtual Tensor forward(const Tensor& input);
+  KILN_ENTRY virtual Tensor forward(const Tensor& input);
 
   /// forward(input), through the compiled function when compile() was called.
   Tensor operator()(const Tensor& input);

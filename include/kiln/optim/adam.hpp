@@ -53,8 +53,8 @@ class AdamBase : public Optimizer {
   }
 
   const char* name() const override { return decoupled_ ? "AdamW" : "Adam"; }
-  void check_options(const ParamGroup& g) const override;
-  std::vector<Field> fields() const override;
+  KILN_ENTRY void check_options(const ParamGroup& g) const override;
+  KILN_ENTRY std::vector<Field> fields() const override;
   std::vector<std::string> slot_names() const override { return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}; }
   bool slot_used(const ParamGroup& g, std::size_t s) const override { return s < 2 || g.amsgrad; }
   bool slot_required(std::size_t s) const override { return s < 2; }
@@ -62,9 +62,9 @@ class AdamBase : public Optimizer {
 
   // The numbers a step reads: weight_decay, beta1, 1 - beta1, beta2, 1 - beta2,
   // lr / (1 - beta1^t), sqrt(1 - beta2^t), eps, 1 - lr * weight_decay (computed in double).
-  std::vector<double> scalars(const ParamGroup& g, const ParamState& ps) const override;
+  KILN_ENTRY std::vector<double> scalars(const ParamGroup& g, const ParamState& ps) const override;
 
-  Updated update(const ParamGroup& g, const Update& in) const override;
+  KILN_ENTRY Updated update(const ParamGroup& g, const Update& in) const override;
 
  private:
   bool decoupled_;

@@ -33,7 +33,7 @@ class LRScheduler {
   LRScheduler& operator=(const LRScheduler&) = delete;
 
   /// Advances the schedule by one and sets the groups' lr.
-  virtual void step();
+  KILN_ENTRY virtual void step();
   /// The lr of each group that the last step set.
   std::vector<double> get_last_lr() const { return last_lr_; }
   /// Steps taken since epoch 0 (torch's last_epoch: 0 right after construction).
@@ -43,9 +43,9 @@ class LRScheduler {
   Optimizer& optimizer() const { return *optimizer_; }
 
   /// last_epoch, the steps counted, base_lrs and the last lrs, for checkpoints.
-  virtual nn::StateDict state_dict() const;
+  KILN_ENTRY virtual nn::StateDict state_dict() const;
   /// Restores what state_dict() saved (ValueError naming a missing or mis-shaped key).
-  virtual void load_state_dict(const nn::StateDict& dict);
+  KILN_ENTRY virtual void load_state_dict(const nn::StateDict& dict);
 
  protected:
   explicit LRScheduler(Optimizer& optimizer) : optimizer_(&optimizer) {
@@ -96,7 +96,7 @@ class LambdaLR : public LRScheduler {
   }
 
  protected:
-  std::vector<double> get_lr() const override;
+  KILN_ENTRY std::vector<double> get_lr() const override;
 
  private:
   std::vector<std::function<double(std::int64_t)>> lambdas_;
@@ -112,8 +112,8 @@ class StepLR : public LRScheduler {
   }
 
  protected:
-  std::vector<double> get_lr() const override;
-  std::optional<std::vector<double>> closed_form_lr() const override;
+  KILN_ENTRY std::vector<double> get_lr() const override;
+  KILN_ENTRY std::optional<std::vector<double>> closed_form_lr() const override;
 
  private:
   std::int64_t step_size_;
@@ -131,8 +131,8 @@ class MultiStepLR : public LRScheduler {
   }
 
  protected:
-  std::vector<double> get_lr() const override;
-  std::optional<std::vector<double>> closed_form_lr() const override;
+  KILN_ENTRY std::vector<double> get_lr() const override;
+  KILN_ENTRY std::optional<std::vector<double>> closed_form_lr() const override;
 
  private:
   std::map<std::int64_t, std::int64_t> count_;
@@ -145,8 +145,8 @@ class ExponentialLR : public LRScheduler {
   ExponentialLR(Optimizer& optimizer, double gamma) : LRScheduler(optimizer), gamma_(gamma) { initial_step(); }
 
  protected:
-  std::vector<double> get_lr() const override;
-  std::optional<std::vector<double>> closed_form_lr() const override;
+  KILN_ENTRY std::vector<double> get_lr() const override;
+  KILN_ENTRY std::optional<std::vector<double>> closed_form_lr() const override;
 
  private:
   double gamma_;
@@ -164,8 +164,8 @@ class CosineAnnealingLR : public LRScheduler {
   }
 
  protected:
-  std::vector<double> get_lr() const override;
-  std::optional<std::vector<double>> closed_form_lr() const override;
+  KILN_ENTRY std::vector<double> get_lr() const override;
+  KILN_ENTRY std::optional<std::vector<double>> closed_form_lr() const override;
 
  private:
   std::int64_t t_max_;
@@ -191,8 +191,8 @@ class LinearLR : public LRScheduler {
   }
 
  protected:
-  std::vector<double> get_lr() const override;
-  std::optional<std::vector<double>> closed_form_lr() const override;
+  KILN_ENTRY std::vector<double> get_lr() const override;
+  KILN_ENTRY std::optional<std::vector<double>> closed_form_lr() const override;
 
  private:
   double start_, end_;
@@ -228,10 +228,10 @@ class SequentialLR : public LRScheduler {
     last_lr_ = schedulers_[0]->get_last_lr();
   }
 
-  void step() override;
+  KILN_ENTRY void step() override;
 
-  nn::StateDict state_dict() const override;
-  void load_state_dict(const nn::StateDict& dict) override;
+  KILN_ENTRY nn::StateDict state_dict() const override;
+  KILN_ENTRY void load_state_dict(const nn::StateDict& dict) override;
 
  protected:
   std::vector<double> get_lr() const override {

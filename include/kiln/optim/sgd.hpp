@@ -44,8 +44,8 @@ class SGD : public Optimizer {
 
  protected:
   const char* name() const override { return "SGD"; }
-  void check_options(const ParamGroup& g) const override;
-  std::vector<Field> fields() const override;
+  KILN_ENTRY void check_options(const ParamGroup& g) const override;
+  KILN_ENTRY std::vector<Field> fields() const override;
   std::vector<std::string> slot_names() const override { return {"momentum_buffer"}; }
   bool slot_used(const ParamGroup& g, std::size_t) const override { return g.momentum != 0; }
   bool slot_required(std::size_t) const override { return true; }
@@ -53,9 +53,9 @@ class SGD : public Optimizer {
 
   // The numbers a step reads: lr, weight_decay, momentum, then the buffer's update b * keep + g *
   // take (keep = 0, take = 1 on the buffer's first step: b = g).
-  std::vector<double> scalars(const ParamGroup& g, const detail::ParamState& ps) const override;
+  KILN_ENTRY std::vector<double> scalars(const ParamGroup& g, const detail::ParamState& ps) const override;
 
-  Updated update(const ParamGroup& g, const Update& in) const override;
+  KILN_ENTRY Updated update(const ParamGroup& g, const Update& in) const override;
 
  private:
   SGDOptions defaults_;

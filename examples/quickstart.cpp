@@ -30,10 +30,11 @@ int main() {
   std::printf("mean(z) = %.3g, var(z) = %.4f (layer_norm: about 0 and 1)\n", mean(z).item<float>(),
               var(z).item<float>());
 
-  // Results can land in memory the caller owns: assign() evaluates into a from_blob view.
+  // Results can land in memory the caller owns: assign() evaluates into a from_blob view. The
+  // view is of host memory, so it is a CPU tensor, and the GPU's result is copied to it.
   std::vector<float> mine(4096);
-  Tensor out = from_blob(mine.data(), {4096}, device);
-  out.assign(max(y, 1));
+  Tensor out = from_blob(mine.data(), {4096});
+  out.assign(max(y, 1).to(Device::cpu()));
   std::printf("largest probability of row 0: %.6g (written into a std::vector)\n", mine[0]);
 
   // torch.compile's first example: one library product (a CBLAS here, cuBLASLt on the GPU)

@@ -42,6 +42,8 @@ Tensor from_vector(const std::vector<T>& data, const Shape& shape, Device device
 
 /// A tensor viewing memory the caller owns (no copy). Results assigned to it land in that
 /// memory; the memory must outlive every use of the tensor. `strides` default to row-major.
+/// `device` is where the memory is: host memory is a CPU tensor, a CUDA device pointer a
+/// tensor of that GPU (as torch::from_blob; the pointer is not checked).
 template <class T>
 Tensor from_blob(T* data, const Shape& shape, Device device = Device::cpu(), Strides strides = {}) {
   detail::check_creation_shape(shape, "from_blob", dtype_v<std::remove_const_t<T>>);

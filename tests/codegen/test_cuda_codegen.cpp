@@ -7,6 +7,7 @@
 
 #include "cuda_emulator.hpp"
 #include "cuda_test_util.hpp"
+#include "kiln/autodiff/backward.hpp"
 #include "kiln/backend/cuda_symbolic.hpp"
 #include "kiln/codegen/scan.hpp"
 #include "kiln/codegen/scatter.hpp"
@@ -251,6 +252,27 @@ TEST_CASE("cuda codegen: launch strategies at the GPU shapes of WORKLOADS.md (H2
     CHECK(has(s[0], "read per pass"));
     CHECK(has(s[0], "online max and sum of exp"));
     CHECK(has(s[0], "1 row gather(s) issued at the row's start"));  // the target's logit: one load per row
+  }
+  // B1: the backward row of gelu(layer_norm(X, w, b)) keeps X in registers over its passes
+  // (mean, variance, the two row sums, dX); the weight and bias every row shares are not kept.
+  {
+    NodePtr X = shape_only({M, K}, f32), w = shape_only({K}, f32), b = shape_only({K}, f32);
+    for (const NodePtr& leaf : {X, w, b}) {
+      leaf->requires_grad = true;
+      leaf->grad_leaf = std::make_shared<ir::GradLeaf>();
+    }
+    NodePtr loss = red(Op::ReduceSum, decomp::gelu(decomp::layer_norm(X, w, b, 1e-5), true), {0, 1});
+    auto reached = autodiff::backward_pass({loss}, {ir::constant(1.0, f32, loss->shape, Device::cpu())}, {X, w, b},
+                                           false, "B1");
+    std::vector<NodePtr> grads;
+    for (const NodePtr& leaf : {X, w, b})
+      for (const autodiff::Reached& r : reached)
+        if (r.node == leaf) grads.push_back(r.grad);
+    REQUIRE(grads.size() == 3);
+    auto s = strategies(grads);
+    REQUIRE(s.size() == 2);
+    CHECK_MESSAGE(has(s[0], "row reduction, 256 thread(s) per row, 4 lane(s), 4 slot(s), row cached in registers"), s[0]);
+    CHECK(has(s[1], "column reduction"));
   }
 }
 

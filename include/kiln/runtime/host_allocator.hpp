@@ -26,6 +26,7 @@ namespace kiln::runtime {
 struct HostAllocatorStats {
   std::size_t cached_bytes = 0;  ///< bytes held in free lists, ready for reuse
   std::size_t in_use_bytes = 0;  ///< bytes in blocks handed out and not yet returned (size-class rounded)
+  std::size_t peak_in_use_bytes = 0;  ///< most in_use_bytes since the start or reset_host_memory_peak
   std::size_t cache_limit = 0;   ///< most bytes the free lists may hold
   std::uint64_t hits = 0;        ///< allocations served from a free list
   std::uint64_t misses = 0;      ///< allocations that asked the system
@@ -63,11 +64,13 @@ class HostAllocator {
         it->second.pop_back();
         cached_ -= cls;
         in_use_ += cls;
+        peak_ = std::max(peak_, in_use_);
         ++hits_;
         return p;
       }
       ++misses_;
       in_use_ += cls;
+      peak_ = std::max(peak_, in_use_);
     }
     void* p = system_allocate(cls);
     if (!p) {
@@ -133,7 +136,12 @@ class HostAllocator {
 
   HostAllocatorStats stats() {
     std::lock_guard<std::mutex> lock(mu_);
-    return HostAllocatorStats{cached_, in_use_, limit_, hits_, misses_};
+    return HostAllocatorStats{cached_, in_use_, peak_, limit_, hits_, misses_};
+  }
+
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mu_);
+    peak_ = in_use_;
   }
 
  private:
@@ -171,7 +179,7 @@ class HostAllocator {
 
   std::mutex mu_;
   std::unordered_map<std::size_t, std::vector<void*>> free_;
-  std::size_t cached_ = 0, in_use_ = 0, limit_ = default_limit();
+  std::size_t cached_ = 0, in_use_ = 0, peak_ = 0, limit_ = default_limit();
   std::uint64_t hits_ = 0, misses_ = 0;
 };
 
@@ -206,7 +214,11 @@ inline void release_cached_host_memory() { detail::host_allocator().release_cach
 /// at most 4 GiB); frees the cache when it holds more.
 inline void set_host_cache_limit(std::size_t bytes) { detail::host_allocator().set_limit(bytes); }
 
-/// Cached, in-use and hit/miss counts of the host allocator.
+/// Cached, in-use, peak and hit/miss counts of the host allocator.
 inline HostAllocatorStats host_allocator_stats() { return detail::host_allocator().stats(); }
+
+/// Starts a new peak for host_allocator_stats().peak_in_use_bytes (the use now), as
+/// torch.cuda.reset_peak_memory_stats does for its device.
+inline void reset_host_memory_peak() { detail::host_allocator().reset_peak(); }
 
 }  // namespace kiln::runtime

@@ -435,10 +435,15 @@ class ReductionKernel : public KernelWriter {
   }
 
   /// Leaf reads along the row that more than one pass needs: kept on chip after the first.
+  /// A read every row shares (a layer norm's weight, broadcast down the rows) is not kept:
+  /// the rows' blocks find it in L1 and L2, and the registers it would take are what keeps
+  /// the rows themselves on chip (B1's backward row: its row, weight, bias and weight again
+  /// came to 64 words a thread, so the row was read from memory in each of four passes).
   std::map<std::string, std::pair<int, std::size_t>> multi_pass_reads() const {
     std::map<std::string, std::set<int>> passes;
     std::map<std::string, std::pair<int, std::size_t>> info;  // key -> (node, bytes per slot)
     const std::uint64_t red_mask = groups_mask(k_.loops.red_groups);
+    const std::uint64_t row_mask = k_.loops.rows > 1 ? groups_mask(k_.loops.kept_groups) : 0;
     Index id = sched::identity_index(k_.space);
     for (int pass = 1; pass <= k_.passes; ++pass) {
       std::vector<int> roots;
@@ -453,6 +458,7 @@ class ReductionKernel : public KernelWriter {
           const ir::GraphNode& nn = node(n);
           IndexExpr off = sched::strided_offset(i, nn.strides, nn.shape);
           if (!(off.dep_mask() & red_mask) || !vector_ok(off, al_.input(nn.leaf))) return;
+          if (row_mask != 0 && !(off.dep_mask() & row_mask)) return;  // shared by every row
           std::string key = "L" + std::to_string(n) + "|" + off.key();
           passes[key].insert(pass);
           info[key] = {n, itemsize(nn.dtype) * static_cast<std::size_t>(lane_dep(off) ? vec_ : 1)};

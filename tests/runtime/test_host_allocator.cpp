@@ -116,3 +116,24 @@ TEST_CASE("runtime: the host allocator is thread-safe and never hands one block 
   for (auto& th : threads) th.join();
   CHECK(errors == 0);
 }
+
+TEST_CASE("runtime: the host allocator's peak is the most in use since the last reset") {
+  const std::size_t mib = std::size_t(1) << 20;
+  kiln::runtime::reset_host_memory_peak();
+  const std::size_t base = host_allocator_stats().in_use_bytes;
+  CHECK(host_allocator_stats().peak_in_use_bytes == base);
+  {
+    auto a = allocate_host(3 * mib), b = allocate_host(5 * mib);
+    const std::size_t both = host_allocator_stats().in_use_bytes;
+    CHECK(both >= base + 8 * mib);
+    CHECK(host_allocator_stats().peak_in_use_bytes == both);
+  }
+  // Freed: the use falls back, the peak stays until the next reset.
+  CHECK(host_allocator_stats().in_use_bytes == base);
+  CHECK(host_allocator_stats().peak_in_use_bytes >= base + 8 * mib);
+  kiln::runtime::reset_host_memory_peak();
+  CHECK(host_allocator_stats().peak_in_use_bytes == base);
+  auto c = allocate_host(mib);
+  CHECK(host_allocator_stats().peak_in_use_bytes == host_allocator_stats().in_use_bytes);
+  CHECK(host_allocator_stats().peak_in_use_bytes < base + 8 * mib);
+}

@@ -319,6 +319,32 @@ TEST_CASE("to(DType): PyTorch's casting rules") {
   }
 }
 
+TEST_CASE("from_blob: memory of another device is a DeviceError naming from_blob, when it is made") {
+  std::vector<float> host = {1, 2, 3, 4};
+  // Host memory as a GPU's: no CUDA here, or CUDA that does not know the pointer.
+  try {
+    (void)from_blob(host.data(), {4}, Device::cuda(0));
+    FAIL("from_blob took host memory as cuda:0's");
+  } catch (const DeviceError& e) {
+    CHECK_MESSAGE(std::string(e.what()).find("from_blob") != std::string::npos, e.what());
+  }
+  if (kt::device().is_cuda()) {
+    Tensor g = from_vector<float>({5, 6, 7}, {3}, kt::device());
+    float* p = g.data_ptr<float>();
+    // A GPU's memory as the CPU's.
+    try {
+      (void)from_blob(p, {3}, Device::cpu());
+      FAIL("from_blob took device memory as the CPU's");
+    } catch (const DeviceError& e) {
+      CHECK_MESSAGE(std::string(e.what()).find("device memory of " + kt::device().str()) != std::string::npos,
+                    e.what());
+    }
+    // Its own GPU: a view of it.
+    Tensor v = from_blob(p, {3}, kt::device());
+    KILN_CHECK_CLOSE(v * 2.0f, std::vector<double>{10, 12, 14});
+  }
+}
+
 TEST_CASE("from_blob: a view of user memory (host memory: CPU only)") {
   const Device cpu = Device::cpu();
   SUBCASE("reads the user's memory without copying, at evaluation time") {

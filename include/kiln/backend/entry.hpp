@@ -33,6 +33,9 @@ namespace entry {
 KILN_ENTRY StoragePtr allocate(std::size_t bytes, Device device);
 /// Copies `bytes` between any two devices (blocking).
 KILN_ENTRY void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes);
+/// Why memory at `p` cannot be viewed as a tensor of `device` ("" when it can, or when nothing
+/// can tell): host memory given as a GPU's, or a GPU's memory given as another device's.
+KILN_ENTRY std::string memory_mismatch(const void* p, Device device);
 /// Runs `g` with the executor `mode` selects for its device.
 KILN_ENTRY void run(const ir::Graph& g, const RunArgs& args, Mode mode);
 /// How `g` would be run (its kernels), as text.

@@ -16,6 +16,10 @@ KILN_ENTRY void copy_bytes(void* dst, Device dst_device, const void* src, Device
   backend::copy_bytes(dst, dst_device, src, src_device, bytes);
 }
 
+KILN_ENTRY std::string memory_mismatch(const void* p, Device device) {
+  return runtime::cuda_pointer_mismatch(p, device);
+}
+
 KILN_ENTRY void run(const ir::Graph& g, const RunArgs& args, Mode mode) { backend::run(g, args, mode); }
 
 KILN_ENTRY std::string explain(const ir::Graph& g, Mode mode) { return backend::explain(g, mode); }

@@ -81,6 +81,14 @@ enum CUmemPool_attribute : int {
   CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8,
 };
 
+/// The CUpointer_attribute values kiln asks about, and CUmemorytype's.
+enum CUpointer_attribute : int {
+  CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
+  CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
+  CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+};
+inline constexpr unsigned CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2;
+
 enum CUstreamCaptureMode : int {
   CU_STREAM_CAPTURE_MODE_GLOBAL = 0,
   CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
@@ -101,6 +109,7 @@ struct KernelNodeParams {
 };
 
 inline constexpr CUresult CUDA_SUCCESS = 0;
+inline constexpr CUresult CUDA_ERROR_INVALID_VALUE = 1;
 inline constexpr CUresult CUDA_ERROR_OUT_OF_MEMORY = 2;
 inline constexpr CUresult CUDA_ERROR_DEINITIALIZED = 4;
 inline constexpr CUresult CUDA_ERROR_NO_DEVICE = 100;
@@ -157,6 +166,8 @@ struct CudaDriverApi {
                                 const char*) = nullptr;                          // cuModuleGetGlobal_v2
   CUresult (*mem_host_alloc)(void**, std::size_t, unsigned) = nullptr;           // cuMemHostAlloc
   CUresult (*mem_host_get_device_pointer)(cu::CUdeviceptr*, void*, unsigned) = nullptr;  // cuMemHostGetDevicePointer_v2
+  // Optional: without it from_blob cannot check which device a pointer's memory is on.
+  CUresult (*pointer_get_attribute)(void*, cu::CUpointer_attribute, cu::CUdeviceptr) = nullptr;  // cuPointerGetAttribute
   CUresult (*launch_kernel)(cu::CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                             cu::CUstream, void**, void**) = nullptr;                         // cuLaunchKernel
   CUresult (*func_set_attribute)(cu::CUfunction, cu::CUfunction_attribute, int) = nullptr;   // cuFuncSetAttribute
@@ -350,6 +361,8 @@ inline CudaDriverState load_cuda_driver(const std::string& path) {
   optional_sym(fault_missing, a.module_get_global, "cuModuleGetGlobal_v2");
   optional_sym(fault_missing, a.mem_host_alloc, "cuMemHostAlloc");
   optional_sym(fault_missing, a.mem_host_get_device_pointer, "cuMemHostGetDevicePointer_v2");
+  std::string pointer_missing;
+  optional_sym(pointer_missing, a.pointer_get_attribute, "cuPointerGetAttribute");
   s.launch_graphs_missing =
       graph_missing.empty() ? launch_missing : graph_missing + (launch_missing.empty() ? "" : ", " + launch_missing);
   s.handle = h;
@@ -579,6 +592,12 @@ struct CudaContexts {
   std::vector<std::atomic<CudaContext*>> ctx;
   explicit CudaContexts(int n) : once(static_cast<std::size_t>(n)), ctx(static_cast<std::size_t>(n)) {}
 };
+/// Set once kiln has made a CUDA context: before that no pointer can be memory kiln gave out on
+/// a GPU, and asking the driver about one would load it (from_blob of host memory must not).
+inline std::atomic<bool>& cuda_context_made() {
+  static std::atomic<bool> made{false};
+  return made;
+}
 inline CudaContexts& cuda_contexts() {
   // Never destroyed, on purpose (see CudaContext).
   static CudaContexts* all = new CudaContexts(cuda_device_count());
@@ -595,6 +614,7 @@ inline CudaContext& cuda_context(int index) {
       return *c;
     std::call_once(all.once[static_cast<std::size_t>(index)], [&] {
       all.ctx[static_cast<std::size_t>(index)].store(new CudaContext(index), std::memory_order_release);
+      detail::cuda_context_made().store(true, std::memory_order_release);
     });
     return *all.ctx[static_cast<std::size_t>(index)].load(std::memory_order_acquire);
   }

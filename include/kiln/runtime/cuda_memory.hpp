@@ -159,4 +159,34 @@ inline void fill_device_bytes(void* dst, unsigned char value, std::size_t bytes,
 /// Waits until all of kiln's work on cuda:`device` is done.
 inline void synchronize_cuda(int device) { cuda_context(device).synchronize(); }
 
+/// Why memory at `p` cannot be what a tensor of `device` views, or "" when it can (or when
+/// the driver cannot tell). A CUDA device: `p` must be memory the driver knows (device, managed
+/// or registered host memory) and, when it is device memory, of that GPU; plain host memory
+/// (malloc, std::vector) is refused. The CPU: `p` must not be device memory of a GPU; asked
+/// only once kiln has made a CUDA context, so host code never loads the driver for this.
+/// Throws DeviceError when `device` is a GPU and CUDA is unavailable or the GPU does not exist.
+inline std::string cuda_pointer_mismatch(const void* p, Device device) {
+  if (p == nullptr) return "";
+  if (device.is_cpu() && !detail::cuda_context_made().load(std::memory_order_acquire)) return "";
+  const auto& api = device.is_cpu() ? detail::cuda_driver_state().api
+                                    : detail::require_cuda_driver([&] { return "view memory on " + device.str(); });
+  if (device.is_cuda()) cuda_context(device.index).make_current();
+  if (!api.pointer_get_attribute) return "";
+  const auto address = detail::device_address(p);
+  unsigned type = 0;
+  const cu::CUresult r = api.pointer_get_attribute(&type, cu::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, address);
+  if (r == cu::CUDA_ERROR_INVALID_VALUE)
+    return device.is_cpu() ? "" : "host memory CUDA does not know (not from cudaMalloc, cudaMallocManaged or cudaHostAlloc)";
+  if (r != cu::CUDA_SUCCESS || type != cu::CU_MEMORYTYPE_DEVICE) return "";
+  int managed = 0, ordinal = -1;
+  if (api.pointer_get_attribute(&managed, cu::CU_POINTER_ATTRIBUTE_IS_MANAGED, address) == cu::CUDA_SUCCESS &&
+      managed != 0)
+    return "";  // managed memory: reachable from the host and from every GPU
+  if (api.pointer_get_attribute(&ordinal, cu::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address) != cu::CUDA_SUCCESS)
+    return "";
+  if (device.is_cpu()) return "device memory of cuda:" + std::to_string(ordinal);
+  if (ordinal != device.index) return "device memory of cuda:" + std::to_string(ordinal);
+  return "";
+}
+
 }  // namespace kiln::runtime

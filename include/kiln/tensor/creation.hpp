@@ -43,7 +43,9 @@ Tensor from_vector(const std::vector<T>& data, const Shape& shape, Device device
 /// A tensor viewing memory the caller owns (no copy). Results assigned to it land in that
 /// memory; the memory must outlive every use of the tensor. `strides` default to row-major.
 /// `device` is where the memory is: host memory is a CPU tensor, a CUDA device pointer a
-/// tensor of that GPU (as torch::from_blob; the pointer is not checked).
+/// tensor of that GPU (as torch::from_blob). A DeviceError when the driver says the memory is
+/// elsewhere: host memory CUDA does not know given as a GPU's, device memory given as another
+/// GPU's or as the CPU's (checked once kiln has used a GPU).
 template <class T>
 Tensor from_blob(T* data, const Shape& shape, Device device = Device::cpu(), Strides strides = {}) {
   detail::check_creation_shape(shape, "from_blob", dtype_v<std::remove_const_t<T>>);
@@ -66,6 +68,17 @@ Tensor from_blob(T* data, const Shape& shape, Device device = Device::cpu(), Str
   }
   if (overflow || (shape.numel() > 0 && extent >= INT64_MAX / static_cast<std::int64_t>(sizeof(T))))
     throw ShapeError("from_blob: shape " + shape.str() + " with its strides addresses more memory than int64 counts");
+  if (shape.numel() > 0) {
+    std::string why;
+    try {
+      why = backend::entry::memory_mismatch(data, device);
+    } catch (const DeviceError& e) {  // CUDA unavailable, or no such GPU
+      throw DeviceError("from_blob: " + std::string(e.what()));
+    }
+    if (!why.empty())
+      throw DeviceError("from_blob: the memory of a " + std::string(dtype_name(dtype_v<std::remove_const_t<T>>)) +
+                        shape.str() + " tensor on " + device.str() + " is " + why);
+  }
   auto st = std::make_shared<Storage>();
   st->data = const_cast<std::remove_const_t<T>*>(data);
   st->bytes = shape.numel() == 0 ? 0 : static_cast<std::size_t>(extent + 1) * sizeof(T);

@@ -197,10 +197,20 @@ inline std::vector<int> nvrtc_supported_archs() {
 /// SASS, not PTX) and C++17. No fast-math: generated code gets CUDA's standard-accuracy math.
 /// From NVRTC 12.4 on, -minimal leaves out the runtime API's declarations, textures and device
 /// launches, which generated kernels never use: about a third of the front end's time.
+///
+/// KILN_NVRTC_FAST_COMPILE=min|mid|max (NVRTC 12.8 on) adds `--Ofast-compile=<level>`: NVRTC
+/// trades the kernels' speed for its own (mid: about a third of the compile time of a large
+/// unit). It is part of every cubin's key, so cubins of either setting never mix.
 inline std::vector<std::string> nvrtc_default_options(const std::string& arch) {
   std::vector<std::string> o = {"--gpu-architecture=" + arch, "-std=c++17"};
   const auto& api = detail::nvrtc_api();
   if (api.ok() && (api.major > 12 || (api.major == 12 && api.minor >= 4))) o.push_back("-minimal");
+  static const std::string fast = [] {
+    std::string v = env::get("KILN_NVRTC_FAST_COMPILE", "");
+    return v == "min" || v == "mid" || v == "max" ? v : std::string();
+  }();
+  if (!fast.empty() && api.ok() && (api.major > 12 || (api.major == 12 && api.minor >= 8)))
+    o.push_back("--Ofast-compile=" + fast);
   return o;
 }
 

@@ -2,6 +2,7 @@
 // against the reference executor; PreparedGraph against run().
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <vector>
 
 #include <kiln/kiln.hpp>
@@ -46,4 +47,33 @@ TEST_CASE("PreparedGraph runs what run() runs") {
   args.outputs = {b.data()};
   prepared.run(args);
   CHECK(a == b);
+}
+
+TEST_CASE("steps: a run holds a temporary only from the first step that uses it to the last") {
+  // Eight products with a tanh between each: every product's result and every tanh's are
+  // temporaries between steps (1 MiB each). Held for the whole run they would take 16 MiB; at
+  // any step at most three are live (the step's input, its output, and the one being freed).
+  const std::int64_t n = 512;
+  const Device cpu = Device::cpu();
+  manual_seed(3);
+  Tensor x = randn({n, n}, DType::Float32, cpu).eval();
+  std::vector<Tensor> w;
+  for (int i = 0; i < 8; ++i) w.push_back((randn({n, n}, DType::Float32, cpu) * (1.0 / std::sqrt(double(n)))).eval());
+  auto chain = [&] {
+    Tensor h = x;
+    for (const Tensor& wi : w) h = tanh(matmul(h, wi));
+    return sum(h);
+  };
+  // The same chain evaluated one product at a time (each result realized): the reference value.
+  Tensor h = x;
+  for (const Tensor& wi : w) h = tanh(matmul(h, wi)).eval();
+  const double expected = sum(h).item<double>();
+
+  const std::size_t base = runtime::host_allocator_stats().in_use_bytes;
+  runtime::reset_host_memory_peak();
+  const double got = chain().item<double>();
+  const std::size_t peak = runtime::host_allocator_stats().peak_in_use_bytes - base;
+  CHECK(got == doctest::Approx(expected).epsilon(1e-5));
+  const std::size_t mib = std::size_t(1) << 20;
+  CHECK_MESSAGE(peak <= 3 * mib, "peak " << peak << " bytes beyond the inputs");
 }

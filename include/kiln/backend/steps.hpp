@@ -343,6 +343,10 @@ class StepProgram {
     std::vector<detail::SortKernels> sorts;
     std::vector<detail::AttentionKernels> attentions;
     const char* name = "fused";
+    /// Per step of plan.order: the temporaries it is the first to use (allocated just before
+    /// it) and the last (released just after it), so a run holds only the temporaries live
+    /// across the step it is at, not all of them.
+    std::vector<std::vector<int>> allocate_before, release_after;
   };
 
   StepProgram(const ir::Graph& g, Mode mode, CpuLaunchOptions launch)
@@ -369,33 +373,42 @@ class StepProgram {
   const ir::Graph& graph() const { return graph_; }
   bool autotuned() const { return autotune_; }
 
-  /// Runs `v` with its temporaries allocated for this run (stream-ordered on the GPU).
+  /// Runs `v`, each temporary allocated before the first step that uses it and released after
+  /// the last (stream-ordered on the GPU: a release is queued behind the work that reads it, and
+  /// the pool hands the memory to a later step's temporaries). A training step's backward runs
+  /// as one plan; holding every gradient it passes through until the end of the run would make
+  /// its peak the sum of them.
   void run_variant(const Variant& v, const RunArgs& args, bool tune) const {
-    std::vector<StoragePtr> temps = allocate_temps(v.plan);
-    for (const sched::Step& st : v.plan.order) {
-      if (st.kind == sched::Step::Call) {
-        run_call(v.plan.calls[static_cast<std::size_t>(st.index)], args, temps, tune, nullptr);
-        continue;
-      }
-      if (st.kind == sched::Step::Scatter) {
-        run_scatter_step(v, static_cast<std::size_t>(st.index), args, temps, nullptr);
-        continue;
-      }
-      if (st.kind == sched::Step::Scan) {
-        run_scan_step(v, static_cast<std::size_t>(st.index), args, temps, nullptr);
-        continue;
-      }
-      if (st.kind == sched::Step::Sort) {
-        run_sort_step(v, static_cast<std::size_t>(st.index), args, temps, nullptr);
-        continue;
-      }
-      if (st.kind == sched::Step::Attention) {
-        run_attention_step(v, static_cast<std::size_t>(st.index), args, temps, nullptr);
-        continue;
-      }
-      const sched::Segment& seg = v.plan.segments[static_cast<std::size_t>(st.index)];
-      v.segments[static_cast<std::size_t>(st.index)]->run(segment_args(seg, args, temps));
+    std::vector<StoragePtr> temps(v.plan.temps.size());
+    for (std::size_t i = 0; i < v.plan.order.size(); ++i) {
+      for (int t : v.allocate_before[i]) temps[static_cast<std::size_t>(t)] = allocate_temp(v.plan, t);
+      run_step(v, v.plan.order[i], args, temps, tune);
+      for (int t : v.release_after[i]) temps[static_cast<std::size_t>(t)].reset();
     }
+  }
+
+  void run_step(const Variant& v, const sched::Step& st, const RunArgs& args, const std::vector<StoragePtr>& temps,
+                bool tune) const {
+    const auto i = static_cast<std::size_t>(st.index);
+    switch (st.kind) {
+      case sched::Step::Call:
+        return run_call(v.plan.calls[i], args, temps, tune, nullptr);
+      case sched::Step::Scatter:
+        return run_scatter_step(v, i, args, temps, nullptr);
+      case sched::Step::Scan:
+        return run_scan_step(v, i, args, temps, nullptr);
+      case sched::Step::Sort:
+        return run_sort_step(v, i, args, temps, nullptr);
+      case sched::Step::Attention:
+        return run_attention_step(v, i, args, temps, nullptr);
+      case sched::Step::Kernels:
+        return v.segments[i]->run(segment_args(v.plan.segments[i], args, temps));
+    }
+  }
+
+  StoragePtr allocate_temp(const sched::StepPlan& plan, int t) const {
+    const sched::StepTemp& tt = plan.temps[static_cast<std::size_t>(t)];
+    return backend::allocate(static_cast<std::size_t>(tt.shape.numel()) * itemsize(tt.dtype), graph_.device);
   }
 
   std::vector<StoragePtr> allocate_temps(const sched::StepPlan& plan) const {
@@ -492,6 +505,20 @@ class StepProgram {
     auto v = std::make_unique<Variant>();
     v->plan = std::move(plan);
     v->name = name;
+    const std::size_t steps = v->plan.order.size();
+    v->allocate_before.assign(steps, {});
+    v->release_after.assign(steps, {});
+    std::vector<int> first(v->plan.temps.size(), -1), last(v->plan.temps.size(), -1);
+    for (std::size_t i = 0; i < steps; ++i)
+      for (int t : v->plan.temps_of(v->plan.order[i])) {
+        if (first[static_cast<std::size_t>(t)] < 0) first[static_cast<std::size_t>(t)] = static_cast<int>(i);
+        last[static_cast<std::size_t>(t)] = static_cast<int>(i);
+      }
+    for (std::size_t t = 0; t < first.size(); ++t)
+      if (first[t] >= 0) {
+        v->allocate_before[static_cast<std::size_t>(first[t])].push_back(static_cast<int>(t));
+        v->release_after[static_cast<std::size_t>(last[t])].push_back(static_cast<int>(t));
+      }
     for (const auto& seg : v->plan.segments)
       v->segments.push_back(std::make_unique<PreparedGraph>(seg.graph, mode, launch));
     // The segments' kernels compile side by side now, not one per segment as the first run

@@ -275,6 +275,9 @@ struct StepPlan {
 
   /// One line per step (what KILN_LOGS=schedule and explain() print).
   std::string str() const;
+
+  /// The temporaries step `st` reads or writes (repeats possible).
+  std::vector<int> temps_of(const Step& st) const;
 };
 
 /// Whether `g` holds a library op, so that it runs as steps.
@@ -938,6 +941,44 @@ inline StepPlan plan_steps(const ir::Graph& g, bool fuse_epilogues) {
   ir::Graph rewritten;
   if (fuse_written_out_attention(g, rewritten)) return detail::StepPlanner(rewritten, fuse_epilogues).run();
   return detail::StepPlanner(g, fuse_epilogues).run();
+}
+
+inline std::vector<int> StepPlan::temps_of(const Step& st) const {
+  std::vector<int> t;
+  auto slot = [&](const Slot& s) {
+    if (s.kind == Slot::Temp) t.push_back(s.index);
+  };
+  const auto i = static_cast<std::size_t>(st.index);
+  switch (st.kind) {
+    case Step::Kernels:
+      for (const Slot& s : segments[i].leaves) slot(s);
+      for (const Slot& s : segments[i].outputs) slot(s);
+      break;
+    case Step::Call:
+      for (const Slot* s : {&calls[i].a, &calls[i].b, &calls[i].out}) slot(*s);
+      if (calls[i].bias) slot(calls[i].bias_slot);
+      break;
+    case Step::Scatter:
+      for (const Slot* s : {&scatters[i].base, &scatters[i].index, &scatters[i].src, &scatters[i].out}) slot(*s);
+      if (scatters[i].flag >= 0) t.push_back(scatters[i].flag);
+      break;
+    case Step::Scan:
+      slot(scans[i].src);
+      slot(scans[i].result);
+      break;
+    case Step::Sort:
+      slot(sorts[i].src);
+      slot(sorts[i].result);
+      if (sorts[i].scratch >= 0) t.push_back(sorts[i].scratch);
+      break;
+    case Step::Attention: {
+      const AttentionCall& c = attentions[i];
+      for (const Slot* s : {&c.q, &c.k, &c.v, &c.mask, &c.out, &c.dout, &c.lse, &c.dq, &c.dk, &c.dv}) slot(*s);
+      if (c.delta >= 0) t.push_back(c.delta);
+      break;
+    }
+  }
+  return t;
 }
 
 inline std::string StepPlan::str() const {

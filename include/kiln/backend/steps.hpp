@@ -3,8 +3,9 @@
 // plan (sched/steps.hpp): each segment of generated kernels bound once (a PreparedGraph), each
 // library call by the device's library (a CBLAS on the host, cuBLASLt on the GPU), each scatter
 // by its generated scatter kernels (codegen/scatter.hpp), the
-// temporaries between them allocated per run on the graph's device (stream-ordered on CUDA,
-// so freeing them at the end of a run waits for nothing).
+// temporaries between them allocated on the graph's device before the first step that uses
+// them and released after the last (stream-ordered on CUDA, so a release waits for nothing
+// and a later step's temporary reuses the memory).
 #include <atomic>
 #include <memory>
 #include <mutex>

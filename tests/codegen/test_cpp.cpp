@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <tuple>
 #include <regex>
 #include <set>
 #include <string>
@@ -105,6 +106,24 @@ TEST_CASE("codegen: softmax keeps exp(x - max) of its second pass in a row cache
   CHECK(has(s, "stash0["));
 }
 
+TEST_CASE("codegen: a large output's rows are streamed from the last pass 64 bytes at a time") {
+  // 16 MiB of f32 (and of bf16): the last pass computes each chunk into a small buffer and
+  // stores it around the cache; no whole-row buffer, no second loop over the row.
+  for (auto [shape, dt, chunk] : {std::tuple{Shape{4096, 1024}, f32, 16}, std::tuple{Shape{8192, 1024}, bf16, 32}}) {
+    NodePtr x = leaf(shape, dt);
+    NodePtr y = dt == f32 ? softmax(x) : ir::cast(softmax(ir::cast(x, f32)), bf16);
+    std::string s = generate({y}).source;
+    INFO(s);
+    CHECK(has(s, "kc += " + std::to_string(chunk) + "LL"));
+    CHECK(count(s, "kiln_stream_chunk(&out0[") == 1);
+    CHECK(count(s, "kiln_stream_row(&") == 0);
+    CHECK(has(s, "kiln_stream_fence();"));
+  }
+  // Below the threshold rows are stored in place.
+  std::string small = generate({softmax(leaf({64, 512}))}).source;
+  CHECK(count(small, "kiln_stream_chunk(") == 0);
+}
+
 TEST_CASE("codegen: the inner loops of fused kernels vectorise (GCC without -ffast-math)") {
   const runtime::CxxCompiler* cxx = runtime::CxxCompiler::find();
   if (!cxx || cxx->version().find("clang") != std::string::npos) {
@@ -117,7 +136,9 @@ TEST_CASE("codegen: the inner loops of fused kernels vectorise (GCC without -ffa
   NodePtr rms = bin(Op::Mul, x, ir::broadcast(ir::unary(Op::Rsqrt, bin(Op::Add, ms, cst(1e-6, ms))), x->shape));
   for (auto roots : {std::vector<NodePtr>{p4}, std::vector<NodePtr>{softmax(x)}, std::vector<NodePtr>{rms},
                      std::vector<NodePtr>{red(Op::ReduceSum, x, {0})},
-                     std::vector<NodePtr>{ir::cast(softmax(ir::cast(leaf({128, 512}, bf16), f32)), bf16)}}) {
+                     std::vector<NodePtr>{ir::cast(softmax(ir::cast(leaf({128, 512}, bf16), f32)), bf16)},
+                     // A 16 MiB output: its rows are streamed, the last pass 64 bytes at a time.
+                     std::vector<NodePtr>{softmax(leaf({4096, 1024}))}}) {
     std::string src = generate(roots).source;
     std::string path = "/tmp/kiln-vec-" + std::to_string(::getpid()) + ".cpp";
     { std::ofstream(path) << src; }

@@ -333,3 +333,39 @@ TEST_CASE("float sums over millions of elements stay accurate (pairwise/cascaded
     }
   }
 }
+
+TEST_CASE("rows of a large output (streamed around the cache) hold the same values, aligned or not") {
+  // softmax over [4096, 1024] f32 writes 16 MiB: on the CPU its rows are stored around the
+  // cache 64 bytes at a time (plain stores where the output is not 32-byte aligned). The values
+  // must be those of the same softmax evaluated in pieces (no fused row kernel).
+  const Device cpu = Device::cpu();
+  manual_seed(11);
+  Tensor x = (randn({4096, 1024}, DType::Float32, cpu) * 3.0).eval();
+  Tensor m = amax(x, {1}, true).eval();
+  Tensor e = exp(x - m).eval();
+  Tensor ref = (e / sum(e, {1}, true)).eval();
+  const std::vector<float> want = ref.to_vector<float>();
+  auto same = [&](const float* got) {
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < want.size(); ++i)
+      bad += std::fabs(got[i] - want[i]) > 2e-6f * std::max(1.0f, std::fabs(want[i])) + 1e-12f;
+    return bad;
+  };
+  Tensor y = softmax(x, 1).eval();
+  CHECK(same(y.to_vector<float>().data()) == 0);
+  std::vector<float> buf(4096 * 1024 + 1, -1.0f);  // one float in: 4-byte aligned only
+  from_blob(buf.data() + 1, {4096, 1024}, cpu).assign(softmax(x, 1));
+  CHECK(same(buf.data() + 1) == 0);
+  CHECK(buf[0] == -1.0f);
+  // bf16 rows (16 MiB at [8192, 1024]): 32 elements a chunk.
+  Tensor xb = randn({8192, 1024}, DType::Float32, cpu).to(DType::BFloat16).eval();
+  Tensor yb = softmax(xb.to(DType::Float32), 1).to(DType::BFloat16).eval();
+  Tensor xf = xb.to(DType::Float32).eval();
+  Tensor mb = amax(xf, {1}, true).eval();
+  Tensor eb = exp(xf - mb).eval();
+  Tensor rb = (eb / sum(eb, {1}, true)).to(DType::BFloat16).eval();
+  const std::vector<float> gb = yb.to(DType::Float32).to_vector<float>(), wb = rb.to(DType::Float32).to_vector<float>();
+  std::size_t badb = 0;
+  for (std::size_t i = 0; i < wb.size(); ++i) badb += std::fabs(gb[i] - wb[i]) > 1e-2f * std::fabs(wb[i]) + 1e-12f;
+  CHECK(badb == 0);
+}

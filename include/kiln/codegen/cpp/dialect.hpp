@@ -69,6 +69,23 @@ static inline void kiln_stream_row(void* dst, const void* src, long long bytes) 
   __builtin_memcpy(d, s, (unsigned long)bytes);
 #endif
 }
+/* One chunk of a streamed row (`bytes`: 64): around the cache when `dst` is 32-byte aligned,
+   else plain stores; kiln_stream_fence orders the row's chunks before the kernel returns. */
+static inline void kiln_stream_chunk(void* dst, const void* src, long long bytes) {
+#if defined(__AVX__)
+  if ((((unsigned long long)dst) & 31u) == 0) {
+    for (long long i = 0; i < bytes; i += 32)
+      _mm256_stream_si256((__m256i*)((unsigned char*)dst + i), _mm256_load_si256((const __m256i*)((const unsigned char*)src + i)));
+    return;
+  }
+#endif
+  __builtin_memcpy(dst, src, (unsigned long)bytes);
+}
+static inline void kiln_stream_fence(void) {
+#if defined(__AVX__)
+  _mm_sfence();
+#endif
+}
 )";
 
 // Helpers every generated unit may use. Integer arithmetic wraps (through unsigned, since

@@ -605,6 +605,18 @@ class KernelWriter {
     for (auto& t : st.targets) {
       IndexExpr off = sched::strided_offset(idx, t.strides, n.shape);
       std::string p = pointer(t.kind, t.index, n.dtype, true);
+      if (streaming_ && chunk_ > 0 && streamable(t, n, off)) {
+        // Into the chunk's buffer, stored around the cache when the chunk is done.
+        std::string buf = "kch" + std::to_string(stream_count_++);
+        line_at(chunk_scope_, std::string("alignas(64) ") + stype(n.dtype) + " " + buf + "[" + std::to_string(chunk_) + "];");
+        const int inner = k_.loops.red_groups.front();
+        line(buf + "[" + var(inner) + " - kc] = " + to_storage(v.expr, n.dtype) + ";");
+        IndexExpr base = off;
+        for (int d : k_.loops.groups[static_cast<std::size_t>(inner)]) base.coeff[static_cast<std::size_t>(d)] = 0;
+        chunk_streams_.push_back(Stream{buf, "&" + p + "[" + render(base) + " + kc]",
+                                        chunk_ * static_cast<i64>(itemsize(n.dtype))});
+        continue;
+      }
       if (streaming_ && streamable(t, n, off)) {
         // Into a row buffer, written out after the row's last pass (flush_streams).
         std::string buf = "srow" + std::to_string(stream_count_++);
@@ -660,6 +672,32 @@ class KernelWriter {
         return name;
       }
     return "";
+  }
+  /// Elements per chunk for the last pass `pass` of a row kernel when it has a streamed store
+  /// and all its streamed stores share an item size (64 bytes of them, dividing the row); else 0.
+  i64 stream_chunk_elems(int pass) const {
+    const auto& p = k_.loops;
+    if (sym_ || analysis_ || p.column || p.red_groups.size() != 1 || pass != k_.passes) return 0;
+    const Index id = sched::identity_index(k_.space);
+    std::size_t item = 0;
+    for (auto& st : k_.stores) {
+      if (st.level != sched::Level::Full || st.pass != pass) continue;
+      const ir::GraphNode& n = node(st.node);
+      for (auto& t : st.targets) {
+        if (!streamable(t, n, sched::strided_offset(id, t.strides, n.shape))) continue;
+        if (item != 0 && item != itemsize(n.dtype)) return 0;
+        item = itemsize(n.dtype);
+      }
+    }
+    if (item == 0 || 64 % item != 0) return 0;
+    const i64 c = 64 / static_cast<i64>(item);
+    return row_length() % c == 0 ? c : 0;
+  }
+  void flush_chunk_streams() {
+    for (auto& st : chunk_streams_)
+      line("kiln_stream_chunk(" + st.dst + ", " + st.buf + ", " + std::to_string(st.bytes) + "LL);");
+    if (!chunk_streams_.empty()) needs_.stream = true;
+    chunk_streams_.clear();
   }
   void flush_streams() {
     for (auto& st : streams_)
@@ -994,6 +1032,12 @@ class KernelWriter {
   bool streaming_ = false;
   int tile_scope_ = 0, stream_count_ = 0;
   std::vector<Stream> streams_;
+  /// The last pass of a streamed row in chunks (chunk_ elements: 64 bytes): each chunk is
+  /// computed into a small buffer that stays in registers and stored around the cache right
+  /// away, where a whole row buffer would be written, read back and stored in a second loop.
+  i64 chunk_ = 0;
+  int chunk_scope_ = 0;
+  std::vector<Stream> chunk_streams_;
   /// Outputs at least this large are streamed (well past the 2-core machine's L2 and a fair
   /// share of the L3: a consumer would find little of it in cache).
   static constexpr i64 kStreamMinBytes = 16 << 20;

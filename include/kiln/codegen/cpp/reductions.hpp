@@ -23,6 +23,29 @@ inline void KernelWriter::reduce_tiles() {
     std::vector<Red> reds = phase_reds(pass);
     block_sums(reds);
     for (auto& r : reds) declare_acc(r, p.column ? std::to_string(p.block) : "");
+    const i64 chunk = reds.empty() && !stash_pos_.empty() ? stream_chunk_elems(pass) : 0;
+    if (chunk > 0) {
+      // The last pass of a streamed row, 64 bytes at a time: computed, then stored around
+      // the cache (kiln_stream_chunk), chunk by chunk.
+      const int gi = p.red_groups.front();
+      const std::string c = std::to_string(chunk) + "LL";
+      open("", "for (long long kc = 0; kc < " + std::to_string(extent(gi)) + "LL; kc += " + c + ")", 0);
+      chunk_scope_ = top();
+      open("#pragma omp simd", "for (long long " + var(gi) + " = kc; " + var(gi) + " < kc + " + c + "; ++" + var(gi) + ")",
+           group_mask(gi));
+      chunk_ = chunk;
+      pass_ = pass;
+      streaming_ = true;
+      pass_body(reds, pass);
+      streaming_ = false;
+      pass_ = 0;
+      chunk_ = 0;
+      close();
+      flush_chunk_streams();
+      close();
+      line("kiln_stream_fence();");
+      continue;
+    }
     int opened = open_reduced_loops(reds, "", "");
     pass_ = p.column ? 0 : pass;
     streaming_ = !analysis_ && !p.column && stash_pos_.size() > 0;

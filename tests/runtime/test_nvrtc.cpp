@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -12,6 +13,7 @@
 #include "kiln/runtime/cuda_module.hpp"
 #include "kiln/runtime/disk_cache.hpp"
 #include "kiln/runtime/nvrtc.hpp"
+#include "../support/child_process.hpp"
 #include "runtime_test_util.hpp"
 
 namespace {
@@ -122,6 +124,40 @@ TEST_CASE("nvrtc: the axpy and block-reduction kernels compile to cubins for sm_
   // Different targets give different machine code.
   CHECK(compile_cuda_to_cubin(kKernels, "kernels.cu", "sm_90") !=
         compile_cuda_to_cubin(kKernels, "kernels.cu", "sm_80"));
+}
+
+TEST_CASE("nvrtc: KILN_NVRTC_FAST_COMPILE passes --Ofast-compile to every compile and into the cubin key") {
+  if (!have_nvrtc()) return;
+  const auto& api = kiln::runtime::detail::nvrtc_api();
+  const bool supported = api.major > 12 || (api.major == 12 && api.minor >= 8);
+  auto has_fast = [] {
+    auto o = kiln::runtime::nvrtc_default_options("sm_90");
+    return std::find(o.begin(), o.end(), std::string("--Ofast-compile=mid")) != o.end();
+  };
+  if (const char* child = std::getenv("KILN_TEST_FAST_COMPILE_CHILD")) {
+    // The setting is read once per process: this child starts with it set (to "mid", or to a
+    // level NVRTC does not have, which is ignored).
+    const bool set = std::string(child) == "mid";
+    CHECK(has_fast() == (set && supported));
+    if (!set) return;
+    std::string cubin = compile_cuda_to_cubin(kKernels, "kernels.cu", "sm_90", {}, {});
+    CHECK(is_cuda_elf(cubin));
+    auto& cache = kiln::runtime::CudaModuleCache::instance();
+    CHECK((cache.cubin_key(kKernels, "sm_90").find("--Ofast-compile=mid") != std::string::npos) == supported);
+    MESSAGE("fast-compile child done");
+    return;
+  }
+  CHECK_FALSE(has_fast());
+  auto r = kiln::testing::run_test_child("nvrtc: KILN_NVRTC_FAST_COMPILE*",
+                                         {"KILN_NVRTC_FAST_COMPILE=mid", "KILN_TEST_FAST_COMPILE_CHILD=mid"});
+  INFO("child output:\n" << r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("fast-compile child done") != std::string::npos);
+  // Anything but min, mid or max is ignored.
+  auto bad = kiln::testing::run_test_child("nvrtc: KILN_NVRTC_FAST_COMPILE*",
+                                           {"KILN_NVRTC_FAST_COMPILE=fast", "KILN_TEST_FAST_COMPILE_CHILD=ignored"});
+  INFO("child output:\n" << bad.output);
+  CHECK(bad.exit_code == 0);
 }
 
 TEST_CASE("nvrtc: in-memory headers are found by #include") {

@@ -412,11 +412,11 @@ class StepProgram {
     return backend::allocate(static_cast<std::size_t>(tt.shape.numel()) * itemsize(tt.dtype), graph_.device);
   }
 
+  /// Every temporary at once (a captured CUDA graph needs fixed addresses for the whole run).
   std::vector<StoragePtr> allocate_temps(const sched::StepPlan& plan) const {
     std::vector<StoragePtr> temps;
     temps.reserve(plan.temps.size());
-    for (const auto& t : plan.temps)
-      temps.push_back(backend::allocate(static_cast<std::size_t>(t.shape.numel()) * itemsize(t.dtype), graph_.device));
+    for (std::size_t t = 0; t < plan.temps.size(); ++t) temps.push_back(allocate_temp(plan, static_cast<int>(t)));
     return temps;
   }
 

@@ -184,9 +184,7 @@ inline std::string cuda_pointer_mismatch(const void* p, Device device) {
     return "";  // managed memory: reachable from the host and from every GPU
   if (api.pointer_get_attribute(&ordinal, cu::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address) != cu::CUDA_SUCCESS)
     return "";
-  if (device.is_cpu()) return "device memory of cuda:" + std::to_string(ordinal);
-  if (ordinal != device.index) return "device memory of cuda:" + std::to_string(ordinal);
-  return "";
+  return device.is_cpu() || ordinal != device.index ? "device memory of cuda:" + std::to_string(ordinal) : "";
 }
 
 }  // namespace kiln::runtime

@@ -609,11 +609,8 @@ class KernelWriter {
         // Into the chunk's buffer, stored around the cache when the chunk is done.
         std::string buf = "kch" + std::to_string(stream_count_++);
         line_at(chunk_scope_, std::string("alignas(64) ") + stype(n.dtype) + " " + buf + "[" + std::to_string(chunk_) + "];");
-        const int inner = k_.loops.red_groups.front();
-        line(buf + "[" + var(inner) + " - kc] = " + to_storage(v.expr, n.dtype) + ";");
-        IndexExpr base = off;
-        for (int d : k_.loops.groups[static_cast<std::size_t>(inner)]) base.coeff[static_cast<std::size_t>(d)] = 0;
-        chunk_streams_.push_back(Stream{buf, "&" + p + "[" + render(base) + " + kc]",
+        line(buf + "[" + var(k_.loops.red_groups.front()) + " - kc] = " + to_storage(v.expr, n.dtype) + ";");
+        chunk_streams_.push_back(Stream{buf, "&" + p + "[" + render(row_start(off)) + " + kc]",
                                         chunk_ * static_cast<i64>(itemsize(n.dtype))});
         continue;
       }
@@ -629,17 +626,20 @@ class KernelWriter {
           line_at(tile_scope_,
                   std::string("alignas(64) ") + stype(n.dtype) + " " + buf + "[" + std::to_string(row_length()) + "];");
         line(buf + "[" + stash_pos_ + "] = " + to_storage(v.expr, n.dtype) + ";");
-        IndexExpr base = off;
-        for (int d : k_.loops.groups[static_cast<std::size_t>(k_.loops.red_groups.front())])
-          base.coeff[static_cast<std::size_t>(d)] = 0;
-        streams_.push_back(
-            Stream{buf, "&" + p + "[" + render(base) + "]", row_length() * static_cast<i64>(itemsize(n.dtype))});
+        streams_.push_back(Stream{buf, "&" + p + "[" + render(row_start(off)) + "]",
+                                  row_length() * static_cast<i64>(itemsize(n.dtype))});
         continue;
       }
       line(p + "[" + render(off) + "] = " + to_storage(v.expr, n.dtype) + ";");
     }
   }
 
+  /// `off` at the start of the row (the reduced group's position 0).
+  IndexExpr row_start(IndexExpr off) const {
+    for (int d : k_.loops.groups[static_cast<std::size_t>(k_.loops.red_groups.front())])
+      off.coeff[static_cast<std::size_t>(d)] = 0;
+    return off;
+  }
   i64 row_length() const {
     i64 row = 1;
     for (int gi : k_.loops.red_groups) row *= extent(gi);
@@ -693,18 +693,8 @@ class KernelWriter {
     const i64 c = 64 / static_cast<i64>(item);
     return row_length() % c == 0 ? c : 0;
   }
-  void flush_chunk_streams() {
-    for (auto& st : chunk_streams_)
-      line("kiln_stream_chunk(" + st.dst + ", " + st.buf + ", " + std::to_string(st.bytes) + "LL);");
-    if (!chunk_streams_.empty()) needs_.stream = true;
-    chunk_streams_.clear();
-  }
-  void flush_streams() {
-    for (auto& st : streams_)
-      line("kiln_stream_row(" + st.dst + ", " + st.buf + ", " + std::to_string(st.bytes) + "LL);");
-    if (!streams_.empty()) needs_.stream = true;
-    streams_.clear();
-  }
+  void flush_chunk_streams() { flush(chunk_streams_, "kiln_stream_chunk"); }
+  void flush_streams() { flush(streams_, "kiln_stream_row"); }
 
   // ---- kernel kinds (cpp/pointwise.hpp, cpp/reductions.hpp) ---------------------------------
   void pointwise();
@@ -1038,6 +1028,13 @@ class KernelWriter {
   i64 chunk_ = 0;
   int chunk_scope_ = 0;
   std::vector<Stream> chunk_streams_;
+  /// Writes out `streams` with `helper` (kiln_stream_row or kiln_stream_chunk) and clears them.
+  void flush(std::vector<Stream>& streams, const char* helper) {
+    for (auto& st : streams)
+      line(std::string(helper) + "(" + st.dst + ", " + st.buf + ", " + std::to_string(st.bytes) + "LL);");
+    if (!streams.empty()) needs_.stream = true;
+    streams.clear();
+  }
   /// Outputs at least this large are streamed (well past the 2-core machine's L2 and a fair
   /// share of the L3: a consumer would find little of it in cache).
   static constexpr i64 kStreamMinBytes = 16 << 20;

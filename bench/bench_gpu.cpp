@@ -741,14 +741,15 @@ std::vector<ProductWorkload> product_workloads() {
 
 /// Times graphs (each bound once, as kiln::compile's replays run them) one after another.
 void time_graphs(benchmark::State& state, const std::vector<std::vector<NodePtr>>& graphs, double flops,
-                 const std::string& label) {
+                 const std::string& label, bool autotune = false) {
   if (skip_without_gpu(state)) return;
   std::vector<Bound> bound;
   std::vector<std::unique_ptr<backend::PreparedGraph>> prepared;
   std::string plan_text;
   for (auto& g : graphs) {
     bound.push_back(bind_graph(g));
-    prepared.push_back(std::make_unique<backend::PreparedGraph>(bound.back().captured.graph, backend::Mode::Jit));
+    prepared.push_back(std::make_unique<backend::PreparedGraph>(bound.back().captured.graph, backend::Mode::Jit,
+                                                                backend::CpuLaunchOptions{.autotune = autotune}));
     plan_text += backend::explain(bound.back().captured.graph, backend::Mode::Jit);
   }
   auto run = [&] {
@@ -928,6 +929,11 @@ void register_all(bool variants) {
   for (auto& p : products) {
     bench::add((std::string("BM_") + p.id).c_str(),
                [&p](benchmark::State& s) { time_graphs(s, {p.build()}, p.flops, p.id); })
+        ->Iterations(5)
+        ->Unit(benchmark::kMillisecond);
+    // max-autotune (the first, untimed run tunes: cuBLASLt's algorithms, cuDNN's configurations).
+    bench::add((std::string("BM_") + p.id + "/max-autotune").c_str(),
+               [&p](benchmark::State& s) { time_graphs(s, {p.build()}, p.flops, std::string(p.id) + " max-autotune", true); })
         ->Iterations(5)
         ->Unit(benchmark::kMillisecond);
     bench::add((std::string("BM_") + p.id + "/plain_products").c_str(),

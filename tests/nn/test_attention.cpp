@@ -4,10 +4,12 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include <kiln/kiln.hpp>
+#include <kiln/runtime/cudnn.hpp>
 #include <kiln/sched/steps.hpp>
 
 #include "../support/compile_util.hpp"
@@ -119,6 +121,28 @@ TEST_CASE("scaled_dot_product_attention: fused forward and backward match the wr
   for (std::size_t i = 0; i < cases.size(); ++i) check_case(cases[i], 100 + i);
 }
 
+TEST_CASE("scaled_dot_product_attention: half types without a mask, cuDNN's fused kernels where a GPU has cuDNN") {
+  const std::vector<Case> cases = {
+      {2, 3, 3, 129, 129, 64, 64, MaskKind::Causal, bf16, "causal bf16, T past a tile"},
+      {1, 2, 2, 1000, 1000, 128, 128, MaskKind::Causal, f16, "T = 1000, head dim 128"},
+      {2, 2, 2, 7, 7, 128, 128, MaskKind::None, bf16, "T = 7, not causal"},
+      {1, 2, 2, 33, 70, 64, 64, MaskKind::Causal, f16, "L != S, causal"},
+      {1, 1, 1, 1, 1, 64, 64, MaskKind::Causal, bf16, "T = 1"},
+  };
+  const bool library = dev.is_cuda() && runtime::cudnn_available();
+  if (!library) MESSAGE("no GPU with cuDNN: these cases run kiln's own kernels");
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    kiln::testing::LogCapture logs("schedule");
+    const auto calls = kiln::stats().library_calls;
+    check_case(cases[i], 300 + i);
+    if (library) {
+      CAPTURE(cases[i].name);
+      CHECK(logs.text().find("cuDNN's fused attention") != std::string::npos);
+      CHECK(kiln::stats().library_calls >= calls + 2);  // the forward and the backward
+    }
+  }
+}
+
 TEST_CASE("scaled_dot_product_attention: 3-d and 5-d operands, default and explicit scale, rows without keys") {
   Tensor q = randn({3, 5, 8}, 1, f64, dev), k = randn({3, 6, 8}, 2, f64, dev), v = randn({3, 6, 4}, 3, f64, dev);
   CHECK(relative_error(scaled_dot_product_attention(q, k, v, {}, 0.0, false, 0.5),
@@ -228,4 +252,32 @@ TEST_CASE("scaled_dot_product_attention: a compiled forward keeps the log-sum-ex
   sum(nn::functional::scaled_dot_product_attention_math(qr, k, vr, {}, 0.0, true)).backward();
   CHECK(relative_error(q.grad(), qr.grad()) < 1e-5);
   CHECK(relative_error(v.grad(), vr.grad()) < 1e-5);
+}
+
+TEST_CASE("scaled_dot_product_attention: max-autotune times cuDNN's engine configurations, results unchanged") {
+  if (!dev.is_cuda() || !runtime::cudnn_available()) {
+    MESSAGE("no GPU with cuDNN: nothing to tune");
+    return;
+  }
+  auto fn = [](const Tensor& a, const Tensor& b, const Tensor& c) {
+    return scaled_dot_product_attention(a, b, c, {}, 0.0, true);
+  };
+  Tensor q = randn({2, 4, 320, 64}, 51, f32, dev).to(bf16).eval(), k = randn({2, 4, 320, 64}, 52, f32, dev).to(bf16).eval(),
+         v = randn({2, 4, 320, 64}, 53, f32, dev).to(bf16).eval();
+  // "-no-cudagraphs": the run is the step executor's, whose first run tunes.
+  auto tuned = kiln::compile(fn, {.mode = "max-autotune-no-cudagraphs"});
+  Tensor want = nn::functional::scaled_dot_product_attention_math(q.to(f64), k.to(f64), v.to(f64), {}, 0.0, true);
+  for (int call = 0; call < 2; ++call) CHECK(relative_error(tuned(q, k, v), want) <= tolerance(bf16));
+  auto& cache = runtime::detail::cudnn_attention_cache();
+  std::lock_guard<std::mutex> lock(cache.mu);
+  int found = 0;
+  for (const auto& [p, plan] : cache.plans) {
+    if (!plan || p.q_len != 320 || p.backward) continue;
+    ++found;
+    // Every configuration cuDNN finalized was timed, and the choice is one of them.
+    const auto ms = plan->tuned_ms();
+    CHECK(ms.size() == (plan->graph->plan_count() >= 2 ? plan->graph->plan_count() : 0));
+    CHECK(plan->chosen() < plan->graph->plan_count());
+  }
+  CHECK(found == 1);
 }

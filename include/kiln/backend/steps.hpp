@@ -22,6 +22,7 @@
 #include "kiln/runtime/autotune.hpp"
 #include "kiln/runtime/cblas.hpp"
 #include "kiln/runtime/cublaslt.hpp"
+#include "kiln/runtime/cudnn.hpp"
 #include "kiln/sched/steps.hpp"
 
 namespace kiln::backend {
@@ -272,23 +273,85 @@ inline void run_sort(const SortKernels& k, void* src, void* out, void* scratch, 
   launch_step_blocks(k.kernel, k.source.grid, k.source.block, k.source.shared_bytes, params, device, stream, "a sort");
 }
 
-/// An attention step's compiled code: the CPU's entries or the GPU's kernels, run in order.
+/// An attention step's code: cuDNN's plan where cuDNN takes the call (GPU), else the CPU's entries
+/// or the GPU's generated kernels, run in order.
 struct AttentionKernels {
   codegen::AttentionSource source;
   std::shared_ptr<runtime::SharedLibrary> library;
   std::vector<int (*)(void* const*, int)> cpu;
   std::vector<runtime::cu::CUfunction> kernels;
+  std::shared_ptr<const runtime::CudnnAttentionPlan> cudnn;
+  /// With a cuDNN plan: the generated kernels, built on first need (a run whose pointers break
+  /// the plan's 16-byte alignment).
+  struct Fallback;
+  std::shared_ptr<Fallback> fallback;
+};
+struct AttentionKernels::Fallback {
+  std::once_flag once;
+  sched::AttentionCall call;
+  AttentionKernels kernels;
 };
 
-inline AttentionKernels build_attention(const sched::AttentionCall& c, Device device) {
-  AttentionKernels k;
+/// Whether `c` is a problem cuDNN's fused attention may take, as `p`; else `why` says why not.
+inline bool cudnn_attention_problem(const sched::AttentionCall& c, int device, runtime::CudnnAttentionProblem& p,
+                                    std::string& why) {
+  if (c.dtype != DType::Float16 && c.dtype != DType::BFloat16) {
+    why = std::string("its dtype is ") + dtype_name(c.dtype) + ", not a half type";
+    return false;
+  }
+  if (c.has_mask) return why = "it has a mask", false;
+  if (c.group() != 1) return why = "its keys have fewer heads than its queries", false;
+  if (c.head_dim % 8 != 0 || c.value_dim % 8 != 0 || c.head_dim > 256 || c.value_dim > 256)
+    return why = "its feature dims are not multiples of 8 up to 256", false;
+  const bool backward = c.kind == sched::AttentionCall::Backward;
+  const sched::Slot* slots[8] = {&c.q, &c.k, &c.v, &c.out, &c.dout, &c.dq, &c.dk, &c.dv};
+  const int needed = backward ? 5 : 4;
+  if (backward && !c.wants(c.lse)) return why = "its backward has no saved lse", false;
+  if (c.wants(c.lse) && c.lse.strides != Strides{c.heads * c.q_len, c.q_len, 1})
+    return why = "its lse is not a contiguous [B, H, L]", false;
+  for (int i = 0; i < 8; ++i) {
+    const sched::Slot& s = *slots[i];
+    if (!c.wants(s)) {
+      if (i < needed) return why = "its forward's output is not read", false;
+      continue;
+    }
+    if (s.strides.size() != 4 || s.strides[3] != 1)
+      return why = "an operand's last dim is not contiguous", false;
+    for (int d = 0; d < 3; ++d) {
+      if (s.strides[static_cast<std::size_t>(d)] % 8 != 0)
+        return why = "an operand's strides are not multiples of 16 bytes", false;
+      p.strides[i][d] = s.strides[static_cast<std::size_t>(d)];
+    }
+  }
+  p.backward = backward;
+  p.dtype = c.dtype;
+  p.batch = c.batch;
+  p.heads = c.heads;
+  p.q_len = c.q_len;
+  p.kv_len = c.kv_len;
+  p.head_dim = c.head_dim;
+  p.value_dim = c.value_dim;
+  p.causal = c.causal;
+  p.scale = c.scale;
+  p.wants_lse = c.wants(c.lse);
+  p.wants[0] = c.wants(c.dq);
+  p.wants[1] = c.wants(c.dk);
+  p.wants[2] = c.wants(c.dv);
+  p.device = device;
+  return true;
+}
+
+/// KILN_ATTENTION: "generated" keeps every attention on kiln's own kernels.
+inline bool attention_library_allowed() { return env::get("KILN_ATTENTION", "auto") != "generated"; }
+
+inline void build_generated_attention(const sched::AttentionCall& c, Device device, AttentionKernels& k) {
   if (device.is_cpu()) {
     k.source = codegen::generate_cpu_attention(c, "kiln_attention");
-    if (k.source.entries.empty()) return k;
+    if (k.source.entries.empty()) return;
     k.library = runtime::CpuModuleCache::instance().get(k.source.source);
     for (const auto& e : k.source.entries)
       k.cpu.push_back(reinterpret_cast<int (*)(void* const*, int)>(k.library->symbol(e.name.c_str())));
-    return k;
+    return;
   }
   k.source = codegen::generate_cuda_attention(c, "kiln_attention");
   auto& cache = runtime::CudaModuleCache::instance();
@@ -298,13 +361,47 @@ inline AttentionKernels build_attention(const sched::AttentionCall& c, Device de
       runtime::set_max_dynamic_shared(runtime::cuda_context(device.index), k.kernels.back(),
                                       static_cast<int>(e.shared_bytes));
   }
+}
+
+/// A GPU attention goes to cuDNN when it loads and takes the problem (its Hopper kernels are
+/// several times faster than the generated ones), else to the generated kernels; a `schedule`
+/// log line says which, and why.
+inline AttentionKernels build_attention(const sched::AttentionCall& c, Device device) {
+  AttentionKernels k;
+  if (!device.is_cpu() && attention_library_allowed()) {
+    runtime::CudnnAttentionProblem p;
+    std::string why;
+    if (cudnn_attention_problem(c, device.index, p, why)) {
+      k.cudnn = runtime::cudnn_attention_plan(p, &why);
+      if (k.cudnn) {
+        log(LogChannel::schedule, p.str() + ": cuDNN's fused attention");
+        k.fallback = std::make_shared<AttentionKernels::Fallback>();
+        k.fallback->call = c;
+        return k;
+      }
+    }
+    log(LogChannel::schedule, std::string(c.kind == sched::AttentionCall::Backward ? "attention backward" : "attention") +
+                                  ": kiln's kernels, not cuDNN's: " + why);
+  }
+  build_generated_attention(c, device, k);
   return k;
 }
 
 /// Runs attention `k` over its argument list (codegen/c/attention.hpp); `stream` (GPU): queue
-/// it there (a CUDA graph capture).
+/// it there (a CUDA graph capture); `tune`: max-autotune's first run (cuDNN's configurations
+/// are timed on these arguments first).
 inline void run_attention(const AttentionKernels& k, const std::vector<void*>& args, Device device,
-                          runtime::cu::CUstream stream = nullptr) {
+                          runtime::cu::CUstream stream = nullptr, bool tune = false) {
+  if (k.cudnn) {
+    if (k.cudnn->fits(args)) {
+      if (tune) k.cudnn->autotune(args);
+      k.cudnn->run(args, stream);
+      if (!stream) kiln::detail::counters().library_calls.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    std::call_once(k.fallback->once, [&] { build_generated_attention(k.fallback->call, device, k.fallback->kernels); });
+    return run_attention(k.fallback->kernels, args, device, stream);
+  }
   if (device.is_cpu()) {
     for (auto fn : k.cpu) {
       fn(args.data(), detail::cpu_threads());
@@ -401,7 +498,7 @@ class StepProgram {
       case sched::Step::Sort:
         return run_sort_step(v, i, args, temps, nullptr);
       case sched::Step::Attention:
-        return run_attention_step(v, i, args, temps, nullptr);
+        return run_attention_step(v, i, args, temps, nullptr, tune);
       case sched::Step::Kernels:
         return v.segments[i]->run(segment_args(v.plan.segments[i], args, temps));
     }
@@ -469,8 +566,9 @@ class StepProgram {
   }
 
   /// Attention `i` of variant `v`; `stream` (GPU): queue it there (a CUDA graph capture).
+  /// `tune` (max-autotune's first run): cuDNN's engine configurations are timed first.
   void run_attention_step(const Variant& v, std::size_t i, const RunArgs& args, const std::vector<StoragePtr>& temps,
-                          runtime::cu::CUstream stream) const {
+                          runtime::cu::CUstream stream, bool tune = false) const {
     const sched::AttentionCall& c = v.plan.attentions[i];
     auto at = [&](const sched::Slot& s) -> void* {
       return s.kind == sched::Slot::None ? nullptr : static_cast<void*>(address(s, args, temps));
@@ -483,7 +581,7 @@ class StepProgram {
       for (const sched::Slot* s : {&c.out, &c.dout, &c.lse, &c.dq, &c.dk, &c.dv}) a.push_back(at(*s));
       a.push_back(temps[static_cast<std::size_t>(c.delta)]->data);
     }
-    detail::run_attention(v.attentions[i], a, graph_.device, stream);
+    detail::run_attention(v.attentions[i], a, graph_.device, stream, tune);
   }
 
   /// One library call; `stream` (GPU): queue it there (a CUDA graph capture), not on kiln's stream.
@@ -631,8 +729,10 @@ class StepCaptureWork final : public CudaCaptureWork {
                          (k.source.sorted_runs && !k.source.linked ? 3 : 0);
     for (const auto& k : b->variant->scans) b->kernel_count += k.source.threads > 0;
     for (const auto& k : b->variant->sorts) b->kernel_count += k.source.rows > 0;
-    for (const auto& k : b->variant->attentions)
+    for (const auto& k : b->variant->attentions) {
+      if (k.cudnn) ++b->call_count;
       for (const auto& e : k.source.entries) b->kernel_count += e.grid > 0;
+    }
     return b;
   }
 

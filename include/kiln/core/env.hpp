@@ -41,6 +41,12 @@ inline constexpr Setting kSettings[] = {
      "the CBLAS of CPU matrix products: openblas, blis, builtin (kiln's own loop), or a library's path (default: "
      "libopenblas.so.0, then BLIS, then libcblas.so.3 / libblas.so.3; none found: the built-in loop, with a warning)"},
     {"KILN_NVRTC_PATH", "path of libnvrtc.so (default: the dynamic loader's search, then /usr/local/cuda)"},
+    {"KILN_CUDNN_PATH",
+     "path of libcudnn.so for fused attention on the GPU (default: the dynamic loader's search for libcudnn.so.9, "
+     "then libcudnn.so; absent: kiln's generated attention kernels)"},
+    {"KILN_ATTENTION",
+     "auto (default): GPU attention in half types runs cuDNN's fused kernels where cuDNN loads and takes the "
+     "problem, else kiln's generated kernels; generated: always kiln's generated kernels"},
     {"KILN_CUBLASLT_PATH",
      "path of libcublasLt.so for GPU matrix products (default: the dynamic loader's search for libcublasLt.so.13, "
      "then libcublasLt.so)"},

@@ -143,6 +143,42 @@ TEST_CASE("scaled_dot_product_attention: half types without a mask, cuDNN's fuse
   }
 }
 
+TEST_CASE("scaled_dot_product_attention: strided heads of one projection, as a GPT's attention reads them") {
+  // q, k and v as views of one [B, L, 3 H E] projection, each [B, L, H, E] seen as [B, H, L, E]
+  // (strides L·3HE, E, 3HE, 1): cuDNN's plan takes the strides as they are (on a GPU with cuDNN).
+  const std::int64_t B = 2, L = 96, H = 4, E = 64;
+  Tensor base = randn({B, L, 3 * H * E}, 61, f64, dev).to(bf16).to(f64).eval();
+  Tensor cot = randn({B, H, L, E}, 62, f64, dev).to(bf16).to(f64).eval();
+  auto heads = [&](const Tensor& qkv, int i) {
+    return transpose(reshape(slice(qkv, 2, i * H * E, (i + 1) * H * E), {B, L, H, E}), 1, 2);
+  };
+  auto run = [&](bool fused, Tensor& grad) {
+    Tensor leaf = base.detach().requires_grad_();
+    Tensor qkv = fused ? leaf.to(bf16) : leaf;
+    Tensor out = fused ? scaled_dot_product_attention(heads(qkv, 0), heads(qkv, 1), heads(qkv, 2), {}, 0.0, true)
+                       : nn::functional::scaled_dot_product_attention_math(heads(qkv, 0), heads(qkv, 1), heads(qkv, 2),
+                                                                           {}, 0.0, true);
+    sum(out.to(f64) * cot).backward();
+    grad = leaf.grad();
+    return out.to(f64).eval();
+  };
+  kiln::testing::LogCapture logs("schedule");
+  Tensor gf, gr;
+  Tensor got = run(true, gf), want = run(false, gr);
+  CHECK(relative_error(got, want) <= tolerance(bf16));
+  CHECK(relative_error(gf, gr) <= 4 * tolerance(bf16));
+  if (dev.is_cuda() && runtime::cudnn_available())
+    CHECK(logs.text().find("cuDNN's fused attention") != std::string::npos);
+  // The step reads the projection in place: the heads' strides, no copy.
+  Tensor qkv = base.to(bf16).eval();
+  Tensor out = scaled_dot_product_attention(heads(qkv, 0), heads(qkv, 1), heads(qkv, 2), {}, 0.0, true);
+  ir::Captured c = ir::capture({out.node()}, dev);
+  sched::StepPlan plan = sched::plan_steps(c.graph, dev.is_cuda());
+  REQUIRE(plan.attentions.size() == 1);
+  CHECK(plan.attentions[0].q.strides == Strides{L * 3 * H * E, E, 3 * H * E, 1});
+  CHECK(plan.attentions[0].k.strides == Strides{L * 3 * H * E, E, 3 * H * E, 1});
+}
+
 TEST_CASE("scaled_dot_product_attention: 3-d and 5-d operands, default and explicit scale, rows without keys") {
   Tensor q = randn({3, 5, 8}, 1, f64, dev), k = randn({3, 6, 8}, 2, f64, dev), v = randn({3, 6, 4}, 3, f64, dev);
   CHECK(relative_error(scaled_dot_product_attention(q, k, v, {}, 0.0, false, 0.5),

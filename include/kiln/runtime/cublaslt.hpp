@@ -267,21 +267,9 @@ inline std::vector<std::string> cublaslt_candidates() { return {"libcublasLt.so.
 /// explicit path that fails is an error, not a reason to pick up some other cuBLASLt), else
 /// the candidates in turn. Reads the environment now; the process-wide state calls it once.
 inline CublasLtState load_cublaslt_from_env() {
-  const std::string forced = env::get("KILN_CUBLASLT_PATH");
-  if (!forced.empty()) {
-    CublasLtState s = load_cublaslt(forced);
-    if (!s.ok()) s.reason = "KILN_CUBLASLT_PATH=" + forced + ": " + s.reason;
-    return s;
-  }
-  std::string tried;
-  for (const auto& name : cublaslt_candidates()) {
-    CublasLtState s = load_cublaslt(name);
-    if (s.ok()) return s;
-    tried += "\n  " + s.reason;
-  }
-  CublasLtState none;
-  none.reason = "cuBLASLt not found (install the CUDA toolkit's libcublasLt or set KILN_CUBLASLT_PATH); tried:" + tried;
-  return none;
+  return load_library_from_env<CublasLtState>(
+      "KILN_CUBLASLT_PATH", cublaslt_candidates(), load_cublaslt,
+      "cuBLASLt not found (install the CUDA toolkit's libcublasLt or set KILN_CUBLASLT_PATH)");
 }
 
 /// The process's cuBLASLt, loaded on first use (thread-safe, once). Never unloaded: the

@@ -233,21 +233,8 @@ inline std::vector<std::string> cudnn_candidates() { return {"libcudnn.so.9", "l
 
 /// KILN_CUDNN_PATH when set (and nothing else), else the candidates in turn.
 inline CudnnState load_cudnn_from_env() {
-  const std::string forced = env::get("KILN_CUDNN_PATH");
-  if (!forced.empty()) {
-    CudnnState s = load_cudnn(forced);
-    if (!s.ok()) s.reason = "KILN_CUDNN_PATH=" + forced + ": " + s.reason;
-    return s;
-  }
-  std::string tried;
-  for (const auto& name : cudnn_candidates()) {
-    CudnnState s = load_cudnn(name);
-    if (s.ok()) return s;
-    tried += "\n  " + s.reason;
-  }
-  CudnnState none;
-  none.reason = "cuDNN not found (install libcudnn9 or set KILN_CUDNN_PATH); tried:" + tried;
-  return none;
+  return load_library_from_env<CudnnState>("KILN_CUDNN_PATH", cudnn_candidates(), load_cudnn,
+                                           "cuDNN not found (install libcudnn9 or set KILN_CUDNN_PATH)");
 }
 
 /// The process's cuDNN, loaded on first use (thread-safe, once), never unloaded.

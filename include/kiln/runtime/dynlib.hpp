@@ -4,7 +4,9 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "kiln/core/env.hpp"
 #include "kiln/core/error.hpp"
 
 namespace kiln::runtime {
@@ -65,5 +67,30 @@ class SharedLibrary {
   std::string path_;
   void* handle_ = nullptr;
 };
+
+/// How kiln finds an optional library it loads at run time: the environment variable `setting`
+/// names it when set, and then nothing else is tried (an explicit path that fails is an error,
+/// not a reason to pick up some other copy); else each of `candidates` in turn, the first that
+/// loads winning. `load(path)` returns a State with ok() and a `reason`; when none loads, the
+/// returned State's reason is `not_found` followed by each candidate's reason.
+template <class State, class Load>
+State load_library_from_env(const char* setting, const std::vector<std::string>& candidates, Load&& load,
+                            const std::string& not_found) {
+  const std::string forced = env::get(setting);
+  if (!forced.empty()) {
+    State s = load(forced);
+    if (!s.ok()) s.reason = std::string(setting) + "=" + forced + ": " + s.reason;
+    return s;
+  }
+  std::string tried;
+  for (const auto& name : candidates) {
+    State s = load(name);
+    if (s.ok()) return s;
+    tried += "\n  " + s.reason;
+  }
+  State none;
+  none.reason = not_found + "; tried:" + tried;
+  return none;
+}
 
 }  // namespace kiln::runtime

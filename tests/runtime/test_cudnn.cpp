@@ -219,6 +219,9 @@ TEST_CASE("cudnn: which attention steps may go to cuDNN, and why the others may 
   auto unaligned = c;
   unaligned.v.strides = {4 * 129 * 64, 129 * 64, 63, 1};
   refused(unaligned, "16 bytes");
+  auto no_keys = c;
+  no_keys.kv_len = 0;
+  refused(no_keys, "empty");
   auto lse_view = c;
   lse_view.lse.strides = {128, 2 * 4 * 128, 1};
   refused(lse_view, "contiguous [B, H, L]");

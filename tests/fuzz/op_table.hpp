@@ -2160,14 +2160,18 @@ inline const std::vector<OpDesc>& op_table() {
       // element, as matmul's row does: the output is a weighted sum of v's rows over S keys, and
       // its rounding is bounded by the terms' magnitudes (v's rows of +-1e6 that cancel to 500
       // keep an error of a few ulps of 1e6), not by its value; the operands' nudges stand for
-      // the scores' rounding.
+      // the scores' rounding. eps is the operands' own for half types: the tensor-core kernels
+      // (kiln's and cuDNN's, as FlashAttention's) round the probabilities to q's dtype before
+      // the product with v, each term then off by up to half an ulp of that type; float32 and
+      // float64 keep them in their own precision.
       d.build = [](const Args& a) {
         const bool causal = a.p().ints[0] != 0;
         Tensor r = scaled_dot_product_attention(a.t[0], a.t[1], a.t[2], {}, 0.0, causal);
         if (!a.ctx.perturb) return r;
         const auto& vs = a.t[2].shape();
         const double S = static_cast<double>(std::max<std::int64_t>(1, vs[vs.size() - 2]));
-        const double eps = a.orig_dtype(0) == f64 ? dtype_eps(f64) : dtype_eps(f32);
+        const DType dt = a.orig_dtype(0);
+        const double eps = dtype_eps(dt == DType::Float16 || dt == DType::BFloat16 ? dt : dt == f64 ? f64 : f32);
         Rng rng(a.ctx.perturb ^ (static_cast<std::uint64_t>(r.numel()) * 0x9e3779b97f4a7c15ull + 0xa77e));
         std::vector<double> sign(static_cast<std::size_t>(r.numel()));
         for (auto& v : sign) v = (rng.uniform() < 0.5 ? -1.0 : 1.0) * a.ctx.sign;

@@ -222,6 +222,9 @@ TEST_CASE("cudnn: which attention steps may go to cuDNN, and why the others may 
   auto no_keys = c;
   no_keys.kv_len = 0;
   refused(no_keys, "empty");
+  auto no_features = c;
+  no_features.head_dim = 0;
+  refused(no_features, "empty");
   auto lse_view = c;
   lse_view.lse.strides = {128, 2 * 4 * 128, 1};
   refused(lse_view, "contiguous [B, H, L]");

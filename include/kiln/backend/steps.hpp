@@ -300,7 +300,8 @@ inline bool cudnn_attention_problem(const sched::AttentionCall& c, int device, r
     return false;
   }
   if (c.has_mask) return why = "it has a mask", false;
-  if (c.batch == 0 || c.heads == 0 || c.q_len == 0 || c.kv_len == 0) return why = "it is empty", false;
+  if (c.batch == 0 || c.heads == 0 || c.q_len == 0 || c.kv_len == 0 || c.head_dim == 0 || c.value_dim == 0)
+    return why = "it is empty", false;
   if (c.group() != 1) return why = "its keys have fewer heads than its queries", false;
   if (c.head_dim % 8 != 0 || c.value_dim % 8 != 0 || c.head_dim > 256 || c.value_dim > 256)
     return why = "its feature dims are not multiples of 8 up to 256", false;

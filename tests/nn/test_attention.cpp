@@ -131,6 +131,20 @@ TEST_CASE("scaled_dot_product_attention: half types without a mask, cuDNN's fuse
   };
   const bool library = dev.is_cuda() && runtime::cudnn_available();
   if (!library) MESSAGE("no GPU with cuDNN: these cases run kiln's own kernels");
+  // Empty feature dims (fuzz seed 71, graph 1098: cuDNN's launch failed on them): the
+  // generated kernels' empty or zero results, forward and backward.
+  {
+    Tensor q = randn({1, 7, 1, 0}, 71, f32, dev).to(f16).requires_grad_();
+    Tensor k = randn({1, 7, 33, 0}, 72, f32, dev).to(f16), v = randn({1, 7, 33, 8}, 73, f32, dev).to(f16);
+    Tensor out = scaled_dot_product_attention(q, k, v, {}, 0.0, true);
+    CHECK(out.shape() == Shape{1, 7, 1, 8});
+    // No features: every score is 0, so each row averages its keys (the first, causally).
+    CHECK(relative_error(out, nn::functional::scaled_dot_product_attention_math(q.to(f64), k.to(f64), v.to(f64), {},
+                                                                                0.0, true)) <= tolerance(f16));
+    Tensor no_values = scaled_dot_product_attention(q, k, randn({1, 7, 33, 0}, 74, f32, dev).to(f16));
+    CHECK(no_values.shape() == Shape{1, 7, 1, 0});
+    CHECK(no_values.eval().numel() == 0);
+  }
   for (std::size_t i = 0; i < cases.size(); ++i) {
     kiln::testing::LogCapture logs("schedule");
     const auto calls = kiln::stats().library_calls;

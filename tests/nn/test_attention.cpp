@@ -197,7 +197,8 @@ TEST_CASE("scaled_dot_product_attention: 3-d and 5-d operands, default and expli
   Tensor q = randn({3, 5, 8}, 1, f64, dev), k = randn({3, 6, 8}, 2, f64, dev), v = randn({3, 6, 4}, 3, f64, dev);
   CHECK(relative_error(scaled_dot_product_attention(q, k, v, {}, 0.0, false, 0.5),
                        nn::functional::scaled_dot_product_attention_math(q, k, v, {}, 0.0, false, 0.5)) < 1e-12);
-  Tensor q5 = randn({2, 2, 3, 5, 8}, 4, f64, dev), k5 = randn({2, 2, 3, 6, 8}, 5, f64, dev), v5 = randn({2, 2, 3, 6, 8}, 6, f64, dev);
+  Tensor q5 = randn({2, 2, 3, 5, 8}, 4, f64, dev), k5 = randn({2, 2, 3, 6, 8}, 5, f64, dev),
+         v5 = randn({2, 2, 3, 6, 8}, 6, f64, dev);
   Tensor out5 = scaled_dot_product_attention(q5, k5, v5, {}, 0.0, true);
   CHECK(out5.shape() == Shape{2, 2, 3, 5, 8});
   CHECK(relative_error(out5, nn::functional::scaled_dot_product_attention_math(q5, k5, v5, {}, 0.0, true)) < 1e-12);
@@ -216,7 +217,8 @@ TEST_CASE("scaled_dot_product_attention: 3-d and 5-d operands, default and expli
 
 TEST_CASE("scaled_dot_product_attention: one fused step forward, one backward, no [L, S] buffer") {
   const std::int64_t T = 512;
-  Tensor q = randn({2, 2, T, 32}, 11, f32, dev).requires_grad_(), k = randn({2, 2, T, 32}, 12, f32, dev).requires_grad_(),
+  Tensor q = randn({2, 2, T, 32}, 11, f32, dev).requires_grad_(),
+         k = randn({2, 2, T, 32}, 12, f32, dev).requires_grad_(),
          v = randn({2, 2, T, 32}, 13, f32, dev).requires_grad_();
   kiln::testing::LogCapture logs("schedule");
   Tensor out = scaled_dot_product_attention(q, k, v, {}, 0.0, true);
@@ -244,21 +246,22 @@ TEST_CASE("scaled_dot_product_attention: typed errors name the op, the shapes an
                        doctest::Contains("scaled_dot_product_attention: query Tensor(float32[2, 4, 8]"), ShapeError);
   CHECK_THROWS_AS(scaled_dot_product_attention(q, k, randn({2, 6, 3}, 0, f32, dev)), ShapeError);
   CHECK_THROWS_WITH_AS(scaled_dot_product_attention(q, k.to(f64), v), doctest::Contains("one dtype"), DTypeError);
-  CHECK_THROWS_AS(scaled_dot_product_attention(q.to(DType::Int32), k.to(DType::Int32), v.to(DType::Int32)),
-                  DTypeError);
+  CHECK_THROWS_AS(scaled_dot_product_attention(q.to(DType::Int32), k.to(DType::Int32), v.to(DType::Int32)), DTypeError);
   CHECK_THROWS_AS(scaled_dot_product_attention(q, k, v, zeros({4, 5}, DType::Bool, dev), 0.0, true), ValueError);
   CHECK_THROWS_WITH_AS(scaled_dot_product_attention(q, k, v, zeros({3, 5}, DType::Bool, dev)),
                        doctest::Contains("does not broadcast to the scores"), ShapeError);
   CHECK_THROWS_AS(scaled_dot_product_attention(q, k, v, zeros({4, 5}, DType::Int64, dev)), DTypeError);
   CHECK_THROWS_AS(scaled_dot_product_attention(q, k, v, {}, 1.5), ValueError);
-  Tensor q4 = randn({1, 6, 4, 8}, 0, f32, dev), k4 = randn({1, 4, 5, 8}, 0, f32, dev), v4 = randn({1, 4, 5, 8}, 0, f32, dev);
+  Tensor q4 = randn({1, 6, 4, 8}, 0, f32, dev), k4 = randn({1, 4, 5, 8}, 0, f32, dev),
+         v4 = randn({1, 4, 5, 8}, 0, f32, dev);
   CHECK_THROWS_WITH_AS(scaled_dot_product_attention(q4, k4, v4, {}, 0.0, false, std::nullopt, true),
                        doctest::Contains("enable_gqa"), ShapeError);
   CHECK_THROWS_AS(scaled_dot_product_attention(q4, k4, v4), ShapeError);  // heads differ without enable_gqa
 }
 
 TEST_CASE("scaled_dot_product_attention: under kiln::compile, autocast and nn::MultiheadAttention") {
-  Tensor q = randn({1, 2, 20, 16}, 21, f32, dev), k = randn({1, 2, 20, 16}, 22, f32, dev), v = randn({1, 2, 20, 16}, 23, f32, dev);
+  Tensor q = randn({1, 2, 20, 16}, 21, f32, dev), k = randn({1, 2, 20, 16}, 22, f32, dev),
+         v = randn({1, 2, 20, 16}, 23, f32, dev);
   auto fn = [](const Tensor& a, const Tensor& b, const Tensor& c) {
     return scaled_dot_product_attention(a, b, c, {}, 0.0, true);
   };
@@ -312,7 +315,8 @@ TEST_CASE("scaled_dot_product_attention: max-autotune times cuDNN's engine confi
   auto fn = [](const Tensor& a, const Tensor& b, const Tensor& c) {
     return scaled_dot_product_attention(a, b, c, {}, 0.0, true);
   };
-  Tensor q = randn({2, 4, 320, 64}, 51, f32, dev).to(bf16).eval(), k = randn({2, 4, 320, 64}, 52, f32, dev).to(bf16).eval(),
+  Tensor q = randn({2, 4, 320, 64}, 51, f32, dev).to(bf16).eval(),
+         k = randn({2, 4, 320, 64}, 52, f32, dev).to(bf16).eval(),
          v = randn({2, 4, 320, 64}, 53, f32, dev).to(bf16).eval();
   // "-no-cudagraphs": the run is the step executor's, whose first run tunes.
   auto tuned = kiln::compile(fn, {.mode = "max-autotune-no-cudagraphs"});

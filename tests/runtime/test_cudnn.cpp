@@ -230,7 +230,7 @@ TEST_CASE("cudnn: which attention steps may go to cuDNN, and why the others may 
   refused(lse_view, "contiguous [B, H, L]");
   auto no_out = c;
   no_out.out = kiln::sched::Slot{};
-  refused(no_out, "output is not read");
+  refused(no_out, "operand cuDNN needs is absent");
 
   // A backward needs the saved lse; gradients nobody reads go to the plan's scratch.
   auto back = c;

@@ -314,11 +314,11 @@ inline bool cudnn_attention_problem(const sched::AttentionCall& c, int device, r
   for (int i = 0; i < 8; ++i) {
     const sched::Slot& s = *slots[i];
     if (!c.wants(s)) {
-      if (i < needed) return why = "its forward's output is not read", false;
+      if (i < needed)
+        return why = "an operand cuDNN needs is absent (the forward's output, or the backward's dout)", false;
       continue;
     }
-    if (s.strides.size() != 4 || s.strides[3] != 1)
-      return why = "an operand's last dim is not contiguous", false;
+    if (s.strides.size() != 4 || s.strides[3] != 1) return why = "an operand's last dim is not contiguous", false;
     for (int d = 0; d < 3; ++d) {
       if (s.strides[static_cast<std::size_t>(d)] % 8 != 0)
         return why = "an operand's strides are not multiples of 16 bytes", false;
@@ -382,8 +382,9 @@ inline AttentionKernels build_attention(const sched::AttentionCall& c, Device de
         return k;
       }
     }
-    log(LogChannel::schedule, std::string(c.kind == sched::AttentionCall::Backward ? "attention backward" : "attention") +
-                                  ": kiln's kernels, not cuDNN's: " + why);
+    log(LogChannel::schedule,
+        std::string(c.kind == sched::AttentionCall::Backward ? "attention backward" : "attention") +
+            ": kiln's kernels, not cuDNN's: " + why);
   }
   build_generated_attention(c, device, k);
   return k;

@@ -151,7 +151,7 @@ namespace detail {
 struct CudnnApi {
   using Status = dnn::cudnnStatus_t;
   using Desc = dnn::cudnnBackendDescriptor_t;
-  Status (*create)(dnn::cudnnHandle_t*) = nullptr;                  // cudnnCreate
+  Status (*create)(dnn::cudnnHandle_t*) = nullptr;                   // cudnnCreate
   Status (*set_stream)(dnn::cudnnHandle_t, cu::CUstream) = nullptr;  // cudnnSetStream (cudaStream_t is CUstream)
   std::size_t (*get_version)() = nullptr;                            // cudnnGetVersion
   const char* (*get_error_string)(Status) = nullptr;                 // cudnnGetErrorString
@@ -161,7 +161,7 @@ struct CudnnApi {
   Status (*set_attribute)(Desc, int name, int type, std::int64_t count,
                           const void* values) = nullptr;  // cudnnBackendSetAttribute
   Status (*get_attribute)(Desc, int name, int type, std::int64_t requested, std::int64_t* count,
-                          void* values) = nullptr;              // cudnnBackendGetAttribute
+                          void* values) = nullptr;                        // cudnnBackendGetAttribute
   Status (*execute)(dnn::cudnnHandle_t, Desc plan, Desc pack) = nullptr;  // cudnnBackendExecute
   // Optional: the library's text for the last failure (cuDNN 9).
   void (*get_last_error_string)(char*, std::size_t) = nullptr;  // cudnnGetLastErrorString
@@ -244,7 +244,8 @@ inline const CudnnState& cudnn_state() {
     if (s->ok()) {
       char ms[32];
       std::snprintf(ms, sizeof ms, "%.1f", s->load_ms);
-      log(LogChannel::perf, "cuDNN " + cudnn_version_text(s->version) + " loaded from " + s->path + " in " + ms + " ms");
+      log(LogChannel::perf,
+          "cuDNN " + cudnn_version_text(s->version) + " loaded from " + s->path + " in " + ms + " ms");
     } else {
       log(LogChannel::perf, "cuDNN unavailable: " + s->reason);
     }
@@ -335,7 +336,8 @@ class CudnnGraphBuilder {
     set(t, dnn::CUDNN_ATTR_TENSOR_UNIQUE_ID, dnn::CUDNN_TYPE_INT64, 1, &uid, "a tensor's id");
     set(t, dnn::CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, dnn::CUDNN_TYPE_INT64, 1, &alignment, "a tensor's alignment");
     set(t, dnn::CUDNN_ATTR_TENSOR_IS_VIRTUAL, dnn::CUDNN_TYPE_BOOLEAN, 1, &v, "a tensor's virtual flag");
-    if (by_value) set(t, dnn::CUDNN_ATTR_TENSOR_IS_BY_VALUE, dnn::CUDNN_TYPE_BOOLEAN, 1, &bv, "a scalar's by-value flag");
+    if (by_value)
+      set(t, dnn::CUDNN_ATTR_TENSOR_IS_BY_VALUE, dnn::CUDNN_TYPE_BOOLEAN, 1, &bv, "a scalar's by-value flag");
     finalize(t, "a tensor descriptor");
     tensors_.emplace(uid, t);
     return uid;
@@ -495,14 +497,15 @@ struct CudnnAttentionProblem {
   /// Element strides of dims 0..2 of q, k, v, out, dout, dq, dk, dv (dout and the gradients:
   /// backward only; a gradient nobody reads is written to the plan's scratch, contiguous).
   std::int64_t strides[8][3] = {};
-  bool wants_lse = true;             ///< forward: the lse is read (else it goes to scratch)
+  bool wants_lse = true;               ///< forward: the lse is read (else it goes to scratch)
   bool wants[3] = {true, true, true};  ///< backward: dq, dk, dv are read
   int device = 0;
   bool operator==(const CudnnAttentionProblem&) const = default;
   std::uint64_t hash() const {
     using kiln::detail::hash_combine;
     std::uint64_t h = hash_combine(static_cast<std::uint64_t>(backward), static_cast<std::uint64_t>(dtype));
-    for (std::int64_t v : {batch, heads, q_len, kv_len, head_dim, value_dim}) h = hash_combine(h, static_cast<std::uint64_t>(v));
+    for (std::int64_t v : {batch, heads, q_len, kv_len, head_dim, value_dim})
+      h = hash_combine(h, static_cast<std::uint64_t>(v));
     for (const auto& s : strides)
       for (std::int64_t v : s) h = hash_combine(h, static_cast<std::uint64_t>(v));
     std::uint64_t bits = 0;
@@ -590,9 +593,7 @@ class CudnnAttentionPlan {
 
 namespace detail {
 
-inline int cudnn_data_type(DType t) {
-  return t == DType::Float16 ? dnn::CUDNN_DATA_HALF : dnn::CUDNN_DATA_BFLOAT16;
-}
+inline int cudnn_data_type(DType t) { return t == DType::Float16 ? dnn::CUDNN_DATA_HALF : dnn::CUDNN_DATA_BFLOAT16; }
 
 /// Adds the causal mask (key j > query i scored as the lowest float) to `scores`, returns the
 /// masked scores' id.
@@ -613,7 +614,7 @@ inline std::int64_t cudnn_causal_mask(CudnnGraphBuilder& g, CudnnAttentionPlan& 
 
 /// Describes `p` to cuDNN and finalizes a plan; throws CudnnRefusal when cuDNN does not take it.
 inline std::unique_ptr<CudnnAttentionPlan> make_cudnn_attention_plan(const CudnnAttentionProblem& p,
-                                                                    dnn::cudnnHandle_t handle) {
+                                                                     dnn::cudnnHandle_t handle) {
   const auto& api = cudnn_state().api;
   auto plan = std::make_unique<CudnnAttentionPlan>();
   plan->problem = p;
@@ -829,8 +830,8 @@ inline void CudnnAttentionPlan::enqueue(std::size_t which, const std::vector<voi
   }
   void* workspace = base ? base + workspace_offset : nullptr;
   auto fail = [&](const char* what, dnn::cudnnStatus_t s) {
-    throw DeviceError("kiln: cuDNN " + problem.str() + ": " + what + " failed on cuda:" +
-                      std::to_string(problem.device) + ": " + detail::cudnn_status_text(api, s));
+    throw DeviceError("kiln: cuDNN " + problem.str() + ": " + what +
+                      " failed on cuda:" + std::to_string(problem.device) + ": " + detail::cudnn_status_text(api, s));
   };
   dnn::cudnnBackendDescriptor_t pack = nullptr;
   if (auto s = api.create_descriptor(dnn::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack); s != dnn::CUDNN_STATUS_SUCCESS)
@@ -841,8 +842,8 @@ inline void CudnnAttentionPlan::enqueue(std::size_t which, const std::vector<voi
     ~Release() { api.destroy_descriptor(d); }
   } release{api, pack};
   const auto n = static_cast<std::int64_t>(uids.size());
-  dnn::cudnnStatus_t s = api.set_attribute(pack, dnn::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, dnn::CUDNN_TYPE_INT64, n,
-                                           uids.data());
+  dnn::cudnnStatus_t s =
+      api.set_attribute(pack, dnn::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, dnn::CUDNN_TYPE_INT64, n, uids.data());
   if (s == dnn::CUDNN_STATUS_SUCCESS)
     s = api.set_attribute(pack, dnn::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, dnn::CUDNN_TYPE_VOID_PTR, n,
                           pointers.data());
@@ -863,8 +864,7 @@ inline void CudnnAttentionPlan::autotune(const std::vector<void*>& args) const {
   if (tuned_) return;
   tuned_ = true;
   try {
-    while (graph->plan_count() < kTunedCandidates && graph->add_plan()) {
-    }
+    while (graph->plan_count() < kTunedCandidates && graph->add_plan()) {}
   } catch (const detail::CudnnRefusal& r) {
     log(LogChannel::perf, "cuDNN autotune of " + problem.str() + ": " + r.why);
   }

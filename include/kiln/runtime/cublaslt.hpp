@@ -204,9 +204,7 @@ struct CublasLtState {
 };
 
 /// "13.1.0" from cublasLtGetVersion's 130100.
-inline std::string cublaslt_version_text(std::size_t v) {
-  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
-}
+inline std::string cublaslt_version_text(std::size_t v) { return library_version_text(v); }
 
 /// Loads cuBLASLt from `path` (a file or a name for the loader's search) and resolves every
 /// symbol. Never throws: a failure is described in the returned state's `reason`. Creates no
@@ -215,20 +213,10 @@ inline CublasLtState load_cublaslt(const std::string& path) {
   CublasLtState s;
   s.path = path;
   const auto t0 = std::chrono::steady_clock::now();
-  try {
-    s.library = std::make_unique<SharedLibrary>(path);
-  } catch (const Error& e) {
-    // "cannot load shared library '<path>': <the loader's message>"
-    s.reason = e.what();
-    if (s.reason.rfind("kiln: ", 0) == 0) s.reason.erase(0, 6);
-    return s;
-  }
+  s.library = open_library(path, s.reason);
+  if (!s.library) return s;
   auto& a = s.api;
-  std::string missing;
-  auto sym = [&](auto& fn, const char* name, bool required = true) {
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(s.library->find_symbol(name));
-    if (!fn && required) missing += std::string(missing.empty() ? "" : ", ") + name;
-  };
+  SymbolResolver sym(*s.library);
   sym(a.create, "cublasLtCreate");
   sym(a.destroy, "cublasLtDestroy");
   sym(a.get_version, "cublasLtGetVersion");
@@ -245,7 +233,7 @@ inline CublasLtState load_cublaslt(const std::string& path) {
   sym(a.matmul, "cublasLtMatmul");
   sym(a.get_status_name, "cublasLtGetStatusName", false);
   sym(a.get_status_string, "cublasLtGetStatusString", false);
-  if (!missing.empty()) {
+  if (const std::string& missing = sym.missing(); !missing.empty()) {
     s.reason = "the library '" + path + "' is not a usable cuBLASLt: it lacks " + missing;
     return s;
   }

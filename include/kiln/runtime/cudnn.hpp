@@ -179,9 +179,7 @@ struct CudnnState {
 };
 
 /// "9.19.0" from cudnnGetVersion's 91900.
-inline std::string cudnn_version_text(std::size_t v) {
-  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
-}
+inline std::string cudnn_version_text(std::size_t v) { return library_version_text(v); }
 
 /// Loads cuDNN from `path` and resolves every symbol. Never throws; creates no handle, so it
 /// works without a GPU.
@@ -189,19 +187,10 @@ inline CudnnState load_cudnn(const std::string& path) {
   CudnnState s;
   s.path = path;
   const auto t0 = std::chrono::steady_clock::now();
-  try {
-    s.library = std::make_unique<SharedLibrary>(path);
-  } catch (const Error& e) {
-    s.reason = e.what();
-    if (s.reason.rfind("kiln: ", 0) == 0) s.reason.erase(0, 6);
-    return s;
-  }
+  s.library = open_library(path, s.reason);
+  if (!s.library) return s;
   auto& a = s.api;
-  std::string missing;
-  auto sym = [&](auto& fn, const char* name, bool required = true) {
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(s.library->find_symbol(name));
-    if (!fn && required) missing += std::string(missing.empty() ? "" : ", ") + name;
-  };
+  SymbolResolver sym(*s.library);
   sym(a.create, "cudnnCreate");
   sym(a.set_stream, "cudnnSetStream");
   sym(a.get_version, "cudnnGetVersion");
@@ -213,7 +202,7 @@ inline CudnnState load_cudnn(const std::string& path) {
   sym(a.get_attribute, "cudnnBackendGetAttribute");
   sym(a.execute, "cudnnBackendExecute");
   sym(a.get_last_error_string, "cudnnGetLastErrorString", false);
-  if (!missing.empty()) {
+  if (const std::string& missing = sym.missing(); !missing.empty()) {
     s.reason = "the library '" + path + "' is not a usable cuDNN: it lacks " + missing;
     return s;
   }

@@ -2,7 +2,9 @@
 // RAII handle of a dlopen'ed shared library.
 #include <dlfcn.h>
 
+#include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -66,6 +68,42 @@ class SharedLibrary {
 
   std::string path_;
   void* handle_ = nullptr;
+};
+
+/// "13.1.0" from a library's version number major·10000 + minor·100 + patch (cuBLASLt's
+/// cublasLtGetVersion, cuDNN's cudnnGetVersion).
+inline std::string library_version_text(std::size_t v) {
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
+/// Loads `path` for a loader that never throws: the library, or nullptr with `reason` set to
+/// "cannot load shared library '<path>': <the loader's message>".
+inline std::unique_ptr<SharedLibrary> open_library(const std::string& path, std::string& reason) {
+  try {
+    return std::make_unique<SharedLibrary>(path);
+  } catch (const Error& e) {
+    reason = e.what();
+    if (reason.rfind("kiln: ", 0) == 0) reason.erase(0, 6);
+    return nullptr;
+  }
+}
+
+/// Resolves a library's symbols into typed function pointers, collecting the names of the
+/// required ones it lacks (for the loader's "it lacks ..." reason).
+class SymbolResolver {
+ public:
+  explicit SymbolResolver(const SharedLibrary& library) : library_(&library) {}
+  template <class F>
+  void operator()(F& fn, const char* name, bool required = true) {
+    fn = reinterpret_cast<std::remove_reference_t<F>>(library_->find_symbol(name));
+    if (!fn && required) missing_ += std::string(missing_.empty() ? "" : ", ") + name;
+  }
+  /// "a, b" (empty when every required symbol was found).
+  const std::string& missing() const { return missing_; }
+
+ private:
+  const SharedLibrary* library_;
+  std::string missing_;
 };
 
 /// How kiln finds an optional library it loads at run time: the environment variable `setting`

@@ -193,15 +193,7 @@ struct CublasLtApi {
 };
 
 /// What loading cuBLASLt found: the API table, or why it is unusable.
-struct CublasLtState {
-  std::unique_ptr<SharedLibrary> library;
-  std::string path;    ///< the name or path asked for
-  std::string reason;  ///< why it is unusable (empty when it is usable)
-  CublasLtApi api;
-  std::size_t version = 0;  ///< cublasLtGetVersion(): e.g. 130100 for 13.1.0
-  double load_ms = 0;       ///< time of dlopen and symbol resolution
-  bool ok() const { return library != nullptr && reason.empty(); }
-};
+using CublasLtState = RuntimeLibrary<CublasLtApi>;
 
 /// "13.1.0" from cublasLtGetVersion's 130100.
 inline std::string cublaslt_version_text(std::size_t v) { return library_version_text(v); }
@@ -265,14 +257,7 @@ inline CublasLtState load_cublaslt_from_env() {
 inline const CublasLtState& cublaslt_state() {
   static const CublasLtState* state = [] {
     auto* s = new CublasLtState(load_cublaslt_from_env());
-    if (s->ok()) {
-      char ms[32];
-      std::snprintf(ms, sizeof ms, "%.1f", s->load_ms);
-      log(LogChannel::perf,
-          "cuBLASLt " + cublaslt_version_text(s->version) + " loaded from " + s->path + " in " + ms + " ms");
-    } else {
-      log(LogChannel::perf, "cuBLASLt unavailable: " + s->reason);
-    }
+    log_library_load("cuBLASLt", *s);
     return s;
   }();
   return *state;

@@ -168,15 +168,7 @@ struct CudnnApi {
 };
 
 /// What loading cuDNN found: the API table, or why it is unusable.
-struct CudnnState {
-  std::unique_ptr<SharedLibrary> library;
-  std::string path;    ///< the name or path asked for
-  std::string reason;  ///< why it is unusable (empty when it is usable)
-  CudnnApi api;
-  std::size_t version = 0;  ///< cudnnGetVersion(): e.g. 91900 for 9.19.0
-  double load_ms = 0;
-  bool ok() const { return library != nullptr && reason.empty(); }
-};
+using CudnnState = RuntimeLibrary<CudnnApi>;
 
 /// "9.19.0" from cudnnGetVersion's 91900.
 inline std::string cudnn_version_text(std::size_t v) { return library_version_text(v); }
@@ -230,14 +222,7 @@ inline CudnnState load_cudnn_from_env() {
 inline const CudnnState& cudnn_state() {
   static const CudnnState* state = [] {
     auto* s = new CudnnState(load_cudnn_from_env());
-    if (s->ok()) {
-      char ms[32];
-      std::snprintf(ms, sizeof ms, "%.1f", s->load_ms);
-      log(LogChannel::perf,
-          "cuDNN " + cudnn_version_text(s->version) + " loaded from " + s->path + " in " + ms + " ms");
-    } else {
-      log(LogChannel::perf, "cuDNN unavailable: " + s->reason);
-    }
+    log_library_load("cuDNN", *s);
     return s;
   }();
   return *state;

@@ -2,6 +2,7 @@
 // RAII handle of a dlopen'ed shared library.
 #include <dlfcn.h>
 
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -10,6 +11,7 @@
 
 #include "kiln/core/env.hpp"
 #include "kiln/core/error.hpp"
+#include "kiln/core/log.hpp"
 
 namespace kiln::runtime {
 
@@ -74,6 +76,33 @@ class SharedLibrary {
 /// cublasLtGetVersion, cuDNN's cudnnGetVersion).
 inline std::string library_version_text(std::size_t v) {
   return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
+/// What loading an optional run-time library found: its entry points (`Api`), or why it is
+/// unusable.
+template <class Api>
+struct RuntimeLibrary {
+  std::unique_ptr<SharedLibrary> library;
+  std::string path;    ///< the name or path asked for
+  std::string reason;  ///< why it is unusable (empty when it is usable)
+  Api api;
+  std::size_t version = 0;  ///< the library's version number (library_version_text)
+  double load_ms = 0;       ///< time of dlopen and symbol resolution
+  bool ok() const { return library != nullptr && reason.empty(); }
+};
+
+/// The `perf` log line of a process-wide load: "<name> <version> loaded from <path> in <ms>
+/// ms", or "<name> unavailable: <why>".
+template <class Api>
+void log_library_load(const char* name, const RuntimeLibrary<Api>& s) {
+  if (s.ok()) {
+    char ms[32];
+    std::snprintf(ms, sizeof ms, "%.1f", s.load_ms);
+    log(LogChannel::perf,
+        std::string(name) + " " + library_version_text(s.version) + " loaded from " + s.path + " in " + ms + " ms");
+  } else {
+    log(LogChannel::perf, std::string(name) + " unavailable: " + s.reason);
+  }
 }
 
 /// Loads `path` for a loader that never throws: the library, or nullptr with `reason` set to

@@ -244,7 +244,8 @@ struct CudnnRefusal {
   std::string why;
 };
 
-/// One device's cuDNN handle, made once; `mu` orders cudnnSetStream with the execution it is for.
+/// One device's cuDNN handle, made once (a failure throws CudnnRefusal); `mu` orders
+/// cudnnSetStream with the execution it is for.
 struct CudnnDevice {
   dnn::cudnnHandle_t handle = nullptr;
   std::mutex mu;
@@ -263,12 +264,13 @@ inline CudnnDevice& cudnn_device(const CudaContext& ctx) {
     auto d = std::make_unique<CudnnDevice>();
     ctx.make_current();
     const auto s = api.create(&d->handle);
+    // A cuDNN that loads but cannot make a handle (a driver it does not support, say) is a
+    // refusal: the generated kernels still run (the next plan tries again).
     if (s != dnn::CUDNN_STATUS_SUCCESS)
-      throw DeviceError("kiln: cudnnCreate failed on cuda:" + std::to_string(ctx.index) + ": " +
-                        cudnn_status_text(api, s));
+      throw CudnnRefusal{"cudnnCreate failed on cuda:" + std::to_string(ctx.index) + ": " + cudnn_status_text(api, s)};
     all->dev[i] = std::move(d);
   });
-  if (!all->dev[i]) throw DeviceError("kiln: cuDNN has no handle on cuda:" + std::to_string(ctx.index));
+  if (!all->dev[i]) throw CudnnRefusal{"cuDNN has no handle on cuda:" + std::to_string(ctx.index)};
   return *all->dev[i];
 }
 
@@ -789,7 +791,14 @@ inline bool CudnnAttentionPlan::fits(const std::vector<void*>& args) const {
 inline void CudnnAttentionPlan::enqueue(std::size_t which, const std::vector<void*>& args, cu::CUstream stream) const {
   const auto& api = detail::cudnn_state().api;
   CudaContext& ctx = cuda_context(problem.device);
-  detail::CudnnDevice& dev = detail::cudnn_device(ctx);
+  // The plan's making made the handle; this only finds it.
+  detail::CudnnDevice& dev = [&]() -> detail::CudnnDevice& {
+    try {
+      return detail::cudnn_device(ctx);
+    } catch (const detail::CudnnRefusal& r) {
+      throw DeviceError("kiln: cuDNN " + problem.str() + ": " + r.why);
+    }
+  }();
   char* const base = scratch_base_.load();
   std::vector<void*> pointers;
   std::vector<float> values = scalars;  // by-value scalars are read at execution

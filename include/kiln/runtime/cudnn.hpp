@@ -320,7 +320,6 @@ class CudnnGraphBuilder {
   }
   /// A float scalar passed by value at execution (its value goes in the variant pack).
   std::int64_t scalar() { return tensor(dnn::CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true); }
-  Desc tensor_desc(std::int64_t uid) const { return tensors_.at(uid); }
 
   /// y = mode(x[, b[, t]]); `axis` for GEN_INDEX.
   void pointwise(int mode, std::int64_t x, std::int64_t b, std::int64_t t, std::int64_t y,
@@ -331,14 +330,12 @@ class CudnnGraphBuilder {
     if (axis >= 0) set(pw, dnn::CUDNN_ATTR_POINTWISE_AXIS, dnn::CUDNN_TYPE_INT64, 1, &axis, "an index axis");
     finalize(pw, "a pointwise descriptor");
     Desc op = make(dnn::CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, "a pointwise operation");
-    set(op, dnn::CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, dnn::CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw,
-        "a pointwise operation's mode");
+    attach(op, dnn::CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw);
     link(op, dnn::CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
     if (b >= 0) link(op, dnn::CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b);
     if (t >= 0) link(op, dnn::CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t);
     link(op, dnn::CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
-    finalize(op, "a pointwise operation");
-    ops_.push_back(op);
+    add_operation(op, "a pointwise operation");
   }
   /// c = a @ b over the leading (batch) dimensions, accumulated in float.
   void matmul(std::int64_t a, std::int64_t b, std::int64_t c) {
@@ -350,9 +347,8 @@ class CudnnGraphBuilder {
     link(op, dnn::CUDNN_ATTR_OPERATION_MATMUL_ADESC, a);
     link(op, dnn::CUDNN_ATTR_OPERATION_MATMUL_BDESC, b);
     link(op, dnn::CUDNN_ATTR_OPERATION_MATMUL_CDESC, c);
-    set(op, dnn::CUDNN_ATTR_OPERATION_MATMUL_DESC, dnn::CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &mm, "a matmul's descriptor");
-    finalize(op, "a matmul operation");
-    ops_.push_back(op);
+    attach(op, dnn::CUDNN_ATTR_OPERATION_MATMUL_DESC, mm);
+    add_operation(op, "a matmul operation");
   }
   /// y = reduce(x) over the dimensions where y has size 1.
   void reduction(int reduce_op, std::int64_t x, std::int64_t y) {
@@ -365,18 +361,15 @@ class CudnnGraphBuilder {
     Desc op = make(dnn::CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, "a reduction operation");
     link(op, dnn::CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x);
     link(op, dnn::CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y);
-    set(op, dnn::CUDNN_ATTR_OPERATION_REDUCTION_DESC, dnn::CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &r,
-        "a reduction's descriptor");
-    finalize(op, "a reduction operation");
-    ops_.push_back(op);
+    attach(op, dnn::CUDNN_ATTR_OPERATION_REDUCTION_DESC, r);
+    add_operation(op, "a reduction operation");
   }
   /// y = x seen with y's dimensions and strides (a transpose, for the engines' pattern).
   void reshape(std::int64_t x, std::int64_t y) {
     Desc op = make(dnn::CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, "a reshape operation");
     link(op, dnn::CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x);
     link(op, dnn::CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y);
-    finalize(op, "a reshape operation");
-    ops_.push_back(op);
+    add_operation(op, "a reshape operation");
   }
 
   /// Finalizes the operation graph and asks the heuristics for its engine configurations, in
@@ -390,8 +383,7 @@ class CudnnGraphBuilder {
     finalize(graph, "the operation graph");
     Desc heur = make(dnn::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "the engine heuristics");
     const int mode = dnn::CUDNN_HEUR_MODE_A;
-    set(heur, dnn::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, dnn::CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph,
-        "the heuristics' graph");
+    attach(heur, dnn::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
     set(heur, dnn::CUDNN_ATTR_ENGINEHEUR_MODE, dnn::CUDNN_TYPE_HEUR_MODE, 1, &mode, "the heuristics' mode");
     finalize(heur, "the engine heuristics");
     std::int64_t count = 0;
@@ -414,8 +406,7 @@ class CudnnGraphBuilder {
     while (next_config_ < configs_.size()) {
       Desc plan = make(dnn::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "an execution plan");
       set(plan, dnn::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, dnn::CUDNN_TYPE_HANDLE, 1, &handle_, "the plan's handle");
-      set(plan, dnn::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, dnn::CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-          &configs_[next_config_], "the plan's engine configuration");
+      attach(plan, dnn::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, configs_[next_config_]);
       const std::size_t index = next_config_++;
       const auto s = api_->finalize(plan);
       if (s != dnn::CUDNN_STATUS_SUCCESS) {
@@ -442,9 +433,16 @@ class CudnnGraphBuilder {
   void check(dnn::cudnnStatus_t s, const char* what) const {
     if (s != dnn::CUDNN_STATUS_SUCCESS) throw CudnnRefusal{std::string(what) + ": " + cudnn_status_text(*api_, s)};
   }
-  void link(Desc op, int attribute, std::int64_t uid) {
-    Desc t = tensors_.at(uid);
-    set(op, attribute, dnn::CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t, "an operation's tensor");
+  /// Sets `attribute` of `d` to the descriptor `value`.
+  void attach(Desc d, int attribute, Desc value) {
+    set(d, attribute, dnn::CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &value, "a descriptor attribute");
+  }
+  /// Sets `attribute` of operation `op` to tensor `uid`.
+  void link(Desc op, int attribute, std::int64_t uid) { attach(op, attribute, tensors_.at(uid)); }
+  /// Finalizes operation `op` and appends it to the graph's operations.
+  void add_operation(Desc op, const char* what) {
+    finalize(op, what);
+    ops_.push_back(op);
   }
 
   const CudnnApi* api_;
@@ -801,7 +799,6 @@ inline void CudnnAttentionPlan::enqueue(std::size_t which, const std::vector<voi
   }();
   char* const base = scratch_base_.load();
   std::vector<void*> pointers;
-  std::vector<float> values = scalars;  // by-value scalars are read at execution
   for (std::size_t i = 0; i < sources.size(); ++i) {
     const int s = sources[i];
     if (s >= 0)
@@ -809,7 +806,7 @@ inline void CudnnAttentionPlan::enqueue(std::size_t which, const std::vector<voi
     else if (s == kScratch)
       pointers.push_back(base + offsets[i]);
     else
-      pointers.push_back(&values[static_cast<std::size_t>(s - kScalar)]);
+      pointers.push_back(const_cast<float*>(&scalars[static_cast<std::size_t>(s - kScalar)]));  // only read
   }
   void* workspace = base ? base + workspace_offset : nullptr;
   auto fail = [&](const char* what, dnn::cudnnStatus_t s) {

@@ -717,25 +717,32 @@ std::vector<ProductWorkload> product_workloads() {
                      ir::attention(ir::AttentionRole::Out, in[0], in[1], in[2], nullptr, true, scale)};
                },
                dense, 2.0 * 4096 * 4096 * 4096});
-  w.push_back({"A2", 3.5 * attn_flops,
-               [qkv, scale] {
-                 auto in = qkv();
-                 std::vector<NodePtr> leaves;
-                 for (int k = 0; k < 3; ++k) {
-                   NodePtr leaf = ir::input(*in[k]->buffer, in[k]->shape, in[k]->dtype, in[k]->device);
-                   leaf->requires_grad = true;
-                   leaf->grad_leaf = std::make_shared<ir::GradLeaf>();
-                   leaves.push_back(leaf);
-                 }
-                 NodePtr y = ir::attention(ir::AttentionRole::Out, leaves[0], leaves[1], leaves[2], nullptr, true, scale);
-                 std::vector<autodiff::Reached> reached = autodiff::backward_pass({y}, {in[3]}, leaves, false, "A2");
-                 std::vector<NodePtr> outs{y};
-                 for (const NodePtr& leaf : leaves)
-                   for (const autodiff::Reached& r : reached)
-                     if (r.node == leaf) outs.push_back(r.grad);
-                 return outs;
-               },
-               dense, 2.0 * 4096 * 4096 * 4096});
+  // A2 and A2-dropout (p 0.1, as a GPT trains: the mask drawn inside the kernels, the same in
+  // the backward; torch's same call runs FlashAttention's dropout).
+  auto forward_backward = [qkv, scale](double dropout_p) {
+    return [qkv, scale, dropout_p] {
+      auto in = qkv();
+      std::vector<NodePtr> leaves;
+      for (int k = 0; k < 3; ++k) {
+        NodePtr leaf = ir::input(*in[k]->buffer, in[k]->shape, in[k]->dtype, in[k]->device);
+        leaf->requires_grad = true;
+        leaf->grad_leaf = std::make_shared<ir::GradLeaf>();
+        leaves.push_back(leaf);
+      }
+      ir::AttentionDropout dropout;
+      if (dropout_p > 0) dropout = {dropout_p, ir::constant_int(1234, DType::Int64, Shape{}, in[0]->device)};
+      NodePtr y = ir::attention(ir::AttentionRole::Out, leaves[0], leaves[1], leaves[2], nullptr, true, scale, {},
+                                dropout);
+      std::vector<autodiff::Reached> reached = autodiff::backward_pass({y}, {in[3]}, leaves, false, "A2");
+      std::vector<NodePtr> outs{y};
+      for (const NodePtr& leaf : leaves)
+        for (const autodiff::Reached& r : reached)
+          if (r.node == leaf) outs.push_back(r.grad);
+      return outs;
+    };
+  };
+  w.push_back({"A2", 3.5 * attn_flops, forward_backward(0.0), dense, 2.0 * 4096 * 4096 * 4096});
+  w.push_back({"A2-dropout", 3.5 * attn_flops, forward_backward(0.1), dense, 2.0 * 4096 * 4096 * 4096});
   return w;
 }
 

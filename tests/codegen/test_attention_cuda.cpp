@@ -128,6 +128,7 @@ struct Case {
   int layout = 0;  ///< of q, k, v, out, dout, dq, dk, dv (layout_strides)
   bool masked_rows = false;  ///< the mask makes some rows' keys all -inf
   bool want_out = true, want_dq = true, want_dk = true;  ///< lse, dv always wanted
+  double dropout = 0.0;  ///< P's dropout probability (the key is fixed per case)
 };
 
 double tolerance(DType t) {
@@ -239,6 +240,13 @@ void check_case(const Case& cs, std::uint64_t seed, bool tensor_cores) {
     mask.shape = {B, H, L, S};  // read through the broadcast strides
   }
   const double scale = 1.0 / std::sqrt(static_cast<double>(E));
+  // Dropout's factor per score, from Philox as ir::Op::Attention defines it: the counter is the
+  // flat index of a [B, H, L, S] tensor.
+  unsigned long long key = 0x5eed0000ull + seed;
+  std::vector<double> Z(B * H * L * S, 1.0);
+  if (cs.dropout > 0)
+    for (std::size_t n = 0; n < Z.size(); ++n)
+      Z[n] = philox::uniform_f32(key, n) >= static_cast<float>(cs.dropout) ? 1.0 / (1.0 - cs.dropout) : 0.0;
 
   // The float64 reference: forward, then the backward from the rounded output.
   std::vector<double> ref_out(B * H * L * Ev, 0.0), ref_lse(B * H * L), P(B * H * L * S, 0.0);
@@ -265,7 +273,7 @@ void check_case(const Case& cs, std::uint64_t seed, bool tensor_cores) {
         for (i64 j = 0; j < S; ++j) P[row * S + j] = std::exp(s[j] - ref_lse[row]);
         for (i64 e = 0; e < Ev; ++e) {
           double o = 0;
-          for (i64 j = 0; j < S; ++j) o += P[row * S + j] * v.get(b, h / G, j, e);
+          for (i64 j = 0; j < S; ++j) o += P[row * S + j] * Z[row * S + j] * v.get(b, h / G, j, e);
           ref_out[row * Ev + e] = o;
         }
       }
@@ -285,6 +293,9 @@ void check_case(const Case& cs, std::uint64_t seed, bool tensor_cores) {
   c.mask_dtype = cs.mask_dtype;
   c.q = slot(q), c.k = slot(k), c.v = slot(v);
   if (cs.mask) c.mask = slot(mask);
+  c.dropout_p = cs.dropout;
+  if (cs.dropout > 0) c.seed = sched::Slot{sched::Slot::Leaf, 0, {}};
+  void* const key_arg = cs.dropout > 0 ? &key : nullptr;
   const bool tc = c.tensor_cores();
   CHECK(tc == tensor_cores);  // the path the case is meant for
 
@@ -295,10 +306,10 @@ void check_case(const Case& cs, std::uint64_t seed, bool tensor_cores) {
   if (cs.want_out) c.out = slot(out);
   c.lse = slot(lse);
   codegen::AttentionSource fsrc = codegen::generate_cuda_attention(c, "katt");
-  CHECK(fsrc.arguments == 6);
+  CHECK(fsrc.arguments == 7);
   auto fnv = std::async(std::launch::async, nvrtc_check, fsrc.source);
   run(fsrc, {q.data(), k.data(), v.data(), cs.mask ? mask.data() : nullptr, cs.want_out ? out.data() : nullptr,
-             lse.data()});
+             lse.data(), key_arg});
   const double tol = tolerance(dt);
   {
     Diff dl, dout_diff;
@@ -349,12 +360,12 @@ void check_case(const Case& cs, std::uint64_t seed, bool tensor_cores) {
           if (p == 0) continue;
           double dp = 0;
           for (i64 e = 0; e < Ev; ++e) dp += dout.get(b, h, i, e) * v.get(b, hk, j, e);
-          const double ds = p * (dp - delta);
+          const double z = Z[row * S + j], ds = p * (z * dp - delta);
           for (i64 e = 0; e < E; ++e) {
             rdq[row * E + e] += scale * ds * k.get(b, hk, j, e);
             rdk[((b * Hkv + hk) * S + j) * E + e] += scale * ds * q.get(b, h, i, e);
           }
-          for (i64 e = 0; e < Ev; ++e) rdv[((b * Hkv + hk) * S + j) * Ev + e] += p * dout.get(b, h, i, e);
+          for (i64 e = 0; e < Ev; ++e) rdv[((b * Hkv + hk) * S + j) * Ev + e] += p * z * dout.get(b, h, i, e);
         }
       }
   Buf dq = make_buf(dt, {B, H, L, E}, layout_strides({B, H, L, E}, cs.layout));
@@ -367,10 +378,10 @@ void check_case(const Case& cs, std::uint64_t seed, bool tensor_cores) {
   c.dk = cs.want_dk ? slot(dk) : sched::Slot{};
   c.dv = slot(dv);
   codegen::AttentionSource bsrc = codegen::generate_cuda_attention(c, "katt");
-  CHECK(bsrc.arguments == 11);
+  CHECK(bsrc.arguments == 12);
   auto bnv = std::async(std::launch::async, nvrtc_check, bsrc.source);
   run(bsrc, {q.data(), k.data(), v.data(), cs.mask ? mask.data() : nullptr, ob.data(), dout.data(), lb.data(),
-             cs.want_dq ? dq.data() : nullptr, cs.want_dk ? dk.data() : nullptr, dv.data(), delta.data()});
+             cs.want_dq ? dq.data() : nullptr, cs.want_dk ? dk.data() : nullptr, dv.data(), delta.data(), key_arg});
   auto compare = [&](const std::string& name, const Buf& got, const std::vector<double>& want, i64 heads, i64 rows,
                      i64 width, bool wanted) {
     CAPTURE(name);
@@ -434,6 +445,12 @@ TEST_CASE("cuda attention: tensor-core kernels (f16, bf16) match a float64 refer
   lse_only.want_out = false, lse_only.want_dq = false, lse_only.want_dk = false;
   cases.push_back(lse_only);
   cases.push_back({"f16 E=64, S=0: out 0, lse -inf, dq 0", f16, 1, 2, 2, 7, 0, 64, 64});
+  Case dropout{"f16 E=64, dropout 0.3, causal, GQA 2/1, L=S=70", f16, 1, 2, 1, 70, 70, 64, 64, true};
+  dropout.dropout = 0.3;
+  cases.push_back(dropout);
+  Case wide_dropout{"bf16 E=Ev=256 (dK and dV apart), dropout 0.5, f32 mask", bf16, 1, 1, 1, 7, 9, 256, 256, false, 1};
+  wide_dropout.dropout = 0.5;
+  cases.push_back(wide_dropout);
   for (std::size_t i = 0; i < cases.size(); ++i) check_case(cases[i], 1000 + i, true);
 }
 
@@ -451,6 +468,10 @@ TEST_CASE("cuda attention: generic kernels (f32, f64, odd head dims) match a flo
   Case partial{"f32 E=40, lse only; dv only, causal", f32, 1, 1, 1, 7, 9, 40, 40, true};
   partial.want_out = false, partial.want_dq = false, partial.want_dk = false;
   cases.push_back(partial);
+  Case dropout{"f64 E=32, dropout 0.5, f64 mask over batch, GQA 2/1, L=33 S=20", f64, 1, 2, 1, 33, 20, 32, 32, false,
+               1, f64};
+  dropout.dropout = 0.5;
+  cases.push_back(dropout);
   for (std::size_t i = 0; i < cases.size(); ++i) check_case(cases[i], 2000 + i, false);
 }
 

@@ -44,6 +44,7 @@ struct Case {
   MaskKind mask = MaskKind::None;
   DType dtype = f64;
   const char* name = "";
+  double dropout = 0.0;  ///< both forms draw the same key (manual_seed before each)
 };
 
 double tolerance(DType dt) {
@@ -81,11 +82,12 @@ void check_case(const Case& c, std::uint64_t seed) {
   }
   auto run = [&](bool fused, std::vector<Tensor>& grads) {
     Tensor qq = q.detach().requires_grad_(), kk = k.detach().requires_grad_(), vv = v.detach().requires_grad_();
-    Tensor out = fused ? scaled_dot_product_attention(qq.to(c.dtype), kk.to(c.dtype), vv.to(c.dtype), mask, 0.0, causal,
-                                                      std::nullopt, gqa)
+    manual_seed(seed);
+    Tensor out = fused ? scaled_dot_product_attention(qq.to(c.dtype), kk.to(c.dtype), vv.to(c.dtype), mask, c.dropout,
+                                                      causal, std::nullopt, gqa)
                        : nn::functional::scaled_dot_product_attention_math(
                              qq, kk, vv, mask.defined() ? mask.to(mask.dtype() == DType::Bool ? DType::Bool : f64) : mask,
-                             0.0, causal, std::nullopt, gqa);
+                             c.dropout, causal, std::nullopt, gqa);
     sum(out.to(f64) * cot).backward();
     grads = {qq.grad(), kk.grad(), vv.grad()};
     return out.to(f64).eval();
@@ -117,6 +119,10 @@ TEST_CASE("scaled_dot_product_attention: fused forward and backward match the wr
       {1, 2, 2, 65, 65, 64, 64, MaskKind::Causal, f32, "float32"},
       {1, 2, 2, 65, 65, 64, 64, MaskKind::Causal, bf16, "bfloat16"},
       {1, 4, 2, 65, 31, 128, 128, MaskKind::Additive, f16, "float16, grouped, masked"},
+      // Dropout: the fused kernels drop the weights the written-out form drops with the same key.
+      {2, 4, 2, 33, 70, 24, 16, MaskKind::Bool, f64, "dropout, grouped, bool mask", 0.3},
+      {1, 2, 2, 129, 129, 64, 64, MaskKind::Causal, f32, "dropout, causal, T past a tile", 0.5},
+      {1, 2, 2, 65, 40, 64, 64, MaskKind::Causal, bf16, "dropout, bfloat16", 0.2},
   };
   for (std::size_t i = 0; i < cases.size(); ++i) check_case(cases[i], 100 + i);
 }
@@ -233,10 +239,17 @@ TEST_CASE("scaled_dot_product_attention: one fused step forward, one backward, n
   sched::StepPlan plan = sched::plan_steps(c.graph, dev.is_cuda());
   REQUIRE(plan.attentions.size() == 1);
   for (const auto& t : plan.temps) CHECK(t.shape.numel() < T * T);
-  // Written out when dropout is asked for, and the log says why.
+  // Dropout stays in the fused step (its mask is drawn inside), with no [L, S] buffer either.
+  Tensor dropped = scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), {}, 0.5, true);
+  ir::Captured cd = ir::capture({dropped.node()}, dev);
+  sched::StepPlan dplan = sched::plan_steps(cd.graph, dev.is_cuda());
+  REQUIRE(dplan.attentions.size() == 1);
+  CHECK(dplan.attentions[0].dropout_p == 0.5);
+  for (const auto& t : dplan.temps) CHECK(t.shape.numel() < T * T);
+  // Written out when everything is dropped, and the log says why.
   kiln::testing::LogCapture why("schedule");
-  (void)scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), {}, 0.5).eval();
-  CHECK(why.text().find("written out: dropout") != std::string::npos);
+  (void)scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), {}, 1.0).eval();
+  CHECK(why.text().find("written out: dropout_p is 1") != std::string::npos);
 }
 
 TEST_CASE("scaled_dot_product_attention: typed errors name the op, the shapes and the dtypes") {

@@ -497,13 +497,15 @@ template <> struct Vjp<Op::Attention> {
                           (role == ir::AttentionRole::Lse ? "log-sum-exp" : "gradients") +
                           " have no gradient of their own (a double backward): compute attention written out "
                           "(softmax(q k^T * scale) v) to differentiate twice");
-    const bool causal = n->attrs.ints.at(1) != 0, has_mask = n->attrs.ints.at(2) != 0;
+    const ir::AttentionAttrs a = ir::AttentionAttrs::of(n->attrs);
     const NodePtr &q = vjp_detail::in(n, 0), &k = vjp_detail::in(n, 1), &v = vjp_detail::in(n, 2);
-    const NodePtr mask = has_mask ? n->inputs.back() : nullptr;
+    const NodePtr mask = a.has_mask ? n->inputs[static_cast<std::size_t>(a.mask_input())] : nullptr;
+    ir::AttentionDropout dropout;
+    if (a.has_dropout()) dropout = {a.dropout_p, n->inputs[static_cast<std::size_t>(a.seed_input())]};
     const double scale = n->attrs.scalar;
-    NodePtr lse = ir::attention(ir::AttentionRole::Lse, q, k, v, mask, causal, scale);
-    Grads out = ir::attention_gradients(q, k, v, mask, causal, scale, n, g, lse);
-    out.resize(n->inputs.size());  // the mask's: none
+    NodePtr lse = ir::attention(ir::AttentionRole::Lse, q, k, v, mask, a.causal, scale, {}, dropout);
+    Grads out = ir::attention_gradients(q, k, v, mask, a.causal, scale, n, g, lse, dropout);
+    out.resize(n->inputs.size());  // the mask's and the key's: none
     return out;
   }
 };

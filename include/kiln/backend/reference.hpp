@@ -1129,11 +1129,12 @@ inline Value exec_sort(const ir::Graph& g, const ir::GraphNode& n, const std::ve
 /// One value of fused attention (ir::AttentionRole), from its definition in double: the scores
 /// s = scale q·k + mask (causal: -inf past the diagonal), P = softmax over keys (0 for a row
 /// whose keys are all masked); the gradients from the operands out, dout and lse as given.
+/// Dropout multiplies P's kept elements by 1 / (1 - p) after the lse, as ir::Op::Attention says.
 inline Value exec_attention(const ir::Graph& g, const ir::GraphNode& n, const std::vector<Value>& vals,
                             const Value* into) {
-  const auto role = static_cast<ir::AttentionRole>(n.attrs.ints.at(0));
-  const bool causal = n.attrs.ints.at(1) != 0, has_mask = n.attrs.ints.at(2) != 0;
-  const bool gradient = role == ir::AttentionRole::DQ || role == ir::AttentionRole::DK || role == ir::AttentionRole::DV;
+  const ir::AttentionAttrs attrs = ir::AttentionAttrs::of(n.attrs);
+  const auto role = attrs.role;
+  const bool causal = attrs.causal, has_mask = attrs.has_mask, gradient = attrs.gradient();
   auto node = [&](std::size_t k) -> const ir::GraphNode& { return g.nodes[static_cast<std::size_t>(n.inputs[k])]; };
   auto val = [&](std::size_t k) -> const Value& { return vals[static_cast<std::size_t>(n.inputs[k])]; };
   // Element (a, b, c, d) of operand k as double (rank-3 operands ignore d).
@@ -1151,10 +1152,16 @@ inline Value exec_attention(const ir::Graph& g, const ir::GraphNode& n, const st
   const Shape &qs = node(0).shape, &ks = node(1).shape, &vs = node(2).shape;
   const i64 B = qs[0], H = qs[1], L = qs[2], E = qs[3], Hkv = ks[1], S = ks[2], Ev = vs[3], G = Hkv > 0 ? H / Hkv : 1;
   const double scale = n.attrs.scalar;
-  const std::size_t mask_at = n.inputs.size() - 1;
+  const std::size_t mask_at = has_mask ? static_cast<std::size_t>(attrs.mask_input()) : 0;
+  std::uint64_t key = 0;
+  if (attrs.has_dropout()) std::memcpy(&key, val(static_cast<std::size_t>(attrs.seed_input())).data, sizeof key);
+  const float keep_from = static_cast<float>(attrs.dropout_p);
+  const double keep_scale = 1.0 / (1.0 - attrs.dropout_p);
   Value o = into ? *into : allocate(n.shape, n.dtype);
   std::vector<double> result(static_cast<std::size_t>(n.shape.numel()), 0.0);
   std::vector<double> p(static_cast<std::size_t>(L * S)), lse(static_cast<std::size_t>(L));
+  // Dropout's factor per score: 0 or 1 / (1 - p) (1 without dropout).
+  std::vector<double> kept(static_cast<std::size_t>(L * S), 1.0);
   for (i64 b = 0; b < B; ++b)
     for (i64 h = 0; h < H; ++h) {
       const i64 hk = h / G;
@@ -1179,6 +1186,10 @@ inline Value exec_attention(const ir::Graph& g, const ir::GraphNode& n, const st
         for (i64 j = 0; j < S; ++j) {
           double& x = p[static_cast<std::size_t>(i * S + j)];
           x = rl == -INFINITY || x == -INFINITY ? 0.0 : std::exp(x - rl);
+          if (attrs.has_dropout()) {
+            const auto counter = static_cast<unsigned long long>(((b * H + h) * L + i) * S + j);
+            kept[static_cast<std::size_t>(i * S + j)] = philox::uniform_f32(key, counter) >= keep_from ? keep_scale : 0.0;
+          }
         }
       }
       auto res = [&](i64 a, i64 bb, i64 c, i64 d) -> double& {
@@ -1189,13 +1200,14 @@ inline Value exec_attention(const ir::Graph& g, const ir::GraphNode& n, const st
       };
       for (i64 i = 0; i < L; ++i) {
         const double* pi = &p[static_cast<std::size_t>(i * S)];
+        const double* zi = &kept[static_cast<std::size_t>(i * S)];
         switch (role) {
           case ir::AttentionRole::Out:
             // A row without keys is 0 (its keys are never read: an infinite value gives no NaN).
             if (lse[static_cast<std::size_t>(i)] == -INFINITY) break;
             for (i64 e = 0; e < Ev; ++e) {
               double a = 0;
-              for (i64 j = 0; j < S; ++j) a += pi[j] * at(2, b, hk, j, e);
+              for (i64 j = 0; j < S; ++j) a += pi[j] * zi[j] * at(2, b, hk, j, e);
               res(b, h, i, e) = a;
             }
             break;
@@ -1208,12 +1220,12 @@ inline Value exec_attention(const ir::Graph& g, const ir::GraphNode& n, const st
             for (i64 j = 0; j < S; ++j) {
               if (pi[j] == 0) continue;
               if (role == ir::AttentionRole::DV) {
-                for (i64 e = 0; e < Ev; ++e) res(b, hk, j, e) += pi[j] * at(4, b, h, i, e);
+                for (i64 e = 0; e < Ev; ++e) res(b, hk, j, e) += pi[j] * zi[j] * at(4, b, h, i, e);
                 continue;
               }
               double dp = 0;
               for (i64 e = 0; e < Ev; ++e) dp += at(4, b, h, i, e) * at(2, b, hk, j, e);
-              const double ds = pi[j] * (dp - delta) * scale;
+              const double ds = pi[j] * (zi[j] * dp - delta) * scale;
               for (i64 e = 0; e < E; ++e) {
                 if (role == ir::AttentionRole::DQ)
                   res(b, h, i, e) += ds * at(1, b, hk, j, e);

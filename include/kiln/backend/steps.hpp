@@ -300,6 +300,9 @@ inline bool cudnn_attention_problem(const sched::AttentionCall& c, int device, r
     return false;
   }
   if (c.has_mask) return why = "it has a mask", false;
+  // cuDNN's dropout draws its own numbers: kiln's mask (the one a written-out dropout of the
+  // same key draws) is the generated kernels'.
+  if (c.has_dropout()) return why = "it has dropout", false;
   if (c.batch == 0 || c.heads == 0 || c.q_len == 0 || c.kv_len == 0 || c.head_dim == 0 || c.value_dim == 0)
     return why = "it is empty", false;
   if (c.group() != 1) return why = "its keys have fewer heads than its queries", false;
@@ -414,9 +417,9 @@ inline void run_attention(const AttentionKernels& k, const std::vector<void*>& a
   }
   // The kernels take the pointers as one struct by value: its bytes are the argument.
   struct {
-    void* p[11];
+    void* p[12];
   } a{};
-  for (std::size_t i = 0; i < args.size() && i < 11; ++i) a.p[i] = args[i];
+  for (std::size_t i = 0; i < args.size() && i < 12; ++i) a.p[i] = args[i];
   void* params[] = {&a};
   for (std::size_t i = 0; i < k.kernels.size(); ++i) {
     const auto& e = k.source.entries[i];
@@ -584,6 +587,7 @@ class StepProgram {
       for (const sched::Slot* s : {&c.out, &c.dout, &c.lse, &c.dq, &c.dk, &c.dv}) a.push_back(at(*s));
       a.push_back(temps[static_cast<std::size_t>(c.delta)]->data);
     }
+    a.push_back(at(c.seed));
     detail::run_attention(v.attentions[i], a, graph_.device, stream, tune);
   }
 

@@ -413,11 +413,19 @@ inline NodePtr matmul(const NodePtr& a, const NodePtr& b) {
   return finish(blank(Op::MatMul, a->dtype, a->device, std::move(out), {a, b}));
 }
 
+/// Dropout inside a fused attention (see Op::Attention): probability `p` (0: none) and the
+/// Philox key, a 0-dim int64 node.
+struct AttentionDropout {
+  double p = 0.0;
+  NodePtr seed;
+};
+
 /// One value (`role`) of fused attention over q [B, H, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev]
 /// (see Op::Attention): `grads` are {out, dout, lse} for the gradient roles, empty for Out and
 /// Lse; `mask` an additive [B|1, H|1, L, S] mask or null.
 inline NodePtr attention(AttentionRole role, const NodePtr& q, const NodePtr& k, const NodePtr& v, const NodePtr& mask,
-                         bool causal, double scale, const std::vector<NodePtr>& grads = {}) {
+                         bool causal, double scale, const std::vector<NodePtr>& grads = {},
+                         const AttentionDropout& dropout = {}) {
   auto bad = [&](const std::string& why) {
     detail::invariant_failed("attention of " + q->shape.str() + ", " + k->shape.str() + ", " + v->shape.str() + ": " +
                              why);
@@ -433,11 +441,19 @@ inline NodePtr attention(AttentionRole role, const NodePtr& q, const NodePtr& k,
                (mask->shape[1] != 1 && mask->shape[1] != H) || mask->shape[2] != L || mask->shape[3] != S ||
                !is_floating(mask->dtype)))
     bad("mask " + mask->shape.str());
-  const bool gradient = role == AttentionRole::DQ || role == AttentionRole::DK || role == AttentionRole::DV;
-  if (grads.size() != (gradient ? 3u : 0u)) bad("gradient operands");
+  if (dropout.p != 0.0 && (!(dropout.p > 0.0 && dropout.p < 1.0) || !dropout.seed ||
+                           dropout.seed->dtype != DType::Int64 || !dropout.seed->shape.empty()))
+    bad("dropout (p in (0, 1) with a 0-dim int64 key)");
+  AttentionAttrs attrs;
+  attrs.role = role;
+  attrs.causal = causal;
+  attrs.has_mask = mask != nullptr;
+  attrs.dropout_p = dropout.p;
+  if (grads.size() != (attrs.gradient() ? 3u : 0u)) bad("gradient operands");
   std::vector<NodePtr> in{q, k, v};
   for (const auto& g : grads) in.push_back(g);
   if (mask) in.push_back(mask);
+  if (attrs.has_dropout()) in.push_back(dropout.seed);
   Shape out;
   DType dt = q->dtype;
   switch (role) {
@@ -459,20 +475,22 @@ inline NodePtr attention(AttentionRole role, const NodePtr& q, const NodePtr& k,
       break;
   }
   Node n = blank(Op::Attention, dt, q->device, std::move(out), std::move(in));
-  n.attrs.ints = {static_cast<std::int64_t>(role), causal ? 1 : 0, mask ? 1 : 0};
+  n.attrs.ints = attrs.ints();
   n.attrs.scalar = scale;
   return finish(std::move(n));
 }
 
-/// The gradients {dq, dk, dv} of attention output `out` (the Out node over q, k, v, mask) given
-/// its incoming gradient `g` and the rows' log-sum-exp `lse`: one backward call when planned.
+/// The gradients {dq, dk, dv} of attention output `out` (the Out node over q, k, v, mask, with
+/// `dropout`) given its incoming gradient `g` and the rows' log-sum-exp `lse`: one backward call
+/// when planned.
 inline std::vector<NodePtr> attention_gradients(const NodePtr& q, const NodePtr& k, const NodePtr& v,
                                                 const NodePtr& mask, bool causal, double scale, const NodePtr& out,
-                                                const NodePtr& g, const NodePtr& lse) {
+                                                const NodePtr& g, const NodePtr& lse,
+                                                const AttentionDropout& dropout = {}) {
   const std::vector<NodePtr> saved{out, g->dtype == out->dtype ? g : cast(g, out->dtype), lse};
-  return {attention(AttentionRole::DQ, q, k, v, mask, causal, scale, saved),
-          attention(AttentionRole::DK, q, k, v, mask, causal, scale, saved),
-          attention(AttentionRole::DV, q, k, v, mask, causal, scale, saved)};
+  return {attention(AttentionRole::DQ, q, k, v, mask, causal, scale, saved, dropout),
+          attention(AttentionRole::DK, q, k, v, mask, causal, scale, saved, dropout),
+          attention(AttentionRole::DV, q, k, v, mask, causal, scale, saved, dropout)};
 }
 
 }  // namespace kiln::ir

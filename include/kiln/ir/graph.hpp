@@ -309,9 +309,13 @@ inline void Graph::verify() const {
         break;
       }
       case OpKind::Attention: {
-        if (n.attrs.ints.size() != 3 || n.attrs.ints[0] < 0 || n.attrs.ints[0] > 4) fail(i, "attributes");
-        const bool gradient = n.attrs.ints[0] >= static_cast<std::int64_t>(AttentionRole::DQ);
-        if (arity != (gradient ? 6u : 3u) + (n.attrs.ints[2] != 0 ? 1u : 0u)) fail(i, "arity");
+        if (n.attrs.ints.size() != 4 || n.attrs.ints[0] < 0 || n.attrs.ints[0] > 4) fail(i, "attributes");
+        const AttentionAttrs a = AttentionAttrs::of(n.attrs);
+        if (a.has_dropout() && !(a.dropout_p > 0.0 && a.dropout_p < 1.0)) fail(i, "dropout probability");
+        if (arity != a.inputs()) fail(i, "arity");
+        if (a.has_dropout() && (in(a.seed_input()).dtype != DType::Int64 ||
+                                !in(a.seed_input()).shape.empty()))
+          fail(i, "dropout key (a 0-dim int64)");
         const Shape &q = in(0).shape, &k = in(1).shape, &v = in(2).shape;
         if (q.size() != 4 || k.size() != 4 || v.size() != 4 || k[0] != q[0] || v[0] != q[0] || v[1] != k[1] ||
             v[2] != k[2] || k[3] != q[3] || (k[1] == 0 ? q[1] != 0 : q[1] % k[1] != 0))

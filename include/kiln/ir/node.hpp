@@ -44,6 +44,36 @@ struct Attrs {
   }
 };
 
+/// An Attention node's attributes as named values (see Op::Attention): attrs.ints = {role,
+/// causal, has_mask, dropout}, the last the bits of the dropout probability (0: none).
+struct AttentionAttrs {
+  AttentionRole role = AttentionRole::Out;
+  bool causal = false, has_mask = false;
+  double dropout_p = 0.0;
+
+  static AttentionAttrs of(const Attrs& a) {
+    AttentionAttrs r;
+    r.role = static_cast<AttentionRole>(a.ints.at(0));
+    r.causal = a.ints.at(1) != 0;
+    r.has_mask = a.ints.at(2) != 0;
+    if (a.ints.size() > 3) std::memcpy(&r.dropout_p, &a.ints[3], sizeof r.dropout_p);
+    return r;
+  }
+  std::vector<std::int64_t> ints() const {
+    std::int64_t bits = 0;
+    std::memcpy(&bits, &dropout_p, sizeof bits);
+    return {static_cast<std::int64_t>(role), causal ? 1 : 0, has_mask ? 1 : 0, bits};
+  }
+  bool has_dropout() const { return dropout_p != 0.0; }
+  bool gradient() const { return role == AttentionRole::DQ || role == AttentionRole::DK || role == AttentionRole::DV; }
+  /// Inputs of a node with these attributes: q, k, v, {out, dout, lse} for a gradient, the mask,
+  /// the dropout's seed.
+  std::size_t inputs() const { return (gradient() ? 6u : 3u) + (has_mask ? 1u : 0u) + (has_dropout() ? 1u : 0u); }
+  /// Where the mask and the seed are among the inputs (-1 where absent).
+  int mask_input() const { return has_mask ? (gradient() ? 6 : 3) : -1; }
+  int seed_input() const { return has_dropout() ? static_cast<int>(inputs()) - 1 : -1; }
+};
+
 /// Where a realized node's values live: storage plus an element offset and element strides.
 struct BufferView {
   StoragePtr storage;

@@ -158,15 +158,20 @@ enum OpFlag : std::uint32_t {
 //   MatMul     a [..., M, K] x b [..., K, N] -> [..., M, N]: equal rank >= 2, equal batch dims,
 //              one dtype (floating); half types accumulate in float32, the result keeps the dtype
 //   Attention  one value of softmax(q kᵀ · attrs.scalar + mask) v, computed without the scores
-//              in memory (sched::AttentionCall): attrs.ints = {role, causal, has_mask}; the role
+//              in memory (sched::AttentionCall): attrs.ints = {role, causal, has_mask, dropout}
+//              (ir::AttentionAttrs; dropout: the bits of the double p, 0 for none); the role
 //              (AttentionRole) says which value: Out [B, H, L, Ev] of q's dtype, Lse [B, H, L]
 //              float32 (float64 for float64 q): each row's log-sum-exp of its scores, -inf where
 //              every key is masked;
 //              or the gradient DQ / DK / DV (q's, k's, v's shape and dtype). Inputs: forward
 //              roles {q [B, H, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev], mask?}; gradient roles
-//              {q, k, v, out, dout, lse, mask?}; the mask is additive, [B|1, H|1, L, S], of a
-//              floating dtype. H is a multiple of Hkv (grouped-query heads). A row whose keys are
-//              all masked gives 0 (torch's fused kernels), and no gradient
+//              {q, k, v, out, dout, lse, mask?}, then the dropout's key (a 0-dim int64 node)
+//              when dropout p > 0; the mask is additive, [B|1, H|1, L, S], of a floating dtype.
+//              H is a multiple of Hkv (grouped-query heads). A row whose keys are all masked gives
+//              0 (torch's fused kernels), and no gradient. Dropout: P's element (b, h, i, j) is
+//              kept where Philox's uniform_f32(key, ((b H + h) L + i) S + j) >= (float)p (the
+//              counter a Random node of P's shape gives it) and scaled by 1 / (1 - p); the lse
+//              is of the undropped P, and the gradients use the same mask
 
 enum class Op : std::uint8_t {
 #define KILN_IR_OP_ENUM(name, text, kind, cost, flags) name,

@@ -58,17 +58,18 @@ KILN_ENTRY AttentionOperands check_attention(const Tensor& q, const Tensor& k, c
                                              double dropout_p, bool is_causal, std::optional<double> scale,
                                              bool enable_gqa);
 
-/// Whether the fused kernels compute this call (else it is written out): no dropout (its mask
-/// is drawn by the written-out form), no mask that requires grad (the kernels give the mask no
-/// gradient), and batch dims equal but for grouped or single key/value heads (a broadcast
-/// batch is written out too). `why` gets the reason when not.
+/// Whether the fused kernels compute this call (else it is written out): dropout_p below 1, no
+/// mask that requires grad (the kernels give the mask no gradient), and batch dims equal but
+/// for grouped or single key/value heads (a broadcast batch is written out too). `why` gets the
+/// reason when not.
 KILN_ENTRY bool fusable_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
                                   double dropout_p, bool enable_gqa, std::string& why);
 
 /// q, k, v and the mask as the fused kernels take them ([B, H, L, E] and an additive
-/// [B|1, H|1, L, S] mask), one Attention node, and its value in q's leading shape.
+/// [B|1, H|1, L, S] mask), one Attention node (dropout_p > 0: with a key drawn as dropout()
+/// draws it), and its value in q's leading shape.
 KILN_ENTRY Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
-                                  bool is_causal, const AttentionOperands& a);
+                                  double dropout_p, bool is_causal, const AttentionOperands& a);
 
 }  // namespace detail
 
@@ -76,7 +77,9 @@ KILN_ENTRY Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor
 /// with products and a softmax (the scheduler fuses around the products), the [..., L, S]
 /// scores in memory. A row whose keys are all masked gives 0 (torch's safe softmax). The
 /// reference of the fused kernels, and what scaled_dot_product_attention runs where they do
-/// not apply (dropout, a mask that requires grad, broadcast batch dims).
+/// not apply (dropout_p 1, a mask that requires grad, broadcast batch dims). Dropout draws
+/// one Philox key per call (dropout()); the fused kernels, given the same key, drop the same
+/// weights.
 KILN_ENTRY Tensor scaled_dot_product_attention_math(const Tensor& q, const Tensor& k, const Tensor& v,
                                                     const Tensor& attn_mask = {}, double dropout_p = 0.0,
                                                     bool is_causal = false, std::optional<double> scale = std::nullopt,
@@ -89,9 +92,12 @@ KILN_ENTRY Tensor scaled_dot_product_attention_math(const Tensor& q, const Tenso
 /// 1 / sqrt(E); `enable_gqa`: q's heads (dim -3) a multiple of k's and v's, each key/value head
 /// serving a group of query heads. Runs as one fused kernel (an online softmax: no [L, S] scores
 /// in memory) and differentiates through a fused backward that recomputes the scores from each
-/// row's saved log-sum-exp; with dropout, a mask that requires grad or broadcast batch dims it
-/// is written out (scaled_dot_product_attention_math). Under autocast it runs in the lower
-/// precision, as torch's. A row whose keys are all masked gives 0.
+/// row's saved log-sum-exp. `dropout_p` > 0 drops weights after the softmax (scaling the kept
+/// by 1 / (1 - p)) inside the kernels, with the same Philox mask in the forward and the
+/// backward (torch applies it whatever the training flag: pass 0 in eval). With dropout_p 1, a
+/// mask that requires grad or broadcast batch dims it is written out
+/// (scaled_dot_product_attention_math). Under autocast it runs in the lower precision, as
+/// torch's. A row whose keys are all masked gives 0.
 KILN_ENTRY Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
                                                const Tensor& attn_mask = {}, double dropout_p = 0.0,
                                                bool is_causal = false, std::optional<double> scale = std::nullopt,

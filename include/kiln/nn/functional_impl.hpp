@@ -105,8 +105,8 @@ KILN_ENTRY AttentionOperands check_attention(const Tensor& q, const Tensor& k, c
 
 KILN_ENTRY bool fusable_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
                                   double dropout_p, bool enable_gqa, std::string& why) {
-  if (dropout_p > 0.0) {
-    why = "dropout";
+  if (dropout_p >= 1.0) {
+    why = "dropout_p is 1 (everything dropped)";
     return false;
   }
   if (attn_mask.defined() && attn_mask.requires_grad()) {
@@ -131,7 +131,7 @@ KILN_ENTRY bool fusable_attention(const Tensor& q, const Tensor& k, const Tensor
 }
 
 KILN_ENTRY Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
-                                  bool is_causal, const AttentionOperands& a) {
+                                  double dropout_p, bool is_causal, const AttentionOperands& a) {
   const std::size_t r = static_cast<std::size_t>(q.dim());
   auto four = [&](const Tensor& t, std::int64_t rows, std::int64_t width) {
     std::int64_t B = 1, H = 1;
@@ -165,15 +165,22 @@ KILN_ENTRY Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor
     mask = reshape(m, {Bm, Hm, a.L, a.S}).node();
     (void)batch_full;
   }
-  ir::NodePtr out = ir::attention(ir::AttentionRole::Out, q4.node(), k4.node(), v4.node(), mask, is_causal, a.scale);
+  // Dropout's key is drawn as the written-out form's dropout draws it, and the kernels number
+  // P's elements as a Random node of its shape does: the same key drops the same weights.
+  ir::AttentionDropout dropout;
+  if (dropout_p > 0.0) dropout = {dropout_p, dropout_key(q.device())};
+  ir::NodePtr out =
+      ir::attention(ir::AttentionRole::Out, q4.node(), k4.node(), v4.node(), mask, is_causal, a.scale, {}, dropout);
   if (out->requires_grad) {
     // The backward's row log-sum-exp is the forward's sibling: built now, so that a compiled
     // forward computes it in the same step as the output and saves it (the op table's rule
-    // would build it in the backward, a second pass over the keys).
-    ir::NodePtr lse = ir::attention(ir::AttentionRole::Lse, q4.node(), k4.node(), v4.node(), mask, is_causal, a.scale);
-    auto rule = [q = q4.node(), k = k4.node(), v = v4.node(), mask, lse, is_causal, s = a.scale](const ir::NodePtr& y,
-                                                                                                 const ir::NodePtr& g) {
-      return ir::attention_gradients(q, k, v, mask, is_causal, s, y, g, lse);
+    // would build it in the backward, a second pass over the keys). It carries the dropout too
+    // (its value does not depend on it), so that the two are one step.
+    ir::NodePtr lse =
+        ir::attention(ir::AttentionRole::Lse, q4.node(), k4.node(), v4.node(), mask, is_causal, a.scale, {}, dropout);
+    auto rule = [q = q4.node(), k = k4.node(), v = v4.node(), mask, lse, is_causal, s = a.scale, dropout](
+                    const ir::NodePtr& y, const ir::NodePtr& g) {
+      return ir::attention_gradients(q, k, v, mask, is_causal, s, y, g, lse, dropout);
     };
     out->custom_gradient =
         std::make_shared<const ir::CustomGradient>(ir::CustomGradient{{q4.node(), k4.node(), v4.node()}, rule, {lse}});
@@ -240,7 +247,7 @@ KILN_ENTRY Tensor scaled_dot_product_attention(const Tensor& query, const Tensor
     ::kiln::detail::AutocastSuspend inner;
     return scaled_dot_product_attention_math(q, k, v, attn_mask, dropout_p, is_causal, a.scale, enable_gqa);
   }
-  return detail::fused_attention(q, k, v, attn_mask, is_causal, a);
+  return detail::fused_attention(q, k, v, attn_mask, dropout_p, is_causal, a);
 }
 
 }  // namespace kiln::nn::functional

@@ -343,7 +343,9 @@ inline bool fuse_written_out_attention(const ir::Graph& g, ir::Graph& rewritten)
     att.shape = g.nodes[i].shape;
     att.inputs = {q, k, index[static_cast<std::size_t>(m.v)]};
     if (m.mask >= 0) att.inputs.push_back(index[static_cast<std::size_t>(m.mask)]);
-    att.attrs.ints = {static_cast<std::int64_t>(ir::AttentionRole::Out), 0, m.mask >= 0 ? 1 : 0};
+    ir::AttentionAttrs attrs;
+    attrs.has_mask = m.mask >= 0;
+    att.attrs.ints = attrs.ints();
     att.attrs.scalar = m.scale;
     index[i] = push(std::move(att));
   }

@@ -217,10 +217,13 @@ struct AttentionCall {
   double scale = 1.0;   ///< the scores' factor (1 / sqrt(E) by default)
   bool has_mask = false;
   DType mask_dtype = DType::Float32;
+  /// Dropout on P (0: none): keep where Philox's uniform_f32(seed, ((b H + h) L + i) S + j) >=
+  /// (float)dropout_p, scaled by 1 / (1 - dropout_p) (see ir::Op::Attention).
+  double dropout_p = 0.0;
   /// Operands (Slot::None where absent) and results (Slot::None where nobody reads them: the
-  /// kernels skip their work). Forward: q, k, v, mask -> out, lse. Backward: q, k, v, mask,
-  /// out, dout, lse -> dq, dk, dv.
-  Slot q, k, v, mask, out, dout, lse, dq, dk, dv;
+  /// kernels skip their work). Forward: q, k, v, mask, seed -> out, lse. Backward: q, k, v,
+  /// mask, out, dout, lse, seed -> dq, dk, dv. seed: the dropout's 0-dim int64 key.
+  Slot q, k, v, mask, out, dout, lse, dq, dk, dv, seed;
   /// Backward: the temporary [B, H, L] of accumulation_dtype() holding rowsum(dout * out) (-1 in
   /// a forward).
   int delta = -1;
@@ -230,6 +233,7 @@ struct AttentionCall {
   /// The softmax statistics' dtype (lse, delta): float64 for float64 operands, else float32.
   DType accumulation_dtype() const { return dtype == DType::Float64 ? DType::Float64 : DType::Float32; }
   bool wants(const Slot& s) const { return s.kind != Slot::None; }
+  bool has_dropout() const { return dropout_p != 0.0; }
   /// The slot holding the value of `role` (the output, the lse or a gradient).
   Slot& result(ir::AttentionRole role) {
     switch (role) {
@@ -465,8 +469,8 @@ class StepPlanner {
   // starts one.
   void plan_attention(int i, int lvl) {
     const ir::GraphNode& nd = node(i);
-    const auto role = static_cast<ir::AttentionRole>(nd.attrs.ints.at(0));
-    const bool backward = role != ir::AttentionRole::Out && role != ir::AttentionRole::Lse;
+    const ir::AttentionAttrs attrs = ir::AttentionAttrs::of(nd.attrs);
+    const bool backward = attrs.gradient();
     auto ii = static_cast<std::size_t>(i);
     for (std::size_t a = 0; a < plan_.attentions.size(); ++a) {
       const ir::GraphNode& other = node(attention_nodes_[a].front());
@@ -488,9 +492,10 @@ class StepPlanner {
     c.dtype = q.dtype;
     c.batch = q.shape[0], c.heads = q.shape[1], c.q_len = q.shape[2], c.head_dim = q.shape[3];
     c.kv_heads = k.shape[1], c.kv_len = k.shape[2], c.value_dim = v.shape[3];
-    c.causal = nd.attrs.ints.at(1) != 0;
-    c.has_mask = nd.attrs.ints.at(2) != 0;
-    if (c.has_mask) c.mask_dtype = node(nd.inputs.back()).dtype;
+    c.causal = attrs.causal;
+    c.has_mask = attrs.has_mask;
+    if (c.has_mask) c.mask_dtype = node(nd.inputs[static_cast<std::size_t>(attrs.mask_input())]).dtype;
+    c.dropout_p = attrs.dropout_p;
     c.scale = nd.attrs.scalar;
     c.level = level_[ii] = lvl + 1;
     attention_of_result_[ii] = static_cast<int>(plan_.attentions.size());
@@ -525,7 +530,9 @@ class StepPlanner {
     }
     for (std::size_t a = 0; a < plan_.attentions.size(); ++a) {
       AttentionCall& c = plan_.attentions[a];
-      const std::vector<int>& in = node(attention_nodes_[a].front()).inputs;
+      const ir::GraphNode& first = node(attention_nodes_[a].front());
+      const ir::AttentionAttrs attrs = ir::AttentionAttrs::of(first.attrs);
+      const std::vector<int>& in = first.inputs;
       c.q = attention_operand_slot(in[0], false, false);
       c.k = attention_operand_slot(in[1], false, false);
       c.v = attention_operand_slot(in[2], false, false);
@@ -537,11 +544,13 @@ class StepPlanner {
         plan_.temps.push_back({Shape{c.batch * c.heads * c.q_len}, c.accumulation_dtype()});
       }
       if (c.has_mask) {
-        c.mask = attention_operand_slot(in.back(), true, false);
+        const int m = in[static_cast<std::size_t>(attrs.mask_input())];
+        c.mask = attention_operand_slot(m, true, false);
         // A mask of one batch or one head reads that one for every batch or head.
         for (std::size_t d = 0; d < 2; ++d)
-          if (node(in.back()).shape[d] == 1) c.mask.strides[d] = 0;
+          if (node(m).shape[d] == 1) c.mask.strides[d] = 0;
       }
+      if (c.has_dropout()) c.seed = attention_operand_slot(in[static_cast<std::size_t>(attrs.seed_input())], true, false);
     }
   }
 
@@ -973,7 +982,7 @@ inline std::vector<int> StepPlan::temps_of(const Step& st) const {
       break;
     case Step::Attention: {
       const AttentionCall& c = attentions[i];
-      for (const Slot* s : {&c.q, &c.k, &c.v, &c.mask, &c.out, &c.dout, &c.lse, &c.dq, &c.dk, &c.dv}) slot(*s);
+      for (const Slot* s : {&c.q, &c.k, &c.v, &c.mask, &c.out, &c.dout, &c.lse, &c.dq, &c.dk, &c.dv, &c.seed}) slot(*s);
       if (c.delta >= 0) t.push_back(c.delta);
       break;
     }
@@ -993,9 +1002,11 @@ inline std::string StepPlan::str() const {
       const bool fwd = c.kind == AttentionCall::Forward;
       os << "call attention " << (fwd ? "forward " : "backward ") << dtype_name(c.dtype) << " [" << c.batch << ", "
          << c.heads << ", " << c.q_len << ", " << c.head_dim << "] x [" << c.batch << ", " << c.kv_heads << ", "
-         << c.kv_len << ", " << c.value_dim << "]" << (c.causal ? ", causal" : "") << (c.has_mask ? ", mask" : "")
-         << " (" << slot(c.q) << ", " << slot(c.k) << ", " << slot(c.v);
+         << c.kv_len << ", " << c.value_dim << "]" << (c.causal ? ", causal" : "") << (c.has_mask ? ", mask" : "");
+      if (c.has_dropout()) os << ", dropout " << c.dropout_p;
+      os << " (" << slot(c.q) << ", " << slot(c.k) << ", " << slot(c.v);
       if (c.has_mask) os << ", mask " << slot(c.mask);
+      if (c.has_dropout()) os << ", key " << slot(c.seed);
       if (fwd) {
         os << ") ->";
         if (c.wants(c.out)) os << " out " << slot(c.out);

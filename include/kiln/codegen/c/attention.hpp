@@ -3,8 +3,9 @@
 // generators: its entries run in order over one argument list.
 //
 // Arguments (one list for every entry, null where the call has no such slot):
-//   forward:  {q, k, v, mask, out, lse}
-//   backward: {q, k, v, mask, out, dout, lse, dq, dk, dv, delta}
+//   forward:  {q, k, v, mask, out, lse, seed}
+//   backward: {q, k, v, mask, out, dout, lse, dq, dk, dv, delta, seed}
+// seed: dropout's 0-dim int64 Philox key (KA_SEED_ARG says where).
 // lse and delta are of the call's accumulation_dtype() (float32, float64 for float64 operands).
 // On the CPU an entry is `extern "C" int entry(void* const* args, int nth)`; on the GPU a
 // kernel taking one struct of those pointers by value (`struct { void* p[N]; }`), launched as
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "kiln/codegen/c/literals.hpp"
+#include "kiln/core/philox.hpp"
 #include "kiln/sched/steps.hpp"
 
 namespace kiln::codegen {
@@ -27,7 +29,7 @@ struct AttentionSource {
   };
   std::string source;
   std::vector<Entry> entries;  ///< run in this order
-  int arguments = 0;           ///< 6 (forward) or 11 (backward)
+  int arguments = 0;           ///< 7 (forward) or 12 (backward)
 };
 
 namespace attention_detail {
@@ -58,6 +60,12 @@ inline std::string attention_constants(const sched::AttentionCall& c) {
   def("KA_WANT_LSE", c.wants(c.lse) ? "1" : "0");
   def("KA_WANT_DK", c.wants(c.dk) ? "1" : "0");
   def("KA_WANT_DV", c.wants(c.dv) ? "1" : "0");
+  // Dropout: P's element is kept where its uniform draw is >= KA_KEEP_FROM (the float
+  // comparison a written-out dropout makes) and scaled by KA_KEEP_SCALE.
+  def("KA_DROPOUT", c.has_dropout() ? "1" : "0");
+  def("KA_SEED_ARG", c.kind == sched::AttentionCall::Forward ? "6" : "11");
+  def("KA_KEEP_FROM", "(" + c_family::hex_double(static_cast<float>(c.dropout_p)) + "f)");
+  def("KA_KEEP_SCALE", "(" + c_family::hex_double(c.has_dropout() ? 1.0 / (1.0 - c.dropout_p) : 1.0) + ")");
   const bool dbl = c.dtype == DType::Float64;
   def("KA_EXP", dbl ? "exp" : "expf");
   def("KA_LOG", dbl ? "log" : "logf");
@@ -88,6 +96,17 @@ inline std::string attention_conversions(const sched::AttentionCall& c, const st
          c_family::to_storage("(" + std::string(c_family::ctype(c.dtype)) + ")v", c.dtype, needs) + "; }\n" +
          qualifier + " ka_acc ka_ldm(ka_mask_t x) { return (ka_acc)" + c_family::from_storage("x", mdt, needs) +
          "; }\n";
+}
+
+/// Dropout's factor for P's element (b, h, i, j), `ka_keep(seed, b, h, i, j)`: 0, or
+/// KA_KEEP_SCALE where Philox's draw for its counter (the flat index of a [B, H, L, S] random
+/// tensor) is kept; declared with `qualifier`, after Philox's source (empty without dropout).
+inline std::string attention_dropout(const sched::AttentionCall& c, const std::string& qualifier) {
+  if (!c.has_dropout()) return {};
+  return std::string(philox::kPhiloxSource) + "\n" + qualifier +
+         " ka_acc ka_keep(unsigned long long seed, long long b, long long h, long long i, long long j) {\n"
+         "  const unsigned long long n = (unsigned long long)(((b * KA_H + h) * KA_L + i) * KA_S + j);\n"
+         "  return kiln::philox::uniform_f32(seed, n) >= KA_KEEP_FROM ? (ka_acc)KA_KEEP_SCALE : (ka_acc)0;\n}\n";
 }
 
 }  // namespace attention_detail

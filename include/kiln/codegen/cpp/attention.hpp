@@ -67,6 +67,8 @@ extern "C" int KA_NAME_forward(void* const* args, int nth) {
   const ka_mask_t* mask = (const ka_mask_t*)args[3];
   ka_t* out = (ka_t*)args[4];
   ka_acc* lse = (ka_acc*)args[5];
+  const unsigned long long seed = KA_DROPOUT ? *(const unsigned long long*)args[KA_SEED_ARG] : 0ull;
+  (void)seed;
   const long long qblocks = (KA_L + KA_QT - 1) / KA_QT, tasks = KA_B * KA_H * qblocks;
   #pragma omp parallel num_threads(nth) if (KA_WORK >= 65536LL)
   {
@@ -103,6 +105,11 @@ extern "C" int KA_NAME_forward(void* const* args, int nth) {
           for (long long c = 0; c < nk; ++c) { sr[c] = KA_EXP(sr[c] - mx); sum += sr[c]; }
           l[r] = l[r] * alpha + sum;
           m[r] = mx;
+#if KA_DROPOUT
+          // The sum above is of the whole P (the lse's); the product takes the kept part.
+          if (KA_WANT_OUT)
+            for (long long c = 0; c < nk; ++c) sr[c] *= ka_keep(seed, b, h, i0 + r, j0 + c);
+#endif
           if (KA_WANT_OUT) {
             ka_acc* orow = o + r * KA_EV;
             for (long long e = 0; e < KA_EV; ++e) orow[e] *= alpha;
@@ -159,6 +166,8 @@ extern "C" int KA_NAME_dq(void* const* args, int nth) {
   const ka_acc* lse = (const ka_acc*)args[6];
   ka_t* dq = (ka_t*)args[7];
   const ka_acc* delta = (const ka_acc*)args[10];
+  const unsigned long long seed = KA_DROPOUT ? *(const unsigned long long*)args[KA_SEED_ARG] : 0ull;
+  (void)seed;
   const long long qblocks = (KA_L + KA_QT - 1) / KA_QT, tasks = KA_B * KA_H * qblocks;
   #pragma omp parallel num_threads(nth) if (KA_WORK >= 65536LL)
   {
@@ -190,6 +199,9 @@ extern "C" int KA_NAME_dq(void* const* args, int nth) {
             ka_acc dp = 0;
             #pragma omp simd reduction(+ : dp)
             for (long long e = 0; e < KA_EV; ++e) dp += gb[r * KA_EV + e] * vb[c * KA_EV + e];
+#if KA_DROPOUT
+            dp *= ka_keep(seed, b, h, i0 + r, j0 + c);  // the gradient of the kept weight only
+#endif
             const ka_acc ds = p * (dp - rd);
             const ka_acc* krow = kb + c * KA_E;
             #pragma omp simd
@@ -217,6 +229,8 @@ extern "C" int KA_NAME_dkdv(void* const* args, int nth) {
   ka_t* dk = (ka_t*)args[8];
   ka_t* dv = (ka_t*)args[9];
   const ka_acc* delta = (const ka_acc*)args[10];
+  const unsigned long long seed = KA_DROPOUT ? *(const unsigned long long*)args[KA_SEED_ARG] : 0ull;
+  (void)seed;
   const long long kblocks = (KA_S + KA_KT - 1) / KA_KT, tasks = KA_B * KA_HKV * kblocks;
   #pragma omp parallel num_threads(nth) if (KA_WORK >= 65536LL)
   {
@@ -251,10 +265,16 @@ extern "C" int KA_NAME_dkdv(void* const* args, int nth) {
               const ka_acc p = ka_prob(s[r * KA_KT + c], rl);
               if (p == 0) continue;
               ka_acc* dvrow = dva + c * KA_EV;
+#if KA_DROPOUT
+              const ka_acc keep = ka_keep(seed, b, h, i0 + r, j0 + c);
+#else
+              const ka_acc keep = 1;
+#endif
+              const ka_acc pk = p * keep;
               ka_acc dp = 0;
               #pragma omp simd reduction(+ : dp)
-              for (long long e = 0; e < KA_EV; ++e) { dvrow[e] += p * grow[e]; dp += grow[e] * vb[c * KA_EV + e]; }
-              const ka_acc ds = p * (dp - rd);
+              for (long long e = 0; e < KA_EV; ++e) { dvrow[e] += pk * grow[e]; dp += grow[e] * vb[c * KA_EV + e]; }
+              const ka_acc ds = p * (dp * keep - rd);
               ka_acc* dkrow = dka + c * KA_E;
               #pragma omp simd
               for (long long e = 0; e < KA_E; ++e) dkrow[e] += ds * qrow[e];
@@ -292,16 +312,17 @@ inline AttentionSource generate_cpu_attention(const sched::AttentionCall& c, con
   if (needs.half) s += detail::kHalfHelpers;
   if (needs.bf16) s += detail::kBf16Helpers;
   s += conversions;
+  s += attention_dropout(c, "static inline");
   std::string body = kCpuAttentionBody;
   for (std::size_t at; (at = body.find("KA_NAME")) != std::string::npos;) body.replace(at, 7, name);
   s += body;
   AttentionSource out;
   out.source = std::move(s);
   if (c.kind == sched::AttentionCall::Forward) {
-    out.arguments = 6;
+    out.arguments = 7;
     if (c.wants(c.out) || c.wants(c.lse)) out.entries.push_back({name + "_forward"});
   } else {
-    out.arguments = 11;
+    out.arguments = 12;
     if (c.wants(c.dq) || c.wants(c.dk) || c.wants(c.dv)) out.entries.push_back({name + "_delta"});
     if (c.wants(c.dq)) out.entries.push_back({name + "_dq"});
     if (c.wants(c.dk) || c.wants(c.dv)) out.entries.push_back({name + "_dkdv"});

@@ -161,6 +161,8 @@ extern "C" __global__ void __launch_bounds__(128) KA_NAME_forward(ka_args a) {
   const ka_mask_t* __restrict__ mask = (const ka_mask_t*)a.p[3];
   unsigned short* __restrict__ out = (unsigned short*)a.p[4];
   ka_stat* __restrict__ lse = (ka_stat*)a.p[5];
+  const unsigned long long seed = KA_DROPOUT ? *(const unsigned long long*)a.p[KA_SEED_ARG] : 0ull;
+  (void)seed;
   KILN_EXTERN_SMEM(ka_sm);
   unsigned short* const sQ = (unsigned short*)ka_sm;
   unsigned short* const sK = sQ + KA_BQ * KA_QS;  // two buffers each
@@ -239,6 +241,15 @@ extern "C" __global__ void __launch_bounds__(128) KA_NAME_forward(ka_args a) {
     }
     l0 = l0 * al0 + rs0;
     l1 = l1 * al1 + rs1;
+#if KA_DROPOUT
+    // The sums above are of the whole P (the lse's); the product takes the kept part.
+    if (KA_WANT_OUT)
+#pragma unroll
+      for (int n = 0; n < KA_BK / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          s[n][e] *= ka_keep(seed, b, h, e < 2 ? qi0 : qi1, j0 + n * 8 + 2 * t + (e & 1));
+#endif
     if (KA_WANT_OUT) {
 #pragma unroll
       for (int n = 0; n < KA_EV / 8; ++n) {
@@ -284,6 +295,8 @@ extern "C" __global__ void __launch_bounds__(128) KA_NAME_dq(ka_args a) {
   const ka_stat* __restrict__ lse = (const ka_stat*)a.p[6];
   unsigned short* __restrict__ dq = (unsigned short*)a.p[7];
   const ka_stat* __restrict__ delta = (const ka_stat*)a.p[10];
+  const unsigned long long seed = KA_DROPOUT ? *(const unsigned long long*)a.p[KA_SEED_ARG] : 0ull;
+  (void)seed;
   (void)mask;
   KILN_EXTERN_SMEM(ka_sm);
   unsigned short* const sQ = (unsigned short*)ka_sm;
@@ -329,6 +342,9 @@ extern "C" __global__ void __launch_bounds__(128) KA_NAME_dq(ka_args a) {
         float x = -KILN_INF_F;
         if (i < KA_L && j < jend && !(KA_CAUSAL && j > i)) x = s[n][e] * KA_SCALE2 + ka_mask2(mask, mo, i, j);
         const float p = exp2f(x - (e < 2 ? L0 : L1));
+#if KA_DROPOUT
+        dp[n][e] *= ka_keep(seed, b, h, i, j);  // the gradient of the kept weight only
+#endif
         s[n][e] = p * (dp[n][e] - (e < 2 ? D0 : D1));  // dS
       }
     ka_pb<KA_BK, KA_E / 8>(acc, s, sK, KA_KS, g, t);
@@ -356,6 +372,8 @@ extern "C" __global__ void __launch_bounds__(128) KA_KNAME(ka_args a) {
   unsigned short* __restrict__ dk = (unsigned short*)a.p[8];
   unsigned short* __restrict__ dv = (unsigned short*)a.p[9];
   const ka_stat* __restrict__ delta = (const ka_stat*)a.p[10];
+  const unsigned long long seed = KA_DROPOUT ? *(const unsigned long long*)a.p[KA_SEED_ARG] : 0ull;
+  (void)seed;
   (void)mask; (void)dk; (void)dv;
   KILN_EXTERN_SMEM(ka_sm);
   unsigned short* const sK = (unsigned short*)ka_sm;
@@ -407,8 +425,13 @@ extern "C" __global__ void __launch_bounds__(128) KA_KNAME(ka_args a) {
           float x = -KILN_INF_F;
           if (i < KA_L && j < KA_S && !(KA_CAUSAL && j > i)) x = st[n][e] * KA_SCALE2 + ka_mask2(mask, mo, i, j);
           const float p = exp2f(x - sL[c]);
-          st[n][e] = p;
-          if (KA_KDO_DK) dpt[n][e] = p * (dpt[n][e] - sD[c]);  // dSᵀ
+#if KA_DROPOUT
+          const float keep = ka_keep(seed, b, h, i, j);
+#else
+          const float keep = 1.0f;
+#endif
+          st[n][e] = p * keep;
+          if (KA_KDO_DK) dpt[n][e] = p * (dpt[n][e] * keep - sD[c]);  // dSᵀ
         }
       if (KA_KDO_DV) ka_pb<KA_BQB, KA_EV / 8>(dva, st, sG, KA_GS, g, t);
       if (KA_KDO_DK) ka_pb<KA_BQB, KA_E / 8>(dka, dpt, sQ, KA_QS, g, t);
@@ -492,6 +515,8 @@ extern "C" __global__ void __launch_bounds__(128) KA_NAME_forward(ka_args a) {
   const ka_mask_t* __restrict__ mask = (const ka_mask_t*)a.p[3];
   ka_t* __restrict__ out = (ka_t*)a.p[4];
   ka_stat* __restrict__ lse = (ka_stat*)a.p[5];
+  const unsigned long long seed = KA_DROPOUT ? *(const unsigned long long*)a.p[KA_SEED_ARG] : 0ull;
+  (void)seed;
   (void)v; (void)out; (void)lse;
   KILN_EXTERN_SMEM(ka_sm);
   ka_acc* const sQ = (ka_acc*)ka_sm;
@@ -537,6 +562,11 @@ extern "C" __global__ void __launch_bounds__(128) KA_NAME_forward(ka_args a) {
       sL[r] = sL[r] * alpha + sum;
       sM[r] = mx;
       sA[r] = alpha;
+#if KA_DROPOUT
+      // The sum above is of the whole P (the lse's); the product takes the kept part.
+      if (KA_WANT_OUT)
+        for (int c = 0; c < KA_GK; ++c) sr[c] *= ka_keep(seed, b, h, i0 + r, j0 + c);
+#endif
     }
     __syncthreads();
     if (KA_WANT_OUT)
@@ -571,6 +601,8 @@ extern "C" __global__ void __launch_bounds__(128) KA_NAME_dq(ka_args a) {
   const ka_stat* __restrict__ lse = (const ka_stat*)a.p[6];
   ka_t* __restrict__ dq = (ka_t*)a.p[7];
   const ka_stat* __restrict__ delta = (const ka_stat*)a.p[10];
+  const unsigned long long seed = KA_DROPOUT ? *(const unsigned long long*)a.p[KA_SEED_ARG] : 0ull;
+  (void)seed;
   KILN_EXTERN_SMEM(ka_sm);
   ka_acc* const sQ = (ka_acc*)ka_sm;
   ka_acc* const sG = sQ + KA_GQ * KA_EP;
@@ -606,6 +638,9 @@ extern "C" __global__ void __launch_bounds__(128) KA_NAME_dq(ka_args a) {
       if (p != 0) {
         ka_acc dp = 0;
         for (int e = 0; e < KA_EV; ++e) dp += sG[r * KA_EVP + e] * sV[c * KA_EVP + e];
+#if KA_DROPOUT
+        dp *= ka_keep(seed, b, h, i0 + r, j0 + c);  // the gradient of the kept weight only
+#endif
         ds = p * (dp - sD[r]);
       }
       sS[x] = ds;
@@ -637,6 +672,8 @@ extern "C" __global__ void __launch_bounds__(128) KA_NAME_dkdv(ka_args a) {
   ka_t* __restrict__ dk = (ka_t*)a.p[8];
   ka_t* __restrict__ dv = (ka_t*)a.p[9];
   const ka_stat* __restrict__ delta = (const ka_stat*)a.p[10];
+  const unsigned long long seed = KA_DROPOUT ? *(const unsigned long long*)a.p[KA_SEED_ARG] : 0ull;
+  (void)seed;
   (void)dk; (void)dv;
   KILN_EXTERN_SMEM(ka_sm);
   ka_acc* const sK = (ka_acc*)ka_sm;
@@ -675,13 +712,18 @@ extern "C" __global__ void __launch_bounds__(128) KA_NAME_dkdv(ka_args a) {
       for (int x = tid; x < KA_GQ * KA_GK; x += 128) {
         const int r = x / KA_GK, c = x - r * KA_GK;
         const ka_acc p = ka_prob(ka_score(sQ + r * KA_EP, sK + c * KA_EP, r < nq && c < nk, i0 + r, j0 + c, mask, mo), sL[r]);
+#if KA_DROPOUT
+        const ka_acc keep = p != 0 ? ka_keep(seed, b, h, i0 + r, j0 + c) : (ka_acc)0;
+#else
+        const ka_acc keep = 1;
+#endif
         ka_acc ds = 0;
         if (KA_WANT_DK && p != 0) {
           ka_acc dp = 0;
           for (int e = 0; e < KA_EV; ++e) dp += sG[r * KA_EVP + e] * sV[c * KA_EVP + e];
-          ds = p * (dp - sD[r]);
+          ds = p * (dp * keep - sD[r]);
         }
-        sP[x] = p;
+        sP[x] = p * keep;
         sDS[x] = ds;
       }
       __syncthreads();
@@ -794,7 +836,7 @@ inline AttentionSource generate_cuda_attention(const sched::AttentionCall& c, co
   // (Empty feature dims would make empty fragment arrays: the generic kernels handle them.)
   const bool tc = c.tensor_cores() && c.head_dim > 0 && c.value_dim > 0;
   std::string s = "// kiln generated attention\n";
-  s += std::string("struct ka_args { void* p[") + (fwd ? "6" : "11") + "]; };\n";
+  s += std::string("struct ka_args { void* p[") + (fwd ? "7" : "12") + "]; };\n";
   s += cuda_detail::kCudaBase;
   s += "#ifndef KILN_EXTERN_SMEM\n#define KILN_EXTERN_SMEM(name) extern __shared__ __align__(16) unsigned char "
        "name[]\n#endif\n";
@@ -806,7 +848,7 @@ inline AttentionSource generate_cuda_attention(const sched::AttentionCall& c, co
   def("KA_NEG_INF", dbl ? "(-KILN_INF_D)" : "(-KILN_INF_F)");
   std::string helpers = attention_detail::attention_conversions(c, "static __device__ __forceinline__", needs);
   AttentionSource out;
-  out.arguments = fwd ? 6 : 11;
+  out.arguments = fwd ? 7 : 12;
   const i64 bh = c.batch * c.heads, bhkv = c.batch * c.kv_heads;
   std::string kernels;
   if (tc) {
@@ -910,6 +952,7 @@ inline AttentionSource generate_cuda_attention(const sched::AttentionCall& c, co
   if (needs.half) s += cuda_detail::kCudaHalf;
   if (needs.bf16) s += cuda_detail::kCudaBf16;
   s += helpers;
+  s += attention_detail::attention_dropout(c, "static __device__ __forceinline__");
   if (tc) s += kTensorCoreHelpers;
   s += replace_all(kernels, "KA_NAME", name);
   out.source = std::move(s);

@@ -10,7 +10,9 @@
 // query block, one dk and dv per key block (looping over the query blocks of every head of
 // its group, so no two threads write one gradient row). Causal blocks past the diagonal are
 // skipped. Operands are converted to the accumulation type a tile at a time, so the inner
-// loops are contiguous multiply-adds the compiler vectorises.
+// loops are contiguous multiply-adds the compiler vectorises. With dropout every entry that
+// forms P multiplies it by ka_keep (codegen/c/attention.hpp): the same Philox draw per element
+// in the forward and the backward.
 #include <string>
 
 #include "kiln/codegen/c/attention.hpp"

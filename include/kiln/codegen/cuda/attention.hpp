@@ -31,6 +31,10 @@
 //   <= 256   32 keys: 99 KiB                32 keys: 99 KiB         32 queries: 99 KiB, two kernels
 // which keep every kernel under ~250 registers a thread without spills (ptxas, sm_90).
 //
+// Dropout (both paths): each kernel that forms P multiplies it by ka_keep, one Philox draw per
+// element keyed by the call's key (codegen/c/attention.hpp), after the row sums; the backward
+// draws the same numbers, so nothing is saved between them.
+//
 // Generic path (128 threads a block): the same decomposition with tiles of converted values in
 // shared memory (sized to the head dims and the dtype: 32 x 32 tiles, halved until they fit),
 // a score per thread, a thread per row for the softmax statistics.

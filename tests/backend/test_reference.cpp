@@ -179,6 +179,11 @@ TEST_CASE("philox4x32-10 matches the Random123 known-answer vectors") {
   CHECK(a.r0 == b.r0);
   CHECK(a.r3 == b.r3);
   CHECK(philox::uniform_f32(1, 0) != philox::uniform_f32(1 + (1ull << 32), 0));
+  // float32 uniforms: four to a block, element 4m + w being word w of block m.
+  const auto block = philox::philox_element(seed, 12345);
+  const unsigned int words[4] = {block.r0, block.r1, block.r2, block.r3};
+  for (unsigned w = 0; w < 4; ++w)
+    CHECK(philox::uniform_f32(seed, 4 * 12345 + w) == static_cast<float>(words[w] >> 8) * 0x1p-24f);
 }
 
 TEST_CASE("philox source text carries the same definitions") {
@@ -190,7 +195,7 @@ TEST_CASE("philox source text carries the same definitions") {
   CHECK(src.find("std::") == std::string::npos);  // NVRTC has no standard library
 }
 
-TEST_CASE("random uniform: Philox counter = flat index, every floating dtype in [0, 1)") {
+TEST_CASE("random uniform: Philox counter = flat index (float32: four to a block), every floating dtype in [0, 1)") {
   const std::uint64_t seed = 0x5eed00000001ull;
   const std::int64_t n = 4099;
   auto raw = [&](std::int64_t i) {
@@ -204,7 +209,9 @@ TEST_CASE("random uniform: Philox counter = flat index, every floating dtype in 
   double sum = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     auto r = raw(i);
-    CHECK(f32[i] == static_cast<float>(std::ldexp(static_cast<double>(r.r0 >> 8), -24)));
+    const auto quad = raw(i / 4);
+    const unsigned words[4] = {quad.r0, quad.r1, quad.r2, quad.r3};
+    CHECK(f32[i] == static_cast<float>(std::ldexp(static_cast<double>(words[i % 4] >> 8), -24)));
     double want64 = std::ldexp(static_cast<double>((static_cast<std::uint64_t>(r.r0) << 21) ^ (r.r1 >> 11)), -53);
     CHECK(f64[i] == want64);
     CHECK(static_cast<float>(h[i]) == static_cast<float>(std::ldexp(static_cast<double>(r.r0 >> 21), -11)));
@@ -741,9 +748,7 @@ TEST_CASE("sum accuracy: 4M f32 elements within 1e-7, 4M f64 pairwise") {
   const std::uint64_t seed = 2024;
   auto s = run1<float>(ir::reduce(Op::ReduceSum, ir::random({n}, seed, 0, DType::Float32, kCpu), {0}))[0];
   long double exact = 0;
-  for (std::int64_t i = 0; i < n; ++i)
-    exact += std::ldexp(
-        static_cast<long double>(philox::philox4x32_10(static_cast<unsigned>(i), 0, 0, 0, seed, 0).r0 >> 8), -24);
+  for (std::int64_t i = 0; i < n; ++i) exact += static_cast<long double>(philox::uniform_f32(seed, static_cast<unsigned long long>(i)));
   CHECK(std::fabs(static_cast<long double>(s) - exact) / exact <= 1e-7L);
   // 0.1 four million times: a plain double loop is off by ~1e-10 relative; pairwise by ~1e-15.
   auto d = run1<double>(ir::reduce(Op::ReduceSum, ir::constant(0.1, DType::Float64, {n}, kCpu), {0}))[0];

@@ -144,7 +144,7 @@ TEST_CASE("rand: [0, 1), counter-based Philox, seeds") {
     for (std::size_t i = 0; i < v.size(); ++i) same += v[i] == w[i];
     CHECK(same < v.size() / 50);  // different seeds differ (ties only by chance)
   }
-  // Element i uses counter i: the numbers are those of kiln::philox, whatever the shape.
+  // Element i is kiln::philox's number i (float32: word i % 4 of block i / 4), whatever the shape.
   auto flat = rand({20}, 7, f32, dev).to_vector<float>();
   for (std::size_t i = 0; i < flat.size(); ++i) CHECK(flat[i] == philox::uniform_f32(7, i));
   CHECK(rand({4, 5}, 7, f32, dev).to_vector<float>() == flat);

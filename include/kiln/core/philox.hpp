@@ -90,10 +90,21 @@ KILN_DUAL_SOURCE(
                            (unsigned int)(seed >> 32));
     }
 
+    /* A float32 uniform [0, 1) from one 32-bit word (its top 24 bits). */
+    KILN_HOST_DEVICE inline float uniform_f32_of(unsigned int word) {
+      return (float)(word >> 8) * 5.9604644775390625e-08f; /* 2^-24 */
+    }
+    /* Word w (0..3) of a block. */
+    KILN_HOST_DEVICE inline unsigned int philox_word(Result r, unsigned int w) {
+      return w == 0u ? r.r0 : w == 1u ? r.r1 : w == 2u ? r.r2 : r.r3;
+    }
+
     /* Uniform [0, 1) values; each is exactly representable in its dtype, so rounding never
-       reaches 1. The f16/bf16 ones are returned as float (convert exactly). */
+       reaches 1. The f16/bf16 ones are returned as float (convert exactly). float32 takes four
+       values from a block: element `index` is word index % 4 of the block at counter index / 4,
+       so a kernel that draws four neighbours evaluates Philox once (fused attention's dropout). */
     KILN_HOST_DEVICE inline float uniform_f32(unsigned long long seed, unsigned long long index) {
-      return (float)(philox_element(seed, index).r0 >> 8) * 5.9604644775390625e-08f; /* 2^-24 */
+      return uniform_f32_of(philox_word(philox_element(seed, index >> 2), (unsigned int)(index & 3ull)));
     } KILN_HOST_DEVICE inline float uniform_f16(unsigned long long seed, unsigned long long index) {
       return (float)(philox_element(seed, index).r0 >> 21) * 0.00048828125f; /* 2^-11 */
     } KILN_HOST_DEVICE inline float uniform_bf16(unsigned long long seed, unsigned long long index) {

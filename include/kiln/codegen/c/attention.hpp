@@ -98,15 +98,24 @@ inline std::string attention_conversions(const sched::AttentionCall& c, const st
          "; }\n";
 }
 
-/// Dropout's factor for P's element (b, h, i, j), `ka_keep(seed, b, h, i, j)`: 0, or
-/// KA_KEEP_SCALE where Philox's draw for its counter (the flat index of a [B, H, L, S] random
-/// tensor) is kept; declared with `qualifier`, after Philox's source (empty without dropout).
+/// Dropout's helpers, declared with `qualifier` after Philox's source (empty without dropout):
+/// `ka_drop_index(b, h, i, j)`, the flat index of P's element in a [B, H, L, S] tensor (its
+/// uniform is kiln::philox::uniform_f32 of that index: word index % 4 of block index / 4);
+/// `ka_keep_of(word)`, the factor a word gives (0, or KA_KEEP_SCALE where kept); and
+/// `ka_keep(seed, b, h, i, j)`, one element's factor.
 inline std::string attention_dropout(const sched::AttentionCall& c, const std::string& qualifier) {
   if (!c.has_dropout()) return {};
   return std::string(philox::kPhiloxSource) + "\n" + qualifier +
+         " unsigned long long ka_drop_index(long long b, long long h, long long i, long long j) {\n"
+         "  return (unsigned long long)(((b * KA_H + h) * KA_L + i) * KA_S + j);\n}\n" +
+         qualifier +
+         " ka_acc ka_keep_of(unsigned int word) {\n"
+         "  return kiln::philox::uniform_f32_of(word) >= KA_KEEP_FROM ? (ka_acc)KA_KEEP_SCALE : (ka_acc)0;\n}\n" +
+         qualifier +
          " ka_acc ka_keep(unsigned long long seed, long long b, long long h, long long i, long long j) {\n"
-         "  const unsigned long long n = (unsigned long long)(((b * KA_H + h) * KA_L + i) * KA_S + j);\n"
-         "  return kiln::philox::uniform_f32(seed, n) >= KA_KEEP_FROM ? (ka_acc)KA_KEEP_SCALE : (ka_acc)0;\n}\n";
+         "  const unsigned long long n = ka_drop_index(b, h, i, j);\n"
+         "  return ka_keep_of(kiln::philox::philox_word(kiln::philox::philox_element(seed, n >> 2), (unsigned)(n & 3ull)));\n"
+         "}\n";
 }
 
 }  // namespace attention_detail

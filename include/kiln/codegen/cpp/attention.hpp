@@ -59,6 +59,20 @@ static void ka_rows(const ka_t* x, long long base, long long rs, long long r0, l
     for (long long e = 0; e < width; ++e) to[r * width + e] = ka_ld(x[base + (r0 + r) * rs + e]);
 }
 
+#if KA_DROPOUT
+// Dropout's factors of query row i against keys [j0, j0 + n): one Philox block per four keys.
+static void ka_keep_row(unsigned long long seed, long long b, long long h, long long i, long long j0, long long n,
+                        ka_acc* z) {
+  const unsigned long long first = ka_drop_index(b, h, i, j0);
+  kiln::philox::Result block = kiln::philox::philox_element(seed, first >> 2);
+  for (long long c = 0; c < n; ++c) {
+    const unsigned long long x = first + (unsigned long long)c;
+    if (c > 0 && (x & 3ull) == 0) block = kiln::philox::philox_element(seed, x >> 2);
+    z[c] = ka_keep_of(kiln::philox::philox_word(block, (unsigned)(x & 3ull)));
+  }
+}
+#endif
+
 // The first key row past query rows [i0, i0 + nq)'s reach.
 static long long ka_key_end(long long i0, long long nq) { return KA_CAUSAL ? KA_MIN(KA_S, i0 + nq) : KA_S; }
 
@@ -109,8 +123,11 @@ extern "C" int KA_NAME_forward(void* const* args, int nth) {
           m[r] = mx;
 #if KA_DROPOUT
           // The sum above is of the whole P (the lse's); the product takes the kept part.
-          if (KA_WANT_OUT)
-            for (long long c = 0; c < nk; ++c) sr[c] *= ka_keep(seed, b, h, i0 + r, j0 + c);
+          if (KA_WANT_OUT) {
+            ka_acc z[KA_KT];
+            ka_keep_row(seed, b, h, i0 + r, j0, nk, z);
+            for (long long c = 0; c < nk; ++c) sr[c] *= z[c];
+          }
 #endif
           if (KA_WANT_OUT) {
             ka_acc* orow = o + r * KA_EV;
@@ -195,6 +212,10 @@ extern "C" int KA_NAME_dq(void* const* args, int nth) {
         for (long long r = 0; r < nq; ++r) {
           const ka_acc rl = lse[row0 + r], rd = delta[row0 + r];
           ka_acc* arow = acc + r * KA_E;
+#if KA_DROPOUT
+          ka_acc z[KA_KT];
+          ka_keep_row(seed, b, h, i0 + r, j0, nk, z);
+#endif
           for (long long c = 0; c < nk; ++c) {
             const ka_acc p = ka_prob(s[r * KA_KT + c], rl);
             if (p == 0) continue;
@@ -202,7 +223,7 @@ extern "C" int KA_NAME_dq(void* const* args, int nth) {
             #pragma omp simd reduction(+ : dp)
             for (long long e = 0; e < KA_EV; ++e) dp += gb[r * KA_EV + e] * vb[c * KA_EV + e];
 #if KA_DROPOUT
-            dp *= ka_keep(seed, b, h, i0 + r, j0 + c);  // the gradient of the kept weight only
+            dp *= z[c];  // the gradient of the kept weight only
 #endif
             const ka_acc ds = p * (dp - rd);
             const ka_acc* krow = kb + c * KA_E;
@@ -263,12 +284,16 @@ extern "C" int KA_NAME_dkdv(void* const* args, int nth) {
             const ka_acc rl = lse[row0 + r], rd = delta[row0 + r];
             const ka_acc* grow = gb + r * KA_EV;
             const ka_acc* qrow = qb + r * KA_E;
+#if KA_DROPOUT
+            ka_acc z[KA_KT];
+            ka_keep_row(seed, b, h, i0 + r, j0, nk, z);
+#endif
             for (long long c = 0; c < nk; ++c) {
               const ka_acc p = ka_prob(s[r * KA_KT + c], rl);
               if (p == 0) continue;
               ka_acc* dvrow = dva + c * KA_EV;
 #if KA_DROPOUT
-              const ka_acc keep = ka_keep(seed, b, h, i0 + r, j0 + c);
+              const ka_acc keep = z[c];
 #else
               const ka_acc keep = 1;
 #endif

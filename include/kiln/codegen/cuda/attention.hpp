@@ -157,6 +157,66 @@ static __device__ __forceinline__ float ka_mask2(const ka_mask_t* mask, long lon
 static __device__ __forceinline__ float ka_lse2(float x) { return x == -KILN_INF_F ? KILN_INF_F : x * 1.4426950408889634f; }
 )CUDA";
 
+// Dropout's factors of a lane's four scores (shared by the tensor-core kernels). With S a
+// multiple of 4 a Philox block covers four neighbouring keys of one query row, which four
+// lanes' fragments hold between them: each lane evaluates one block and the lanes trade words,
+// a quarter of the Philox work of drawing per score. (Other S: a draw per score.)
+inline constexpr const char* kTensorCoreDropout = R"CUDA(
+// Scores of rows r0, r1 at columns jc, jc + 1 (this lane's C fragment: z[0..1] row r0, z[2..3]
+// row r1): lanes t and t ^ 1 cover columns [jc & ~3, +4) of both rows; the even one evaluates
+// row r0's block, the odd one row r1's.
+static __device__ __forceinline__ void ka_keep_rows(float (&z)[4], unsigned long long seed, long long b, long long h,
+                                                    long long r0, long long r1, long long jc, int t) {
+#if KA_S % 4 == 0
+  const bool odd = (t & 1) != 0;
+  const kiln::philox::Result w =
+      kiln::philox::philox_element(seed, ka_drop_index(b, h, odd ? r1 : r0, jc - (odd ? 2 : 0)) >> 2);
+  // The even lane needs row r1's words 0, 1 (from the odd one), the odd lane row r0's 2, 3.
+  const unsigned x = __shfl_xor_sync(0xffffffffu, odd ? w.r0 : w.r2, 1);
+  const unsigned y = __shfl_xor_sync(0xffffffffu, odd ? w.r1 : w.r3, 1);
+  z[0] = ka_keep_of(odd ? x : w.r0);
+  z[1] = ka_keep_of(odd ? y : w.r1);
+  z[2] = ka_keep_of(odd ? w.r2 : x);
+  z[3] = ka_keep_of(odd ? w.r3 : y);
+#else
+  (void)t;
+  z[0] = ka_keep(seed, b, h, r0, jc);
+  z[1] = ka_keep(seed, b, h, r0, jc + 1);
+  z[2] = ka_keep(seed, b, h, r1, jc);
+  z[3] = ka_keep(seed, b, h, r1, jc + 1);
+#endif
+}
+static __device__ __forceinline__ unsigned ka_pick4(unsigned a, unsigned b, unsigned c, unsigned d, int i) {
+  return i == 0 ? a : i == 1 ? b : i == 2 ? c : d;
+}
+// Transposed scores (dK/dV): keys k0 and k0 + 8 (z[0..1] key k0, z[2..3] key k0 + 8) against
+// queries c, c + 1. The four lanes of one t whose g differ in bits 0-1 (r = g & 3) hold keys
+// kb + r, kb = k0 - r: lane r evaluates block r (query c + (r & 1), keys kb + (r >> 1) * 8 on),
+// and every lane takes word r of each block, trading with lane ^ (d << 2) in round d.
+static __device__ __forceinline__ void ka_keep_cols(float (&z)[4], unsigned long long seed, long long b, long long h,
+                                                    long long c, long long k0, int g) {
+#if KA_S % 4 == 0
+  const int r = g & 3;
+  const kiln::philox::Result w =
+      kiln::philox::philox_element(seed, ka_drop_index(b, h, c + (r & 1), k0 - r + (r >> 1) * 8) >> 2);
+  // got[d]: word r of block r ^ d (the partner of round d holds block r ^ d and sends word r).
+  const unsigned g0 = ka_pick4(w.r0, w.r1, w.r2, w.r3, r);
+  const unsigned g1 = __shfl_xor_sync(0xffffffffu, ka_pick4(w.r0, w.r1, w.r2, w.r3, r ^ 1), 4);
+  const unsigned g2 = __shfl_xor_sync(0xffffffffu, ka_pick4(w.r0, w.r1, w.r2, w.r3, r ^ 2), 8);
+  const unsigned g3 = __shfl_xor_sync(0xffffffffu, ka_pick4(w.r0, w.r1, w.r2, w.r3, r ^ 3), 12);
+  // Score e is of block e: query c + (e & 1), key k0 + (e >> 1) * 8.
+#pragma unroll
+  for (int e = 0; e < 4; ++e) z[e] = ka_keep_of(ka_pick4(g0, g1, g2, g3, r ^ e));
+#else
+  (void)g;
+  z[0] = ka_keep(seed, b, h, c, k0);
+  z[1] = ka_keep(seed, b, h, c + 1, k0);
+  z[2] = ka_keep(seed, b, h, c, k0 + 8);
+  z[3] = ka_keep(seed, b, h, c + 1, k0 + 8);
+#endif
+}
+)CUDA";
+
 inline constexpr const char* kTensorCoreForward = R"CUDA(
 extern "C" __global__ void __launch_bounds__(128) KA_NAME_forward(ka_args a) {
   const unsigned short* __restrict__ q = (const unsigned short*)a.p[0];
@@ -249,10 +309,12 @@ extern "C" __global__ void __launch_bounds__(128) KA_NAME_forward(ka_args a) {
     // The sums above are of the whole P (the lse's); the product takes the kept part.
     if (KA_WANT_OUT)
 #pragma unroll
-      for (int n = 0; n < KA_BK / 8; ++n)
+      for (int n = 0; n < KA_BK / 8; ++n) {
+        float z[4];
+        ka_keep_rows(z, seed, b, h, qi0, qi1, j0 + n * 8 + 2 * t, t);
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          s[n][e] *= ka_keep(seed, b, h, e < 2 ? qi0 : qi1, j0 + n * 8 + 2 * t + (e & 1));
+        for (int e = 0; e < 4; ++e) s[n][e] *= z[e];
+      }
 #endif
     if (KA_WANT_OUT) {
 #pragma unroll
@@ -339,7 +401,11 @@ extern "C" __global__ void __launch_bounds__(128) KA_NAME_dq(ka_args a) {
     ka_abt<KA_BK / 8, KA_E>(s, sQ + warp * 16 * KA_QS, KA_QS, sK, KA_KS, g, t);
     ka_abt<KA_BK / 8, KA_EV>(dp, sG + warp * 16 * KA_GS, KA_GS, sV, KA_VS, g, t);
 #pragma unroll
-    for (int n = 0; n < KA_BK / 8; ++n)
+    for (int n = 0; n < KA_BK / 8; ++n) {
+#if KA_DROPOUT
+      float z[4];
+      ka_keep_rows(z, seed, b, h, qi0, qi1, j0 + n * 8 + 2 * t, t);
+#endif
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const long long i = e < 2 ? qi0 : qi1, j = j0 + n * 8 + 2 * t + (e & 1);
@@ -347,10 +413,11 @@ extern "C" __global__ void __launch_bounds__(128) KA_NAME_dq(ka_args a) {
         if (i < KA_L && j < jend && !(KA_CAUSAL && j > i)) x = s[n][e] * KA_SCALE2 + ka_mask2(mask, mo, i, j);
         const float p = exp2f(x - (e < 2 ? L0 : L1));
 #if KA_DROPOUT
-        dp[n][e] *= ka_keep(seed, b, h, i, j);  // the gradient of the kept weight only
+        dp[n][e] *= z[e];  // the gradient of the kept weight only
 #endif
         s[n][e] = p * (dp[n][e] - (e < 2 ? D0 : D1));  // dS
       }
+    }
     ka_pb<KA_BK, KA_E / 8>(acc, s, sK, KA_KS, g, t);
   }
   kiln_cp_async_wait_all();
@@ -421,7 +488,11 @@ extern "C" __global__ void __launch_bounds__(128) KA_KNAME(ka_args a) {
       ka_abt<KA_BQB / 8, KA_E>(st, sK + warp * 16 * KA_KS, KA_KS, sQ, KA_QS, g, t);
       if (KA_KDO_DK) ka_abt<KA_BQB / 8, KA_EV>(dpt, sV + warp * 16 * KA_VS, KA_VS, sG, KA_GS, g, t);
 #pragma unroll
-      for (int n = 0; n < KA_BQB / 8; ++n)
+      for (int n = 0; n < KA_BQB / 8; ++n) {
+#if KA_DROPOUT
+        float z[4];
+        ka_keep_cols(z, seed, b, h, i0 + n * 8 + 2 * t, kj0, g);
+#endif
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int c = n * 8 + 2 * t + (e & 1);
@@ -430,13 +501,14 @@ extern "C" __global__ void __launch_bounds__(128) KA_KNAME(ka_args a) {
           if (i < KA_L && j < KA_S && !(KA_CAUSAL && j > i)) x = st[n][e] * KA_SCALE2 + ka_mask2(mask, mo, i, j);
           const float p = exp2f(x - sL[c]);
 #if KA_DROPOUT
-          const float keep = ka_keep(seed, b, h, i, j);
+          const float keep = z[e];
 #else
           const float keep = 1.0f;
 #endif
           st[n][e] = p * keep;
           if (KA_KDO_DK) dpt[n][e] = p * (dpt[n][e] * keep - sD[c]);  // dSᵀ
         }
+      }
       if (KA_KDO_DV) ka_pb<KA_BQB, KA_EV / 8>(dva, st, sG, KA_GS, g, t);
       if (KA_KDO_DK) ka_pb<KA_BQB, KA_E / 8>(dka, dpt, sQ, KA_QS, g, t);
     }
@@ -958,6 +1030,7 @@ inline AttentionSource generate_cuda_attention(const sched::AttentionCall& c, co
   s += helpers;
   s += attention_detail::attention_dropout(c, "static __device__ __forceinline__");
   if (tc) s += kTensorCoreHelpers;
+  if (tc && c.has_dropout()) s += kTensorCoreDropout;
   s += replace_all(kernels, "KA_NAME", name);
   out.source = std::move(s);
   return out;

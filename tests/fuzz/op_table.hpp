@@ -34,7 +34,7 @@ struct Limits {
   /// Rows whose OpDesc::since is above this are not generated: an older version regenerates
   /// the graphs a seed gave before those rows joined (the judged graphs named in
   /// tests/CMakeLists.txt were found with version 1). The latest by default.
-  int table_version = 7;
+  int table_version = 8;
 };
 
 /// How a program is built: on which device, and whether as its float64 twin (floating inputs
@@ -397,6 +397,10 @@ struct OpDesc {
   /// The op sums or multiplies many values (reductions but max/min/argmax/argmin, composites
   /// holding such a reduction): the JIT's order of accumulation may differ from the reference's.
   bool accumulates = false;
+  /// The op draws a key from the global generator (dropout): kiln::compile refuses that inside a
+  /// traced function (docs/semantics.md: randomness inside kiln::compile needs a seed passed
+  /// in), so a program holding it is never compiled.
+  bool draws_key = false;
   /// How the op's result can depend on the order of its accumulation through the compute
   /// dtype's range (the judge's outputs_after_digitless, docs/fuzzing.md):
   /// - Product: partial products that overflow or underflow in some order (prod);
@@ -2202,6 +2206,42 @@ inline const std::vector<OpDesc>& op_table() {
         return true;
       };
       t.push_back(half);
+
+      // -- with dropout (table version 8): p in {0.1, 0.5}, the key from manual_seed(seed) just
+      // before (so every build of the program, on every backend, drops the same weights, and
+      // the nudged twin's attention of |v| drops them too). The kernels draw the mask inside.
+      OpDesc dropped = d;
+      dropped.name = "sdpa_dropout";
+      dropped.since = 8;
+      dropped.weight = 0.4;
+      dropped.draws_key = true;
+      dropped.cxx = "(manual_seed({seed}), scaled_dot_product_attention({0}, {1}, {2}, Tensor(), {real}, {i0} != 0))";
+      const auto base_pick = d.pick;
+      dropped.pick = [base_pick](Gen& g, OpInst& op) {
+        if (!base_pick(g, op)) return false;
+        op.p.real = g.rng.chance(0.5) ? 0.1 : 0.5;
+        op.p.seed = static_cast<std::uint64_t>(g.rng.range(0, 1000));
+        return true;
+      };
+      dropped.build = [](const Args& a) {
+        const bool causal = a.p().ints[0] != 0;
+        const double p = a.p().real;
+        manual_seed(a.p().seed);
+        Tensor r = scaled_dot_product_attention(a.t[0], a.t[1], a.t[2], {}, p, causal);
+        if (!a.ctx.perturb) return r;
+        const auto& vs = a.t[2].shape();
+        const double S = static_cast<double>(std::max<std::int64_t>(1, vs[vs.size() - 2]));
+        const DType dt = a.orig_dtype(0);
+        const double eps = dtype_eps(dt == DType::Float16 || dt == DType::BFloat16 ? dt : dt == f64 ? f64 : f32);
+        Rng rng(a.ctx.perturb ^ (static_cast<std::uint64_t>(r.numel()) * 0x9e3779b97f4a7c15ull + 0xd409));
+        std::vector<double> sign(static_cast<std::size_t>(r.numel()));
+        for (auto& v : sign) v = (rng.uniform() < 0.5 ? -1.0 : 1.0) * a.ctx.sign;
+        Tensor signs = from_vector<double>(sign, r.shape(), a.ctx.device);
+        manual_seed(a.p().seed);
+        Tensor weighted = scaled_dot_product_attention(a.t[0], a.t[1], abs(a.t[2]), {}, p, causal);
+        return Tensor(r + weighted * signs * (2 * std::sqrt(S) * eps));
+      };
+      t.push_back(dropped);
     }
 
     return t;
@@ -2338,7 +2378,10 @@ inline Program generate(std::uint64_t seed, std::uint64_t index, const Limits& l
         (!p.steps[static_cast<std::size_t>(v)].is_input || rng.chance(0.2)))
       p.outputs.push_back(v);
   }
-  if (rng.chance(lim.compile_rate)) {
+  const bool draws_key = std::any_of(p.steps.begin(), p.steps.end(), [&](const Step& st) {
+    return !st.is_input && table[static_cast<std::size_t>(st.op.desc)].draws_key;
+  });
+  if (rng.chance(lim.compile_rate) && !draws_key) {
     p.compile_mode = static_cast<int>(rng.range(1, 3));
     // Up to three inputs become arguments (not class targets: their new values must stay valid).
     std::vector<bool> targets(p.steps.size(), false);

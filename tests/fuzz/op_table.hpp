@@ -480,6 +480,35 @@ inline const std::vector<std::pair<std::string, double>>& cuda_bounds() {
   return b;
 }
 
+/// The attention rows' value: scaled_dot_product_attention of the row's q, k, v (causal when
+/// ints[0] is 1) with dropout p (the key from manual_seed(seed) just before each call, so every
+/// build drops the same weights). The nudged twin also adds 2 sqrt(S) eps sum_j p_j |v_j| (the
+/// attention of |v|, same mask) to each element, as matmul's row does: the output is a weighted
+/// sum of v's rows over S keys, and its rounding is bounded by the terms' magnitudes (v's rows
+/// of +-1e6 that cancel to 500 keep an error of a few ulps of 1e6), not by its value; the
+/// operands' nudges stand for the scores' rounding. eps is the operands' own for half types:
+/// the tensor-core kernels (kiln's and cuDNN's, as FlashAttention's) round the probabilities
+/// to q's dtype before the product with v, each term then off by up to half an ulp of that
+/// type; float32 and float64 keep them in their own precision.
+inline Tensor sdpa_row(const Args& a, double p) {
+  const bool causal = a.p().ints[0] != 0;
+  auto attend = [&](const Tensor& v) {
+    if (p > 0) manual_seed(a.p().seed);
+    return scaled_dot_product_attention(a.t[0], a.t[1], v, {}, p, causal);
+  };
+  Tensor r = attend(a.t[2]);
+  if (!a.ctx.perturb) return r;
+  const auto& vs = a.t[2].shape();
+  const double S = static_cast<double>(std::max<std::int64_t>(1, vs[vs.size() - 2]));
+  const DType dt = a.orig_dtype(0);
+  const double eps = dtype_eps(dt == DType::Float16 || dt == DType::BFloat16 ? dt : dt == f64 ? f64 : f32);
+  Rng rng(a.ctx.perturb ^ (static_cast<std::uint64_t>(r.numel()) * 0x9e3779b97f4a7c15ull + 0xa77e));
+  std::vector<double> sign(static_cast<std::size_t>(r.numel()));
+  for (auto& v : sign) v = (rng.uniform() < 0.5 ? -1.0 : 1.0) * a.ctx.sign;
+  Tensor signs = from_vector<double>(sign, r.shape(), a.ctx.device);
+  return Tensor(r + attend(abs(a.t[2])) * signs * (2 * std::sqrt(S) * eps));
+}
+
 inline OpDesc unary_row(const char* name, DTypeSet accepts, rules::Unary rule, const char* cxx,
                         Tensor (*f)(const Tensor&), double weight = 0.35) {
   OpDesc d;
@@ -2160,29 +2189,7 @@ inline const std::vector<OpDesc>& op_table() {
         out.back() = v.shape.back();
         return Info{q.dtype, out};
       };
-      // The nudged twin also adds 2 sqrt(S) eps sum_j p_j |v_j| (the attention of |v|) to each
-      // element, as matmul's row does: the output is a weighted sum of v's rows over S keys, and
-      // its rounding is bounded by the terms' magnitudes (v's rows of +-1e6 that cancel to 500
-      // keep an error of a few ulps of 1e6), not by its value; the operands' nudges stand for
-      // the scores' rounding. eps is the operands' own for half types: the tensor-core kernels
-      // (kiln's and cuDNN's, as FlashAttention's) round the probabilities to q's dtype before
-      // the product with v, each term then off by up to half an ulp of that type; float32 and
-      // float64 keep them in their own precision.
-      d.build = [](const Args& a) {
-        const bool causal = a.p().ints[0] != 0;
-        Tensor r = scaled_dot_product_attention(a.t[0], a.t[1], a.t[2], {}, 0.0, causal);
-        if (!a.ctx.perturb) return r;
-        const auto& vs = a.t[2].shape();
-        const double S = static_cast<double>(std::max<std::int64_t>(1, vs[vs.size() - 2]));
-        const DType dt = a.orig_dtype(0);
-        const double eps = dtype_eps(dt == DType::Float16 || dt == DType::BFloat16 ? dt : dt == f64 ? f64 : f32);
-        Rng rng(a.ctx.perturb ^ (static_cast<std::uint64_t>(r.numel()) * 0x9e3779b97f4a7c15ull + 0xa77e));
-        std::vector<double> sign(static_cast<std::size_t>(r.numel()));
-        for (auto& v : sign) v = (rng.uniform() < 0.5 ? -1.0 : 1.0) * a.ctx.sign;
-        Tensor signs = from_vector<double>(sign, r.shape(), a.ctx.device);
-        Tensor weighted = scaled_dot_product_attention(a.t[0], a.t[1], abs(a.t[2]), {}, 0.0, causal);
-        return Tensor(r + weighted * signs * (2 * std::sqrt(S) * eps));
-      };
+      d.build = [](const Args& a) { return sdpa_row(a, 0.0); };
       t.push_back(d);
 
       // -- the same op on operands shaped as attention libraries take them (table version 7):
@@ -2223,24 +2230,7 @@ inline const std::vector<OpDesc>& op_table() {
         op.p.seed = static_cast<std::uint64_t>(g.rng.range(0, 1000));
         return true;
       };
-      dropped.build = [](const Args& a) {
-        const bool causal = a.p().ints[0] != 0;
-        const double p = a.p().real;
-        manual_seed(a.p().seed);
-        Tensor r = scaled_dot_product_attention(a.t[0], a.t[1], a.t[2], {}, p, causal);
-        if (!a.ctx.perturb) return r;
-        const auto& vs = a.t[2].shape();
-        const double S = static_cast<double>(std::max<std::int64_t>(1, vs[vs.size() - 2]));
-        const DType dt = a.orig_dtype(0);
-        const double eps = dtype_eps(dt == DType::Float16 || dt == DType::BFloat16 ? dt : dt == f64 ? f64 : f32);
-        Rng rng(a.ctx.perturb ^ (static_cast<std::uint64_t>(r.numel()) * 0x9e3779b97f4a7c15ull + 0xd409));
-        std::vector<double> sign(static_cast<std::size_t>(r.numel()));
-        for (auto& v : sign) v = (rng.uniform() < 0.5 ? -1.0 : 1.0) * a.ctx.sign;
-        Tensor signs = from_vector<double>(sign, r.shape(), a.ctx.device);
-        manual_seed(a.p().seed);
-        Tensor weighted = scaled_dot_product_attention(a.t[0], a.t[1], abs(a.t[2]), {}, p, causal);
-        return Tensor(r + weighted * signs * (2 * std::sqrt(S) * eps));
-      };
+      dropped.build = [](const Args& a) { return sdpa_row(a, a.p().real); };
       t.push_back(dropped);
     }
 

@@ -748,7 +748,8 @@ TEST_CASE("sum accuracy: 4M f32 elements within 1e-7, 4M f64 pairwise") {
   const std::uint64_t seed = 2024;
   auto s = run1<float>(ir::reduce(Op::ReduceSum, ir::random({n}, seed, 0, DType::Float32, kCpu), {0}))[0];
   long double exact = 0;
-  for (std::int64_t i = 0; i < n; ++i) exact += static_cast<long double>(philox::uniform_f32(seed, static_cast<unsigned long long>(i)));
+  for (std::int64_t i = 0; i < n; ++i)
+    exact += static_cast<long double>(philox::uniform_f32(seed, static_cast<unsigned long long>(i)));
   CHECK(std::fabs(static_cast<long double>(s) - exact) / exact <= 1e-7L);
   // 0.1 four million times: a plain double loop is off by ~1e-10 relative; pairwise by ~1e-15.
   auto d = run1<double>(ir::reduce(Op::ReduceSum, ir::constant(0.1, DType::Float64, {n}, kCpu), {0}))[0];

@@ -1188,7 +1188,8 @@ inline Value exec_attention(const ir::Graph& g, const ir::GraphNode& n, const st
           x = rl == -INFINITY || x == -INFINITY ? 0.0 : std::exp(x - rl);
           if (attrs.has_dropout()) {
             const auto counter = static_cast<unsigned long long>(((b * H + h) * L + i) * S + j);
-            kept[static_cast<std::size_t>(i * S + j)] = philox::uniform_f32(key, counter) >= keep_from ? keep_scale : 0.0;
+            const bool keep = philox::uniform_f32(key, counter) >= keep_from;
+            kept[static_cast<std::size_t>(i * S + j)] = keep ? keep_scale : 0.0;
           }
         }
       }

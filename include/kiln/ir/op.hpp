@@ -129,7 +129,8 @@ enum OpFlag : std::uint32_t {
 //   Constant   a scalar (attrs.scalar / attrs.iscalar) of `dtype`, broadcast to `shape`
 //   Iota       value = index along axis attrs.ints[0], as `dtype`
 //   Random     Philox4x32-10 keyed by attrs.seed, counter = flat index (float32 uniform: word
-//              index % 4 of the block at index / 4, kiln::philox::uniform_f32); attrs.ints[0]: 0 uniform [0,1), 1 normal
+//              index % 4 of the block at index / 4, kiln::philox::uniform_f32); attrs.ints[0]:
+//              0 uniform [0,1), 1 normal
 //   Shl/Shr    shifts by a count outside [0, bits) give 0 (Shr of a negative value: -1), as PyTorch
 //   Broadcast  same rank; size-1 dims of the input repeat to the output's size
 //   Reshape    same element order (row-major), new shape

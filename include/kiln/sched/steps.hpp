@@ -550,7 +550,8 @@ class StepPlanner {
         for (std::size_t d = 0; d < 2; ++d)
           if (node(m).shape[d] == 1) c.mask.strides[d] = 0;
       }
-      if (c.has_dropout()) c.seed = attention_operand_slot(in[static_cast<std::size_t>(attrs.seed_input())], true, false);
+      if (c.has_dropout())
+        c.seed = attention_operand_slot(in[static_cast<std::size_t>(attrs.seed_input())], true, false);
     }
   }
 

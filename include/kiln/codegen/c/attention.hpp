@@ -114,7 +114,8 @@ inline std::string attention_dropout(const sched::AttentionCall& c, const std::s
          qualifier +
          " ka_acc ka_keep(unsigned long long seed, long long b, long long h, long long i, long long j) {\n"
          "  const unsigned long long n = ka_drop_index(b, h, i, j);\n"
-         "  return ka_keep_of(kiln::philox::philox_word(kiln::philox::philox_element(seed, n >> 2), (unsigned)(n & 3ull)));\n"
+         "  const kiln::philox::Result block = kiln::philox::philox_element(seed, n >> 2);\n"
+         "  return ka_keep_of(kiln::philox::philox_word(block, (unsigned)(n & 3ull)));\n"
          "}\n";
 }
 

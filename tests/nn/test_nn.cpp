@@ -248,6 +248,22 @@ TEST_CASE("scaled_dot_product_attention and MultiheadAttention against float64 l
       }
     for (int i = 0; i < 9; ++i) CHECK(wv[n * 9 + i] == doctest::Approx(avg[i]).epsilon(1e-9));
   }
+  // Without the weights it runs fused: the same outputs, with a bool mask (true = masked out)
+  // and causal too.
+  check_close(mha(x, x, x, {}, false).first, values(out));
+  Tensor masked_out = from_vector<bool>({false, true, false, false, false, true, true, false, false}, {3, 3});
+  check_close(mha(x, x, x, masked_out, false).first, values(mha(x, x, x, masked_out, true).first));
+  check_close(mha(x, x, x, {}, false, true).first, values(mha(x, x, x, {}, true, true).first));
+  // Training with dropout: the fused path drops the weights the written-out path drops under
+  // the same seed.
+  nn::MultiheadAttention dropping(4, 2, 0.5);
+  dropping.load_state_dict(mha.state_dict());
+  dropping.to(f64);
+  manual_seed(5);
+  const std::vector<double> written = values(dropping(x, x, x, {}, true).first);
+  manual_seed(5);
+  check_close(dropping(x, x, x, {}, false).first, written);
+  CHECK(written != values(out));  // something was dropped
   nn::MultiheadAttention first(4, 2, 0.0, true, true);
   first.load_state_dict(mha.state_dict());
   first.to(f64);

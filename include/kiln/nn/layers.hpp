@@ -266,7 +266,9 @@ class MultiheadAttention : public Module {
 
   /// The attention output and, when `need_weights`, the attention weights averaged over heads
   /// ([N, L, S]; undefined otherwise). `attn_mask` [L, S] (bool: true = masked out, as torch's
-  /// MultiheadAttention; float: added), `is_causal` masks the future.
+  /// MultiheadAttention; float: added), `is_causal` masks the future. Without `need_weights`
+  /// (and unless both a mask and is_causal are given) it runs as one fused
+  /// scaled_dot_product_attention, dropout included, as torch's fast path does.
   std::pair<Tensor, Tensor> forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                     const Tensor& attn_mask = {}, bool need_weights = true, bool is_causal = false) {
     if (query.dim() != 3 || key.dim() != 3 || value.dim() != 3 || query.shape()[2] != embed_dim ||
@@ -285,17 +287,25 @@ class MultiheadAttention : public Module {
       return transpose(reshape(functional::linear(x, w, b), {N, T, H, D}), 1, 2);  // [N, H, T, D]
     };
     Tensor qh = project(q, 0), kh = project(k, 1), vh = project(v, 2);
-    Tensor scores = matmul(qh, transpose(kh, -2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));
-    if (is_causal) scores = scores + functional::causal_mask(L, S, scores.dtype(), scores.device());
-    if (attn_mask.defined())
-      scores = attn_mask.dtype() == DType::Bool ? masked_fill(scores, attn_mask, -INFINITY)
-                                                : Tensor(scores + attn_mask.to(scores.dtype()));
-    Tensor weights = softmax(scores, -1);
-    Tensor dropped = functional::dropout(weights, dropout, is_training());
-    Tensor out = reshape(transpose(matmul(dropped, vh), 1, 2), {N, L, embed_dim});
-    out = out_proj.forward(out);
+    Tensor attended, averaged;  // [N, H, L, D]; [N, L, S] when need_weights
+    if (!need_weights && !(is_causal && attn_mask.defined())) {
+      // torch's fast path: with no weights to return, one fused attention, dropout inside it
+      // (drawing its key as dropout() does, so the same seed drops the same weights). A row
+      // whose keys are all masked gives 0 here, NaN written out.
+      const Tensor take = attn_mask.defined() && attn_mask.dtype() == DType::Bool ? logical_not(attn_mask) : attn_mask;
+      attended = functional::scaled_dot_product_attention(qh, kh, vh, take, is_training() ? dropout : 0.0, is_causal);
+    } else {
+      Tensor scores = matmul(qh, transpose(kh, -2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));
+      if (is_causal) scores = scores + functional::causal_mask(L, S, scores.dtype(), scores.device());
+      if (attn_mask.defined())
+        scores = attn_mask.dtype() == DType::Bool ? masked_fill(scores, attn_mask, -INFINITY)
+                                                  : Tensor(scores + attn_mask.to(scores.dtype()));
+      Tensor weights = softmax(scores, -1);
+      attended = matmul(functional::dropout(weights, dropout, is_training()), vh);
+      if (need_weights) averaged = mean(weights, {1});
+    }
+    Tensor out = out_proj.forward(reshape(transpose(attended, 1, 2), {N, L, embed_dim}));
     if (!batch_first) out = transpose(out, 0, 1);
-    Tensor averaged = need_weights ? Tensor(mean(weights, {1})) : Tensor();
     return {out, averaged};
   }
   /// Self-attention of x (query = key = value); the output only.

@@ -99,24 +99,20 @@ inline std::string attention_conversions(const sched::AttentionCall& c, const st
 }
 
 /// Dropout's helpers, declared with `qualifier` after Philox's source (empty without dropout):
-/// `ka_drop_index(b, h, i, j)`, the flat index of P's element in a [B, H, L, S] tensor (its
-/// uniform is kiln::philox::uniform_f32 of that index: word index % 4 of block index / 4);
-/// `ka_keep_of(word)`, the factor a word gives (0, or KA_KEEP_SCALE where kept); and
-/// `ka_keep(seed, b, h, i, j)`, one element's factor.
+/// `ka_drop_index(b, h, i, j)`, the flat index of P's element in a [B, H, L, S] tensor, whose
+/// uniform is kiln::philox::uniform_f32 of that index; `ka_kept(u)`, the factor a uniform gives
+/// (0, or KA_KEEP_SCALE where kept); `ka_keep_of(word)`, the same for a block's word (kernels
+/// that share a block among four neighbours); `ka_keep(seed, b, h, i, j)`, one element's.
 inline std::string attention_dropout(const sched::AttentionCall& c, const std::string& qualifier) {
   if (!c.has_dropout()) return {};
   return std::string(philox::kPhiloxSource) + "\n" + qualifier +
          " unsigned long long ka_drop_index(long long b, long long h, long long i, long long j) {\n"
          "  return (unsigned long long)(((b * KA_H + h) * KA_L + i) * KA_S + j);\n}\n" +
-         qualifier +
-         " ka_acc ka_keep_of(unsigned int word) {\n"
-         "  return kiln::philox::uniform_f32_of(word) >= KA_KEEP_FROM ? (ka_acc)KA_KEEP_SCALE : (ka_acc)0;\n}\n" +
+         qualifier + " ka_acc ka_kept(float u) { return u >= KA_KEEP_FROM ? (ka_acc)KA_KEEP_SCALE : (ka_acc)0; }\n" +
+         qualifier + " ka_acc ka_keep_of(unsigned int word) { return ka_kept(kiln::philox::uniform_f32_of(word)); }\n" +
          qualifier +
          " ka_acc ka_keep(unsigned long long seed, long long b, long long h, long long i, long long j) {\n"
-         "  const unsigned long long n = ka_drop_index(b, h, i, j);\n"
-         "  const kiln::philox::Result block = kiln::philox::philox_element(seed, n >> 2);\n"
-         "  return ka_keep_of(kiln::philox::philox_word(block, (unsigned)(n & 3ull)));\n"
-         "}\n";
+         "  return ka_kept(kiln::philox::uniform_f32(seed, ka_drop_index(b, h, i, j)));\n}\n";
 }
 
 }  // namespace attention_detail

@@ -121,15 +121,13 @@ extern "C" int KA_NAME_forward(void* const* args, int nth) {
           for (long long c = 0; c < nk; ++c) { sr[c] = KA_EXP(sr[c] - mx); sum += sr[c]; }
           l[r] = l[r] * alpha + sum;
           m[r] = mx;
-#if KA_DROPOUT
-          // The sum above is of the whole P (the lse's); the product takes the kept part.
           if (KA_WANT_OUT) {
+#if KA_DROPOUT
+            // The sum above is of the whole P (the lse's); the product takes the kept part.
             ka_acc z[KA_KT];
             ka_keep_row(seed, b, h, i0 + r, j0, nk, z);
             for (long long c = 0; c < nk; ++c) sr[c] *= z[c];
-          }
 #endif
-          if (KA_WANT_OUT) {
             ka_acc* orow = o + r * KA_EV;
             for (long long e = 0; e < KA_EV; ++e) orow[e] *= alpha;
             for (long long c = 0; c < nk; ++c) {

@@ -305,9 +305,9 @@ extern "C" __global__ void __launch_bounds__(128) KA_NAME_forward(ka_args a) {
     }
     l0 = l0 * al0 + rs0;
     l1 = l1 * al1 + rs1;
+    if (KA_WANT_OUT) {
 #if KA_DROPOUT
-    // The sums above are of the whole P (the lse's); the product takes the kept part.
-    if (KA_WANT_OUT)
+      // The sums above are of the whole P (the lse's); the product takes the kept part.
 #pragma unroll
       for (int n = 0; n < KA_BK / 8; ++n) {
         float z[4];
@@ -316,7 +316,6 @@ extern "C" __global__ void __launch_bounds__(128) KA_NAME_forward(ka_args a) {
         for (int e = 0; e < 4; ++e) s[n][e] *= z[e];
       }
 #endif
-    if (KA_WANT_OUT) {
 #pragma unroll
       for (int n = 0; n < KA_EV / 8; ++n) {
         o[n][0] *= al0;

@@ -459,3 +459,26 @@ TEST_CASE("autograd: a compiled forward with a graph break inside still trains (
   }
   CHECK(forward.stats().graph_breaks >= 1);
 }
+
+TEST_CASE("autograd: post-accumulate-grad hooks run after each backward, with the gradient in place, until removed") {
+  Tensor w = full(Shape{3}, 2.0f).requires_grad_();
+  Tensor v = full(Shape{2}, 1.0f).requires_grad_();
+  std::vector<std::string> calls;
+  std::vector<float> seen;
+  const std::uint64_t id = w.register_post_accumulate_grad_hook([&](const Tensor& leaf) {
+    calls.push_back("w");
+    seen = leaf.grad().to_vector<float>();  // the gradient is already accumulated
+  });
+  v.register_post_accumulate_grad_hook([&](const Tensor&) { calls.push_back("v"); });
+  sum(w * w).backward();
+  CHECK(calls == std::vector<std::string>{"w"});  // v took no part
+  CHECK(seen == std::vector<float>{4, 4, 4});
+  (sum(w) + sum(v * 3.0f)).backward();
+  CHECK(calls.size() == 3);
+  CHECK(seen == std::vector<float>{5, 5, 5});
+  w.remove_post_accumulate_grad_hook(id);
+  sum(w).backward();
+  CHECK(calls.size() == 3);
+  CHECK_THROWS_AS((w * 2.0f).eval().register_post_accumulate_grad_hook([](const Tensor&) {}), AutogradError);
+  CHECK_THROWS_AS(full(Shape{1}, 1.0f).register_post_accumulate_grad_hook([](const Tensor&) {}), AutogradError);
+}

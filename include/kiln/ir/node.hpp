@@ -96,6 +96,10 @@ struct GradLeaf {
   /// its parameters a slice of one flat gradient buffer, so that every gradient of a step lies
   /// in one tensor it updates from (optim/optimizer.hpp). Setting `grad` to null keeps it.
   std::optional<BufferView> home;
+  /// Called after each backward that accumulated into `grad`, with the leaf's node, in the
+  /// order the backward reached the leaves (Tensor::register_post_accumulate_grad_hook), each
+  /// under the id that removes it.
+  std::vector<std::pair<std::uint64_t, std::function<void(const NodePtr& leaf)>>> post_accumulate_hooks;
 };
 
 /// A composite's own gradient rule, attached to the node that is its result: a backward

@@ -2,6 +2,8 @@
 // The definitions of the autograd front end (tensor/autograd.hpp). Header-only mode includes them from that
 // header (KILN_ENTRY is `inline`); compiled mode compiles them once into kiln::kiln_compiled
 // (src/kiln_compiled.cpp), so users' translation units parse the declarations only.
+#include <atomic>
+
 #include "kiln/tensor/autograd.hpp"
 
 namespace kiln {
@@ -107,6 +109,24 @@ KILN_ENTRY Tensor& Tensor::zero_grad_() {
   return *this;
 }
 
+KILN_ENTRY std::uint64_t Tensor::register_post_accumulate_grad_hook(std::function<void(const Tensor&)> hook) {
+  checked();
+  if (!node_->grad_leaf || !node_->requires_grad)
+    throw AutogradError("register_post_accumulate_grad_hook: " + describe() +
+                        " is not a leaf that requires grad (call requires_grad_() on a leaf)");
+  static std::atomic<std::uint64_t> next_id{1};
+  const std::uint64_t id = next_id.fetch_add(1, std::memory_order_relaxed);
+  node_->grad_leaf->post_accumulate_hooks.emplace_back(
+      id, [hook = std::move(hook)](const ir::NodePtr& leaf) { hook(Tensor(leaf)); });
+  return id;
+}
+
+KILN_ENTRY void Tensor::remove_post_accumulate_grad_hook(std::uint64_t id) {
+  if (!node_ || !node_->grad_leaf) return;
+  auto& hooks = node_->grad_leaf->post_accumulate_hooks;
+  std::erase_if(hooks, [id](const auto& h) { return h.first == id; });
+}
+
 KILN_ENTRY Tensor Tensor::detach() const {
   const ir::Node& n = checked();
   if (n.realized()) return Tensor(ir::input(*n.buffer, n.shape, n.dtype, n.device));
@@ -130,6 +150,13 @@ KILN_ENTRY void Tensor::backward(const Tensor& gradient, bool retain_graph, std:
   detail::SuspendTrace eager;
   std::vector<autodiff::Reached> reached = autodiff::backward_pass({node_}, {seed}, {}, retain_graph, "backward");
   NoGradGuard off;
+  // The post-accumulate hooks run once every gradient is in place (the gradients are evaluated
+  // together, as one graph), leaf by leaf in the order the walk reached them.
+  auto run_hooks = [&reached] {
+    for (const autodiff::Reached& r : reached)
+      if (r.node->grad_leaf)  // a copy: a hook may remove itself
+        for (auto hooks = r.node->grad_leaf->post_accumulate_hooks; auto& [id, hook] : hooks) hook(r.node);
+  };
   std::vector<ir::NodePtr> fresh;
   std::vector<std::shared_ptr<ir::GradLeaf>> fresh_leaves;
   // Gradients written into existing memory: a leaf's gradient home, or its grad() accumulated in
@@ -171,6 +198,7 @@ KILN_ENTRY void Tensor::backward(const Tensor& gradient, bool retain_graph, std:
   if (values.empty()) {
     if (output_lazy) fresh.push_back(node_);
     detail::evaluate_together(fresh);
+    run_hooks();
     return;
   }
   // The fresh gradients (and the output) join the graph of the in-place ones, each into new memory.
@@ -189,6 +217,7 @@ KILN_ENTRY void Tensor::backward(const Tensor& gradient, bool retain_graph, std:
     node_->buffer = output->buffer;
     if (node_->graph_freed) node_->inputs.clear();  // as the evaluator does: the tape is spent
   }
+  run_hooks();
 }
 
 }  // namespace kiln

@@ -208,6 +208,13 @@ class Tensor : public Expr<Tensor> {
                 std::source_location where = std::source_location::current()) const;
   /// Sets grad() to zeros in place (nothing if it is undefined). Returns *this.
   Tensor& zero_grad_();
+  /// Calls `hook(*this)` after every backward that accumulates into this leaf's grad(), once
+  /// the gradient is in grad() (torch's register_post_accumulate_grad_hook); leaves are called
+  /// in the order the backward reaches them. Returns the id that removes it. AutogradError
+  /// unless this is a leaf that requires grad.
+  std::uint64_t register_post_accumulate_grad_hook(std::function<void(const Tensor&)> hook);
+  /// Removes the hook registered under `id` (nothing if there is none).
+  void remove_post_accumulate_grad_hook(std::uint64_t id);
   /// The same values, outside the recorded graph (no gradient flows through the result).
   Tensor detach() const;
   /// True for tensors that need no grad and for the leaves the user marked.

@@ -50,6 +50,14 @@ inline constexpr Setting kSettings[] = {
     {"KILN_CUBLASLT_PATH",
      "path of libcublasLt.so for GPU matrix products (default: the dynamic loader's search for libcublasLt.so.13, "
      "then libcublasLt.so)"},
+    {"KILN_NCCL_PATH",
+     "path of libnccl.so for collectives between GPUs (default: the dynamic loader's search for libnccl.so.2, then "
+     "libnccl.so)"},
+    {"KILN_RENDEZVOUS_FILE",
+     "a file every rank sees: distributed::init_from_env's rendezvous goes through it instead of TCP to "
+     "MASTER_ADDR:MASTER_PORT (torchrun's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT are read as torch "
+     "reads them; scripts/kiln-run sets them)"},
+    {"KILN_RUN_ID", "the launch a rank belongs to (scripts/kiln-run sets a fresh one); ranks of other runs are refused"},
 };
 
 /// Raw value or nullptr.

@@ -85,4 +85,12 @@ class CheckpointError : public Error {
   using Error::Error;
 };
 
+/// A collective that cannot complete: another rank failed, timed out or called a different
+/// collective; the process group cannot be reached or set up (no NCCL, a rendezvous that timed
+/// out). The message names the collective, the ranks and what went wrong.
+class DistributedError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace kiln

@@ -113,6 +113,7 @@ inline constexpr CUresult CUDA_ERROR_INVALID_VALUE = 1;
 inline constexpr CUresult CUDA_ERROR_OUT_OF_MEMORY = 2;
 inline constexpr CUresult CUDA_ERROR_DEINITIALIZED = 4;
 inline constexpr CUresult CUDA_ERROR_NO_DEVICE = 100;
+inline constexpr CUresult CUDA_ERROR_NOT_READY = 600;
 inline constexpr unsigned CU_STREAM_DEFAULT = 0x0;
 inline constexpr unsigned CU_STREAM_NON_BLOCKING = 0x1;
 inline constexpr unsigned CU_EVENT_DEFAULT = 0x0;
@@ -177,6 +178,7 @@ struct CudaDriverApi {
   CUresult (*event_create)(cu::CUevent*, unsigned) = nullptr;      // cuEventCreate
   CUresult (*event_record)(cu::CUevent, cu::CUstream) = nullptr;   // cuEventRecord
   CUresult (*event_synchronize)(cu::CUevent) = nullptr;            // cuEventSynchronize
+  CUresult (*event_query)(cu::CUevent) = nullptr;                  // cuEventQuery
   CUresult (*event_elapsed_time)(float*, cu::CUevent,
                                  cu::CUevent) = nullptr;           // cuEventElapsedTime_v2, else cuEventElapsedTime
   CUresult (*event_destroy)(cu::CUevent) = nullptr;                // cuEventDestroy_v2
@@ -329,6 +331,7 @@ inline CudaDriverState load_cuda_driver(const std::string& path) {
   sym(a.event_create, {"cuEventCreate"});
   sym(a.event_record, {"cuEventRecord"});
   sym(a.event_synchronize, {"cuEventSynchronize"});
+  sym(a.event_query, {"cuEventQuery"});
   // _v2 appeared in CUDA 12.8 with the same signature; older drivers only have the original.
   sym(a.event_elapsed_time, {"cuEventElapsedTime_v2", "cuEventElapsedTime"});
   sym(a.event_destroy, {"cuEventDestroy_v2"});

@@ -9,6 +9,8 @@
 // units (each *_impl.hpp beside the header that declares them), after the whole public API.
 #include "kiln/kiln.hpp"
 #include "kiln/nn/module_impl.hpp"
+#include "kiln/nn/ddp_impl.hpp"
+#include "kiln/distributed/distributed_impl.hpp"
 #include "kiln/nn/safetensors_impl.hpp"
 #include "kiln/optim/optimizer_impl.hpp"
 #include "kiln/optim/adam_impl.hpp"

@@ -20,5 +20,6 @@
 #include "kiln/tensor/sorting.hpp"
 #include "kiln/tensor/tensor.hpp"
 #include "kiln/compile/compile.hpp"
+#include "kiln/distributed/distributed.hpp"
 #include "kiln/nn/nn.hpp"
 #include "kiln/optim/optim.hpp"

@@ -1,5 +1,6 @@
 #pragma once
 // kiln::nn: modules, layers, their functional forms and checkpoints.
+#include "kiln/nn/ddp.hpp"
 #include "kiln/nn/functional.hpp"
 #include "kiln/nn/layers.hpp"
 #include "kiln/nn/module.hpp"

@@ -51,24 +51,24 @@ struct ncclUniqueId {
 
 /// NCCL's entry points kiln calls.
 struct NcclApi {
-  ncclResult_t (*get_version)(int*) = nullptr;                // ncclGetVersion
-  ncclResult_t (*get_unique_id)(ncclUniqueId*) = nullptr;     // ncclGetUniqueId
+  ncclResult_t (*get_version)(int*) = nullptr;                                    // ncclGetVersion
+  ncclResult_t (*get_unique_id)(ncclUniqueId*) = nullptr;                         // ncclGetUniqueId
   ncclResult_t (*comm_init_rank)(ncclComm_t*, int, ncclUniqueId, int) = nullptr;  // ncclCommInitRank
-  ncclResult_t (*comm_destroy)(ncclComm_t) = nullptr;         // ncclCommDestroy
-  ncclResult_t (*comm_abort)(ncclComm_t) = nullptr;           // ncclCommAbort
-  ncclResult_t (*comm_get_async_error)(ncclComm_t, ncclResult_t*) = nullptr;  // ncclCommGetAsyncError
-  const char* (*get_error_string)(ncclResult_t) = nullptr;    // ncclGetErrorString
-  const char* (*get_last_error)(ncclComm_t) = nullptr;        // ncclGetLastError (2.13+, optional)
+  ncclResult_t (*comm_destroy)(ncclComm_t) = nullptr;                             // ncclCommDestroy
+  ncclResult_t (*comm_abort)(ncclComm_t) = nullptr;                               // ncclCommAbort
+  ncclResult_t (*comm_get_async_error)(ncclComm_t, ncclResult_t*) = nullptr;      // ncclCommGetAsyncError
+  const char* (*get_error_string)(ncclResult_t) = nullptr;                        // ncclGetErrorString
+  const char* (*get_last_error)(ncclComm_t) = nullptr;                            // ncclGetLastError (2.13+, optional)
   ncclResult_t (*all_reduce)(const void*, void*, std::size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
-                             cu::CUstream) = nullptr;         // ncclAllReduce
+                             cu::CUstream) = nullptr;  // ncclAllReduce
   ncclResult_t (*broadcast)(const void*, void*, std::size_t, ncclDataType_t, int, ncclComm_t,
-                            cu::CUstream) = nullptr;          // ncclBroadcast
+                            cu::CUstream) = nullptr;  // ncclBroadcast
   ncclResult_t (*reduce_scatter)(const void*, void*, std::size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
-                                 cu::CUstream) = nullptr;     // ncclReduceScatter
+                                 cu::CUstream) = nullptr;  // ncclReduceScatter
   ncclResult_t (*all_gather)(const void*, void*, std::size_t, ncclDataType_t, ncclComm_t,
-                             cu::CUstream) = nullptr;         // ncclAllGather
-  ncclResult_t (*group_start)() = nullptr;                    // ncclGroupStart
-  ncclResult_t (*group_end)() = nullptr;                      // ncclGroupEnd
+                             cu::CUstream) = nullptr;  // ncclAllGather
+  ncclResult_t (*group_start)() = nullptr;             // ncclGroupStart
+  ncclResult_t (*group_end)() = nullptr;               // ncclGroupEnd
 };
 
 using NcclState = RuntimeLibrary<NcclApi>;

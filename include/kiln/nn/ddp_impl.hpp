@@ -1,0 +1,200 @@
+#pragma once
+// The definitions of nn::DistributedDataParallel (nn/ddp.hpp). Header-only mode includes them
+// from that header; compiled mode compiles them once into kiln::kiln_compiled.
+#include <algorithm>
+
+#include "kiln/core/hash.hpp"
+#include "kiln/nn/ddp.hpp"
+#include "kiln/tensor/creation.hpp"
+#include "kiln/tensor/eval.hpp"
+#include "kiln/tensor/functions.hpp"
+
+namespace kiln::nn {
+
+KILN_ENTRY DistributedDataParallel::DistributedDataParallel(std::shared_ptr<Module> module,
+                                                            DistributedDataParallelOptions options)
+    : options_(options), group_(options.process_group ? options.process_group : &distributed::default_group()) {
+  if (!module) throw ValueError("DistributedDataParallel: the module is null");
+  if (!(options_.bucket_cap_mb > 0))
+    throw ValueError("DistributedDataParallel: bucket_cap_mb must be positive, not " +
+                     std::to_string(options_.bucket_cap_mb));
+  module_ = register_module("module", std::move(module));
+  params_ = parameters();
+  for (const Tensor& p : params_)
+    if (!p.requires_grad() || !p.is_leaf() || !p.node()->grad_leaf)
+      throw ValueError("DistributedDataParallel: parameter " + p.describe() + " is not a leaf that requires grad");
+  check_replicas_agree();
+  {
+    NoGradGuard off;
+    for (Tensor& p : params_) distributed::broadcast(p, 0, group_);
+    for (Tensor& b : buffers()) distributed::broadcast(b, 0, group_);
+  }
+  make_buckets();
+  marked_.assign(params_.size(), false);
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    hook_ids_.push_back(params_[i].register_post_accumulate_grad_hook([this, i](const Tensor&) { mark_ready(i); }));
+}
+
+KILN_ENTRY DistributedDataParallel::~DistributedDataParallel() {
+  for (std::size_t i = 0; i < params_.size() && i < hook_ids_.size(); ++i)
+    params_[i].remove_post_accumulate_grad_hook(hook_ids_[i]);
+}
+
+/// Every rank must wrap the same parameters: a rank whose list differs would pair its buckets
+/// with other tensors (or wait forever for a collective the others never call).
+KILN_ENTRY void DistributedDataParallel::check_replicas_agree() {
+  std::uint64_t h = kiln::detail::hash_combine(0x6b696c6e, params_.size());
+  for (const Tensor& p : params_) {
+    h = kiln::detail::hash_combine(h, static_cast<std::uint64_t>(p.dtype()));
+    for (std::int64_t d : p.shape()) h = kiln::detail::hash_combine(h, static_cast<std::uint64_t>(d));
+  }
+  const std::vector<std::int64_t> v{static_cast<std::int64_t>(params_.size()), static_cast<std::int64_t>(h >> 1)};
+  const Tensor mine = kiln::from_vector(v, Shape{2});
+  Tensor all = kiln::empty(Shape{group_->size() * 2}, DType::Int64);
+  distributed::all_gather_into_tensor(all, mine, group_);
+  const std::vector<std::int64_t> seen = all.to_vector<std::int64_t>();
+  for (int r = 0; r < group_->size(); ++r)
+    if (seen[2 * r] != v[0] || seen[2 * r + 1] != v[1])
+      throw ValueError("DistributedDataParallel: rank " + std::to_string(group_->rank()) + " has " +
+                       std::to_string(params_.size()) + " parameters and rank " + std::to_string(r) + " has " +
+                       std::to_string(seen[2 * r]) +
+                       (seen[2 * r] == v[0] ? " with other shapes or dtypes" : std::string()) +
+                       ": every rank must wrap the same model");
+}
+
+KILN_ENTRY void DistributedDataParallel::make_buckets() {
+  const auto cap = static_cast<std::int64_t>(options_.bucket_cap_mb * 1024 * 1024);
+  bucket_of_.assign(params_.size(), 0);
+  // Reverse registration order; one open bucket per dtype and device.
+  std::vector<std::size_t> open;
+  for (std::size_t k = params_.size(); k-- > 0;) {
+    const Tensor& p = params_[k];
+    std::size_t* found = nullptr;
+    for (std::size_t& b : open)
+      if (buckets_[b].dtype == p.dtype() && buckets_[b].device == p.device()) found = &b;
+    const std::int64_t bytes = p.numel() * static_cast<std::int64_t>(itemsize(p.dtype()));
+    if (found && buckets_[*found].numel * static_cast<std::int64_t>(itemsize(p.dtype())) + bytes > cap) {
+      open.erase(open.begin() + (found - open.data()));
+      found = nullptr;
+    }
+    if (!found) {
+      buckets_.emplace_back();
+      buckets_.back().dtype = p.dtype();
+      buckets_.back().device = p.device();
+      open.push_back(buckets_.size() - 1);
+      found = &open.back();
+    }
+    Bucket& b = buckets_[*found];
+    bucket_of_[k] = *found;
+    b.members.push_back(k);
+    b.offsets.push_back(b.numel);
+    b.numel += p.numel();
+  }
+  for (Bucket& b : buckets_) {
+    b.flat = kiln::empty(Shape{std::max<std::int64_t>(b.numel, 1)}, b.dtype, b.device);
+    const StoragePtr& storage = b.flat.node()->buffer->storage;
+    // The gradient homes: a fresh gradient is written straight into the bucket.
+    for (std::size_t m = 0; m < b.members.size(); ++m) {
+      ir::GradLeaf& leaf = *params_[b.members[m]].node()->grad_leaf;
+      if (!leaf.home && !leaf.grad)
+        leaf.home = ir::BufferView{storage, b.offsets[m], contiguous_strides(params_[b.members[m]].shape())};
+    }
+  }
+}
+
+KILN_ENTRY std::vector<std::vector<std::size_t>> DistributedDataParallel::bucket_indices() const {
+  std::vector<std::vector<std::size_t>> out;
+  for (const Bucket& b : buckets_) out.push_back(b.members);
+  return out;
+}
+
+KILN_ENTRY void DistributedDataParallel::mark_ready(std::size_t param) {
+  if (!sync_) return;
+  if (marked_[param])
+    throw ValueError("DistributedDataParallel: parameter " + std::to_string(param) +
+                     " got a second gradient before its bucket was reduced (two backward passes without a "
+                     "reduction between them: use no_sync() to accumulate)");
+  marked_[param] = true;
+  ++buckets_[bucket_of_[param]].ready;
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].ready == buckets_[next_bucket_].members.size())
+    reduce(buckets_[next_bucket_++]);
+  if (next_bucket_ == buckets_.size()) {  // the iteration is complete
+    next_bucket_ = 0;
+    marked_.assign(params_.size(), false);
+    for (Bucket& b : buckets_) b.ready = 0;
+  }
+}
+
+KILN_ENTRY void DistributedDataParallel::reduce(Bucket& b) {
+  NoGradGuard off;
+  ++reductions_;
+  // In place when the gradients tile one span of one buffer (the bucket's own, through the
+  // homes, or a fused optimizer's).
+  std::vector<std::pair<std::int64_t, std::int64_t>> spans;  // (offset, numel)
+  StoragePtr storage;
+  bool in_place = true;
+  for (std::size_t m : b.members) {
+    const ir::NodePtr& g = params_[m].node()->grad_leaf->grad;
+    if (!g || !g->realized() || g->dtype != b.dtype || !kiln::is_contiguous(g->shape, g->buffer->strides) ||
+        (storage && g->buffer->storage != storage)) {
+      in_place = false;
+      break;
+    }
+    storage = g->buffer->storage;
+    spans.emplace_back(g->buffer->offset, g->numel());
+  }
+  if (in_place) {
+    std::sort(spans.begin(), spans.end());
+    for (std::size_t i = 1; i < spans.size(); ++i)
+      in_place = in_place && spans[i].first == spans[i - 1].first + spans[i - 1].second;
+  }
+  if (in_place && !spans.empty()) {
+    ++in_place_;
+    Tensor span(ir::input(ir::BufferView{storage, spans.front().first, {1}}, Shape{b.numel}, b.dtype, b.device));
+    distributed::all_reduce(span, distributed::ReduceOp::Avg, group_);
+    return;
+  }
+  // Otherwise through the bucket's buffer: gradients in, one reduction, gradients out.
+  std::vector<ir::NodePtr> values, destinations;
+  const StoragePtr& flat = b.flat.node()->buffer->storage;
+  for (std::size_t i = 0; i < b.members.size(); ++i) {
+    const Tensor& p = params_[b.members[i]];
+    const ir::NodePtr& g = p.node()->grad_leaf->grad;
+    ir::NodePtr dest =
+        ir::input(ir::BufferView{flat, b.offsets[i], contiguous_strides(p.shape())}, p.shape(), b.dtype, b.device);
+    values.push_back(g ? ir::cast(g, b.dtype) : ir::constant(0.0, b.dtype, p.shape(), b.device));
+    destinations.push_back(dest);
+  }
+  kiln::detail::evaluate_into_many(values, destinations);
+  distributed::all_reduce(b.flat, distributed::ReduceOp::Avg, group_);
+  for (std::size_t i = 0; i < b.members.size(); ++i) {
+    const Tensor& p = params_[b.members[i]];
+    ir::NodePtr reduced =
+        ir::input(ir::BufferView{flat, b.offsets[i], contiguous_strides(p.shape())}, p.shape(), b.dtype, b.device);
+    ir::NodePtr& g = p.node()->grad_leaf->grad;
+    if (g && g->realized()) {
+      Tensor(g).assign(Tensor(reduced));
+    } else {  // a lazy gradient (inside a trace): it becomes the bucket's slice
+      Tensor copy = kiln::empty(p.shape(), p.dtype(), p.device());
+      copy.assign(Tensor(reduced));
+      g = copy.node();
+    }
+  }
+}
+
+KILN_ENTRY Tensor DistributedDataParallel::forward(const Tensor& input) {
+  if (next_bucket_ != 0 || std::any_of(marked_.begin(), marked_.end(), [](bool m) { return m; })) {
+    std::string waiting;
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (!marked_[i]) waiting += (waiting.empty() ? "" : ", ") + std::to_string(i);
+    throw ValueError("DistributedDataParallel: the previous backward left buckets unreduced: parameter(s) " + waiting +
+                     " of parameters() got no gradient (every parameter must take part in the loss)");
+  }
+  if (options_.broadcast_buffers) {
+    NoGradGuard off;
+    for (Tensor& b : buffers()) distributed::broadcast(b, 0, group_);
+  }
+  return (*module_)(input);
+}
+
+}  // namespace kiln::nn

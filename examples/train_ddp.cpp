@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 using namespace kiln;
@@ -43,11 +44,17 @@ bool train(Device device) {
   const auto n = static_cast<std::int64_t>(labels.size()), m = static_cast<std::int64_t>(my_labels.size());
   const Tensor x = from_vector(mine, {m, 2}, device), y = from_vector(my_labels, {m}, device);
 
-  // Thread ranks share the global generator, so their initial weights differ; the DDP's
-  // broadcast makes every replica start from rank 0's.
-  manual_seed(0);
-  auto model = std::make_shared<nn::Sequential>(nn::Linear(2, 64), nn::GELU("tanh"), nn::Linear(64, 64),
-                                                nn::GELU("tanh"), nn::Linear(64, classes));
+  // The global generator is the process's: thread ranks draw their initial weights one at a
+  // time, each from seed 0 (the DDP's broadcast would make them equal anyway; this makes the run
+  // repeatable).
+  static std::mutex init_mutex;
+  std::shared_ptr<nn::Sequential> model;
+  {
+    std::lock_guard lock(init_mutex);
+    manual_seed(0);
+    model = std::make_shared<nn::Sequential>(nn::Linear(2, 64), nn::GELU("tanh"), nn::Linear(64, 64), nn::GELU("tanh"),
+                                             nn::Linear(64, classes));
+  }
   model->to(device);
   model->compile();
   nn::DistributedDataParallel ddp(model);  // rank 0's weights on every rank

@@ -21,7 +21,6 @@
 // Reductions are deterministic: every rank receives bitwise the same result (the threads
 // transport adds ranks in rank order; NCCL guarantees equal results across ranks).
 #include <array>
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -31,6 +30,7 @@
 
 #include "kiln/core/device.hpp"
 #include "kiln/core/dtype.hpp"
+#include "kiln/core/duration.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/linkage.hpp"
 

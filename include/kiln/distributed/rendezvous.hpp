@@ -13,9 +13,9 @@
 //   an earlier job is never read as this one's).
 // Both end with a DistributedError naming the rank, the address or file and what was missing
 // when the timeout passes.
-#include <chrono>
 #include <string>
 
+#include "kiln/core/duration.hpp"
 #include "kiln/core/linkage.hpp"
 
 namespace kiln::distributed {

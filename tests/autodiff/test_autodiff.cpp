@@ -482,3 +482,40 @@ TEST_CASE("autograd: post-accumulate-grad hooks run after each backward, with th
   CHECK_THROWS_AS((w * 2.0f).eval().register_post_accumulate_grad_hook([](const Tensor&) {}), AutogradError);
   CHECK_THROWS_AS(full(Shape{1}, 1.0f).register_post_accumulate_grad_hook([](const Tensor&) {}), AutogradError);
 }
+
+TEST_CASE("autograd: evaluation groups evaluate the gradients a group at a time, each group's hooks after its graph") {
+  Tensor x = randn({4, 8}, 3).eval();
+  const Tensor a0 = randn({8, 8}, 4).eval(), b0 = randn({8, 8}, 5).eval(), c0 = randn({8, 2}, 6).eval();
+  auto grads = [&](bool grouped, std::vector<std::string>& order, std::vector<std::uint64_t>& graphs) {
+    Tensor a = (a0 + 0.0f).eval().requires_grad_(), b = (b0 + 0.0f).eval().requires_grad_();
+    Tensor c = (c0 + 0.0f).eval().requires_grad_();
+    if (grouped) {  // the last layer first, as DistributedDataParallel's buckets
+      c.node()->grad_leaf->evaluation_group = 0;
+      b.node()->grad_leaf->evaluation_group = 1;
+      a.node()->grad_leaf->evaluation_group = 2;
+    }
+    for (auto [t, name] : {std::pair{a, "a"}, std::pair{b, "b"}, std::pair{c, "c"}})
+      t.register_post_accumulate_grad_hook([&, name = name](const Tensor&) {
+        order.push_back(name);
+        graphs.push_back(stats().graphs);
+      });
+    Tensor h = tanh(matmul(x, a));
+    Tensor k = tanh(matmul(h, b));
+    sum(matmul(k, c) * matmul(k, c)).backward();
+    return std::vector<std::vector<float>>{a.grad().to_vector<float>(), b.grad().to_vector<float>(),
+                                           c.grad().to_vector<float>()};
+  };
+  std::vector<std::string> one_order, grouped_order;
+  std::vector<std::uint64_t> one_graphs, grouped_graphs;
+  const auto one = grads(false, one_order, one_graphs);
+  const auto grouped = grads(true, grouped_order, grouped_graphs);
+  for (std::size_t i = 0; i < one.size(); ++i)
+    for (std::size_t j = 0; j < one[i].size(); ++j) CHECK(grouped[i][j] == doctest::Approx(one[i][j]).epsilon(1e-6));
+  CHECK(grouped_order == std::vector<std::string>{"c", "b", "a"});
+  // One graph per group, each group's hooks before the next graph; ungrouped, all hooks after one.
+  REQUIRE(grouped_graphs.size() == 3);
+  CHECK(grouped_graphs[1] == grouped_graphs[0] + 1);
+  CHECK(grouped_graphs[2] == grouped_graphs[1] + 1);
+  REQUIRE(one_graphs.size() == 3);
+  CHECK(one_graphs[0] == one_graphs[2]);
+}

@@ -100,6 +100,12 @@ struct GradLeaf {
   /// order the backward reached the leaves (Tensor::register_post_accumulate_grad_hook), each
   /// under the id that removes it.
   std::vector<std::pair<std::uint64_t, std::function<void(const NodePtr& leaf)>>> post_accumulate_hooks;
+  /// Where a backward evaluates this leaf's gradient: -1 (the default) with every other gradient,
+  /// in one graph; a group g >= 0 in a graph of its own, after the groups below g and before the
+  /// rest, with the hooks of its leaves run before the next group's graph is evaluated.
+  /// DistributedDataParallel gives each bucket its own group, so that a bucket's reduction
+  /// starts while the gradients of the next are computed (Tensor::backward).
+  int evaluation_group = -1;
 };
 
 /// A composite's own gradient rule, attached to the node that is its result: a backward

@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -61,6 +62,13 @@ KILN_ENTRY bool home_holds(const ir::BufferView& home, const ir::Node& n);
 
 /// Evaluates `nodes` together (one graph) unless kiln::compile is tracing; null entries stay.
 KILN_ENTRY void evaluate_together(const std::vector<ir::NodePtr>& nodes);
+
+/// Evaluates each values[i] into destinations[i] a group at a time (groups[i]; increasing
+/// order, group -1 last), one graph per group, calling `done(group)` after each. A lazy node a
+/// later group needs as well is realized by the first graph that computes it, so no node is
+/// computed twice (the backward's evaluation groups, ir::GradLeaf::evaluation_group).
+KILN_ENTRY void evaluate_in_groups(const std::vector<ir::NodePtr>& values, const std::vector<ir::NodePtr>& destinations,
+                                   const std::vector<int>& groups, const std::function<void(int)>& done);
 
 }  // namespace detail
 

@@ -2,7 +2,12 @@
 // The definitions of the autograd front end (tensor/autograd.hpp). Header-only mode includes them from that
 // header (KILN_ENTRY is `inline`); compiled mode compiles them once into kiln::kiln_compiled
 // (src/kiln_compiled.cpp), so users' translation units parse the declarations only.
+#include <algorithm>
 #include <atomic>
+#include <functional>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "kiln/tensor/autograd.hpp"
 
@@ -59,6 +64,75 @@ KILN_ENTRY bool home_holds(const ir::BufferView& home, const ir::Node& n) {
   const auto end = static_cast<std::size_t>(home.offset + n.numel()) * itemsize(n.dtype);
   return home.storage && home.storage->device == n.device && home.strides.size() == n.shape.size() &&
          home.offset >= 0 && end <= home.storage->bytes;
+}
+
+KILN_ENTRY void evaluate_in_groups(const std::vector<ir::NodePtr>& values, const std::vector<ir::NodePtr>& destinations,
+                                   const std::vector<int>& groups, const std::function<void(int)>& done) {
+  std::vector<int> order(groups);
+  std::sort(order.begin(), order.end());
+  order.erase(std::unique(order.begin(), order.end()), order.end());
+  if (!order.empty() && order.front() == -1) std::rotate(order.begin(), order.begin() + 1, order.end());
+  auto rank_of = [&](int g) { return std::find(order.begin(), order.end(), g) - order.begin(); };
+  // The lazy nodes `roots` are computed from (realized nodes are where a graph starts).
+  auto lazy_closure = [](const std::vector<ir::NodePtr>& roots) {
+    std::unordered_map<const ir::Node*, ir::NodePtr> seen;
+    std::vector<ir::NodePtr> stack;
+    for (const ir::NodePtr& r : roots)
+      if (!r->realized() && seen.emplace(r.get(), r).second) stack.push_back(r);
+    while (!stack.empty()) {
+      ir::NodePtr n = std::move(stack.back());
+      stack.pop_back();
+      for (const ir::NodePtr& in : n->inputs)
+        if (!in->realized() && seen.emplace(in.get(), in).second) stack.push_back(in);
+    }
+    return seen;
+  };
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    std::vector<ir::NodePtr> vals, dsts, later;
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      const auto at = rank_of(groups[i]);
+      if (at == static_cast<std::ptrdiff_t>(k)) {
+        vals.push_back(values[i]);
+        dsts.push_back(destinations[i]);
+      } else if (at > static_cast<std::ptrdiff_t>(k)) {
+        later.push_back(values[i]);
+      }
+    }
+    // The cut: nodes this graph computes that a later graph reads directly (a later value, or
+    // an input of a node only later graphs compute) are realized now, into new memory, so no
+    // later graph computes them again. Views and casts are cheaper recomputed than stored (an
+    // expand would store its broadcast): the cut goes below them, to what they read, and
+    // nowhere when that is realized already; so are nodes without inputs (constants).
+    const auto mine = lazy_closure(vals), rest = lazy_closure(later);
+    std::vector<ir::NodePtr> cut;
+    std::unordered_set<const ir::Node*> in_cut;
+    auto take = [&](ir::NodePtr n) {
+      while (n->inputs.size() == 1 && (ir::op_kind(n->op) == ir::OpKind::IndexMap || n->op == ir::Op::Cast)) {
+        if (n->inputs[0]->realized()) return;
+        n = n->inputs[0];
+      }
+      if (!n->inputs.empty() && mine.count(n.get()) && in_cut.insert(n.get()).second) cut.push_back(n);
+    };
+    for (const ir::NodePtr& v : later) take(v);
+    for (const auto& [node, ptr] : rest)
+      if (!mine.count(node))
+        for (const ir::NodePtr& in : ptr->inputs) take(in);
+    std::vector<ir::NodePtr> cut_memory;
+    for (const ir::NodePtr& n : cut) {
+      StoragePtr st = allocate_value(*n, "backward");
+      cut_memory.push_back(
+          ir::input(ir::BufferView{st, 0, contiguous_strides(n->shape)}, n->shape, n->dtype, n->device));
+      vals.push_back(n);
+      dsts.push_back(cut_memory.back());
+    }
+    evaluate_into_many(vals, dsts);
+    for (std::size_t c = 0; c < cut.size(); ++c) {  // as the evaluator leaves the nodes it realizes
+      ir::Node& n = *cut[c];
+      n.buffer = cut_memory[c]->buffer;
+      if (!n.requires_grad || n.grad_leaf || n.graph_freed) n.inputs.clear();
+    }
+    done(order[k]);
+  }
 }
 
 KILN_ENTRY void evaluate_together(const std::vector<ir::NodePtr>& nodes) {
@@ -152,30 +226,38 @@ KILN_ENTRY void Tensor::backward(const Tensor& gradient, bool retain_graph, std:
   NoGradGuard off;
   // The post-accumulate hooks run once every gradient is in place (the gradients are evaluated
   // together, as one graph), leaf by leaf in the order the walk reached them.
-  auto run_hooks = [&reached] {
+  // With evaluation groups (ir::GradLeaf::evaluation_group), only the leaves of the group just
+  // evaluated; -2: every leaf.
+  auto run_hooks = [&reached](int group = -2) {
     for (const autodiff::Reached& r : reached)
-      if (r.node->grad_leaf)  // a copy: a hook may remove itself
-        for (auto hooks = r.node->grad_leaf->post_accumulate_hooks; auto& [id, hook] : hooks) hook(r.node);
+      if (r.node->grad_leaf && (group == -2 || r.node->grad_leaf->evaluation_group == group))
+        for (auto hooks = r.node->grad_leaf->post_accumulate_hooks; auto& [id, hook] : hooks)  // a copy: a
+          hook(r.node);                                                                         // hook may go
   };
   std::vector<ir::NodePtr> fresh;
   std::vector<std::shared_ptr<ir::GradLeaf>> fresh_leaves;
   // Gradients written into existing memory: a leaf's gradient home, or its grad() accumulated in
   // place. They and the fresh gradients are evaluated together (one graph).
   std::vector<ir::NodePtr> values, destinations;
+  std::vector<int> groups, fresh_groups;  // each value's evaluation group
   const bool in_place_ok = !detail::deferring_eval();
+  bool grouped = false;
   for (const autodiff::Reached& r : reached) {
     std::shared_ptr<ir::GradLeaf>& leaf = r.node->grad_leaf;
     if (!leaf) continue;
+    grouped = grouped || leaf->evaluation_group >= 0;
     if (!leaf->grad && leaf->home && in_place_ok && detail::home_holds(*leaf->home, *r.node)) {
       ir::NodePtr home = ir::input(*leaf->home, r.node->shape, r.node->dtype, r.node->device);
       values.push_back(ir::cast(r.grad, r.node->dtype));
       destinations.push_back(home);
+      groups.push_back(leaf->evaluation_group);
       leaf->grad = home;
       continue;
     }
     if (leaf->grad && leaf->grad->realized() && in_place_ok) {
       values.push_back(ir::binary(ir::Op::Add, leaf->grad, ir::cast(r.grad, leaf->grad->dtype)));  // in place
       destinations.push_back(leaf->grad);
+      groups.push_back(leaf->evaluation_group);
       continue;
     }
     // A realized gradient may be another tensor's storage (the seed itself): copy it, since
@@ -190,33 +272,51 @@ KILN_ENTRY void Tensor::backward(const Tensor& gradient, bool retain_graph, std:
       fresh.push_back(leaf->grad);
       fresh_leaves.push_back(leaf);
     }
+    fresh_groups.push_back(leaf->evaluation_group);
   }
+  grouped = grouped && in_place_ok;
   // The output itself is evaluated with its gradients (one graph, no second pass over the
   // forward): its value is the one the gradients are of, even when it is read after an optimizer
   // has updated the leaves in place (PyTorch's `loss.backward(); opt.step(); loss.item()`).
   const bool output_lazy = in_place_ok && !node_->realized();
-  if (values.empty()) {
+  if (values.empty() && !grouped) {
     if (output_lazy) fresh.push_back(node_);
     detail::evaluate_together(fresh);
     run_hooks();
     return;
   }
   // The fresh gradients (and the output) join the graph of the in-place ones, each into new memory.
-  auto into_new_memory = [&](const ir::NodePtr& g) {
+  auto into_new_memory = [&](const ir::NodePtr& g, int group) {
     StoragePtr st = detail::allocate_value(*g, "backward");
     ir::NodePtr dest = ir::input(ir::BufferView{st, 0, contiguous_strides(g->shape)}, g->shape, g->dtype, g->device);
     values.push_back(g);
     destinations.push_back(dest);
+    groups.push_back(group);
     return dest;
   };
   for (std::size_t i = 0; i < fresh.size(); ++i)
-    if (!fresh[i]->realized()) fresh_leaves[i]->grad = into_new_memory(fresh[i]);
-  ir::NodePtr output = output_lazy ? into_new_memory(node_) : nullptr;
-  detail::evaluate_into_many(values, destinations);
-  if (output) {
+    if (!fresh[i]->realized()) fresh_leaves[i]->grad = into_new_memory(fresh[i], fresh_groups[i]);
+  ir::NodePtr output = output_lazy ? into_new_memory(node_, -1) : nullptr;
+  auto finish_output = [&] {
+    if (!output) return;
     node_->buffer = output->buffer;
     if (node_->graph_freed) node_->inputs.clear();  // as the evaluator does: the tape is spent
+  };
+  if (grouped) {
+    // A graph per group, its leaves' hooks after it; the rest (and the output) last. Hooks of
+    // leaves whose gradient was realized already (no value to evaluate) run with the rest.
+    std::set<int> evaluated(groups.begin(), groups.end());
+    detail::evaluate_in_groups(values, destinations, groups, [&](int group) {
+      if (group == -1) finish_output();
+      run_hooks(group);
+    });
+    for (const autodiff::Reached& r : reached)
+      if (r.node->grad_leaf && !evaluated.count(r.node->grad_leaf->evaluation_group))
+        for (auto hooks = r.node->grad_leaf->post_accumulate_hooks; auto& [id, hook] : hooks) hook(r.node);
+    return;
   }
+  detail::evaluate_into_many(values, destinations);
+  finish_output();
   run_hooks();
 }
 

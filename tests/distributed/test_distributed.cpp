@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <arpa/inet.h>
@@ -42,7 +43,14 @@ class RecordingTransport final : public dist::Transport {
   Device device() const override { return inner_.device(); }
   void all_reduce(void* data, std::int64_t n, DType t, dist::ReduceOp op, Device d) override {
     log.push_back("all_reduce " + std::to_string(n));
+    if (on_all_reduce) on_all_reduce();
     inner_.all_reduce(data, n, t, op, d);
+  }
+  std::shared_ptr<dist::Work> all_reduce_async(void* data, std::int64_t n, DType t, dist::ReduceOp op,
+                                               Device d) override {
+    log.push_back("all_reduce " + std::to_string(n) + " async");
+    if (on_all_reduce) on_all_reduce();
+    return inner_.all_reduce_async(data, n, t, op, d);
   }
   void all_gather(const void* in, void* out, std::int64_t n, DType t, Device d) override {
     log.push_back("all_gather " + std::to_string(n));
@@ -58,6 +66,7 @@ class RecordingTransport final : public dist::Transport {
   }
   void barrier() override { inner_.barrier(); }
   std::vector<std::string> log;
+  std::function<void()> on_all_reduce;  ///< called as each all_reduce is issued
 
  private:
   dist::Transport& inner_;
@@ -331,6 +340,7 @@ TEST_CASE("DistributedDataParallel: two ranks on half batches train as one rank 
   std::vector<std::vector<std::vector<std::size_t>>> buckets(W);
   std::vector<std::vector<Tensor>> trained(W);
   std::vector<std::size_t> reductions(W), in_place(W);
+  std::vector<std::vector<std::vector<float>>> w1_grad_seen(W);
   dist::run_threads(W, [&](int r) {
     RecordingTransport recording(dist::default_group().transport());
     dist::ProcessGroup group(r, W, std::shared_ptr<dist::Transport>(&recording, [](dist::Transport*) {}));
@@ -339,6 +349,10 @@ TEST_CASE("DistributedDataParallel: two ranks on half batches train as one rank 
     optim::SGD opt(ddp.parameters(), {.lr = 0.1, .momentum = 0.9});
     const Tensor xs = slice(x, 0, r * B / W, (r + 1) * B / W), ys = slice(y, 0, r * B / W, (r + 1) * B / W);
     recording.log.clear();
+    // Overlap: what w1's gradient memory (bucket 1) holds as each reduction is issued.
+    const Tensor w1 = ddp.parameters()[0];
+    std::vector<std::vector<float>>& seen = w1_grad_seen[static_cast<std::size_t>(r)];
+    recording.on_all_reduce = [&] { seen.push_back(w1.grad().to_vector<float>()); };
     for (int s = 0; s < steps; ++s) {
       opt.zero_grad();
       mse(ddp(xs), ys).backward();
@@ -353,12 +367,19 @@ TEST_CASE("DistributedDataParallel: two ranks on half batches train as one rank 
   // Parameters: w1 [8, 4], b1 [8], w2 [3, 8], b2 [3]; 50 floats a bucket, filled from the last.
   CHECK(buckets[0] == std::vector<std::vector<std::size_t>>{{3, 2, 1}, {0}});
   // Every step: bucket 0 (3 + 24 + 8 elements), then bucket 1 (32), once each.
-  const std::vector<std::string> step_log{"all_reduce 35", "all_reduce 32"};
+  const std::vector<std::string> step_log{"all_reduce 35 async", "all_reduce 32 async"};
   std::vector<std::string> want;
   for (int s = 0; s < steps; ++s) want.insert(want.end(), step_log.begin(), step_log.end());
   CHECK(logs[0] == want);
   CHECK(logs[1] == want);
   CHECK(reductions[0] == 2 * steps);
+  // Bucket 0 (the last layers) is reduced while the backward goes on: when it was issued, w1's
+  // gradient memory (bucket 1) still held the previous step's values; the backward wrote the new
+  // ones before bucket 1 was issued. (Evaluated as one graph, both would see the same values.)
+  for (int r = 0; r < W; ++r) {
+    REQUIRE(w1_grad_seen[r].size() == 2 * steps);
+    for (int s = 0; s < steps; ++s) CHECK(w1_grad_seen[r][2 * s] != w1_grad_seen[r][2 * s + 1]);
+  }
   CHECK(in_place[0] == 2 * steps);  // the gradients lay in the optimizer's flat buffer
   const std::vector<Tensor> ref = reference->parameters();
   for (std::size_t i = 0; i < ref.size(); ++i) {
@@ -453,10 +474,14 @@ TEST_CASE("DistributedDataParallel over a compiled GPT: the ranks' mean loss is 
   std::vector<std::shared_ptr<gpt::Gpt>> replicas{first, second};
   std::vector<std::vector<float>> losses(2);
   std::vector<std::uint64_t> traces(2);
+  std::vector<std::size_t> buckets(2);
   dist::run_threads(2, [&](int r) {
     auto model = replicas[static_cast<std::size_t>(r)];
     model->compile();
-    nn::DistributedDataParallel ddp(model);
+    // Buckets of 4 KiB: the compiled backward is evaluated a bucket at a time, each graph
+    // reading what the earlier ones kept.
+    nn::DistributedDataParallel ddp(model, {.bucket_cap_mb = 4.0 / 1024});
+    buckets[static_cast<std::size_t>(r)] = ddp.bucket_indices().size();
     optim::AdamW opt(ddp.parameters(), {.lr = 3e-3});
     const Tensor x = slice(tx, 0, 2 * r, 2 * r + 2), y = slice(ty, 0, 2 * r, 2 * r + 2);
     for (int s = 0; s < steps; ++s) {
@@ -470,5 +495,6 @@ TEST_CASE("DistributedDataParallel over a compiled GPT: the ranks' mean loss is 
   });
   for (int s = 0; s < steps; ++s) CHECK((losses[0][s] + losses[1][s]) / 2 == doctest::Approx(want[s]).epsilon(1e-4));
   CHECK(traces[0] == 1);  // compiled once, replayed: the reductions live outside the compiled graph
+  CHECK(buckets[0] >= 5);
   CHECK(want.back() < want.front());
 }

@@ -9,6 +9,7 @@
 // must have the same shape, dtype and device on every rank; a non-contiguous one goes through a
 // contiguous copy. Every argument is checked before any rank is waited for: a ShapeError,
 // DTypeError or DeviceError names the collective, the shapes and the dtypes.
+#include <memory>
 #include <vector>
 
 #include "kiln/distributed/process_group.hpp"
@@ -18,7 +19,10 @@
 namespace kiln::distributed {
 
 /// Combines `tensor` over the ranks with `op`, in place: afterwards every rank holds the result.
-KILN_ENTRY void all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::Sum, ProcessGroup* group = nullptr);
+/// With `async_op` it returns a Work at once, and the result may be read after its wait()
+/// (torch's async_op); otherwise it returns null once the result is in place.
+KILN_ENTRY std::shared_ptr<Work> all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::Sum,
+                                            ProcessGroup* group = nullptr, bool async_op = false);
 
 /// Makes every rank's `tensor` equal to rank `src`'s, in place.
 KILN_ENTRY void broadcast(const Tensor& tensor, int src, ProcessGroup* group = nullptr);

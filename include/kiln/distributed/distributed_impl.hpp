@@ -231,13 +231,36 @@ inline Contiguous contiguous_of(const Tensor& t, const char* what, bool written)
 
 }  // namespace detail
 
-KILN_ENTRY void all_reduce(const Tensor& tensor, ReduceOp op, ProcessGroup* group) {
+namespace detail {
+/// An asynchronous collective whose result still has to be copied out of a contiguous copy.
+class CopyBackWork final : public Work {
+ public:
+  CopyBackWork(std::shared_ptr<Work> inner, Contiguous copy) : inner_(std::move(inner)), copy_(std::move(copy)) {}
+  void wait() override {
+    inner_->wait();
+    copy_.finish();
+  }
+
+ private:
+  std::shared_ptr<Work> inner_;
+  Contiguous copy_;
+};
+}  // namespace detail
+
+KILN_ENTRY std::shared_ptr<Work> all_reduce(const Tensor& tensor, ReduceOp op, ProcessGroup* group, bool async_op) {
   ProcessGroup& g = detail::group_or_default(group);
   detail::check_tensor("all_reduce", tensor, g, "tensor");
   detail::check_op("all_reduce", op, tensor);
   detail::Contiguous c = detail::contiguous_of(tensor, "distributed::all_reduce", true);
+  if (async_op) {
+    std::shared_ptr<Work> work =
+        g.transport().all_reduce_async(c.data(), tensor.numel(), tensor.dtype(), op, tensor.device());
+    if (c.work.node() == c.original.node()) return work;
+    return std::make_shared<detail::CopyBackWork>(std::move(work), std::move(c));
+  }
   g.transport().all_reduce(c.data(), tensor.numel(), tensor.dtype(), op, tensor.device());
   c.finish();
+  return nullptr;
 }
 
 KILN_ENTRY void broadcast(const Tensor& tensor, int src, ProcessGroup* group) {

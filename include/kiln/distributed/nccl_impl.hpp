@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "kiln/distributed/deadline.hpp"
 #include "kiln/distributed/process_group.hpp"
@@ -47,10 +48,50 @@ inline runtime::nccl::ncclRedOp_t nccl_op(ReduceOp op) {
   return runtime::nccl::ncclSum;
 }
 
-/// One NCCL communicator on one device, its collectives enqueued on kiln's stream there. A
-/// watchdog thread checks, every 20 ms, NCCL's asynchronous error and whether the oldest
-/// collective still running has outlived the timeout; either aborts the communicator (which
-/// ends its kernels, so no stream waits forever) and the failure is thrown by the next call.
+inline runtime::cu::CUevent new_event() {
+  const auto& cu = runtime::detail::cuda_driver_state().api;
+  runtime::cu::CUevent e = nullptr;
+  constexpr unsigned kDisableTiming = 0x2;  // CU_EVENT_DISABLE_TIMING
+  runtime::detail::cuda_check(cu.event_create(&e, kDisableTiming), "cuEventCreate", "for a collective");
+  return e;
+}
+
+/// Makes `stream` wait for `done` (recorded on the communication stream), then lets the event go
+/// (the driver keeps it until the wait is satisfied).
+inline void stream_after(runtime::cu::CUstream stream, runtime::cu::CUevent done) {
+  const auto& cu = runtime::detail::cuda_driver_state().api;
+  runtime::detail::cuda_check(cu.stream_wait_event(stream, done, 0), "cuStreamWaitEvent", "after a collective");
+  cu.event_destroy(done);
+}
+
+/// An NCCL collective in flight: wait() orders kiln's stream after it (the host goes on).
+class NcclWork final : public Work {
+ public:
+  NcclWork(int device, runtime::cu::CUevent done) : device_(device), done_(done) {}
+  ~NcclWork() override {
+    if (done_) runtime::detail::cuda_driver_state().api.event_destroy(done_);
+  }
+  void wait() override {
+    if (!done_) return;
+    runtime::CudaContext& ctx = runtime::cuda_context(device_);
+    ctx.make_current();
+    stream_after(ctx.stream, std::exchange(done_, nullptr));
+  }
+
+ private:
+  int device_;
+  runtime::cu::CUevent done_;
+};
+
+/// One NCCL communicator on one device. Its collectives run on a communication stream of their
+/// own, each after the work kiln's stream held when it was issued (an event between them): a
+/// blocking collective then makes kiln's stream wait for it, an asynchronous one leaves that to
+/// its Work, so kernels issued meanwhile run beside it (DistributedDataParallel's buckets
+/// reduced while the backward goes on). One stream keeps the collectives in the order issued,
+/// which NCCL needs on every rank. A watchdog thread checks, every 20 ms, NCCL's asynchronous
+/// error and whether the oldest collective still running has outlived the timeout; either
+/// aborts the communicator (which ends its kernels, so no stream waits forever) and the failure
+/// is thrown by the next call.
 class NcclTransport final : public Transport {
  public:
   NcclTransport(int rank, int world_size, const UniqueId& id, Device device, Options options)
@@ -64,6 +105,9 @@ class NcclTransport final : public Transport {
       throw DistributedError("distributed: ncclCommInitRank for rank " + std::to_string(rank) + " of " +
                              std::to_string(world_size) + " on " + device.str() +
                              " failed: " + nccl_error_text(api_, r));
+    const auto& cu = runtime::detail::cuda_driver_state().api;
+    runtime::detail::cuda_check(cu.stream_create(&comm_stream_, runtime::cu::CU_STREAM_NON_BLOCKING), "cuStreamCreate",
+                                "for NCCL's collectives");
     scratch_ = kiln::empty(Shape{1}, DType::Float32, device);
     scratch_.assign(0.0f);
     watchdog_ = std::thread([this] { watch(); });
@@ -77,8 +121,12 @@ class NcclTransport final : public Transport {
     if (watchdog_.joinable()) watchdog_.join();
     if (comm_) {
       std::lock_guard lock(mutex_);
-      for (Pending& p : pending_) runtime::detail::cuda_driver_state().api.event_destroy(p.done);
-      if (failure_.empty()) api_.comm_destroy(comm_);
+      const auto& cu = runtime::detail::cuda_driver_state().api;
+      for (Pending& p : pending_) cu.event_destroy(p.done);
+      if (failure_.empty()) {
+        api_.comm_destroy(comm_);
+        cu.stream_destroy(comm_stream_);
+      }
     }
   }
 
@@ -87,27 +135,33 @@ class NcclTransport final : public Transport {
   Device device() const override { return device_; }
 
   void all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op, Device) override {
-    issue("all_reduce", [&](cu_stream s) {
+    finish(issue("all_reduce", [&](cu_stream s) {
       return api_.all_reduce(data, data, static_cast<std::size_t>(count), runtime::nccl::nccl_dtype(dtype), nccl_op(op),
                              comm_, s);
-    });
+    }));
   }
   void all_gather(const void* in, void* out, std::int64_t count, DType dtype, Device) override {
-    issue("all_gather", [&](cu_stream s) {
+    finish(issue("all_gather", [&](cu_stream s) {
       return api_.all_gather(in, out, static_cast<std::size_t>(count), runtime::nccl::nccl_dtype(dtype), comm_, s);
-    });
+    }));
   }
   void reduce_scatter(const void* in, void* out, std::int64_t count, DType dtype, ReduceOp op, Device) override {
-    issue("reduce_scatter", [&](cu_stream s) {
+    finish(issue("reduce_scatter", [&](cu_stream s) {
       return api_.reduce_scatter(in, out, static_cast<std::size_t>(count), runtime::nccl::nccl_dtype(dtype),
                                  nccl_op(op), comm_, s);
-    });
+    }));
   }
   void broadcast(void* data, std::int64_t count, DType dtype, int root, Device) override {
-    issue("broadcast", [&](cu_stream s) {
+    finish(issue("broadcast", [&](cu_stream s) {
       return api_.broadcast(data, data, static_cast<std::size_t>(count), runtime::nccl::nccl_dtype(dtype), root, comm_,
                             s);
-    });
+    }));
+  }
+  std::shared_ptr<Work> all_reduce_async(void* data, std::int64_t count, DType dtype, ReduceOp op, Device) override {
+    return std::make_shared<NcclWork>(device_.index, issue("all_reduce", [&](cu_stream s) {
+                                        return api_.all_reduce(data, data, static_cast<std::size_t>(count),
+                                                               runtime::nccl::nccl_dtype(dtype), nccl_op(op), comm_, s);
+                                      }));
   }
   /// An all_reduce of one element, then a wait for the stream that gives up with the group.
   void barrier() override {
@@ -139,23 +193,30 @@ class NcclTransport final : public Transport {
       throw DistributedError(failure_ + " (seen by rank " + std::to_string(rank_) + " in " + what + ")");
   }
 
+  /// Enqueues `call` on the communication stream after what kiln's stream holds now; returns
+  /// an event recorded after it there (the watchdog watches one of its own).
   template <class Call>
-  void issue(const char* what, Call&& call) {
+  runtime::cu::CUevent issue(const char* what, Call&& call) {
     check(what);
     runtime::CudaContext& ctx = runtime::cuda_context(device_.index);
     ctx.make_current();
-    const runtime::nccl::ncclResult_t r = call(ctx.stream);
+    const auto& cu = runtime::detail::cuda_driver_state().api;
+    runtime::cu::CUevent ready = new_event();
+    runtime::detail::cuda_check(cu.event_record(ready, ctx.stream), "cuEventRecord", "before a collective");
+    stream_after(comm_stream_, ready);
+    const runtime::nccl::ncclResult_t r = call(comm_stream_);
     if (r != runtime::nccl::ncclSuccess)
       throw DistributedError(std::string("distributed: ") + what + " on rank " + std::to_string(rank_) + " (" +
                              device_.str() + "): " + nccl_error_text(api_, r));
-    const auto& cu = runtime::detail::cuda_driver_state().api;
-    runtime::cu::CUevent done = nullptr;
-    constexpr unsigned kDisableTiming = 0x2;  // CU_EVENT_DISABLE_TIMING
-    runtime::detail::cuda_check(cu.event_create(&done, kDisableTiming), "cuEventCreate", "for a collective");
-    runtime::detail::cuda_check(cu.event_record(done, ctx.stream), "cuEventRecord", "for a collective");
+    runtime::cu::CUevent done = new_event(), watched = new_event();
+    runtime::detail::cuda_check(cu.event_record(done, comm_stream_), "cuEventRecord", "after a collective");
+    runtime::detail::cuda_check(cu.event_record(watched, comm_stream_), "cuEventRecord", "after a collective");
     std::lock_guard lock(mutex_);
-    pending_.push_back({done, Clock::now(), std::string(what) + " #" + std::to_string(issued_++)});
+    pending_.push_back({watched, Clock::now(), std::string(what) + " #" + std::to_string(issued_++)});
+    return done;
   }
+  /// Kiln's stream goes on after the collective that recorded `done`.
+  void finish(runtime::cu::CUevent done) { stream_after(runtime::cuda_context(device_.index).stream, done); }
 
   void watch() {
     runtime::cuda_context(device_.index).make_current();
@@ -205,6 +266,7 @@ class NcclTransport final : public Transport {
   int rank_;
   Options options_;
   runtime::nccl::ncclComm_t comm_ = nullptr;
+  runtime::cu::CUstream comm_stream_ = nullptr;
   Tensor scratch_;
   std::mutex mutex_;
   std::condition_variable wake_;

@@ -4,13 +4,13 @@
 //
 // Two transports:
 // - NCCL (CUDA tensors): one process per GPU, the communicator made from a unique id that rank 0
-//   creates and shares through a rendezvous (rendezvous.hpp); collectives are enqueued on kiln's
-//   stream of the device, so they are ordered after the kernels that wrote their inputs and
-//   before those that read their results, and are captured by CUDA graphs like any other work.
-//   A watchdog thread polls NCCL's asynchronous errors and each collective's completion: a
+//   creates and shares through a rendezvous (rendezvous.hpp); collectives run on a communication
+//   stream ordered by events after the kernels kiln's stream held when they were issued, and
+//   kiln's stream waits for a blocking one (an asynchronous one leaves that to its Work). A
+//   watchdog thread polls NCCL's asynchronous errors and each collective's completion: a
 //   collective that fails or outlives the group's timeout aborts the communicator, and the next
-//   call that meets the group (a collective, barrier(), a CUDA synchronisation) throws
-//   DistributedError, instead of waiting forever for a rank that died.
+//   collective or barrier() of the group throws DistributedError, instead of waiting forever for
+//   a rank that died.
 // - threads (CPU tensors): ranks are threads of one process (run_threads), exchanging through
 //   shared memory. Every collective checks that all ranks called the same one (kind, count,
 //   dtype, op, root): a mismatch, a rank that throws, or one that does not arrive within the
@@ -50,6 +50,21 @@ struct Options {
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
 };
 
+/// A collective started without waiting for it (torch's Work, from `async_op = true`). wait()
+/// makes its result safe to read: on the CPU it blocks until the collective is done; on a GPU
+/// it orders kiln's stream after it (the host does not wait). It throws the collective's error.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+};
+
+/// A Work that was complete when it was made.
+class CompletedWork final : public Work {
+ public:
+  void wait() override {}
+};
+
 /// How a group moves bytes: the operations every transport provides, on contiguous memory of
 /// `count` elements of `dtype` on `device` (pointers already offset). Collectives must be called
 /// by every rank of the group in the same order.
@@ -64,6 +79,13 @@ class Transport {
   virtual Device device() const = 0;
   /// data = op over ranks of data (in place).
   virtual void all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op, Device device) = 0;
+  /// all_reduce, returning before it is done: `data` is read and written until the Work's
+  /// wait(). Ordered with the transport's other collectives as issued. By default it runs now.
+  virtual std::shared_ptr<Work> all_reduce_async(void* data, std::int64_t count, DType dtype, ReduceOp op,
+                                                 Device device) {
+    all_reduce(data, count, dtype, op, device);
+    return std::make_shared<CompletedWork>();
+  }
   /// out (world·count elements) = every rank's `in` (count elements), in rank order.
   virtual void all_gather(const void* in, void* out, std::int64_t count, DType dtype, Device device) = 0;
   /// out (count elements) = op over ranks of this rank's block of `in` (world·count elements).

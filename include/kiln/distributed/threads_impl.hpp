@@ -4,6 +4,10 @@
 // mode).
 #include <algorithm>
 #include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <thread>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -207,15 +211,108 @@ class ThreadWorld {
   std::string failure_;
 };
 
-/// The transport of one run_threads rank: host memory, exchanged through the ThreadWorld.
+/// A collective queued on a rank's communication thread: done once that thread ran it.
+class QueuedWork final : public Work {
+ public:
+  void finish(std::exception_ptr error) {
+    std::lock_guard lock(mutex_);
+    error_ = std::move(error);
+    done_ = true;
+    changed_.notify_all();
+  }
+  void wait() override {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return done_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+/// The transport of one run_threads rank: host memory, exchanged through the ThreadWorld. The
+/// first asynchronous collective starts the rank's communication thread; from then on every
+/// collective of the rank runs there, in the order issued (a blocking one waits for it), so the
+/// rank's sequence of collectives is the one its code issued.
 class ThreadTransport final : public Transport {
  public:
   ThreadTransport(std::shared_ptr<ThreadWorld> world, int rank) : world_(std::move(world)), rank_(rank) {}
+  ~ThreadTransport() override {
+    {
+      std::lock_guard lock(queue_mutex_);
+      stop_ = true;
+    }
+    queue_changed_.notify_all();
+    if (comm_thread_.joinable()) comm_thread_.join();
+  }
   std::string name() const override { return "threads"; }
   bool supports(Device device) const override { return device.is_cpu(); }
   Device device() const override { return Device::cpu(); }
 
   void all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op, Device) override {
+    ordered([=, this] { all_reduce_now(data, count, dtype, op); });
+  }
+  std::shared_ptr<Work> all_reduce_async(void* data, std::int64_t count, DType dtype, ReduceOp op, Device) override {
+    return enqueue([=, this] { all_reduce_now(data, count, dtype, op); });
+  }
+  void all_gather(const void* in, void* out, std::int64_t count, DType dtype, Device) override {
+    ordered([=, this] { all_gather_now(in, out, count, dtype); });
+  }
+  void reduce_scatter(const void* in, void* out, std::int64_t count, DType dtype, ReduceOp op, Device) override {
+    ordered([=, this] { reduce_scatter_now(in, out, count, dtype, op); });
+  }
+  void broadcast(void* data, std::int64_t count, DType dtype, int root, Device) override {
+    ordered([=, this] { broadcast_now(data, count, dtype, root); });
+  }
+  void barrier() override {
+    ordered([this] { world_->barrier(rank_); });
+  }
+
+ private:
+  /// Runs `task` on the communication thread (started on first use) and returns its Work.
+  std::shared_ptr<Work> enqueue(std::function<void()> task) {
+    auto work = std::make_shared<QueuedWork>();
+    {
+      std::lock_guard lock(queue_mutex_);
+      if (!comm_thread_.joinable()) comm_thread_ = std::thread([this] { communicate(); });
+      queue_.emplace_back(std::move(task), work);
+    }
+    queue_changed_.notify_all();
+    return work;
+  }
+  /// Runs `task` now, or after the queued collectives when the communication thread exists.
+  void ordered(std::function<void()> task) {
+    bool queued;
+    {
+      std::lock_guard lock(queue_mutex_);
+      queued = comm_thread_.joinable();
+    }
+    if (!queued) return task();
+    enqueue(std::move(task))->wait();
+  }
+  void communicate() {
+    std::unique_lock lock(queue_mutex_);
+    for (;;) {
+      queue_changed_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopped, every task run
+      auto [task, work] = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        task();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      work->finish(error);
+      lock.lock();
+    }
+  }
+
+  void all_reduce_now(void* data, std::int64_t count, DType dtype, ReduceOp op) {
     const std::size_t bytes = static_cast<std::size_t>(count) * itemsize(dtype);
     world_->collective(
         rank_, call("all_reduce", count, dtype, static_cast<int>(op), -1, data),
@@ -227,7 +324,7 @@ class ThreadTransport final : public Transport {
         [&](const std::vector<char>& out) { std::memcpy(data, out.data(), bytes); });
   }
 
-  void all_gather(const void* in, void* out, std::int64_t count, DType dtype, Device) override {
+  void all_gather_now(const void* in, void* out, std::int64_t count, DType dtype) {
     const std::size_t bytes = static_cast<std::size_t>(count) * itemsize(dtype);
     world_->collective(
         rank_, call("all_gather", count, dtype, -1, -1, in),
@@ -239,7 +336,7 @@ class ThreadTransport final : public Transport {
         [&](const std::vector<char>& all) { std::memcpy(out, all.data(), all.size()); });
   }
 
-  void reduce_scatter(const void* in, void* out, std::int64_t count, DType dtype, ReduceOp op, Device) override {
+  void reduce_scatter_now(const void* in, void* out, std::int64_t count, DType dtype, ReduceOp op) {
     const std::size_t bytes = static_cast<std::size_t>(count) * itemsize(dtype);
     world_->collective(
         rank_, call("reduce_scatter", count, dtype, static_cast<int>(op), -1, in),
@@ -251,7 +348,7 @@ class ThreadTransport final : public Transport {
         [&](const std::vector<char>& mine) { std::memcpy(out, mine.data(), bytes); });
   }
 
-  void broadcast(void* data, std::int64_t count, DType dtype, int root, Device) override {
+  void broadcast_now(void* data, std::int64_t count, DType dtype, int root) {
     const std::size_t bytes = static_cast<std::size_t>(count) * itemsize(dtype);
     world_->collective(
         rank_, call("broadcast", count, dtype, -1, root, data),
@@ -262,9 +359,6 @@ class ThreadTransport final : public Transport {
         [&](const std::vector<char>& value) { std::memcpy(data, value.data(), bytes); });
   }
 
-  void barrier() override { world_->barrier(rank_); }
-
- private:
   static ThreadCall call(const char* kind, std::int64_t count, DType dtype, int op, int root, const void* input) {
     ThreadCall c;
     c.kind = kind;
@@ -283,6 +377,11 @@ class ThreadTransport final : public Transport {
 
   std::shared_ptr<ThreadWorld> world_;
   int rank_;
+  std::mutex queue_mutex_;
+  std::condition_variable queue_changed_;
+  std::deque<std::pair<std::function<void()>, std::shared_ptr<QueuedWork>>> queue_;
+  bool stop_ = false;
+  std::thread comm_thread_;
 };
 
 }  // namespace kiln::distributed::detail

@@ -7,9 +7,18 @@
 // dtypes), and rank 0's parameters and buffers are broadcast to the others. The parameters are
 // split into buckets (one dtype and device each, at most bucket_cap_mb, in reverse registration
 // order: roughly the order a backward produces their gradients), and every parameter gets a
-// post-accumulate-grad hook. A backward evaluates all gradients as one graph; the hooks then
-// mark each parameter ready, and each bucket is all-reduced (ReduceOp::Avg) as soon as it and
-// every bucket before it are ready, so all ranks issue the same reductions in the same order.
+// post-accumulate-grad hook.
+//
+// Overlap. Each bucket is a gradient evaluation group (ir::GradLeaf::evaluation_group): the
+// backward evaluates the first bucket's gradients as a graph of its own, runs their hooks, then
+// the next bucket's, and so on (what a later bucket needs from an earlier graph is kept, not
+// computed again). A bucket whose parameters are all ready, and every bucket before it, is
+// all-reduced (ReduceOp::Avg) asynchronously at once, so its reduction runs while the next
+// buckets' gradients are computed (on a GPU: NCCL on its own stream beside kiln's kernels; with
+// thread ranks: on the rank's communication thread). When the last bucket has been issued, kiln
+// waits for every reduction (on a GPU its stream does, not the host), so the optimizer's step
+// reads averaged gradients. All ranks issue the same reductions in the same order. With one
+// rank, or under no_sync(), the backward stays one graph.
 //
 // No copies where kiln can avoid them: each parameter's gradient home (GradLeaf::home) is its
 // slice of its bucket's flat buffer, so the backward writes gradients straight into the bucket
@@ -17,10 +26,6 @@
 // moves the homes into its own flat gradient buffer; a bucket whose gradients then lie side by
 // side there (as consecutive parameters do) is reduced in place in that buffer instead. Only
 // gradients elsewhere are copied into the bucket and back.
-//
-// On a GPU the reductions are enqueued on kiln's stream after the backward's kernels; they do
-// not yet overlap the backward's own kernels (that needs the executor to report gradients ready
-// part-way through a plan).
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -65,9 +70,9 @@ class DistributedDataParallel : public Module {
   /// of torch's `with ddp.no_sync():`.
   class NoSync {
    public:
-    explicit NoSync(DistributedDataParallel& ddp) : ddp_(&ddp), saved_(ddp.sync_) { ddp.sync_ = false; }
+    explicit NoSync(DistributedDataParallel& ddp) : ddp_(&ddp), saved_(ddp.sync_) { ddp.set_sync(false); }
     ~NoSync() {
-      if (ddp_) ddp_->sync_ = saved_;
+      if (ddp_) ddp_->set_sync(saved_);
     }
     NoSync(NoSync&& o) noexcept : ddp_(std::exchange(o.ddp_, nullptr)), saved_(o.saved_) {}
     NoSync(const NoSync&) = delete;
@@ -99,10 +104,21 @@ class DistributedDataParallel : public Module {
     std::size_t ready = 0;
   };
 
+  /// A bucket's reduction in flight; `copied`: the averages are then copied out of the
+  /// bucket's buffer into the gradients.
+  struct InFlight {
+    std::shared_ptr<distributed::Work> work;
+    std::size_t bucket;
+    bool copied;
+  };
+
   KILN_ENTRY void make_buckets();
   KILN_ENTRY void check_replicas_agree();
   KILN_ENTRY void mark_ready(std::size_t param);
-  KILN_ENTRY void reduce(Bucket& bucket);
+  KILN_ENTRY void reduce(std::size_t bucket);
+  KILN_ENTRY void wait_for_reductions();
+  /// Turns the reductions, and the evaluation groups that let them overlap, on or off.
+  KILN_ENTRY void set_sync(bool on);
 
   std::shared_ptr<Module> module_;
   DistributedDataParallelOptions options_;
@@ -113,6 +129,7 @@ class DistributedDataParallel : public Module {
   std::vector<bool> marked_;            ///< this iteration
   std::vector<Bucket> buckets_;
   std::size_t next_bucket_ = 0;  ///< the first bucket not reduced yet this iteration
+  std::vector<InFlight> in_flight_;
   bool sync_ = true;
   std::size_t reductions_ = 0, in_place_ = 0;
 };

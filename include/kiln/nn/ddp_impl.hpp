@@ -33,11 +33,22 @@ KILN_ENTRY DistributedDataParallel::DistributedDataParallel(std::shared_ptr<Modu
   marked_.assign(params_.size(), false);
   for (std::size_t i = 0; i < params_.size(); ++i)
     hook_ids_.push_back(params_[i].register_post_accumulate_grad_hook([this, i](const Tensor&) { mark_ready(i); }));
+  set_sync(true);
 }
 
 KILN_ENTRY DistributedDataParallel::~DistributedDataParallel() {
-  for (std::size_t i = 0; i < params_.size() && i < hook_ids_.size(); ++i)
+  for (std::size_t i = 0; i < params_.size() && i < hook_ids_.size(); ++i) {
     params_[i].remove_post_accumulate_grad_hook(hook_ids_[i]);
+    params_[i].node()->grad_leaf->evaluation_group = -1;
+  }
+}
+
+KILN_ENTRY void DistributedDataParallel::set_sync(bool on) {
+  sync_ = on;
+  // One rank has nothing to overlap with: its backward stays one graph.
+  const bool split = on && group_->size() > 1 && buckets_.size() > 1;
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    params_[i].node()->grad_leaf->evaluation_group = split ? static_cast<int>(bucket_of_[i]) : -1;
 }
 
 /// Every rank must wrap the same parameters: a rank whose list differs would pair its buckets
@@ -49,8 +60,8 @@ KILN_ENTRY void DistributedDataParallel::check_replicas_agree() {
     for (std::int64_t d : p.shape()) h = kiln::detail::hash_combine(h, static_cast<std::uint64_t>(d));
   }
   const std::vector<std::int64_t> v{static_cast<std::int64_t>(params_.size()), static_cast<std::int64_t>(h >> 1)};
-  const Tensor mine = kiln::from_vector(v, Shape{2});
-  Tensor all = kiln::empty(Shape{group_->size() * 2}, DType::Int64);
+  const Tensor mine = kiln::from_vector(v, Shape{2}, group_->device());
+  Tensor all = kiln::empty(Shape{group_->size() * 2}, DType::Int64, group_->device());
   distributed::all_gather_into_tensor(all, mine, group_);
   const std::vector<std::int64_t> seen = all.to_vector<std::int64_t>();
   for (int r = 0; r < group_->size(); ++r)
@@ -117,15 +128,17 @@ KILN_ENTRY void DistributedDataParallel::mark_ready(std::size_t param) {
   marked_[param] = true;
   ++buckets_[bucket_of_[param]].ready;
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].ready == buckets_[next_bucket_].members.size())
-    reduce(buckets_[next_bucket_++]);
+    reduce(next_bucket_++);
   if (next_bucket_ == buckets_.size()) {  // the iteration is complete
     next_bucket_ = 0;
     marked_.assign(params_.size(), false);
     for (Bucket& b : buckets_) b.ready = 0;
+    wait_for_reductions();
   }
 }
 
-KILN_ENTRY void DistributedDataParallel::reduce(Bucket& b) {
+KILN_ENTRY void DistributedDataParallel::reduce(std::size_t index) {
+  Bucket& b = buckets_[index];
   NoGradGuard off;
   ++reductions_;
   // In place when the gradients tile one span of one buffer (the bucket's own, through the
@@ -151,33 +164,44 @@ KILN_ENTRY void DistributedDataParallel::reduce(Bucket& b) {
   if (in_place && !spans.empty()) {
     ++in_place_;
     Tensor span(ir::input(ir::BufferView{storage, spans.front().first, {1}}, Shape{b.numel}, b.dtype, b.device));
-    distributed::all_reduce(span, distributed::ReduceOp::Avg, group_);
+    in_flight_.push_back({distributed::all_reduce(span, distributed::ReduceOp::Avg, group_, true), index, false});
     return;
   }
-  // Otherwise through the bucket's buffer: gradients in, one reduction, gradients out.
+  // Otherwise through the bucket's buffer: the gradients in now, the averages out once reduced.
   std::vector<ir::NodePtr> values, destinations;
   const StoragePtr& flat = b.flat.node()->buffer->storage;
   for (std::size_t i = 0; i < b.members.size(); ++i) {
     const Tensor& p = params_[b.members[i]];
     const ir::NodePtr& g = p.node()->grad_leaf->grad;
-    ir::NodePtr dest =
-        ir::input(ir::BufferView{flat, b.offsets[i], contiguous_strides(p.shape())}, p.shape(), b.dtype, b.device);
     values.push_back(g ? ir::cast(g, b.dtype) : ir::constant(0.0, b.dtype, p.shape(), b.device));
-    destinations.push_back(dest);
+    destinations.push_back(
+        ir::input(ir::BufferView{flat, b.offsets[i], contiguous_strides(p.shape())}, p.shape(), b.dtype, b.device));
   }
   kiln::detail::evaluate_into_many(values, destinations);
-  distributed::all_reduce(b.flat, distributed::ReduceOp::Avg, group_);
-  for (std::size_t i = 0; i < b.members.size(); ++i) {
-    const Tensor& p = params_[b.members[i]];
-    ir::NodePtr reduced =
-        ir::input(ir::BufferView{flat, b.offsets[i], contiguous_strides(p.shape())}, p.shape(), b.dtype, b.device);
-    ir::NodePtr& g = p.node()->grad_leaf->grad;
-    if (g && g->realized()) {
-      Tensor(g).assign(Tensor(reduced));
-    } else {  // a lazy gradient (inside a trace): it becomes the bucket's slice
-      Tensor copy = kiln::empty(p.shape(), p.dtype(), p.device());
-      copy.assign(Tensor(reduced));
-      g = copy.node();
+  in_flight_.push_back({distributed::all_reduce(b.flat, distributed::ReduceOp::Avg, group_, true), index, true});
+}
+
+KILN_ENTRY void DistributedDataParallel::wait_for_reductions() {
+  NoGradGuard off;
+  std::vector<InFlight> in_flight = std::move(in_flight_);
+  in_flight_.clear();
+  for (InFlight& f : in_flight) {
+    f.work->wait();
+    if (!f.copied) continue;
+    const Bucket& b = buckets_[f.bucket];
+    const StoragePtr& flat = b.flat.node()->buffer->storage;
+    for (std::size_t i = 0; i < b.members.size(); ++i) {
+      const Tensor& p = params_[b.members[i]];
+      Tensor reduced(
+          ir::input(ir::BufferView{flat, b.offsets[i], contiguous_strides(p.shape())}, p.shape(), b.dtype, b.device));
+      ir::NodePtr& g = p.node()->grad_leaf->grad;
+      if (g && g->realized()) {
+        Tensor(g).assign(reduced);
+      } else {  // none, or a lazy one (inside a trace): a copy of the average becomes the gradient
+        Tensor copy = kiln::empty(p.shape(), p.dtype(), p.device());
+        copy.assign(reduced);
+        g = copy.node();
+      }
     }
   }
 }

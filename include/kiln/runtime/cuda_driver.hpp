@@ -179,6 +179,7 @@ struct CudaDriverApi {
   CUresult (*event_record)(cu::CUevent, cu::CUstream) = nullptr;   // cuEventRecord
   CUresult (*event_synchronize)(cu::CUevent) = nullptr;            // cuEventSynchronize
   CUresult (*event_query)(cu::CUevent) = nullptr;                  // cuEventQuery
+  CUresult (*stream_wait_event)(cu::CUstream, cu::CUevent, unsigned) = nullptr;  // cuStreamWaitEvent
   CUresult (*event_elapsed_time)(float*, cu::CUevent,
                                  cu::CUevent) = nullptr;           // cuEventElapsedTime_v2, else cuEventElapsedTime
   CUresult (*event_destroy)(cu::CUevent) = nullptr;                // cuEventDestroy_v2
@@ -332,6 +333,7 @@ inline CudaDriverState load_cuda_driver(const std::string& path) {
   sym(a.event_record, {"cuEventRecord"});
   sym(a.event_synchronize, {"cuEventSynchronize"});
   sym(a.event_query, {"cuEventQuery"});
+  sym(a.stream_wait_event, {"cuStreamWaitEvent"});
   // _v2 appeared in CUDA 12.8 with the same signature; older drivers only have the original.
   sym(a.event_elapsed_time, {"cuEventElapsedTime_v2", "cuEventElapsedTime"});
   sym(a.event_destroy, {"cuEventDestroy_v2"});

@@ -19,7 +19,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "gpt.hpp"
+#include "t1.hpp"
 
 namespace {
 
@@ -38,27 +38,10 @@ void D1_all_reduce(benchmark::State& state) {
   state.counters["ranks"] = world;
 }
 
-/// Token ids in [0, vocab) of shape [B, T], from a fixed-seed xorshift (each rank its own seed).
-Tensor token_ids(std::int64_t B, std::int64_t T, std::int64_t vocab, std::uint64_t seed, Device device) {
-  std::vector<std::int64_t> v(static_cast<std::size_t>(B * T));
-  for (auto& x : v) {
-    seed ^= seed << 13;
-    seed ^= seed >> 7;
-    seed ^= seed << 17;
-    x = static_cast<std::int64_t>(seed % static_cast<std::uint64_t>(vocab));
-  }
-  return from_vector(v, {B, T}, device);
-}
-
 void D2_gpt_step_ddp(benchmark::State& state) {
   const Device gpu = dist::default_group().device();
   const int rank = dist::get_rank(), world = dist::get_world_size();
-  gpt::Config c;
-  c.vocab_size = 50304;
-  c.block_size = 1024;
-  c.n_layer = 6;
-  c.n_head = 12;
-  c.n_embd = 768;
+  const gpt::Config c = t1::config();
   manual_seed(0);
   auto model = std::make_shared<gpt::Gpt>(c);
   model->to(gpu);
@@ -66,8 +49,8 @@ void D2_gpt_step_ddp(benchmark::State& state) {
   nn::DistributedDataParallel ddp(model);
   optim::AdamW opt(ddp.parameters(), {.lr = 3e-4, .weight_decay = 0.1});
   const std::int64_t B = 16, T = 1024;
-  Tensor idx = token_ids(B, T, c.vocab_size, 1 + 2 * static_cast<std::uint64_t>(rank), gpu);
-  Tensor tgt = token_ids(B, T, c.vocab_size, 2 + 2 * static_cast<std::uint64_t>(rank), gpu);
+  Tensor idx = t1::token_ids(B, T, c.vocab_size, 1 + 2 * static_cast<std::uint64_t>(rank), gpu);
+  Tensor tgt = t1::token_ids(B, T, c.vocab_size, 2 + 2 * static_cast<std::uint64_t>(rank), gpu);
   auto step = [&] {
     Tensor loss;
     {

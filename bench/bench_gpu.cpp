@@ -33,7 +33,7 @@
 #include "kiln/kiln.hpp"
 #include "kiln/runtime/cuda_memory.hpp"
 
-#include "gpt.hpp"
+#include "t1.hpp"
 
 namespace {
 
@@ -775,30 +775,6 @@ void time_graphs(benchmark::State& state, const std::vector<std::vector<NodePtr>
 
 // ---- training (T1, T2) ------------------------------------------------------------------------
 
-/// Token ids in [0, vocab) of shape [B, T] on the GPU, from a fixed-seed xorshift.
-Tensor token_ids(std::int64_t B, std::int64_t T, std::int64_t vocab, std::uint64_t seed) {
-  std::vector<std::int64_t> v(static_cast<std::size_t>(B * T));
-  for (auto& x : v) {
-    seed ^= seed << 13;
-    seed ^= seed >> 7;
-    seed ^= seed << 17;
-    x = static_cast<std::int64_t>(seed % static_cast<std::uint64_t>(vocab));
-  }
-  return from_vector(v, {B, T}, kDev);
-}
-
-/// T1's model: torch_suite's GPT (6 layers, d 768, 12 heads, T 1024, vocabulary 50304, tied
-/// head), no dropout.
-gpt::Config t1_config() {
-  gpt::Config c;
-  c.vocab_size = 50304;
-  c.block_size = 1024;
-  c.n_layer = 6;
-  c.n_head = 12;
-  c.n_embd = 768;
-  return c;
-}
-
 /// T1: one training step of the GPT at batch 16 (bf16 autocast, AdamW lr 3e-4, weight decay
 /// 0.1, the forward compiled; the step's loss read back as torch_suite's step returns it).
 /// compile_ms is the first step: trace and compile of forward, backward and optimizer (cold
@@ -809,11 +785,11 @@ void BM_T1(benchmark::State& state) {
   if (skip_without_gpu(state)) return;
   runtime::reset_cuda_memory_peak(0);
   manual_seed(0);
-  gpt::Gpt model(t1_config());
+  gpt::Gpt model(t1::config());
   model.to(kDev);
   model.compile();
   optim::AdamW opt(model.parameters(), {.lr = 3e-4, .weight_decay = 0.1});
-  Tensor idx = token_ids(16, 1024, 50304, 1), tgt = token_ids(16, 1024, 50304, 2);
+  Tensor idx = t1::token_ids(16, 1024, 50304, 1, kDev), tgt = t1::token_ids(16, 1024, 50304, 2, kDev);
   auto step = [&] {
     Tensor loss;
     {
@@ -842,13 +818,13 @@ void BM_T1(benchmark::State& state) {
 void BM_T2(benchmark::State& state) {
   if (skip_without_gpu(state)) return;
   manual_seed(0);
-  gpt::Gpt model(t1_config());
+  gpt::Gpt model(t1::config());
   model.to(kDev);
   optim::AdamW opt(model.parameters(), {.lr = 3e-4, .weight_decay = 0.1});
   double params = 0;
   for (const Tensor& p : model.parameters()) params += static_cast<double>(p.numel());
   {
-    Tensor idx = token_ids(2, 64, 50304, 1), tgt = token_ids(2, 64, 50304, 2);
+    Tensor idx = t1::token_ids(2, 64, 50304, 1, kDev), tgt = t1::token_ids(2, 64, 50304, 2, kDev);
     gpt::Gpt::loss(model(idx), tgt).backward();
   }
   const bench::Measurement m = bench::run(state, kDev, {.bytes = 28.0 * params}, [&] { opt.step(); });

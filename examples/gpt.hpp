@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <kiln/kiln.hpp>
 
@@ -89,5 +91,33 @@ struct Gpt : kiln::nn::Module {
     return kiln::cross_entropy(kiln::reshape(logits, {N, V}), kiln::reshape(targets, {N}));
   }
 };
+
+/// A small GPT's configuration: `n_layer` blocks of width `n_embd` with `n_head` heads over a
+/// vocabulary of `vocab_size` and sequences of up to `block_size`, no dropout.
+inline Config small_config(std::int64_t vocab_size, std::int64_t block_size, std::int64_t n_layer,
+                           std::int64_t n_head, std::int64_t n_embd) {
+  Config c;
+  c.vocab_size = vocab_size;
+  c.block_size = block_size;
+  c.n_layer = n_layer;
+  c.n_head = n_head;
+  c.n_embd = n_embd;
+  return c;
+}
+
+/// A batch a small model learns in a few dozen steps: B sequences of T tokens that count up by
+/// one modulo `vocab`, row b starting at `stride * b`; the targets are the inputs shifted by one.
+/// Returns {inputs, targets}, both int64 [B, T] on `device`.
+inline std::pair<kiln::Tensor, kiln::Tensor> counting_batch(std::int64_t B, std::int64_t T, std::int64_t vocab,
+                                                            std::int64_t stride,
+                                                            kiln::Device device = kiln::Device::cpu()) {
+  std::vector<std::int64_t> xs, ys;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t t = 0; t < T; ++t) {
+      xs.push_back((stride * b + t) % vocab);
+      ys.push_back((stride * b + t + 1) % vocab);
+    }
+  return {kiln::from_vector(xs, {B, T}, device), kiln::from_vector(ys, {B, T}, device)};
+}
 
 }  // namespace gpt

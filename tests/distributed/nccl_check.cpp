@@ -78,20 +78,9 @@ void collectives(Device gpu) {
 
 void ddp_gpt(Device gpu) {
   const int r = dist::get_rank(), W = dist::get_world_size();
-  gpt::Config c;
-  c.vocab_size = 64;
-  c.block_size = 32;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_embd = 64;
+  const gpt::Config c = gpt::small_config(64, 32, 2, 4, 64);
   const std::int64_t B = 4 * W, T = 32;
-  std::vector<std::int64_t> xs, ys;
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t t = 0; t < T; ++t) {
-      xs.push_back((5 * b + t) % 64);
-      ys.push_back((5 * b + t + 1) % 64);
-    }
-  const Tensor tx = from_vector(xs, {B, T}).to(gpu), ty = from_vector(ys, {B, T}).to(gpu);
+  const auto [tx, ty] = gpt::counting_batch(B, T, 64, 5, gpu);
   constexpr int steps = 5;
   auto run = [&](bool distributed) {
     manual_seed(distributed ? 100 + r : 100);  // rank 1 starts elsewhere: the broadcast fixes it

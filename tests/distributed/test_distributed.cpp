@@ -441,19 +441,8 @@ TEST_CASE(
 }
 
 TEST_CASE("DistributedDataParallel over a compiled GPT: the ranks' mean loss is the one-rank loss, step by step") {
-  gpt::Config c;
-  c.vocab_size = 11;
-  c.block_size = 8;
-  c.n_layer = 1;
-  c.n_head = 2;
-  c.n_embd = 16;
-  std::vector<std::int64_t> xs, ys;
-  for (std::int64_t b = 0; b < 4; ++b)
-    for (std::int64_t t = 0; t < 8; ++t) {
-      xs.push_back((3 * b + t) % 11);
-      ys.push_back((3 * b + t + 1) % 11);
-    }
-  const Tensor tx = from_vector(xs, {4, 8}), ty = from_vector(ys, {4, 8});
+  const gpt::Config c = gpt::small_config(11, 8, 1, 2, 16);
+  const auto [tx, ty] = gpt::counting_batch(4, 8, 11, 3);
   constexpr int steps = 4;
   manual_seed(5);
   auto reference = std::make_shared<gpt::Gpt>(c);

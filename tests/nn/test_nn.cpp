@@ -447,20 +447,8 @@ TEST_CASE("training: compiled and eager give the same losses over 50 AdamW steps
   auto mlp_loss = [&](nn::Sequential& m, int) { return cross_entropy(m(x), y); };
   check_same_and_falling(train(make_mlp, mlp_loss, false, 50), train(make_mlp, mlp_loss, true, 50));
 
-  gpt::Config c;
-  c.vocab_size = 11;
-  c.block_size = 8;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 16;
-  // Sequences that count up mod 11 from a per-row start: learnable in a few dozen steps.
-  std::vector<std::int64_t> xs, ys;
-  for (std::int64_t b = 0; b < 4; ++b)
-    for (std::int64_t t = 0; t < 8; ++t) {
-      xs.push_back((3 * b + t) % 11);
-      ys.push_back((3 * b + t + 1) % 11);
-    }
-  Tensor tx = from_vector(xs, {4, 8}), ty = from_vector(ys, {4, 8});
+  const gpt::Config c = gpt::small_config(11, 8, 2, 2, 16);
+  const auto [tx, ty] = gpt::counting_batch(4, 8, 11, 3);  // learnable in a few dozen steps
   auto make_gpt = [&] { return gpt::Gpt(c); };
   auto gpt_loss = [&](gpt::Gpt& m, int) { return gpt::Gpt::loss(m(tx), ty); };
   check_same_and_falling(train(make_gpt, gpt_loss, false, 50), train(make_gpt, gpt_loss, true, 50));

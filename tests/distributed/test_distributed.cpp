@@ -487,3 +487,59 @@ TEST_CASE("DistributedDataParallel over a compiled GPT: the ranks' mean loss is 
   CHECK(buckets[0] >= 5);
   CHECK(want.back() < want.front());
 }
+
+namespace {
+/// Two heads and one never used; rank 1 leaves head b out.
+struct TwoHeads : nn::Module {
+  nn::Linear a{4, 3}, b{4, 3}, never{4, 3};
+  bool use_b = true;
+  TwoHeads() {
+    register_module("a", a);
+    register_module("b", b);
+    register_module("never", never);
+  }
+  Tensor forward(const Tensor& x) override { return use_b ? a(x) + b(x) : a(x); }
+};
+}  // namespace
+
+TEST_CASE("DistributedDataParallel with find_unused_parameters: a parameter a rank left out counts as zeros there") {
+  manual_seed(21);
+  const Tensor x0 = randn(Shape{5, 4}), x1 = randn(Shape{5, 4});
+  auto make = [](bool use_b) {
+    manual_seed(22);
+    auto m = std::make_shared<TwoHeads>();
+    m->use_b = use_b;
+    return m;
+  };
+  // Each rank's own gradients, without DDP.
+  auto ref0 = make(true), ref1 = make(false);
+  mean((*ref0)(x0)).backward();
+  mean((*ref1)(x1)).backward();
+  const std::vector<float> a0 = ref0->a.weight.grad().to_vector<float>(), a1 = ref1->a.weight.grad().to_vector<float>();
+  const std::vector<float> b0 = ref0->b.weight.grad().to_vector<float>();
+  std::vector<std::shared_ptr<TwoHeads>> replicas{make(true), make(false)};
+  for (const double cap : {25.0, 1e-5}) {  // one bucket; a bucket per parameter
+    for (auto& m : replicas) m->zero_grad();
+    std::vector<std::vector<float>> ga(2), gb(2);
+    std::vector<bool> never_has_grad(2, true);
+    dist::run_threads(2, [&](int r) {
+      auto& m = replicas[static_cast<std::size_t>(r)];
+      nn::DistributedDataParallel ddp(m, {.bucket_cap_mb = cap, .find_unused_parameters = true});
+      for (int step = 0; step < 2; ++step) {  // the second iteration starts clean
+        m->zero_grad();
+        mean(ddp(r == 0 ? x0 : x1)).backward();
+      }
+      ga[static_cast<std::size_t>(r)] = m->a.weight.grad().to_vector<float>();
+      gb[static_cast<std::size_t>(r)] = m->b.weight.grad().to_vector<float>();
+      never_has_grad[static_cast<std::size_t>(r)] = m->never.weight.grad().defined();
+    });
+    CHECK(ga[0] == ga[1]);
+    CHECK(gb[0] == gb[1]);  // rank 1 left b out, and still holds the average
+    for (std::size_t k = 0; k < a0.size(); ++k) {
+      CHECK(ga[0][k] == doctest::Approx((a0[k] + a1[k]) / 2).epsilon(1e-6));
+      CHECK(gb[0][k] == doctest::Approx(b0[k] / 2).epsilon(1e-6));
+    }
+    CHECK_FALSE(never_has_grad[0]);  // no rank used it
+    CHECK_FALSE(never_has_grad[1]);
+  }
+}

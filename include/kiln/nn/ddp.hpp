@@ -44,6 +44,12 @@ struct DistributedDataParallelOptions {
   bool broadcast_buffers = true;
   /// The group to average over (default: distributed::default_group()).
   distributed::ProcessGroup* process_group = nullptr;
+  /// Parameters the forward's output does not depend on (found by walking its graph after each
+  /// forward) are ready at once, their share of a bucket reduced as zeros, instead of leaving
+  /// the bucket unreduced. Afterwards a parameter some rank used holds the average (zeros
+  /// counted for the ranks that did not use it); one no rank used keeps an undefined grad()
+  /// (torch's find_unused_parameters).
+  bool find_unused_parameters = false;
 };
 
 /// Wraps `module` for data-parallel training: forward() runs the module; every backward through
@@ -117,6 +123,8 @@ class DistributedDataParallel : public Module {
   KILN_ENTRY void mark_ready(std::size_t param);
   KILN_ENTRY void reduce(std::size_t bucket);
   KILN_ENTRY void wait_for_reductions();
+  /// find_unused_parameters: marks ready the parameters `output` does not depend on.
+  KILN_ENTRY void mark_unused(const Tensor& output);
   /// Turns the reductions, and the evaluation groups that let them overlap, on or off.
   KILN_ENTRY void set_sync(bool on);
 
@@ -127,6 +135,8 @@ class DistributedDataParallel : public Module {
   std::vector<std::uint64_t> hook_ids_;
   std::vector<std::size_t> bucket_of_;  ///< params_ index -> bucket
   std::vector<bool> marked_;            ///< this iteration
+  std::vector<bool> unused_;            ///< this iteration, by find_unused_parameters
+  bool started_ = false;                ///< a hook has run this iteration
   std::vector<Bucket> buckets_;
   std::size_t next_bucket_ = 0;  ///< the first bucket not reduced yet this iteration
   std::vector<InFlight> in_flight_;

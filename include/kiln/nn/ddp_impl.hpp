@@ -2,6 +2,7 @@
 // The definitions of nn::DistributedDataParallel (nn/ddp.hpp). Header-only mode includes them
 // from that header; compiled mode compiles them once into kiln::kiln_compiled.
 #include <algorithm>
+#include <unordered_set>
 
 #include "kiln/core/hash.hpp"
 #include "kiln/nn/ddp.hpp"
@@ -31,6 +32,7 @@ KILN_ENTRY DistributedDataParallel::DistributedDataParallel(std::shared_ptr<Modu
   }
   make_buckets();
   marked_.assign(params_.size(), false);
+  unused_.assign(params_.size(), false);
   for (std::size_t i = 0; i < params_.size(); ++i)
     hook_ids_.push_back(params_[i].register_post_accumulate_grad_hook([this, i](const Tensor&) { mark_ready(i); }));
   set_sync(true);
@@ -126,14 +128,17 @@ KILN_ENTRY void DistributedDataParallel::mark_ready(std::size_t param) {
                      " got a second gradient before its bucket was reduced (two backward passes without a "
                      "reduction between them: use no_sync() to accumulate)");
   marked_[param] = true;
+  started_ = true;
   ++buckets_[bucket_of_[param]].ready;
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].ready == buckets_[next_bucket_].members.size())
     reduce(next_bucket_++);
   if (next_bucket_ == buckets_.size()) {  // the iteration is complete
     next_bucket_ = 0;
+    started_ = false;
     marked_.assign(params_.size(), false);
     for (Bucket& b : buckets_) b.ready = 0;
     wait_for_reductions();
+    unused_.assign(params_.size(), false);
   }
 }
 
@@ -185,6 +190,15 @@ KILN_ENTRY void DistributedDataParallel::wait_for_reductions() {
   NoGradGuard off;
   std::vector<InFlight> in_flight = std::move(in_flight_);
   in_flight_.clear();
+  // Which parameters some rank used (find_unused_parameters): those keep their average, the
+  // others no gradient. One more collective, after the buckets, on every rank alike.
+  std::vector<std::int32_t> used(params_.size(), 1);
+  if (options_.find_unused_parameters) {
+    for (std::size_t i = 0; i < params_.size(); ++i) used[i] = unused_[i] ? 0 : 1;
+    Tensor any = kiln::from_vector(used, Shape{static_cast<std::int64_t>(used.size())}, group_->device());
+    distributed::all_reduce(any, distributed::ReduceOp::Max, group_);
+    used = any.to_vector<std::int32_t>();
+  }
   for (InFlight& f : in_flight) {
     f.work->wait();
     if (!f.copied) continue;
@@ -195,6 +209,7 @@ KILN_ENTRY void DistributedDataParallel::wait_for_reductions() {
       Tensor reduced(
           ir::input(ir::BufferView{flat, b.offsets[i], contiguous_strides(p.shape())}, p.shape(), b.dtype, b.device));
       ir::NodePtr& g = p.node()->grad_leaf->grad;
+      if (!g && !used[b.members[i]]) continue;  // no rank used it: no gradient, as in torch
       if (g && g->realized()) {
         Tensor(g).assign(reduced);
       } else {  // none, or a lazy one (inside a trace): a copy of the average becomes the gradient
@@ -207,18 +222,47 @@ KILN_ENTRY void DistributedDataParallel::wait_for_reductions() {
 }
 
 KILN_ENTRY Tensor DistributedDataParallel::forward(const Tensor& input) {
-  if (next_bucket_ != 0 || std::any_of(marked_.begin(), marked_.end(), [](bool m) { return m; })) {
+  if (started_) {
     std::string waiting;
     for (std::size_t i = 0; i < params_.size(); ++i)
       if (!marked_[i]) waiting += (waiting.empty() ? "" : ", ") + std::to_string(i);
     throw ValueError("DistributedDataParallel: the previous backward left buckets unreduced: parameter(s) " + waiting +
-                     " of parameters() got no gradient (every parameter must take part in the loss)");
+                     " of parameters() got no gradient (every parameter must take part in the loss, or pass "
+                     "find_unused_parameters = true)");
   }
+  // A forward without a backward since (evaluation with grad mode on) leaves nothing behind.
+  marked_.assign(params_.size(), false);
+  unused_.assign(params_.size(), false);
+  for (Bucket& b : buckets_) b.ready = 0;
   if (options_.broadcast_buffers) {
     NoGradGuard off;
     for (Tensor& b : buffers()) distributed::broadcast(b, 0, group_);
   }
-  return (*module_)(input);
+  Tensor output = (*module_)(input);
+  if (options_.find_unused_parameters && sync_ && output.defined() && output.requires_grad()) mark_unused(output);
+  return output;
+}
+
+KILN_ENTRY void DistributedDataParallel::mark_unused(const Tensor& output) {
+  // The parameters a backward from `output` reaches: the walk autodiff::backward_pass makes.
+  std::unordered_set<const ir::Node*> seen, reached;
+  std::vector<const ir::Node*> stack{output.node().get()};
+  seen.insert(stack.back());
+  while (!stack.empty()) {
+    const ir::Node* n = stack.back();
+    stack.pop_back();
+    if (n->grad_leaf) {
+      reached.insert(n);
+      continue;
+    }
+    for (const ir::NodePtr& in : n->custom_gradient ? n->custom_gradient->inputs : n->inputs)
+      if (in->requires_grad && seen.insert(in.get()).second) stack.push_back(in.get());
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (!reached.count(params_[i].node().get())) {
+      unused_[i] = marked_[i] = true;
+      ++buckets_[bucket_of_[i]].ready;
+    }
 }
 
 }  // namespace kiln::nn

@@ -210,7 +210,7 @@ struct Contiguous {
     return static_cast<char*>(v.data()) + v.offset * static_cast<std::int64_t>(itemsize(work.dtype()));
   }
   void finish() {
-    if (work.node() != original.node()) const_cast<Tensor&>(original).assign(work);
+    if (work.node() != original.node()) original.assign(work);
   }
 };
 

@@ -41,7 +41,7 @@ KILN_ENTRY DistributedDataParallel::DistributedDataParallel(std::shared_ptr<Modu
 KILN_ENTRY DistributedDataParallel::~DistributedDataParallel() {
   for (std::size_t i = 0; i < params_.size() && i < hook_ids_.size(); ++i) {
     params_[i].remove_post_accumulate_grad_hook(hook_ids_[i]);
-    params_[i].node()->grad_leaf->evaluation_group = -1;
+    if (const auto& leaf = params_[i].node()->grad_leaf) leaf->evaluation_group = -1;
   }
 }
 
@@ -50,7 +50,8 @@ KILN_ENTRY void DistributedDataParallel::set_sync(bool on) {
   // One rank has nothing to overlap with: its backward stays one graph.
   const bool split = on && group_->size() > 1 && buckets_.size() > 1;
   for (std::size_t i = 0; i < params_.size(); ++i)
-    params_[i].node()->grad_leaf->evaluation_group = split ? static_cast<int>(bucket_of_[i]) : -1;
+    if (const auto& leaf = params_[i].node()->grad_leaf)
+      leaf->evaluation_group = split ? static_cast<int>(bucket_of_[i]) : -1;
 }
 
 /// Every rank must wrap the same parameters: a rank whose list differs would pair its buckets

@@ -180,22 +180,23 @@ TEST_CASE("a failing, late or mismatched rank gives every rank a DistributedErro
   quick.timeout = std::chrono::milliseconds(400);
   std::mutex m;
   std::vector<std::string> seen(2);
+  // Runs `collective` on rank r, keeping the DistributedError it throws (and rethrowing it).
+  auto keep_error = [&](int r, const std::function<void()>& collective) {
+    try {
+      collective();
+    } catch (const DistributedError& e) {
+      std::lock_guard lock(m);
+      seen[static_cast<std::size_t>(r)] = e.what();
+      throw;
+    }
+  };
 
   SUBCASE("different collectives") {
     CHECK_THROWS_AS(dist::run_threads(
                         2,
                         [&](int r) {
                           Tensor t = vec({1, 2});
-                          try {
-                            if (r == 0)
-                              dist::all_reduce(t);
-                            else
-                              dist::broadcast(t, 0);
-                          } catch (const DistributedError& e) {
-                            std::lock_guard lock(m);
-                            seen[static_cast<std::size_t>(r)] = e.what();
-                            throw;
-                          }
+                          keep_error(r, [&] { r == 0 ? (void)dist::all_reduce(t) : dist::broadcast(t, 0); });
                         },
                         quick),
                     DistributedError);
@@ -230,13 +231,7 @@ TEST_CASE("a failing, late or mismatched rank gives every rank a DistributedErro
                         2,
                         [&](int r) {
                           if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-                          try {
-                            dist::barrier();
-                          } catch (const DistributedError& e) {
-                            std::lock_guard lock(m);
-                            seen[static_cast<std::size_t>(r)] = e.what();
-                            throw;
-                          }
+                          keep_error(r, [] { dist::barrier(); });
                         },
                         quick),
                     DistributedError);

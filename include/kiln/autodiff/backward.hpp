@@ -36,6 +36,12 @@ inline std::string describe_node(const ir::Node& n) {
   return std::string(ir::op_name(n.op)) + " " + dtype_name(n.dtype) + n.shape.str();
 }
 
+/// What a backward walks from `n` to: a composite's own inputs where it has its own gradient
+/// rule, else the node's inputs.
+inline const std::vector<NodePtr>& gradient_inputs(const ir::Node& n) {
+  return n.custom_gradient ? n.custom_gradient->inputs : n.inputs;
+}
+
 /// A node reached by a backward and its summed gradient (a lazy node).
 struct Reached {
   NodePtr node, grad;
@@ -73,7 +79,7 @@ inline std::vector<Reached> backward_pass(const std::vector<NodePtr>& roots, con
                             describe_node(n) + " was freed by an earlier backward); pass retain_graph = true to "
                             "the first backward to keep it");
       // Marked leaves end the walk; a wanted node that is not one passes its gradient on.
-      const std::vector<NodePtr>& from = n.custom_gradient ? n.custom_gradient->inputs : n.inputs;
+      const std::vector<NodePtr>& from = gradient_inputs(n);
       if (!ends_walk(n) && f.next < from.size()) {
         const NodePtr& child = from[f.next++];
         if (child->requires_grad && seen.insert(child.get()).second) stack.push_back({child, 0});
@@ -98,7 +104,7 @@ inline std::vector<Reached> backward_pass(const std::vector<NodePtr>& roots, con
     const NodePtr g = found->second;
     if (is_stop(*n)) out.push_back({n, g});
     if (ends_walk(*n)) continue;
-    const std::vector<NodePtr>& from = n->custom_gradient ? n->custom_gradient->inputs : n->inputs;
+    const std::vector<NodePtr>& from = gradient_inputs(*n);
     Grads in = n->custom_gradient ? n->custom_gradient->rule(n, g) : vjp(n, g);
     for (std::size_t k = 0; k < from.size() && k < in.size(); ++k)
       if (in[k] && from[k]->requires_grad) accumulate(from[k], in[k]);

@@ -201,6 +201,14 @@ inline void check_op(const char* op_name, ReduceOp op, const Tensor& t) {
                      reduce_op_name(op) + " (" + tensor_text(t) + ")");
 }
 
+/// The shape of `world` tensors of `shape` laid end to end along dim 0 (a 0-dim one: [world]).
+inline Shape concatenated_shape(const Shape& shape, int world) {
+  if (shape.empty()) return Shape{world};
+  Shape out = shape;
+  out[0] *= world;
+  return out;
+}
+
 /// A tensor's evaluated memory, contiguous: its own when it is, else a contiguous copy that
 /// `finish` writes back (for outputs).
 struct Contiguous {
@@ -278,9 +286,7 @@ KILN_ENTRY void all_gather_into_tensor(const Tensor& output, const Tensor& input
   ProcessGroup& g = detail::group_or_default(group);
   detail::check_tensor("all_gather_into_tensor", input, g, "input");
   detail::check_tensor("all_gather_into_tensor", output, g, "output");
-  const Shape& in = input.shape();
-  Shape expected = in.size() == 0 ? Shape{g.size()} : in;
-  if (in.size() > 0) expected[0] = in[0] * g.size();
+  const Shape expected = detail::concatenated_shape(input.shape(), g.size());
   if (output.shape() != expected || output.dtype() != input.dtype() || output.device() != input.device())
     throw ShapeError("distributed::all_gather_into_tensor: the output " + detail::tensor_text(output) + " must be " +
                      dtype_name(input.dtype()) + expected.str() + " on " + input.device().str() + " for the input " +
@@ -304,15 +310,13 @@ KILN_ENTRY void all_gather(std::vector<Tensor>& outputs, const Tensor& input, Pr
         outputs[r].device() != input.device())
       throw ShapeError("distributed::all_gather: output " + std::to_string(r) + " " + detail::tensor_text(outputs[r]) +
                        " does not match the input " + detail::tensor_text(input));
-  Shape flat = input.shape();
-  flat.insert(flat.begin(), g.size());
-  Tensor all = kiln::empty(flat, input.dtype(), input.device());
-  detail::Contiguous src = detail::contiguous_of(input, "distributed::all_gather", false);
-  detail::Contiguous dst = detail::contiguous_of(all, "distributed::all_gather", true);
-  g.transport().all_gather(src.data(), dst.data(), input.numel(), input.dtype(), input.device());
+  // Gathered end to end, then each rank's block copied into its output.
+  Tensor all = kiln::empty(detail::concatenated_shape(input.shape(), g.size()), input.dtype(), input.device());
+  all_gather_into_tensor(all, input, &g);
+  const Tensor rows = kiln::reshape(all, Shape{g.size(), input.numel()});
   for (std::size_t r = 0; r < outputs.size(); ++r) {
     const auto i = static_cast<std::int64_t>(r);
-    outputs[r].assign(kiln::reshape(kiln::slice(all, 0, i, i + 1), input.shape()));
+    outputs[r].assign(kiln::reshape(kiln::slice(rows, 0, i, i + 1), input.shape()));
   }
 }
 
@@ -321,9 +325,7 @@ KILN_ENTRY void reduce_scatter_tensor(const Tensor& output, const Tensor& input,
   detail::check_tensor("reduce_scatter_tensor", input, g, "input");
   detail::check_tensor("reduce_scatter_tensor", output, g, "output");
   detail::check_op("reduce_scatter_tensor", op, input);
-  const Shape& out = output.shape();
-  Shape expected = out.size() == 0 ? Shape{g.size()} : out;
-  if (out.size() > 0) expected[0] = out[0] * g.size();
+  const Shape expected = detail::concatenated_shape(output.shape(), g.size());
   if (input.shape() != expected || output.dtype() != input.dtype() || output.device() != input.device())
     throw ShapeError("distributed::reduce_scatter_tensor: the input " + detail::tensor_text(input) + " must be " +
                      dtype_name(output.dtype()) + expected.str() + " on " + output.device().str() + " for the output " +
@@ -347,11 +349,9 @@ KILN_ENTRY void reduce_scatter(const Tensor& output, const std::vector<Tensor>& 
         inputs[r].device() != output.device())
       throw ShapeError("distributed::reduce_scatter: input " + std::to_string(r) + " " +
                        detail::tensor_text(inputs[r]) + " does not match the output " + detail::tensor_text(output));
-  Tensor all = kiln::stack(inputs, 0);
-  detail::Contiguous src = detail::contiguous_of(all, "distributed::reduce_scatter", false);
-  detail::Contiguous dst = detail::contiguous_of(output, "distributed::reduce_scatter", true);
-  g.transport().reduce_scatter(src.data(), dst.data(), output.numel(), output.dtype(), op, output.device());
-  dst.finish();
+  // The inputs end to end, scattered as one tensor.
+  reduce_scatter_tensor(
+      output, kiln::reshape(kiln::stack(inputs, 0), detail::concatenated_shape(output.shape(), g.size())), op, &g);
 }
 
 KILN_ENTRY void barrier(ProcessGroup* group) { detail::group_or_default(group).transport().barrier(); }

@@ -256,7 +256,7 @@ KILN_ENTRY void DistributedDataParallel::mark_unused(const Tensor& output) {
       reached.insert(n);
       continue;
     }
-    for (const ir::NodePtr& in : n->custom_gradient ? n->custom_gradient->inputs : n->inputs)
+    for (const ir::NodePtr& in : autodiff::gradient_inputs(*n))
       if (in->requires_grad && seen.insert(in.get()).second) stack.push_back(in.get());
   }
   for (std::size_t i = 0; i < params_.size(); ++i)

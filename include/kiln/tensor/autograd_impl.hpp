@@ -226,14 +226,15 @@ KILN_ENTRY void Tensor::backward(const Tensor& gradient, bool retain_graph, std:
   NoGradGuard off;
   // The post-accumulate hooks run once every gradient is in place (the gradients are evaluated
   // together, as one graph), leaf by leaf in the order the walk reached them.
-  // With evaluation groups (ir::GradLeaf::evaluation_group), only the leaves of the group just
-  // evaluated; -2: every leaf.
-  auto run_hooks = [&reached](int group = -2) {
+  // With evaluation groups (ir::GradLeaf::evaluation_group), the leaves of the groups `wanted`
+  // accepts.
+  auto run_hooks = [&reached](const auto& wanted) {
     for (const autodiff::Reached& r : reached)
-      if (r.node->grad_leaf && (group == -2 || r.node->grad_leaf->evaluation_group == group))
+      if (r.node->grad_leaf && wanted(r.node->grad_leaf->evaluation_group))
         for (auto hooks = r.node->grad_leaf->post_accumulate_hooks; auto& [id, hook] : hooks)  // a copy: a
           hook(r.node);                                                                         // hook may go
   };
+  const auto every_group = [](int) { return true; };
   std::vector<ir::NodePtr> fresh;
   std::vector<std::shared_ptr<ir::GradLeaf>> fresh_leaves;
   // Gradients written into existing memory: a leaf's gradient home, or its grad() accumulated in
@@ -282,7 +283,7 @@ KILN_ENTRY void Tensor::backward(const Tensor& gradient, bool retain_graph, std:
   if (values.empty() && !grouped) {
     if (output_lazy) fresh.push_back(node_);
     detail::evaluate_together(fresh);
-    run_hooks();
+    run_hooks(every_group);
     return;
   }
   // The fresh gradients (and the output) join the graph of the in-place ones, each into new memory.
@@ -308,16 +309,14 @@ KILN_ENTRY void Tensor::backward(const Tensor& gradient, bool retain_graph, std:
     std::set<int> evaluated(groups.begin(), groups.end());
     detail::evaluate_in_groups(values, destinations, groups, [&](int group) {
       if (group == -1) finish_output();
-      run_hooks(group);
+      run_hooks([group](int g) { return g == group; });
     });
-    for (const autodiff::Reached& r : reached)
-      if (r.node->grad_leaf && !evaluated.count(r.node->grad_leaf->evaluation_group))
-        for (auto hooks = r.node->grad_leaf->post_accumulate_hooks; auto& [id, hook] : hooks) hook(r.node);
+    run_hooks([&evaluated](int g) { return evaluated.count(g) == 0; });
     return;
   }
   detail::evaluate_into_many(values, destinations);
   finish_output();
-  run_hooks();
+  run_hooks(every_group);
 }
 
 }  // namespace kiln

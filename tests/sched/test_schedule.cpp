@@ -188,6 +188,19 @@ TEST_CASE("sched: index arithmetic") {
     CHECK(!odd[1].affine());
     CHECK(odd[1].dep_mask() == 3u);
   }
+  SUBCASE("a split that is merged back is the index it split (affine again, so loads vectorise)") {
+    // [B*T, C] seen as [B, T, C] and back, over a 2-dim kernel: i0 / T and i0 % T are opaque,
+    // T * (i0 / T) + i0 % T is i0.
+    const Shape rows{24, 4};
+    Index r = identity_index(rows);
+    Index split = map_reshape(r, Shape{24, 4}, Shape{4, 6, 4}, rows);
+    CHECK(!split[0].affine());
+    Index merged = map_reshape(split, Shape{4, 6, 4}, Shape{24, 4}, rows);
+    CHECK(merged[0] == r[0]);
+    CHECK(merged[0].affine());
+    Index other = map_reshape(split, Shape{4, 6, 4}, Shape{2, 12, 4}, rows);  // a different split
+    CHECK(!other[0].affine());
+  }
   SUBCASE("slices scale and offset; broadcasts zero the size-1 dims") {
     Index s = map_slice(id, {1, 1, 2}, Shape{6, 9});
     CHECK(s[1].at(1) == 2);

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -48,6 +49,12 @@ struct IndexExpr {
   std::vector<ValueTerm> values;  ///< value terms added to the affine part (not with `text`)
   std::string text;               ///< opaque: C expression over the loop variables i<d>
   std::uint64_t deps = 0;         ///< opaque, or with value terms: the kernel dimensions read beyond coeff
+  /// Opaque quotient or remainder of `split_of` by `divisor` (ix_divmod), the quotient times
+  /// `quotient_scale`: what lets ix_add see that (e / p) * p + e % p is e again (a reshape
+  /// that splits a dim and one that merges it back, as [B*T, C] -> [B, T, C] -> [B*T, C]).
+  std::shared_ptr<const IndexExpr> split_of;
+  i64 divisor = 0;
+  i64 quotient_scale = 0;  ///< 0: the remainder; else the quotient times this
 
   /// Purely affine: no opaque text and no value terms.
   bool affine() const { return text.empty() && values.empty(); }
@@ -210,6 +217,15 @@ inline IndexExpr ix_opaque(std::string text, std::uint64_t deps) {
 }
 
 inline IndexExpr ix_add(const IndexExpr& a, const IndexExpr& b) {
+  if (a.is_constant() && a.constant == 0) return b;
+  if (b.is_constant() && b.constant == 0) return a;
+  // (e / p) * p + e % p, either order: e.
+  for (const IndexExpr* q : {&a, &b}) {
+    const IndexExpr* r = q == &a ? &b : &a;
+    if (q->split_of && r->split_of && q->divisor == r->divisor && q->quotient_scale == q->divisor &&
+        r->quotient_scale == 0 && (q->split_of == r->split_of || *q->split_of == *r->split_of))
+      return *q->split_of;
+  }
   if (a.text.empty() && b.text.empty()) {
     IndexExpr r;
     r.coeff.assign(std::max(a.coeff.size(), b.coeff.size()), 0);
@@ -236,7 +252,13 @@ inline IndexExpr ix_scale(const IndexExpr& a, i64 k) {
     return r;
   }
   if (k == 1) return a;
-  return ix_opaque(std::to_string(k) + "LL*" + ix_text(a), a.deps);
+  IndexExpr r = ix_opaque(std::to_string(k) + "LL*" + ix_text(a), a.deps);
+  if (a.split_of && a.quotient_scale != 0) {
+    r.split_of = a.split_of;
+    r.divisor = a.divisor;
+    r.quotient_scale = a.quotient_scale * k;
+  }
+  return r;
 }
 
 inline IndexExpr ix_add_const(const IndexExpr& a, i64 k) { return ix_add(a, ix_const(k)); }
@@ -271,7 +293,13 @@ inline std::pair<IndexExpr, IndexExpr> ix_divmod(const IndexExpr& e, i64 p, cons
   }
   std::string t = ix_text(e);
   std::uint64_t m = e.dep_mask();
-  return {ix_opaque(t + " / " + std::to_string(p) + "LL", m), ix_opaque(t + " % " + std::to_string(p) + "LL", m)};
+  auto split = std::make_shared<const IndexExpr>(e);
+  IndexExpr q = ix_opaque(t + " / " + std::to_string(p) + "LL", m);
+  IndexExpr r = ix_opaque(t + " % " + std::to_string(p) + "LL", m);
+  q.split_of = r.split_of = split;
+  q.divisor = r.divisor = p;
+  q.quotient_scale = 1;
+  return {q, r};
 }
 
 /// Zero for every dimension of size 1 (its only index), so equal positions compare equal.

@@ -140,3 +140,44 @@ TEST_CASE("a cast of an operand the CPU call reads in place is folded into the c
   CHECK(!gpu.calls[0].a_from);
   CHECK(gpu.segments.size() == 1);
 }
+
+TEST_CASE("a residual stream is stored once per level, not recomputed from every earlier layer") {
+  // x_l = x_{l-1} + tanh(x_{l-1}) @ w_l: without storing x_l, level l's segment would read x0
+  // and every earlier product again (quadratic in the depth).
+  NodePtr x = input({8, 4}, f32, 1);
+  for (unsigned l = 0; l < 6; ++l) x = add(x, ir::matmul(ir::unary(Op::Tanh, x), input({4, 4}, f32, 10 + l)));
+  auto p = plan_of({ir::unary(Op::Tanh, x)}, false);
+  REQUIRE(p.calls.size() == 6);
+  // A value that would read three stored values is stored; two are recomputed (an add is as
+  // cheap as the load it saves), so a segment reads at most three, at any depth.
+  for (const auto& seg : p.segments) CHECK(seg.leaves.size() <= 3);
+}
+
+TEST_CASE("a product returned as a reshape of itself is written into the output") {
+  NodePtr x = input({8, 4}, f32, 1), w = input({4, 6}, f32, 2);
+  auto p = plan_of({ir::reshape(ir::matmul(x, w), Shape{2, 4, 6})}, false);
+  REQUIRE(p.calls.size() == 1);
+  CHECK(p.segments.empty());
+  CHECK(p.calls[0].out.kind == Slot::Output);
+  CHECK(p.calls[0].out.strides == Strides{6, 1});
+}
+
+TEST_CASE("a cast of a transposed operand is stored in its source's order for cuBLASLt") {
+  // The tied head: logits = x @ cast(wte^T); a row-major copy of wte^T would be a scattered write.
+  NodePtr x = input({8, 4}, bf16, 1), table = input({6, 4}, f32, 2);
+  NodePtr strided = input({4, 6}, f32, 3, Strides{1, 4});  // a transposed view of a [6, 4] leaf
+  for (const NodePtr& wt : {ir::permute(table, {1, 0}), strided}) {
+    auto p = kiln::sched::plan_steps(ir::capture({ir::matmul(x, ir::cast(wt, bf16))}, Device::cuda(0)).graph, true);
+    REQUIRE(p.calls.size() == 1);
+    CHECK(p.calls[0].b.kind == Slot::Temp);
+    CHECK(p.calls[0].b.strides == Strides{1, 4});
+    // Its transpose back (the backward's operand) reads the same memory.
+    NodePtr dlogits = input({8, 6}, bf16, 4);
+    std::vector<NodePtr> roots{ir::matmul(x, ir::cast(wt, bf16)),
+                               ir::matmul(dlogits, ir::permute(ir::cast(wt, bf16), {1, 0}))};
+    auto both = kiln::sched::plan_steps(ir::capture(roots, Device::cuda(0)).graph, true);
+    REQUIRE(both.calls.size() == 2);
+    CHECK(both.calls[1].b.index == both.calls[0].b.index);
+    CHECK(both.calls[1].b.strides == Strides{4, 1});
+  }
+}

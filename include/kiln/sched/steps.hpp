@@ -646,14 +646,48 @@ class StepPlanner {
     }
   }
 
-  Slot temp(int i) {
-    Slot s{Slot::Temp, static_cast<int>(plan_.temps.size()), contiguous_strides(node(i).shape)};
+  // A temporary for node i, dense in the order of `strides` (row-major by default).
+  Slot temp(int i, std::optional<Strides> strides = std::nullopt) {
+    Slot s{Slot::Temp, static_cast<int>(plan_.temps.size()), strides ? *strides : contiguous_strides(node(i).shape)};
     plan_.temps.push_back({node(i).shape, node(i).dtype});
     return s;
   }
 
+  // Dense strides that keep node i's elements in the order its source holds them, where i is
+  // a cast (or another one-input pointwise op) of a transposed leaf or of a permute and that
+  // order is not row-major. Stored that way, the segment writing i reads and writes along the
+  // same dim (a transposed bf16 copy of a [50304, 768] table is scattered 2-byte stores, ten
+  // times the copy's time); a library call reads either order.
+  std::optional<Strides> source_order(int i) const {
+    const ir::GraphNode* nd = &node(i);
+    const Shape& shape = nd->shape;
+    while (ir::op_kind(nd->op) == ir::OpKind::Unary && node(nd->inputs[0]).shape == shape) nd = &node(nd->inputs[0]);
+    std::vector<std::size_t> order(shape.size());  // dims from the outermost in the source
+    for (std::size_t d = 0; d < order.size(); ++d) order[d] = d;
+    if (nd->op == ir::Op::Input) {
+      for (auto st : nd->strides)
+        if (st <= 0) return std::nullopt;
+      std::stable_sort(order.begin(), order.end(),
+                       [&](std::size_t a, std::size_t b) { return nd->strides[a] > nd->strides[b]; });
+    } else if (nd->op == ir::Op::Permute) {
+      // Output dim d is input dim perm[d]; the input is row-major, so d's rank is perm[d].
+      for (std::size_t d = 0; d < order.size(); ++d) order[static_cast<std::size_t>(nd->attrs.ints[d])] = d;
+    } else {
+      return std::nullopt;
+    }
+    Strides dense(shape.size());
+    i64 step = 1;
+    for (std::size_t k = order.size(); k-- > 0;) {
+      dense[order[k]] = step;
+      step *= shape[order[k]];
+    }
+    if (dense == contiguous_strides(shape)) return std::nullopt;
+    return dense;
+  }
+
   // Memory holding node i's value for a later step: requested of the segment of its level.
-  Slot materialize(int i) {
+  // `order`: the layout of a new temporary (row-major when none).
+  Slot materialize(int i, std::optional<Strides> order = std::nullopt) {
     Slot& m = materialized_[static_cast<std::size_t>(i)];
     if (m.kind != Slot::None) return m;
     for (std::size_t k = 0; k < g_.outputs.size(); ++k)
@@ -664,7 +698,7 @@ class StepPlanner {
         requests_[level_[static_cast<std::size_t>(i)]].push_back({i, m});
         return m;
       }
-    m = temp(i);
+    m = temp(i, order);
     requests_[level_[static_cast<std::size_t>(i)]].push_back({i, m});
     return m;
   }
@@ -680,7 +714,11 @@ class StepPlanner {
     // call reads that memory through the permuted strides instead of a transposed copy.
     if (nd.op == ir::Op::Permute && node(nd.inputs[0]).op != ir::Op::Input) {
       const int src = nd.inputs[0];
-      const Strides base = is_call_result(src) ? result_slot(src).strides : contiguous_strides(node(src).shape);
+      const std::size_t si = static_cast<std::size_t>(src);
+      const Strides base = is_call_result(src)                   ? result_slot(src).strides
+                           : materialized_[si].kind != Slot::None ? materialized_[si].strides
+                                                                  : library_order(src).value_or(
+                                                                        contiguous_strides(node(src).shape));
       if (base.size() == nd.shape.size()) {
         Strides st(base.size());
         for (std::size_t k = 0; k < st.size(); ++k) st[k] = base[static_cast<std::size_t>(nd.attrs.ints[k])];
@@ -690,7 +728,14 @@ class StepPlanner {
         }
       }
     }
-    return materialize(i);
+    return materialize(i, library_order(i));
+  }
+
+  // source_order(i) where a library call can read that layout.
+  std::optional<Strides> library_order(int i) const {
+    std::optional<Strides> o = source_order(i);
+    if (o && !library_readable(node(i).shape, *o)) return std::nullopt;
+    return o;
   }
 
   // Where a scatter or a scan reads node i: kiln's own step kernels read any strides of a leaf.
@@ -744,6 +789,19 @@ class StepPlanner {
         if (!ok) continue;
         output_taken_.insert(static_cast<int>(k));
         c.out = Slot{Slot::Output, static_cast<int>(k), os};
+      }
+      // An output that only reshapes the result (a [B*T, N] product returned as [B, T, N]):
+      // the call writes the output's memory, which holds the same elements in the same order.
+      for (std::size_t k = 0; k < g_.outputs.size() && c.out.kind == Slot::None; ++k) {
+        const int o = g_.outputs[k];
+        if (o == c.result || output_taken_.count(static_cast<int>(k)) ||
+            !is_contiguous(node(o).shape, g_.output_strides[k]))
+          continue;
+        int x = o;
+        while (x != c.result && node(x).op == ir::Op::Reshape) x = node(x).inputs[0];
+        if (x != c.result) continue;
+        output_taken_.insert(static_cast<int>(k));
+        c.out = Slot{Slot::Output, static_cast<int>(k), contiguous_strides(c.shape)};
       }
       if (c.out.kind == Slot::None) c.out = temp(c.result);
     }
@@ -816,6 +874,41 @@ class StepPlanner {
     return x;
   }
 
+  // Whether segment s should read node i (of a lower level) from memory rather than recompute
+  // it: recomputing would read several large values where the stored one is one read. A chain
+  // of residual adds (x + attn(x) + mlp(...) in every layer of a transformer, and the sum of
+  // its gradients backwards) otherwise makes every later segment read every earlier layer's
+  // output again, quadratic in the depth. Counted: distinct memory values (leaves, library
+  // results, stored values, lower reductions) of at least a sixteenth of i's elements, so a
+  // broadcast bias or a per-row statistic does not count; constants and iotas are free.
+  bool reads_too_much_to_recompute(int i, int s) const {
+    const ir::GraphNode& root = node(i);
+    if (!ir::is_pointwise(root.op) && !ir::is_index_map(root.op) && !ir::is_gather(root.op)) return false;
+    const i64 large = std::max<i64>(1, root.shape.numel() / 16);
+    std::set<int> seen{i}, reads;
+    std::vector<int> stack(root.inputs.begin(), root.inputs.end());
+    while (!stack.empty()) {
+      const int x = stack.back();
+      stack.pop_back();
+      if (!seen.insert(x).second) continue;
+      const ir::GraphNode& nd = node(x);
+      const std::size_t xi = static_cast<std::size_t>(x);
+      const bool memory = nd.op == ir::Op::Input || is_call_result(x) ||
+                          (level_[xi] < s && (materialized_[xi].kind != Slot::None || ir::is_reduction(nd.op)));
+      if (memory) {
+        if (nd.shape.numel() >= large) reads.insert(x);
+        if (reads.size() >= kRecomputeReadLimit) return true;
+        continue;
+      }
+      if (zero_[xi]) continue;
+      stack.insert(stack.end(), nd.inputs.begin(), nd.inputs.end());
+    }
+    return false;
+  }
+
+  /// A lower level's value that would read this many large values to recompute is stored.
+  static constexpr std::size_t kRecomputeReadLimit = 3;
+
   // Segment s's copy of node i (memoised in `map`), requesting lower levels' values.
   int import(int root, int s, std::map<int, int>& map, Segment& seg) {
     std::vector<std::pair<int, std::size_t>> stack{{root, 0}};
@@ -834,7 +927,7 @@ class StepPlanner {
         leaf = result_slot(i);
       } else if (materialized_[ii].kind != Slot::None && level_[ii] < s) {
         leaf = materialized_[ii];
-      } else if (level_[ii] < s && ir::is_reduction(nd.op)) {
+      } else if (level_[ii] < s && (ir::is_reduction(nd.op) || reads_too_much_to_recompute(i, s))) {
         leaf = materialize(i);
       }
       if (leaf.kind != Slot::None) {

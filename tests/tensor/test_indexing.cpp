@@ -168,6 +168,19 @@ TEST_CASE("embedding: rows at an index of any shape; embedding * scale + pos is 
   // An int32 index of one element, and a scalar index.
   KILN_CHECK_CLOSE(embedding(w, kt::make_tensor({9}, {1}, i32)), V(wv.begin() + 54, wv.end()), kt::Tolerance{0, 0});
   CHECK(embedding(w, kt::make_tensor({2}, {}, i64)).shape() == Shape{6});
+  // At arange(n) (a position embedding): the first n rows as a slice, whose gradient pads the
+  // upstream gradient with zero rows (no scatter); past the table's end it stays a checked gather.
+  Tensor wg = kt::make_tensor(wv, ws, f32).requires_grad_();
+  Tensor first = embedding(wg, arange(4, i64, kt::device()));
+  CHECK(first.node()->op != ir::Op::Gather);
+  KILN_CHECK_CLOSE(first, V(wv.begin(), wv.begin() + 24), kt::Tolerance{0, 0});
+  sum(first * kt::make_tensor(kt::uniform_values(24, -1, 1, f32, 5), {4, 6}, f32)).backward();
+  const V up = kt::uniform_values(24, -1, 1, f32, 5);
+  V grad(60, 0.0);
+  std::copy(up.begin(), up.end(), grad.begin());
+  KILN_CHECK_CLOSE(wg.grad(), grad, kt::Tolerance{0, 0});
+  KILN_CHECK_THROWS_MENTIONING(IndexError, embedding(w, arange(11, i64, kt::device())).to_vector<float>(), "embedding",
+                               "index 10", "size 10");
 }
 
 TEST_CASE("empty index sets give empty results of the right shape") {

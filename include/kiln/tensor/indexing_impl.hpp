@@ -146,6 +146,11 @@ KILN_ENTRY Tensor embedding(const Tensor& weight, const Tensor& index) {
   Shape out = index.shape();
   out.push_back(d);
   checked_numel(out, op);
+  // Rows 0..n-1 in order (a position embedding read at arange(T)) are the table's first n rows:
+  // a slice, whose gradient pads instead of scattering (a scatter along the rows whose index is
+  // the same for every column runs one thread per column through all the rows).
+  if (idx->op == ir::Op::Iota && !idx->realized() && idx->shape.size() == 1 && n <= w.shape()[0])
+    return Tensor(ir::reshape(ir::slice(w.node(), 0, 0, n, 1), out));
   ir::NodePtr rows = ir::broadcast(ir::reshape(idx, Shape{n, 1}), Shape{n, d});
   Tensor r = detail::gather_nodes(w, rows, 0, ir::GatherSite::Embedding);
   return Tensor(ir::reshape(r.node(), out));

@@ -200,6 +200,13 @@ TEST_CASE("sched: index arithmetic") {
     CHECK(merged[0].affine());
     Index other = map_reshape(split, Shape{4, 6, 4}, Shape{2, 12, 4}, rows);  // a different split
     CHECK(!other[0].affine());
+    // The same through the strides of a contiguous [4, 6, 4] buffer: 24 * (i0 / 6) + 4 * (i0 % 6) + i1.
+    IndexExpr off = strided_offset(split, Strides{24, 4, 1}, Shape{4, 6, 4});
+    CHECK(off.affine());
+    CHECK(off.at(0) == 4);
+    CHECK(off.at(1) == 1);
+    // Strides that do not lay the parts out contiguously stay opaque.
+    CHECK(!strided_offset(split, Strides{32, 4, 1}, Shape{4, 6, 4}).affine());
   }
   SUBCASE("slices scale and offset; broadcasts zero the size-1 dims") {
     Index s = map_slice(id, {1, 1, 2}, Shape{6, 9});

@@ -49,12 +49,14 @@ struct IndexExpr {
   std::vector<ValueTerm> values;  ///< value terms added to the affine part (not with `text`)
   std::string text;               ///< opaque: C expression over the loop variables i<d>
   std::uint64_t deps = 0;         ///< opaque, or with value terms: the kernel dimensions read beyond coeff
-  /// Opaque quotient or remainder of `split_of` by `divisor` (ix_divmod), the quotient times
-  /// `quotient_scale`: what lets ix_add see that (e / p) * p + e % p is e again (a reshape
-  /// that splits a dim and one that merges it back, as [B*T, C] -> [B, T, C] -> [B*T, C]).
+  /// Opaque `split_scale` * (`split_of` / `divisor`), or the same of the remainder
+  /// (ix_divmod): what lets ix_add see that k * p * (e / p) + k * (e % p) is k * e again (a
+  /// reshape that splits a dim and one that merges it back, as [B*T, C] -> [B, T, C] ->
+  /// [B*T, C], or strides that lay the two parts out contiguously).
   std::shared_ptr<const IndexExpr> split_of;
   i64 divisor = 0;
-  i64 quotient_scale = 0;  ///< 0: the remainder; else the quotient times this
+  i64 split_scale = 0;
+  bool split_quotient = false;
 
   /// Purely affine: no opaque text and no value terms.
   bool affine() const { return text.empty() && values.empty(); }
@@ -216,15 +218,17 @@ inline IndexExpr ix_opaque(std::string text, std::uint64_t deps) {
   return e;
 }
 
+inline IndexExpr ix_scale(const IndexExpr& a, i64 k);
+
 inline IndexExpr ix_add(const IndexExpr& a, const IndexExpr& b) {
   if (a.is_constant() && a.constant == 0) return b;
   if (b.is_constant() && b.constant == 0) return a;
-  // (e / p) * p + e % p, either order: e.
+  // k * p * (e / p) + k * (e % p), either order: k * e.
   for (const IndexExpr* q : {&a, &b}) {
     const IndexExpr* r = q == &a ? &b : &a;
-    if (q->split_of && r->split_of && q->divisor == r->divisor && q->quotient_scale == q->divisor &&
-        r->quotient_scale == 0 && (q->split_of == r->split_of || *q->split_of == *r->split_of))
-      return *q->split_of;
+    if (q->split_of && r->split_of && q->split_quotient && !r->split_quotient && q->divisor == r->divisor &&
+        q->split_scale == q->divisor * r->split_scale && (q->split_of == r->split_of || *q->split_of == *r->split_of))
+      return ix_scale(*q->split_of, r->split_scale);
   }
   if (a.text.empty() && b.text.empty()) {
     IndexExpr r;
@@ -253,10 +257,11 @@ inline IndexExpr ix_scale(const IndexExpr& a, i64 k) {
   }
   if (k == 1) return a;
   IndexExpr r = ix_opaque(std::to_string(k) + "LL*" + ix_text(a), a.deps);
-  if (a.split_of && a.quotient_scale != 0) {
+  if (a.split_of) {
     r.split_of = a.split_of;
     r.divisor = a.divisor;
-    r.quotient_scale = a.quotient_scale * k;
+    r.split_scale = a.split_scale * k;
+    r.split_quotient = a.split_quotient;
   }
   return r;
 }
@@ -298,7 +303,8 @@ inline std::pair<IndexExpr, IndexExpr> ix_divmod(const IndexExpr& e, i64 p, cons
   IndexExpr r = ix_opaque(t + " % " + std::to_string(p) + "LL", m);
   q.split_of = r.split_of = split;
   q.divisor = r.divisor = p;
-  q.quotient_scale = 1;
+  q.split_scale = r.split_scale = 1;
+  q.split_quotient = true;
   return {q, r};
 }
 

@@ -151,6 +151,12 @@ TEST_CASE("a residual stream is stored once per level, not recomputed from every
   // A value that would read three stored values is stored; two are recomputed (an add is as
   // cheap as the load it saves), so a segment reads at most three, at any depth.
   for (const auto& seg : p.segments) CHECK(seg.leaves.size() <= 3);
+  // A sum of three leaves that one later segment reads, and nothing of its own level: storing
+  // it would read the same leaves in a kernel of its own and add a write, so it is recomputed.
+  NodePtr a = input({8, 4}, f32, 20), b = input({8, 4}, f32, 21), c = input({8, 4}, f32, 22);
+  auto once = plan_of({add(ir::matmul(a, input({4, 4}, f32, 23)), add(add(a, b), c))}, false);
+  REQUIRE(once.segments.size() == 1);
+  CHECK(once.segments[0].leaves.size() == 4);  // the product's result and a, b, c
 }
 
 TEST_CASE("a product returned as a reshape of itself is written into the output") {

@@ -378,6 +378,7 @@ class StepPlanner {
     level_.assign(n_, 0);
     materialized_.assign(n_, Slot{});
     plan_calls();
+    count_user_levels();
     plan_outputs();
     build_segments();
     order_steps();
@@ -874,16 +875,38 @@ class StepPlanner {
     return x;
   }
 
+  // For every node: how many later segments read it (distinct levels above its own among its
+  // users), and whether a node of its own level reads it (so its own segment computes it anyway).
+  void count_user_levels() {
+    std::vector<std::set<int>> higher(n_);
+    own_level_user_.assign(n_, 0);
+    for (std::size_t j = 0; j < n_; ++j)
+      for (auto in : g_.nodes[j].inputs) {
+        const std::size_t ii = static_cast<std::size_t>(in);
+        if (level_[j] > level_[ii])
+          higher[ii].insert(level_[j]);
+        else if (!absorbed_[j])
+          own_level_user_[ii] = 1;
+      }
+    for (auto o : g_.outputs) own_level_user_[static_cast<std::size_t>(o)] = 1;  // its segment writes it
+    later_segments_.assign(n_, 0);
+    for (std::size_t i = 0; i < n_; ++i) later_segments_[i] = static_cast<int>(higher[i].size());
+  }
+
   // Whether segment s should read node i (of a lower level) from memory rather than recompute
   // it: recomputing would read several large values where the stored one is one read. A chain
   // of residual adds (x + attn(x) + mlp(...) in every layer of a transformer, and the sum of
   // its gradients backwards) otherwise makes every later segment read every earlier layer's
   // output again, quadratic in the depth. Counted: distinct memory values (leaves, library
   // results, stored values, lower reductions) of at least a sixteenth of i's elements, so a
-  // broadcast bias or a per-row statistic does not count; constants and iotas are free.
+  // broadcast bias or a per-row statistic does not count; constants and iotas are free. A
+  // value only one later segment reads, which its own level does not compute either, is still
+  // recomputed there: storing it would read the same values once more and add a write.
   bool reads_too_much_to_recompute(int i, int s) const {
     const ir::GraphNode& root = node(i);
     if (!ir::is_pointwise(root.op) && !ir::is_index_map(root.op) && !ir::is_gather(root.op)) return false;
+    const std::size_t ri = static_cast<std::size_t>(i);
+    if (later_segments_[ri] < 2 && !own_level_user_[ri]) return false;
     const i64 large = std::max<i64>(1, root.shape.numel() / 16);
     std::set<int> seen{i}, reads;
     std::vector<int> stack(root.inputs.begin(), root.inputs.end());
@@ -1021,6 +1044,8 @@ class StepPlanner {
   std::size_t n_;
   StepPlan plan_;
   std::vector<int> uses_, call_of_result_, scatter_of_result_, scan_of_result_, sort_of_result_, level_;
+  std::vector<int> later_segments_;   ///< per node: distinct levels above its own that read it
+  std::vector<char> own_level_user_;  ///< per node: read by a node of its own level
   std::vector<int> attention_of_result_;
   std::vector<std::vector<int>> attention_nodes_;  ///< per attention call: its result nodes
   std::vector<char> absorbed_, zero_;

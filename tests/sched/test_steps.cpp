@@ -187,3 +187,21 @@ TEST_CASE("a cast of a transposed operand is stored in its source's order for cu
     CHECK(both.calls[1].b.strides == Strides{4, 1});
   }
 }
+
+TEST_CASE("a scatter reads a broadcast index through strides: one index per row, sorted by runs on the GPU") {
+  // An embedding's gradient with a computed index: scatter_add of [6, 4] rows into a [10, 4]
+  // table by ids + 0 broadcast over the columns. Stored whole, the index would hold one copy
+  // per column and the kernel could not tell it is one per row.
+  NodePtr ids = ir::binary(Op::Add, input({6}, i64, 1), ir::constant(0.0, i64, Shape{6}, Device::cpu()));
+  NodePtr rows = ir::broadcast(ir::reshape(ids, Shape{6, 1}), Shape{6, 4});
+  NodePtr table = ir::constant(0.0, f32, Shape{10, 4}, Device::cpu());
+  NodePtr g = ir::scatter(table, rows, input({6, 4}, f32, 2), 0, true, false, ir::GatherSite::Embedding);
+  for (const Device dev : {Device::cpu(), Device::cuda(0)}) {
+    auto p = kiln::sched::plan_steps(ir::capture({g}, dev).graph, dev.is_cuda());
+    REQUIRE(p.scatters.size() == 1);
+    CHECK(p.scatters[0].index.kind == Slot::Temp);
+    CHECK(p.scatters[0].index.strides == Strides{1, 0});
+    CHECK(p.temps[static_cast<std::size_t>(p.scatters[0].index.index)].shape == Shape{6});
+    CHECK(p.scatters[0].sorted_runs == dev.is_cuda());
+  }
+}

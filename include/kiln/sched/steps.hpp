@@ -740,6 +740,10 @@ class StepPlanner {
   }
 
   // Where a scatter or a scan reads node i: kiln's own step kernels read any strides of a leaf.
+  // A broadcast or a reshape of a computed value is that value's memory seen through strides
+  // (0 along the broadcast dims): an embedding gradient's row index, broadcast over the
+  // columns, is stored once per row and reads as one index per row, the case the scatter
+  // kernels sort by runs instead of walking each column through every row.
   Slot scatter_operand_slot(int i) {
     const ir::GraphNode& nd = node(i);
     if (is_call_result(i)) return result_slot(i);
@@ -747,6 +751,17 @@ class StepPlanner {
       bool ok = true;
       for (auto st : nd.strides) ok = ok && st >= 0;
       if (ok) return Slot{Slot::Leaf, nd.leaf, nd.strides};
+    }
+    if (materialized_[static_cast<std::size_t>(i)].kind == Slot::None &&
+        (nd.op == ir::Op::Broadcast || nd.op == ir::Op::Reshape)) {
+      const ir::GraphNode& in = node(nd.inputs[0]);
+      Slot s = scatter_operand_slot(nd.inputs[0]);
+      if (nd.op == ir::Op::Broadcast) {
+        for (std::size_t d = 0; d < nd.shape.size(); ++d)
+          if (in.shape[d] == 1) s.strides[d] = 0;
+        return s;
+      }
+      if (std::optional<Strides> st = ir::view_strides(in.shape, s.strides, nd.shape)) return Slot{s.kind, s.index, *st};
     }
     return materialize(i);
   }

@@ -264,15 +264,9 @@ KILN_ENTRY void Tensor::backward(const Tensor& gradient, bool retain_graph, std:
     // A realized gradient may be another tensor's storage (the seed itself): copy it, since
     // later backward passes add into grad() in place.
     ir::NodePtr g = r.grad->realized() && in_place_ok ? detail::contiguous_copy(r.grad) : r.grad;
-    if (!leaf->grad) {
-      leaf->grad = g;
-      fresh.push_back(g);
-      fresh_leaves.push_back(leaf);
-    } else {
-      leaf->grad = ir::binary(ir::Op::Add, leaf->grad, g);
-      fresh.push_back(leaf->grad);
-      fresh_leaves.push_back(leaf);
-    }
+    leaf->grad = leaf->grad ? ir::binary(ir::Op::Add, leaf->grad, g) : g;
+    fresh.push_back(leaf->grad);
+    fresh_leaves.push_back(leaf);
     fresh_groups.push_back(leaf->evaluation_group);
   }
   grouped = grouped && in_place_ok;

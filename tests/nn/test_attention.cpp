@@ -198,6 +198,87 @@ TEST_CASE("scaled_dot_product_attention: strided heads of one projection, as a G
   CHECK(plan.attentions[0].k.strides == Strides{L * 3 * H * E, E, 3 * H * E, 1});
 }
 
+TEST_CASE("scaled_dot_product_attention: heads read in place from their product, gradients written into one buffer") {
+  // A GPT's attention: q, k and v cut from one linear's [B, L, 3C] result. The forward reads
+  // the heads where the product wrote them; the backward writes dq, dk and dv into their parts
+  // of one [B, L, 3C] gradient (the slices' gradients merge into one concatenation), which the
+  // weight's and the input's products then read whole.
+  const std::int64_t B = 2, L = 40, H = 2, E = 16, C = H * E;
+  Tensor x0 = randn({B, L, C}, 71, f64, dev).to(bf16).to(f64).eval();
+  Tensor w0 = (randn({3 * C, C}, 72, f64, dev) * 0.25).to(bf16).to(f64).eval();
+  Tensor cot = randn({B, L, C}, 73, f64, dev).to(bf16).to(f64).eval();
+  auto block = [&](const Tensor& x, const Tensor& w, bool fused) {
+    Tensor qkv = linear(x, w);
+    auto head = [&](std::int64_t i) {
+      return transpose(reshape(slice(qkv, 2, i * C, (i + 1) * C), {B, L, H, E}), 1, 2);
+    };
+    Tensor y = fused ? scaled_dot_product_attention(head(0), head(1), head(2), {}, 0.0, true)
+                     : nn::functional::scaled_dot_product_attention_math(head(0), head(1), head(2), {}, 0.0, true);
+    return reshape(transpose(y, 1, 2), {B, L, C});
+  };
+  auto run = [&](bool fused, Tensor& dx, Tensor& dw) {
+    Tensor xx = x0.detach().requires_grad_(), ww = w0.detach().requires_grad_();
+    Tensor out = fused ? block(xx.to(bf16), ww.to(bf16), true) : block(xx, ww, false);
+    sum(out.to(f64) * cot).backward();
+    dx = xx.grad();
+    dw = ww.grad();
+    return out.to(f64).eval();
+  };
+  Tensor dxf, dwf, dxr, dwr;
+  Tensor got = run(true, dxf, dwf), want = run(false, dxr, dwr);
+  CHECK(relative_error(got, want) <= 2 * tolerance(bf16));
+  CHECK(relative_error(dxf, dxr) <= 4 * tolerance(bf16));
+  CHECK(relative_error(dwf, dwr) <= 4 * tolerance(bf16));
+
+  // The forward's plan: the product, then the attention reading its result at the heads'
+  // offsets (C and 2C elements in), with no kernel between them.
+  Tensor xb = x0.to(bf16).eval(), wb = w0.to(bf16).eval();
+  sched::StepPlan fwd = sched::plan_steps(ir::capture({block(xb, wb, true).node()}, dev).graph, dev.is_cuda());
+  REQUIRE(fwd.calls.size() == 1);
+  REQUIRE(fwd.attentions.size() == 1);
+  REQUIRE(fwd.order.size() >= 2);
+  CHECK(fwd.order[0].kind == sched::Step::Call);
+  CHECK(fwd.order[1].kind == sched::Step::Attention);
+  const sched::AttentionCall& a = fwd.attentions[0];
+  const std::int64_t row = 3 * C * 2;  // bytes of a [3C] bf16 row
+  for (const sched::Slot* s : {&a.q, &a.k, &a.v}) {
+    CHECK(s->kind == fwd.calls[0].out.kind);
+    CHECK(s->index == fwd.calls[0].out.index);
+    CHECK(s->strides == Strides{L * 3 * C, E, 3 * C, 1});
+  }
+  CHECK(a.q.byte_offset == 0);
+  CHECK(a.k.byte_offset == row / 3);
+  CHECK(a.v.byte_offset == 2 * row / 3);
+
+  // The backward's plan: dq, dk and dv land in one buffer, at those offsets, which the input's
+  // product reads as its operand.
+  Tensor xr = xb.detach().requires_grad_(), wr = wb.detach().requires_grad_();
+  Tensor loss = sum(block(xr, wr, true).to(f64) * cot);
+  std::vector<autodiff::Reached> reached = autodiff::backward_pass(
+      {loss.node()}, {ir::constant(1.0, f64, loss.shape(), dev)}, {xr.node(), wr.node()}, false, "test");
+  std::vector<ir::NodePtr> grads;
+  for (const autodiff::Reached& r : reached) grads.push_back(r.grad);
+  sched::StepPlan bwd = sched::plan_steps(ir::capture(grads, dev).graph, dev.is_cuda());
+  const sched::AttentionCall* back = nullptr;
+  for (const sched::AttentionCall& c : bwd.attentions)
+    if (c.kind == sched::AttentionCall::Backward) back = &c;
+  REQUIRE(back != nullptr);
+  CHECK(back->dq.kind == sched::Slot::Temp);
+  for (const sched::Slot* s : {&back->dk, &back->dv}) {
+    CHECK(s->kind == back->dq.kind);
+    CHECK(s->index == back->dq.index);
+  }
+  CHECK(back->dq.byte_offset == 0);
+  CHECK(back->dk.byte_offset == row / 3);
+  CHECK(back->dv.byte_offset == 2 * row / 3);
+  CHECK(back->dq.strides == Strides{L * 3 * C, E, 3 * C, 1});
+  bool read_whole = false;
+  for (const sched::LibraryCall& c : bwd.calls)
+    for (const sched::Slot* s : {&c.a, &c.b})
+      read_whole = read_whole || (s->kind == back->dq.kind && s->index == back->dq.index && s->byte_offset == 0);
+  CHECK(read_whole);
+}
+
 TEST_CASE("scaled_dot_product_attention: 3-d and 5-d operands, default and explicit scale, rows without keys") {
   Tensor q = randn({3, 5, 8}, 1, f64, dev), k = randn({3, 6, 8}, 2, f64, dev), v = randn({3, 6, 4}, 3, f64, dev);
   CHECK(relative_error(scaled_dot_product_attention(q, k, v, {}, 0.0, false, 0.5),

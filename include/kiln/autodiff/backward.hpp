@@ -9,6 +9,7 @@
 // values and recomputing its lazy ones). Without retain_graph, the walk then drops the inputs of
 // the realized nodes it passed (freeing the saved values) and marks every node it passed, so a
 // second backward through them is an AutogradError as in PyTorch.
+#include <algorithm>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -46,6 +47,83 @@ inline const std::vector<NodePtr>& gradient_inputs(const ir::Node& n) {
 struct Reached {
   NodePtr node, grad;
 };
+
+namespace backward_detail {
+
+inline bool is_zero_constant(const NodePtr& n) {
+  return n->op == Op::Constant && !n->realized() &&
+         (is_floating(n->dtype) ? n->attrs.scalar == 0.0 : n->attrs.iscalar == 0);
+}
+
+/// a + b where both are concatenations along one axis and no position has a part that is not
+/// zero in both (the gradients of disjoint slices of one value: q, k and v cut from one
+/// product): the one concatenation of their nonzero parts, as PyTorch's backward of split
+/// gives, instead of a sum of zero-padded pieces. Null where that does not hold.
+inline NodePtr merge_disjoint_concats(const NodePtr& a, const NodePtr& b) {
+  if (a->op != Op::Concat || b->op != Op::Concat || a->realized() || b->realized() ||
+      a->attrs.ints.at(0) != b->attrs.ints.at(0) || a->shape != b->shape || a->dtype != b->dtype)
+    return nullptr;
+  const std::int64_t axis = a->attrs.ints[0];
+  const auto ax = static_cast<std::size_t>(axis);
+  struct Part {
+    std::int64_t start, end;
+    NodePtr node;
+  };
+  auto parts_of = [&](const NodePtr& c) {
+    std::vector<Part> parts;
+    std::int64_t at = 0;
+    for (const NodePtr& x : c->inputs) {
+      parts.push_back({at, at + x->shape[ax], x});
+      at += x->shape[ax];
+    }
+    return parts;
+  };
+  const std::vector<Part> pa = parts_of(a), pb = parts_of(b);
+  std::vector<std::int64_t> cuts;
+  for (const auto* ps : {&pa, &pb})
+    for (const Part& p : *ps) cuts.push_back(p.end);
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  // The part of `ps` covering [lo, hi) (each cut is a boundary of both, so one part covers it).
+  auto covering = [](const std::vector<Part>& ps, std::int64_t lo) -> const Part& {
+    for (const Part& p : ps)
+      if (p.start <= lo && lo < p.end) return p;
+    return ps.back();
+  };
+  std::vector<NodePtr> merged;
+  std::int64_t lo = 0, zeros_from = -1;  // zeros_from: start of a run of zero pieces not yet emitted
+  auto flush_zeros = [&](std::int64_t until) {
+    if (zeros_from < 0) return;
+    Shape sh = a->shape;
+    sh[ax] = until - zeros_from;
+    merged.push_back(ir::constant(0.0, a->dtype, sh, a->device));
+    zeros_from = -1;
+  };
+  for (std::int64_t hi : cuts) {
+    if (hi == lo) continue;
+    const Part &x = covering(pa, lo), &y = covering(pb, lo);
+    const bool x_zero = is_zero_constant(x.node), y_zero = is_zero_constant(y.node);
+    if (!x_zero && !y_zero) return nullptr;
+    if (x_zero && y_zero) {
+      if (zeros_from < 0) zeros_from = lo;
+    } else {
+      flush_zeros(lo);
+      const Part& p = x_zero ? y : x;
+      merged.push_back(p.start == lo && p.end == hi ? p.node : ir::slice(p.node, axis, lo - p.start, hi - lo, 1));
+    }
+    lo = hi;
+  }
+  flush_zeros(lo);
+  return ir::concat(merged, axis);
+}
+
+/// The sum of two gradients of one node.
+inline NodePtr sum_gradients(const NodePtr& a, const NodePtr& b) {
+  if (NodePtr merged = merge_disjoint_concats(a, b)) return merged;
+  return ir::binary(Op::Add, a, b);
+}
+
+}  // namespace backward_detail
 
 /// Gradients flowing back from `roots` (each seeded with the gradient of the same index in
 /// `seeds`, of its shape and dtype) to the nodes in `wanted` and to every marked leaf reached,
@@ -92,7 +170,7 @@ inline std::vector<Reached> backward_pass(const std::vector<NodePtr>& roots, con
   std::unordered_map<const ir::Node*, NodePtr> grad;
   auto accumulate = [&](const NodePtr& node, const NodePtr& g) {
     NodePtr& slot = grad[node.get()];
-    slot = slot ? ir::binary(Op::Add, slot, g) : g;
+    slot = slot ? backward_detail::sum_gradients(slot, g) : g;
   };
   for (std::size_t i = 0; i < roots.size(); ++i)
     if (roots[i]->requires_grad) accumulate(roots[i], seeds[i]);

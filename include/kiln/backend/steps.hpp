@@ -527,11 +527,12 @@ class StepProgram {
   static char* address(const sched::Slot& s, const RunArgs& args, const std::vector<StoragePtr>& temps) {
     switch (s.kind) {
       case sched::Slot::Leaf:
-        return const_cast<char*>(static_cast<const char*>(args.inputs[static_cast<std::size_t>(s.index)]));
+        return const_cast<char*>(static_cast<const char*>(args.inputs[static_cast<std::size_t>(s.index)])) +
+               s.byte_offset;
       case sched::Slot::Output:
-        return static_cast<char*>(args.outputs[static_cast<std::size_t>(s.index)]);
+        return static_cast<char*>(args.outputs[static_cast<std::size_t>(s.index)]) + s.byte_offset;
       case sched::Slot::Temp:
-        return static_cast<char*>(temps[static_cast<std::size_t>(s.index)]->data);
+        return static_cast<char*>(temps[static_cast<std::size_t>(s.index)]->data) + s.byte_offset;
       case sched::Slot::None:
         break;
     }

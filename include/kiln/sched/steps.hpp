@@ -34,6 +34,10 @@ struct Slot {
   Kind kind = None;
   int index = -1;
   Strides strides;  ///< element strides of the value in that memory
+  /// Bytes from the memory's start to the value's first element: a view into memory that holds
+  /// a larger value (an attention's operand read in place from the product that computed q, k
+  /// and v together; a gradient written into its part of the concatenation that reads it).
+  std::int64_t byte_offset = 0;
   bool operator==(const Slot&) const = default;
 };
 
@@ -377,6 +381,8 @@ class StepPlanner {
     zero_.assign(n_, 0);
     level_.assign(n_, 0);
     materialized_.assign(n_, Slot{});
+    assembled_.assign(n_, Slot{});
+    result_view_.assign(n_, Slot{});
     plan_calls();
     count_user_levels();
     plan_outputs();
@@ -519,15 +525,172 @@ class StepPlanner {
       if (fits(nd.shape, r.strides)) return r;
     } else if (nd.op == ir::Op::Input && fits(nd.shape, nd.strides)) {
       return Slot{Slot::Leaf, nd.leaf, nd.strides};
+    } else {
+      // q, k and v sliced out of the one product that computed them (a [B, T, 3, H, D]
+      // output read as three [B, H, T, D] operands), or a gradient transposed to heads: read
+      // in place, not copied by a kernel first.
+      int base = -1;
+      std::optional<Slot> v = view_of_memory(i, 4 * nd.shape.numel(), &base);
+      if (v && fits(nd.shape, v->strides) && v->byte_offset % kViewAlignment == 0) {
+        if (base >= 0) {  // the value under the views, stored once
+          const Slot m = materialize(base);
+          v->kind = m.kind;
+          v->index = m.index;
+          v->byte_offset += m.byte_offset;
+        }
+        return *v;
+      }
     }
     return materialize(i);
+  }
+
+  /// Views into other memory start at multiples of this many bytes (what vector loads and
+  /// cuDNN's operands need).
+  static constexpr std::int64_t kViewAlignment = 16;
+
+  // Node i read in place from memory some step holds anyway, where i is only shape ops
+  // (reshape, permute, slice of a positive step, broadcast) over that memory: a leaf, a call's
+  // result or a value a segment stores. The slot carries i's strides and its first element's
+  // offset; nullopt where an op on the way is not such a view of the memory below it.
+  // `store_up_to` (elements): where the ops start from a computed value of at most that size
+  // that is stored anyway (a graph output: a compiled forward's saved projection) or read only
+  // through such views (q, k and v sliced from it), that value is stored, once, and viewed,
+  // rather than each view copied: `*store` receives it, and the slot's strides are those of
+  // it stored row-major, its kind and index for the caller to fill (it stores it only where
+  // the view suits it).
+  std::optional<Slot> view_of_memory(int i, i64 store_up_to = 0, int* store = nullptr) const {
+    const ir::GraphNode& nd = node(i);
+    const std::size_t ii = static_cast<std::size_t>(i);
+    if (is_call_result(i)) return result_slot(i);
+    if (nd.op == ir::Op::Input) {
+      for (auto st : nd.strides)
+        if (st < 0) return std::nullopt;
+      return Slot{Slot::Leaf, nd.leaf, nd.strides};
+    }
+    if (materialized_[ii].kind != Slot::None) return materialized_[ii];
+    if (nd.op != ir::Op::Reshape && nd.op != ir::Op::Permute && nd.op != ir::Op::Slice && nd.op != ir::Op::Broadcast) {
+      if (!store || nd.shape.numel() > store_up_to || absorbed_[ii] || zero_[ii] ||
+          !(is_graph_output(i) || read_only_through_views(i)))
+        return std::nullopt;
+      *store = i;
+      return Slot{Slot::None, -1, contiguous_strides(nd.shape)};
+    }
+    const ir::GraphNode& in = node(nd.inputs[0]);
+    std::optional<Slot> s = view_of_memory(nd.inputs[0], store_up_to, store);
+    if (!s || s->strides.size() != in.shape.size()) return std::nullopt;
+    switch (nd.op) {
+      case ir::Op::Reshape: {
+        std::optional<Strides> st = ir::view_strides(in.shape, s->strides, nd.shape);
+        if (!st) return std::nullopt;
+        s->strides = std::move(*st);
+        break;
+      }
+      case ir::Op::Permute: {
+        Strides st(nd.shape.size());
+        for (std::size_t k = 0; k < st.size(); ++k) st[k] = s->strides[static_cast<std::size_t>(nd.attrs.ints[k])];
+        s->strides = std::move(st);
+        break;
+      }
+      case ir::Op::Slice: {
+        const std::size_t axis = static_cast<std::size_t>(nd.attrs.ints[0]);
+        const i64 start = nd.attrs.ints[1], step = nd.attrs.ints[2];
+        if (step <= 0) return std::nullopt;
+        s->byte_offset += start * s->strides[axis] * static_cast<i64>(itemsize(nd.dtype));
+        s->strides[axis] *= step;
+        break;
+      }
+      default:  // Broadcast: the same rank, size-1 dims read again
+        if (in.shape.size() != nd.shape.size()) return std::nullopt;
+        for (std::size_t d = 0; d < nd.shape.size(); ++d)
+          if (in.shape[d] == 1 && nd.shape[d] != 1) s->strides[d] = 0;
+    }
+    return s;
+  }
+
+  bool is_graph_output(int i) const { return std::find(g_.outputs.begin(), g_.outputs.end(), i) != g_.outputs.end(); }
+
+  // Whether every reader of node i is a shape op that views it (reshape, permute, slice).
+  bool read_only_through_views(int i) const {
+    bool any = false;
+    for (std::size_t j = static_cast<std::size_t>(i) + 1; j < n_; ++j)
+      for (auto in : g_.nodes[j].inputs)
+        if (in == i) {
+          const ir::Op op = g_.nodes[j].op;
+          if (op != ir::Op::Reshape && op != ir::Op::Permute && op != ir::Op::Slice) return false;
+          any = true;
+        }
+    return any;
+  }
+
+  // A concatenation whose every part is an attention's result, reshaped or permuted and read by
+  // nothing else, is assembled in place: each attention writes its result through strides into
+  // its part of the concatenation's memory, and no kernel copies the parts together. The
+  // gradients of q, k and v sliced from one product's output are such a concatenation (the
+  // product's backward reads it whole). Inductor lets the inputs of its concatenations write
+  // into the output the same way.
+  void plan_assembled_concats() {
+    for (std::size_t i = 0; i < n_; ++i) {
+      const ir::GraphNode& nd = g_.nodes[i];
+      if (nd.op != ir::Op::Concat || absorbed_[i] || nd.shape.numel() == 0) continue;
+      const std::size_t axis = static_cast<std::size_t>(nd.attrs.ints.at(0));
+      const Strides whole = contiguous_strides(nd.shape);
+      const i64 item = static_cast<i64>(itemsize(nd.dtype));
+      std::vector<std::pair<int, Slot>> parts;  // (attention result, where it goes)
+      i64 at = 0;
+      bool ok = true;
+      for (std::size_t p = 0; p < nd.inputs.size() && ok; ++p) {
+        Slot view{Slot::None, -1, whole, at * whole[axis] * item};
+        at += node(nd.inputs[p]).shape[axis];
+        int x = nd.inputs[p];
+        // Down the chain: the strides of each op's input, from its output's.
+        while (ok && attention_of_result_[static_cast<std::size_t>(x)] < 0) {
+          const ir::GraphNode& xn = node(x);
+          ok = (xn.op == ir::Op::Reshape || xn.op == ir::Op::Permute) && sole_user(x) >= 0;
+          if (!ok) break;
+          const ir::GraphNode& in = node(xn.inputs[0]);
+          if (xn.op == ir::Op::Reshape) {
+            std::optional<Strides> st = ir::view_strides(xn.shape, view.strides, in.shape);
+            ok = st.has_value();
+            if (ok) view.strides = std::move(*st);
+          } else {
+            Strides st(in.shape.size());
+            for (std::size_t k = 0; k < st.size(); ++k) st[static_cast<std::size_t>(xn.attrs.ints[k])] = view.strides[k];
+            view.strides = std::move(st);
+          }
+          x = xn.inputs[0];
+        }
+        // What every attention kernel writes: rows of contiguous features, 16-byte aligned.
+        ok = ok && sole_user(x) >= 0 && view.strides.size() == 4 && view.strides[3] == 1 &&
+             view.byte_offset % kViewAlignment == 0;
+        for (std::size_t d = 0; ok && d < 3; ++d) ok = view.strides[d] % 8 == 0;
+        parts.push_back({x, view});
+      }
+      if (!ok) continue;
+      Slot memory;
+      for (std::size_t k = 0; k < g_.outputs.size() && memory.kind == Slot::None; ++k)
+        if (g_.outputs[k] == static_cast<int>(i) && !output_taken_.count(static_cast<int>(k)) &&
+            g_.output_strides[k] == whole) {
+          output_taken_.insert(static_cast<int>(k));
+          memory = Slot{Slot::Output, static_cast<int>(k), whole};
+        }
+      if (memory.kind == Slot::None) memory = temp(static_cast<int>(i));
+      assembled_[i] = memory;
+      for (auto& [r, view] : parts) {
+        view.kind = memory.kind;
+        view.index = memory.index;
+        result_view_[static_cast<std::size_t>(r)] = view;
+      }
+    }
   }
 
   void plan_attention_slots() {
     for (std::size_t a = 0; a < plan_.attentions.size(); ++a) {
       AttentionCall& c = plan_.attentions[a];
-      for (int r : attention_nodes_[a])
-        c.result(static_cast<ir::AttentionRole>(node(r).attrs.ints.at(0))) = contiguous_result(r);
+      for (int r : attention_nodes_[a]) {
+        const Slot& view = result_view_[static_cast<std::size_t>(r)];
+        c.result(static_cast<ir::AttentionRole>(node(r).attrs.ints.at(0))) =
+            view.kind != Slot::None ? view : contiguous_result(r);
+      }
     }
     for (std::size_t a = 0; a < plan_.attentions.size(); ++a) {
       AttentionCall& c = plan_.attentions[a];
@@ -710,6 +873,12 @@ class StepPlanner {
     const ir::GraphNode& nd = node(i);
     if (is_call_result(i)) return result_slot(i);
     if (nd.op == ir::Op::Input && library_readable(nd.shape, nd.strides)) return Slot{Slot::Leaf, nd.leaf, nd.strides};
+    // A reshape of a call's result (an assembled concatenation flattened to the product's
+    // [B*T, N]) reads the same memory. Offsets stay 0: the library's kernels are chosen for
+    // operands aligned as allocations are.
+    if (nd.op == ir::Op::Reshape && is_call_result(nd.inputs[0]))
+      if (std::optional<Slot> v = view_of_memory(i); v && v->byte_offset == 0 && library_readable(nd.shape, v->strides))
+        return *v;
     // A transpose of a value some step writes anyway (another call's result, or a value a
     // segment stores: the forward's activation whose transpose a weight gradient reads): the
     // call reads that memory through the permuted strides instead of a transposed copy.
@@ -725,7 +894,7 @@ class StepPlanner {
         for (std::size_t k = 0; k < st.size(); ++k) st[k] = base[static_cast<std::size_t>(nd.attrs.ints[k])];
         if (library_readable(nd.shape, st)) {
           Slot m = operand_slot(src);
-          if (m.strides == base) return Slot{m.kind, m.index, st};
+          if (m.strides == base) return Slot{m.kind, m.index, st, m.byte_offset};
         }
       }
     }
@@ -782,6 +951,7 @@ class StepPlanner {
   // The memory a call (product or scatter) writes its result `i` to.
   Slot result_slot(int i) const {
     const std::size_t ii = static_cast<std::size_t>(i);
+    if (assembled_[ii].kind != Slot::None) return assembled_[ii];
     if (call_of_result_[ii] >= 0) return plan_.calls[static_cast<std::size_t>(call_of_result_[ii])].out;
     if (scan_of_result_[ii] >= 0) return plan_.scans[static_cast<std::size_t>(scan_of_result_[ii])].result;
     if (sort_of_result_[ii] >= 0) return plan_.sorts[static_cast<std::size_t>(sort_of_result_[ii])].result;
@@ -793,6 +963,7 @@ class StepPlanner {
 
   // Where each call writes (a graph output directly when it can) and reads.
   void plan_outputs() {
+    plan_assembled_concats();
     for (auto& c : plan_.calls) {
       for (std::size_t k = 0; k < g_.outputs.size() && c.out.kind == Slot::None; ++k) {
         const Strides& os = g_.output_strides[k];
@@ -870,7 +1041,8 @@ class StepPlanner {
   bool is_call_result(int i) const {
     return call_of_result_[static_cast<std::size_t>(i)] >= 0 || scatter_of_result_[static_cast<std::size_t>(i)] >= 0 ||
            scan_of_result_[static_cast<std::size_t>(i)] >= 0 || sort_of_result_[static_cast<std::size_t>(i)] >= 0 ||
-           attention_of_result_[static_cast<std::size_t>(i)] >= 0;
+           attention_of_result_[static_cast<std::size_t>(i)] >= 0 ||
+           assembled_[static_cast<std::size_t>(i)].kind != Slot::None;
   }
 
   // The operand a call reads for node i: on the CPU, a cast between floating dtypes of a value
@@ -1065,6 +1237,8 @@ class StepPlanner {
   std::vector<std::vector<int>> attention_nodes_;  ///< per attention call: its result nodes
   std::vector<char> absorbed_, zero_;
   std::vector<Slot> materialized_;
+  std::vector<Slot> assembled_;    ///< per concatenation its parts' calls write in place: its memory
+  std::vector<Slot> result_view_;  ///< per attention result written into such a concatenation: where
   std::vector<std::pair<int, int>> bias_source_;  ///< (call, node of its bias)
   std::vector<std::pair<int, int>> operands_;     ///< per call: the nodes of a and b
   std::set<int> output_taken_;
@@ -1127,7 +1301,7 @@ inline std::vector<int> StepPlan::temps_of(const Step& st) const {
 inline std::string StepPlan::str() const {
   auto slot = [](const Slot& s) {
     const char* k = s.kind == Slot::Leaf ? "leaf" : s.kind == Slot::Output ? "out" : s.kind == Slot::Temp ? "tmp" : "?";
-    return std::string(k) + std::to_string(s.index);
+    return std::string(k) + std::to_string(s.index) + (s.byte_offset ? "+" + std::to_string(s.byte_offset) : "");
   };
   std::ostringstream os;
   for (const Step& st : order) {

@@ -839,9 +839,9 @@ inline std::string replace_all(std::string s, const std::string& from, const std
 
 /// `#define prefix0..prefix3` as the element strides of `s` (0 for an absent slot).
 /// Whether every row of `s` starts 16-byte aligned given an aligned base (half types: strides
-/// that are multiples of 8 elements).
+/// that are multiples of 8 elements, and a view's offset into that base a multiple of 16 bytes).
 inline bool vec_strides(const sched::Slot& s) {
-  if (s.kind == sched::Slot::None || s.strides.size() != 4) return false;
+  if (s.kind == sched::Slot::None || s.strides.size() != 4 || s.byte_offset % 16 != 0) return false;
   return s.strides[0] % 8 == 0 && s.strides[1] % 8 == 0 && s.strides[2] % 8 == 0 && s.strides[3] == 1;
 }
 

@@ -360,6 +360,22 @@ TEST_CASE("autograd: kiln::compile of a forward that requires grad compiles its 
   for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-12));
 }
 
+TEST_CASE("autograd: a compiled forward keeps a linear's output (product plus bias), not the product under it") {
+  // The gelu's backward reads its input, linear(x, w, b): kept as it is, the backward reads it
+  // rather than adding the bias to the kept product again (and views slices of it in place,
+  // as attention's q, k and v). A product without a bias is kept itself.
+  Tensor w = randn({3, 4}, 64, f64, device()).requires_grad_(), b = randn({3}, 65, f64, device()).requires_grad_();
+  Tensor x = randn({2, 32, 4}, 66, f64, device());  // the bias a 16th of the output or less
+  auto saved_ops = [&](const Tensor& y) {
+    kiln::detail::PendingBackward p = kiln::detail::trace_backward({y}, {&x});
+    std::vector<ir::Op> ops;
+    for (const ir::NodePtr& n : p.saved) ops.push_back(n->op);
+    return ops;
+  };
+  CHECK(saved_ops(gelu(linear(x, w, b))) == std::vector<ir::Op>{ir::Op::Add});
+  CHECK(saved_ops(gelu(linear(x, w))) == std::vector<ir::Op>{ir::Op::MatMul});
+}
+
 TEST_CASE("autograd: a compiled model trains as the uncompiled one (50 SGD steps of an MLP)") {
   auto run = [](bool compiled) {
     SmallMlp mlp;  // b1 is a lazy zeros when marked: the trace evaluates it, so updates reach the replays

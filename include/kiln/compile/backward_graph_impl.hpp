@@ -29,6 +29,23 @@ KILN_ENTRY bool save_for_backward(ir::Op op) {
   }
 }
 
+// A product plus a bias broadcast over its rows (a linear's output, the product reshaped or
+// not): the backward reads it as it is (attention's q, k and v sliced from it in place, the
+// gelu's input), so it is kept rather than the product under it, which the backward would
+// add the bias to again. The same bytes either way.
+inline bool is_linear_output(const ir::Node& n) {
+  if (n.op != ir::Op::Add || n.inputs.size() != 2) return false;
+  for (std::size_t k = 0; k < 2; ++k) {
+    const ir::Node* x = n.inputs[k].get();
+    while (x->op == ir::Op::Reshape && !x->realized() && !x->inputs.empty()) x = x->inputs[0].get();
+    const ir::Node& other = *n.inputs[1 - k];
+    if (x->op == ir::Op::MatMul && !x->realized() && other.op == ir::Op::Broadcast && !other.inputs.empty() &&
+        other.inputs[0]->shape.numel() * 16 <= n.shape.numel())
+      return true;
+  }
+  return false;
+}
+
 KILN_ENTRY PendingBackward trace_backward(const std::vector<Tensor>& outs, const std::vector<const Tensor*>& args) {
   PendingBackward p;
   // The forward's lazy nodes, and the inputs that require grad: realized ones, and leaves
@@ -96,7 +113,7 @@ KILN_ENTRY PendingBackward trace_backward(const std::vector<Tensor>& outs, const
     ir::NodePtr n = std::move(stack.back());
     stack.pop_back();
     if (n->realized() || !seen.insert(n.get()).second) continue;
-    if (forward.count(n.get()) && save_for_backward(n->op)) {
+    if (forward.count(n.get()) && (save_for_backward(n->op) || is_linear_output(*n))) {
       if (saved.insert(n.get()).second) p.saved.push_back(n);
       continue;
     }

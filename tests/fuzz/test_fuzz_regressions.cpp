@@ -298,3 +298,16 @@ TEST_CASE("fuzz judge: an integer cast of a value next to an integer is excused 
   CHECK(judge(p, ref, jit, &twin, &away).kind == Kind::Mismatch);
   CHECK(judge(p, ref, jit, &twin, &away, nullptr, &across).kind == Kind::Pass);
 }
+
+TEST_CASE("fuzz: seed 2612051 graph 345, a scan of an attention's output") {
+  // The step plan asked for the attention's result slot (the scan's source) before it had
+  // placed the attention's results: "an unbound slot". Results are placed before any operand.
+  auto program = [&]() {
+    Tensor q = from_vector<float>({1.0f}, {1, 1, 1}), k = from_vector<float>({1.0f}, {1, 1, 1});
+    Tensor v = from_vector<float>({-1.0f}, {1, 1, 1});
+    Tensor out = scaled_dot_product_attention(q, k, v, Tensor(), 0.0, false);
+    return std::vector<Tensor>{logcumsumexp(out, 2), cumsum(scaled_dot_product_attention(
+                                                         randn({2, 3, 4}, 5), randn({2, 5, 4}, 6), randn({2, 5, 4}, 7)), 1)};
+  };
+  kiln::fuzz::check_against_reference(program);
+}

@@ -205,3 +205,34 @@ TEST_CASE("a scatter reads a broadcast index through strides: one index per row,
     CHECK(p.scatters[0].sorted_runs == dev.is_cuda());
   }
 }
+
+TEST_CASE("a value only products read is stored just before the first of them, not where it can first be computed") {
+  // A backward's weight-gradient operands (a layer's normalised input, its gelu) are all
+  // computable from the start but read one layer at a time: stored at once, every layer's
+  // would be held through the whole step. Here tanh(y_l) is read only by the product of level
+  // l + 1: the segment of level l stores it, one a segment, and none runs before the first call.
+  NodePtr a = input({8, 4}, f32, 1);
+  std::vector<NodePtr> roots;
+  for (unsigned l = 1; l <= 3; ++l) {
+    a = ir::matmul(a, input({4, 4}, f32, 10 + l));                               // level l
+    roots.push_back(ir::matmul(a, ir::unary(Op::Tanh, input({4, 5}, f32, 20 + l))));  // level l + 1
+  }
+  auto p = plan_of(roots, false);
+  REQUIRE(p.calls.size() == 6);
+  REQUIRE(p.segments.size() == 3);
+  CHECK(p.order[0].kind == Step::Call);
+  for (const auto& seg : p.segments) {
+    CHECK(seg.outputs.size() == 1);
+    CHECK(seg.leaves.size() == 1);  // y_l alone
+  }
+  // Each is written after the call of its level and before the call reading it.
+  int written = 0;
+  for (const Step& st : p.order) {
+    if (st.kind == Step::Kernels) ++written;
+    if (st.kind == Step::Call) {
+      const auto& c = p.calls[static_cast<std::size_t>(st.index)];
+      if (c.b.kind == Slot::Temp) CHECK(written >= 1);
+    }
+  }
+  CHECK(written == 3);
+}

@@ -369,8 +369,13 @@ class StepPlanner {
 
   StepPlan run() {
     uses_.assign(n_, 0);
-    for (const auto& nd : g_.nodes)
-      for (auto in : nd.inputs) ++uses_[static_cast<std::size_t>(in)];
+    users_.assign(n_, {});
+    for (std::size_t j = 0; j < n_; ++j)
+      for (auto in : g_.nodes[j].inputs) {
+        ++uses_[static_cast<std::size_t>(in)];
+        std::vector<int>& u = users_[static_cast<std::size_t>(in)];
+        if (u.empty() || u.back() != static_cast<int>(j)) u.push_back(static_cast<int>(j));
+      }
     for (auto o : g_.outputs) ++uses_[static_cast<std::size_t>(o)];
     call_of_result_.assign(n_, -1);
     scatter_of_result_.assign(n_, -1);
@@ -381,6 +386,7 @@ class StepPlanner {
     zero_.assign(n_, 0);
     level_.assign(n_, 0);
     materialized_.assign(n_, Slot{});
+    stored_at_.assign(n_, -1);
     assembled_.assign(n_, Slot{});
     result_view_.assign(n_, Slot{});
     plan_calls();
@@ -683,7 +689,9 @@ class StepPlanner {
     }
   }
 
-  void plan_attention_slots() {
+  // Where each attention writes its results: before any step's operands are planned, since a
+  // scan, sort or scatter reading one asks for its slot.
+  void plan_attention_results() {
     for (std::size_t a = 0; a < plan_.attentions.size(); ++a) {
       AttentionCall& c = plan_.attentions[a];
       for (int r : attention_nodes_[a]) {
@@ -692,6 +700,9 @@ class StepPlanner {
             view.kind != Slot::None ? view : contiguous_result(r);
       }
     }
+  }
+
+  void plan_attention_slots() {
     for (std::size_t a = 0; a < plan_.attentions.size(); ++a) {
       AttentionCall& c = plan_.attentions[a];
       const ir::GraphNode& first = node(attention_nodes_[a].front());
@@ -859,12 +870,44 @@ class StepPlanner {
           !output_taken_.count(static_cast<int>(k))) {
         output_taken_.insert(static_cast<int>(k));
         m = Slot{Slot::Output, static_cast<int>(k), g_.output_strides[k]};
+        stored_at_[static_cast<std::size_t>(i)] = level_[static_cast<std::size_t>(i)];
         requests_[level_[static_cast<std::size_t>(i)]].push_back({i, m});
         return m;
       }
     m = temp(i, order);
-    requests_[level_[static_cast<std::size_t>(i)]].push_back({i, m});
+    const int at = store_level(i);
+    stored_at_[static_cast<std::size_t>(i)] = at;
+    requests_[at].push_back({i, m});
     return m;
+  }
+
+  // The level whose segment stores node i (a temporary): the one just before the first step
+  // that reads it when only library steps do (directly, or through a transpose only they
+  // read), else i's own. In a backward the values the weights' gradients read (a layer's
+  // normalised input, its gelu, recomputed from what the forward kept) are all computable in
+  // the first segment, yet read one layer at a time in reverse: stored where the first
+  // segment runs, every layer's would be held through the whole backward (beside the logits
+  // and their gradient, at the step's peak); stored just before their product, one layer's
+  // at a time. The same reads and writes either way: i's inputs are read once, where i is.
+  int store_level(int i) const {
+    const std::size_t ii = static_cast<std::size_t>(i);
+    int first = -1;
+    auto library_reader = [&](int j) {
+      const ir::GraphNode& u = node(j);
+      if (!ir::is_library_call(u.op) || absorbed_[static_cast<std::size_t>(j)]) return false;
+      const int l = level_[static_cast<std::size_t>(j)];
+      first = first < 0 ? l : std::min(first, l);
+      return true;
+    };
+    if (is_graph_output(i)) return level_[ii];
+    for (int j : users_[ii]) {
+      if (library_reader(j)) continue;
+      if (node(j).op != ir::Op::Permute || is_graph_output(j) || users_[static_cast<std::size_t>(j)].empty())
+        return level_[ii];
+      for (int k : users_[static_cast<std::size_t>(j)])
+        if (!library_reader(k)) return level_[ii];
+    }
+    return first < 0 ? level_[ii] : std::max(level_[ii], first - 1);
   }
 
   // Where a call reads node i: another call's result where that call wrote it, a leaf in
@@ -964,6 +1007,7 @@ class StepPlanner {
   // Where each call writes (a graph output directly when it can) and reads.
   void plan_outputs() {
     plan_assembled_concats();
+    plan_attention_results();
     for (auto& c : plan_.calls) {
       for (std::size_t k = 0; k < g_.outputs.size() && c.out.kind == Slot::None; ++k) {
         const Strides& os = g_.output_strides[k];
@@ -1135,9 +1179,13 @@ class StepPlanner {
         leaf = Slot{Slot::Leaf, nd.leaf, nd.strides};
       } else if (is_call_result(i)) {
         leaf = result_slot(i);
-      } else if (materialized_[ii].kind != Slot::None && level_[ii] < s) {
+      } else if (materialized_[ii].kind != Slot::None && level_[ii] < s && stored_at_[ii] != s) {
+        // Stored after s only where library steps alone read it (store_level); segment s
+        // computes what it stores itself.
+        if (stored_at_[ii] > s) throw InternalError("kiln: step plan: a value read before the step that stores it");
         leaf = materialized_[ii];
-      } else if (level_[ii] < s && (ir::is_reduction(nd.op) || reads_too_much_to_recompute(i, s))) {
+      } else if (level_[ii] < s && stored_at_[ii] != s &&
+                 (ir::is_reduction(nd.op) || reads_too_much_to_recompute(i, s))) {
         leaf = materialize(i);
       }
       if (leaf.kind != Slot::None) {
@@ -1237,6 +1285,8 @@ class StepPlanner {
   std::vector<std::vector<int>> attention_nodes_;  ///< per attention call: its result nodes
   std::vector<char> absorbed_, zero_;
   std::vector<Slot> materialized_;
+  std::vector<int> stored_at_;      ///< per materialized node: the level whose segment stores it
+  std::vector<std::vector<int>> users_;  ///< per node: the nodes reading it, in order
   std::vector<Slot> assembled_;    ///< per concatenation its parts' calls write in place: its memory
   std::vector<Slot> result_view_;  ///< per attention result written into such a concatenation: where
   std::vector<std::pair<int, int>> bias_source_;  ///< (call, node of its bias)

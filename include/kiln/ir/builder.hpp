@@ -186,39 +186,6 @@ inline NodePtr restride(const NodePtr& x, Shape shape, std::int64_t offset, Stri
   return input(std::move(v), std::move(shape), x->dtype, x->device);
 }
 
-// The strided views of realized x's storage that its shape ops are (the builders below make them
-// when no gradient is recorded through x; capture folds the recorded ones: as_leaf_view).
-inline NodePtr broadcast_view(const NodePtr& x, const Shape& shape) {
-  Strides st = x->buffer->strides;
-  for (std::size_t i = 0; i < shape.size(); ++i)
-    if (x->shape[i] != shape[i]) st[i] = 0;
-  return restride(x, shape, x->buffer->offset, std::move(st));
-}
-inline NodePtr permute_view(const NodePtr& x, const std::vector<std::int64_t>& perm, Shape out) {
-  Strides st(perm.size());
-  for (std::size_t i = 0; i < perm.size(); ++i) st[i] = x->buffer->strides[static_cast<std::size_t>(perm[i])];
-  return restride(x, std::move(out), x->buffer->offset, std::move(st));
-}
-inline NodePtr slice_view(const NodePtr& x, std::int64_t axis, std::int64_t start, std::int64_t step, Shape out) {
-  const auto a = static_cast<std::size_t>(axis);
-  Strides st = x->buffer->strides;
-  const std::int64_t offset = x->buffer->offset + (out[a] > 0 ? start * st[a] : 0);
-  st[a] *= step;
-  return restride(x, std::move(out), offset, std::move(st));
-}
-
-/// Same rank; size-1 dims of x repeat to `shape`.
-inline NodePtr broadcast(const NodePtr& x, const Shape& shape) {
-  if (x->shape == shape) return x;
-  if (x->shape.size() != shape.size()) detail::invariant_failed("broadcast rank");
-  for (std::size_t i = 0; i < shape.size(); ++i)
-    if (x->shape[i] != shape[i] && x->shape[i] != 1) detail::invariant_failed("broadcast size");
-  if (x->op == Op::Constant && !x->realized() && !records_grad(x)) return reshaped_constant(x, shape);
-  if (viewable(x)) return broadcast_view(x, shape);
-  Node n = blank(Op::Broadcast, x->dtype, x->device, shape, {x});
-  return finish(std::move(n));
-}
-
 /// Strides that view `old` (with `old_strides`) as `shape`, if the layout allows (PyTorch's rule).
 inline std::optional<Strides> view_strides(const Shape& old, const Strides& old_strides, const Shape& shape) {
   Strides out(shape.size());
@@ -246,10 +213,69 @@ inline std::optional<Strides> view_strides(const Shape& old, const Strides& old_
   return out;
 }
 
-/// The view of realized x as `shape`, or null where its layout allows none.
-inline NodePtr reshape_view(const NodePtr& x, const Shape& shape) {
-  if (auto st = view_strides(x->shape, x->buffer->strides, shape)) return restride(x, shape, x->buffer->offset, std::move(*st));
-  return nullptr;
+/// Where a shape op's result lies in its input's memory: an element offset and element strides.
+struct StridedLayout {
+  std::int64_t offset = 0;
+  Strides strides;
+};
+
+/// The layout of shape op `op` (Broadcast, Reshape, Permute or Slice, with `attrs` as their
+/// nodes hold them) applied to an input of shape `in` laid out as `at`, giving shape `out`;
+/// nullopt for other ops and for a reshape that those strides cannot express. The one rule for
+/// every strided view: a realized tensor's shape ops (shape_op_view) and the step planner's
+/// reads and writes in place.
+inline std::optional<StridedLayout> view_layout(Op op, const Attrs& attrs, const Shape& in, const StridedLayout& at,
+                                                const Shape& out) {
+  StridedLayout r = at;
+  switch (op) {
+    case Op::Broadcast:
+      if (in.size() != out.size() || at.strides.size() != in.size()) return std::nullopt;
+      for (std::size_t i = 0; i < out.size(); ++i)
+        if (in[i] != out[i]) r.strides[i] = 0;
+      return r;
+    case Op::Reshape: {
+      std::optional<Strides> st = view_strides(in, at.strides, out);
+      if (!st) return std::nullopt;
+      r.strides = std::move(*st);
+      return r;
+    }
+    case Op::Permute: {
+      const std::vector<std::int64_t>& perm = attrs.ints;
+      if (perm.size() != at.strides.size()) return std::nullopt;
+      for (std::size_t i = 0; i < perm.size(); ++i) r.strides[i] = at.strides[static_cast<std::size_t>(perm[i])];
+      return r;
+    }
+    case Op::Slice: {
+      const auto a = static_cast<std::size_t>(attrs.ints.at(0));
+      const std::int64_t start = attrs.ints.at(1), step = attrs.ints.at(2);
+      if (a >= at.strides.size()) return std::nullopt;
+      if (out[a] > 0) r.offset += start * at.strides[a];
+      r.strides[a] *= step;
+      return r;
+    }
+    default:
+      return std::nullopt;
+  }
+}
+
+/// The strided view of realized x's storage that shape op `op` (with `attrs`) of x is, as a new
+/// leaf of shape `out`; null where its layout allows none.
+inline NodePtr shape_op_view(const NodePtr& x, Op op, const Attrs& attrs, Shape out) {
+  std::optional<StridedLayout> l = view_layout(op, attrs, x->shape, {x->buffer->offset, x->buffer->strides}, out);
+  if (!l) return nullptr;
+  return restride(x, std::move(out), l->offset, std::move(l->strides));
+}
+
+/// Same rank; size-1 dims of x repeat to `shape`.
+inline NodePtr broadcast(const NodePtr& x, const Shape& shape) {
+  if (x->shape == shape) return x;
+  if (x->shape.size() != shape.size()) detail::invariant_failed("broadcast rank");
+  for (std::size_t i = 0; i < shape.size(); ++i)
+    if (x->shape[i] != shape[i] && x->shape[i] != 1) detail::invariant_failed("broadcast size");
+  if (x->op == Op::Constant && !x->realized() && !records_grad(x)) return reshaped_constant(x, shape);
+  if (viewable(x)) return shape_op_view(x, Op::Broadcast, {}, shape);
+  Node n = blank(Op::Broadcast, x->dtype, x->device, shape, {x});
+  return finish(std::move(n));
 }
 
 inline NodePtr reshape(const NodePtr& x, const Shape& shape) {
@@ -257,7 +283,7 @@ inline NodePtr reshape(const NodePtr& x, const Shape& shape) {
   if (x->shape.numel() != shape.numel()) detail::invariant_failed("reshape numel");
   if (x->op == Op::Constant && !x->realized() && !records_grad(x)) return reshaped_constant(x, shape);
   if (viewable(x))
-    if (NodePtr v = reshape_view(x, shape)) return v;
+    if (NodePtr v = shape_op_view(x, Op::Reshape, {}, shape)) return v;
   Node n = blank(Op::Reshape, x->dtype, x->device, shape, {x});
   return finish(std::move(n));
 }
@@ -277,9 +303,9 @@ inline NodePtr permute(const NodePtr& x, const std::vector<std::int64_t>& perm) 
   }
   Shape out(perm.size());
   for (std::size_t i = 0; i < perm.size(); ++i) out[i] = x->shape[perm[i]];
-  if (viewable(x)) return permute_view(x, perm, std::move(out));
   Node n = blank(Op::Permute, x->dtype, x->device, std::move(out), {x});
   n.attrs.ints = perm;
+  if (viewable(x)) return shape_op_view(x, Op::Permute, n.attrs, n.shape);
   return finish(std::move(n));
 }
 
@@ -288,9 +314,9 @@ inline NodePtr slice(const NodePtr& x, std::int64_t axis, std::int64_t start, st
   if (start == 0 && step == 1 && size == x->shape[axis]) return x;
   Shape out = x->shape;
   out[axis] = size;
-  if (viewable(x)) return slice_view(x, axis, start, step, std::move(out));
   Node n = blank(Op::Slice, x->dtype, x->device, std::move(out), {x});
   n.attrs.ints = {axis, start, step};
+  if (viewable(x)) return shape_op_view(x, Op::Slice, n.attrs, n.shape);
   return finish(std::move(n));
 }
 
@@ -303,18 +329,7 @@ inline NodePtr as_leaf_view(const Node& n) {
   if (n.realized() || n.inputs.size() != 1) return nullptr;
   const NodePtr& x = n.inputs[0];
   if (!x->realized() || x->placeholder) return nullptr;
-  switch (n.op) {
-    case Op::Broadcast:
-      return broadcast_view(x, n.shape);
-    case Op::Reshape:
-      return reshape_view(x, n.shape);
-    case Op::Permute:
-      return permute_view(x, n.attrs.ints, n.shape);
-    case Op::Slice:
-      return slice_view(x, n.attrs.ints[0], n.attrs.ints[1], n.attrs.ints[2], n.shape);
-    default:
-      return nullptr;
-  }
+  return shape_op_view(x, n.op, n.attrs, n.shape);
 }
 
 /// x reversed along `axis` (a slice of step -1; fused by the kernel that reads it).

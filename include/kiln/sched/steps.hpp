@@ -404,13 +404,9 @@ class StepPlanner {
 
   // The only user of `i`, or -1 when it has several (or is an output).
   int sole_user(int i) const {
-    if (uses_[static_cast<std::size_t>(i)] != 1) return -1;
-    for (auto o : g_.outputs)
-      if (o == i) return -1;
-    for (std::size_t j = static_cast<std::size_t>(i) + 1; j < n_; ++j)
-      for (auto in : g_.nodes[j].inputs)
-        if (in == i) return static_cast<int>(j);
-    return -1;
+    const std::size_t ii = static_cast<std::size_t>(i);
+    if (uses_[ii] != 1 || users_[ii].empty()) return -1;  // a graph output counts as a use
+    return users_[ii].front();
   }
 
   // Levels and the library calls, in node order (so operands' levels are known).
@@ -555,9 +551,10 @@ class StepPlanner {
   static constexpr std::int64_t kViewAlignment = 16;
 
   // Node i read in place from memory some step holds anyway, where i is only shape ops
-  // (reshape, permute, slice of a positive step, broadcast) over that memory: a leaf, a call's
-  // result or a value a segment stores. The slot carries i's strides and its first element's
-  // offset; nullopt where an op on the way is not such a view of the memory below it.
+  // (reshape, permute, slice, broadcast: ir::view_layout) over that memory: a leaf, a call's
+  // result or a value a segment stores. The slot carries i's strides (the caller refuses those
+  // its step cannot read, negative ones included) and its first element's offset; nullopt
+  // where an op on the way is not such a view of the memory below it.
   // `store_up_to` (elements): where the ops start from a computed value of at most that size
   // that is stored anyway (a graph output: a compiled forward's saved projection) or read only
   // through such views (q, k and v sliced from it), that value is stored, once, and viewed,
@@ -568,11 +565,7 @@ class StepPlanner {
     const ir::GraphNode& nd = node(i);
     const std::size_t ii = static_cast<std::size_t>(i);
     if (is_call_result(i)) return result_slot(i);
-    if (nd.op == ir::Op::Input) {
-      for (auto st : nd.strides)
-        if (st < 0) return std::nullopt;
-      return Slot{Slot::Leaf, nd.leaf, nd.strides};
-    }
+    if (nd.op == ir::Op::Input) return Slot{Slot::Leaf, nd.leaf, nd.strides};
     if (materialized_[ii].kind != Slot::None) return materialized_[ii];
     if (nd.op != ir::Op::Reshape && nd.op != ir::Op::Permute && nd.op != ir::Op::Slice && nd.op != ir::Op::Broadcast) {
       if (!store || nd.shape.numel() > store_up_to || absorbed_[ii] || zero_[ii] ||
@@ -584,32 +577,10 @@ class StepPlanner {
     const ir::GraphNode& in = node(nd.inputs[0]);
     std::optional<Slot> s = view_of_memory(nd.inputs[0], store_up_to, store);
     if (!s || s->strides.size() != in.shape.size()) return std::nullopt;
-    switch (nd.op) {
-      case ir::Op::Reshape: {
-        std::optional<Strides> st = ir::view_strides(in.shape, s->strides, nd.shape);
-        if (!st) return std::nullopt;
-        s->strides = std::move(*st);
-        break;
-      }
-      case ir::Op::Permute: {
-        Strides st(nd.shape.size());
-        for (std::size_t k = 0; k < st.size(); ++k) st[k] = s->strides[static_cast<std::size_t>(nd.attrs.ints[k])];
-        s->strides = std::move(st);
-        break;
-      }
-      case ir::Op::Slice: {
-        const std::size_t axis = static_cast<std::size_t>(nd.attrs.ints[0]);
-        const i64 start = nd.attrs.ints[1], step = nd.attrs.ints[2];
-        if (step <= 0) return std::nullopt;
-        s->byte_offset += start * s->strides[axis] * static_cast<i64>(itemsize(nd.dtype));
-        s->strides[axis] *= step;
-        break;
-      }
-      default:  // Broadcast: the same rank, size-1 dims read again
-        if (in.shape.size() != nd.shape.size()) return std::nullopt;
-        for (std::size_t d = 0; d < nd.shape.size(); ++d)
-          if (in.shape[d] == 1 && nd.shape[d] != 1) s->strides[d] = 0;
-    }
+    std::optional<ir::StridedLayout> l = ir::view_layout(nd.op, nd.attrs, in.shape, {0, s->strides}, nd.shape);
+    if (!l) return std::nullopt;
+    s->strides = std::move(l->strides);
+    s->byte_offset += l->offset * static_cast<i64>(itemsize(nd.dtype));
     return s;
   }
 
@@ -617,15 +588,11 @@ class StepPlanner {
 
   // Whether every reader of node i is a shape op that views it (reshape, permute, slice).
   bool read_only_through_views(int i) const {
-    bool any = false;
-    for (std::size_t j = static_cast<std::size_t>(i) + 1; j < n_; ++j)
-      for (auto in : g_.nodes[j].inputs)
-        if (in == i) {
-          const ir::Op op = g_.nodes[j].op;
-          if (op != ir::Op::Reshape && op != ir::Op::Permute && op != ir::Op::Slice) return false;
-          any = true;
-        }
-    return any;
+    const std::vector<int>& users = users_[static_cast<std::size_t>(i)];
+    return !users.empty() && std::all_of(users.begin(), users.end(), [&](int j) {
+      const ir::Op op = node(j).op;
+      return op == ir::Op::Reshape || op == ir::Op::Permute || op == ir::Op::Slice;
+    });
   }
 
   // A concatenation whose every part is an attention's result, reshaped or permuted and read by
@@ -654,15 +621,15 @@ class StepPlanner {
           ok = (xn.op == ir::Op::Reshape || xn.op == ir::Op::Permute) && sole_user(x) >= 0;
           if (!ok) break;
           const ir::GraphNode& in = node(xn.inputs[0]);
-          if (xn.op == ir::Op::Reshape) {
-            std::optional<Strides> st = ir::view_strides(xn.shape, view.strides, in.shape);
-            ok = st.has_value();
-            if (ok) view.strides = std::move(*st);
-          } else {
-            Strides st(in.shape.size());
-            for (std::size_t k = 0; k < st.size(); ++k) st[static_cast<std::size_t>(xn.attrs.ints[k])] = view.strides[k];
-            view.strides = std::move(st);
+          ir::Attrs inverse;  // the op that takes xn back to its input: a reshape, or the inverse permute
+          if (xn.op == ir::Op::Permute) {
+            inverse.ints.assign(xn.attrs.ints.size(), 0);
+            for (std::size_t k = 0; k < xn.attrs.ints.size(); ++k)
+              inverse.ints[static_cast<std::size_t>(xn.attrs.ints[k])] = static_cast<std::int64_t>(k);
           }
+          std::optional<ir::StridedLayout> l = ir::view_layout(xn.op, inverse, xn.shape, {0, view.strides}, in.shape);
+          ok = l.has_value();
+          if (ok) view.strides = std::move(l->strides);
           x = xn.inputs[0];
         }
         // What every attention kernel writes: rows of contiguous features, 16-byte aligned.
@@ -672,14 +639,8 @@ class StepPlanner {
         parts.push_back({x, view});
       }
       if (!ok) continue;
-      Slot memory;
-      for (std::size_t k = 0; k < g_.outputs.size() && memory.kind == Slot::None; ++k)
-        if (g_.outputs[k] == static_cast<int>(i) && !output_taken_.count(static_cast<int>(k)) &&
-            g_.output_strides[k] == whole) {
-          output_taken_.insert(static_cast<int>(k));
-          memory = Slot{Slot::Output, static_cast<int>(k), whole};
-        }
-      if (memory.kind == Slot::None) memory = temp(static_cast<int>(i));
+      // Dense memory: element addresses as `whole`'s (strides of size-1 dims aside).
+      const Slot memory = contiguous_result(static_cast<int>(i));
       assembled_[i] = memory;
       for (auto& [r, view] : parts) {
         view.kind = memory.kind;
@@ -932,13 +893,10 @@ class StepPlanner {
                            : materialized_[si].kind != Slot::None ? materialized_[si].strides
                                                                   : library_order(src).value_or(
                                                                         contiguous_strides(node(src).shape));
-      if (base.size() == nd.shape.size()) {
-        Strides st(base.size());
-        for (std::size_t k = 0; k < st.size(); ++k) st[k] = base[static_cast<std::size_t>(nd.attrs.ints[k])];
-        if (library_readable(nd.shape, st)) {
-          Slot m = operand_slot(src);
-          if (m.strides == base) return Slot{m.kind, m.index, st, m.byte_offset};
-        }
+      std::optional<ir::StridedLayout> l = ir::view_layout(nd.op, nd.attrs, node(src).shape, {0, base}, nd.shape);
+      if (l && library_readable(nd.shape, l->strides)) {
+        Slot m = operand_slot(src);
+        if (m.strides == base) return Slot{m.kind, m.index, l->strides, m.byte_offset};
       }
     }
     return materialize(i, library_order(i));

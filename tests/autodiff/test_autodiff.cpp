@@ -376,6 +376,32 @@ TEST_CASE("autograd: a compiled forward keeps a linear's output (product plus bi
   CHECK(saved_ops(gelu(linear(x, w))) == std::vector<ir::Op>{ir::Op::MatMul});
 }
 
+TEST_CASE("autograd: gradients of disjoint slices of one value join as one concatenation; overlapping ones add") {
+  // Columns 0..3, 4..6 and 8..9 of x read with weights 2, 3 and 5 (column 7 unread): the three
+  // zero-padded gradients merge into one concatenation, cut where the parts end (a zero part
+  // for column 7), as PyTorch's split backward gives. Slices that overlap are summed.
+  auto gradient_of = [&](auto loss_of) {
+    Tensor x = randn({3, 10}, 81, f64, device()).requires_grad_();
+    Tensor loss = loss_of(x);
+    std::vector<autodiff::Reached> reached = autodiff::backward_pass(
+        {loss.node()}, {ir::constant(1.0, f64, loss.shape(), device())}, {x.node()}, true, "test");
+    REQUIRE(reached.size() == 1);
+    const ir::Op op = reached[0].grad->op;
+    loss.backward();
+    return std::make_pair(op, x.grad().to_vector<double>());
+  };
+  auto [joined, g] = gradient_of([](const Tensor& x) {
+    return sum(slice(x, 1, 0, 4) * 2.0) + sum(slice(x, 1, 4, 7) * 3.0) + sum(slice(x, 1, 8, 10) * 5.0);
+  });
+  CHECK(joined == ir::Op::Concat);
+  const double column[10] = {2, 2, 2, 2, 3, 3, 3, 0, 5, 5};
+  REQUIRE(g.size() == 30);
+  for (std::size_t i = 0; i < g.size(); ++i) CHECK(g[i] == column[i % 10]);
+  auto [added, h] = gradient_of([](const Tensor& x) { return sum(slice(x, 1, 0, 6)) + sum(slice(x, 1, 4, 10)); });
+  CHECK(added == ir::Op::Add);
+  for (std::size_t i = 0; i < h.size(); ++i) CHECK(h[i] == (i % 10 == 4 || i % 10 == 5 ? 2.0 : 1.0));
+}
+
 TEST_CASE("autograd: a compiled model trains as the uncompiled one (50 SGD steps of an MLP)") {
   auto run = [](bool compiled) {
     SmallMlp mlp;  // b1 is a lazy zeros when marked: the trace evaluates it, so updates reach the replays

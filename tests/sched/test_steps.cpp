@@ -236,3 +236,62 @@ TEST_CASE("a value only products read is stored just before the first of them, n
   }
   CHECK(written == 3);
 }
+
+TEST_CASE("a donated leaf's last reader writes a later value of its size over it, after every other kernel reading it") {
+  // A loss over logits L and the gradient of L for a product (a backward's start): the row
+  // statistics and the picked logit read L; exp(L - lse) * sum(lse) is read by the product only. With L
+  // donated (nothing reads it after this run), that gradient is written into L's memory, by a
+  // kernel that runs after every other kernel reading L; a leaf a later step still reads, or one
+  // not donated, keeps a temporary.
+  NodePtr L = input({8, 16}, f32, 1), t = input_values<std::int64_t>({8, 1}, {3, 0, 15, 7, 7, 2, 9, 11});
+  NodePtr x = input({8, 4}, f32, 2);
+  NodePtr m = red(Op::ReduceMax, L, {1});
+  NodePtr lse = add(un(Op::Log, red(Op::ReduceSum, un(Op::Exp, sub(L, expand(m, {8, 16}))), {1})), m);
+  NodePtr loss = red(Op::ReduceSum, sub(lse, ir::gather(L, t, 1, ir::GatherSite::CrossEntropy)), {0, 1});
+  // Scaled by a sum over all rows (as cross_entropy's gradient by its count of targets): written
+  // by a pointwise kernel of its own, once every row is reduced.
+  NodePtr grad = mul(un(Op::Exp, sub(L, expand(lse, {8, 16}))), expand(red(Op::ReduceSum, lse, {0, 1}), {8, 16}));
+  NodePtr dw = ir::matmul(permute(x, {1, 0}), grad);
+  auto plan_with = [&](std::vector<NodePtr> roots, bool donate) {
+    ir::Captured c = ir::capture(roots, Device::cpu());
+    std::int32_t logits = -1;
+    for (std::size_t l = 0; l < c.leaves.size(); ++l)
+      if (c.leaves[l] == L) logits = static_cast<std::int32_t>(l);
+    REQUIRE(logits >= 0);
+    if (donate) c.graph.donated = {logits};
+    c.graph.rehash();
+    return std::make_pair(kiln::sched::plan_steps(c.graph, false), logits);
+  };
+  auto [p, logits] = plan_with({loss, dw}, true);
+  REQUIRE(p.calls.size() == 1);
+  CHECK(p.calls[0].b.kind == Slot::Leaf);  // the product reads the gradient from L's memory
+  CHECK(p.calls[0].b.index == logits);
+  CHECK(p.temps.empty() == false);  // the temporary is planned but no step uses it
+  for (const Step& st : p.order) CHECK(p.temps_of(st).empty());
+  REQUIRE(p.segments.size() == 1);
+  const ir::Graph& seg = p.segments[0].graph;
+  REQUIRE(seg.overwrites.size() == 1);
+  const kiln::sched::Schedule s = kiln::sched::schedule(seg);
+  const int out = seg.overwrites[0].first;
+  int writer = -1, last_reader = -1;
+  for (std::size_t k = 0; k < s.kernels.size(); ++k)
+    for (const auto& st : s.kernels[k].stores)
+      for (const auto& target : st.targets)
+        if (target.kind == kiln::sched::Location::Output && target.index == out) writer = static_cast<int>(k);
+  REQUIRE(writer >= 0);
+  // The kernels reducing L (the statistics, the pick) run before the writer, a pointwise one.
+  CHECK(s.kernels[static_cast<std::size_t>(writer)].kind == kiln::sched::KernelKind::Pointwise);
+  for (std::size_t k = 0; k < s.kernels.size(); ++k)
+    if (static_cast<int>(k) != writer && s.kernels[k].kind == kiln::sched::KernelKind::Reduce)
+      last_reader = std::max(last_reader, static_cast<int>(k));
+  CHECK(last_reader >= 0);
+  CHECK(writer > last_reader);
+
+  // Not donated: a temporary.
+  auto [kept, l2] = plan_with({loss, dw}, false);
+  CHECK(kept.calls[0].b.kind == Slot::Temp);
+  // Read by a later step too (a second product reads L itself): a temporary.
+  auto [later, l3] = plan_with({loss, dw, ir::matmul(permute(x, {1, 0}), L)}, true);
+  for (const auto& c : later.calls)
+    if (c.b.kind == Slot::Leaf) CHECK(c.b.index == l3);  // only L itself, read in place
+}

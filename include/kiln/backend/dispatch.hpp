@@ -104,9 +104,15 @@ void run_op_by_op(const ir::Graph& g, const RunArgs& args, RunOne&& run_one) {
     }
     one.nodes.push_back(op);
     one.outputs.push_back(static_cast<std::int32_t>(one.nodes.size() - 1));
-    // A graph output is written in place; everything else into a new row-major buffer.
+    // A graph output is written in place; everything else into a new row-major buffer. An
+    // output written over a leaf's memory (Graph::overwrites) is copied there at the end, once
+    // every op has read the leaf.
     auto out = std::find(g.outputs.begin(), g.outputs.end(), static_cast<std::int32_t>(i));
-    if (out != g.outputs.end()) {
+    const bool over_a_leaf =
+        out != g.outputs.end() && std::any_of(g.overwrites.begin(), g.overwrites.end(), [&](const auto& ol) {
+          return ol.first == static_cast<std::int32_t>(out - g.outputs.begin());
+        });
+    if (out != g.outputs.end() && !over_a_leaf) {
       std::size_t k = static_cast<std::size_t>(out - g.outputs.begin());
       one.output_strides.push_back(g.output_strides[k]);
       a.outputs.push_back(args.outputs[k]);

@@ -29,6 +29,15 @@ struct Graph {
   std::vector<GraphNode> nodes;         ///< topological order
   std::vector<std::int32_t> outputs;    ///< node index of each output
   std::vector<Strides> output_strides;  ///< layout each output is written in
+  /// Leaves whose memory a run may overwrite once it has read them for the last time (sorted):
+  /// values a backward reads that nothing holds after it, such as the logits a loss's gradient
+  /// is computed from. The step planner writes a later value of the same size there.
+  std::vector<std::int32_t> donated;
+  /// Outputs written over a leaf's memory, {output, leaf} (a step plan's segment writing a
+  /// donated leaf's last reader): every read of that leaf comes before the output is written,
+  /// and the kernel writing it reads the leaf only at the element it writes. Scheduling refuses
+  /// (Schedule::overwrite_refused) a graph where that cannot be arranged.
+  std::vector<std::pair<std::int32_t, std::int32_t>> overwrites;
   std::uint64_t key = 0;                ///< structural hash of all of the above
 
   std::size_t num_leaves() const {
@@ -68,6 +77,9 @@ inline void Graph::rehash() {
     h = hash_combine(h, static_cast<std::uint64_t>(outputs[i]));
     for (auto s : output_strides[i]) h = hash_combine(h, static_cast<std::uint64_t>(s));
   }
+  for (auto l : donated) h = hash_combine(h, 0xd0a7ed00u + static_cast<std::uint64_t>(l));
+  for (auto [o, l] : overwrites)
+    h = hash_combine(h, 0x0e5e5000u + (static_cast<std::uint64_t>(o) << 32) + static_cast<std::uint64_t>(l));
   key = h;
 }
 
@@ -75,7 +87,7 @@ inline void Graph::rehash() {
 /// field a kernel depends on): what every plan and kernel cache confirms a key hit with.
 inline bool same_graph(const Graph& a, const Graph& b) {
   if (a.key != b.key || !(a.device == b.device) || a.outputs != b.outputs || a.output_strides != b.output_strides ||
-      a.nodes.size() != b.nodes.size())
+      a.donated != b.donated || a.overwrites != b.overwrites || a.nodes.size() != b.nodes.size())
     return false;
   for (std::size_t i = 0; i < a.nodes.size(); ++i) {
     const GraphNode& x = a.nodes[i];
@@ -206,6 +218,12 @@ inline std::string Graph::str() const {
   os << "outputs:";
   for (auto o : outputs) os << " %" << o;
   os << "\n";
+  if (!donated.empty()) {
+    os << "donated leaves:";
+    for (auto l : donated) os << " #" << l;
+    os << "\n";
+  }
+  for (auto [o, l] : overwrites) os << "output " << o << " overwrites leaf #" << l << "\n";
   return os.str();
 }
 

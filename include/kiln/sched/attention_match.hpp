@@ -371,6 +371,7 @@ inline bool fuse_written_out_attention(const ir::Graph& g, ir::Graph& rewritten)
   for (auto o : g.outputs)
     rewritten.outputs.push_back(renumber[static_cast<std::size_t>(index[static_cast<std::size_t>(o)])]);
   rewritten.output_strides = g.output_strides;
+  rewritten.donated = g.donated;  // the same leaves, by index
   rewritten.rehash();
   return true;
 }

@@ -147,6 +147,10 @@ struct Schedule {
   /// A symbolic leading size: dims of this (placeholder) size are read at launch (kiln::compile's
   /// dynamic shapes); 0 when every size is static. See symbolic_kernel().
   i64 symbolic = 0;
+  /// Why the graph's outputs cannot be written over their leaves' memory (ir::Graph::overwrites)
+  /// as asked; empty when they can (or none is asked). schedule() throws instead; the step
+  /// planner asks overwrite_refusal() before it lets an output take a leaf's memory.
+  std::string overwrite_refused;
 
   /// One line per kernel: kind, iteration space, what it computes and stores.
   std::string str(const ir::Graph& g) const;
@@ -160,6 +164,12 @@ inline Schedule schedule(const ir::Graph& g);
 /// hold for every size: the kernels are marked parallel and the code generator decides at run
 /// time whether a team pays; reductions are not split into chunks.
 inline Schedule schedule(const ir::Graph& g, i64 placeholder);
+
+/// Why `g`'s outputs cannot be written over the leaves ir::Graph::overwrites names (empty:
+/// they can): the kernel writing such an output must be pointwise and read the leaf only at
+/// the element it writes, no other value of it may read the leaf, and every other kernel
+/// reading the leaf must be able to run before it.
+inline std::string overwrite_refusal(const ir::Graph& g);
 
 /// Whether kernel `k` of `s` can read its symbolic size at launch: pointwise kernels, and
 /// reductions over rows (row strategy, no chunks, no final cross-row reduction), where the
@@ -742,6 +752,80 @@ class Scheduler {
   const ir::Graph& g_;
   i64 symbolic_ = 0;  // placeholder of the symbolic leading size (0: none)
   std::vector<Draft> drafts_;
+  /// Checks the outputs written over leaves' memory (ir::Graph::overwrites) and fills `waits`:
+  /// the kernels each writing kernel must follow. Returns why it cannot be done ("" when it
+  /// can; `waits` is then left empty). Conservative: the walk of the writing kernel goes
+  /// through every value that is not a reduction, so it sees at least the reads it makes.
+  std::string order_overwrites(std::vector<std::set<int>>& waits) const {
+    std::vector<std::set<int>> want(drafts_.size());
+    for (auto [out, leaf] : g_.overwrites) {
+      const std::string what = "output " + std::to_string(out) + " over leaf #" + std::to_string(leaf) + ": ";
+      if (out < 0 || static_cast<std::size_t>(out) >= g_.outputs.size()) return what + "no such output";
+      const int node = g_.outputs[static_cast<std::size_t>(out)];
+      const ir::GraphNode& n = g_.nodes[static_cast<std::size_t>(node)];
+      std::set<int> leaf_nodes;
+      for (std::size_t i = 0; i < g_.nodes.size(); ++i)
+        if (g_.nodes[i].op == ir::Op::Input && g_.nodes[i].leaf == leaf) leaf_nodes.insert(static_cast<int>(i));
+      if (leaf_nodes.empty()) return what + "the graph does not read the leaf";
+      for (int l : leaf_nodes)
+        if (itemsize(g_.nodes[static_cast<std::size_t>(l)].dtype) != itemsize(n.dtype))
+          return what + "the leaf's elements are another size";
+      const int w = owner_[static_cast<std::size_t>(node)];
+      if (w < 0 || !drafts_[static_cast<std::size_t>(w)].alive) return what + "no kernel writes it";
+      const Draft& d = drafts_[static_cast<std::size_t>(w)];
+      if (d.reduce) return what + "it is written by a reduction's kernel";
+      if (d.space != n.shape) return what + "it is not its kernel's iteration space";
+      const Index at = identity_index(d.space);
+      const IndexExpr written = strided_offset(at, g_.output_strides[static_cast<std::size_t>(out)], n.shape);
+      if (!written.affine()) return what + "it is written at a computed position";
+      // Every value of the writing kernel: only this output's reads the leaf, each read at
+      // the element written.
+      std::string refused;
+      for (std::size_t j = 0; j < d.roots.size() && refused.empty(); ++j) {
+        const int r = d.roots[j];
+        if (d.level_of[j] != Level::Full) {
+          refused = "its kernel stores a value per row";
+          break;
+        }
+        Visitor v;
+        v.leaf = [&](int l, const Index& idx) {
+          if (!leaf_nodes.count(l) || !refused.empty()) return;
+          if (r != node) {
+            refused = "another value of its kernel reads the leaf";
+            return;
+          }
+          const ir::GraphNode& ln = g_.nodes[static_cast<std::size_t>(l)];
+          const IndexExpr read = strided_offset(idx, ln.strides, ln.shape);
+          auto coeff = [](const IndexExpr& e, std::size_t k) { return k < e.coeff.size() ? e.coeff[k] : 0; };
+          bool same = read.affine() && read.constant == written.constant;
+          for (std::size_t k = 0; same && k < std::max(read.coeff.size(), written.coeff.size()); ++k)
+            same = coeff(read, k) == coeff(written, k);
+          if (!same)
+            refused = "it reads the leaf at an element other than the one it writes";
+        };
+        std::unordered_set<std::string> seen;
+        walk(g_, r, at, d.space, v, seen);
+      }
+      if (!refused.empty()) return what + refused;
+      // Every other kernel reading the leaf runs first, so none may wait for this one.
+      for (std::size_t k = 0; k < drafts_.size(); ++k) {
+        if (static_cast<int>(k) == w || !drafts_[k].alive) continue;
+        bool reads = false;
+        for (int l : leaf_nodes) reads = reads || drafts_[k].leaves.count(l);
+        if (!reads) continue;
+        if (reaches(drafts_[k].deps, w, w)) return what + "a kernel reading the leaf needs the one writing it";
+        want[static_cast<std::size_t>(w)].insert(static_cast<int>(k));
+      }
+    }
+    // Two such outputs must not order each other's kernels both ways.
+    for (std::size_t a = 0; a < want.size(); ++a)
+      for (int b : want[a])
+        if (want[static_cast<std::size_t>(b)].count(static_cast<int>(a)))
+          return "two outputs written over leaves each need the other's kernel first";
+    waits = std::move(want);
+    return "";
+  }
+
   std::vector<int> owner_;
   std::vector<char> forced_;  ///< pointwise values computed once, into memory
   mutable std::unordered_map<std::string, Summary> summaries_;
@@ -760,12 +844,16 @@ inline Schedule Scheduler::finish() {
   });
   std::vector<int> order, index_of(drafts_.size(), -1);
   std::vector<char> placed(drafts_.size(), 0);
+  // An output written over a leaf's memory waits for every other kernel reading the leaf.
+  std::vector<std::set<int>> waits(drafts_.size());
+  s.overwrite_refused = order_overwrites(waits);
   while (order.size() < alive.size()) {
     bool progress = false;
     for (int k : alive) {
       if (placed[static_cast<std::size_t>(k)]) continue;
       bool ready = true;
       for (int dep : drafts_[static_cast<std::size_t>(k)].deps) ready = ready && placed[static_cast<std::size_t>(dep)];
+      for (int dep : waits[static_cast<std::size_t>(k)]) ready = ready && placed[static_cast<std::size_t>(dep)];
       if (!ready) continue;
       placed[static_cast<std::size_t>(k)] = 1;
       index_of[static_cast<std::size_t>(k)] = static_cast<int>(order.size());
@@ -1051,8 +1139,22 @@ inline const char* level_name(Level l) {
 
 }  // namespace detail
 
-inline Schedule schedule(const ir::Graph& g) { return detail::schedule(g); }
-inline Schedule schedule(const ir::Graph& g, i64 placeholder) { return detail::schedule(g, placeholder); }
+namespace detail {
+// A graph whose outputs take leaves' memory runs only as its plan promised.
+inline Schedule honoring_overwrites(Schedule s, const ir::Graph& g) {
+  if (!s.overwrite_refused.empty())
+    throw InternalError("kiln scheduler: " + s.overwrite_refused + " (the step planner checks this first)\n" + g.str());
+  return s;
+}
+}  // namespace detail
+
+inline Schedule schedule(const ir::Graph& g) { return detail::honoring_overwrites(detail::schedule(g), g); }
+inline Schedule schedule(const ir::Graph& g, i64 placeholder) {
+  return detail::honoring_overwrites(detail::schedule(g, placeholder), g);
+}
+inline std::string overwrite_refusal(const ir::Graph& g) {
+  return g.overwrites.empty() ? std::string() : detail::schedule(g).overwrite_refused;
+}
 
 inline bool symbolic_kernel(const Schedule& s, std::size_t k, std::string* why) {
   const Kernel& kk = s.kernels[k];

@@ -25,6 +25,7 @@
 #include "kiln/decomp/decompose.hpp"
 #include "kiln/ir/graph.hpp"
 #include "kiln/runtime/gemm.hpp"
+#include "kiln/sched/schedule.hpp"
 
 namespace kiln::sched {
 
@@ -286,6 +287,10 @@ struct StepPlan {
 
   /// The temporaries step `st` reads or writes (repeats possible).
   std::vector<int> temps_of(const Step& st) const;
+
+  /// Calls f(slot) for every memory slot step `st` reads or writes (a plan, const or not).
+  template <class Plan, class F>
+  static void for_each_slot(Plan& plan, const Step& st, F&& f);
 };
 
 /// Whether `g` holds a library op, so that it runs as steps.
@@ -394,6 +399,7 @@ class StepPlanner {
     plan_outputs();
     build_segments();
     order_steps();
+    plan_overwrites();
     return std::move(plan_);
   }
 
@@ -1232,6 +1238,62 @@ class StepPlanner {
     }
   }
 
+  // A donated leaf (ir::Graph::donated: memory nothing reads after this run) whose last reader
+  // is a segment gives its memory to a value that segment writes for later steps, of the same
+  // size: the logits a loss's gradient is computed from hold that gradient, as Inductor reuses a
+  // dead buffer for an output of the kernel that reads it last. The segment's schedule must
+  // agree (sched::overwrite_refusal): the writing kernel reads the leaf only at the element it
+  // writes, and every other kernel reading it runs first. Else the value keeps its temporary.
+  void plan_overwrites() {
+    for (std::int32_t leaf : g_.donated) {
+      int input = -1;
+      for (std::size_t i = 0; i < n_; ++i)
+        if (g_.nodes[i].op == ir::Op::Input && g_.nodes[i].leaf == leaf) input = input == -1 ? static_cast<int>(i) : -2;
+      if (input < 0) continue;
+      const ir::GraphNode& ln = node(input);
+      if (ln.strides != contiguous_strides(ln.shape)) continue;
+      const std::int64_t bytes = ln.shape.numel() * static_cast<std::int64_t>(itemsize(ln.dtype));
+      // The last step reading the leaf.
+      int last = -1;
+      for (std::size_t p = 0; p < plan_.order.size(); ++p)
+        StepPlan::for_each_slot(plan_, plan_.order[p], [&](const Slot& sl) {
+          if (sl.kind == Slot::Leaf && sl.index == leaf) last = static_cast<int>(p);
+        });
+      if (last < 0 || plan_.order[static_cast<std::size_t>(last)].kind != Step::Kernels) continue;
+      Segment& seg = plan_.segments[static_cast<std::size_t>(plan_.order[static_cast<std::size_t>(last)].index)];
+      int seg_leaf = -1;
+      for (std::size_t j = 0; j < seg.leaves.size(); ++j)
+        if (seg.leaves[j].kind == Slot::Leaf && seg.leaves[j].index == leaf)
+          seg_leaf = seg_leaf == -1 && seg.leaves[j].byte_offset == 0 && seg.leaves[j].strides == ln.strides
+                         ? static_cast<int>(j)
+                         : -2;
+      if (seg_leaf < 0) continue;
+      for (std::size_t k = 0; k < seg.outputs.size(); ++k) {
+        const Slot out = seg.outputs[k];
+        if (out.kind != Slot::Temp || out.byte_offset != 0) continue;
+        const StepTemp& t = plan_.temps[static_cast<std::size_t>(out.index)];
+        if (itemsize(t.dtype) != itemsize(ln.dtype) || t.shape.numel() * static_cast<std::int64_t>(itemsize(t.dtype)) != bytes)
+          continue;
+        seg.graph.overwrites.push_back({static_cast<std::int32_t>(k), static_cast<std::int32_t>(seg_leaf)});
+        seg.graph.rehash();
+        if (!sched::overwrite_refusal(seg.graph).empty()) {
+          seg.graph.overwrites.pop_back();
+          seg.graph.rehash();
+          continue;
+        }
+        // Every step that reads or writes the temporary uses the leaf's memory instead.
+        for (const Step& st : plan_.order)
+          StepPlan::for_each_slot(plan_, st, [&](Slot& sl) {
+            if (sl.kind == Slot::Temp && sl.index == out.index) {
+              sl.kind = Slot::Leaf;
+              sl.index = leaf;
+            }
+          });
+        break;
+      }
+    }
+  }
+
   const ir::Graph& g_;
   bool fuse_;
   std::size_t n_;
@@ -1268,41 +1330,56 @@ inline StepPlan plan_steps(const ir::Graph& g, bool fuse_epilogues) {
   return detail::StepPlanner(g, fuse_epilogues).run();
 }
 
-inline std::vector<int> StepPlan::temps_of(const Step& st) const {
-  std::vector<int> t;
-  auto slot = [&](const Slot& s) {
-    if (s.kind == Slot::Temp) t.push_back(s.index);
-  };
+template <class Plan, class F>
+void StepPlan::for_each_slot(Plan& plan, const Step& st, F&& f) {
   const auto i = static_cast<std::size_t>(st.index);
   switch (st.kind) {
     case Step::Kernels:
-      for (const Slot& s : segments[i].leaves) slot(s);
-      for (const Slot& s : segments[i].outputs) slot(s);
+      for (auto& s : plan.segments[i].leaves) f(s);
+      for (auto& s : plan.segments[i].outputs) f(s);
       break;
-    case Step::Call:
-      for (const Slot* s : {&calls[i].a, &calls[i].b, &calls[i].out}) slot(*s);
-      if (calls[i].bias) slot(calls[i].bias_slot);
+    case Step::Call: {
+      auto& c = plan.calls[i];
+      f(c.a);
+      f(c.b);
+      f(c.out);
+      if (c.bias) f(c.bias_slot);
       break;
-    case Step::Scatter:
-      for (const Slot* s : {&scatters[i].base, &scatters[i].index, &scatters[i].src, &scatters[i].out}) slot(*s);
-      if (scatters[i].flag >= 0) t.push_back(scatters[i].flag);
+    }
+    case Step::Scatter: {
+      auto& c = plan.scatters[i];
+      f(c.base);
+      f(c.index);
+      f(c.src);
+      f(c.out);
       break;
+    }
     case Step::Scan:
-      slot(scans[i].src);
-      slot(scans[i].result);
+      f(plan.scans[i].src);
+      f(plan.scans[i].result);
       break;
     case Step::Sort:
-      slot(sorts[i].src);
-      slot(sorts[i].result);
-      if (sorts[i].scratch >= 0) t.push_back(sorts[i].scratch);
+      f(plan.sorts[i].src);
+      f(plan.sorts[i].result);
       break;
     case Step::Attention: {
-      const AttentionCall& c = attentions[i];
-      for (const Slot* s : {&c.q, &c.k, &c.v, &c.mask, &c.out, &c.dout, &c.lse, &c.dq, &c.dk, &c.dv, &c.seed}) slot(*s);
-      if (c.delta >= 0) t.push_back(c.delta);
+      auto& c = plan.attentions[i];
+      for (auto* s : {&c.q, &c.k, &c.v, &c.mask, &c.out, &c.dout, &c.lse, &c.dq, &c.dk, &c.dv, &c.seed}) f(*s);
       break;
     }
   }
+}
+
+inline std::vector<int> StepPlan::temps_of(const Step& st) const {
+  std::vector<int> t;
+  for_each_slot(*this, st, [&](const Slot& s) {
+    if (s.kind == Slot::Temp) t.push_back(s.index);
+  });
+  // Scratch temporaries that are no slot.
+  const auto i = static_cast<std::size_t>(st.index);
+  if (st.kind == Step::Scatter && scatters[i].flag >= 0) t.push_back(scatters[i].flag);
+  if (st.kind == Step::Sort && sorts[i].scratch >= 0) t.push_back(sorts[i].scratch);
+  if (st.kind == Step::Attention && attentions[i].delta >= 0) t.push_back(attentions[i].delta);
   return t;
 }
 

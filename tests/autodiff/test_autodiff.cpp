@@ -561,3 +561,51 @@ TEST_CASE("autograd: evaluation groups evaluate the gradients a group at a time,
   REQUIRE(one_graphs.size() == 3);
   CHECK(one_graphs[0] == one_graphs[2]);
 }
+
+TEST_CASE("autograd: a backward writes the loss's gradient over logits nothing else holds; held logits keep their values") {
+  // logits = x w, realized (as a compiled model returns them), and loss = cross_entropy(logits,
+  // t). The backward computes the logits' gradient where it reads the logits last (for the
+  // product giving w's gradient); with nothing else holding the logits it writes the gradient
+  // into their memory, so the step holds one [64, 512] buffer where it held two. w's gradient
+  // is the same to the bit as with retain_graph (which keeps every saved value intact), and
+  // logits a caller still holds keep their values.
+  Tensor x = randn({64, 32}, 91, f32, device());
+  Tensor targets = (rand({64}, 92, f32, device()) * 511.0f).to(DType::Int64).eval();
+  Tensor w0 = (randn({32, 512}, 93, f32, device()) * 0.1f).eval();
+  struct Run {
+    std::vector<float> grad;
+    std::size_t peak = 0;  // host bytes above those in use before the backward
+    float loss = 0;
+  };
+  auto run = [&](bool retain, bool hold) {
+    Tensor w = clone(w0).requires_grad_();
+    Tensor loss, held;
+    std::vector<float> before;
+    {
+      Tensor logits = matmul(x, w).eval();
+      if (hold) {
+        held = logits;
+        before = logits.to_vector<float>();
+      }
+      loss = cross_entropy(logits, targets);
+    }
+    const std::size_t base = runtime::host_allocator_stats().in_use_bytes;
+    runtime::reset_host_memory_peak();
+    loss.backward({}, retain);
+    Run r;
+    r.peak = runtime::host_allocator_stats().peak_in_use_bytes - base;
+    r.loss = loss.item<float>();  // evaluated with the gradients: it reads the logits first
+    if (hold) CHECK(held.to_vector<float>() == before);
+    r.grad = w.grad().to_vector<float>();
+    return r;
+  };
+  const Run donated = run(false, false), retained = run(true, false), held = run(false, true);
+  CHECK(donated.grad == retained.grad);
+  CHECK(held.grad == retained.grad);
+  CHECK(donated.loss == retained.loss);
+  if (!device().is_cuda()) {
+    const std::size_t logits_bytes = 64 * 512 * sizeof(float);
+    CHECK(donated.peak + logits_bytes <= retained.peak);
+    CHECK(donated.peak + logits_bytes <= held.peak);
+  }
+}

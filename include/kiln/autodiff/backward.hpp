@@ -191,10 +191,10 @@ inline std::vector<Reached> backward_pass(const std::vector<NodePtr>& roots, con
     for (const NodePtr& n : order) {
       if (n->grad_leaf) continue;
       n->graph_freed = true;
-      if (n->realized()) {  // the saved values it held are no longer needed
-        n->inputs.clear();
-        n->custom_gradient.reset();
-      }
+      // The saved values it held for its gradient are no longer needed: a composite's own
+      // rule goes (with the nodes it captured), and a realized node's inputs.
+      n->custom_gradient.reset();
+      if (n->realized()) n->inputs.clear();
     }
   }
   return out;

@@ -211,6 +211,67 @@ KILN_ENTRY Tensor Tensor::detach() const {
   return Tensor(std::move(copy));
 }
 
+namespace detail {
+
+// The storages of realized values that the graph under `roots` reads and nothing can read
+// after it: a backward's donations (ir::Graph::donated), so that its plan may write a later
+// value over them (the loss's gradient over the logits). Counted by references, so any holder
+// it cannot account for keeps a value: `held_here[n]` references the caller holds itself
+// (these count as the caller's, dropped after the evaluation), and `cleared_root`, if any, is a
+// root realized by the evaluation whose inputs it then drops (the backward's own output).
+// A storage is donated when its only holder is one realized node, that node is held only by
+// nodes of the graph, and no node of the graph that outlives the evaluation (held from outside,
+// hence evaluated later perhaps) reaches it.
+inline std::vector<const Storage*> storages_read_last(const std::vector<ir::NodePtr>& roots,
+                                                      const std::unordered_map<const ir::Node*, long>& held_here,
+                                                      const ir::Node* cleared_root) {
+  // The lazy nodes under the roots (raw pointers only: a copy of a NodePtr is a reference), and
+  // how many of their input edges reach each node.
+  std::unordered_map<const ir::Node*, long> edges;
+  std::unordered_map<const ir::Node*, const ir::NodePtr*> ref;  // a reference to read use_count from
+  std::vector<const ir::Node*> lazy, stack;
+  for (const ir::NodePtr& r : roots)
+    if (r && ref.emplace(r.get(), &r).second) stack.push_back(r.get());
+  while (!stack.empty()) {
+    const ir::Node* n = stack.back();
+    stack.pop_back();
+    if (n->realized()) continue;
+    lazy.push_back(n);
+    for (const ir::NodePtr& in : n->inputs) {
+      ++edges[in.get()];
+      if (ref.emplace(in.get(), &in).second) stack.push_back(in.get());
+    }
+  }
+  auto uses = [&](const ir::Node* n) { return static_cast<long>(ref.at(n)->use_count()); };
+  auto outside = [&](const ir::Node* n, long use_count) {
+    auto e = edges.find(n);
+    auto h = held_here.find(n);
+    return use_count - (e == edges.end() ? 0 : e->second) - (h == held_here.end() ? 0 : h->second);
+  };
+  // Lazy nodes someone else holds may be evaluated later: what they reach is kept.
+  std::unordered_set<const ir::Node*> kept;
+  std::vector<const ir::Node*> todo;
+  for (const ir::Node* n : lazy)
+    if (n != cleared_root && outside(n, uses(n)) > 0 && kept.insert(n).second) todo.push_back(n);
+  while (!todo.empty()) {
+    const ir::Node* n = todo.back();
+    todo.pop_back();
+    if (n->realized()) continue;
+    for (const ir::NodePtr& in : n->inputs)
+      if (kept.insert(in.get()).second) todo.push_back(in.get());
+  }
+  std::vector<const Storage*> out;
+  for (const auto& [n, r] : ref) {
+    if (!n->realized() || kept.count(n) || !n->buffer->storage) continue;
+    if (n->buffer->storage.use_count() != 1) continue;  // a view elsewhere shares the memory
+    if (outside(n, uses(n)) != 0) continue;
+    out.push_back(n->buffer->storage.get());
+  }
+  return out;
+}
+
+}  // namespace detail
+
 KILN_ENTRY void Tensor::backward(const Tensor& gradient, bool retain_graph, std::source_location where) const {
   if (!requires_grad())
     throw AutogradError("backward: " + describe() +
@@ -274,9 +335,33 @@ KILN_ENTRY void Tensor::backward(const Tensor& gradient, bool retain_graph, std:
   // forward): its value is the one the gradients are of, even when it is read after an optimizer
   // has updated the leaves in place (PyTorch's `loss.backward(); opt.step(); loss.item()`).
   const bool output_lazy = in_place_ok && !node_->realized();
+  // The values this backward reads for the last time (the tape is spent: nothing else holds
+  // them), which its plan may overwrite: the logits under a loss hold their own gradient.
+  // Everything this function holds is counted as its own; one graph on one device only.
+  auto read_last = [&](const std::vector<ir::NodePtr>& roots) -> std::vector<const Storage*> {
+    if (retain_graph || !in_place_ok || roots.empty()) return {};
+    for (const ir::NodePtr& r : roots)
+      if (!(r->device == roots.front()->device)) return {};
+    std::unordered_map<const ir::Node*, long> held;
+    auto hold = [&held](const ir::NodePtr& p) {
+      if (p) ++held[p.get()];
+    };
+    for (const autodiff::Reached& r : reached) {
+      hold(r.node);
+      hold(r.grad);
+    }
+    for (const std::shared_ptr<ir::GradLeaf>& leaf : fresh_leaves) hold(leaf->grad);
+    hold(seed);
+    for (const std::vector<ir::NodePtr>* v : {&values, &destinations, &fresh})
+      for (const ir::NodePtr& p : *v) hold(p);
+    return detail::storages_read_last(roots, held, node_.get());
+  };
   if (values.empty() && !grouped) {
     if (output_lazy) fresh.push_back(node_);
-    detail::evaluate_together(fresh);
+    {
+      detail::DonationScope donate(read_last(fresh));
+      detail::evaluate_together(fresh);
+    }
     run_hooks(every_group);
     return;
   }
@@ -308,7 +393,10 @@ KILN_ENTRY void Tensor::backward(const Tensor& gradient, bool retain_graph, std:
     run_hooks([&evaluated](int g) { return evaluated.count(g) == 0; });
     return;
   }
-  detail::evaluate_into_many(values, destinations);
+  {
+    detail::DonationScope donate(read_last(values));
+    detail::evaluate_into_many(values, destinations);
+  }
   finish_output();
   run_hooks(every_group);
 }

@@ -55,6 +55,23 @@ KILN_ENTRY const void* leaf_pointer(const ir::Node& n);
 
 KILN_ENTRY void evaluate_group(const std::vector<ir::NodePtr>& roots, Device device);
 
+/// Storages the graphs evaluated now may overwrite once they have read them for the last time
+/// (ir::Graph::donated): set by a backward for its one evaluation (DonationScope), empty else.
+KILN_ENTRY std::vector<const Storage*>& donated_storages();
+
+/// Marks the leaves of `c` whose memory donated_storages() names, each the only leaf of its
+/// storage, as donated (and rehashes the graph).
+KILN_ENTRY void mark_donated(ir::Captured& c);
+
+/// Sets donated_storages() for its lifetime.
+class DonationScope {
+ public:
+  explicit DonationScope(std::vector<const Storage*> storages) { donated_storages() = std::move(storages); }
+  ~DonationScope() { donated_storages().clear(); }
+  DonationScope(const DonationScope&) = delete;
+  DonationScope& operator=(const DonationScope&) = delete;
+};
+
 KILN_ENTRY void evaluate(const std::vector<ir::NodePtr>& roots);
 
 KILN_ENTRY ir::NodePtr maybe_eval_big(ir::NodePtr node);

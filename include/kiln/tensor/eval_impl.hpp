@@ -43,8 +43,28 @@ KILN_ENTRY const void* leaf_pointer(const ir::Node& n) {
          n.buffer->offset * static_cast<std::int64_t>(itemsize(n.dtype));
 }
 
+KILN_ENTRY std::vector<const Storage*>& donated_storages() {
+  static thread_local std::vector<const Storage*> storages;
+  return storages;
+}
+
+KILN_ENTRY void mark_donated(ir::Captured& c) {
+  const std::vector<const Storage*>& donated = donated_storages();
+  if (donated.empty()) return;
+  // A storage two leaves view (a value and its reshape) is kept: the plan tracks reads per leaf.
+  std::unordered_map<const Storage*, int> leaves_of;
+  for (const ir::NodePtr& l : c.leaves) ++leaves_of[l->buffer->storage.get()];
+  for (std::size_t l = 0; l < c.leaves.size(); ++l) {
+    const Storage* st = c.leaves[l]->buffer->storage.get();
+    if (leaves_of[st] == 1 && std::find(donated.begin(), donated.end(), st) != donated.end())
+      c.graph.donated.push_back(static_cast<std::int32_t>(l));
+  }
+  c.graph.rehash();
+}
+
 KILN_ENTRY void evaluate_group(const std::vector<ir::NodePtr>& roots, Device device) {
   ir::Captured c = ir::capture(roots, device);
+  mark_donated(c);
   backend::RunArgs args;
   for (auto& leaf : c.leaves) args.inputs.push_back(leaf_pointer(*leaf));
   std::vector<StoragePtr> storages;
@@ -190,6 +210,7 @@ KILN_ENTRY void evaluate_into_many(const std::vector<ir::NodePtr>& values,
                          dsts[i]->shape.str() + ") and " + std::to_string(j) + " (" + dtype_name(dsts[j]->dtype) +
                          dsts[j]->shape.str() + ") share memory");
   ir::Captured c = ir::capture(vals, device);
+  mark_donated(c);
   const std::vector<ir::GraphNode>& nodes = c.graph.nodes;
   // The destination each leaf is exactly (-1: none; -2: it overlaps one otherwise).
   std::vector<int> alias_of(c.leaves.size(), -1);

@@ -30,6 +30,7 @@
 #include "kiln/backend/cuda.hpp"
 #include "kiln/bench.hpp"
 #include "kiln/decomp/decompose.hpp"
+#include "kiln/autodiff/backward.hpp"
 #include "kiln/kiln.hpp"
 #include "kiln/runtime/cuda_memory.hpp"
 

@@ -10,6 +10,7 @@
 #include <functional>
 #include <vector>
 
+#include <kiln/autodiff/backward.hpp>  // the backward walk itself (autodiff::backward_pass)
 #include <kiln/kiln.hpp>
 
 #include "../support/device.hpp"

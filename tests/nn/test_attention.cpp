@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include <kiln/autodiff/backward.hpp>  // the backward walk itself (autodiff::backward_pass)
 #include <kiln/kiln.hpp>
 #include <kiln/runtime/cudnn.hpp>
 #include <kiln/sched/steps.hpp>

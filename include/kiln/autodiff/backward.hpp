@@ -15,22 +15,11 @@
 #include <unordered_set>
 #include <vector>
 
+#include "kiln/autodiff/grad_mode.hpp"
 #include "kiln/autodiff/vjp.hpp"
 #include "kiln/core/error.hpp"
 
 namespace kiln::autodiff {
-
-/// Sets grad mode for its lifetime (restores the previous one after).
-class GradModeScope {
- public:
-  explicit GradModeScope(bool enabled) : saved_(ir::detail::grad_mode()) { ir::detail::grad_mode() = enabled; }
-  ~GradModeScope() { ir::detail::grad_mode() = saved_; }
-  GradModeScope(const GradModeScope&) = delete;
-  GradModeScope& operator=(const GradModeScope&) = delete;
-
- private:
-  bool saved_;
-};
 
 /// A node's description for errors: "mul float32[4, 3]".
 inline std::string describe_node(const ir::Node& n) {

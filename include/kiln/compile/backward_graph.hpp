@@ -13,7 +13,6 @@
 #include <unordered_set>
 #include <vector>
 
-#include "kiln/autodiff/backward.hpp"
 #include "kiln/core/linkage.hpp"
 #include "kiln/ir/rebuild.hpp"
 #include "kiln/tensor/tensor.hpp"

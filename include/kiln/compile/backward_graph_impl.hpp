@@ -2,6 +2,7 @@
 // The definitions of the backward graph builder (compile/backward_graph.hpp). Header-only mode includes them from that
 // header (KILN_ENTRY is `inline`); compiled mode compiles them once into kiln::kiln_compiled
 // (src/kiln_compiled.cpp), so users' translation units parse the declarations only.
+#include "kiln/autodiff/backward.hpp"
 #include "kiln/compile/backward_graph.hpp"
 
 namespace kiln::detail {

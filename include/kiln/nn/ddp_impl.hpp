@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <unordered_set>
 
+#include "kiln/autodiff/backward.hpp"
 #include "kiln/core/hash.hpp"
 #include "kiln/nn/ddp.hpp"
 #include "kiln/tensor/creation.hpp"

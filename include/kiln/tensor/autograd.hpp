@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "kiln/autodiff/backward.hpp"
+#include "kiln/autodiff/grad_mode.hpp"
 #include "kiln/core/linkage.hpp"
 #include "kiln/tensor/creation.hpp"
 #include "kiln/tensor/eval.hpp"

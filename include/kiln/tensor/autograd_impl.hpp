@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "kiln/autodiff/backward.hpp"
 #include "kiln/tensor/autograd.hpp"
 
 namespace kiln {

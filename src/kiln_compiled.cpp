@@ -5,6 +5,7 @@
 #error "kiln_compiled.cpp is built with KILN_COMPILED_LIBRARY defined (the kiln::kiln_compiled target does that)"
 #endif
 #include "kiln/backend/entry_impl.hpp"
+#include "kiln/ir/graph_impl.hpp"
 // The front end's non-template definitions that compiled mode keeps out of users' translation
 // units (each *_impl.hpp beside the header that declares them), after the whole public API.
 #include "kiln/kiln.hpp"

@@ -33,4 +33,5 @@
 #include "kiln/tensor/sorting_impl.hpp"
 #include "kiln/tensor/functions_impl.hpp"
 #include "kiln/compile/backward_graph_impl.hpp"
+#include "kiln/compile/compile_impl.hpp"
 #include "kiln/compile/symbolic_impl.hpp"

@@ -81,86 +81,27 @@ inline NodePtr maximum(const NodePtr& a, const NodePtr& b) { return ir::binary(i
 inline NodePtr sqrt(const NodePtr& a) { return ir::unary(ir::Op::Sqrt, a); }
 
 /// Elements [offset, offset + numel(shape)) of `storage`, row-major as `shape`.
-inline NodePtr slice_of(const StoragePtr& storage, std::int64_t offset, const Shape& shape, DType dtype,
-                        Device device) {
-  return ir::input(ir::BufferView{storage, offset, contiguous_strides(shape)}, shape, dtype, device);
-}
+KILN_ENTRY NodePtr slice_of(const StoragePtr& storage, std::int64_t offset, const Shape& shape, DType dtype,
+                            Device device);
 
 /// New memory for `numel` elements of `dtype` on `device`.
-inline StoragePtr allocate_elements(std::int64_t numel, DType dtype, Device device, const char* what) {
-  ir::Node n;
-  n.shape = Shape{numel};
-  n.dtype = dtype;
-  n.device = device;
-  return kiln::detail::allocate_value(n, what);
-}
+KILN_ENTRY StoragePtr allocate_elements(std::int64_t numel, DType dtype, Device device, const char* what);
 
 /// Element `index` of the realized 1-d (or 0-d, index 0) `scalars`, broadcast (stride 0) to `shape`: a per-step
 /// number the kernel reads from memory.
-inline NodePtr scalar_view(const NodePtr& scalars, std::int64_t index, const Shape& shape) {
-  const ir::BufferView& b = *scalars->buffer;
-  const std::int64_t offset = b.offset + (index == 0 ? 0 : index * b.strides.at(0));
-  return ir::input(ir::BufferView{b.storage, offset, Strides(shape.size(), 0)}, shape, scalars->dtype, scalars->device);
-}
+KILN_ENTRY NodePtr scalar_view(const NodePtr& scalars, std::int64_t index, const Shape& shape);
 
 /// A realized 1-d tensor of `values` as `dtype` on `device`.
-inline NodePtr scalars_tensor(const std::vector<double>& values, DType dtype, Device device) {
-  const Shape shape{static_cast<std::int64_t>(values.size())};
-  if (dtype == DType::Float64) return from_vector<double>(values, shape, device).node();
-  std::vector<float> f(values.begin(), values.end());
-  return from_vector<float>(f, shape, device).node();
-}
+KILN_ENTRY NodePtr scalars_tensor(const std::vector<double>& values, DType dtype, Device device);
 
 /// `nodes` (realized, distinct) with every run of them that tiles one contiguous range of one
 /// storage (row-major, one dtype, adjacent) merged into one flat node over the range: the
 /// gradients of a fused optimizer's bucket become one tensor, so that clipping, unscaling and
 /// zeroing them is one kernel.
-inline std::vector<NodePtr> coalesce(const std::vector<NodePtr>& nodes) {
-  std::vector<NodePtr> out;
-  std::vector<NodePtr> todo;
-  std::set<const ir::Node*> seen;
-  for (const NodePtr& n : nodes) {
-    if (!n || !seen.insert(n.get()).second) continue;
-    if (n->realized() && n->numel() > 0 && kiln::is_contiguous(n->shape, n->buffer->strides))
-      todo.push_back(n);
-    else
-      out.push_back(n);
-  }
-  std::stable_sort(todo.begin(), todo.end(), [](const NodePtr& a, const NodePtr& b) {
-    if (a->buffer->storage != b->buffer->storage)
-      return std::less<const Storage*>()(a->buffer->storage.get(), b->buffer->storage.get());
-    return a->buffer->offset < b->buffer->offset;
-  });
-  for (std::size_t i = 0; i < todo.size();) {
-    std::size_t j = i + 1;
-    std::int64_t end = todo[i]->buffer->offset + todo[i]->numel();
-    while (j < todo.size() && todo[j]->buffer->storage == todo[i]->buffer->storage &&
-           todo[j]->dtype == todo[i]->dtype && todo[j]->device == todo[i]->device && todo[j]->buffer->offset == end) {
-      end += todo[j]->numel();
-      ++j;
-    }
-    if (j == i + 1) {
-      out.push_back(todo[i]);
-    } else {
-      const NodePtr& first = todo[i];
-      out.push_back(ir::input(ir::BufferView{first->buffer->storage, first->buffer->offset, {1}},
-                              Shape{end - first->buffer->offset}, first->dtype, first->device));
-    }
-    i = j;
-  }
-  return out;
-}
+KILN_ENTRY std::vector<NodePtr> coalesce(const std::vector<NodePtr>& nodes);
 
 /// The gradient nodes of `params` that are defined, evaluated (under NoGradGuard).
-inline std::vector<NodePtr> defined_grads(const std::vector<Tensor>& params) {
-  std::vector<NodePtr> grads;
-  for (const Tensor& p : params) {
-    if (!p.defined() || !p.node()->grad_leaf || !p.node()->grad_leaf->grad) continue;
-    grads.push_back(p.node()->grad_leaf->grad);
-  }
-  kiln::detail::evaluate(grads);
-  return grads;
-}
+KILN_ENTRY std::vector<NodePtr> defined_grads(const std::vector<Tensor>& params);
 
 /// A parameter of a bucket: where in the group and in the flat buffers it is.
 struct Member {
@@ -298,58 +239,7 @@ class Optimizer {
   void build_bucket_update(const ParamGroup& group, const detail::Bucket& b,
                            const std::vector<const detail::Member*>& with_grad,
                            const std::vector<std::vector<double>>& rows, std::vector<ir::NodePtr>& values,
-                           std::vector<ir::NodePtr>& destinations) const {
-    const DType cd = detail::opmath(b.dtype);
-    const std::size_t n_slots = b.state.size();
-    bool flat = with_grad.size() == b.members.size();
-    for (std::size_t i = 0; flat && i < with_grad.size(); ++i)
-      flat = at_home(b, *with_grad[i]) && grad_at_home(b, *with_grad[i]) && rows[i] == rows[0];
-    auto emit = [&](const ir::NodePtr& param, const ir::NodePtr& grad, const std::vector<ir::NodePtr>& slots,
-                    const std::function<ir::NodePtr(int)>& scalar) {
-      Update in;
-      in.param = ir::cast(param, cd);
-      in.grad = ir::cast(grad, cd);
-      in.scalar = scalar;
-      for (std::size_t s = 0; s < n_slots; ++s)
-        in.state.push_back(slot_used(group, s) ? ir::cast(slots[s], cd) : nullptr);
-      Updated out = update(group, in);
-      if (out.param) {
-        values.push_back(ir::cast(out.param, b.dtype));
-        destinations.push_back(param);
-      }
-      for (std::size_t s = 0; s < out.state.size() && s < n_slots; ++s) {
-        if (!out.state[s] || !slot_used(group, s)) continue;
-        values.push_back(ir::cast(out.state[s], b.dtype));
-        destinations.push_back(slots[s]);
-      }
-    };
-    if (flat) {
-      const Shape shape{b.numel};
-      ir::NodePtr numbers = detail::scalars_tensor(rows[0], cd, b.device);
-      std::vector<ir::NodePtr> slots(n_slots);
-      for (std::size_t s = 0; s < n_slots; ++s)
-        if (b.state[s]) slots[s] = detail::slice_of(b.state[s], 0, shape, b.dtype, b.device);
-      emit(detail::slice_of(b.params, 0, shape, b.dtype, b.device),
-           detail::slice_of(b.grads, 0, shape, b.dtype, b.device), slots,
-           [numbers, shape](int k) { return detail::scalar_view(numbers, k, shape); });
-      return;
-    }
-    // Each parameter with a gradient through its own slices; one row of numbers each.
-    std::vector<double> all;
-    for (const std::vector<double>& r : rows) all.insert(all.end(), r.begin(), r.end());
-    ir::NodePtr numbers = detail::scalars_tensor(all, cd, b.device);
-    const std::int64_t width = static_cast<std::int64_t>(rows[0].size());
-    for (std::size_t i = 0; i < with_grad.size(); ++i) {
-      const detail::Member& m = *with_grad[i];
-      const Shape& shape = m.node->shape;
-      std::vector<ir::NodePtr> slots(n_slots);
-      for (std::size_t s = 0; s < n_slots; ++s)
-        if (b.state[s]) slots[s] = detail::slice_of(b.state[s], m.offset, shape, b.dtype, b.device);
-      const std::int64_t row = static_cast<std::int64_t>(i) * width;
-      emit(m.node, m.node->grad_leaf->grad, slots,
-           [numbers, shape, row](int k) { return detail::scalar_view(numbers, row + k, shape); });
-    }
-  }
+                           std::vector<ir::NodePtr>& destinations) const;
 
   /// The index state_dict gives the first parameter of group `gi`.
   std::size_t first_index(std::size_t gi) const;

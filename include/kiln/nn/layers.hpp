@@ -41,20 +41,8 @@ KILN_ENTRY Tensor& kaiming_uniform_(Tensor& t, double a = 0.0);
 /// both U(-1/sqrt(in), 1/sqrt(in)) as PyTorch's reset_parameters.
 class Linear : public Module {
  public:
-  Linear(std::int64_t in_features, std::int64_t out_features, bool bias = true, DType dtype = f32,
-         Device device = Device::cpu())
-      : in_features(in_features), out_features(out_features) {
-    if (in_features < 0 || out_features < 0)
-      throw ValueError("Linear: features must be non-negative, got in " + std::to_string(in_features) + ", out " +
-                       std::to_string(out_features));
-    const double bound = in_features > 0 ? 1.0 / std::sqrt(static_cast<double>(in_features)) : 0.0;
-    weight = init::uniform({out_features, in_features}, -bound, bound, dtype, device);
-    register_parameter("weight", weight);
-    if (bias) {
-      this->bias = init::uniform({out_features}, -bound, bound, dtype, device);
-      register_parameter("bias", this->bias);
-    }
-  }
+  KILN_ENTRY Linear(std::int64_t in_features, std::int64_t out_features, bool bias = true, DType dtype = f32,
+                    Device device = Device::cpu());
   Tensor forward(const Tensor& x) override { return functional::linear(x, weight, bias); }
   std::string name() const override { return "Linear"; }
 
@@ -66,25 +54,9 @@ class Linear : public Module {
 /// row of `padding_idx` starts at zero and gets no gradient.
 class Embedding : public Module {
  public:
-  Embedding(std::int64_t num_embeddings, std::int64_t embedding_dim,
-            std::optional<std::int64_t> padding_idx = std::nullopt, DType dtype = f32, Device device = Device::cpu())
-      : num_embeddings(num_embeddings), embedding_dim(embedding_dim) {
-    if (padding_idx) {
-      std::int64_t p = *padding_idx < 0 ? *padding_idx + num_embeddings : *padding_idx;
-      if (p < 0 || p >= num_embeddings)
-        throw IndexError("Embedding: padding_idx " + std::to_string(*padding_idx) + " is out of range for " +
-                         std::to_string(num_embeddings) + " embeddings");
-      this->padding_idx = p;
-    }
-    weight = init::normal({num_embeddings, embedding_dim}, 0.0, 1.0, dtype, device);
-    if (this->padding_idx) {
-      NoGradGuard off;
-      weight.assign(
-          where(reshape(arange(num_embeddings, DType::Int64, device), {num_embeddings, 1}) == *this->padding_idx, 0.0,
-                weight));
-    }
-    register_parameter("weight", weight);
-  }
+  KILN_ENTRY Embedding(std::int64_t num_embeddings, std::int64_t embedding_dim,
+                       std::optional<std::int64_t> padding_idx = std::nullopt, DType dtype = f32,
+                       Device device = Device::cpu());
   KILN_ENTRY Tensor forward(const Tensor& indices) override;
   std::string name() const override { return "Embedding"; }
 
@@ -97,18 +69,8 @@ class Embedding : public Module {
 /// weight ones, bias zeros.
 class LayerNorm : public Module {
  public:
-  LayerNorm(std::int64_t normalized_shape, double eps = 1e-5, bool elementwise_affine = true, bool bias = true,
-            DType dtype = f32, Device device = Device::cpu())
-      : normalized_shape(normalized_shape), eps(eps) {
-    if (elementwise_affine) {
-      weight = ones({normalized_shape}, dtype, device);
-      register_parameter("weight", weight);
-      if (bias) {
-        this->bias = zeros({normalized_shape}, dtype, device);
-        register_parameter("bias", this->bias);
-      }
-    }
-  }
+  KILN_ENTRY LayerNorm(std::int64_t normalized_shape, double eps = 1e-5, bool elementwise_affine = true,
+                       bool bias = true, DType dtype = f32, Device device = Device::cpu());
   KILN_ENTRY Tensor forward(const Tensor& x) override;
   std::string name() const override { return "LayerNorm"; }
 
@@ -243,71 +205,17 @@ class Sequential : public ModuleList {
 /// whose bias starts at zero. Inputs are [L, N, E] (or [N, L, E] with batch_first).
 class MultiheadAttention : public Module {
  public:
-  MultiheadAttention(std::int64_t embed_dim, std::int64_t num_heads, double dropout = 0.0, bool bias = true,
-                     bool batch_first = false, DType dtype = f32, Device device = Device::cpu())
-      : embed_dim(embed_dim),
-        num_heads(num_heads),
-        dropout(dropout),
-        batch_first(batch_first),
-        out_proj(embed_dim, embed_dim, bias, dtype, device) {
-    if (num_heads <= 0 || embed_dim % num_heads != 0)
-      throw ValueError("MultiheadAttention: embed_dim " + std::to_string(embed_dim) +
-                       " must be divisible by num_heads " + std::to_string(num_heads));
-    in_proj_weight = empty({3 * embed_dim, embed_dim}, dtype, device);
-    init::xavier_uniform_(in_proj_weight);
-    register_parameter("in_proj_weight", in_proj_weight);
-    if (bias) {
-      in_proj_bias = zeros({3 * embed_dim}, dtype, device);
-      register_parameter("in_proj_bias", in_proj_bias);
-      init::zeros_(out_proj.bias);
-    }
-    register_module("out_proj", out_proj);
-  }
+  KILN_ENTRY MultiheadAttention(std::int64_t embed_dim, std::int64_t num_heads, double dropout = 0.0, bool bias = true,
+                                bool batch_first = false, DType dtype = f32, Device device = Device::cpu());
 
   /// The attention output and, when `need_weights`, the attention weights averaged over heads
   /// ([N, L, S]; undefined otherwise). `attn_mask` [L, S] (bool: true = masked out, as torch's
   /// MultiheadAttention; float: added), `is_causal` masks the future. Without `need_weights`
   /// (and unless both a mask and is_causal are given) it runs as one fused
   /// scaled_dot_product_attention, dropout included, as torch's fast path does.
-  std::pair<Tensor, Tensor> forward(const Tensor& query, const Tensor& key, const Tensor& value,
-                                    const Tensor& attn_mask = {}, bool need_weights = true, bool is_causal = false) {
-    if (query.dim() != 3 || key.dim() != 3 || value.dim() != 3 || query.shape()[2] != embed_dim ||
-        key.shape()[2] != embed_dim || value.shape()[2] != embed_dim)
-      throw ShapeError("MultiheadAttention: query " + query.describe() + ", key " + key.describe() + ", value " +
-                       value.describe() + " must be 3-d with embedding size " + std::to_string(embed_dim));
-    // Work batch first: [N, L, E].
-    Tensor q = batch_first ? query : transpose(query, 0, 1);
-    Tensor k = batch_first ? key : transpose(key, 0, 1);
-    Tensor v = batch_first ? value : transpose(value, 0, 1);
-    const std::int64_t N = q.shape()[0], L = q.shape()[1], S = k.shape()[1], H = num_heads, D = embed_dim / H;
-    auto project = [&](const Tensor& x, std::int64_t part) {
-      Tensor w = slice(in_proj_weight, 0, part * embed_dim, (part + 1) * embed_dim);
-      Tensor b = in_proj_bias.defined() ? slice(in_proj_bias, 0, part * embed_dim, (part + 1) * embed_dim) : Tensor();
-      const std::int64_t T = x.shape()[1];
-      return transpose(reshape(functional::linear(x, w, b), {N, T, H, D}), 1, 2);  // [N, H, T, D]
-    };
-    Tensor qh = project(q, 0), kh = project(k, 1), vh = project(v, 2);
-    Tensor attended, averaged;  // [N, H, L, D]; [N, L, S] when need_weights
-    if (!need_weights && !(is_causal && attn_mask.defined())) {
-      // torch's fast path: with no weights to return, one fused attention, dropout inside it
-      // (drawing its key as dropout() does, so the same seed drops the same weights). A row
-      // whose keys are all masked gives 0 here, NaN written out.
-      const Tensor take = attn_mask.defined() && attn_mask.dtype() == DType::Bool ? logical_not(attn_mask) : attn_mask;
-      attended = functional::scaled_dot_product_attention(qh, kh, vh, take, is_training() ? dropout : 0.0, is_causal);
-    } else {
-      Tensor scores = matmul(qh, transpose(kh, -2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));
-      if (is_causal) scores = scores + functional::causal_mask(L, S, scores.dtype(), scores.device());
-      if (attn_mask.defined())
-        scores = attn_mask.dtype() == DType::Bool ? masked_fill(scores, attn_mask, -INFINITY)
-                                                  : Tensor(scores + attn_mask.to(scores.dtype()));
-      Tensor weights = softmax(scores, -1);
-      attended = matmul(functional::dropout(weights, dropout, is_training()), vh);
-      if (need_weights) averaged = mean(weights, {1});
-    }
-    Tensor out = out_proj.forward(reshape(transpose(attended, 1, 2), {N, L, embed_dim}));
-    if (!batch_first) out = transpose(out, 0, 1);
-    return {out, averaged};
-  }
+  KILN_ENTRY std::pair<Tensor, Tensor> forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                                               const Tensor& attn_mask = {}, bool need_weights = true,
+                                               bool is_causal = false);
   /// Self-attention of x (query = key = value); the output only.
   Tensor forward(const Tensor& x) override { return forward(x, x, x, {}, false).first; }
   using Module::operator();
@@ -330,19 +238,8 @@ class MultiheadAttention : public Module {
 /// attention weights and the output.
 class CausalSelfAttention : public Module {
  public:
-  CausalSelfAttention(std::int64_t n_embd, std::int64_t n_head, double dropout = 0.0, bool bias = true,
-                      DType dtype = f32, Device device = Device::cpu())
-      : n_embd(n_embd),
-        n_head(n_head),
-        dropout(dropout),
-        c_attn(n_embd, 3 * n_embd, bias, dtype, device),
-        c_proj(n_embd, n_embd, bias, dtype, device) {
-    if (n_head <= 0 || n_embd % n_head != 0)
-      throw ValueError("CausalSelfAttention: n_embd " + std::to_string(n_embd) + " must be divisible by n_head " +
-                       std::to_string(n_head));
-    register_module("c_attn", c_attn);
-    register_module("c_proj", c_proj);
-  }
+  KILN_ENTRY CausalSelfAttention(std::int64_t n_embd, std::int64_t n_head, double dropout = 0.0, bool bias = true,
+                                 DType dtype = f32, Device device = Device::cpu());
   KILN_ENTRY Tensor forward(const Tensor& x) override;
   std::string name() const override { return "CausalSelfAttention"; }
 

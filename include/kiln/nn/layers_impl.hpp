@@ -113,4 +113,126 @@ KILN_ENTRY Tensor CausalSelfAttention::forward(const Tensor& x) {
   y = reshape(transpose(y, 1, 2), {B, T, n_embd});
   return functional::dropout(c_proj.forward(y), dropout, is_training());
 }
+KILN_ENTRY Linear::Linear(std::int64_t in_features, std::int64_t out_features, bool bias, DType dtype, Device device)
+    : in_features(in_features), out_features(out_features) {
+  if (in_features < 0 || out_features < 0)
+    throw ValueError("Linear: features must be non-negative, got in " + std::to_string(in_features) + ", out " +
+                     std::to_string(out_features));
+  const double bound = in_features > 0 ? 1.0 / std::sqrt(static_cast<double>(in_features)) : 0.0;
+  weight = init::uniform({out_features, in_features}, -bound, bound, dtype, device);
+  register_parameter("weight", weight);
+  if (bias) {
+    this->bias = init::uniform({out_features}, -bound, bound, dtype, device);
+    register_parameter("bias", this->bias);
+  }
+}
+
+KILN_ENTRY Embedding::Embedding(std::int64_t num_embeddings, std::int64_t embedding_dim,
+                                std::optional<std::int64_t> padding_idx, DType dtype, Device device)
+    : num_embeddings(num_embeddings), embedding_dim(embedding_dim) {
+  if (padding_idx) {
+    std::int64_t p = *padding_idx < 0 ? *padding_idx + num_embeddings : *padding_idx;
+    if (p < 0 || p >= num_embeddings)
+      throw IndexError("Embedding: padding_idx " + std::to_string(*padding_idx) + " is out of range for " +
+                       std::to_string(num_embeddings) + " embeddings");
+    this->padding_idx = p;
+  }
+  weight = init::normal({num_embeddings, embedding_dim}, 0.0, 1.0, dtype, device);
+  if (this->padding_idx) {
+    NoGradGuard off;
+    weight.assign(where(
+        reshape(arange(num_embeddings, DType::Int64, device), {num_embeddings, 1}) == *this->padding_idx, 0.0, weight));
+  }
+  register_parameter("weight", weight);
+}
+
+KILN_ENTRY LayerNorm::LayerNorm(std::int64_t normalized_shape, double eps, bool elementwise_affine, bool bias,
+                                DType dtype, Device device)
+    : normalized_shape(normalized_shape), eps(eps) {
+  if (elementwise_affine) {
+    weight = ones({normalized_shape}, dtype, device);
+    register_parameter("weight", weight);
+    if (bias) {
+      this->bias = zeros({normalized_shape}, dtype, device);
+      register_parameter("bias", this->bias);
+    }
+  }
+}
+
+KILN_ENTRY MultiheadAttention::MultiheadAttention(std::int64_t embed_dim, std::int64_t num_heads, double dropout,
+                                                  bool bias, bool batch_first, DType dtype, Device device)
+    : embed_dim(embed_dim),
+      num_heads(num_heads),
+      dropout(dropout),
+      batch_first(batch_first),
+      out_proj(embed_dim, embed_dim, bias, dtype, device) {
+  if (num_heads <= 0 || embed_dim % num_heads != 0)
+    throw ValueError("MultiheadAttention: embed_dim " + std::to_string(embed_dim) + " must be divisible by num_heads " +
+                     std::to_string(num_heads));
+  in_proj_weight = empty({3 * embed_dim, embed_dim}, dtype, device);
+  init::xavier_uniform_(in_proj_weight);
+  register_parameter("in_proj_weight", in_proj_weight);
+  if (bias) {
+    in_proj_bias = zeros({3 * embed_dim}, dtype, device);
+    register_parameter("in_proj_bias", in_proj_bias);
+    init::zeros_(out_proj.bias);
+  }
+  register_module("out_proj", out_proj);
+}
+
+KILN_ENTRY std::pair<Tensor, Tensor> MultiheadAttention::forward(const Tensor& query, const Tensor& key,
+                                                                 const Tensor& value, const Tensor& attn_mask,
+                                                                 bool need_weights, bool is_causal) {
+  if (query.dim() != 3 || key.dim() != 3 || value.dim() != 3 || query.shape()[2] != embed_dim ||
+      key.shape()[2] != embed_dim || value.shape()[2] != embed_dim)
+    throw ShapeError("MultiheadAttention: query " + query.describe() + ", key " + key.describe() + ", value " +
+                     value.describe() + " must be 3-d with embedding size " + std::to_string(embed_dim));
+  // Work batch first: [N, L, E].
+  Tensor q = batch_first ? query : transpose(query, 0, 1);
+  Tensor k = batch_first ? key : transpose(key, 0, 1);
+  Tensor v = batch_first ? value : transpose(value, 0, 1);
+  const std::int64_t N = q.shape()[0], L = q.shape()[1], S = k.shape()[1], H = num_heads, D = embed_dim / H;
+  auto project = [&](const Tensor& x, std::int64_t part) {
+    Tensor w = slice(in_proj_weight, 0, part * embed_dim, (part + 1) * embed_dim);
+    Tensor b = in_proj_bias.defined() ? slice(in_proj_bias, 0, part * embed_dim, (part + 1) * embed_dim) : Tensor();
+    const std::int64_t T = x.shape()[1];
+    return transpose(reshape(functional::linear(x, w, b), {N, T, H, D}), 1, 2);  // [N, H, T, D]
+  };
+  Tensor qh = project(q, 0), kh = project(k, 1), vh = project(v, 2);
+  Tensor attended, averaged;  // [N, H, L, D]; [N, L, S] when need_weights
+  if (!need_weights && !(is_causal && attn_mask.defined())) {
+    // torch's fast path: with no weights to return, one fused attention, dropout inside it
+    // (drawing its key as dropout() does, so the same seed drops the same weights). A row
+    // whose keys are all masked gives 0 here, NaN written out.
+    const Tensor take = attn_mask.defined() && attn_mask.dtype() == DType::Bool ? logical_not(attn_mask) : attn_mask;
+    attended = functional::scaled_dot_product_attention(qh, kh, vh, take, is_training() ? dropout : 0.0, is_causal);
+  } else {
+    Tensor scores = matmul(qh, transpose(kh, -2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));
+    if (is_causal) scores = scores + functional::causal_mask(L, S, scores.dtype(), scores.device());
+    if (attn_mask.defined())
+      scores = attn_mask.dtype() == DType::Bool ? masked_fill(scores, attn_mask, -INFINITY)
+                                                : Tensor(scores + attn_mask.to(scores.dtype()));
+    Tensor weights = softmax(scores, -1);
+    attended = matmul(functional::dropout(weights, dropout, is_training()), vh);
+    if (need_weights) averaged = mean(weights, {1});
+  }
+  Tensor out = out_proj.forward(reshape(transpose(attended, 1, 2), {N, L, embed_dim}));
+  if (!batch_first) out = transpose(out, 0, 1);
+  return {out, averaged};
+}
+
+KILN_ENTRY CausalSelfAttention::CausalSelfAttention(std::int64_t n_embd, std::int64_t n_head, double dropout, bool bias,
+                                                    DType dtype, Device device)
+    : n_embd(n_embd),
+      n_head(n_head),
+      dropout(dropout),
+      c_attn(n_embd, 3 * n_embd, bias, dtype, device),
+      c_proj(n_embd, n_embd, bias, dtype, device) {
+  if (n_head <= 0 || n_embd % n_head != 0)
+    throw ValueError("CausalSelfAttention: n_embd " + std::to_string(n_embd) + " must be divisible by n_head " +
+                     std::to_string(n_head));
+  register_module("c_attn", c_attn);
+  register_module("c_proj", c_proj);
+}
+
 }  // namespace kiln::nn

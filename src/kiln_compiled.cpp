@@ -6,6 +6,7 @@
 #endif
 #include "kiln/backend/entry_impl.hpp"
 #include "kiln/ir/graph_impl.hpp"
+#include "kiln/runtime/host_allocator_impl.hpp"
 // The front end's non-template definitions that compiled mode keeps out of users' translation
 // units (each *_impl.hpp beside the header that declares them), after the whole public API.
 #include "kiln/kiln.hpp"

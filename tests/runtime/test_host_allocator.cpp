@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include "kiln/runtime/host_allocator.hpp"
+#include "kiln/runtime/host_cache.hpp"
 
 using kiln::runtime::allocate_host;
 using kiln::runtime::host_allocator_stats;

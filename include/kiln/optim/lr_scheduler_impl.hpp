@@ -198,4 +198,74 @@ KILN_ENTRY void SequentialLR::load_state_dict(const nn::StateDict& dict) {
   }
 }
 
+KILN_ENTRY LRScheduler::LRScheduler(Optimizer& optimizer) : optimizer_(&optimizer) {
+  for (ParamGroup& g : optimizer.param_groups()) {
+    if (!g.initial_lr) g.initial_lr = g.lr;
+    base_lrs_.push_back(*g.initial_lr);
+  }
+}
+
+KILN_ENTRY LambdaLR::LambdaLR(Optimizer& optimizer, std::vector<std::function<double(std::int64_t)>> lr_lambdas)
+    : LRScheduler(optimizer), lambdas_(std::move(lr_lambdas)) {
+  if (lambdas_.size() != optimizer.param_groups().size())
+    throw ValueError("LambdaLR: expected " + std::to_string(optimizer.param_groups().size()) + " lr_lambdas, got " +
+                     std::to_string(lambdas_.size()));
+  for (const auto& f : lambdas_)
+    if (!f) throw ValueError("LambdaLR: an lr_lambda is empty");
+  initial_step();
+}
+
+KILN_ENTRY StepLR::StepLR(Optimizer& optimizer, std::int64_t step_size, double gamma)
+    : LRScheduler(optimizer), step_size_(step_size), gamma_(gamma) {
+  if (step_size <= 0) throw ValueError("StepLR: step_size must be positive, got " + std::to_string(step_size));
+  initial_step();
+}
+
+KILN_ENTRY MultiStepLR::MultiStepLR(Optimizer& optimizer, std::vector<std::int64_t> milestones, double gamma)
+    : LRScheduler(optimizer), gamma_(gamma) {
+  for (std::int64_t m : milestones) ++count_[m];
+  initial_step();
+}
+
+KILN_ENTRY CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, std::int64_t T_max, double eta_min)
+    : LRScheduler(optimizer), t_max_(T_max), eta_min_(eta_min) {
+  if (T_max <= 0) throw ValueError("CosineAnnealingLR: T_max must be positive, got " + std::to_string(T_max));
+  initial_step();
+}
+
+KILN_ENTRY LinearLR::LinearLR(Optimizer& optimizer, double start_factor, double end_factor, std::int64_t total_iters)
+    : LRScheduler(optimizer), start_(start_factor), end_(end_factor), total_(total_iters) {
+  if (start_factor > 1.0 || start_factor <= 0)
+    throw ValueError(
+        "LinearLR: starting multiplicative factor expected to be greater than 0 and less or equal to 1, got " +
+        std::to_string(start_factor));
+  if (end_factor > 1.0 || end_factor < 0)
+    throw ValueError("LinearLR: ending multiplicative factor expected to be between 0 and 1, got " +
+                     std::to_string(end_factor));
+  if (total_iters <= 0) throw ValueError("LinearLR: total_iters must be positive, got " + std::to_string(total_iters));
+  initial_step();
+}
+
+KILN_ENTRY SequentialLR::SequentialLR(Optimizer& optimizer, std::vector<std::shared_ptr<LRScheduler>> schedulers,
+                                      std::vector<std::int64_t> milestones)
+    : LRScheduler(optimizer), schedulers_(std::move(schedulers)), milestones_(std::move(milestones)) {
+  if (schedulers_.empty()) throw ValueError("SequentialLR expects at least one scheduler, but got none");
+  for (std::size_t i = 0; i < schedulers_.size(); ++i) {
+    if (!schedulers_[i]) throw ValueError("SequentialLR: scheduler " + std::to_string(i) + " is null");
+    if (schedulers_[i]->optimizer_ != &optimizer)
+      throw ValueError("SequentialLR expects all schedulers to belong to the same optimizer, but scheduler " +
+                       std::to_string(i) + " belongs to another");
+  }
+  if (milestones_.size() != schedulers_.size() - 1)
+    throw ValueError(
+        "SequentialLR expects number of schedulers provided to be one more than the number of "
+        "milestone points, but got " +
+        std::to_string(schedulers_.size()) + " schedulers and " + std::to_string(milestones_.size()) + " milestones");
+  last_epoch_ = 0;
+  for (ParamGroup& g : optimizer.param_groups()) g.lr = *g.initial_lr;
+  for (auto& s : schedulers_) s->undo_initial_step();
+  schedulers_[0]->initial_step();
+  last_lr_ = schedulers_[0]->get_last_lr();
+}
+
 }  // namespace kiln::optim

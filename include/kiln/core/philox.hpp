@@ -8,8 +8,20 @@
 // text (kiln::philox::kPhiloxSource) that code generators paste into generated C++ and CUDA
 // kernels. Hence the plain C-like subset (no std::, no <cstdint> types): it must compile under
 // NVRTC, which has no standard library.
-#include <math.h>  // ::sqrtf, ::logf, ::cosf, ::sqrt, ::log, ::cos, the names the shared text uses (qualified:
-                   // kiln::log and kiln::cos, declared first by a user of the front end, would hide them)
+#include <math.h>  // ::sqrtf, ::logf, ::cosf, ::sqrt, ::log, ::cos for CUDA's host and device compilers
+
+// The libm functions the shared text calls (Box-Muller's sqrt, log and cos): the compiler's
+// builtins in host C++ (the same functions; generated CPU units then need no <math.h>, whose
+// C++ wrapper is most of a small unit's parse time), CUDA's own under nvcc and NVRTC. Qualified
+// or builtin, so kiln::log and kiln::cos of the front end cannot hide them. (nvcc and NVRTC
+// declare CUDA's math functions themselves, so the pasted text includes nothing.)
+#ifndef KILN_PHILOX_MATH
+#if defined(__CUDACC__)
+#define KILN_PHILOX_MATH(f) ::f
+#else
+#define KILN_PHILOX_MATH(f) __builtin_##f
+#endif
+#endif
 
 #ifndef KILN_HOST_DEVICE
 #if defined(__CUDACC_RTC__)
@@ -52,7 +64,8 @@ KILN_DUAL_SOURCE(
     kPhiloxSource,
     KILN_HOST_DEVICE_SOURCE
     "#ifndef KILN_PHILOX_SOURCE\n#define KILN_PHILOX_SOURCE\n"
-    "#if !defined(__CUDACC_RTC__)\n#include <math.h>\n#endif\n"
+    "#ifndef KILN_PHILOX_MATH\n#if defined(__CUDACC__)\n#define KILN_PHILOX_MATH(f) ::f\n#else\n"
+    "#define KILN_PHILOX_MATH(f) __builtin_##f\n#endif\n#endif\n"
     "namespace kiln { namespace philox {",
     "} }\n#endif\n",
 
@@ -121,12 +134,13 @@ KILN_DUAL_SOURCE(
       Result r = philox_element(seed, index);
       float u1 = ((float)r.r0 + 1.0f) * 2.3283064365386962890625e-10f; /* 2^-32 */
       float u2 = (float)r.r1 * 2.3283064365386962890625e-10f;
-      return ::sqrtf(-2.0f * ::logf(u1)) * ::cosf(6.283185307179586f * u2);
+      return KILN_PHILOX_MATH(sqrtf)(-2.0f * KILN_PHILOX_MATH(logf)(u1)) * KILN_PHILOX_MATH(cosf)(6.283185307179586f * u2);
     } KILN_HOST_DEVICE inline double normal_f64(unsigned long long seed, unsigned long long index) {
       Result r = philox_element(seed, index);
       double u1 = ((double)r.r0 + 1.0) * 2.3283064365386962890625e-10;
       double u2 = (double)r.r1 * 2.3283064365386962890625e-10;
-      return ::sqrt(-2.0 * ::log(u1)) * ::cos(6.283185307179586476925286766559 * u2);
+      return KILN_PHILOX_MATH(sqrt)(-2.0 * KILN_PHILOX_MATH(log)(u1)) *
+             KILN_PHILOX_MATH(cos)(6.283185307179586476925286766559 * u2);
     })
 
 }  // namespace kiln::philox

@@ -51,7 +51,20 @@ struct Needs : c_family::PreludeNeeds {
 // cache for the rows being reduced. The tail and unaligned head go through memcpy.
 inline constexpr const char* kStreamHelpers = R"(
 #if defined(__AVX__)
-#include <immintrin.h>
+/* The non-temporal store, the loads and the fence as the compiler's builtins (what
+   <immintrin.h>'s _mm256_stream_si256, _mm256_load(u)_si256 and _mm_sfence expand to): that
+   header is some 60 000 lines with -march=native, and parsing it was most of a streamed
+   kernel's compile time. May-alias, as <immintrin.h>'s own vector types: the chunk is written
+   as floats and read back as vectors. */
+typedef long long kiln_v4di __attribute__((vector_size(32), __may_alias__));
+typedef long long kiln_v4di_u __attribute__((vector_size(32), __may_alias__, aligned(1)));
+static inline void kiln_nt_store32(void* dst, kiln_v4di v) {
+#if defined(__clang__)
+  __builtin_nontemporal_store(v, (kiln_v4di*)dst);
+#else
+  __builtin_ia32_movntdq256((kiln_v4di*)dst, v);
+#endif
+}
 #endif
 static inline void kiln_stream_row(void* dst, const void* src, long long bytes) {
   unsigned char* d = (unsigned char*)dst;
@@ -61,10 +74,9 @@ static inline void kiln_stream_row(void* dst, const void* src, long long bytes) 
   if (head > bytes) head = bytes;
   __builtin_memcpy(d, s, (unsigned long)head);
   long long i = head;
-  for (; i + 32 <= bytes; i += 32)
-    _mm256_stream_si256((__m256i*)(d + i), _mm256_loadu_si256((const __m256i*)(s + i)));
+  for (; i + 32 <= bytes; i += 32) kiln_nt_store32(d + i, *(const kiln_v4di_u*)(s + i));
   __builtin_memcpy(d + i, s + i, (unsigned long)(bytes - i));
-  _mm_sfence();
+  __builtin_ia32_sfence();
 #else
   __builtin_memcpy(d, s, (unsigned long)bytes);
 #endif
@@ -75,7 +87,7 @@ static inline void kiln_stream_chunk(void* dst, const void* src, long long bytes
 #if defined(__AVX__)
   if ((((unsigned long long)dst) & 31u) == 0) {
     for (long long i = 0; i < bytes; i += 32)
-      _mm256_stream_si256((__m256i*)((unsigned char*)dst + i), _mm256_load_si256((const __m256i*)((const unsigned char*)src + i)));
+      kiln_nt_store32((unsigned char*)dst + i, *(const kiln_v4di*)((const unsigned char*)src + i));
     return;
   }
 #endif
@@ -83,7 +95,7 @@ static inline void kiln_stream_chunk(void* dst, const void* src, long long bytes
 }
 static inline void kiln_stream_fence(void) {
 #if defined(__AVX__)
-  _mm_sfence();
+  __builtin_ia32_sfence();
 #endif
 }
 )";

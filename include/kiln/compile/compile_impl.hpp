@@ -384,9 +384,8 @@ KILN_ENTRY void CompiledCore::make_symbolic(Entry& entry, const std::vector<Guar
     const auto& ls = r.leaves[l];
     detail::SymbolicGraph::LeafView v;
     if (ls.arg >= 0) {
-      const ir::GraphNode* leaf = nullptr;
-      for (auto& nd : r.graph.nodes)
-        if (nd.op == ir::Op::Input && nd.leaf == static_cast<std::int32_t>(l)) leaf = &nd;
+      const std::vector<int> found = r.graph.inputs_of(static_cast<std::int32_t>(l));
+      const ir::GraphNode* leaf = found.empty() ? nullptr : &r.graph.nodes[static_cast<std::size_t>(found.back())];
       if (!leaf) return fail("internal: leaf " + std::to_string(l) + " has no node");
       const std::size_t a = static_cast<std::size_t>(ls.arg);
       v = detail::leaf_view(ls.arg, dims[a], leaf->shape, leaf->strides, ls.offset);

@@ -37,12 +37,19 @@ struct Graph {
   /// and the kernel writing it reads the leaf only at the element it writes. Scheduling refuses
   /// (Schedule::overwrite_refused) a graph where that cannot be arranged.
   std::vector<std::pair<std::int32_t, std::int32_t>> overwrites;
-  std::uint64_t key = 0;                ///< structural hash of all of the above
+  std::uint64_t key = 0;  ///< structural hash of all of the above
 
   std::size_t num_leaves() const {
     std::size_t n = 0;
     for (auto& g : nodes) n += g.op == Op::Input;
     return n;
+  }
+  /// The Input nodes bound to leaf `leaf` (one in a captured graph; none if it is not read).
+  std::vector<int> inputs_of(std::int32_t leaf) const {
+    std::vector<int> found;
+    for (std::size_t i = 0; i < nodes.size(); ++i)
+      if (nodes[i].op == Op::Input && nodes[i].leaf == leaf) found.push_back(static_cast<int>(i));
+    return found;
   }
   /// Computes `key` from the structure (called by capture; call again after editing).
   void rehash();

@@ -763,9 +763,8 @@ class Scheduler {
       if (out < 0 || static_cast<std::size_t>(out) >= g_.outputs.size()) return what + "no such output";
       const int node = g_.outputs[static_cast<std::size_t>(out)];
       const ir::GraphNode& n = g_.nodes[static_cast<std::size_t>(node)];
-      std::set<int> leaf_nodes;
-      for (std::size_t i = 0; i < g_.nodes.size(); ++i)
-        if (g_.nodes[i].op == ir::Op::Input && g_.nodes[i].leaf == leaf) leaf_nodes.insert(static_cast<int>(i));
+      const std::vector<int> leaf_nodes = g_.inputs_of(leaf);
+      auto is_leaf_node = [&](int l) { return std::find(leaf_nodes.begin(), leaf_nodes.end(), l) != leaf_nodes.end(); };
       if (leaf_nodes.empty()) return what + "the graph does not read the leaf";
       for (int l : leaf_nodes)
         if (itemsize(g_.nodes[static_cast<std::size_t>(l)].dtype) != itemsize(n.dtype))
@@ -789,18 +788,14 @@ class Scheduler {
         }
         Visitor v;
         v.leaf = [&](int l, const Index& idx) {
-          if (!leaf_nodes.count(l) || !refused.empty()) return;
+          if (!is_leaf_node(l) || !refused.empty()) return;
           if (r != node) {
             refused = "another value of its kernel reads the leaf";
             return;
           }
           const ir::GraphNode& ln = g_.nodes[static_cast<std::size_t>(l)];
           const IndexExpr read = strided_offset(idx, ln.strides, ln.shape);
-          auto coeff = [](const IndexExpr& e, std::size_t k) { return k < e.coeff.size() ? e.coeff[k] : 0; };
-          bool same = read.affine() && read.constant == written.constant;
-          for (std::size_t k = 0; same && k < std::max(read.coeff.size(), written.coeff.size()); ++k)
-            same = coeff(read, k) == coeff(written, k);
-          if (!same)
+          if (!read.affine() || !(read == written))
             refused = "it reads the leaf at an element other than the one it writes";
         };
         std::unordered_set<std::string> seen;

@@ -1246,11 +1246,9 @@ class StepPlanner {
   // writes, and every other kernel reading it runs first. Else the value keeps its temporary.
   void plan_overwrites() {
     for (std::int32_t leaf : g_.donated) {
-      int input = -1;
-      for (std::size_t i = 0; i < n_; ++i)
-        if (g_.nodes[i].op == ir::Op::Input && g_.nodes[i].leaf == leaf) input = input == -1 ? static_cast<int>(i) : -2;
-      if (input < 0) continue;
-      const ir::GraphNode& ln = node(input);
+      const std::vector<int> inputs = g_.inputs_of(leaf);
+      if (inputs.size() != 1) continue;
+      const ir::GraphNode& ln = node(inputs[0]);
       if (ln.strides != contiguous_strides(ln.shape)) continue;
       const std::int64_t bytes = ln.shape.numel() * static_cast<std::int64_t>(itemsize(ln.dtype));
       // The last step reading the leaf.

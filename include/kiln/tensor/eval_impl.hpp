@@ -59,7 +59,7 @@ KILN_ENTRY void mark_donated(ir::Captured& c) {
     if (leaves_of[st] == 1 && std::find(donated.begin(), donated.end(), st) != donated.end())
       c.graph.donated.push_back(static_cast<std::int32_t>(l));
   }
-  c.graph.rehash();
+  if (!c.graph.donated.empty()) c.graph.rehash();
 }
 
 KILN_ENTRY void evaluate_group(const std::vector<ir::NodePtr>& roots, Device device) {

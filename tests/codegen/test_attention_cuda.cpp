@@ -158,10 +158,10 @@ Unit build(const codegen::AttentionSource& src) {
           "extern \"C\" void ka_emu_launch(const char* name, unsigned grid, unsigned block, unsigned smem, void** args) {\n"
           "  ka_emu_call c; c.fn = nullptr; memcpy(c.a.p, args, sizeof c.a.p);\n";
   for (auto& e : src.entries) unit += "  if (!strcmp(name, \"" + e.name + "\")) c.fn = " + e.name + ";\n";
-  unit += "  if (!c.fn) { fprintf(stderr, \"no kernel %s\\n\", name); abort(); }\n"
+  unit += "  if (!c.fn) ::kiln_emu::no_kernel(name);\n"
           "  ::kiln_emu::run_grid(grid, block, smem, ka_emu_body, &c);\n}\n";
   Unit u;
-  u.lib = runtime::CpuModuleCache::instance().get(unit);
+  u.lib = kiln_cuda_emu::load_library(unit);
   u.launch = reinterpret_cast<decltype(u.launch)>(u.lib->symbol("ka_emu_launch"));
   return u;
 }

@@ -903,7 +903,7 @@ TEST_CASE("cuda emulator: scan kernels (a warp per row) give the reference's sca
     unit += "\nstatic void kiln_emu_scan_body(void* p) { kiln_scan(*(kiln_scan_args*)p); }\n"
             "extern \"C\" void kiln_emu_scan_launch(unsigned grid, unsigned block, void** args) {\n"
             "  kiln_scan_args a; memcpy(a.p, args, sizeof a.p); ::kiln_emu::run_grid(grid, block, 0, kiln_emu_scan_body, &a);\n}\n";
-    auto lib = runtime::CpuModuleCache::instance().get(unit);
+    auto lib = kiln_cuda_emu::load_library(unit);
     auto launch = reinterpret_cast<void (*)(unsigned, unsigned, void**)>(lib->symbol("kiln_emu_scan_launch"));
     Outputs got = make_outputs(c.graph, 0xAB), want = make_outputs(c.graph, 0xAB);
     backend::RunArgs args = args_for(c, got);
@@ -967,7 +967,7 @@ TEST_CASE("cuda emulator: sort kernels (radix select, bitonic network, global sc
     unit += "\nstatic void kiln_emu_sort_body(void* p) { kiln_sort(*(kiln_sort_args*)p); }\n"
             "extern \"C\" void kiln_emu_sort_launch(unsigned grid, unsigned block, unsigned smem, void** args) {\n"
             "  kiln_sort_args a; memcpy(a.p, args, sizeof a.p); ::kiln_emu::run_grid(grid, block, smem, kiln_emu_sort_body, &a);\n}\n";
-    auto lib = runtime::CpuModuleCache::instance().get(unit);
+    auto lib = kiln_cuda_emu::load_library(unit);
     auto launch = reinterpret_cast<void (*)(unsigned, unsigned, unsigned, void**)>(lib->symbol("kiln_emu_sort_launch"));
     Outputs got = make_outputs(c.graph, 0xAB), want = make_outputs(c.graph, 0xAB);
     backend::RunArgs args = args_for(c, got);
@@ -1070,7 +1070,7 @@ TEST_CASE("cuda emulator: scatters of a row index counting-sort the positions by
     for (const std::string& kname : {src.check, src.reserve, src.place, src.order, src.scatter})
       if (!kname.empty()) unit += "  if (!strcmp(name, \"" + kname + "\")) c.fn = " + kname + ";\n";
     unit += "  ::kiln_emu::run_grid(grid, block, 0, kiln_emu_scatter_body, &c);\n}\n";
-    auto lib = runtime::CpuModuleCache::instance().get(unit);
+    auto lib = kiln_cuda_emu::load_library(unit);
     auto launch = reinterpret_cast<void (*)(const char*, unsigned, unsigned, void**)>(lib->symbol("kiln_emu_scatter_launch"));
     Outputs got = make_outputs(c.graph, 0xAB), want = make_outputs(c.graph, 0xAB);
     backend::RunArgs args = args_for(c, got);

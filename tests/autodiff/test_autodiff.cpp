@@ -6,6 +6,7 @@
 // an MLP trained 50 steps by SGD on both executors to the same losses.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <vector>
@@ -375,6 +376,34 @@ TEST_CASE("autograd: a compiled forward keeps a linear's output (product plus bi
   };
   CHECK(saved_ops(gelu(linear(x, w, b))) == std::vector<ir::Op>{ir::Op::Add});
   CHECK(saved_ops(gelu(linear(x, w))) == std::vector<ir::Op>{ir::Op::MatMul});
+}
+
+TEST_CASE("autograd: a compiled forward saves a residual stream's adds where recomputing them reads three values") {
+  // h1 = x + x W0, h2 = h1 + h1 W1, ...: the weight gradients read every h. Recomputed from what
+  // the forward keeps anyway (the products), h_l would read l + 1 values; decided from the
+  // inputs up, h2 (x, x W0, h1 W1) and h4 (h2, h2 W2, h3 W3) are saved, h1 and h3 are recomputed
+  // from two values each (x W0 and h2 W2 kept for that: the other products only fed saved adds).
+  // The last value, read by one forward value, is never a branch point. Nothing in this linear
+  // chain's gradient flow reads a product itself.
+  std::vector<Tensor> w;
+  for (int l = 0; l < 5; ++l) w.push_back(randn({16, 16}, 90 + l, f64, device()).requires_grad_());
+  Tensor x = randn({64, 16}, 89, f64, device()).eval();  // an argument: realized
+  std::vector<Tensor> h{x};
+  for (int l = 0; l < 5; ++l) h.push_back(h.back() + matmul(h.back(), w[static_cast<std::size_t>(l)]));
+  Tensor y = sum(h.back() * 2.0);
+  kiln::detail::PendingBackward p = kiln::detail::trace_backward({y}, {&x});
+  std::vector<const ir::Node*> adds;
+  int products = 0;
+  for (const ir::NodePtr& n : p.saved) {
+    if (n->op == ir::Op::Add) adds.push_back(n.get());
+    products += n->op == ir::Op::MatMul;
+  }
+  CHECK(products == 2);
+  REQUIRE(adds.size() == 2);
+  std::sort(adds.begin(), adds.end());
+  std::vector<const ir::Node*> want{h[2].node().get(), h[4].node().get()};
+  std::sort(want.begin(), want.end());
+  CHECK(adds == want);
 }
 
 TEST_CASE("autograd: gradients of disjoint slices of one value join as one concatenation; overlapping ones add") {

@@ -9,6 +9,8 @@
 // graph over that call's buffers and incoming gradient: lazy nodes that fuse with the rest of
 // the user's backward and whose kernels are compiled once and cached like any other.
 #include <algorithm>
+#include <functional>
+#include <unordered_map>
 #include <memory>
 #include <unordered_set>
 #include <vector>
@@ -72,6 +74,23 @@ struct PendingBackward {
 
 /// Values that are costly to recompute in the backward: kept from the forward instead.
 KILN_ENTRY bool save_for_backward(ir::Op op);
+
+/// A forward value that recomputing would make read this many large values is saved.
+inline constexpr std::size_t kRecomputeReadLimit = 3;
+
+/// Of the forward's pointwise values the backward needs (`needed`, reached through values it
+/// recomputes), those it should read from the forward instead: a branch point of the forward
+/// (read by two or more forward values) whose recomputation would read kRecomputeReadLimit or
+/// more large values (a sixteenth of its elements or more) from memory. Memory is what the
+/// forward realized, what it keeps anyway (`kept`: products, reductions, ...) and the values
+/// chosen below it: decided from the inputs up, a residual stream `x + f(x) + g(..)` through a
+/// transformer's layers is saved every other add, where recomputing reads three values, and
+/// a value only one forward value reads (a normalised input, a cast) is recomputed from it. The
+/// forward computes and stores these values anyway (docs/fusion.md, "What crosses steps");
+/// saved, the backward does not compute them again at its start.
+KILN_ENTRY std::vector<ir::NodePtr> saved_branch_points(std::vector<ir::NodePtr> needed,
+                                                        const std::unordered_set<const ir::Node*>& forward,
+                                                        const std::function<bool(const ir::Node&)>& kept);
 
 /// Derives the backward of the traced results `outs` (lazy; those that require grad are
 /// differentiated) towards every realized tensor they were computed from that requires grad.

@@ -105,22 +105,73 @@ KILN_ENTRY PendingBackward trace_backward(const std::vector<Tensor>& outs, const
         }
     p.results.push_back(std::move(r));
   }
-  // The forward values the gradients read and that are costly to recompute.
-  std::unordered_set<const ir::Node*> seen, saved;
-  std::vector<ir::NodePtr> stack;
-  for (auto& r : p.results)
-    for (auto& g : r.grads) stack.push_back(g);
-  while (!stack.empty()) {
-    ir::NodePtr n = std::move(stack.back());
-    stack.pop_back();
-    if (n->realized() || !seen.insert(n.get()).second) continue;
-    if (forward.count(n.get()) && (save_for_backward(n->op) || is_linear_output(*n))) {
-      if (saved.insert(n.get()).second) p.saved.push_back(n);
-      continue;
+  // The forward values the gradients read and that are costly to recompute: products,
+  // reductions and the like by their kind, then the branch points that recomputing would make
+  // read too much (saved_branch_points).
+  auto kept = [&](const ir::Node& n) { return save_for_backward(n.op) || is_linear_output(n); };
+  std::unordered_set<const ir::Node*> chosen;
+  auto walk = [&](std::vector<ir::NodePtr>* needed_pointwise) {
+    p.saved.clear();
+    std::unordered_set<const ir::Node*> seen;
+    std::vector<ir::NodePtr> stack;
+    for (auto& r : p.results)
+      for (auto& g : r.grads) stack.push_back(g);
+    while (!stack.empty()) {
+      ir::NodePtr n = std::move(stack.back());
+      stack.pop_back();
+      if (n->realized() || !seen.insert(n.get()).second) continue;
+      const bool in_forward = forward.count(n.get()) != 0;
+      if (in_forward && (kept(*n) || chosen.count(n.get()))) {
+        p.saved.push_back(n);
+        continue;
+      }
+      if (in_forward && needed_pointwise && ir::is_pointwise(n->op)) needed_pointwise->push_back(n);
+      for (const ir::NodePtr& in : n->inputs) stack.push_back(in);
     }
-    for (const ir::NodePtr& in : n->inputs) stack.push_back(in);
-  }
+  };
+  std::vector<ir::NodePtr> needed;
+  walk(&needed);
+  for (const ir::NodePtr& n : saved_branch_points(needed, forward, kept)) chosen.insert(n.get());
+  if (!chosen.empty()) walk(nullptr);  // what the chosen values make unnecessary is not kept
   return p;
+}
+
+KILN_ENTRY std::vector<ir::NodePtr> saved_branch_points(std::vector<ir::NodePtr> needed,
+                                                        const std::unordered_set<const ir::Node*>& forward,
+                                                        const std::function<bool(const ir::Node&)>& kept) {
+  // How many forward values read each forward node.
+  std::unordered_map<const ir::Node*, int> forward_users;
+  for (const ir::Node* n : forward)
+    for (const ir::NodePtr& in : n->inputs) ++forward_users[in.get()];
+  // Inputs before their users, so that a value decided on counts as memory for those above it.
+  std::sort(needed.begin(), needed.end(), [](const ir::NodePtr& a, const ir::NodePtr& b) { return a->depth < b->depth; });
+  std::unordered_set<const ir::Node*> chosen;
+  std::vector<ir::NodePtr> out;
+  for (const ir::NodePtr& n : needed) {
+    if (chosen.count(n.get())) continue;
+    auto users = forward_users.find(n.get());
+    if (users == forward_users.end() || users->second < 2) continue;
+    const std::int64_t large = std::max<std::int64_t>(1, n->shape.numel() / 16);
+    std::unordered_set<const ir::Node*> seen{n.get()}, reads;
+    std::vector<const ir::Node*> stack;
+    for (const ir::NodePtr& in : n->inputs) stack.push_back(in.get());
+    while (!stack.empty() && reads.size() < kRecomputeReadLimit) {
+      const ir::Node* x = stack.back();
+      stack.pop_back();
+      if (!seen.insert(x).second) continue;
+      const bool memory = x->realized() || !forward.count(x) || kept(*x) || chosen.count(x);
+      if (memory) {
+        if (x->shape.numel() >= large) reads.insert(x);
+        continue;
+      }
+      for (const ir::NodePtr& in : x->inputs) stack.push_back(in.get());  // constants and iotas: free
+    }
+    if (reads.size() >= kRecomputeReadLimit) {
+      chosen.insert(n.get());
+      out.push_back(n);
+    }
+  }
+  return out;
 }
 
 KILN_ENTRY std::shared_ptr<const CompiledBackward> capture_backward(PendingBackward& pending,

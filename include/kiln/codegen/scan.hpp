@@ -161,7 +161,7 @@ inline ScanSource generate_cpu_scan(const sched::ScanCall& c, const std::string&
   body += "  for (long long row = " + std::to_string(groups * kGroup) + "LL; row < " + std::to_string(rows) +
           "LL; ++row) {\n" + rows_body("row", 1, "    ") + "  }\n  return 0;\n}\n";
   std::string& src = out.source;
-  src = "// kiln generated scan\n#include <math.h>\n" + prelude_defines();
+  src = std::string("// kiln generated scan\n") + detail::kHostCLibrary + prelude_defines();
   if (needs.half) src += detail::kHalfHelpers;
   if (needs.bf16) src += detail::kBf16Helpers;
   src += body;

@@ -117,7 +117,7 @@ inline SortSource generate_cpu_sort(const sched::SortCall& c, const std::string&
   body += "        if (j > 0) kiln_sift(hk, hp, j, hk[j], hp[j]);\n";
   body += "      }\n    }\n    free(hk);\n    free(hp);\n  }\n  return 0;\n}\n";
   std::string& src = out.source;
-  src = "// kiln generated sort\n#include <stdlib.h>\n#include <string.h>\n#define KILN_SORT_FN inline\n";
+  src = std::string("// kiln generated sort\n") + detail::kHostCLibrary + "#define KILN_SORT_FN inline\n";
   src += "static inline unsigned int kiln_f2u(float v) { unsigned int u; memcpy(&u, &v, 4); return u; }\n";
   src += "static inline unsigned long long kiln_d2u(double v) { unsigned long long u; memcpy(&u, &v, 8); return u; }\n";
   src += rank_key(c, "kiln_f2u", "kiln_d2u");

@@ -330,7 +330,7 @@ extern "C" int KA_NAME_dkdv(void* const* args, int nth) {
 inline AttentionSource generate_cpu_attention(const sched::AttentionCall& c, const std::string& name) {
   using namespace attention_detail;
   c_family::PreludeNeeds needs;
-  std::string s = "// kiln generated attention\n#include <math.h>\n#include <stdlib.h>\n";
+  std::string s = std::string("// kiln generated attention\n") + detail::kHostCLibrary;
   s += attention_constants(c);
   s += "#define KA_WORK " + std::to_string(c.batch * c.heads * c.q_len * c.kv_len * (c.head_dim + c.value_dim)) + "LL\n";
   const std::string conversions = attention_conversions(c, "static inline", needs);

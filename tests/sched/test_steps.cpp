@@ -168,6 +168,26 @@ TEST_CASE("a product returned as a reshape of itself is written into the output"
   CHECK(p.calls[0].out.strides == Strides{6, 1});
 }
 
+TEST_CASE("an output that only reshapes a value its segment computes is that value, stored by the kernel computing it") {
+  // z = tanh(xw seen as [2, 4, 6] + c), returned as [8, 6] and, doubled, as [2, 4, 6]: the
+  // segment writes z itself into the first output's memory (same elements, same order), so one
+  // kernel over [2, 4, 6] stores both; as a reshape, the [8, 6] output was a kernel of its own.
+  NodePtr x = input({8, 4}, f32, 1), w = input({4, 6}, f32, 2), c = input({2, 4, 6}, f32, 3);
+  NodePtr z = ir::unary(Op::Tanh, add(ir::reshape(ir::matmul(x, w), Shape{2, 4, 6}), c));
+  for (bool fuse : {false, true}) {
+    auto p = plan_of({ir::reshape(z, Shape{8, 6}), add(z, z)}, fuse);
+    REQUIRE(p.segments.size() == 1);
+    const auto& seg = p.segments[0];
+    REQUIRE(seg.outputs.size() == 2);
+    for (std::size_t k = 0; k < seg.outputs.size(); ++k) {
+      CHECK(seg.outputs[k].kind == Slot::Output);
+      CHECK(seg.graph.nodes[static_cast<std::size_t>(seg.graph.outputs[k])].op != Op::Reshape);
+      CHECK(seg.graph.output_strides[k] == Strides{24, 6, 1});
+    }
+    CHECK(kiln::sched::schedule(seg.graph).kernels.size() == 1);
+  }
+}
+
 TEST_CASE("a cast of a transposed operand is stored in its source's order for cuBLASLt") {
   // The tied head: logits = x @ cast(wte^T); a row-major copy of wte^T would be a scattered write.
   NodePtr x = input({8, 4}, bf16, 1), table = input({6, 4}, f32, 2);

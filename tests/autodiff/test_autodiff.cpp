@@ -510,6 +510,32 @@ TEST_CASE("autograd: an MLP block's backward reads weights and activations trans
   }
 }
 
+TEST_CASE("autograd: a weight read as cast(W^T) gets its gradient as a product in its own layout") {
+  // Autocast reads a tied head's weight as cast(W^T) to bfloat16: its gradient is the product
+  // g^T x cast back (the shape of W), not a [K, N] product transposed, whose transpose a later
+  // sum (the embedding's own gradient) would read across rows.
+  Tensor W = randn({6, 4}, 91, f32, device()).eval().requires_grad_();
+  Tensor x = randn({5, 4}, 92, f32, device()).eval();
+  Tensor loss = sum(matmul(x.to(DType::BFloat16), transpose(W, 0, 1).to(DType::BFloat16)).to(f32));
+  std::vector<autodiff::Reached> reached = autodiff::backward_pass(
+      {loss.node()}, {ir::constant(1.0, f32, loss.shape(), device())}, {W.node()}, true, "test");
+  REQUIRE(reached.size() == 1);
+  const ir::NodePtr& g = reached[0].grad;
+  REQUIRE(g->op == ir::Op::Cast);
+  CHECK(g->dtype == f32);
+  CHECK(g->inputs[0]->op == ir::Op::MatMul);
+  CHECK(g->inputs[0]->shape == W.shape());
+  // The value: sum over rows of x (in bf16) for every row of W (all-ones g times x).
+  loss.backward();
+  std::vector<float> got = W.grad().to_vector<float>(), xs = x.to_vector<float>();
+  for (std::int64_t j = 0; j < 6; ++j)
+    for (std::int64_t k = 0; k < 4; ++k) {
+      double want = 0;
+      for (std::int64_t i = 0; i < 5; ++i) want += xs[static_cast<std::size_t>(i * 4 + k)];
+      CHECK(got[static_cast<std::size_t>(j * 4 + k)] == doctest::Approx(want).epsilon(2e-2));
+    }
+}
+
 TEST_CASE("autograd: a compiled forward with a graph break inside still trains (the backward runs through both parts)") {
   Tensor w = randn({4, 3}, 81, f64, device()).eval().requires_grad_();
   Tensor x = randn({5, 4}, 82, f64, device()).eval();

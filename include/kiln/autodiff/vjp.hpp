@@ -349,13 +349,21 @@ template <> struct Vjp<Op::Permute> {
     std::vector<std::int64_t> inverse(perm.size());
     for (std::size_t i = 0; i < perm.size(); ++i) inverse[static_cast<std::size_t>(perm[i])] = static_cast<std::int64_t>(i);
     // The gradient of a transposed weight (x W^T) arrives as the product x^T g: its transpose
-    // is the product g^T x, computed in the weight's layout instead of transposed after.
+    // is the product g^T x, computed in the weight's layout instead of transposed after. Also
+    // through the cast that converts the product back to the weight's dtype (autocast's
+    // cast(W^T) to bfloat16: a tied head's d(wte) was otherwise a [768, V] product whose
+    // transpose the embedding's gradient was added to, read across rows).
     const std::size_t r = perm.size();
     bool swaps_last_two = r >= 2 && perm[r - 1] == static_cast<std::int64_t>(r - 2) &&
                           perm[r - 2] == static_cast<std::int64_t>(r - 1);
     for (std::size_t i = 0; i + 2 < r && swaps_last_two; ++i) swaps_last_two = perm[i] == static_cast<std::int64_t>(i);
-    if (swaps_last_two && g->op == Op::MatMul && !g->realized())
-      return {ir::matmul(ir::permute(g->inputs[1], perm), ir::permute(g->inputs[0], perm))};
+    auto transposed_product = [&](const NodePtr& mm) {
+      return ir::matmul(ir::permute(mm->inputs[1], perm), ir::permute(mm->inputs[0], perm));
+    };
+    if (swaps_last_two && g->op == Op::MatMul && !g->realized()) return {transposed_product(g)};
+    if (swaps_last_two && g->op == Op::Cast && !g->realized() && g->inputs[0]->op == Op::MatMul &&
+        !g->inputs[0]->realized())
+      return {ir::cast(transposed_product(g->inputs[0]), g->dtype)};
     return {ir::permute(g, inverse)};
   }
 };

@@ -291,27 +291,19 @@ inline Api& api() {
 /// functions over the runtime's table (no system header: the C math functions the kernels call
 /// are declared here, and the compiler treats them as its builtins).
 inline constexpr const char* kPrelude = R"EMU(
+// The C math library's float and double families, as <math.h> declares them.
+#define KILN_EMU_LIBM(T, s)                                                                          \
+  T sin##s(T); T cos##s(T); T tan##s(T); T asin##s(T); T acos##s(T); T atan##s(T); T atan2##s(T, T);    \
+  T sinh##s(T); T cosh##s(T); T tanh##s(T); T asinh##s(T); T acosh##s(T); T atanh##s(T); T exp##s(T);   \
+  T exp2##s(T); T expm1##s(T); T log##s(T); T log2##s(T); T log10##s(T); T log1p##s(T); T pow##s(T, T); \
+  T sqrt##s(T); T cbrt##s(T); T hypot##s(T, T); T erf##s(T); T erfc##s(T); T lgamma##s(T);              \
+  T tgamma##s(T); T fabs##s(T); T floor##s(T); T ceil##s(T); T trunc##s(T); T round##s(T); T rint##s(T); \
+  T nearbyint##s(T); T fmod##s(T, T); T remainder##s(T, T); T fma##s(T, T, T); T fmin##s(T, T);          \
+  T fmax##s(T, T); T copysign##s(T, T); T nextafter##s(T, T); T ldexp##s(T, int); T frexp##s(T, int*);   \
+  T modf##s(T, T*); long lrint##s(T); long long llrint##s(T); long lround##s(T); long long llround##s(T);
 extern "C" {
-float sinf(float); float cosf(float); float tanf(float); float asinf(float); float acosf(float); float atanf(float);
-float atan2f(float, float); float sinhf(float); float coshf(float); float tanhf(float); float asinhf(float);
-float acoshf(float); float atanhf(float); float expf(float); float exp2f(float); float expm1f(float); float logf(float);
-float log2f(float); float log10f(float); float log1pf(float); float powf(float, float); float sqrtf(float);
-float cbrtf(float); float hypotf(float, float); float erff(float); float erfcf(float); float lgammaf(float);
-float tgammaf(float); float fabsf(float); float floorf(float); float ceilf(float); float truncf(float);
-float roundf(float); float rintf(float); float nearbyintf(float); float fmodf(float, float); float remainderf(float, float);
-float fmaf(float, float, float); float fminf(float, float); float fmaxf(float, float); float copysignf(float, float);
-float nextafterf(float, float); float ldexpf(float, int); float frexpf(float, int*); float modff(float, float*);
-long lrintf(float); long long llrintf(float); long lroundf(float); long long llroundf(float);
-double sin(double); double cos(double); double tan(double); double asin(double); double acos(double); double atan(double);
-double atan2(double, double); double sinh(double); double cosh(double); double tanh(double); double asinh(double);
-double acosh(double); double atanh(double); double exp(double); double exp2(double); double expm1(double); double log(double);
-double log2(double); double log10(double); double log1p(double); double pow(double, double); double sqrt(double);
-double cbrt(double); double hypot(double, double); double erf(double); double erfc(double); double lgamma(double);
-double tgamma(double); double fabs(double); double floor(double); double ceil(double); double trunc(double);
-double round(double); double rint(double); double nearbyint(double); double fmod(double, double); double remainder(double, double);
-double fma(double, double, double); double fmin(double, double); double fmax(double, double); double copysign(double, double);
-double nextafter(double, double); double ldexp(double, int); double frexp(double, int*); double modf(double, double*);
-long lrint(double); long long llrint(double); long lround(double); long long llround(double);
+KILN_EMU_LIBM(float, f)
+KILN_EMU_LIBM(double, )
 }
 #define isnan(x) __builtin_isnan(x)
 #define isinf(x) __builtin_isinf(x)

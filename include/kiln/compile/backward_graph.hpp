@@ -10,7 +10,6 @@
 // the user's backward and whose kernels are compiled once and cached like any other.
 #include <algorithm>
 #include <functional>
-#include <unordered_map>
 #include <memory>
 #include <unordered_set>
 #include <vector>
@@ -75,13 +74,11 @@ struct PendingBackward {
 /// Values that are costly to recompute in the backward: kept from the forward instead.
 KILN_ENTRY bool save_for_backward(ir::Op op);
 
-/// A forward value that recomputing would make read this many large values is saved.
-inline constexpr std::size_t kRecomputeReadLimit = 3;
-
 /// Of the forward's pointwise values the backward needs (`needed`, reached through values it
 /// recomputes), those it should read from the forward instead: a branch point of the forward
-/// (read by two or more forward values) whose recomputation would read kRecomputeReadLimit or
-/// more large values (a sixteenth of its elements or more) from memory. Memory is what the
+/// (read by two or more forward values) whose recomputation would read three or more large
+/// values (a sixteenth of its elements or more; the step planner's kRecomputeReadLimit) from
+/// memory. Memory is what the
 /// forward realized, what it keeps anyway (`kept`: products, reductions, ...) and the values
 /// chosen below it: decided from the inputs up, a residual stream `x + f(x) + g(..)` through a
 /// transformer's layers is saved every other add, where recomputing reads three values, and

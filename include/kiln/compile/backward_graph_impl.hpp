@@ -2,8 +2,11 @@
 // The definitions of the backward graph builder (compile/backward_graph.hpp). Header-only mode includes them from that
 // header (KILN_ENTRY is `inline`); compiled mode compiles them once into kiln::kiln_compiled
 // (src/kiln_compiled.cpp), so users' translation units parse the declarations only.
+#include <unordered_map>
+
 #include "kiln/autodiff/backward.hpp"
 #include "kiln/compile/backward_graph.hpp"
+#include "kiln/sched/steps.hpp"
 
 namespace kiln::detail {
 
@@ -155,7 +158,7 @@ KILN_ENTRY std::vector<ir::NodePtr> saved_branch_points(std::vector<ir::NodePtr>
     std::unordered_set<const ir::Node*> seen{n.get()}, reads;
     std::vector<const ir::Node*> stack;
     for (const ir::NodePtr& in : n->inputs) stack.push_back(in.get());
-    while (!stack.empty() && reads.size() < kRecomputeReadLimit) {
+    while (!stack.empty() && reads.size() < sched::detail::kRecomputeReadLimit) {
       const ir::Node* x = stack.back();
       stack.pop_back();
       if (!seen.insert(x).second) continue;
@@ -166,7 +169,7 @@ KILN_ENTRY std::vector<ir::NodePtr> saved_branch_points(std::vector<ir::NodePtr>
       }
       for (const ir::NodePtr& in : x->inputs) stack.push_back(in.get());  // constants and iotas: free
     }
-    if (reads.size() >= kRecomputeReadLimit) {
+    if (reads.size() >= sched::detail::kRecomputeReadLimit) {
       chosen.insert(n.get());
       out.push_back(n);
     }

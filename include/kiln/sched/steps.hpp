@@ -368,6 +368,11 @@ ir::Graph pattern_of(const ir::GraphNode& x_node, Make&& make) {
   return pg;
 }
 
+/// A value whose recomputation would read this many large values (each at least a sixteenth of
+/// its elements) is stored rather than recomputed: by a lower level's segment for the later
+/// steps that read it, and by a compiled forward for its backward (compile/backward_graph.hpp).
+inline constexpr std::size_t kRecomputeReadLimit = 3;
+
 class StepPlanner {
  public:
   StepPlanner(const ir::Graph& g, bool fuse) : g_(g), fuse_(fuse), n_(g.nodes.size()) {}
@@ -1141,8 +1146,6 @@ class StepPlanner {
     return false;
   }
 
-  /// A lower level's value that would read this many large values to recompute is stored.
-  static constexpr std::size_t kRecomputeReadLimit = 3;
 
   // Segment s's copy of node i (memoised in `map`), requesting lower levels' values.
   int import(int root, int s, std::map<int, int>& map, Segment& seg) {

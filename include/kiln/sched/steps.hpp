@@ -832,6 +832,13 @@ class StepPlanner {
     return dense;
   }
 
+  // The value under a chain of reshapes ending at node o (o itself when it is no reshape):
+  // row-major reshapes, so the same elements in the same order.
+  int reshape_source(int o) const {
+    while (node(o).op == ir::Op::Reshape) o = node(o).inputs[0];
+    return o;
+  }
+
   // What the segment writing graph output k (node o) computes into that memory. An output that
   // only reshapes a value its segment computes ([B, T, C] returned as [B*T, C], contiguous both
   // ways) holds the same elements in the same order: the segment writes the value itself, with
@@ -842,8 +849,7 @@ class StepPlanner {
   std::pair<int, Slot> output_request(int o, int k) const {
     const Slot out{Slot::Output, k, g_.output_strides[static_cast<std::size_t>(k)]};
     if (node(o).op != ir::Op::Reshape || !is_contiguous(node(o).shape, out.strides)) return {o, out};
-    int x = o;
-    while (node(x).op == ir::Op::Reshape) x = node(x).inputs[0];
+    const int x = reshape_source(o);
     const ir::GraphNode& src = node(x);
     if (src.op == ir::Op::Input || src.op == ir::Op::Constant || is_call_result(x)) return {o, out};
     return {x, Slot{Slot::Output, k, contiguous_strides(src.shape)}};
@@ -1014,9 +1020,7 @@ class StepPlanner {
         if (o == c.result || output_taken_.count(static_cast<int>(k)) ||
             !is_contiguous(node(o).shape, g_.output_strides[k]))
           continue;
-        int x = o;
-        while (x != c.result && node(x).op == ir::Op::Reshape) x = node(x).inputs[0];
-        if (x != c.result) continue;
+        if (reshape_source(o) != c.result) continue;
         output_taken_.insert(static_cast<int>(k));
         c.out = Slot{Slot::Output, static_cast<int>(k), contiguous_strides(c.shape)};
       }

@@ -16,6 +16,8 @@
 
 #include "../support/device.hpp"
 
+namespace kiln_test_autodiff_autodiff {
+
 using namespace kiln;
 using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
 using kiln::testing::device;  // KILN_DEVICE: the same tests on the CPU and on a GPU
@@ -665,3 +667,5 @@ TEST_CASE("autograd: a backward writes the loss's gradient over logits nothing e
     CHECK(donated.peak + logits_bytes <= held.peak);
   }
 }
+
+}  // namespace kiln_test_autodiff_autodiff

@@ -10,6 +10,8 @@
 #include "cpu_jit_test_util.hpp"
 #include "kiln/decomp/decompose.hpp"
 
+namespace kiln_test_backend_cpu_jit {
+
 using namespace kiln_jit_test;
 
 namespace {
@@ -381,3 +383,5 @@ TEST_CASE("cpu jit: an expensive value needed by several kernels is computed onc
   expect(d, 2);
   CHECK(d.schedule.find("temp") == std::string::npos);
 }
+
+}  // namespace kiln_test_backend_cpu_jit

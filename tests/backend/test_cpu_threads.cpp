@@ -8,6 +8,8 @@
 
 #include "cpu_jit_test_util.hpp"
 
+namespace kiln_test_backend_cpu_threads {
+
 using namespace kiln_jit_test;
 using backend::detail::ThreadPolicy;
 
@@ -203,3 +205,5 @@ TEST_CASE("cpu threads: results are identical for teams of 1 and 2") {
     }
   }
 }
+
+}  // namespace kiln_test_backend_cpu_threads

@@ -20,6 +20,8 @@
 #include "kiln/core/stats.hpp"
 #include "kiln/runtime/cuda_memory.hpp"
 
+namespace kiln_test_backend_cuda {
+
 using namespace kiln_cuda_test;
 
 namespace {
@@ -217,3 +219,5 @@ TEST_CASE("cuda: KILN_LOGS=output_code prints the CUDA source of a new kernel") 
   CHECK(ss.str().find("extern \"C\" __global__") != std::string::npos);
   std::remove(path.c_str());
 }
+
+}  // namespace kiln_test_backend_cuda

@@ -29,6 +29,8 @@
 #include "../support/gpu_util.hpp"
 #include "../support/mode_workloads.hpp"
 
+namespace kiln_test_backend_cuda_autotune {
+
 using namespace kiln;
 using backend::detail::CudaTuning;
 
@@ -459,3 +461,5 @@ TEST_CASE("cuda autotune: a product's fused epilogue is timed against the plain 
   CHECK(second->chosen().name == chosen);
   CHECK(max_rel_diff(again, got) == 0.0);
 }
+
+}  // namespace kiln_test_backend_cuda_autotune

@@ -21,6 +21,8 @@
 #include "../support/gpu_util.hpp"
 #include "../support/mode_workloads.hpp"
 
+namespace kiln_test_backend_cuda_graph {
+
 using namespace kiln;
 
 namespace {
@@ -372,3 +374,5 @@ TEST_CASE("cuda graph: products are captured with their kernels (cuBLASLt calls 
   x2.eval();
   CHECK(max_rel_diff(graphed(x2, w1, b1, w2), plain(x2, w1, b1, w2)) <= 1e-5);
 }
+
+}  // namespace kiln_test_backend_cuda_graph

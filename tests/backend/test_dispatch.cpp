@@ -8,6 +8,8 @@
 #include <kiln/kiln.hpp>
 #include <kiln/backend/dispatch.hpp>
 
+namespace kiln_test_backend_dispatch {
+
 using namespace kiln;
 
 TEST_CASE("run_op_by_op: one kernel per primitive, same values as the reference executor") {
@@ -77,3 +79,5 @@ TEST_CASE("steps: a run holds a temporary only from the first step that uses it 
   const std::size_t mib = std::size_t(1) << 20;
   CHECK_MESSAGE(peak <= 3 * mib, "peak " << peak << " bytes beyond the inputs");
 }
+
+}  // namespace kiln_test_backend_dispatch

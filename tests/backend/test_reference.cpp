@@ -12,6 +12,8 @@
 
 #include "kiln/backend/reference.hpp"
 
+namespace kiln_test_backend_reference {
+
 using namespace kiln;
 using ir::NodePtr;
 using ir::Op;
@@ -927,3 +929,5 @@ TEST_CASE("graphs on a CUDA device are refused") {
   args.outputs.push_back(&out);
   CHECK_THROWS_AS(backend::run_reference(c.graph, args), DeviceError);
 }
+
+}  // namespace kiln_test_backend_reference

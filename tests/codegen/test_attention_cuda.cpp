@@ -16,6 +16,8 @@
 #include "kiln/codegen/cuda/attention.hpp"
 #include "kiln/runtime/nvrtc.hpp"
 
+namespace kiln_test_codegen_attention_cuda {
+
 namespace {
 
 using namespace kiln;
@@ -512,3 +514,5 @@ TEST_CASE("cuda attention: entries, grids and shared memory per shape") {
   CHECK(b.source.find("mma.sync") == std::string::npos);
   for (auto& e : b.entries) CHECK(e.shared_bytes <= 48 * 1024);
 }
+
+}  // namespace kiln_test_codegen_attention_cuda

@@ -21,6 +21,8 @@
 #include "kiln/runtime/process.hpp"
 #include "kiln/sched/schedule.hpp"
 
+namespace kiln_test_codegen_cpp {
+
 using namespace kiln;
 using ir::NodePtr;
 using ir::Op;
@@ -260,3 +262,5 @@ extern "C" void back(const unsigned short* h, float* fh, float* fb, long n) {
   }
   CHECK(bad == 0);
 }
+
+}  // namespace kiln_test_codegen_cpp

@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+namespace kiln_test_codegen_cpu_math {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -737,3 +739,5 @@ TEST_SUITE("codegen/cpu_math") {
   }
 
 }  // TEST_SUITE
+
+}  // namespace kiln_test_codegen_cpu_math

@@ -14,6 +14,8 @@
 #include "kiln/codegen/sort.hpp"
 #include "kiln/runtime/nvrtc.hpp"
 
+namespace kiln_test_codegen_cuda_codegen {
+
 using namespace kiln_cuda_test;
 
 namespace {
@@ -1113,3 +1115,5 @@ TEST_CASE("cuda emulator: scatters of a row index counting-sort the positions by
     }
   }
 }
+
+}  // namespace kiln_test_codegen_cuda_codegen

@@ -10,6 +10,8 @@
 
 #include "../support/compile_util.hpp"
 
+namespace kiln_test_compile_compile {
+
 using namespace kiln;
 using kiln::testing::check_equal;
 using kiln::testing::LogCapture;
@@ -246,3 +248,5 @@ TEST_CASE("compile: explain reports graphs and breaks; reset clears every entry"
   f(x);
   CHECK(f.stats().traces == 2);
 }
+
+}  // namespace kiln_test_compile_compile

@@ -15,6 +15,8 @@
 #include "../support/device.hpp"
 #include "../support/gpu_util.hpp"
 
+namespace kiln_test_compile_dynamic {
+
 using namespace kiln;
 using kiln::testing::check_equal;
 using kiln::testing::LogCapture;
@@ -399,3 +401,5 @@ TEST_CASE("dynamic: on CUDA a symbolic temporary, an unaligned input and reduce-
           std::string::npos);
   }
 }
+
+}  // namespace kiln_test_compile_dynamic

@@ -24,6 +24,8 @@
 #include "../support/mode_workloads.hpp"
 #include "../support/reference.hpp"
 
+namespace kiln_test_compile_modes {
+
 using namespace kiln;
 
 namespace {
@@ -237,3 +239,5 @@ TEST_CASE("modes: an unknown mode is an Error that lists the valid ones, raised 
   auto f = kiln::compile(twice, opt);
   CHECK(f(testing::make_tensor({1, 2}, {2}, DType::Float32)).to_vector<float>() == std::vector<float>{2, 4});
 }
+
+}  // namespace kiln_test_compile_modes

@@ -23,6 +23,8 @@
 #include "kiln/core/shape.hpp"
 #include "kiln/core/stats.hpp"
 
+namespace kiln_test_core_core {
+
 using namespace kiln;
 
 namespace {
@@ -351,3 +353,5 @@ TEST_CASE("stats counters snapshot and reset") {
   CHECK(stats().launches == 0);
   CHECK(stats().compiles == 0);
 }
+
+}  // namespace kiln_test_core_core

@@ -12,6 +12,8 @@
 
 #include "../support/reference.hpp"
 
+namespace kiln_test_decomp_composites {
+
 using namespace kiln;
 namespace kt = kiln::testing;
 
@@ -197,3 +199,5 @@ TEST_CASE("composites lower to primitives only; 16-bit inputs computed in f32 an
   CHECK(count(ir::Op::Sub) == 1);
   CHECK(count(ir::Op::Div) == 1);
 }
+
+}  // namespace kiln_test_decomp_composites

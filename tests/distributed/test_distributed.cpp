@@ -20,6 +20,8 @@
 #include "kiln/kiln.hpp"
 #include "kiln/runtime/nccl.hpp"
 
+namespace kiln_test_distributed_distributed {
+
 using namespace kiln;
 namespace dist = kiln::distributed;
 
@@ -538,3 +540,5 @@ TEST_CASE("DistributedDataParallel with find_unused_parameters: a parameter a ra
     CHECK_FALSE(never_has_grad[1]);
   }
 }
+
+}  // namespace kiln_test_distributed_distributed

@@ -15,6 +15,8 @@
 
 #include "regression.hpp"
 
+namespace kiln_test_fuzz_fuzz_regressions {
+
 using namespace kiln;
 
 namespace {
@@ -311,3 +313,5 @@ TEST_CASE("fuzz: seed 2612051 graph 345, a scan of an attention's output") {
   };
   kiln::fuzz::check_against_reference(program);
 }
+
+}  // namespace kiln_test_fuzz_fuzz_regressions

@@ -11,6 +11,8 @@
 
 #include "../support/reference.hpp"
 
+namespace kiln_test_ir_ir {
+
 using namespace kiln;
 namespace kt = kiln::testing;
 
@@ -307,3 +309,5 @@ TEST_CASE("typed expressions carry a compile-time structural key") {
   Tensor t = e;
   KILN_CHECK_CLOSE(t, std::vector<double>{2 * std::exp(2.0), 2 * std::exp(4.0)});
 }
+
+}  // namespace kiln_test_ir_ir

@@ -16,6 +16,8 @@
 #include "../support/compile_util.hpp"
 #include "../support/device.hpp"
 
+namespace kiln_test_nn_attention {
+
 using namespace kiln;
 
 namespace {
@@ -429,3 +431,5 @@ TEST_CASE("scaled_dot_product_attention: max-autotune times cuDNN's engine confi
   }
   CHECK(found == 1);
 }
+
+}  // namespace kiln_test_nn_attention

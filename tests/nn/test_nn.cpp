@@ -10,6 +10,8 @@
 
 #include "gpt.hpp"
 
+namespace kiln_test_nn_nn {
+
 using namespace kiln;
 
 namespace {
@@ -453,3 +455,5 @@ TEST_CASE("training: compiled and eager give the same losses over 50 AdamW steps
   auto gpt_loss = [&](gpt::Gpt& m, int) { return gpt::Gpt::loss(m(tx), ty); };
   check_same_and_falling(train(make_gpt, gpt_loss, false, 50), train(make_gpt, gpt_loss, true, 50));
 }
+
+}  // namespace kiln_test_nn_nn

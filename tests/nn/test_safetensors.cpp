@@ -25,6 +25,8 @@
 
 #include "../support/device.hpp"
 
+namespace kiln_test_nn_safetensors {
+
 using namespace kiln;
 using kiln::testing::device;  // KILN_DEVICE: the same tests on the CPU and on a GPU
 namespace fs = std::filesystem;
@@ -630,3 +632,5 @@ TEST_CASE("safetensors: save and load through a module-like type and through Sta
   nn::save(sd, copy);
   CHECK(read_bytes(copy) == read_bytes(path));
 }
+
+}  // namespace kiln_test_nn_safetensors

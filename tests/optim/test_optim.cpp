@@ -22,6 +22,8 @@
 
 #include "../support/device.hpp"
 
+namespace kiln_test_optim_optim {
+
 using namespace kiln;
 using kiln::testing::device;
 using Vec = std::vector<double>;
@@ -653,3 +655,5 @@ TEST_CASE("optimizers check their parameters and hyper-parameters") {
   opt.param_groups()[1].params.push_back(param({1}, {1}));
   CHECK_THROWS_AS(opt.step(), ValueError);  // parameters are added through add_param_group
 }
+
+}  // namespace kiln_test_optim_optim

@@ -10,6 +10,8 @@
 
 #include "kiln/runtime/cblas.hpp"
 
+namespace kiln_test_runtime_cblas {
+
 using namespace kiln;
 using kiln::runtime::GemmShape;
 
@@ -96,3 +98,5 @@ TEST_CASE("KILN_BLAS chooses the library; one that cannot load says why") {
   bad.epilogue = runtime::GemmEpilogue::Relu;
   CHECK_THROWS_AS(runtime::cpu_gemm(bad, nullptr, nullptr, nullptr), InternalError);
 }
+
+}  // namespace kiln_test_runtime_cblas

@@ -17,6 +17,8 @@
 #include "runtime_test_util.hpp"
 #include "../support/child_process.hpp"
 
+namespace kiln_test_runtime_cpu_module {
+
 using kiln::runtime::CpuModuleCache;
 using kiln::runtime::CxxCompiler;
 using kiln::runtime::DiskCache;
@@ -221,3 +223,5 @@ TEST_CASE("runtime: CpuModuleCache reports compile errors and a missing compiler
   CpuModuleCache none(&disk, nullptr);
   CHECK_THROWS_AS(none.get(module_source(6006)), kiln::CompileError);
 }
+
+}  // namespace kiln_test_runtime_cpu_module

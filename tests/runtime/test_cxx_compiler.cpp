@@ -10,6 +10,8 @@
 #include "kiln/runtime/dynlib.hpp"
 #include "runtime_test_util.hpp"
 
+namespace kiln_test_runtime_cxx_compiler {
+
 using kiln::runtime::CxxCompiler;
 using kiln::runtime::SharedLibrary;
 using kiln_test::file_exists;
@@ -161,3 +163,5 @@ TEST_CASE("runtime: a compiler without working OpenMP is used without -fopenmp")
   int x[8] = {1, 2, 3, 4, 5, 6, 7, 8};
   CHECK(reinterpret_cast<int (*)(const int*)>(lib.symbol("g"))(x) == 36);
 }
+
+}  // namespace kiln_test_runtime_cxx_compiler

@@ -18,6 +18,8 @@
 #include "kiln/runtime/disk_cache.hpp"
 #include "runtime_test_util.hpp"
 
+namespace kiln_test_runtime_disk_cache {
+
 using kiln::runtime::DiskCache;
 using kiln::runtime::reap_scratch_dirs;
 using kiln_test::file_exists;
@@ -644,3 +646,5 @@ TEST_CASE("runtime: DiskCache keeps the most recently used entries within its si
     CHECK_FALSE(parse_byte_size("99999999999T").has_value());
   }
 }
+
+}  // namespace kiln_test_runtime_disk_cache

@@ -8,6 +8,8 @@
 
 #include "kiln/runtime/host_cache.hpp"
 
+namespace kiln_test_runtime_host_allocator {
+
 using kiln::runtime::allocate_host;
 using kiln::runtime::host_allocator_stats;
 using kiln::runtime::detail::HostAllocator;
@@ -137,3 +139,5 @@ TEST_CASE("runtime: the host allocator's peak is the most in use since the last 
   CHECK(host_allocator_stats().peak_in_use_bytes == host_allocator_stats().in_use_bytes);
   CHECK(host_allocator_stats().peak_in_use_bytes < base + 8 * mib);
 }
+
+}  // namespace kiln_test_runtime_host_allocator

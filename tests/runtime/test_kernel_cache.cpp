@@ -10,6 +10,8 @@
 
 #include "kiln/runtime/kernel_cache.hpp"
 
+namespace kiln_test_runtime_kernel_cache {
+
 using kiln::runtime::OnceCache;
 
 TEST_CASE("runtime: OnceCache runs the factory once per key, even when threads race") {
@@ -81,3 +83,5 @@ TEST_CASE("runtime: OnceCache passes a factory's exception to every waiter and r
   CHECK(cache.get_or_create(1, [] { return 5; }) == 5);
   CHECK(cache.get_or_create(1, [] { return 6; }) == 5);
 }
+
+}  // namespace kiln_test_runtime_kernel_cache

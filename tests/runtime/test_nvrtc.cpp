@@ -16,6 +16,8 @@
 #include "../support/child_process.hpp"
 #include "runtime_test_util.hpp"
 
+namespace kiln_test_runtime_nvrtc {
+
 namespace {
 
 using kiln::runtime::compile_cuda_to_cubin;
@@ -318,3 +320,5 @@ TEST_CASE("nvrtc: what the cubin keys need of NVRTC is kept on disk, so a cache 
   CHECK_FALSE(d::parse_nvrtc_probe("file " + probed.file + "\nversion 1.0\narchs 90\n").has_value());  // no id
   CHECK_FALSE(d::parse_nvrtc_probe("").has_value());
 }
+
+}  // namespace kiln_test_runtime_nvrtc

@@ -5,6 +5,8 @@
 
 #include "kiln/runtime/process.hpp"
 
+namespace kiln_test_runtime_process {
+
 using kiln::runtime::run_process;
 
 TEST_CASE("run_process passes arguments verbatim, never through a shell") {
@@ -52,3 +54,5 @@ TEST_CASE("run_process throws Error naming a program that cannot be started") {
   }
   CHECK_THROWS_AS(run_process(std::vector<std::string>{}), kiln::Error);
 }
+
+}  // namespace kiln_test_runtime_process

@@ -15,6 +15,8 @@
 #include "../support/compile_util.hpp"
 #include "../support/ir_build.hpp"
 
+namespace kiln_test_sched_attention_match {
+
 using namespace kiln;
 
 namespace {
@@ -197,3 +199,5 @@ TEST_CASE("written-out attention whose weights a backward reads stays written ou
     check_close(qa.grad().to_vector<double>(), want);
   }
 }
+
+}  // namespace kiln_test_sched_attention_match

@@ -7,6 +7,8 @@
 #include "kiln/runtime/host_allocator.hpp"
 #include "kiln/sched/schedule.hpp"
 
+namespace kiln_test_sched_schedule {
+
 using namespace kiln;
 using ir::NodePtr;
 using ir::Op;
@@ -237,3 +239,5 @@ TEST_CASE("sched: a costly value read by two kernels is stored once, by the firs
   CHECK(big.s.kernels.size() == 1);
   CHECK(big.s.kernels[0].phases == 40);
 }
+
+}  // namespace kiln_test_sched_schedule

@@ -7,6 +7,8 @@
 #include "../support/ir_build.hpp"
 #include "kiln/sched/steps.hpp"
 
+namespace kiln_test_sched_steps {
+
 using namespace kiln_ir_build;
 using kiln::sched::Activation;
 using kiln::sched::Slot;
@@ -315,3 +317,5 @@ TEST_CASE("a donated leaf's last reader writes a later value of its size over it
   for (const auto& c : later.calls)
     if (c.b.kind == Slot::Leaf) CHECK(c.b.index == l3);  // only L itself, read in place
 }
+
+}  // namespace kiln_test_sched_steps

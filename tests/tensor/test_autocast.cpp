@@ -17,6 +17,8 @@
 #include "../support/compile_util.hpp"
 #include "../support/device.hpp"
 
+namespace kiln_test_tensor_autocast {
+
 using namespace kiln;
 using kiln::testing::device;
 using kiln::testing::LogCapture;
@@ -413,3 +415,5 @@ TEST_CASE("autocast: kiln::compile re-traces when the autocast state changes") {
   CHECK(g(a, b).dtype() == f32);
   CHECK(g.stats().recompiles == 1);
 }
+
+}  // namespace kiln_test_tensor_autocast

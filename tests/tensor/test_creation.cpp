@@ -15,6 +15,8 @@
 #include "../support/reference.hpp"
 #include "kiln/core/philox.hpp"
 
+namespace kiln_test_tensor_creation {
+
 using namespace kiln;
 namespace kt = kiln::testing;
 
@@ -649,3 +651,5 @@ TEST_CASE("Tensor::describe, str and undefined tensors") {
   CHECK_THROWS_AS(u.eval(), Error);
   CHECK_THROWS_AS(sum(u), Error);
 }
+
+}  // namespace kiln_test_tensor_creation

@@ -11,6 +11,8 @@
 
 #include "kiln/eigen.hpp"
 
+namespace kiln_test_tensor_eigen {
+
 using namespace kiln;
 
 namespace {
@@ -317,3 +319,5 @@ TEST_CASE("round trip: a kiln computation over Eigen data matches Eigen") {
     for (int j = 0; j < 16; ++j) CHECK(got(i, j) == doctest::Approx(want(j)).epsilon(1e-5));
   }
 }
+
+}  // namespace kiln_test_tensor_eigen

@@ -10,6 +10,8 @@
 
 #include "../support/reference.hpp"
 
+namespace kiln_test_tensor_errors {
+
 using namespace kiln;
 namespace kt = kiln::testing;
 
@@ -260,3 +262,5 @@ TEST_CASE("pow, clamp, full and cross_entropy follow PyTorch's value rules") {
   KILN_CHECK_THROWS_MENTIONING(IndexError, cross_entropy(logits, lazy).item<float>(), "cross_entropy", "index 7");
   CHECK(std::isfinite(cross_entropy(logits, kt::make_int_tensor({1, 1}, {2}) + 0).item<float>()));
 }
+
+}  // namespace kiln_test_tensor_errors

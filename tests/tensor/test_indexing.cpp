@@ -10,6 +10,8 @@
 
 #include "../support/reference.hpp"
 
+namespace kiln_test_tensor_indexing {
+
 using namespace kiln;
 namespace kt = kiln::testing;
 
@@ -388,3 +390,5 @@ TEST_CASE("scatters: range errors name the op and nothing is written; bad argume
                                "dimension 1");
   KILN_CHECK_THROWS_MENTIONING(DTypeError, scatter(x, 0, kt::make_tensor({0}, {1, 1}, f32), src), "scatter", "float32[1, 1]");
 }
+
+}  // namespace kiln_test_tensor_indexing

@@ -20,6 +20,8 @@
 #include "../support/reference.hpp"
 #include "kiln/runtime/nvrtc.hpp"
 
+namespace kiln_test_tensor_math_accuracy {
+
 using namespace kiln;
 namespace kt = kiln::testing;
 
@@ -639,3 +641,5 @@ TEST_CASE("CUDA code (emulated on the host): the same composites and huge trig a
     CHECK(worst_lse <= 1.0);
   }
 }
+
+}  // namespace kiln_test_tensor_math_accuracy

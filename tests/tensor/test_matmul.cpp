@@ -12,6 +12,8 @@
 
 #include "../support/reference.hpp"
 
+namespace kiln_test_tensor_matmul {
+
 using namespace kiln;
 namespace kt = kiln::testing;
 
@@ -434,3 +436,5 @@ TEST_CASE("random products with random epilogues agree with the reference execut
     KILN_CHECK_CLOSE(got, values_of(expected), product_tolerance(dt, 2 * K));
   }
 }
+
+}  // namespace kiln_test_tensor_matmul

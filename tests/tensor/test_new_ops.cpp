@@ -16,6 +16,8 @@
 #include "../support/reference.hpp"
 #include "kiln/backend/cpu_jit.hpp"
 
+namespace kiln_test_tensor_new_ops {
+
 using namespace kiln;
 namespace kt = kiln::testing;
 
@@ -222,3 +224,5 @@ TEST_CASE(
     if (ir::has_flag(op, ir::kComparison)) CHECK(ir::has_flag(op, ir::kBoolResult));
   }
 }
+
+}  // namespace kiln_test_tensor_new_ops

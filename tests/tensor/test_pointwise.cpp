@@ -10,6 +10,8 @@
 
 #include "../support/reference.hpp"
 
+namespace kiln_test_tensor_pointwise {
+
 using namespace kiln;
 namespace kt = kiln::testing;
 
@@ -411,3 +413,5 @@ TEST_CASE("expressions compose: a chain of mixed ops matches the double referenc
   }
   KILN_CHECK_CLOSE(y, expected);
 }
+
+}  // namespace kiln_test_tensor_pointwise

@@ -10,6 +10,8 @@
 
 #include "../support/reference.hpp"
 
+namespace kiln_test_tensor_promotion {
+
 using namespace kiln;
 namespace kt = kiln::testing;
 
@@ -189,3 +191,5 @@ TEST_CASE("promotion of functions: where, maximum, pow, clamp, unary float funct
   KILN_CHECK_CLOSE(pow(2.5, i32v), std::vector<double>{2.5, 6.25, 15.625});
   KILN_CHECK_EXACT(pow(2, i32v), {2, 4, 8});
 }
+
+}  // namespace kiln_test_tensor_promotion

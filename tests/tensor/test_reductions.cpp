@@ -12,6 +12,8 @@
 
 #include "../support/reference.hpp"
 
+namespace kiln_test_tensor_reductions {
+
 using namespace kiln;
 namespace kt = kiln::testing;
 
@@ -369,3 +371,5 @@ TEST_CASE("rows of a large output (streamed around the cache) hold the same valu
   for (std::size_t i = 0; i < wb.size(); ++i) badb += std::fabs(gb[i] - wb[i]) > 1e-2f * std::fabs(wb[i]) + 1e-12f;
   CHECK(badb == 0);
 }
+
+}  // namespace kiln_test_tensor_reductions

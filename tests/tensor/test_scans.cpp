@@ -9,6 +9,8 @@
 
 #include "../support/reference.hpp"
 
+namespace kiln_test_tensor_scans {
+
 using namespace kiln;
 namespace kt = kiln::testing;
 
@@ -136,3 +138,5 @@ TEST_CASE("scans: dtype argument, 0-dim and empty inputs, typed errors") {
   KILN_CHECK_THROWS_MENTIONING(ShapeError, cumsum(ints, 1), "cumsum", "axis 1");
   KILN_CHECK_THROWS_MENTIONING(DTypeError, logcumsumexp(ints, 0), "logcumsumexp", "int32[3]");
 }
+
+}  // namespace kiln_test_tensor_scans

@@ -8,6 +8,8 @@
 
 #include "../support/reference.hpp"
 
+namespace kiln_test_tensor_shape_ops {
+
 using namespace kiln;
 namespace kt = kiln::testing;
 
@@ -150,3 +152,5 @@ TEST_CASE("arange with start, end and step, as torch.arange") {
   check(arange(0.0, 1.0, 0.25), {4}, {0, 0.25, 0.5, 0.75});
   CHECK_THROWS_AS(arange(0, 5, 0), ValueError);
 }
+
+}  // namespace kiln_test_tensor_shape_ops

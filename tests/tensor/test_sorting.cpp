@@ -14,6 +14,8 @@
 
 #include "../support/reference.hpp"
 
+namespace kiln_test_tensor_sorting {
+
 using namespace kiln;
 namespace kt = kiln::testing;
 
@@ -240,3 +242,5 @@ TEST_CASE("max and min along a dim give values and int64 indices, as torch.max(x
     KILN_CHECK_CLOSE(amin(kt::make_tensor({3, 1, 2}, {3}, f32)), V{1}, kExact);
   }
 }
+
+}  // namespace kiln_test_tensor_sorting

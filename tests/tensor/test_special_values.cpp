@@ -11,6 +11,8 @@
 
 #include "../support/reference.hpp"
 
+namespace kiln_test_tensor_special_values {
+
 using namespace kiln;
 namespace kt = kiln::testing;
 
@@ -207,3 +209,5 @@ TEST_CASE("reductions and composites with NaN and Inf") {
     KILN_CHECK_CLOSE(layer_norm(withnan), std::vector<double>{kNan, kNan, kNan, kNan});
   }
 }
+
+}  // namespace kiln_test_tensor_special_values

@@ -6,6 +6,8 @@
 
 #include <kiln/kiln.hpp>
 
+namespace kiln_test_tensor_typed_assign {
+
 using namespace kiln;
 
 namespace {
@@ -78,3 +80,5 @@ TEST_CASE("typed assign: errors are raised before anything runs") {
   CHECK_THROWS_AS(z.assign(x + 1.0f), ShapeError);
   CHECK(stats().launches == before);
 }
+
+}  // namespace kiln_test_tensor_typed_assign

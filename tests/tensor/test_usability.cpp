@@ -13,6 +13,8 @@
 #include "../support/reference.hpp"
 #include "kiln/core/generated.hpp"
 
+namespace kiln_test_tensor_usability {
+
 using namespace kiln;
 namespace kt = kiln::testing;
 
@@ -328,3 +330,5 @@ TEST_CASE("assigning into an empty view with zero strides is a no-op, not a shar
   CHECK_THROWS_AS(from_blob(backing, {2, 1}, Device::cpu(), {0, 1}).assign(ones({2, 1})),
                   ShapeError);  // 2 elements, 1 address
 }
+
+}  // namespace kiln_test_tensor_usability

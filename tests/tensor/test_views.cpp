@@ -12,6 +12,8 @@
 
 #include "../support/reference.hpp"
 
+namespace kiln_test_tensor_views {
+
 using namespace kiln;
 namespace kt = kiln::testing;
 
@@ -327,3 +329,5 @@ TEST_CASE("non-contiguous inputs to every kind of op") {
   CHECK(kt::values(t) == rt.v);
   CHECK(slice(slice(t, 0, 2, 3), 1, 4, 5).item<float>() == static_cast<float>(vals[4 * 6 + 2]));
 }
+
+}  // namespace kiln_test_tensor_views

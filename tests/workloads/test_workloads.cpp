@@ -8,6 +8,8 @@
 
 #include "../support/reference.hpp"
 
+namespace kiln_test_workloads_workloads {
+
 using namespace kiln;
 namespace kt = kiln::testing;
 
@@ -131,3 +133,5 @@ TEST_CASE("S1: 10 x (x = relu(x*y + 0.1)) on 4096 elements") {
                        [](double v) { return v > 0 ? v : 0.0; });
   KILN_CHECK_CLOSE(x, expected);
 }
+
+}  // namespace kiln_test_workloads_workloads

@@ -24,6 +24,9 @@
 #include "kiln/ir/builder.hpp"
 #include "kiln/ir/combiner.hpp"
 #include "kiln/runtime/host_allocator.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::backend {
 
@@ -1395,3 +1398,5 @@ inline void run_reference(const ir::Graph& g, const RunArgs& args) {
 }
 
 }  // namespace kiln::backend
+
+KILN_COLD_CODE_END

@@ -15,6 +15,9 @@
 #include "kiln/codegen/cpp/dialect.hpp"
 #include "kiln/codegen/cuda/prelude.hpp"
 #include "kiln/sched/steps.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen {
 
@@ -310,3 +313,5 @@ inline ScanSource generate_cuda_scan(const sched::ScanCall& c, const std::string
 }
 
 }  // namespace kiln::codegen
+
+KILN_COLD_CODE_END

@@ -20,6 +20,9 @@
 #include "kiln/codegen/cpp/dialect.hpp"
 #include "kiln/codegen/cuda/prelude.hpp"
 #include "kiln/sched/steps.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen {
 
@@ -590,3 +593,5 @@ inline ScatterSource generate_cuda_scatter(const sched::ScatterCall& c, const st
 }
 
 }  // namespace kiln::codegen
+
+KILN_COLD_CODE_END

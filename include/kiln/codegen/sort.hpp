@@ -23,6 +23,9 @@
 #include "kiln/codegen/cpp/dialect.hpp"
 #include "kiln/codegen/cuda/prelude.hpp"
 #include "kiln/sched/steps.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen {
 
@@ -281,3 +284,5 @@ inline SortSource generate_cuda_sort(const sched::SortCall& c, const std::string
 }
 
 }  // namespace kiln::codegen
+
+KILN_COLD_CODE_END

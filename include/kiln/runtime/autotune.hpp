@@ -18,6 +18,9 @@
 
 #include "kiln/core/log.hpp"
 #include "kiln/runtime/disk_cache.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::runtime {
 
@@ -184,3 +187,5 @@ inline std::size_t pick_fastest(const std::vector<std::function<void()>>& candid
 }
 
 }  // namespace kiln::runtime
+
+KILN_COLD_CODE_END

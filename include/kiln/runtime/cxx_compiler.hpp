@@ -24,6 +24,9 @@
 #include "kiln/runtime/disk_cache.hpp"
 #include "kiln/runtime/dynlib.hpp"
 #include "kiln/runtime/process.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::runtime {
 
@@ -309,3 +312,5 @@ class CxxCompiler {
 };
 
 }  // namespace kiln::runtime
+
+KILN_COLD_CODE_END

@@ -33,6 +33,9 @@
 #include "kiln/core/hash.hpp"
 #include "kiln/core/log.hpp"
 #include "kiln/runtime/process.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::runtime {
 
@@ -754,3 +757,5 @@ inline const std::string& scratch_dir() {
 }
 
 }  // namespace kiln::runtime
+
+KILN_COLD_CODE_END

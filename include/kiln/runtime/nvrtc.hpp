@@ -15,6 +15,9 @@
 
 #include "kiln/core/env.hpp"
 #include "kiln/core/error.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::runtime {
 
@@ -283,3 +286,5 @@ inline std::string compile_cuda_to_cubin(const std::string& source, const std::s
 }
 
 }  // namespace kiln::runtime
+
+KILN_COLD_CODE_END

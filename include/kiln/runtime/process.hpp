@@ -19,6 +19,9 @@
 
 #include "kiln/core/env.hpp"
 #include "kiln/core/error.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 extern char** environ;
 
@@ -169,3 +172,5 @@ inline ProcessResult run_process(const std::vector<std::string>& argv, const std
 inline ProcessResult run_process(const std::vector<std::string>& argv) { return run_process(argv, {}); }
 
 }  // namespace kiln::runtime
+
+KILN_COLD_CODE_END

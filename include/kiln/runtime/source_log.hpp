@@ -7,6 +7,9 @@
 #include "kiln/core/generated.hpp"
 #include "kiln/core/log.hpp"
 #include "kiln/runtime/disk_cache.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::runtime {
 
@@ -40,3 +43,5 @@ inline void log_output_code(const DiskCache* disk, const std::string& title, con
 }
 
 }  // namespace kiln::runtime
+
+KILN_COLD_CODE_END

@@ -23,6 +23,9 @@
 #include "kiln/decomp/decompose.hpp"
 #include "kiln/ir/graph.hpp"
 #include "kiln/sched/steps.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::sched {
 
@@ -377,3 +380,5 @@ inline bool fuse_written_out_attention(const ir::Graph& g, ir::Graph& rewritten)
 }
 
 }  // namespace kiln::sched
+
+KILN_COLD_CODE_END

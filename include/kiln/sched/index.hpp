@@ -21,6 +21,9 @@
 #include "kiln/core/error.hpp"
 #include "kiln/core/shape.hpp"
 #include "kiln/ir/graph.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::sched {
 
@@ -488,3 +491,5 @@ inline Index input_index(const ir::Graph& g, const ir::GraphNode& n, std::size_t
 }
 
 }  // namespace kiln::sched
+
+KILN_COLD_CODE_END

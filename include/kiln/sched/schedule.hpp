@@ -30,6 +30,9 @@
 #include "kiln/core/dtype.hpp"
 #include "kiln/ir/graph.hpp"
 #include "kiln/sched/index.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::sched {
 
@@ -1232,3 +1235,5 @@ inline std::string Schedule::str(const ir::Graph& g) const {
 inline std::string explain_schedule(const ir::Graph& g) { return schedule(g).str(g); }
 
 }  // namespace kiln::sched
+
+KILN_COLD_CODE_END

@@ -26,6 +26,9 @@
 #include "kiln/ir/graph.hpp"
 #include "kiln/runtime/gemm.hpp"
 #include "kiln/sched/schedule.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::sched {
 
@@ -1483,3 +1486,5 @@ inline std::string StepPlan::str() const {
 }  // namespace kiln::sched
 
 #include "kiln/sched/attention_match.hpp"
+
+KILN_COLD_CODE_END

@@ -19,6 +19,9 @@
 #include "kiln/codegen/c/literals.hpp"
 #include "kiln/core/philox.hpp"
 #include "kiln/sched/steps.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen {
 
@@ -118,3 +121,5 @@ inline std::string attention_dropout(const sched::AttentionCall& c, const std::s
 }  // namespace attention_detail
 
 }  // namespace kiln::codegen
+
+KILN_COLD_CODE_END

@@ -5,6 +5,9 @@
 #include <string>
 
 #include "kiln/core/shape.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen::c_family {
 
@@ -24,3 +27,5 @@ inline std::string axis_row_offsets(const Shape& shape, std::int64_t axis, const
 }
 
 }  // namespace kiln::codegen::c_family
+
+KILN_COLD_CODE_END

@@ -7,6 +7,9 @@
 
 #include "kiln/core/dtype.hpp"
 #include "kiln/ir/op.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen::c_family {
 
@@ -50,3 +53,5 @@ inline bool integer_expr_applies(ir::Op op, DType it) {
 }
 
 }  // namespace kiln::codegen::c_family
+
+KILN_COLD_CODE_END

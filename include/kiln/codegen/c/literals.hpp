@@ -11,6 +11,9 @@
 #include "kiln/core/dtype.hpp"
 #include "kiln/core/half.hpp"
 #include "kiln/ir/graph.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen::c_family {
 
@@ -169,3 +172,5 @@ inline std::string from_storage(const std::string& e, DType dt, PreludeNeeds& ne
 }
 
 }  // namespace kiln::codegen::c_family
+
+KILN_COLD_CODE_END

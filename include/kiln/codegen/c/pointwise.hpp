@@ -15,6 +15,9 @@
 #include "kiln/core/philox.hpp"
 #include "kiln/ir/graph.hpp"
 #include "kiln/ir/op.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen::c_family {
 
@@ -223,3 +226,5 @@ inline void append_kernels(std::string& src, const PreludeNeeds& needs, const st
 }
 
 }  // namespace kiln::codegen::c_family
+
+KILN_COLD_CODE_END

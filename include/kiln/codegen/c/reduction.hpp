@@ -8,6 +8,9 @@
 #include "kiln/codegen/c/literals.hpp"
 #include "kiln/core/dtype.hpp"
 #include "kiln/ir/op.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen::c_family {
 
@@ -152,3 +155,5 @@ inline std::string finish(const Combiner& c, const std::string& a, const std::st
 }
 
 }  // namespace kiln::codegen::c_family
+
+KILN_COLD_CODE_END

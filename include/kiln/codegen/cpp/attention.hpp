@@ -19,6 +19,9 @@
 #include "kiln/codegen/c/literals.hpp"
 #include "kiln/codegen/cpp/dialect.hpp"
 #include "kiln/sched/steps.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen {
 
@@ -356,3 +359,5 @@ inline AttentionSource generate_cpu_attention(const sched::AttentionCall& c, con
 }
 
 }  // namespace kiln::codegen
+
+KILN_COLD_CODE_END

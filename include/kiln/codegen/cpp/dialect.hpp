@@ -12,6 +12,9 @@
 #include "kiln/core/error.hpp"
 #include "kiln/ir/graph.hpp"
 #include "kiln/sched/index.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen::detail {
 
@@ -189,3 +192,5 @@ static inline float kiln_rb(float f) { return kiln_b2f(kiln_f2b(f)); }
 )";
 
 }  // namespace kiln::codegen::detail
+
+KILN_COLD_CODE_END

@@ -15,6 +15,9 @@
 #include "kiln/core/half.hpp"
 #include "kiln/core/philox.hpp"
 #include "kiln/sched/schedule.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen::detail {
 
@@ -1055,3 +1058,5 @@ class KernelWriter {
 };
 
 }  // namespace kiln::codegen::detail
+
+KILN_COLD_CODE_END

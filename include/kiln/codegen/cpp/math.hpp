@@ -1,4 +1,5 @@
 #pragma once
+#include "kiln/core/linkage.hpp"
 // kiln's own transcendental functions for generated CPU kernels, as source text.
 //
 // The code generator pastes kCpuMathSource at the top of every generated CPU translation unit.
@@ -17,6 +18,8 @@
 // throughput are recorded in docs/performance-math.md and asserted by
 // tests/codegen/test_cpu_math.cpp. The text includes no headers, so it adds little to the
 // compile time of a generated kernel, and it is valid C11 as well as C++17.
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen {
 
@@ -558,3 +561,5 @@ static inline double kiln_sigmoid_f64(double x) {
 )KILN_MATH";
 
 }  // namespace kiln::codegen
+
+KILN_COLD_CODE_END

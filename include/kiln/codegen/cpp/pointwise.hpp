@@ -2,6 +2,9 @@
 // Pointwise kernels on the CPU: the space's loops, the outer one shared among the team, the
 // inner one an `omp simd` loop over contiguous elements.
 #include "kiln/codegen/cpp/kernel_writer.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen::detail {
 
@@ -59,3 +62,5 @@ inline void KernelWriter::pointwise() {
 }
 
 }  // namespace kiln::codegen::detail
+
+KILN_COLD_CODE_END

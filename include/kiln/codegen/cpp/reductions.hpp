@@ -2,6 +2,9 @@
 // Reduction kernels on the CPU: whole rows per tile (every pass of a row back to back), or, for
 // few rows, each pass split into chunks whose partials combine in a fixed order.
 #include "kiln/codegen/cpp/kernel_writer.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen::detail {
 
@@ -159,3 +162,5 @@ inline void KernelWriter::reduce_split() {
 }
 
 }  // namespace kiln::codegen::detail
+
+KILN_COLD_CODE_END

@@ -8,6 +8,9 @@
 #include "kiln/codegen/cpp/pointwise.hpp"
 #include "kiln/codegen/cpp/reductions.hpp"
 #include "kiln/core/generated.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen {
 
@@ -99,3 +102,5 @@ inline CppSource generate_cpp(const ir::Graph& g, const sched::Schedule& s, cons
 }
 
 }  // namespace kiln::codegen
+
+KILN_COLD_CODE_END

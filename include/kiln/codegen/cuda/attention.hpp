@@ -50,6 +50,9 @@
 #include "kiln/codegen/cuda/prelude.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/sched/steps.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen {
 
@@ -1036,3 +1039,5 @@ inline AttentionSource generate_cuda_attention(const sched::AttentionCall& c, co
 }
 
 }  // namespace kiln::codegen
+
+KILN_COLD_CODE_END

@@ -1,6 +1,9 @@
 #pragma once
 // Column reductions: each thread owns neighbouring columns and a share of the rows.
 #include "kiln/codegen/cuda/reduction.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen::cuda_detail {
 
@@ -259,3 +262,5 @@ class ColumnKernel : public ReductionKernel {
 };
 
 }  // namespace kiln::codegen::cuda_detail
+
+KILN_COLD_CODE_END

@@ -11,6 +11,9 @@
 #include "kiln/core/error.hpp"
 #include "kiln/ir/graph.hpp"
 #include "kiln/sched/index.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen::cuda_detail {
 
@@ -96,3 +99,5 @@ inline const char* word_name(std::size_t chunk_bytes, std::size_t word) {
 }
 
 }  // namespace kiln::codegen::cuda_detail
+
+KILN_COLD_CODE_END

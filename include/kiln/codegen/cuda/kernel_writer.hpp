@@ -18,6 +18,9 @@
 #include "kiln/core/half.hpp"
 #include "kiln/core/philox.hpp"
 #include "kiln/sched/schedule.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen::cuda_detail {
 
@@ -932,3 +935,5 @@ class KernelWriter {
 };
 
 }  // namespace kiln::codegen::cuda_detail
+
+KILN_COLD_CODE_END

@@ -6,6 +6,9 @@
 
 #include "kiln/codegen/cuda/target.hpp"
 #include "kiln/sched/schedule.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen {
 
@@ -92,3 +95,5 @@ inline CudaKernelKind cuda_kernel_kind(const sched::Schedule& s, int kid, const 
 }
 
 }  // namespace kiln::codegen
+
+KILN_COLD_CODE_END

@@ -2,6 +2,9 @@
 // Pointwise kernels: one thread per vector of consecutive elements of the unit-stride loop
 // group, grid-stride over the rest, a scalar tail for what the vectors leave over.
 #include "kiln/codegen/cuda/kernel_writer.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen::cuda_detail {
 
@@ -168,3 +171,5 @@ class PointwiseKernel : public KernelWriter {
 };
 
 }  // namespace kiln::codegen::cuda_detail
+
+KILN_COLD_CODE_END

@@ -1,10 +1,13 @@
 #pragma once
+#include "kiln/core/linkage.hpp"
 // Device-side helpers pasted at the top of every generated CUDA unit, as source text. NVRTC gets
 // no CUDA headers (cuda_fp16.h, cuda_runtime.h), so the 16-bit float conversions and the integer
 // semantics of the reference executor (kiln/backend/reference.hpp) are written here, each piece
 // only when a kernel of the unit needs it. The same text also compiles as host C++ under a thin
 // emulation layer (tests/codegen/cuda_emulator.hpp), which is why the PTX paths are guarded by
 // __CUDA_ARCH__ and have portable equivalents.
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen::cuda_detail {
 
@@ -112,3 +115,5 @@ static __device__ __forceinline__ long long kiln_f2i64(double x) {
 )";
 
 }  // namespace kiln::codegen::cuda_detail
+
+KILN_COLD_CODE_END

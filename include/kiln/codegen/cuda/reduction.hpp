@@ -5,6 +5,9 @@
 // (reductions over all rows), the row-level gathers issued at a row's start and the row
 // cache's reads.
 #include "kiln/codegen/cuda/kernel_writer.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen::cuda_detail {
 
@@ -503,3 +506,5 @@ class ReductionKernel : public KernelWriter {
 };
 
 }  // namespace kiln::codegen::cuda_detail
+
+KILN_COLD_CODE_END

@@ -2,6 +2,9 @@
 // Row reductions: a warp (short rows) or a block per row; the row is read once into
 // registers (or shared memory) when later passes need it again.
 #include "kiln/codegen/cuda/reduction.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen::cuda_detail {
 
@@ -275,3 +278,5 @@ class RowKernel : public ReductionKernel {
 };
 
 }  // namespace kiln::codegen::cuda_detail
+
+KILN_COLD_CODE_END

@@ -1,6 +1,9 @@
 #pragma once
 // Few long rows: every row split over blocks whose partials the last block combines.
 #include "kiln/codegen/cuda/reduction.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen::cuda_detail {
 
@@ -137,3 +140,5 @@ class SplitRowKernel : public ReductionKernel {
 };
 
 }  // namespace kiln::codegen::cuda_detail
+
+KILN_COLD_CODE_END

@@ -5,6 +5,9 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen {
 
@@ -137,3 +140,5 @@ struct CudaSource {
 };
 
 }  // namespace kiln::codegen
+
+KILN_COLD_CODE_END

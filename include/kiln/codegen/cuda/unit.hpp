@@ -13,6 +13,9 @@
 #include "kiln/core/generated.hpp"
 #include "kiln/core/hash.hpp"
 #include "kiln/core/philox.hpp"
+#include "kiln/core/linkage.hpp"
+
+KILN_COLD_CODE_BEGIN
 
 namespace kiln::codegen {
 namespace cuda_detail {
@@ -109,3 +112,5 @@ inline CudaSource generate_cuda(const ir::Graph& g, const sched::Schedule& s, co
 }
 
 }  // namespace kiln::codegen
+
+KILN_COLD_CODE_END

@@ -190,6 +190,34 @@ TEST_CASE("an output that only reshapes a value its segment computes is that val
   }
 }
 
+TEST_CASE("a product's operand that only reshapes a value its segment computes is stored by the kernel computing it") {
+  // An MLP's gelu as the model writes it: h = xw seen as [2, 4, 6] plus c, z = tanh(h); h is
+  // kept ([2, 4, 6], as a forward keeps a gelu's input) and z goes to the next product as
+  // [8, 6]. The temporary the product reads holds z's elements in z's order, so the kernel over
+  // [2, 4, 6] that stores h stores z too; as a reshape it was a second kernel over [8, 6] that
+  // read the first product's result again.
+  NodePtr x = input({8, 4}, f32, 1), w = input({4, 6}, f32, 2), c = input({2, 4, 6}, f32, 3);
+  NodePtr w2 = input({6, 3}, f32, 4);
+  NodePtr h = add(ir::reshape(ir::matmul(x, w), Shape{2, 4, 6}), c);
+  NodePtr z = ir::unary(Op::Tanh, h);
+  for (bool fuse : {false, true}) {
+    auto p = plan_of({ir::matmul(ir::reshape(z, Shape{8, 6}), w2), h}, fuse);
+    REQUIRE(p.calls.size() == 2);
+    REQUIRE(p.segments.size() == 1);
+    const auto& seg = p.segments[0];
+    REQUIRE(seg.outputs.size() == 2);
+    for (std::size_t k = 0; k < seg.outputs.size(); ++k) {
+      CHECK(seg.graph.nodes[static_cast<std::size_t>(seg.graph.outputs[k])].op != Op::Reshape);
+      CHECK(seg.graph.output_strides[k] == Strides{24, 6, 1});
+    }
+    CHECK(kiln::sched::schedule(seg.graph).kernels.size() == 1);
+    // The product reads the temporary as [8, 6].
+    const auto& second = p.calls[1];
+    CHECK(second.a.kind == Slot::Temp);
+    CHECK(second.a.strides == Strides{6, 1});
+  }
+}
+
 TEST_CASE("a cast of a transposed operand is stored in its source's order for cuBLASLt") {
   // The tied head: logits = x @ cast(wte^T); a row-major copy of wte^T would be a scattered write.
   NodePtr x = input({8, 4}, bf16, 1), table = input({6, 4}, f32, 2);

@@ -842,20 +842,27 @@ class StepPlanner {
     return o;
   }
 
-  // What the segment writing graph output k (node o) computes into that memory. An output that
-  // only reshapes a value its segment computes ([B, T, C] returned as [B*T, C], contiguous both
-  // ways) holds the same elements in the same order: the segment writes the value itself, with
-  // its own shape's strides, so the kernel computing it stores it there. As a reshape, the
-  // output would be a kernel of its own over the other shape, copying a temporary (a gelu
+  // What the segment storing node o into memory `slot` computes there. A value that only
+  // reshapes one its segment computes ([B, T, C] returned or passed to a product as [B*T, C],
+  // contiguous both ways) holds the same elements in the same order: the segment writes the
+  // value itself, with its own shape's strides, so the kernel computing it stores it there. As
+  // a reshape it would be a kernel of its own over the other shape, copying a temporary (a gelu
   // backward's [16384, 3072] gradient, 47 us a layer on an H200), or a second kernel that
-  // recomputes the value because the shapes cannot share a loop.
-  std::pair<int, Slot> output_request(int o, int k) const {
-    const Slot out{Slot::Output, k, g_.output_strides[static_cast<std::size_t>(k)]};
-    if (node(o).op != ir::Op::Reshape || !is_contiguous(node(o).shape, out.strides)) return {o, out};
+  // recomputes the value because the shapes cannot share a loop (a gelu's input kept for the
+  // backward over [B, T, 4C] beside its output for the next product over [B*T, 4C]).
+  std::pair<int, Slot> reshape_request(int o, const Slot& slot) const {
+    if (node(o).op != ir::Op::Reshape || !is_contiguous(node(o).shape, slot.strides)) return {o, slot};
     const int x = reshape_source(o);
     const ir::GraphNode& src = node(x);
-    if (src.op == ir::Op::Input || src.op == ir::Op::Constant || is_call_result(x)) return {o, out};
-    return {x, Slot{Slot::Output, k, contiguous_strides(src.shape)}};
+    if (src.op == ir::Op::Input || src.op == ir::Op::Constant || is_call_result(x)) return {o, slot};
+    Slot as_source = slot;
+    as_source.strides = contiguous_strides(src.shape);
+    return {x, as_source};
+  }
+
+  // What the segment writing graph output k (node o) computes into that memory.
+  std::pair<int, Slot> output_request(int o, int k) const {
+    return reshape_request(o, Slot{Slot::Output, k, g_.output_strides[static_cast<std::size_t>(k)]});
   }
 
   // Memory holding node i's value for a later step: requested of the segment of its level.
@@ -875,7 +882,7 @@ class StepPlanner {
     m = temp(i, order);
     const int at = store_level(i);
     stored_at_[static_cast<std::size_t>(i)] = at;
-    requests_[at].push_back({i, m});
+    requests_[at].push_back(reshape_request(i, m));
     return m;
   }
 

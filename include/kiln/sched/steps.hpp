@@ -1492,6 +1492,6 @@ inline std::string StepPlan::str() const {
 
 }  // namespace kiln::sched
 
-#include "kiln/sched/attention_match.hpp"
-
 KILN_COLD_CODE_END
+
+#include "kiln/sched/attention_match.hpp"

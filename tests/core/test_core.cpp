@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <set>
 #include <stdexcept>
@@ -352,6 +354,38 @@ TEST_CASE("stats counters snapshot and reset") {
   reset_stats();
   CHECK(stats().launches == 0);
   CHECK(stats().compiles == 0);
+}
+
+TEST_CASE("linkage: every cold-code region of the headers is closed and includes nothing") {
+  // Header-only mode compiles the code between KILN_COLD_CODE_BEGIN and KILN_COLD_CODE_END
+  // without optimisation (core/linkage.hpp). A header first included from inside a region would
+  // lose its optimisation too, and a region left open would reach whatever follows it.
+  namespace fs = std::filesystem;
+  const fs::path root = fs::path(KILN_SOURCE_DIR) / "include" / "kiln";
+  REQUIRE(fs::is_directory(root));
+  int regions = 0;
+  for (const auto& entry : fs::recursive_directory_iterator(root)) {
+    if (!entry.is_regular_file() || entry.path().extension() != ".hpp") continue;
+    const std::string path = entry.path().string();
+    std::ifstream in(entry.path());
+    std::string line;
+    bool open = false;
+    for (int number = 1; std::getline(in, line); ++number) {
+      if (line == "KILN_COLD_CODE_BEGIN") {
+        CHECK_MESSAGE(!open, path << ":" << number << ": a cold region opened inside another");
+        open = true;
+        ++regions;
+      } else if (line == "KILN_COLD_CODE_END") {
+        CHECK_MESSAGE(open, path << ":" << number << ": a cold region closed that was not open");
+        open = false;
+      } else if (open && line.rfind("#include", 0) == 0) {
+        FAIL_CHECK(path << ":" << number << ": #include inside a cold region");
+      }
+    }
+    CHECK_MESSAGE(!open, path << ": a cold region is not closed");
+  }
+  // The code generators, the scheduler, the reference executor and the compiler's drivers.
+  CHECK(regions >= 30);
 }
 
 }  // namespace kiln_test_core_core

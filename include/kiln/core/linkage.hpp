@@ -11,18 +11,21 @@
 #endif
 
 // KILN_COLD_CODE_BEGIN / KILN_COLD_CODE_END bracket code that runs only when a plan or a kernel
-// is built, never when one is replayed: the scheduler and the code generators. In header-only
-// mode every translation unit that includes kiln compiles that code, and optimising it was most
-// of such a file's build (the one-softmax program: 46 s at -O1, of which about 20 s went to
-// optimising the scheduler and the code generators). There it is compiled without
-// optimisation; what it costs is a few milliseconds more when a new graph is planned. Compiled
-// mode builds it once, optimised, and defining KILN_OPTIMIZE_COLD_CODE keeps the optimisation
-// in header-only mode too. The brackets go after a header's #include lines, so that a header
-// included from cold code keeps its own optimisation.
-#if !defined(KILN_COMPILED_LIBRARY) && !defined(KILN_OPTIMIZE_COLD_CODE) && defined(__clang__)
+// is built, never when one is replayed: the scheduler, the code generators, the compiler
+// drivers and caches around kernel builds, and the reference executor (Mode::Eager, or no C++
+// compiler). In header-only mode every translation unit that includes kiln compiles that code,
+// and optimising it was most of such a file's build (the one-softmax program: 50.8 s at -O1,
+// 32.3 s with it unoptimised). There it is compiled without optimisation; compiled mode builds
+// it once, optimised, and defining KILN_OPTIMIZE_COLD_CODE keeps the optimisation in
+// header-only mode too. The brackets go after a header's #include lines (tests/core checks
+// it), so that a header first included from cold code keeps its own optimisation.
+#if defined(KILN_COMPILED_LIBRARY) || defined(KILN_OPTIMIZE_COLD_CODE)
+#define KILN_COLD_CODE_BEGIN
+#define KILN_COLD_CODE_END
+#elif defined(__clang__)
 #define KILN_COLD_CODE_BEGIN _Pragma("clang optimize off")
 #define KILN_COLD_CODE_END _Pragma("clang optimize on")
-#elif !defined(KILN_COMPILED_LIBRARY) && !defined(KILN_OPTIMIZE_COLD_CODE) && defined(__GNUC__)
+#elif defined(__GNUC__)
 #define KILN_COLD_CODE_BEGIN _Pragma("GCC push_options") _Pragma("GCC optimize(\"O0\")")
 #define KILN_COLD_CODE_END _Pragma("GCC pop_options")
 #else

@@ -593,8 +593,10 @@ OpDesc binary_row(const char* name, DTypeSet accepts, rules::Binary rule, const 
       case rules::Binary::Arith:
         break;
       case rules::Binary::NoBool:
-        // semantics.md: `bool - bool` is a DTypeError (as PyTorch).
+        // semantics.md: a subtraction with any bool tensor is a DTypeError (as PyTorch).
         if (common == bool_) return std::nullopt;
+        for (auto& o : op.args)
+          if (!o.is_number() && p.info(o.value).dtype == bool_) return std::nullopt;
         break;
       case rules::Binary::Pow:
         if (common == bool_) return std::nullopt;

@@ -94,6 +94,9 @@ TEST_CASE("wrong dtypes: DTypeError naming the op, the dtypes and the shapes") {
   KILN_CHECK_THROWS_MENTIONING(DTypeError, layer_norm(in.i23), "layer_norm", "int32", "[2, 3]");
   KILN_CHECK_THROWS_MENTIONING(DTypeError, rms_norm(in.b23), "rms_norm", "bool", "[2, 3]");
   KILN_CHECK_THROWS_MENTIONING(DTypeError, (void)(in.b23 - in.b23), "sub", "bool", "[2, 3]");
+  KILN_CHECK_THROWS_MENTIONING(DTypeError, (void)(in.f23 - in.b23), "sub", "bool", "[2, 3]");
+  KILN_CHECK_THROWS_MENTIONING(DTypeError, (void)(in.b23 - 1), "sub", "bool", "[2, 3]");
+  KILN_CHECK_THROWS_MENTIONING(DTypeError, (void)(1.5f - in.b23), "sub", "bool", "[2, 3]");
   KILN_CHECK_THROWS_MENTIONING(DTypeError, (void)(-in.b23), "neg", "bool", "[2, 3]");
   KILN_CHECK_THROWS_MENTIONING(DTypeError, (void)(pow(in.b23, in.b23)), "pow", "bool", "[2, 3]");
   KILN_CHECK_THROWS_MENTIONING(DTypeError, (void)(where(in.i23, in.f23, in.f23)), "where", "int32", "[2, 3]");

@@ -110,6 +110,15 @@ TEST_CASE("masked_fill writes a value where the (broadcast) mask holds") {
   CHECK_THROWS_AS(masked_fill(m, row, counting({2})), ShapeError);
   CHECK_THROWS_AS(masked_fill(m, m, 1), DTypeError);
   CHECK_THROWS_AS(masked_fill(m, kt::make_tensor({1, 0}, {2}, bool_), 1), ShapeError);
+  // A value the dtype cannot hold is an error, as PyTorch's "cannot be converted ... without
+  // overflow"; the floats' infinities and NaN are values they hold.
+  KILN_CHECK_THROWS_MENTIONING(ValueError, masked_fill(ints, ints > 0, -INFINITY), "masked_fill", "int32", "overflow");
+  CHECK_THROWS_AS(masked_fill(ints, ints > 0, NAN), ValueError);
+  CHECK_THROWS_AS(masked_fill(ints, ints > 0, 3e9), ValueError);
+  CHECK_THROWS_AS(masked_fill(m.to(f16), row, 1e5), ValueError);
+  check(masked_fill(m.to(f16), row, -INFINITY).to(f32), {2, 3}, {-INFINITY, 1, -INFINITY, -INFINITY, 4, -INFINITY});
+  check(masked_fill(counting({3}, i64), kt::make_tensor({1, 0, 0}, {3}, bool_), -2147483649.0), {3},
+        {-2147483649.0, 1, 2});
 }
 
 TEST_CASE("one_hot: int64 rows, any index shape, the class count inferred or checked") {

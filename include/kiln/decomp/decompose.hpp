@@ -59,14 +59,6 @@ inline NodePtr horner(const NodePtr& t, std::initializer_list<double> c) {
   return s;
 }
 
-// x >= -FLT_MAX (-DBL_MAX): -inf becomes the lowest finite value, NaN stays NaN. A tail of the
-// form x * tiny then gives -0 at -inf instead of -inf * 0 = NaN.
-inline NodePtr finite_below(const NodePtr& x) {
-  double lowest =
-      x->dtype == DType::Float64 ? std::numeric_limits<double>::lowest() : std::numeric_limits<float>::lowest();
-  return ir::binary(Op::Maximum, x, scalar_like(lowest, x));
-}
-
 // Phi(-a) exp(a^2/2) = erfc(a/sqrt2) exp(a^2/2) / 2 for a >= 0.7 (the scaled complementary error
 // function; smooth, ~0.4/a). Two weighted minimax polynomials joined by a select: in a - mid up
 // to `split`, and a * G(a) = H(1/a^2) beyond (an asymptotic variable). Relative errors of the
@@ -123,7 +115,7 @@ inline NodePtr gelu_erf(const NodePtr& v) {
   NodePtr t = neg(mul(mul(sub(a, h), add(a, h)), half));  // -d
   NodePtr e_lo = f64 ? horner(t, {1.0, 1.0, 0.5, 1.0 / 6}) : horner(t, {1.0, 1.0, 0.5, 1.0 / 6, 1.0 / 24});
   NodePtr g = mul(gauss_tail_scaled(a), e_lo);
-  NodePtr lower = mul(mul(finite_below(v), g), e_hi);
+  NodePtr lower = mul(mul(v, g), e_hi);  // -inf * 0 = NaN at -inf, as PyTorch
   NodePtr upper = mul(v, sub(one, mul(g, e_hi)));
   NodePtr q = f64 ? horner(mul(v, v), {0x1.9884533d43651p-2, -0x1.1058377e2cec1p-4, 0x1.46d0429765d63p-7,
                                        -0x1.37403f697ce12p-10, 0x1.e42b0beae478bp-14, -0x1.3ce8b888f7128p-17,
@@ -154,19 +146,19 @@ inline NodePtr relu(const NodePtr& x) {
 
 /// x * sigmoid(x). The negative tail is x e/(1+e) with e = exp(-|x|/2)^2 and the product taken
 /// as (x E) E: exp(-|x|) alone turns subnormal at -87.3 while x e is still normal down to -91.8
-/// (f32); silu(-inf) = -0.
+/// (f32); silu(-inf) is NaN (-inf * 0), as PyTorch's x * sigmoid(x) on every device.
 inline NodePtr silu(const NodePtr& x) {
   return in_compute_dtype(x, [](const NodePtr& v) {
     NodePtr one = scalar_like(1.0, v);
     NodePtr e_half = detail::exp(detail::neg(mul(ir::unary(Op::Abs, v), scalar_like(0.5, v))));
-    NodePtr tail = mul(mul(detail::finite_below(v), e_half), e_half);
+    NodePtr tail = mul(mul(v, e_half), e_half);
     return div(ir::where(detail::cmp(Op::Ge, v, 0.0), v, tail), add(one, mul(e_half, e_half)));
   });
 }
 
 /// GELU: exact (erf) form, or the tanh approximation. Both are evaluated without the
 /// cancellation of 1 + erf / 1 + tanh at negative x (docs/performance-math.md has the bounds);
-/// gelu(-inf) = -0.
+/// gelu(-inf) is NaN, as PyTorch's (x times a CDF that is 0 there).
 /// Attaches `rule` as the gradient of the composite result `out` built from `inputs` (when
 /// gradients are being recorded through one of them): see ir::CustomGradient.
 inline NodePtr with_gradient(NodePtr out, std::vector<NodePtr> inputs,
@@ -213,7 +205,7 @@ inline NodePtr gelu_value(const NodePtr& x, bool tanh_approx) {
     NodePtr cube = mul(mul(v, v), v);
     NodePtr u = mul(scalar_like(std::sqrt(2.0 / std::numbers::pi), v), add(v, mul(scalar_like(0.044715, v), cube)));
     NodePtr e_half = detail::exp(detail::neg(ir::unary(Op::Abs, u)));
-    NodePtr tail = mul(mul(detail::finite_below(v), e_half), e_half);
+    NodePtr tail = mul(mul(v, e_half), e_half);
     return div(ir::where(detail::cmp(Op::Ge, v, 0.0), v, tail), add(scalar_like(1.0, v), mul(e_half, e_half)));
   });
 }

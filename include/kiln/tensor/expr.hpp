@@ -224,7 +224,9 @@ inline BinaryTypes binary_result(Fn f, DType common, DType a, DType b, const Sma
     default:
       break;
   }
-  if (common == DType::Bool && (f == Fn::Sub || f == Fn::Pow)) refuse("not supported for bool tensors");
+  // PyTorch refuses a subtraction with any bool operand (use logical_not / xor for masks).
+  if (f == Fn::Sub && (a == DType::Bool || b == DType::Bool)) refuse("subtraction with a bool tensor is not supported");
+  if (common == DType::Bool && f == Fn::Pow) refuse("not supported for bool tensors");
   return {common, common};
 }
 

@@ -133,11 +133,19 @@ requires TensorLike<E> Tensor triu(const E& x, std::int64_t k = 0) {
   return detail::triangle(detail::to_tensor(x), k, false, "triu");
 }
 
+namespace detail {
+/// ValueError unless `value` converts to t's dtype without overflow, as PyTorch's scalar check:
+/// integers take finite values within their range, f16/bf16 finite values within theirs (the
+/// infinities and NaN pass), bool and the wider floats anything.
+KILN_ENTRY void check_fill_value(double value, const Tensor& t, const char* op);
+}  // namespace detail
+
 /// `value` where `mask` is true, else x (mask broadcasts to x's shape; value is cast to x's
 /// dtype as `to` casts), as torch.Tensor.masked_fill.
 template <class E>
 requires TensorLike<E> Tensor masked_fill(const E& x, const Tensor& mask, double value) {
   Tensor t = detail::to_tensor(x);
+  detail::check_fill_value(value, t, "masked_fill");
   return detail::masked_fill_with(t, mask, ir::constant(value, t.dtype(), t.shape(), t.device()));
 }
 

@@ -45,6 +45,24 @@ KILN_ENTRY Tensor triangle(const Tensor& t, std::int64_t k, bool lower, const ch
   return Tensor(ir::where(triangle_mask(t.shape(), k, lower, t.device()), t.node(), zero));
 }
 
+KILN_ENTRY void check_fill_value(double value, const Tensor& t, const char* op) {
+  const DType dt = t.dtype();
+  double lo = 0, hi = 0;
+  switch (dt) {
+    case DType::Int32: lo = -2147483648.0, hi = 2147483647.0; break;
+    case DType::Int64: lo = -9223372036854775808.0, hi = 9223372036854775807.0; break;
+    case DType::Float16: lo = -65504.0, hi = 65504.0; break;
+    case DType::BFloat16: lo = -3.3895313892515355e38, hi = 3.3895313892515355e38; break;
+    default: return;
+  }
+  const bool integer = dt == DType::Int32 || dt == DType::Int64;
+  // A float value beyond the largest finite one still rounds to it within half an ulp; PyTorch
+  // compares in double, as here (its check allows the rounding of finite values, not inf).
+  if ((integer && !std::isfinite(value)) || (std::isfinite(value) && (value < lo || value > hi)))
+    throw ValueError(std::string(op) + ": value " + std::to_string(value) + " cannot be converted to " +
+                     dtype_name(dt) + " without overflow (input " + describe(t) + ")");
+}
+
 KILN_ENTRY Tensor masked_fill_with(const Tensor& t, const Tensor& mask, const ir::NodePtr& value) {
   Tensor m = to_tensor(mask);
   check_same_device(t.device(), m.device(), "masked_fill");

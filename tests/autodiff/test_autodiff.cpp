@@ -175,6 +175,38 @@ TEST_CASE("autograd: special values follow PyTorch (relu'(0), abs'(0), sqrt'(0),
   Tensor p = vals({2, 0, 3}, {3}).requires_grad_();
   prod(p).backward();  // one zero: only it gets the product of the others
   CHECK(p.grad().to_vector<double>() == std::vector<double>{0, 6, 0});
+  // sigmoid'(0) = 1/4 (its own rule; through |x| it was 0), log(sigmoid(0))' = 1/2
+  Tensor s0 = vals({0, -0.0, 2}, {3}).requires_grad_();
+  sum(sigmoid(s0) + log(sigmoid(s0))).backward();
+  std::vector<double> sg = s0.grad().to_vector<double>();
+  CHECK(sg[0] == doctest::Approx(0.75));
+  CHECK(sg[1] == doctest::Approx(0.75));
+  CHECK(sg[2] == doctest::Approx(0.104993585 + 0.119202922));
+  // asinh, atanh at 0 and acosh: PyTorch's rules (1 / sqrt(x^2 + 1), 1 / (1 - x^2), 1 / sqrt(x^2 - 1))
+  Tensor h0 = vals({0, 0.5}, {2}).requires_grad_();
+  sum(asinh(h0) + atanh(h0)).backward();
+  CHECK(h0.grad().to_vector<double>()[0] == doctest::Approx(2.0));
+  CHECK(h0.grad().to_vector<double>()[1] == doctest::Approx(1 / std::sqrt(1.25) + 1 / 0.75));
+  Tensor a2 = vals({2}, {1}).requires_grad_();
+  sum(acosh(a2)).backward();
+  CHECK(a2.grad().to_vector<double>()[0] == doctest::Approx(1 / std::sqrt(3.0)));
+  // clamp passes the gradient wherever lo <= x <= hi, the bounds included (torch.clamp)
+  Tensor cl = vals({-1, -0.5, 0, 0.5, 1}, {5}).requires_grad_();
+  sum(clamp(cl, -0.5, 0.5)).backward();
+  CHECK(cl.grad().to_vector<double>() == std::vector<double>{0, 1, 1, 1, 0});
+  // an empty gather still comes from its input: the gradient is zeros, not an error
+  Tensor e = vals({1, 2, 3, 4}, {2, 2}).requires_grad_();
+  Tensor picked = index_select(e, 0, from_vector<std::int64_t>({}, {0}, device()));
+  CHECK(picked.requires_grad());
+  sum(picked).backward();
+  CHECK(e.grad().to_vector<double>() == std::vector<double>{0, 0, 0, 0});
+  sum(std::get<0>(topk(e, 0, 1))).backward();  // k = 0: the same
+  CHECK(e.grad().to_vector<double>() == std::vector<double>{0, 0, 0, 0});
+  // cumprod through zeros, as PyTorch: the first zero gets the products of the others, the
+  // positions after it nothing (a rule of out / x would give NaN and inf here).
+  Tensor c = vals({2, 0, 3, 0, 5, 0, 2, 3, 1, 1}, {2, 5}).requires_grad_();
+  sum(cumprod(c, 1)).backward();
+  CHECK(c.grad().to_vector<double>() == std::vector<double>{1, 8, 0, 0, 0, 21, 0, 0, 0, 0});
 }
 
 TEST_CASE("autograd: gradcheck of the pointwise rules") {

@@ -106,6 +106,23 @@ TEST_CASE("creation helpers: full_like, zeros_like, ones_like, empty, empty_like
   CHECK(src.to_vector<float>() == std::vector<float>(3, 5.0f));
   CHECK(clone(kt::make_tensor({1, 0}, {2}, DType::Bool)).to_vector<bool>() == std::vector<bool>{true, false});
 
+  // clone and contiguous() are differentiable, also of an evaluated leaf (copied now); contiguous()
+  // of a transposed view is a row-major copy, of a row-major tensor the tensor itself.
+  {
+    Tensor w = kt::make_tensor({1, 2, 3, 4, 5, 6}, {2, 3}, DType::Float32).eval().requires_grad_();
+    Tensor wc = clone(w);
+    CHECK(wc.is_evaluated());
+    CHECK(wc.requires_grad());
+    Tensor wt = transpose(w, 0, 1);
+    Tensor tc = wt.contiguous();
+    CHECK(tc.shape() == Shape{3, 2});
+    CHECK(tc.to_vector<float>() == std::vector<float>{1, 4, 2, 5, 3, 6});
+    std::vector<Tensor> g = autograd::grad({sum(wc * 2.0f) + sum(tc * kt::make_tensor({1, 2, 3, 4, 5, 6}, {3, 2}, DType::Float32))}, {w});
+    CHECK(g[0].to_vector<float>() == std::vector<float>{3, 5, 7, 4, 6, 8});
+    Tensor plain = kt::make_tensor({1, 2}, {2}, DType::Float32).eval();
+    CHECK(plain.contiguous().node() == plain.node());
+  }
+
   Tensor r = reshape(arange(10), {2, 5});
   std::vector<Tensor> parts = split(r, 2, 1);
   REQUIRE(parts.size() == 3);

@@ -450,9 +450,21 @@ template <> struct Vjp<Op::Scan> {
       case ir::ScanKind::Sum:
         return {reverse_cumsum(g)};
       case ir::ScanKind::Prod: {
-        // d out_j / d x_i = out_j / x_i (j >= i) where x_i != 0; PyTorch's exact handling of
-        // zeros (the product of the others) is not reproduced: a zero input gives inf or NaN.
-        return {div(reverse_cumsum(mul(g, n)), x)};
+        // d out_j / d x_i = the product of x_m for m <= j, m != i (j >= i), zeros included, as
+        // PyTorch's cumprod_backward:
+        // - before the row's first zero: sum_{j >= i} g_j out_j / x_i (x_i is not 0 there);
+        // - at the first zero k: sum_{j >= k} g_j cumprod(y)_j, y = x with x_k replaced by 1 (the
+        //   product of the others; a later zero makes the later terms 0 by itself);
+        // - after it: 0 (every product left holds x_k = 0).
+        NodePtr one = constant_like(x, 1.0);
+        NodePtr is_zero = compare(Op::Eq, x, zeros_like(x));
+        NodePtr zeros_so_far = ir::scan(ir::cast(is_zero, DType::Int64), axis, ir::ScanKind::Sum, DType::Int64);
+        NodePtr before = compare(Op::Eq, zeros_so_far, zeros_like(zeros_so_far));
+        NodePtr first_zero = ir::binary(Op::And, is_zero, compare(Op::Eq, zeros_so_far, constant_like(zeros_so_far, 1.0)));
+        NodePtr y = ir::where(first_zero, one, x);
+        NodePtr at_zero = reverse_cumsum(mul(g, ir::scan(y, axis, ir::ScanKind::Prod, y->dtype)));
+        NodePtr ahead = div(reverse_cumsum(mul(g, n)), ir::where(before, x, one));
+        return {ir::where(before, ahead, ir::where(first_zero, at_zero, zeros_like(g)))};
       }
       case ir::ScanKind::Max:
       case ir::ScanKind::Min: {

@@ -127,9 +127,11 @@ inline NodePtr gelu_erf(const NodePtr& v) {
 
 }  // namespace detail
 
+inline NodePtr sigmoid(const NodePtr& x);
+
 /// 1/(1+exp(-x)), as 1/(1+e) for x >= 0 and e/(1+e) below with e = exp(-|x|): exp never
 /// overflows, and the tail below -88 (f32) keeps its subnormal value instead of flushing to 0.
-inline NodePtr sigmoid(const NodePtr& x) {
+inline NodePtr sigmoid_value(const NodePtr& x) {
   return in_compute_dtype(x, [](const NodePtr& v) {
     NodePtr one = scalar_like(1.0, v);
     NodePtr e = detail::exp(detail::neg(ir::unary(Op::Abs, v)));
@@ -189,6 +191,18 @@ inline NodePtr gelu_backward(const NodePtr& x, const NodePtr& g, bool tanh_appro
 }
 
 inline NodePtr gelu_value(const NodePtr& x, bool tanh_approx);
+
+/// sigmoid with PyTorch's rule g s (1 - s), s the result: the piecewise value is not built to be
+/// differentiated (through |x| its derivative at 0 would be 0, not 1/4).
+inline NodePtr sigmoid(const NodePtr& x) {
+  return with_gradient(sigmoid_value(x), {x}, [x](const NodePtr& out, const NodePtr& g) {
+    NodePtr gx = in_compute_dtype(x, [&](const NodePtr& v) {
+      NodePtr s = ir::cast(out, v->dtype);
+      return mul(mul(ir::cast(g, v->dtype), s), sub(scalar_like(1.0, v), s));
+    });
+    return std::vector<NodePtr>{ir::cast(gx, x->dtype)};
+  });
+}
 
 /// x Phi(x) (or its tanh approximation), with its own gradient rule: the accurate piecewise
 /// value is not built to be differentiated (its untaken branches overflow).

@@ -11,6 +11,10 @@
 
 namespace kiln::decomp {
 
+inline NodePtr asinh_value(const NodePtr& x);
+inline NodePtr acosh_value(const NodePtr& x);
+inline NodePtr atanh_value(const NodePtr& x);
+
 namespace elementwise_detail {
 inline NodePtr lt0(const NodePtr& x) { return ir::binary(Op::Lt, x, scalar_like(0.0, x)); }
 inline NodePtr abs(const NodePtr& x) { return ir::unary(Op::Abs, x); }
@@ -65,9 +69,29 @@ inline NodePtr cosh(const NodePtr& x) {
   });
 }
 
+namespace elementwise_detail {
+/// `value` (an inverse hyperbolic function of x) with PyTorch's gradient rule g * d(x), d
+/// evaluated in x's compute dtype: the piecewise forms are not built to be differentiated
+/// (|x| has no derivative at 0, and the untaken branches' terms would join in).
+template <class D>
+NodePtr with_derivative(const NodePtr& value, const NodePtr& x, D derivative) {
+  return with_gradient(value, {x}, [x, derivative](const NodePtr&, const NodePtr& g) {
+    NodePtr gx = in_compute_dtype(x, [&](const NodePtr& v) { return mul(ir::cast(g, v->dtype), derivative(v)); });
+    return std::vector<NodePtr>{ir::cast(gx, x->dtype)};
+  });
+}
+}  // namespace elementwise_detail
+
 /// asinh: log1p(a + a^2 / (1 + sqrt(1 + a^2))) for a = |x| (exact near 0), log(a) + ln 2 where
-/// a^2 would overflow; odd.
+/// a^2 would overflow; odd. Gradient g / sqrt(x^2 + 1), as PyTorch's.
 inline NodePtr asinh(const NodePtr& x) {
+  using namespace elementwise_detail;
+  return with_derivative(asinh_value(x), x, [](const NodePtr& v) {
+    return ir::unary(Op::Rsqrt, add(mul(v, v), scalar_like(1.0, v)));
+  });
+}
+
+inline NodePtr asinh_value(const NodePtr& x) {
   using namespace elementwise_detail;
   return in_compute_dtype(x, [](const NodePtr& v) {
     NodePtr a = abs(v);
@@ -81,8 +105,15 @@ inline NodePtr asinh(const NodePtr& x) {
 }
 
 /// acosh: log1p(t + sqrt(t (t + 2))) with t = x - 1 (exact near 1), log(x) + ln 2 where the
-/// product would overflow; NaN below 1.
+/// product would overflow; NaN below 1. Gradient g / sqrt(x^2 - 1), as PyTorch's.
 inline NodePtr acosh(const NodePtr& x) {
+  using namespace elementwise_detail;
+  return with_derivative(acosh_value(x), x, [](const NodePtr& v) {
+    return ir::unary(Op::Rsqrt, sub(mul(v, v), scalar_like(1.0, v)));
+  });
+}
+
+inline NodePtr acosh_value(const NodePtr& x) {
   using namespace elementwise_detail;
   return in_compute_dtype(x, [](const NodePtr& v) {
     NodePtr t = sub(v, scalar_like(1.0, v));
@@ -99,6 +130,14 @@ inline NodePtr acosh(const NodePtr& x) {
 /// 0), and near ±1 the small one of 1 ± x is exact inside log1p (a quotient (1+x)/(1-x) would
 /// round there and lose a third of the bits); ±inf at ±1, NaN beyond, -0 stays -0.
 inline NodePtr atanh(const NodePtr& x) {
+  using namespace elementwise_detail;
+  // Gradient g / (1 - x^2), as PyTorch's.
+  return with_derivative(atanh_value(x), x, [](const NodePtr& v) {
+    return div(scalar_like(1.0, v), sub(scalar_like(1.0, v), mul(v, v)));
+  });
+}
+
+inline NodePtr atanh_value(const NodePtr& x) {
   return in_compute_dtype(x, [](const NodePtr& v) {
     NodePtr d = sub(ir::unary(Op::Log1p, v), ir::unary(Op::Log1p, ir::unary(Op::Neg, v)));
     return mul(d, scalar_like(0.5, v));

@@ -222,14 +222,24 @@ requires TensorLike<E> Tensor clone(const E& x) {
   Tensor t(x);
   if (!t.defined()) throw Error("clone: operation on an undefined Tensor (default-constructed)");
   const ir::NodePtr& n = t.node();
-  if (n->realized() && !detail::deferring_eval()) return Tensor(detail::contiguous_copy(n));
   // An identity that is a node of its own: x + (-0.0) is x for every float (-0 included), x + 0
-  // for integers, x || false for bools.
-  if (n->dtype == DType::Bool)
-    return Tensor(ir::binary(ir::Op::Or, n, ir::constant(0.0, n->dtype, n->shape, n->device)));
-  return Tensor(
-      ir::binary(ir::Op::Add, n, ir::constant(is_floating(n->dtype) ? -0.0 : 0.0, n->dtype, n->shape, n->device)));
+  // for integers, x || false for bools. It records the gradient (clone is differentiable).
+  auto identity = [&] {
+    if (n->dtype == DType::Bool) return Tensor(ir::binary(ir::Op::Or, n, ir::constant(0.0, n->dtype, n->shape, n->device)));
+    return Tensor(
+        ir::binary(ir::Op::Add, n, ir::constant(is_floating(n->dtype) ? -0.0 : 0.0, n->dtype, n->shape, n->device)));
+  };
+  if (n->realized() && !detail::deferring_eval()) {
+    if (t.requires_grad()) return identity().eval();  // copied now, and its gradient flows to t
+    return Tensor(detail::contiguous_copy(n));
+  }
+  return identity();
 }
+
+/// This tensor if its layout is row-major dense, else a row-major copy of it (as
+/// torch.Tensor.contiguous; differentiable). A lazy tensor is always contiguous: it is
+/// evaluated row-major.
+inline Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(*this); }
 
 }  // namespace kiln
 

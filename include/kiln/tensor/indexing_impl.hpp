@@ -45,7 +45,19 @@ KILN_ENTRY void check_gather_source(const Tensor& x, const Tensor& index, std::i
 }
 
 KILN_ENTRY Tensor gather_nodes(const Tensor& x, const ir::NodePtr& index, std::int64_t axis, ir::GatherSite site) {
-  if (index->shape.numel() == 0) return Tensor(ir::constant(0.0, x.dtype(), index->shape, x.device()));
+  if (index->shape.numel() == 0) {
+    // Nothing to read, but the (empty) result still comes from x: where x records gradients, its
+    // gradient reaches x as zeros (as PyTorch's), so a loss built on it differentiates.
+    ir::NodePtr out = ir::constant(0.0, x.dtype(), index->shape, x.device());
+    const ir::NodePtr& xn = x.node();
+    if (ir::records_grad(xn)) {
+      out->requires_grad = true;
+      decomp::with_gradient(out, {xn}, [xn](const ir::NodePtr&, const ir::NodePtr&) {
+        return std::vector<ir::NodePtr>{ir::constant(0.0, xn->dtype, xn->shape, xn->device)};
+      });
+    }
+    return Tensor(out);
+  }
   return Tensor(ir::gather(x.node(), index, axis, site));
 }
 

@@ -146,8 +146,17 @@ auto clamp_operand(const T& v, DType dtype) {
 }
 }  // namespace detail
 
+/// Elements of a where cond is true, else of b (cond must be bool; a, b tensors or numbers).
+template <class C, class A, class B>
+requires TensorLike<C> &&
+    (TensorLike<A> || Scalar<A>)&&(TensorLike<B> || Scalar<B>)auto where(const C& cond, const A& a, const B& b) {
+  return WhereExpr<detail::expr_t<C>, detail::operand_t<A>, detail::operand_t<B>>(
+      cond.derived(), detail::as_operand(a), detail::as_operand(b));
+}
+
 /// min(max(x, lo), hi), NaN propagating (torch.clamp). The dtype is torch.result_type over
-/// all three operands at once, not pairwise.
+/// all three operands at once, not pairwise. The gradient reaches x wherever lo <= x <= hi,
+/// the bounds included, as PyTorch's (a maximum's tie would split it with the bound).
 template <class A, class L, class H>
 requires TensorLike<A> &&(TensorLike<L> || Scalar<L>)&&(TensorLike<H> || Scalar<H>)Tensor
     clamp(const A& x, const L& lo, const H& hi) {
@@ -156,16 +165,30 @@ requires TensorLike<A> &&(TensorLike<L> || Scalar<L>)&&(TensorLike<H> || Scalar<
   rt.add(detail::info_of(detail::as_operand(lo)));
   rt.add(detail::info_of(detail::as_operand(hi)));
   const DType dt = rt.result();
-  return minimum(maximum(detail::clamp_operand(x.derived(), dt), detail::clamp_operand(lo, dt)),
-                 detail::clamp_operand(hi, dt));
-}
-
-/// Elements of a where cond is true, else of b (cond must be bool; a, b tensors or numbers).
-template <class C, class A, class B>
-requires TensorLike<C> &&
-    (TensorLike<A> || Scalar<A>)&&(TensorLike<B> || Scalar<B>)auto where(const C& cond, const A& a, const B& b) {
-  return WhereExpr<detail::expr_t<C>, detail::operand_t<A>, detail::operand_t<B>>(
-      cond.derived(), detail::as_operand(a), detail::as_operand(b));
+  Tensor v = detail::clamp_operand(x.derived(), dt);
+  // Bounds as tensors of the result dtype (a number would promote an integer where()).
+  auto bound = [&](const auto& b) -> Tensor {
+    if constexpr (Scalar<std::remove_cvref_t<decltype(b)>>)
+      return Tensor(ir::constant(static_cast<double>(b), dt, Shape{}, v.device()));
+    else
+      return detail::clamp_operand(b, dt);
+  };
+  const Tensor l = bound(lo), h = bound(hi);
+  try {
+    (void)broadcast_shapes(broadcast_shapes(v.shape(), l.shape(), "clamp"), h.shape(), "clamp");
+  } catch (const ShapeError&) {
+    throw ShapeError("clamp: input " + std::string(dtype_name(v.dtype())) + v.shape().str() + ", min " +
+                     dtype_name(l.dtype()) + l.shape().str() + " and max " + dtype_name(h.dtype()) + h.shape().str() +
+                     " cannot be broadcast together");
+  }
+  // x where x >= lo (a NaN x too), else lo (a NaN lo too); then that where <= hi, else hi. A
+  // bound above the other gives hi, as min(max(x, lo), hi).
+  if (!is_floating(dt)) {
+    Tensor low = where(v >= l, v, l);
+    return where(low <= h, low, h);
+  }
+  Tensor low = where(logical_or(v >= l, isnan(v)), v, l);
+  return where(logical_or(low <= h, isnan(low)), low, h);
 }
 
 }  // namespace kiln

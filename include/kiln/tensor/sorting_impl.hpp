@@ -2,6 +2,7 @@
 // The definitions of sorting and selection (tensor/sorting.hpp). Header-only mode includes them from that
 // header (KILN_ENTRY is `inline`); compiled mode compiles them once into kiln::kiln_compiled
 // (src/kiln_compiled.cpp), so users' translation units parse the declarations only.
+#include "kiln/tensor/indexing.hpp"
 #include "kiln/tensor/sorting.hpp"
 
 namespace kiln {
@@ -17,7 +18,7 @@ KILN_ENTRY std::tuple<Tensor, Tensor> sorted_along(const Tensor& input, std::int
                      std::to_string(dim) + " of size " + std::to_string(len) + " (input " + describe(x) + ")");
   ir::NodePtr n = x.dim() == 0 ? ir::reshape(x.node(), Shape{1}) : x.node();
   ir::NodePtr positions = ir::sort(n, axis, k, descending);
-  ir::NodePtr values = ir::gather(n, positions, axis, ir::GatherSite::Gather);
+  ir::NodePtr values = gather_nodes(Tensor(n), positions, axis, ir::GatherSite::Gather).node();
   if (x.dim() == 0) return {Tensor(ir::reshape(values, Shape{})), Tensor(ir::reshape(positions, Shape{}))};
   return {Tensor(values), Tensor(positions)};
 }

@@ -157,6 +157,9 @@ class Tensor : public Expr<Tensor> {
   Strides strides() const { return checked().realized() ? node_->buffer->strides : contiguous_strides(node_->shape); }
   /// True when the layout is row-major dense.
   bool is_contiguous() const { return kiln::is_contiguous(shape(), strides()); }
+  /// This tensor if is_contiguous(), else a row-major copy (torch.Tensor.contiguous; defined
+  /// in tensor/creation.hpp).
+  Tensor contiguous() const;
 
   /// Pointer to the first element of the evaluated tensor on its device (evaluates).
   /// T must match dtype(); use strides() to address elements.

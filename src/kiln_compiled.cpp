@@ -28,6 +28,7 @@
 #include "kiln/tensor/autograd_impl.hpp"
 #include "kiln/tensor/autocast_impl.hpp"
 #include "kiln/tensor/linalg_impl.hpp"
+#include "kiln/tensor/losses_impl.hpp"
 #include "kiln/tensor/print_impl.hpp"
 #include "kiln/tensor/scans_impl.hpp"
 #include "kiln/tensor/shape_ops_impl.hpp"

@@ -439,15 +439,25 @@ inline NodePtr rms_norm(const NodePtr& x, const NodePtr& weight, double eps) {
   });
 }
 
-/// Mean negative log-likelihood of `targets` (Int64 [N]) under softmax(logits [N, C]);
-/// targets equal to `ignore_index` do not count (PyTorch's default -100).
+/// How a loss folds its per-row (or per-element) values, as PyTorch's `reduction`.
+enum class Reduction : std::uint8_t {
+  Mean,  ///< the mean over the counted values (PyTorch's default)
+  Sum,   ///< their sum
+  None,  ///< no folding: one value per row (or element)
+};
+
+/// Negative log-likelihood of `targets` (Int64 [N]) under softmax(logits [N, C]), folded by
+/// `reduction`; targets equal to `ignore_index` do not count (PyTorch's default -100: their row
+/// is 0 and the mean is over the other rows). With `label_smoothing` e each row's loss is
+/// (1 - e) nll + e (-mean over classes of log p), as PyTorch's.
 ///
 /// logp[target] = (x[target] - max) - log(sum(exp(x - max))): the row's max and sum of exp are
 /// one pass over the logits (the online max/sum of exp), x[target] one gathered element per row,
 /// instead of a third pass over log_softmax's output. Ignored rows read class 0 and contribute 0
 /// through `where`, so they are skipped as in ATen (their logits, even NaN, do not count); any
 /// other target outside [0, C) is an IndexError from the kernel that reads it.
-inline NodePtr cross_entropy(const NodePtr& logits, const NodePtr& targets, std::int64_t ignore_index) {
+inline NodePtr cross_entropy(const NodePtr& logits, const NodePtr& targets, std::int64_t ignore_index,
+                             Reduction reduction = Reduction::Mean, double label_smoothing = 0.0) {
   NodePtr vv, m, lse, valid, at, count;  // the forward's pieces, for the gradient rule
   NodePtr out = in_compute_dtype(logits, [&](const NodePtr& v) {
     const Shape& s = v->shape;           // [N, C]
@@ -458,22 +468,41 @@ inline NodePtr cross_entropy(const NodePtr& logits, const NodePtr& targets, std:
     valid = ir::binary(Op::Ne, tn, ir::constant_int(ignore_index, DType::Int64, tn->shape, v->device));
     at = ir::where(valid, tn, ir::constant_int(0, DType::Int64, tn->shape, v->device));
     NodePtr picked_x = ir::gather(v, at, 1, ir::GatherSite::CrossEntropy);  // [N,1]
-    NodePtr picked = sub(sub(picked_x, m), lse);
-    NodePtr loss = ir::where(valid, ir::unary(Op::Neg, picked), scalar_like(0.0, picked));
+    NodePtr row = ir::unary(Op::Neg, sub(sub(picked_x, m), lse));          // -log p[target]
+    if (label_smoothing != 0.0) {
+      // -mean_c log p_c = m + lse - mean_c x_c
+      NodePtr mean_x = div(ir::reduce(Op::ReduceSum, v, {1}), scalar_like(static_cast<double>(s[1]), m));
+      NodePtr smooth = sub(add(m, lse), mean_x);
+      row = add(mul(row, scalar_like(1.0 - label_smoothing, row)), mul(smooth, scalar_like(label_smoothing, row)));
+    }
+    NodePtr loss = ir::where(valid, row, scalar_like(0.0, row));  // [N,1]
+    if (reduction == Reduction::None) return ir::reshape(loss, Shape{s[0]});
     NodePtr total = ir::reduce(Op::ReduceSum, loss, {0});  // [1,1]
+    if (reduction == Reduction::Sum) return ir::reshape(total, Shape{});
     count = ir::reduce(Op::ReduceSum, ir::cast(valid, v->dtype), {0});
     return ir::reshape(div(total, count), Shape{});
   });
-  // Its own rule (PyTorch's): (softmax(x) - one_hot(target)) g / count on the counted rows, all
-  // pointwise over the forward's row max and log-sum: one fused pass, where the rules of max and
-  // gather would add tie counts and a scatter step.
+  // Its own rule (PyTorch's): (softmax(x) - (1 - e) one_hot(target) - e / C) times the row's
+  // share of g (g / count for the mean) on the counted rows, all pointwise over the forward's row
+  // max and log-sum: one fused pass, where the rules of max and gather would add tie counts and
+  // a scatter step.
   return with_gradient(out, {logits}, [=](const NodePtr&, const NodePtr& g) {
     const Shape& s = vv->shape;
     NodePtr p = ir::unary(Op::Exp, sub(sub(vv, expand(m, s)), expand(lse, s)));
-    NodePtr hit = ir::binary(Op::Eq, ir::iota(s, 1, DType::Int64, vv->device), expand(at, s));
-    NodePtr d = sub(p, ir::cast(hit, vv->dtype));
-    NodePtr scale = div(ir::reshape(ir::cast(g, vv->dtype), Shape{1, 1}), count);  // [1,1]
-    NodePtr row = ir::where(valid, expand(scale, valid->shape), scalar_like(0.0, m));  // [N,1]
+    NodePtr hit = ir::cast(ir::binary(Op::Eq, ir::iota(s, 1, DType::Int64, vv->device), expand(at, s)), vv->dtype);
+    if (label_smoothing != 0.0)
+      hit = add(mul(hit, scalar_like(1.0 - label_smoothing, hit)),
+                scalar_like(label_smoothing / static_cast<double>(s[1]), hit));
+    NodePtr d = sub(p, hit);
+    NodePtr gv = ir::cast(g, vv->dtype);
+    NodePtr share;  // [N,1]: each row's factor
+    if (reduction == Reduction::None)
+      share = ir::reshape(gv, Shape{s[0], 1});
+    else if (reduction == Reduction::Sum)
+      share = expand(ir::reshape(gv, Shape{1, 1}), valid->shape);
+    else
+      share = expand(div(ir::reshape(gv, Shape{1, 1}), count), valid->shape);
+    NodePtr row = ir::where(valid, share, scalar_like(0.0, m));
     return std::vector<NodePtr>{ir::cast(mul(d, expand(row, s)), logits->dtype)};
   });
 }

@@ -476,28 +476,19 @@ requires TensorLike<E> Tensor rms_norm(const E& x, const Tensor& weight_in = {},
   return Tensor(decomp::rms_norm(t.node(), detail::norm_param(weight, t, "rms_norm", "weight"), e));
 }
 
+namespace detail {
+/// cross_entropy after its front-end checks (shapes, dtypes, devices, targets in host memory),
+/// shared by every overload; `logits` is already the float operand autocast gives.
+KILN_ENTRY Tensor cross_entropy_checked(const Tensor& logits, const Tensor& targets, std::int64_t ignore_index,
+                                        decomp::Reduction reduction, double label_smoothing);
+}  // namespace detail
+
 /// Mean cross-entropy of `targets` (Int64 class indices [N]) under `logits` [N, C];
-/// targets equal to `ignore_index` are left out of the mean.
+/// targets equal to `ignore_index` are left out of the mean. (tensor/losses.hpp has the
+/// overload with PyTorch's `reduction` and `label_smoothing`.)
 template <class E>
 requires TensorLike<E> Tensor cross_entropy(const E& logits, const Tensor& targets, std::int64_t ignore_index = -100) {
-  Tensor l = detail::fp32_operand(logits);
-  Tensor t = detail::to_tensor(targets);
-  detail::require_float(l, "cross_entropy");
-  detail::check_same_device(l.device(), t.device(), "cross_entropy");
-  if (l.dim() != 2 || t.dim() != 1 || t.shape()[0] != l.shape()[0])
-    throw ShapeError("cross_entropy: expected logits [N, C] and targets [N], got " + detail::describe(l) + " and " +
-                     detail::describe(t));
-  if (t.dtype() != DType::Int64 && t.dtype() != DType::Int32)
-    throw DTypeError("cross_entropy: targets must be int64 class indices, got " + detail::describe(t));
-  // Targets already in host memory are checked here, as PyTorch's CPU kernel does. Lazy or
-  // device targets are not read here (that would be a synchronisation, and a graph break inside
-  // kiln::compile): the kernel that reads a target checks it, and an out-of-range one is an
-  // IndexError when the result is evaluated (on a GPU: when it is read back).
-  if (t.is_evaluated() && t.device().is_cpu() && !detail::deferring_eval())
-    detail::check_class_targets(t, l.shape()[1], ignore_index, "cross_entropy");
-  if (l.shape()[1] == 0 && l.shape()[0] > 0)
-    throw IndexError("cross_entropy: no classes to pick a target from (logits " + detail::describe(l) + ")");
-  return Tensor(decomp::cross_entropy(l.node(), ir::cast(t.node(), DType::Int64), ignore_index));
+  return detail::cross_entropy_checked(detail::fp32_operand(logits), targets, ignore_index, decomp::Reduction::Mean, 0.0);
 }
 
 }  // namespace kiln

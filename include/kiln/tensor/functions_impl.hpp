@@ -115,6 +115,32 @@ KILN_ENTRY ir::NodePtr norm_param(const Tensor& p, const Tensor& x, const char* 
   return p.node();
 }
 
+KILN_ENTRY Tensor cross_entropy_checked(const Tensor& logits, const Tensor& targets, std::int64_t ignore_index,
+                                        decomp::Reduction reduction, double label_smoothing) {
+  const Tensor& l = logits;
+  Tensor t = to_tensor(targets);
+  require_float(l, "cross_entropy");
+  check_same_device(l.device(), t.device(), "cross_entropy");
+  if (l.dim() != 2 || t.dim() != 1 || t.shape()[0] != l.shape()[0])
+    throw ShapeError("cross_entropy: expected logits [N, C] and targets [N], got " + describe(l) + " and " +
+                     describe(t));
+  if (t.dtype() != DType::Int64 && t.dtype() != DType::Int32)
+    throw DTypeError("cross_entropy: targets must be int64 class indices, got " + describe(t));
+  if (!(label_smoothing >= 0.0 && label_smoothing <= 1.0))
+    throw ValueError("cross_entropy: label_smoothing must be between 0.0 and 1.0, got " +
+                     std::to_string(label_smoothing) + " (logits " + describe(l) + ")");
+  // Targets already in host memory are checked here, as PyTorch's CPU kernel does. Lazy or
+  // device targets are not read here (that would be a synchronisation, and a graph break inside
+  // kiln::compile): the kernel that reads a target checks it, and an out-of-range one is an
+  // IndexError when the result is evaluated (on a GPU: when it is read back).
+  if (t.is_evaluated() && t.device().is_cpu() && !deferring_eval())
+    check_class_targets(t, l.shape()[1], ignore_index, "cross_entropy");
+  if (l.shape()[1] == 0 && l.shape()[0] > 0)
+    throw IndexError("cross_entropy: no classes to pick a target from (logits " + describe(l) + ")");
+  return Tensor(
+      decomp::cross_entropy(l.node(), ir::cast(t.node(), DType::Int64), ignore_index, reduction, label_smoothing));
+}
+
 KILN_ENTRY void check_class_targets(const Tensor& t, std::int64_t classes, std::int64_t ignore_index, const char* op) {
   const ir::BufferView& b = *t.node()->buffer;
   const std::int64_t n = t.numel(), stride = b.strides.empty() ? 1 : b.strides[0];

@@ -250,6 +250,17 @@ TEST_CASE("scaled_dot_product_attention and MultiheadAttention against float64 l
       }
     for (int i = 0; i < 9; ++i) CHECK(wv[n * 9 + i] == doctest::Approx(avg[i]).epsilon(1e-9));
   }
+  // Mismatched batch sizes or key/value lengths: a ShapeError naming the module, not a reshape's.
+  for (auto [k, v] : {std::pair{f64_randn({3, 5, 4}, 8), f64_randn({3, 5, 4}, 9)},
+                      std::pair{f64_randn({4, 2, 4}, 8), f64_randn({3, 2, 4}, 9)}}) {
+    try {
+      (void)mha(x, k, v);
+      FAIL("mismatched key/value accepted");
+    } catch (const ShapeError& e) {
+      CHECK(std::string(e.what()).find("MultiheadAttention") != std::string::npos);
+      CHECK(std::string(e.what()).find("batch size") != std::string::npos);
+    }
+  }
   // Without the weights it runs fused: the same outputs, with a bool mask (true = masked out)
   // and causal too.
   check_close(mha(x, x, x, {}, false).first, values(out));

@@ -192,6 +192,11 @@ KILN_ENTRY std::pair<Tensor, Tensor> MultiheadAttention::forward(const Tensor& q
   Tensor k = batch_first ? key : transpose(key, 0, 1);
   Tensor v = batch_first ? value : transpose(value, 0, 1);
   const std::int64_t N = q.shape()[0], L = q.shape()[1], S = k.shape()[1], H = num_heads, D = embed_dim / H;
+  // torch's checks: one batch size, and a value for every key.
+  if (k.shape()[0] != N || v.shape()[0] != N || v.shape()[1] != S)
+    throw ShapeError("MultiheadAttention: query " + query.describe() + ", key " + key.describe() + " and value " +
+                     value.describe() + " must share the batch size, and key and value the sequence length (" +
+                     (batch_first ? "batch_first: [N, L, E]" : "[L, N, E]; batch_first is false") + ")");
   auto project = [&](const Tensor& x, std::int64_t part) {
     Tensor w = slice(in_proj_weight, 0, part * embed_dim, (part + 1) * embed_dim);
     Tensor b = in_proj_bias.defined() ? slice(in_proj_bias, 0, part * embed_dim, (part + 1) * embed_dim) : Tensor();

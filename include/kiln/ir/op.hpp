@@ -245,7 +245,8 @@ enum class GatherSite : std::int64_t {
   Scatter,
   ScatterAdd,
   IndexAdd,
-  IndexCopy
+  IndexCopy,
+  NllLoss
 };
 constexpr const char* gather_site_name(std::int64_t site) {
   switch (static_cast<GatherSite>(site)) {
@@ -265,6 +266,8 @@ constexpr const char* gather_site_name(std::int64_t site) {
       return "index_add";
     case GatherSite::IndexCopy:
       return "index_copy";
+    case GatherSite::NllLoss:
+      return "nll_loss";
     default:
       return "gather";
   }

@@ -75,7 +75,10 @@ KILN_ENTRY Tensor nll_loss(const Tensor& log_probs, const Tensor& targets, std::
   Tensor t64 = t.to(DType::Int64);
   Tensor valid = t64 != ignore_index;
   Tensor at = where(valid, t64, 0);
-  Tensor picked = reshape(gather(lp, 1, reshape(at, {lp.shape()[0], 1})), {lp.shape()[0]});
+  // A gather of its own site, so that a target out of range read on a GPU is reported as
+  // nll_loss's (the device-side check names the site).
+  Tensor picked = reshape(detail::gather_nodes(lp, reshape(at, {lp.shape()[0], 1}).node(), 1, ir::GatherSite::NllLoss),
+                          {lp.shape()[0]});
   Tensor rows = where(valid, -picked, 0.0);
   switch (r) {
     case decomp::Reduction::None:

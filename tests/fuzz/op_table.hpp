@@ -593,10 +593,11 @@ OpDesc binary_row(const char* name, DTypeSet accepts, rules::Binary rule, const 
       case rules::Binary::Arith:
         break;
       case rules::Binary::NoBool:
-        // semantics.md: a subtraction with any bool tensor is a DTypeError (as PyTorch).
+        // semantics.md: a subtraction with any bool operand (a tensor or a number) is a
+        // DTypeError (as PyTorch).
         if (common == bool_) return std::nullopt;
         for (auto& o : op.args)
-          if (!o.is_number() && p.info(o.value).dtype == bool_) return std::nullopt;
+          if (rules::typed(p, o).dtype == bool_) return std::nullopt;
         break;
       case rules::Binary::Pow:
         if (common == bool_) return std::nullopt;

@@ -121,7 +121,7 @@ TEST_CASE("abs, neg, floor, ceil, round, relu keep the dtype") {
   };
   std::vector<Case> cases = {
       {"abs", [](const Tensor& x) -> Tensor { return abs(x); }, [](double x) { return std::fabs(x); }, true},
-      {"neg", [](const Tensor& x) -> Tensor { return -x; }, [](double x) { return -x; }, false},
+      {"neg", [](const Tensor& x) -> Tensor { return neg(x); }, [](double x) { return -x; }, false},
       {"floor", [](const Tensor& x) -> Tensor { return floor(x); }, [](double x) { return std::floor(x); }, false},
       {"ceil", [](const Tensor& x) -> Tensor { return ceil(x); }, [](double x) { return std::ceil(x); }, false},
       // torch.round rounds halves to even.

@@ -28,6 +28,7 @@ concept BinaryOperands = (TensorLike<A> && (TensorLike<B> || Scalar<B>)) || (Sca
   auto name(const A& a) { return UnaryExpr<detail::Fn::F, detail::expr_t<A>>(a.derived()); }
 
 /// Elementwise functions (PyTorch semantics; integer inputs of float functions give float32).
+KILN_UNARY_FN(neg, Neg)  // -x, as torch.neg
 KILN_UNARY_FN(abs, Abs)
 KILN_UNARY_FN(exp, Exp)
 KILN_UNARY_FN(exp2, Exp2)

@@ -12,6 +12,7 @@
 #include "kiln/tensor/eval.hpp"
 #include "kiln/tensor/functions.hpp"
 #include "kiln/tensor/linalg.hpp"
+#include "kiln/tensor/methods.hpp"
 #include "kiln/tensor/losses.hpp"
 #include "kiln/tensor/ops.hpp"
 #include "kiln/tensor/print.hpp"

@@ -348,4 +348,75 @@ TEST_CASE("assigning into an empty view with zero strides is a no-op, not a shar
                   ShapeError);  // 2 elements, 1 address
 }
 
+TEST_CASE("libtorch's method forms: each equals its free function; the in-place ones write through assign") {
+  Tensor x = kt::make_tensor({0.5, -1.5, 2.0, 3.0, -0.25, 1.0}, {2, 3}, DType::Float32);
+  auto same = [](const Tensor& a, const Tensor& b) {
+    CHECK(a.shape() == b.shape());
+    CHECK(a.dtype() == b.dtype());
+    CHECK(a.to(DType::Float64).to_vector<double>() == b.to(DType::Float64).to_vector<double>());
+  };
+  same(x.reshape({3, 2}), reshape(x, {3, 2}));
+  same(x.view({6}), reshape(x, {6}));
+  same(x.flatten(), reshape(x, {6}));
+  same(reshape(x, {1, 2, 3, 1}).flatten(1, 2), reshape(x, {1, 6, 1}));
+  same(reshape(x, {1, 2, 3}).squeeze(), x);
+  same(x.unsqueeze(0).squeeze(0), x);
+  same(x.permute({1, 0}), transpose(x, 0, 1));
+  same(x.t(), transpose(x, 0, 1));
+  same(x.transpose(0, 1), transpose(x, 0, 1));
+  same(x.expand({4, 2, 3}), broadcast_to(x, {4, 2, 3}));
+  same(x.flip({1}), flip(x, {1}));
+  same(x.repeat({2, 1}), repeat(x, {2, 1}));
+  CHECK(x.chunk(3, 1).size() == 3);
+  CHECK(x.split(2, 1).size() == 2);
+  same(x.sum(), sum(x));
+  same(x.sum({1}, true), sum(x, {1}, true));
+  same(x.mean({0}), mean(x, {0}));
+  same(x.prod({1}), prod(x, {1}));
+  same(x.amax({1}), amax(x, {1}));
+  same(x.amin(), amin(x));
+  same(x.logsumexp({1}), logsumexp(x, {1}));
+  same(x.var({1}, false, 0.0), var(x, {1}, false, 0.0));
+  same(x.max(), max(x));
+  same(x.min(1).indices(), min(x, 1).indices());
+  same(x.argmax({1}), argmax(x, {1}));
+  same(x.softmax(1), softmax(x, 1));
+  same(x.log_softmax(0), log_softmax(x, 0));
+  same(x.cumsum(1), cumsum(x, 1));
+  same(std::get<1>(x.topk(2, 1)), std::get<1>(topk(x, 2, 1)));
+  same(std::get<0>(x.sort(1, true)), std::get<0>(sort(x, 1, true)));
+  same((x * 2.0f).exp(), exp(x * 2.0f));  // on an expression, too
+  same(x.abs().neg(), neg(abs(x)));
+  same(x.relu().sqrt().square(), square(sqrt(relu(x))));
+  same(x.sigmoid().log().tanh(), tanh(log(sigmoid(x))));
+  same(x.pow(2.0), pow(x, 2.0));
+  same(x.clamp(-1.0, 1.0), clamp(x, -1.0, 1.0));
+  Tensor idx = kt::make_int_tensor({2, 0}, {2});
+  same(x.index_select(1, idx), index_select(x, 1, idx));
+  same(x.masked_fill(x > 1.0f, 0.0), masked_fill(x, x > 1.0f, 0.0));
+  CHECK_THROWS_AS(reshape(x, {1, 2, 3}).t(), ShapeError);
+
+  // In place: the storage is written, the tensor returned.
+  Tensor y = clone(x).eval();
+  y.mul_(2.0).add_(x, 0.5).sub_(1.0);  // 2x + x/2 - 1
+  std::vector<float> yv = y.to_vector<float>(), xv = x.to_vector<float>();
+  for (std::size_t i = 0; i < xv.size(); ++i) CHECK(yv[i] == doctest::Approx(2.5 * xv[i] - 1.0));
+  y.div_(x).copy_(x);
+  CHECK(y.to_vector<float>() == xv);
+  y.zero_();
+  CHECK(y.to_vector<float>() == std::vector<float>(6, 0.0f));
+  y.fill_(3.5);
+  CHECK(y.to_vector<float>() == std::vector<float>(6, 3.5f));
+  // A hand-written update of a parameter, as libtorch code does it.
+  Tensor w = kt::make_tensor({1, 2}, {2}, DType::Float32).eval().requires_grad_();
+  (w * w).sum().backward();
+  {
+    NoGradGuard no_grad;
+    w.sub_(w.grad(), 0.25);  // w - 0.25 * 2w
+  }
+  CHECK(w.to_vector<float>() == std::vector<float>{0.5f, 1.0f});
+  w.grad().zero_();
+  CHECK(w.grad().to_vector<float>() == std::vector<float>{0.0f, 0.0f});
+}
+
 }  // namespace kiln_test_tensor_usability

@@ -5,6 +5,7 @@
 #include <memory>
 #include <source_location>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -17,6 +18,7 @@
 namespace kiln {
 
 class Tensor;
+struct ValuesIndices;
 
 /// CRTP base of every tensor expression (Tensor itself and the typed expression nodes). An
 /// expression has the read side of Tensor's API: `auto e = x * 2.0f + y; e.to_vector<float>()`
@@ -51,6 +53,71 @@ struct Expr {
   std::string str() const;
   /// The matrix product with `other`, as kiln::matmul (torch.Tensor.matmul).
   Tensor matmul(const Tensor& other) const;
+
+  // ---- libtorch's method forms (defined in tensor/methods.hpp): each is the free function of
+  // its name applied to this expression, `x.sum({1}, true)` as `sum(x, {1}, true)` ----
+  /// Shape ops: reshape (view is the same: kiln's reshape needs no contiguous input), flatten
+  /// (dims start_dim..end_dim into one), squeeze, unsqueeze, permute, transpose, t (the last
+  /// two dims of a matrix swapped, as torch's for rank <= 2), expand (broadcast_to), flip,
+  /// repeat, chunk, split.
+  Tensor reshape(const Shape& shape) const;
+  Tensor view(const Shape& shape) const;
+  Tensor flatten(std::int64_t start_dim = 0, std::int64_t end_dim = -1) const;
+  Tensor squeeze() const;
+  Tensor squeeze(std::int64_t dim) const;
+  Tensor unsqueeze(std::int64_t dim) const;
+  Tensor permute(const std::vector<std::int64_t>& dims) const;
+  Tensor transpose(std::int64_t dim0, std::int64_t dim1) const;
+  Tensor t() const;
+  Tensor expand(const Shape& shape) const;
+  Tensor flip(const std::vector<std::int64_t>& dims) const;
+  Tensor repeat(const std::vector<std::int64_t>& repeats) const;
+  std::vector<Tensor> chunk(std::int64_t chunks, std::int64_t dim = 0) const;
+  std::vector<Tensor> split(std::int64_t split_size, std::int64_t dim = 0) const;
+  /// Reductions (axes {} = all) and the row functions.
+  Tensor sum(const Axes& axes = {}, bool keepdim = false) const;
+  Tensor mean(const Axes& axes = {}, bool keepdim = false) const;
+  Tensor prod(const Axes& axes = {}, bool keepdim = false) const;
+  Tensor amax(const Axes& axes = {}, bool keepdim = false) const;
+  Tensor amin(const Axes& axes = {}, bool keepdim = false) const;
+  Tensor logsumexp(const Axes& axes, bool keepdim = false) const;
+  Tensor var(const Axes& axes = {}, bool keepdim = false, double correction = 1.0) const;
+  Tensor max() const;
+  ValuesIndices max(std::int64_t dim, bool keepdim = false) const;
+  Tensor min() const;
+  ValuesIndices min(std::int64_t dim, bool keepdim = false) const;
+  Tensor argmax(const Axes& axis = {}, bool keepdim = false) const;
+  Tensor argmin(const Axes& axis = {}, bool keepdim = false) const;
+  Tensor softmax(std::int64_t dim) const;
+  Tensor log_softmax(std::int64_t dim) const;
+  Tensor cumsum(std::int64_t dim) const;
+  Tensor cumprod(std::int64_t dim) const;
+  std::tuple<Tensor, Tensor> topk(std::int64_t k, std::int64_t dim = -1, bool largest = true, bool sorted = true) const;
+  std::tuple<Tensor, Tensor> sort(std::int64_t dim = -1, bool descending = false) const;
+  /// Elementwise functions.
+  Tensor abs() const;
+  Tensor neg() const;
+  Tensor exp() const;
+  Tensor log() const;
+  Tensor sqrt() const;
+  Tensor rsqrt() const;
+  Tensor sin() const;
+  Tensor cos() const;
+  Tensor tanh() const;
+  Tensor sigmoid() const;
+  Tensor relu() const;
+  Tensor floor() const;
+  Tensor ceil() const;
+  Tensor round() const;
+  Tensor square() const;
+  Tensor reciprocal() const;
+  Tensor pow(double exponent) const;
+  Tensor pow(const Tensor& exponent) const;
+  Tensor clamp(double min, double max) const;
+  /// Indexing.
+  Tensor index_select(std::int64_t dim, const Tensor& index) const;
+  Tensor gather(std::int64_t dim, const Tensor& index) const;
+  Tensor masked_fill(const Tensor& mask, double value) const;
   /// Gradients of the expression's value, as Tensor's (tensor/autograd.hpp).
   bool requires_grad() const;
   void backward(const Tensor& gradient, bool retain_graph = false) const;
@@ -193,6 +260,22 @@ class Tensor : public Expr<Tensor> {
   requires TensorLike<E> Tensor& assign(const E& value);
   template <class S>
   requires Scalar<S> Tensor& assign(S value);
+
+  /// libtorch's in-place forms (tensor/methods.hpp), each an assign() into this storage:
+  /// zero_, fill_, copy_ (a broadcast, cast copy of src), and add_/sub_ (of alpha times other),
+  /// mul_, div_. Subject to assign's rules (under gradient recording, a leaf that requires grad
+  /// is not written; use NoGradGuard for hand-written updates).
+  Tensor& zero_();
+  Tensor& fill_(double value);
+  Tensor& copy_(const Tensor& src);
+  Tensor& add_(const Tensor& other, double alpha = 1.0);
+  Tensor& add_(double other);
+  Tensor& sub_(const Tensor& other, double alpha = 1.0);
+  Tensor& sub_(double other);
+  Tensor& mul_(const Tensor& other);
+  Tensor& mul_(double other);
+  Tensor& div_(const Tensor& other);
+  Tensor& div_(double other);
 
   // ---- gradients (tensor/autograd.hpp; libtorch's names and PyTorch's semantics) ----
   /// Marks this tensor as a leaf whose gradient backward() accumulates into grad() (floating

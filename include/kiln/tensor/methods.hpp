@@ -1,0 +1,186 @@
+#pragma once
+// libtorch's method forms of the tensor functions (`x.sum({1})`, `x.reshape({2, 3})`,
+// `w.grad().zero_()`), declared in tensor/tensor.hpp on every expression (and the in-place ones on
+// Tensor). Each calls the free function of its name, so semantics, errors and gradients are the
+// free function's; they are templates of the expression type (or inline), compiled where used in
+// both build modes.
+#include <tuple>
+#include <vector>
+
+#include "kiln/tensor/functions.hpp"
+#include "kiln/tensor/indexing.hpp"
+#include "kiln/tensor/ops.hpp"
+#include "kiln/tensor/scans.hpp"
+#include "kiln/tensor/shape_ops.hpp"
+#include "kiln/tensor/sorting.hpp"
+
+namespace kiln {
+
+/// x with dims start_dim..end_dim (inclusive; negative count from the end) merged into one, as
+/// torch.flatten. A 0-dim x gives a one-element vector.
+template <class E>
+requires TensorLike<E> Tensor flatten(const E& x, std::int64_t start_dim = 0, std::int64_t end_dim = -1) {
+  Tensor t = detail::to_tensor(x);
+  if (t.dim() == 0) return reshape(t, Shape{1});
+  const Shape s = t.shape();
+  const std::int64_t a = normalize_axis(start_dim, t.dim(), "flatten", s);
+  const std::int64_t b = normalize_axis(end_dim, t.dim(), "flatten", s);
+  if (a > b)
+    throw ShapeError("flatten: start_dim " + std::to_string(start_dim) + " comes after end_dim " +
+                     std::to_string(end_dim) + " (input " + detail::describe(t) + ")");
+  Shape out;
+  std::int64_t merged = 1;
+  for (std::int64_t d = 0; d < t.dim(); ++d) {
+    if (d < a || d > b) {
+      out.push_back(s[d]);
+      continue;
+    }
+    merged *= s[d];
+    if (d == b) out.push_back(merged);
+  }
+  return reshape(t, out);
+}
+
+// ---- shape ops ------------------------------------------------------------------------------
+template <class D>
+Tensor Expr<D>::reshape(const Shape& shape) const { return kiln::reshape(derived(), shape); }
+template <class D>
+Tensor Expr<D>::view(const Shape& shape) const { return kiln::reshape(derived(), shape); }
+template <class D>
+Tensor Expr<D>::flatten(std::int64_t start_dim, std::int64_t end_dim) const {
+  return kiln::flatten(derived(), start_dim, end_dim);
+}
+template <class D>
+Tensor Expr<D>::squeeze() const { return kiln::squeeze(derived()); }
+template <class D>
+Tensor Expr<D>::squeeze(std::int64_t dim) const { return kiln::squeeze(derived(), dim); }
+template <class D>
+Tensor Expr<D>::unsqueeze(std::int64_t dim) const { return kiln::unsqueeze(derived(), dim); }
+template <class D>
+Tensor Expr<D>::permute(const std::vector<std::int64_t>& dims) const { return kiln::permute(derived(), dims); }
+template <class D>
+Tensor Expr<D>::transpose(std::int64_t dim0, std::int64_t dim1) const { return kiln::transpose(derived(), dim0, dim1); }
+template <class D>
+Tensor Expr<D>::t() const {
+  const std::int64_t r = derived().dim();
+  if (r > 2)
+    throw ShapeError("t: expects a tensor of at most 2 dims, got " + derived().shape().str() + " (use transpose)");
+  return r < 2 ? Tensor(derived()) : kiln::transpose(derived(), 0, 1);
+}
+template <class D>
+Tensor Expr<D>::expand(const Shape& shape) const { return kiln::broadcast_to(derived(), shape); }
+template <class D>
+Tensor Expr<D>::flip(const std::vector<std::int64_t>& dims) const { return kiln::flip(derived(), dims); }
+template <class D>
+Tensor Expr<D>::repeat(const std::vector<std::int64_t>& repeats) const { return kiln::repeat(derived(), repeats); }
+template <class D>
+std::vector<Tensor> Expr<D>::chunk(std::int64_t chunks, std::int64_t dim) const {
+  return kiln::chunk(derived(), chunks, dim);
+}
+template <class D>
+std::vector<Tensor> Expr<D>::split(std::int64_t split_size, std::int64_t dim) const {
+  return kiln::split(derived(), split_size, dim);
+}
+
+// ---- reductions and row functions -------------------------------------------------------------
+template <class D>
+Tensor Expr<D>::sum(const Axes& axes, bool keepdim) const { return kiln::sum(derived(), axes, keepdim); }
+template <class D>
+Tensor Expr<D>::mean(const Axes& axes, bool keepdim) const { return kiln::mean(derived(), axes, keepdim); }
+template <class D>
+Tensor Expr<D>::prod(const Axes& axes, bool keepdim) const { return kiln::prod(derived(), axes, keepdim); }
+template <class D>
+Tensor Expr<D>::amax(const Axes& axes, bool keepdim) const { return kiln::amax(derived(), axes, keepdim); }
+template <class D>
+Tensor Expr<D>::amin(const Axes& axes, bool keepdim) const { return kiln::amin(derived(), axes, keepdim); }
+template <class D>
+Tensor Expr<D>::logsumexp(const Axes& axes, bool keepdim) const { return kiln::logsumexp(derived(), axes, keepdim); }
+template <class D>
+Tensor Expr<D>::var(const Axes& axes, bool keepdim, double correction) const {
+  return kiln::var(derived(), axes, keepdim, correction);
+}
+template <class D>
+Tensor Expr<D>::max() const { return kiln::max(derived()); }
+template <class D>
+ValuesIndices Expr<D>::max(std::int64_t dim, bool keepdim) const { return kiln::max(derived(), dim, keepdim); }
+template <class D>
+Tensor Expr<D>::min() const { return kiln::min(derived()); }
+template <class D>
+ValuesIndices Expr<D>::min(std::int64_t dim, bool keepdim) const { return kiln::min(derived(), dim, keepdim); }
+template <class D>
+Tensor Expr<D>::argmax(const Axes& axis, bool keepdim) const { return kiln::argmax(derived(), axis, keepdim); }
+template <class D>
+Tensor Expr<D>::argmin(const Axes& axis, bool keepdim) const { return kiln::argmin(derived(), axis, keepdim); }
+template <class D>
+Tensor Expr<D>::softmax(std::int64_t dim) const { return kiln::softmax(derived(), dim); }
+template <class D>
+Tensor Expr<D>::log_softmax(std::int64_t dim) const { return kiln::log_softmax(derived(), dim); }
+template <class D>
+Tensor Expr<D>::cumsum(std::int64_t dim) const { return kiln::cumsum(Tensor(derived()), dim); }
+template <class D>
+Tensor Expr<D>::cumprod(std::int64_t dim) const { return kiln::cumprod(Tensor(derived()), dim); }
+template <class D>
+std::tuple<Tensor, Tensor> Expr<D>::topk(std::int64_t k, std::int64_t dim, bool largest, bool sorted) const {
+  return kiln::topk(Tensor(derived()), k, dim, largest, sorted);
+}
+template <class D>
+std::tuple<Tensor, Tensor> Expr<D>::sort(std::int64_t dim, bool descending) const {
+  return kiln::sort(Tensor(derived()), dim, descending);
+}
+
+// ---- elementwise -------------------------------------------------------------------------------
+#define KILN_UNARY_METHOD(name) \
+  template <class D>            \
+  Tensor Expr<D>::name() const { return Tensor(kiln::name(derived())); }
+KILN_UNARY_METHOD(abs)
+KILN_UNARY_METHOD(neg)
+KILN_UNARY_METHOD(exp)
+KILN_UNARY_METHOD(log)
+KILN_UNARY_METHOD(sqrt)
+KILN_UNARY_METHOD(rsqrt)
+KILN_UNARY_METHOD(sin)
+KILN_UNARY_METHOD(cos)
+KILN_UNARY_METHOD(tanh)
+KILN_UNARY_METHOD(sigmoid)
+KILN_UNARY_METHOD(relu)
+KILN_UNARY_METHOD(floor)
+KILN_UNARY_METHOD(ceil)
+KILN_UNARY_METHOD(round)
+KILN_UNARY_METHOD(square)
+KILN_UNARY_METHOD(reciprocal)
+#undef KILN_UNARY_METHOD
+template <class D>
+Tensor Expr<D>::pow(double exponent) const { return Tensor(kiln::pow(derived(), exponent)); }
+template <class D>
+Tensor Expr<D>::pow(const Tensor& exponent) const { return Tensor(kiln::pow(derived(), exponent)); }
+template <class D>
+Tensor Expr<D>::clamp(double min, double max) const { return kiln::clamp(derived(), min, max); }
+
+// ---- indexing -----------------------------------------------------------------------------------
+template <class D>
+Tensor Expr<D>::index_select(std::int64_t dim, const Tensor& index) const {
+  return kiln::index_select(Tensor(derived()), dim, index);
+}
+template <class D>
+Tensor Expr<D>::gather(std::int64_t dim, const Tensor& index) const { return kiln::gather(Tensor(derived()), dim, index); }
+template <class D>
+Tensor Expr<D>::masked_fill(const Tensor& mask, double value) const { return kiln::masked_fill(derived(), mask, value); }
+
+// ---- in place -------------------------------------------------------------------------------------
+inline Tensor& Tensor::zero_() { return assign(0); }
+inline Tensor& Tensor::fill_(double value) { return assign(value); }
+inline Tensor& Tensor::copy_(const Tensor& src) { return assign(src); }
+inline Tensor& Tensor::add_(const Tensor& other, double alpha) {
+  return alpha == 1.0 ? assign(*this + other) : assign(*this + other * alpha);
+}
+inline Tensor& Tensor::add_(double other) { return assign(*this + other); }
+inline Tensor& Tensor::sub_(const Tensor& other, double alpha) {
+  return alpha == 1.0 ? assign(*this - other) : assign(*this - other * alpha);
+}
+inline Tensor& Tensor::sub_(double other) { return assign(*this - other); }
+inline Tensor& Tensor::mul_(const Tensor& other) { return assign(*this * other); }
+inline Tensor& Tensor::mul_(double other) { return assign(*this * other); }
+inline Tensor& Tensor::div_(const Tensor& other) { return assign(*this / other); }
+inline Tensor& Tensor::div_(double other) { return assign(*this / other); }
+
+}  // namespace kiln

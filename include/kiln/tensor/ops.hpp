@@ -156,8 +156,10 @@ requires TensorLike<C> &&
 }
 
 /// min(max(x, lo), hi), NaN propagating (torch.clamp). The dtype is torch.result_type over
-/// all three operands at once, not pairwise. The gradient reaches x wherever lo <= x <= hi,
-/// the bounds included, as PyTorch's (a maximum's tie would split it with the bound).
+/// all three operands at once, not pairwise. Gradients as PyTorch's two overloads: with number
+/// bounds x gets it where lo < x < hi and none at a bound; with a tensor bound (torch's
+/// Tensor overload, numbers beside it taken as tensors) a tie at a bound splits it in halves
+/// between x and the bound, as maximum and minimum do.
 template <class A, class L, class H>
 requires TensorLike<A> &&(TensorLike<L> || Scalar<L>)&&(TensorLike<H> || Scalar<H>)Tensor
     clamp(const A& x, const L& lo, const H& hi) {
@@ -167,29 +169,22 @@ requires TensorLike<A> &&(TensorLike<L> || Scalar<L>)&&(TensorLike<H> || Scalar<
   rt.add(detail::info_of(detail::as_operand(hi)));
   const DType dt = rt.result();
   Tensor v = detail::clamp_operand(x.derived(), dt);
-  // Bounds as tensors of the result dtype (a number would promote an integer where()).
-  auto bound = [&](const auto& b) -> Tensor {
-    if constexpr (Scalar<std::remove_cvref_t<decltype(b)>>)
-      return Tensor(ir::constant(static_cast<double>(b), dt, Shape{}, v.device()));
-    else
-      return detail::clamp_operand(b, dt);
-  };
-  const Tensor l = bound(lo), h = bound(hi);
-  try {
-    (void)broadcast_shapes(broadcast_shapes(v.shape(), l.shape(), "clamp"), h.shape(), "clamp");
-  } catch (const ShapeError&) {
-    throw ShapeError("clamp: input " + std::string(dtype_name(v.dtype())) + v.shape().str() + ", min " +
-                     dtype_name(l.dtype()) + l.shape().str() + " and max " + dtype_name(h.dtype()) + h.shape().str() +
-                     " cannot be broadcast together");
+  if constexpr (!(Scalar<L> && Scalar<H>)) {
+    return minimum(maximum(v, detail::clamp_operand(lo, dt)), detail::clamp_operand(hi, dt));
+  } else {
+    // Bounds as 0-dim tensors of the result dtype (a number would promote an integer where()).
+    const Tensor l(ir::constant(static_cast<double>(lo), dt, Shape{}, v.device()));
+    const Tensor h(ir::constant(static_cast<double>(hi), dt, Shape{}, v.device()));
+    // x where x > lo (a NaN x too), else lo (a NaN lo too); then that where < hi, else hi. At
+    // a bound the bound is taken (the same value; no gradient to x); a bound above the other
+    // gives hi, as min(max(x, lo), hi).
+    if (!is_floating(dt)) {
+      Tensor low = where(v > l, v, l);
+      return where(low < h, low, h);
+    }
+    Tensor low = where(logical_or(v > l, isnan(v)), v, l);
+    return where(logical_or(low < h, isnan(low)), low, h);
   }
-  // x where x >= lo (a NaN x too), else lo (a NaN lo too); then that where <= hi, else hi. A
-  // bound above the other gives hi, as min(max(x, lo), hi).
-  if (!is_floating(dt)) {
-    Tensor low = where(v >= l, v, l);
-    return where(low <= h, low, h);
-  }
-  Tensor low = where(logical_or(v >= l, isnan(v)), v, l);
-  return where(logical_or(low <= h, isnan(low)), low, h);
 }
 
 }  // namespace kiln

@@ -1,0 +1,162 @@
+// The kiln side of scripts/torch-diff (docs/fuzzing.md, "Against PyTorch"): reads cases from
+// stdin, one per line, `CASE id op nargs args...`, each arg `t dtype noncontiguous ndim dims...
+// values...` (a tensor), `f x`, `i n`, `s word`, `l n v...` or `n` (an undefined tensor); an op
+// named `grad:op` makes the float32/float64 tensors leaves and prints the gradients of
+// sum(op(...)[0] * cotangent), the cotangent being the last argument. Prints `RES id n (T dtype
+// ndim dims... values...)*` or `ERR id message` per case.
+#include <kiln/kiln.hpp>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <sstream>
+using namespace kiln;
+struct Arg { char kind; Tensor t; double f = 0; int64_t i = 0; std::vector<int64_t> l; std::string s; };
+DType parse_dtype(const std::string& s) {
+  static std::map<std::string, DType> m = {{"float32", f32}, {"float64", f64}, {"float16", f16}, {"bfloat16", bf16},
+                                           {"int32", i32}, {"int64", i64}, {"bool", DType::Bool}};
+  return m.at(s);
+}
+Tensor read_tensor(std::istream& in) {
+  std::string dt; int nd; int nc; in >> dt >> nc >> nd; Shape sh; std::vector<int64_t> dims(nd);
+  for (auto& d : dims) in >> d;
+  int64_t n = 1; for (auto d : dims) n *= d;
+  std::vector<double> v(n); for (auto& x : v) { std::string s; in >> s; x = std::stod(s); }
+  DType dtype = parse_dtype(dt);
+  if (nc && nd >= 2) {  // stored transposed in the last two dims, then viewed back
+    std::vector<int64_t> td = dims; std::swap(td[nd - 1], td[nd - 2]);
+    int64_t R = dims[nd - 2], C = dims[nd - 1], B = n / (R * C > 0 ? R * C : 1);
+    std::vector<double> w(n);
+    if (R * C > 0) for (int64_t b = 0; b < B; ++b) for (int64_t r = 0; r < R; ++r) for (int64_t c = 0; c < C; ++c) w[b * R * C + c * R + r] = v[b * R * C + r * C + c];
+    Tensor t = from_vector<double>(w, Shape(td)).to(dtype).eval();
+    return transpose(t, -1, -2);
+  }
+  return from_vector<double>(v, Shape(dims)).to(dtype).eval();
+}
+int main() {
+  std::string tok;
+  using A = std::vector<Arg>;
+  using R = std::vector<Tensor>;
+  auto T = [](A& a, int k) -> Tensor& { return a.at(k).t; };
+  std::map<std::string, std::function<R(A&)>> ops;
+#define U(name) ops[#name] = [&](A& a) -> R { return {Tensor(name(T(a, 0)))}; };
+  ops["neg"] = [&](A& a) -> R { return {Tensor(-T(a, 0))}; };
+  U(abs) U(exp) U(exp2) U(log) U(log2) U(log1p) U(expm1) U(sqrt) U(rsqrt) U(sin) U(cos) U(tan) U(tanh) U(erf)
+  U(floor) U(ceil) U(round) U(logical_not) U(isnan) U(isinf) U(sigmoid) U(relu) U(silu) U(atan) U(asin) U(acos)
+  U(sinh) U(cosh) U(asinh) U(acosh) U(atanh) U(reciprocal) U(sign) U(square) U(trunc) U(bitwise_not)
+#define B(name) ops[#name] = [&](A& a) -> R { \
+    if (a[1].kind == 't') return {Tensor(name(T(a, 0), T(a, 1)))}; \
+    if (a[1].kind == 'f') return {Tensor(name(T(a, 0), a[1].f))}; \
+    return {Tensor(name(T(a, 0), a[1].i))}; };
+  B(add) B(sub) B(mul) B(div) B(pow) B(maximum) B(minimum) B(eq) B(ne) B(lt) B(le) B(gt) B(ge) B(logical_and)
+  B(logical_or) B(logical_xor) B(atan2) B(hypot) B(fmod) B(remainder) B(bitwise_and) B(bitwise_or) B(bitwise_xor)
+  B(left_shift) B(right_shift)
+  ops["gelu"] = [&](A& a) -> R { return {gelu(T(a, 0), a[1].i != 0)}; };
+  ops["where"] = [&](A& a) -> R { return {Tensor(where(T(a, 0), T(a, 1), T(a, 2)))}; };
+  ops["clamp"] = [&](A& a) -> R { return {Tensor(clamp(T(a, 0), a[1].f, a[2].f))}; };
+#define RED(name) ops[#name] = [&](A& a) -> R { return {name(T(a, 0), Axes(a[1].l), a[2].i != 0)}; };
+  RED(sum) RED(prod) RED(mean) RED(amax) RED(amin) RED(logsumexp)
+  ops["max_all"] = [&](A& a) -> R { return {max(T(a, 0))}; };
+  ops["min_all"] = [&](A& a) -> R { return {min(T(a, 0))}; };
+  ops["max_dim"] = [&](A& a) -> R { auto r = max(T(a, 0), a[1].i, a[2].i != 0); return {r.values(), r.indices()}; };
+  ops["min_dim"] = [&](A& a) -> R { auto r = min(T(a, 0), a[1].i, a[2].i != 0); return {r.values(), r.indices()}; };
+  ops["argmax"] = [&](A& a) -> R { return {argmax(T(a, 0), a[1].l.empty() ? Axes{} : Axes(a[1].l), a[2].i != 0)}; };
+  ops["argmin"] = [&](A& a) -> R { return {argmin(T(a, 0), a[1].l.empty() ? Axes{} : Axes(a[1].l), a[2].i != 0)}; };
+  ops["var"] = [&](A& a) -> R { return {var(T(a, 0), Axes(a[1].l), a[2].i != 0, a[3].f)}; };
+  ops["softmax"] = [&](A& a) -> R { return {softmax(T(a, 0), a[1].i)}; };
+  ops["log_softmax"] = [&](A& a) -> R { return {log_softmax(T(a, 0), a[1].i)}; };
+  ops["layer_norm"] = [&](A& a) -> R { return {layer_norm(T(a, 0), T(a, 1), T(a, 2), a[3].f)}; };
+  ops["rms_norm"] = [&](A& a) -> R { return {rms_norm(T(a, 0), T(a, 1))}; };
+  ops["cross_entropy"] = [&](A& a) -> R { return {cross_entropy(T(a, 0), T(a, 1), a[2].i)}; };
+  ops["cumsum"] = [&](A& a) -> R { return {cumsum(T(a, 0), a[1].i)}; };
+  ops["cumprod"] = [&](A& a) -> R { return {cumprod(T(a, 0), a[1].i)}; };
+  ops["cummax"] = [&](A& a) -> R { auto [v, i] = cummax(T(a, 0), a[1].i); return {v, i}; };
+  ops["cummin"] = [&](A& a) -> R { auto [v, i] = cummin(T(a, 0), a[1].i); return {v, i}; };
+  ops["logcumsumexp"] = [&](A& a) -> R { return {logcumsumexp(T(a, 0), a[1].i)}; };
+  ops["sort"] = [&](A& a) -> R { auto [v, i] = sort(T(a, 0), a[1].i, a[2].i != 0, true); return {v, i}; };
+  ops["argsort"] = [&](A& a) -> R { return {argsort(T(a, 0), a[1].i, a[2].i != 0, true)}; };
+  ops["topk"] = [&](A& a) -> R { auto [v, i] = topk(T(a, 0), a[1].i, a[2].i, a[3].i != 0, true); return {v, i}; };
+  ops["gather"] = [&](A& a) -> R { return {gather(T(a, 0), a[1].i, T(a, 2))}; };
+  ops["index_select"] = [&](A& a) -> R { return {index_select(T(a, 0), a[1].i, T(a, 2))}; };
+  ops["take_along_dim"] = [&](A& a) -> R { return {take_along_dim(T(a, 0), T(a, 1), a[2].i)}; };
+  ops["embedding"] = [&](A& a) -> R { return {embedding(T(a, 0), T(a, 1))}; };
+  ops["scatter"] = [&](A& a) -> R { return {scatter(T(a, 0), a[1].i, T(a, 2), T(a, 3))}; };
+  ops["scatter_add"] = [&](A& a) -> R { return {scatter_add(T(a, 0), a[1].i, T(a, 2), T(a, 3))}; };
+  ops["index_add"] = [&](A& a) -> R { return {index_add(T(a, 0), a[1].i, T(a, 2), T(a, 3))}; };
+  ops["masked_fill"] = [&](A& a) -> R { return {masked_fill(T(a, 0), T(a, 1), a[2].f)}; };
+  ops["tril"] = [&](A& a) -> R { return {tril(T(a, 0), a[1].i)}; };
+  ops["triu"] = [&](A& a) -> R { return {triu(T(a, 0), a[1].i)}; };
+  ops["flip"] = [&](A& a) -> R { return {flip(T(a, 0), a[1].l)}; };
+  ops["roll"] = [&](A& a) -> R { return {roll(T(a, 0), a[1].l, a[2].l)}; };
+  ops["repeat"] = [&](A& a) -> R { return {repeat(T(a, 0), a[1].l)}; };
+  ops["pad"] = [&](A& a) -> R { return {pad(T(a, 0), a[1].l, a[2].s, a[3].f)}; };
+  ops["one_hot"] = [&](A& a) -> R { return {one_hot(T(a, 0), a[1].i)}; };
+  ops["stack"] = [&](A& a) -> R { return {stack({T(a, 0), T(a, 1)}, a[2].i)}; };
+  ops["cat"] = [&](A& a) -> R { return {concat({T(a, 0), T(a, 1)}, a[2].i)}; };
+  ops["matmul"] = [&](A& a) -> R { return {matmul(T(a, 0), T(a, 1))}; };
+  ops["linear"] = [&](A& a) -> R { return {linear(T(a, 0), T(a, 1), T(a, 2))}; };
+  ops["to"] = [&](A& a) -> R { return {T(a, 0).to(parse_dtype(a[1].s))}; };
+  ops["squeeze"] = [&](A& a) -> R { return {squeeze(T(a, 0), a[1].i)}; };
+  ops["unsqueeze"] = [&](A& a) -> R { return {unsqueeze(T(a, 0), a[1].i)}; };
+  ops["chunk"] = [&](A& a) -> R { return chunk(T(a, 0), a[1].i, a[2].i); };
+  ops["split"] = [&](A& a) -> R { return split(T(a, 0), a[1].i, a[2].i); };
+  ops["mse_loss"] = [&](A& a) -> R { return {mse_loss(T(a, 0), T(a, 1), a[2].s)}; };
+  ops["l1_loss"] = [&](A& a) -> R { return {l1_loss(T(a, 0), T(a, 1), a[2].s)}; };
+  ops["smooth_l1_loss"] = [&](A& a) -> R { return {smooth_l1_loss(T(a, 0), T(a, 1), a[2].s, a[3].f)}; };
+  ops["huber_loss"] = [&](A& a) -> R { return {huber_loss(T(a, 0), T(a, 1), a[2].s, a[3].f)}; };
+  ops["bce"] = [&](A& a) -> R { return {binary_cross_entropy(T(a, 0), T(a, 1), a[2].s)}; };
+  ops["bcel"] = [&](A& a) -> R { return {binary_cross_entropy_with_logits(T(a, 0), T(a, 1), a[2].s)}; };
+  ops["ce_opts"] = [&](A& a) -> R { return {cross_entropy(T(a, 0), T(a, 1), {.ignore_index = a[2].i, .reduction = a[3].s, .label_smoothing = a[4].f})}; };
+  ops["nll_loss"] = [&](A& a) -> R { return {nll_loss(T(a, 0), T(a, 1), a[2].i, a[3].s)}; };
+  ops["neg2"] = [&](A& a) -> R { return {Tensor(neg(T(a, 0)))}; };
+  ops["arange"] = [&](A& a) -> R { return {arange(a[0].i)}; };
+  std::cout.precision(17);
+  while (std::cin >> tok) {
+    if (tok != "CASE") { std::cerr << "bad token " << tok << "\n"; return 2; }
+    std::string id, op; int nargs; std::cin >> id >> op >> nargs;
+    A args(nargs);
+    for (auto& a : args) {
+      std::cin >> a.kind;
+      if (a.kind == 't') a.t = read_tensor(std::cin);
+      else if (a.kind == 'f') { std::string s; std::cin >> s; a.f = std::stod(s); }
+      else if (a.kind == 'i') std::cin >> a.i;
+      else if (a.kind == 's') std::cin >> a.s;
+      else if (a.kind == 'l') { int n; std::cin >> n; a.l.resize(n); for (auto& x : a.l) std::cin >> x; }
+      else if (a.kind == 'n') {}  // an undefined tensor
+    }
+    try {
+      bool grad_mode = op.rfind("grad:", 0) == 0;
+      std::string name = grad_mode ? op.substr(5) : op;
+      if (!ops.count(name)) throw std::runtime_error("harness: no op " + name);
+      R r;
+      if (grad_mode) {
+        Tensor cot = args.back().t;
+        args.pop_back();
+        std::vector<Tensor> leaves;
+        for (auto& a : args)
+          if (a.kind == 't' && a.t.defined() && (a.t.dtype() == f32 || a.t.dtype() == f64)) {
+            a.t = a.t.contiguous().eval().requires_grad_();
+            leaves.push_back(a.t);
+          }
+        R out = ops[name](args);
+        Tensor loss = sum(out[0] * cot);
+        r = autograd::grad({loss}, leaves);
+      } else {
+        r = ops[name](args);
+      }
+      std::ostringstream os; os.precision(17);
+      os << "RES " << id << " " << r.size();
+      for (auto& t : r) {
+        Tensor e = t.eval();
+        os << " T " << dtype_name(e.dtype()) << " " << e.dim();
+        for (auto d : e.shape()) os << " " << d;
+        auto v = e.to(f64).to_vector<double>();
+        for (double x : v) os << " " << x;
+      }
+      std::cout << os.str() << "\n";
+    } catch (const std::exception& e) {
+      std::string m = e.what(); for (auto& c : m) if (c == '\n') c = ' ';
+      std::cout << "ERR " << id << " " << m << "\n";
+    }
+    std::cout.flush();
+  }
+}

@@ -210,6 +210,12 @@ TEST_CASE("autograd: special values follow PyTorch (relu'(0), abs'(0), sqrt'(0),
   CHECK(e.grad().to_vector<double>() == std::vector<double>{0, 0, 0, 0});
   sum(std::get<0>(topk(e, 0, 1))).backward();  // k = 0: the same
   CHECK(e.grad().to_vector<double>() == std::vector<double>{0, 0, 0, 0});
+  // concat keeps a part empty along the axis when gradients flow through it: its (empty)
+  // gradient is returned, not an "unused input" error
+  Tensor none = from_vector<double>({}, {2, 0}, device()).requires_grad_();
+  std::vector<Tensor> cg2 = autograd::grad({sum(concat({none, e, none}, 1) * 2.0)}, {none, e});
+  CHECK(cg2[0].shape() == Shape{2, 0});
+  CHECK(cg2[1].to_vector<double>() == std::vector<double>{2, 2, 2, 2});
   // cumprod through zeros, as PyTorch: the first zero gets the products of the others, the
   // positions after it nothing (a rule of out / x would give NaN and inf here).
   Tensor c = vals({2, 0, 3, 0, 5, 0, 2, 3, 1, 1}, {2, 5}).requires_grad_();

@@ -92,9 +92,11 @@ KILN_ENTRY Tensor concat(const std::vector<Tensor>& xs, std::int64_t axis) {
       throw ShapeError("concat: the joined size along axis " + std::to_string(a) + " overflows int64 (inputs like " +
                        detail::describe(x) + ")");
   }
+  // Parts empty along the axis add nothing and are left out, unless gradients are recorded
+  // through them: then they stay, so that their (empty) gradient reaches them, as torch's.
   std::vector<ir::NodePtr> nodes;
   for (auto& x : xs)
-    if (x.shape()[a] > 0 || xs.size() == 1) nodes.push_back(ir::cast(x.node(), dt));
+    if (x.shape()[a] > 0 || xs.size() == 1 || ir::records_grad(x.node())) nodes.push_back(ir::cast(x.node(), dt));
   if (nodes.empty()) nodes.push_back(ir::cast(first.node(), dt));
   return Tensor(ir::concat(nodes, a));
 }

@@ -107,6 +107,11 @@ int main() {
   ops["bcel"] = [&](A& a) -> R { return {binary_cross_entropy_with_logits(T(a, 0), T(a, 1), a[2].s)}; };
   ops["ce_opts"] = [&](A& a) -> R { return {cross_entropy(T(a, 0), T(a, 1), {.ignore_index = a[2].i, .reduction = a[3].s, .label_smoothing = a[4].f})}; };
   ops["nll_loss"] = [&](A& a) -> R { return {nll_loss(T(a, 0), T(a, 1), a[2].i, a[3].s)}; };
+  ops["rms_norm"] = [&](A& a) -> R { return {rms_norm(T(a, 0), T(a, 1))}; };
+  ops["index_copy"] = [&](A& a) -> R { return {index_copy(T(a, 0), a[1].i, T(a, 2), T(a, 3))}; };
+  ops["take_flat"] = [&](A& a) -> R { return {take_along_dim(T(a, 0), T(a, 1), std::nullopt)}; };
+  ops["clamp_t"] = [&](A& a) -> R { return {clamp(T(a, 0), T(a, 1), T(a, 2))}; };
+  ops["where_s"] = [&](A& a) -> R { return {Tensor(where(T(a, 0), T(a, 1), a[2].f))}; };
   ops["neg2"] = [&](A& a) -> R { return {Tensor(neg(T(a, 0)))}; };
   ops["arange"] = [&](A& a) -> R { return {arange(a[0].i)}; };
   std::cout.precision(17);

@@ -219,6 +219,28 @@ def gen(op):
             return [T(x), T(y), ('s', red), ('f', p)], lambda a: f(a[0], a[1].expand_as(a[0]) if a[1].shape != a[0].shape else a[1], reduction=red, **{kw: p})
         f = getattr(F, op)
         return [T(x), T(y), ('s', red)], lambda a: f(a[0], a[1].expand_as(a[0]) if a[1].shape != a[0].shape else a[1], reduction=red)
+    if op == 'rms_norm':
+        sh = rshape(mind=1); fdt = rng.choice(['float32', 'float64'])
+        x = rtensor(sh, fdt, special=False); w = rtensor([sh[-1]], fdt, special=False)
+        return [T(x), T(w)], lambda a: torch.nn.functional.rms_norm(a[0], [sh[-1]], a[1])
+    if op == 'index_copy':
+        sh = rshape(mind=1); x = rtensor(sh, rng.choice(FLOATS + INTS)); d = rng.randrange(len(sh)); n = sh[d]
+        m = rng.randint(0, n)  # distinct positions: torch leaves repeated ones unspecified
+        idx = torch.tensor(rng.sample(range(n), m), dtype=torch.int64)
+        ssh = list(sh); ssh[d] = m; src = rtensor(ssh, str(x.dtype).split('.')[1], special=False)
+        return [T(x), ('i', d), T(idx), T(src)], lambda a: torch.index_copy(a[0], d, a[2], a[3])
+    if op == 'take_flat':
+        x = rtensor(rshape(), rng.choice(ALL)); n = x.numel()
+        if n == 0: return None
+        idx = torch.tensor([rng.randrange(n) for _ in range(rng.randint(0, 6))], dtype=torch.int64)
+        return [T(x), T(idx)], lambda a: torch.take_along_dim(a[0], a[1])
+    if op == 'clamp_t':
+        sh = rshape(); fdt = rng.choice(['float32', 'float64'])
+        x = rtensor(sh, fdt, lo=-3, hi=3); lo = rtensor(bcast_shape(sh), fdt, lo=-3, hi=0); hi = rtensor(bcast_shape(sh), fdt, lo=0, hi=3)
+        return [T(x), T(lo), T(hi)], lambda a: torch.clamp(a[0], a[1], a[2])
+    if op == 'where_s':
+        sh = rshape(); c = rtensor(sh, 'bool'); x = rtensor(sh, dt); s_ = rng.choice([0.5, -2.0, 3.0])
+        return [T(c), T(x), ('f', s_)], lambda a: torch.where(a[0], a[1], s_)
     if op in ('ce_opts', 'nll_loss'):
         N, C = rng.randint(1, 5), rng.randint(1, 5); fdt = rng.choice(['float32', 'float64'])
         x = rtensor([N, C], fdt, special=False)
@@ -235,7 +257,8 @@ def gen(op):
 OPS = UNARY + BINARY + ['gelu', 'where', 'clamp', 'sum', 'prod', 'mean', 'amax', 'amin', 'logsumexp', 'var', 'max_all', 'min_all',
       'max_dim', 'min_dim', 'argmax', 'argmin', 'softmax', 'log_softmax', 'cumsum', 'cumprod', 'cummax', 'cummin', 'logcumsumexp',
       'sort', 'argsort', 'topk', 'gather', 'take_along_dim', 'index_select', 'scatter_add', 'index_add', 'embedding', 'masked_fill',
-      'tril', 'triu', 'flip', 'roll', 'repeat', 'pad', 'one_hot', 'stack', 'cat', 'matmul', 'to', 'chunk', 'split', 'cross_entropy', 'layer_norm']
+      'tril', 'triu', 'flip', 'roll', 'repeat', 'pad', 'one_hot', 'stack', 'cat', 'matmul', 'to', 'chunk', 'split', 'cross_entropy', 'layer_norm',
+      'rms_norm', 'index_copy', 'take_flat', 'clamp_t', 'where_s']
 LOSSES = ['mse_loss', 'l1_loss', 'smooth_l1_loss', 'huber_loss', 'bcel', 'bce', 'ce_opts', 'nll_loss']
 if ONLY: OPS = LOSSES if ONLY == ['losses'] else ONLY
 

@@ -105,6 +105,12 @@ TEST_CASE("autograd: the tape accumulates into leaves; guards, detach, errors") 
   // A slice of a leaf that requires grad is its own node while recording: writing into it is an
   // error (it would not reach the leaf); under NoGradGuard it is a view and writes through.
   CHECK_THROWS_AS(slice(w, 1, 0, 1).assign(0.0), AutogradError);
+  // Writing the leaf itself while recording is an error too, as PyTorch's in-place ops on a leaf
+  // that requires grad (a graph built on it before would read the new value); nothing is written.
+  const std::vector<double> kept = w.to_vector<double>();
+  CHECK_THROWS_AS(w.assign(w - 0.1 * w.grad()), AutogradError);
+  CHECK_THROWS_AS(w.sub_(w.grad(), 0.1), AutogradError);
+  CHECK(w.to_vector<double>() == kept);
   {
     NoGradGuard off;
     Tensor before = clone(w).eval();  // its own storage

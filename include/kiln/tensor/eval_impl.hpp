@@ -369,6 +369,12 @@ KILN_ENTRY bool broadcasts_to(const SmallShape& from, const Shape& to) {
 
 KILN_ENTRY void check_assign_destination(const Tensor& destination) {
   const ir::Node& n = *destination.node();
+  // PyTorch: "a leaf Variable that requires grad is being used in an in-place operation". A
+  // graph built on the leaf before the write would read the new value, and its gradient the old.
+  if (n.grad_leaf && n.requires_grad && ir::detail::grad_mode())
+    throw AutogradError("assign: the destination " + destination.describe() +
+                        " is a leaf that requires grad; write it under NoGradGuard (as an optimizer "
+                        "step does), or write a detach()ed copy");
   if (!n.realized() && n.requires_grad && !n.grad_leaf && ir::detail::grad_mode())
     throw AutogradError("assign: the destination " + destination.describe() +
                         " is computed from tensors that require grad (a view of one records its own node "

@@ -29,6 +29,16 @@ KILN_ENTRY Tensor fold_loss(const Tensor& per_element, decomp::Reduction reducti
   return per_element;
 }
 
+/// ShapeError naming `op`, both operands' dtypes and shapes unless they broadcast.
+KILN_ENTRY void check_loss_broadcast(const Tensor& a, const Tensor& b, const char* op) {
+  const Shape &x = a.shape(), &y = b.shape();
+  for (std::size_t i = 1; i <= std::min(x.size(), y.size()); ++i) {
+    const std::int64_t p = x[x.size() - i], q = y[y.size() - i];
+    if (p != q && p != 1 && q != 1)
+      throw ShapeError(std::string(op) + ": " + describe(a) + " and " + describe(b) + " do not broadcast");
+  }
+}
+
 /// The two operands of an elementwise loss in their common floating dtype (float32 under
 /// autocast), broadcast-checked; `reduction` parsed. Throws naming `op`.
 struct LossOperands {
@@ -43,7 +53,7 @@ KILN_ENTRY LossOperands loss_operands(const Tensor& input_in, const Tensor& targ
   if (!is_floating(dt))
     throw DTypeError(std::string(op) + ": expected floating point input and target, got " + describe(input) + " and " +
                      describe(target));
-  (void)broadcast_shapes(input.shape(), target.shape(), op);
+  check_loss_broadcast(input, target, op);
   return {input.to(dt), target.to(dt), parse_reduction(reduction, op, input)};
 }
 
@@ -135,7 +145,7 @@ KILN_ENTRY Tensor binary_cross_entropy_with_logits(const Tensor& input, const Te
   if (!pos_weight.defined()) return detail::fold_loss((1.0 - t) * x + softplus_neg, o.reduction);
   Tensor pw = detail::fp32_operand(pos_weight);
   detail::check_same_device(x.device(), pw.device(), "binary_cross_entropy_with_logits");
-  (void)broadcast_shapes(x.shape(), pw.shape(), "binary_cross_entropy_with_logits");
+  detail::check_loss_broadcast(x, pw, "binary_cross_entropy_with_logits");
   pw = pw.to(x.dtype());
   return detail::fold_loss((1.0 - t) * x + (1.0 + (pw - 1.0) * t) * softplus_neg, o.reduction);
 }

@@ -477,6 +477,10 @@ requires TensorLike<E> Tensor rms_norm(const E& x, const Tensor& weight_in = {},
 }
 
 namespace detail {
+/// The checks of a loss over class targets (cross_entropy, nll_loss): float scores [N, C], int64
+/// or int32 targets [N] on the same device, targets in host memory within [0, C) or ignore_index.
+KILN_ENTRY void check_class_operands(const Tensor& scores, const Tensor& targets, std::int64_t ignore_index,
+                                     const char* op);
 /// cross_entropy after its front-end checks (shapes, dtypes, devices, targets in host memory),
 /// shared by every overload; `logits` is already the float operand autocast gives.
 KILN_ENTRY Tensor cross_entropy_checked(const Tensor& logits, const Tensor& targets, std::int64_t ignore_index,

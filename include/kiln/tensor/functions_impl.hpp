@@ -117,26 +117,31 @@ KILN_ENTRY ir::NodePtr norm_param(const Tensor& p, const Tensor& x, const char* 
   return p.node();
 }
 
-KILN_ENTRY Tensor cross_entropy_checked(const Tensor& logits, const Tensor& targets, std::int64_t ignore_index,
-                                        decomp::Reduction reduction, double label_smoothing) {
-  const Tensor& l = logits;
-  Tensor t = to_tensor(targets);
-  require_float(l, "cross_entropy");
-  check_same_device(l.device(), t.device(), "cross_entropy");
-  if (l.dim() != 2 || t.dim() != 1 || t.shape()[0] != l.shape()[0])
-    throw ShapeError("cross_entropy: expected logits [N, C] and targets [N], got " + describe(l) + " and " +
-                     describe(t));
-  if (t.dtype() != DType::Int64 && t.dtype() != DType::Int32)
-    throw DTypeError("cross_entropy: targets must be int64 class indices, got " + describe(t));
-  if (!(label_smoothing >= 0.0 && label_smoothing <= 1.0))
-    throw ValueError("cross_entropy: label_smoothing must be between 0.0 and 1.0, got " +
-                     std::to_string(label_smoothing) + " (logits " + describe(l) + ")");
+KILN_ENTRY void check_class_operands(const Tensor& scores, const Tensor& targets, std::int64_t ignore_index,
+                                     const char* op) {
+  require_float(scores, op);
+  check_same_device(scores.device(), targets.device(), op);
+  if (scores.dim() != 2 || targets.dim() != 1 || targets.shape()[0] != scores.shape()[0])
+    throw ShapeError(std::string(op) + ": expected scores [N, C] and targets [N], got " + describe(scores) + " and " +
+                     describe(targets));
+  if (targets.dtype() != DType::Int64 && targets.dtype() != DType::Int32)
+    throw DTypeError(std::string(op) + ": targets must be int64 class indices, got " + describe(targets));
   // Targets already in host memory are checked here, as PyTorch's CPU kernel does. Lazy or
   // device targets are not read here (that would be a synchronisation, and a graph break inside
   // kiln::compile): the kernel that reads a target checks it, and an out-of-range one is an
   // IndexError when the result is evaluated (on a GPU: when it is read back).
-  if (t.is_evaluated() && t.device().is_cpu() && !deferring_eval())
-    check_class_targets(t, l.shape()[1], ignore_index, "cross_entropy");
+  if (targets.is_evaluated() && targets.device().is_cpu() && !deferring_eval())
+    check_class_targets(targets, scores.shape()[1], ignore_index, op);
+}
+
+KILN_ENTRY Tensor cross_entropy_checked(const Tensor& logits, const Tensor& targets, std::int64_t ignore_index,
+                                        decomp::Reduction reduction, double label_smoothing) {
+  const Tensor& l = logits;
+  Tensor t = to_tensor(targets);
+  if (!(label_smoothing >= 0.0 && label_smoothing <= 1.0))
+    throw ValueError("cross_entropy: label_smoothing must be between 0.0 and 1.0, got " +
+                     std::to_string(label_smoothing) + " (logits " + describe(l) + ")");
+  check_class_operands(l, t, ignore_index, "cross_entropy");
   if (l.shape()[1] == 0 && l.shape()[0] > 0)
     throw IndexError("cross_entropy: no classes to pick a target from (logits " + describe(l) + ")");
   return Tensor(

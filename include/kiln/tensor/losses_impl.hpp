@@ -29,14 +29,10 @@ KILN_ENTRY Tensor fold_loss(const Tensor& per_element, decomp::Reduction reducti
   return per_element;
 }
 
-/// ShapeError naming `op`, both operands' dtypes and shapes unless they broadcast.
+/// ShapeError naming `op`, both operands' dtypes and shapes unless they broadcast (the
+/// binary ops' own check).
 KILN_ENTRY void check_loss_broadcast(const Tensor& a, const Tensor& b, const char* op) {
-  const Shape &x = a.shape(), &y = b.shape();
-  for (std::size_t i = 1; i <= std::min(x.size(), y.size()); ++i) {
-    const std::int64_t p = x[x.size() - i], q = y[y.size() - i];
-    if (p != q && p != 1 && q != 1)
-      throw ShapeError(std::string(op) + ": " + describe(a) + " and " + describe(b) + " do not broadcast");
-  }
+  (void)broadcast_small(SmallShape::from(a.shape(), op), SmallShape::from(b.shape(), op), op, a.dtype(), b.dtype());
 }
 
 /// The two operands of an elementwise loss in their common floating dtype (float32 under
@@ -72,15 +68,7 @@ KILN_ENTRY Tensor nll_loss(const Tensor& log_probs, const Tensor& targets, std::
   Tensor lp = detail::fp32_operand(log_probs);
   Tensor t = detail::to_tensor(targets);
   const decomp::Reduction r = detail::parse_reduction(reduction, op, lp);
-  detail::require_float(lp, op);
-  detail::check_same_device(lp.device(), t.device(), op);
-  if (lp.dim() != 2 || t.dim() != 1 || t.shape()[0] != lp.shape()[0])
-    throw ShapeError(std::string(op) + ": expected log_probs [N, C] and targets [N], got " + detail::describe(lp) +
-                     " and " + detail::describe(t));
-  if (t.dtype() != DType::Int64 && t.dtype() != DType::Int32)
-    throw DTypeError(std::string(op) + ": targets must be int64 class indices, got " + detail::describe(t));
-  if (t.is_evaluated() && t.device().is_cpu() && !detail::deferring_eval())
-    detail::check_class_targets(t, lp.shape()[1], ignore_index, op);
+  detail::check_class_operands(lp, t, ignore_index, op);
   // Ignored rows pick class 0 and count 0 (their values, even NaN, never reach the sum).
   Tensor t64 = t.to(DType::Int64);
   Tensor valid = t64 != ignore_index;

@@ -79,7 +79,9 @@ int main() {
   ops["index_select"] = [&](A& a) -> R { return {index_select(T(a, 0), a[1].i, T(a, 2))}; };
   ops["take_along_dim"] = [&](A& a) -> R { return {take_along_dim(T(a, 0), T(a, 1), a[2].i)}; };
   ops["embedding"] = [&](A& a) -> R { return {embedding(T(a, 0), T(a, 1))}; };
-  ops["scatter"] = [&](A& a) -> R { return {scatter(T(a, 0), a[1].i, T(a, 2), T(a, 3))}; };
+  ops["scatter"] = [&](A& a) -> R {
+    if (a[3].kind == 'f') return {scatter(T(a, 0), a[1].i, T(a, 2), a[3].f)};
+    return {scatter(T(a, 0), a[1].i, T(a, 2), T(a, 3))}; };
   ops["scatter_add"] = [&](A& a) -> R { return {scatter_add(T(a, 0), a[1].i, T(a, 2), T(a, 3))}; };
   ops["index_add"] = [&](A& a) -> R { return {index_add(T(a, 0), a[1].i, T(a, 2), T(a, 3))}; };
   ops["masked_fill"] = [&](A& a) -> R { return {masked_fill(T(a, 0), T(a, 1), a[2].f)}; };
@@ -113,6 +115,11 @@ int main() {
   ops["clamp_t"] = [&](A& a) -> R { return {clamp(T(a, 0), T(a, 1), T(a, 2))}; };
   ops["where_s"] = [&](A& a) -> R { return {Tensor(where(T(a, 0), T(a, 1), a[2].f))}; };
   ops["neg2"] = [&](A& a) -> R { return {Tensor(neg(T(a, 0)))}; };
+  ops["sdpa"] = [&](A& a) -> R {
+    std::optional<double> scale;
+    if (a[5].i) scale = a[6].f;
+    return {scaled_dot_product_attention(T(a, 0), T(a, 1), T(a, 2), T(a, 3), 0.0, a[4].i != 0, scale, a[7].i != 0)};
+  };
   ops["arange"] = [&](A& a) -> R { return {arange(a[0].i)}; };
   std::cout.precision(17);
   while (std::cin >> tok) {

@@ -3,7 +3,7 @@
 # inputs, special values), run by torch and by the kiln harness, compared by dtype, shape,
 # values (per-dtype tolerances) and by whether each raised. GRAD=1 compares gradients instead.
 #   torch_diff.py SEED [CASES] [op,op,...|losses]    (KILN_TORCH_DIFF_HARNESS: the harness binary)
-import torch, random, math, subprocess, sys, struct, os
+import torch, random, math, itertools, subprocess, sys, struct, os
 torch.set_num_threads(1)
 rng = random.Random(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
 NCASES = int(sys.argv[2]) if len(sys.argv) > 2 else 300
@@ -134,8 +134,19 @@ def gen(op):
         idx = torch.tensor([rng.randrange(max(n, 1)) for _ in range(math.prod(ish))], dtype=torch.int64).reshape(ish)
         src = rtensor([s + rng.randint(0, 1) for s in ish], x.dtype.__str__().split('.')[1], special=False)
         if op == 'scatter':
-            # only unique targets along d are deterministic in torch: keep scatter to a permutation
-            return None
+            # only unique targets along d are deterministic in torch: each line off d scatters to
+            # distinct positions (a sample without replacement), from a tensor or a number
+            dd = d % len(sh); ish[dd] = rng.randint(0, n)
+            idx = torch.zeros(ish, dtype=torch.int64)
+            for line in itertools.product(*[range(s) if i != dd else [None] for i, s in enumerate(ish)]):
+                pos = rng.sample(range(n), ish[dd])
+                for j, p_ in enumerate(pos):
+                    idx[tuple(j if v is None else v for v in line)] = p_
+            if rng.randint(0, 1):
+                v_ = rng.choice([0.0, -1.5, 2.0, 3.0])
+                return [T(x), ('i', d), T(idx), ('f', v_)], lambda a: torch.scatter(a[0], d, a[2], v_)
+            src = rtensor([s + rng.randint(0, 1) for s in ish], x.dtype.__str__().split('.')[1], special=False)
+            return [T(x), ('i', d), T(idx), T(src)], lambda a: torch.scatter(a[0], d, a[2], a[3])
         return [T(x), ('i', d), T(idx), T(src)], lambda a: torch.scatter_add(a[0], d, a[2], a[3])
     if op == 'embedding':
         W = rtensor([rng.randint(1, 6), rng.randint(0, 4)], rng.choice(FLOATS)); ish = rshape(2, 4)
@@ -252,13 +263,77 @@ def gen(op):
             x = torch.log_softmax(x, 1)
             return [T(x), T(t), ('i', ig), ('s', red)], lambda a: F.nll_loss(a[0], a[1], ignore_index=ig, reduction=red)
         return [T(x), T(t), ('i', ig), ('s', red), ('f', ls)], lambda a: F.cross_entropy(a[0], a[1], ignore_index=ig, reduction=red, label_smoothing=ls)
+    if op == 'sdpa':
+        # scaled_dot_product_attention: ranks 2-5, grouped heads, Ev != E, every mask kind and
+        # broadcast, causal with L != S, fully masked rows, explicit scales; and the calls torch
+        # refuses (mixed dtypes, a mask of another float dtype, a mask with is_causal, ...).
+        fdt = rng.choice(['float32', 'float64', 'float32', 'float64', 'float16', 'bfloat16'])
+        rank = rng.choice([2, 3, 4, 4, 5])
+        L, S, E, Ev = rng.randint(1, 5), rng.randint(1, 5), rng.randint(1, 6), rng.randint(1, 6)
+        if rng.random() < .05: S = 0
+        batch = [rng.randint(1, 3) for _ in range(max(rank - 3, 0))]
+        Hkv = rng.randint(1, 3); gqa = rank >= 3 and rng.random() < .3
+        Hq = Hkv * rng.randint(1, 3) if gqa else Hkv
+        heads = lambda h: [h] if rank >= 3 else []
+        qs, ks, vs = batch + heads(Hq) + [L, E], batch + heads(Hkv) + [S, E], batch + heads(Hkv) + [S, Ev]
+        r = rng.random()
+        if r < .1 and rank >= 3: ks, vs = ks[1:], vs[1:]               # fewer dims: broadcast
+        elif r < .15 and rank >= 3 and not gqa: ks[-3] = vs[-3] = 1    # one key/value head for all
+        elif r < .18: ks[-1] += 1                                       # E mismatch
+        elif r < .21: vs[-2] += 1                                       # S mismatch
+        elif r < .24 and gqa and Hq > 1: ks[-3] = vs[-3] = Hq + 1       # heads that do not divide
+        elif r < .27 and gqa and Hq % 2 == 0 and Hkv == Hq // 2: vs[-3] = Hq // 2 if rng.random() < .5 else 1
+        q = rtensor(qs, fdt, special=False); k = rtensor(ks, fdt, special=False); v = rtensor(vs, fdt, special=False)
+        if rng.random() < .04: k = rtensor(ks, rng.choice(['float32', 'float64', 'int64']), special=False)
+        causal = rng.random() < .25
+        mk = rng.choice(['none', 'none', 'bool', 'bool', 'float', 'float'])
+        scores = qs[:-1] + [S]
+        m = ('n',)
+        if mk != 'none':
+            form = rng.random()
+            if form < .3: msh = [L, S]
+            elif form < .6: msh = [1 if rng.random() < .5 else d for d in scores]
+            elif form < .75: msh = [1] * (len(scores) - 2) + [L, S]
+            elif form < .85: msh = [L, 1] if rng.random() < .5 else [1, S]
+            elif form < .95: msh = bcast_shape(scores) or [S]
+            else: msh = [2] + scores                                    # more dims than the scores
+            if mk == 'bool':
+                mt = torch.rand(msh) > .35
+                if rng.random() < .3 and msh[-1] > 0 and len(msh) >= 2 and msh[-2] > 1: mt[..., 0, :] = False   # a row with no key
+            else:
+                mdt = fdt if rng.random() < .6 else rng.choice(['float32', 'float64', 'float16', 'int32'])
+                mt = rtensor(msh, mdt, special=False) if mdt != 'int32' else torch.zeros(msh, dtype=torch.int32)
+                if mdt != 'int32' and rng.random() < .4 and msh[-1] > 0 and len(msh) >= 2 and msh[-2] > 1:
+                    mt[..., 0, :] = -float('inf')                      # a row with no key
+            m = T(mt)
+            if rng.random() < .85: causal = False
+        has_scale = rng.random() < .3; sc = rng.choice([0.5, -0.7, 2.0, 0.0])
+        F = torch.nn.functional
+        def f(a):
+            return F.scaled_dot_product_attention(a[0], a[1], a[2], attn_mask=a[3], dropout_p=0.0, is_causal=causal,
+                                                  scale=sc if has_scale else None, enable_gqa=gqa)
+        return [T(q), T(k), T(v), m, ('i', int(causal)), ('i', int(has_scale)), ('f', sc), ('i', int(gqa))], f
+    if op == 'linear':
+        fdt = rng.choice(['float32', 'float64'])
+        K, N = rng.randint(0, 4), rng.randint(1, 4)
+        xs = rng.choice([[K], [rng.randint(1, 3), K], [2, rng.randint(1, 3), K]])
+        ws = [N, K] if rng.random() < .8 else [K]
+        if rng.random() < .08: ws = [N, K + 1]                                  # features differ
+        x = rtensor(xs, fdt, special=False); w = rtensor(ws, fdt, special=False)
+        out = xs[:-1] + ws[:-1]
+        b = ('n',)
+        if rng.random() < .6:
+            bs = rng.choice([ws[:-1], [1], []]) if len(ws) == 2 else rng.choice([[], [1]])
+            if rng.random() < .08: bs = [N + 1]                                   # does not broadcast
+            b = T(rtensor(bs, fdt if rng.random() < .9 else ('float32' if fdt == 'float64' else 'float64'), special=False))
+        return [T(x), T(w), b], lambda a: torch.nn.functional.linear(a[0], a[1], a[2])
     return None
 
 OPS = UNARY + BINARY + ['gelu', 'where', 'clamp', 'sum', 'prod', 'mean', 'amax', 'amin', 'logsumexp', 'var', 'max_all', 'min_all',
       'max_dim', 'min_dim', 'argmax', 'argmin', 'softmax', 'log_softmax', 'cumsum', 'cumprod', 'cummax', 'cummin', 'logcumsumexp',
-      'sort', 'argsort', 'topk', 'gather', 'take_along_dim', 'index_select', 'scatter_add', 'index_add', 'embedding', 'masked_fill',
+      'sort', 'argsort', 'topk', 'gather', 'take_along_dim', 'index_select', 'scatter', 'scatter_add', 'index_add', 'embedding', 'masked_fill',
       'tril', 'triu', 'flip', 'roll', 'repeat', 'pad', 'one_hot', 'stack', 'cat', 'matmul', 'to', 'chunk', 'split', 'cross_entropy', 'layer_norm',
-      'rms_norm', 'index_copy', 'take_flat', 'clamp_t', 'where_s']
+      'rms_norm', 'index_copy', 'take_flat', 'clamp_t', 'where_s', 'sdpa', 'linear']
 LOSSES = ['mse_loss', 'l1_loss', 'smooth_l1_loss', 'huber_loss', 'bcel', 'bce', 'ce_opts', 'nll_loss']
 if ONLY: OPS = LOSSES if ONLY == ['losses'] else ONLY
 
@@ -327,6 +402,7 @@ while len(cases) < NCASES:
         if a[0] == 't': enc.append(enc_tensor(a[1], a[2]))
         elif a[0] == 'l': enc.append('l %d %s' % (len(a[1]), ' '.join(map(str, a[1]))))
         elif a[0] == 'f': enc.append('f %r' % a[1])
+        elif a[0] == 'n': enc.append('n')
         else: enc.append('%s %s' % (a[0], a[1]))
     lines.append('CASE %d %s %d %s' % (cid, ('grad:' + op) if GRAD and err is None else op, len(args), ' '.join(enc)))
     cases.append((op, args, r, err, ref64 if GRAD and err is None else None))

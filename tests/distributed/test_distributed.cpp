@@ -167,7 +167,7 @@ TEST_CASE("collectives over thread ranks give every rank the reduction written o
       expect(mine[i] == want, "reduce_scatter_tensor");
     }
     std::vector<Tensor> inputs;
-    for (int q = 0; q < W; ++q) inputs.push_back(full(Shape{N}, 10 * q + r));
+    for (int q = 0; q < W; ++q) inputs.push_back(full(Shape{N}, 10.0f * q + r));
     Tensor scattered = empty(Shape{N});
     dist::reduce_scatter(scattered, inputs, dist::ReduceOp::Max);
     for (float v : scattered.to_vector<float>()) expect(v == 10 * r + (W - 1), "reduce_scatter max");

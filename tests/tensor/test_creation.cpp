@@ -109,6 +109,12 @@ TEST_CASE("zeros, ones, full, arange") {
   KILN_CHECK_CLOSE(full({2}, 0.1, f32, dev), std::vector<double>{0.1f, 0.1f});
   KILN_CHECK_CLOSE(full({3}, NAN, f32, dev), std::vector<double>{NAN, NAN, NAN});
   KILN_CHECK_CLOSE(full({1}, -INFINITY, bf16, dev), std::vector<double>{-INFINITY});
+  // Without a dtype, full's comes from the value, as torch.full's.
+  CHECK(full({2}, 3).dtype() == DType::Int64);
+  CHECK(full({2}, true).dtype() == DType::Bool);
+  CHECK(full({2}, 3.0).dtype() == DType::Float32);
+  CHECK(full({2}, 2.5f).dtype() == DType::Float32);
+  KILN_CHECK_EXACT(full({2}, -7), {-7, -7});
   Tensor a = arange(6);
   CHECK(a.dtype() == DType::Int64);
   KILN_CHECK_EXACT(a, {0, 1, 2, 3, 4, 5});

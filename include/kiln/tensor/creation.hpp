@@ -91,8 +91,16 @@ namespace detail {
 /// `full` under the name the user called (errors name zeros and ones as such).
 KILN_ENTRY Tensor filled(const Shape& shape, double value, DType dtype, Device device, const char* op);
 }  // namespace detail
-inline Tensor full(const Shape& shape, double value, DType dtype = f32, Device device = Device::cpu()) {
+/// A tensor of `shape` holding `value` in `dtype`.
+inline Tensor full(const Shape& shape, double value, DType dtype, Device device = Device::cpu()) {
   return detail::filled(shape, value, dtype, device, "full");
+}
+/// The dtype from the value, as torch.full: bool for a bool, int64 for an integer, the default
+/// float (f32) for a floating-point number (`full({2}, 3)` is int64, `full({2}, 3.0)` float32).
+template <class V>
+requires std::is_arithmetic_v<V> Tensor full(const Shape& shape, V value) {
+  constexpr DType dtype = std::is_same_v<V, bool> ? DType::Bool : std::is_integral_v<V> ? DType::Int64 : kDefaultFloat;
+  return detail::filled(shape, static_cast<double>(value), dtype, Device::cpu(), "full");
 }
 inline Tensor zeros(const Shape& shape, DType dtype = f32, Device device = Device::cpu()) {
   return detail::filled(shape, 0.0, dtype, device, "zeros");

@@ -1521,9 +1521,10 @@ inline const std::vector<OpDesc>& op_table() {
       d.cxx = "rms_norm({0})";
       d.pick = norm_pick(0);
       d.predict = norm_predict(0);
-      // The default eps is the dtype's machine epsilon: the float64 twin passes the program's.
+      // The default eps is the machine epsilon of the dtype it computes in (float32's for the
+      // half types, as torch's opmath): the float64 twin passes the program's.
       d.build = [](const Args& a) {
-        if (a.ctx.f64) return rms_norm(a.t[0], Tensor{}, dtype_eps(a.orig_dtype(0)));
+        if (a.ctx.f64) return rms_norm(a.t[0], Tensor{}, dtype_eps(a.orig_dtype(0) == f64 ? f64 : f32));
         return rms_norm(a.t[0]);
       };
       t.push_back(d);

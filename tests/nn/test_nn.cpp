@@ -145,6 +145,77 @@ TEST_CASE("Embedding: rows of the table, scatter-added gradients, padding_idx ze
   CHECK_THROWS_AS(nn::Embedding(4, 2, 4), IndexError);
 }
 
+TEST_CASE("Embedding: a padding row holding values (loaded) is what its lookups return, as torch; no gradient") {
+  nn::Embedding emb(4, 2, 1);
+  nn::StateDict sd;
+  sd.insert("weight", from_vector<float>({1, 2, 3, 4, 5, 6, 7, 8}, {4, 2}));
+  emb.load_state_dict(sd);
+  Tensor out = emb(from_vector<std::int64_t>({1, 3, 1}, {3}));
+  CHECK(values(out) == std::vector<double>{3, 4, 7, 8, 3, 4});  // torch: weight[1], not zeros
+  out.backward(ones({3, 2}));
+  CHECK(values(emb.weight.grad()) == std::vector<double>{0, 0, 0, 0, 0, 0, 1, 1});
+}
+
+TEST_CASE("LayerNorm and RMSNorm over several trailing dims (torch's normalized_shape list)") {
+  nn::LayerNorm ln(Shape{2, 3});
+  nn::RMSNorm rms(Shape{2, 3}, 1e-6);
+  CHECK(ln.weight.shape() == Shape{2, 3});
+  CHECK(ln.bias.shape() == Shape{2, 3});
+  CHECK(rms.weight.shape() == Shape{2, 3});
+  CHECK(ln.named_parameters().keys() == std::vector<std::string>{"weight", "bias"});
+  ln.to(f64);
+  rms.to(f64);
+  Tensor w = f64_randn({2, 3}, 21), b = f64_randn({2, 3}, 22);
+  {
+    NoGradGuard off;
+    ln.weight.assign(w);
+    ln.bias.assign(b);
+    rms.weight.assign(w);
+  }
+  Tensor x = f64_randn({4, 2, 3}, 23);
+  const std::vector<double> xv = values(x), wv = values(w), bv = values(b);
+  std::vector<double> want_ln, want_rms;
+  for (int r = 0; r < 4; ++r) {  // each [2, 3] block normalised as one
+    double m = 0, v = 0, ms = 0;
+    for (int c = 0; c < 6; ++c) m += xv[r * 6 + c] / 6;
+    for (int c = 0; c < 6; ++c) v += (xv[r * 6 + c] - m) * (xv[r * 6 + c] - m) / 6;
+    for (int c = 0; c < 6; ++c) ms += xv[r * 6 + c] * xv[r * 6 + c] / 6;
+    for (int c = 0; c < 6; ++c) want_ln.push_back((xv[r * 6 + c] - m) / std::sqrt(v + 1e-5) * wv[c] + bv[c]);
+    for (int c = 0; c < 6; ++c) want_rms.push_back(xv[r * 6 + c] / std::sqrt(ms + 1e-6) * wv[c]);
+  }
+  check_close(ln(x), want_ln);
+  check_close(rms(x), want_rms);
+  CHECK(ln(x).shape() == Shape{4, 2, 3});
+  // The gradient of the weight is the sum over the batch of dy * x_hat, per [2, 3] position.
+  sum(ln(x)).backward();
+  std::vector<double> gw = values(ln.weight.grad()), want_gw(6, 0.0);
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 6; ++c) want_gw[c] += (want_ln[r * 6 + c] - bv[c]) / wv[c];
+  check_close(ln.weight.grad(), want_gw, 1e-9);
+  CHECK(values(ln.bias.grad()) == std::vector<double>(6, 4.0));
+  CHECK_THROWS_AS(ln(f64_randn({4, 3, 2}, 1)), ShapeError);  // ends in [3, 2], not [2, 3]
+  CHECK_THROWS_AS(rms(f64_randn({3}, 1)), ShapeError);
+  CHECK_THROWS_AS(nn::LayerNorm(Shape{}), ValueError);
+}
+
+TEST_CASE("RMSNorm of float16 and bfloat16: the default eps is float32's epsilon, as torch's kernels") {
+  for (DType dt : {f16, bf16}) {
+    CAPTURE(dt);
+    nn::RMSNorm rms(4, std::nullopt, false, dt);
+    // Rows of about 1e-3: a mean square near 1e-6, so eps 2^-10 (torch.finfo(float16).eps) would
+    // shrink them about 30 times; 2^-23 (float32's, what torch adds) barely moves them.
+    Tensor x = (full({2, 4}, 1e-3, f32) * (rand({2, 4}, 5) + 1.0)).to(dt).eval();
+    const std::vector<double> xv = values(x);
+    std::vector<double> want;
+    for (int r = 0; r < 2; ++r) {
+      double ms = 0;
+      for (int c = 0; c < 4; ++c) ms += xv[r * 4 + c] * xv[r * 4 + c] / 4;
+      for (int c = 0; c < 4; ++c) want.push_back(xv[r * 4 + c] / std::sqrt(ms + std::ldexp(1.0, -23)));
+    }
+    check_close(rms(x), want, dt == f16 ? 2e-3 : 1e-2);
+  }
+}
+
 TEST_CASE("Dropout: identity in eval, 0 or x/(1-p) in training, seeded masks, gradient through the mask") {
   nn::Dropout drop(0.3);
   Tensor x = (rand({10000}, 1) + 1.0).eval().requires_grad_();

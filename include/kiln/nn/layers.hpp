@@ -1,6 +1,7 @@
 #pragma once
 // The layers of kiln::nn, with PyTorch's parameter names, shapes and default initialisation
 // (drawn from the global generator: manual_seed makes them reproducible).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -51,7 +52,8 @@ class Linear : public Module {
 };
 
 /// A lookup table (torch.nn.Embedding): weight [num_embeddings, embedding_dim] ~ N(0, 1); the
-/// row of `padding_idx` starts at zero and gets no gradient.
+/// row of `padding_idx` starts at zero and gets no gradient (a value written there, by
+/// load_state_dict say, is what its lookups return, as in torch).
 class Embedding : public Module {
  public:
   KILN_ENTRY Embedding(std::int64_t num_embeddings, std::int64_t embedding_dim,
@@ -65,36 +67,37 @@ class Embedding : public Module {
   Tensor weight;
 };
 
-/// Layer normalisation over the last axis (torch.nn.LayerNorm with one normalised dim):
-/// weight ones, bias zeros.
+/// Layer normalisation over the trailing dims `normalized_shape` (torch.nn.LayerNorm; an int
+/// is one dim): weight ones, bias zeros, both of shape `normalized_shape`.
 class LayerNorm : public Module {
  public:
-  KILN_ENTRY LayerNorm(std::int64_t normalized_shape, double eps = 1e-5, bool elementwise_affine = true,
-                       bool bias = true, DType dtype = f32, Device device = Device::cpu());
+  KILN_ENTRY LayerNorm(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true, bool bias = true,
+                       DType dtype = f32, Device device = Device::cpu());
+  LayerNorm(std::int64_t normalized_shape, double eps = 1e-5, bool elementwise_affine = true, bool bias = true,
+            DType dtype = f32, Device device = Device::cpu())
+      : LayerNorm(Shape{normalized_shape}, eps, elementwise_affine, bias, dtype, device) {}
   KILN_ENTRY Tensor forward(const Tensor& x) override;
   std::string name() const override { return "LayerNorm"; }
 
-  std::int64_t normalized_shape;
+  Shape normalized_shape;
   double eps;
   Tensor weight, bias;
 };
 
-/// RMS normalisation over the last axis (torch.nn.RMSNorm): weight ones; eps defaults to the
-/// input dtype's machine epsilon.
+/// RMS normalisation over the trailing dims `normalized_shape` (torch.nn.RMSNorm; an int is one
+/// dim): weight ones of shape `normalized_shape`; eps defaults to the machine epsilon of the
+/// dtype the norm computes in (float32's for float16 and bfloat16 inputs, as torch's kernels).
 class RMSNorm : public Module {
  public:
+  KILN_ENTRY explicit RMSNorm(Shape normalized_shape, std::optional<double> eps = std::nullopt,
+                              bool elementwise_affine = true, DType dtype = f32, Device device = Device::cpu());
   explicit RMSNorm(std::int64_t normalized_shape, std::optional<double> eps = std::nullopt,
                    bool elementwise_affine = true, DType dtype = f32, Device device = Device::cpu())
-      : normalized_shape(normalized_shape), eps(eps) {
-    if (elementwise_affine) {
-      weight = ones({normalized_shape}, dtype, device);
-      register_parameter("weight", weight);
-    }
-  }
+      : RMSNorm(Shape{normalized_shape}, eps, elementwise_affine, dtype, device) {}
   KILN_ENTRY Tensor forward(const Tensor& x) override;
   std::string name() const override { return "RMSNorm"; }
 
-  std::int64_t normalized_shape;
+  Shape normalized_shape;
   std::optional<double> eps;
   Tensor weight;
 };

@@ -67,24 +67,47 @@ namespace kiln::nn {
 
 KILN_ENTRY Tensor Embedding::forward(const Tensor& indices) {
   if (!padding_idx) return embedding(weight, indices);
-  // The padding row's gradient is zero: its rows of the result are cut from the tape.
+  // As torch: the padding row reads as what the table holds there (zero unless changed), but
+  // gets no gradient: its rows of the result are cut from the tape.
   Tensor rows = embedding(weight, indices);
   Tensor pad = unsqueeze(indices == *padding_idx, -1);
-  return where(pad, 0.0, rows);
+  return where(pad, rows.detach(), rows);
 }
 
+namespace detail {
+/// Checks that `x` ends in `normalized` (ShapeError naming `op`) and applies `norm` (over the last
+/// axis) to x with its normalised dims flattened into one, the parameters flattened alike.
+template <class F>
+Tensor norm_over(const char* op, const Tensor& x, const Shape& normalized, const Tensor& weight, const Tensor& bias,
+                 F norm) {
+  const std::size_t k = normalized.size();
+  if (static_cast<std::size_t>(x.dim()) < k || !std::equal(normalized.begin(), normalized.end(), x.shape().end() - k))
+    throw ShapeError(std::string(op) + ": input " + x.describe() + " must be of shape [*, " + normalized.str().substr(1) +
+                     " (it must end in normalized_shape " + normalized.str() + ")");
+  if (k == 1) return norm(x, weight, bias);
+  const std::int64_t n = normalized.numel();
+  Shape flat(x.shape().begin(), x.shape().end() - static_cast<std::ptrdiff_t>(k));
+  flat.push_back(n);
+  auto flatten = [&](const Tensor& p) { return p.defined() ? reshape(p, {n}) : Tensor(); };
+  return reshape(norm(reshape(x, flat), flatten(weight), flatten(bias)), x.shape());
+}
+
+inline Shape checked_normalized_shape(const char* op, Shape shape) {
+  if (shape.empty()) throw ValueError(std::string(op) + ": normalized_shape must have at least one dimension");
+  for (std::int64_t d : shape)
+    if (d < 0) throw ValueError(std::string(op) + ": normalized_shape " + shape.str() + " has a negative size");
+  return shape;
+}
+}  // namespace detail
+
 KILN_ENTRY Tensor LayerNorm::forward(const Tensor& x) {
-  if (x.dim() == 0 || x.shape().back() != normalized_shape)
-    throw ShapeError("LayerNorm: input " + x.describe() + " must end in the normalized size " +
-                     std::to_string(normalized_shape));
-  return layer_norm(x, weight, bias, eps);
+  return detail::norm_over("LayerNorm", x, normalized_shape, weight, bias,
+                           [&](const Tensor& v, const Tensor& w, const Tensor& b) { return layer_norm(v, w, b, eps); });
 }
 
 KILN_ENTRY Tensor RMSNorm::forward(const Tensor& x) {
-  if (x.dim() == 0 || x.shape().back() != normalized_shape)
-    throw ShapeError("RMSNorm: input " + x.describe() + " must end in the normalized size " +
-                     std::to_string(normalized_shape));
-  return rms_norm(x, weight, eps);
+  return detail::norm_over("RMSNorm", x, normalized_shape, weight, Tensor(),
+                           [&](const Tensor& v, const Tensor& w, const Tensor&) { return rms_norm(v, w, eps); });
 }
 
 KILN_ENTRY const std::shared_ptr<Module>& ModuleList::at(std::size_t i) const {
@@ -146,16 +169,25 @@ KILN_ENTRY Embedding::Embedding(std::int64_t num_embeddings, std::int64_t embedd
   register_parameter("weight", weight);
 }
 
-KILN_ENTRY LayerNorm::LayerNorm(std::int64_t normalized_shape, double eps, bool elementwise_affine, bool bias,
-                                DType dtype, Device device)
-    : normalized_shape(normalized_shape), eps(eps) {
+KILN_ENTRY LayerNorm::LayerNorm(Shape normalized_shape, double eps, bool elementwise_affine, bool bias, DType dtype,
+                                Device device)
+    : normalized_shape(detail::checked_normalized_shape("LayerNorm", std::move(normalized_shape))), eps(eps) {
   if (elementwise_affine) {
-    weight = ones({normalized_shape}, dtype, device);
+    weight = ones(this->normalized_shape, dtype, device);
     register_parameter("weight", weight);
     if (bias) {
-      this->bias = zeros({normalized_shape}, dtype, device);
+      this->bias = zeros(this->normalized_shape, dtype, device);
       register_parameter("bias", this->bias);
     }
+  }
+}
+
+KILN_ENTRY RMSNorm::RMSNorm(Shape normalized_shape, std::optional<double> eps, bool elementwise_affine, DType dtype,
+                            Device device)
+    : normalized_shape(detail::checked_normalized_shape("RMSNorm", std::move(normalized_shape))), eps(eps) {
+  if (elementwise_affine) {
+    weight = ones(this->normalized_shape, dtype, device);
+    register_parameter("weight", weight);
   }
 }
 

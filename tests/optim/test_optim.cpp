@@ -505,6 +505,13 @@ TEST_CASE("schedulers: PyTorch's lr sequences") {
     expect(lrs(s, 5), {0.5, 0.75, 1.0, 0.5, 0.25});
     CHECK_THROWS_AS(optim::SequentialLR(opt, {warm, decay}, {}), ValueError);
   }
+  SUBCASE("SequentialLR with a milestone at 0 starts with the second scheduler, as torch's bisect") {
+    optim::SGD opt({p}, {.lr = 1.0});
+    auto unused = std::make_shared<optim::ExponentialLR>(opt, 0.9);
+    auto step = std::make_shared<optim::StepLR>(opt, 2, 0.5);
+    optim::SequentialLR s(opt, {unused, step}, {0});
+    expect(lrs(s, 5), {1, 1, 0.5, 0.5, 0.25});  // torch 2.x
+  }
   SUBCASE("the optimizer follows the schedule") {
     Tensor q = param({0}, {1});
     optim::SGD opt({q}, {.lr = 1.0});

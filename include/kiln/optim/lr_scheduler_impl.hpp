@@ -264,8 +264,12 @@ KILN_ENTRY SequentialLR::SequentialLR(Optimizer& optimizer, std::vector<std::sha
   last_epoch_ = 0;
   for (ParamGroup& g : optimizer.param_groups()) g.lr = *g.initial_lr;
   for (auto& s : schedulers_) s->undo_initial_step();
-  schedulers_[0]->initial_step();
-  last_lr_ = schedulers_[0]->get_last_lr();
+  // The scheduler of epoch 0: the first, or a later one when milestones start at 0 (torch's
+  // bisect_right(milestones, 0)).
+  const auto first = static_cast<std::size_t>(std::upper_bound(milestones_.begin(), milestones_.end(), 0) -
+                                              milestones_.begin());
+  schedulers_[first]->initial_step();
+  last_lr_ = schedulers_[first]->get_last_lr();
 }
 
 }  // namespace kiln::optim

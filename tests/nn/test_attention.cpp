@@ -355,6 +355,44 @@ TEST_CASE("scaled_dot_product_attention: typed errors name the op, the shapes an
   CHECK_THROWS_AS(scaled_dot_product_attention(q4, k4, v4), ShapeError);  // heads differ without enable_gqa
 }
 
+TEST_CASE("scaled_dot_product_attention: torch's mask dtypes, key and value heads grouped apart, a cast mask") {
+  Tensor q = randn({2, 4, 3, 8}, 31, f32, dev), k = randn({2, 4, 5, 8}, 32, f32, dev), v = randn({2, 4, 5, 6}, 33, f32, dev);
+  // An additive mask is float32 or of the query's dtype (torch refuses the others).
+  CHECK_THROWS_WITH_AS(scaled_dot_product_attention(q, k, v, zeros({3, 5}, f64, dev)),
+                       doctest::Contains("attn_mask Tensor(float64[3, 5]"), DTypeError);
+  CHECK_THROWS_AS(scaled_dot_product_attention(q, k, v, zeros({3, 5}, f16, dev)), DTypeError);
+  Tensor m32 = randn({3, 5}, 34, f32, dev);
+  Tensor q64 = q.to(f64), k64 = k.to(f64), v64 = v.to(f64);
+  CHECK(relative_error(scaled_dot_product_attention(q64, k64, v64, m32),
+                       scaled_dot_product_attention(q64, k64, v64, m32.to(f64))) < 1e-12);
+  // enable_gqa: the key's heads and the value's each divide the query's, and may differ.
+  Tensor kg = randn({2, 2, 5, 8}, 35, f64, dev).requires_grad_(), vg = randn({2, 1, 5, 6}, 36, f64, dev).requires_grad_();
+  Tensor qg = q64.detach().requires_grad_();
+  Tensor out = scaled_dot_product_attention(qg, kg, vg, {}, 0.0, true, std::nullopt, true);
+  Tensor kr = kg.detach().requires_grad_(), vr = vg.detach().requires_grad_(), qr = q64.detach().requires_grad_();
+  Tensor k4 = reshape(broadcast_to(reshape(kr, {2, 2, 1, 5, 8}), {2, 2, 2, 5, 8}), {2, 4, 5, 8});
+  Tensor want = scaled_dot_product_attention(qr, k4, broadcast_to(vr, {2, 4, 5, 6}), {}, 0.0, true);
+  CHECK(out.shape() == Shape{2, 4, 3, 6});
+  CHECK(relative_error(out, want) < 1e-12);
+  Tensor cot = randn({2, 4, 3, 6}, 37, f64, dev);
+  sum(out * cot).backward();
+  sum(want * cot).backward();
+  CHECK(relative_error(qg.grad(), qr.grad()) < 1e-12);
+  CHECK(relative_error(kg.grad(), kr.grad()) < 1e-12);
+  CHECK(relative_error(vg.grad(), vr.grad()) < 1e-12);
+  CHECK_THROWS_AS(scaled_dot_product_attention(q64, kg, randn({2, 3, 5, 6}, 0, f64, dev), {}, 0.0, false,
+                                               std::nullopt, true),
+                  ShapeError);
+  // Under autocast an additive mask is cast to the lower precision with q, k and v (torch's
+  // lower-precision policy casts every floating argument).
+  Tensor m = (randn({2, 1, 3, 5}, 38, f32, dev) * 3.0 + 0.1).eval();
+  Tensor plain = scaled_dot_product_attention(q.to(bf16), k.to(bf16), v.to(bf16), m.to(bf16));
+  AutocastGuard autocast(bf16);
+  Tensor cast = scaled_dot_product_attention(q, k, v, m);
+  CHECK(cast.dtype() == bf16);
+  CHECK(values(cast) == values(plain));
+}
+
 TEST_CASE("scaled_dot_product_attention: under kiln::compile, autocast and nn::MultiheadAttention") {
   Tensor q = randn({1, 2, 20, 16}, 21, f32, dev), k = randn({1, 2, 20, 16}, 22, f32, dev),
          v = randn({1, 2, 20, 16}, 23, f32, dev);

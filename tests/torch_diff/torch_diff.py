@@ -310,8 +310,11 @@ def gen(op):
         has_scale = rng.random() < .3; sc = rng.choice([0.5, -0.7, 2.0, 0.0])
         F = torch.nn.functional
         def f(a):
-            return F.scaled_dot_product_attention(a[0], a[1], a[2], attn_mask=a[3], dropout_p=0.0, is_causal=causal,
-                                                  scale=sc if has_scale else None, enable_gqa=gqa)
+            # The math backend: the documented definition (torch's CPU flash kernel refuses 1-d
+            # masks, reads past v for a mismatched S and gives NaN for scale 0 with is_causal).
+            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+                return F.scaled_dot_product_attention(a[0], a[1], a[2], attn_mask=a[3], dropout_p=0.0, is_causal=causal,
+                                                      scale=sc if has_scale else None, enable_gqa=gqa)
         return [T(q), T(k), T(v), m, ('i', int(causal)), ('i', int(has_scale)), ('f', sc), ('i', int(gqa))], f
     if op == 'linear':
         fdt = rng.choice(['float32', 'float64'])

@@ -41,8 +41,8 @@ KILN_ENTRY ir::NodePtr dropout_key(Device device);
 /// same seed (manual_seed) gives the same mask on every device and thread count.
 KILN_ENTRY Tensor dropout(const Tensor& x, double p = 0.5, bool training = true);
 
-/// The additive mask of causal attention over [L, S]: 0 where key j <= query i + (S - L),
-/// -inf elsewhere (torch's is_causal aligns the mask to the top left: j <= i).
+/// The additive mask of causal attention over [L, S]: 0 where key j <= query i, -inf elsewhere
+/// (aligned to the top left, torch's tril(ones(L, S)) for is_causal, whatever L and S).
 KILN_ENTRY Tensor causal_mask(std::int64_t L, std::int64_t S, DType dtype, Device device);
 
 namespace detail {
@@ -60,8 +60,8 @@ KILN_ENTRY AttentionOperands check_attention(const Tensor& q, const Tensor& k, c
 
 /// Whether the fused kernels compute this call (else it is written out): dropout_p below 1, no
 /// mask that requires grad (the kernels give the mask no gradient), and batch dims equal but
-/// for grouped or single key/value heads (a broadcast batch is written out too). `why` gets the
-/// reason when not.
+/// for grouped or single key/value heads, as many for the key as for the value (a broadcast
+/// batch is written out too). `why` gets the reason when not.
 KILN_ENTRY bool fusable_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
                                   double dropout_p, bool enable_gqa, std::string& why);
 
@@ -87,10 +87,10 @@ KILN_ENTRY Tensor scaled_dot_product_attention_math(const Tensor& q, const Tenso
 
 /// softmax(q kᵀ · scale + mask) v over the last two axes (torch.nn.functional.
 /// scaled_dot_product_attention): q [..., L, E], k [..., S, E], v [..., S, Ev] of one floating
-/// dtype; `attn_mask` a boolean (true = take part) or additive float mask broadcastable to
-/// [..., L, S]; `is_causal` masks key j > query i (not with a mask); `scale` defaults to
-/// 1 / sqrt(E); `enable_gqa`: q's heads (dim -3) a multiple of k's and v's, each key/value head
-/// serving a group of query heads. Runs as one fused kernel (an online softmax: no [L, S] scores
+/// dtype; `attn_mask` a boolean (true = take part) or additive mask (float32 or q's dtype)
+/// broadcastable to [..., L, S]; `is_causal` masks key j > query i (not with a mask); `scale`
+/// defaults to 1 / sqrt(E); `enable_gqa`: q's heads (dim -3) a multiple of k's and of v's, each
+/// key/value head serving a group of query heads. Runs as one fused kernel (an online softmax: no [L, S] scores
 /// in memory) and differentiates through a fused backward that recomputes the scores from each
 /// row's saved log-sum-exp. `dropout_p` > 0 drops weights after the softmax (scaling the kept
 /// by 1 / (1 - p)) inside the kernels, with the same Philox mask in the forward and the

@@ -67,8 +67,11 @@ KILN_ENTRY AttentionOperands check_attention(const Tensor& q, const Tensor& k, c
   a.L = q.shape()[q.dim() - 2], a.S = k.shape()[k.dim() - 2], a.E = q.shape().back(), a.Ev = v.shape().back();
   a.scale = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(a.E));
   if (enable_gqa) {
-    if (q.dim() < 3 || k.dim() < 3 || v.dim() < 3 || k.shape()[k.dim() - 3] != v.shape()[v.dim() - 3] ||
-        k.shape()[k.dim() - 3] == 0 || q.shape()[q.dim() - 3] % k.shape()[k.dim() - 3] != 0)
+    // As torch's: the key's and the value's heads each divide the query's (they may differ).
+    auto divides = [&](const Tensor& t) {
+      return t.dim() >= 3 && t.shape()[t.dim() - 3] > 0 && q.shape()[q.dim() - 3] % t.shape()[t.dim() - 3] == 0;
+    };
+    if (q.dim() < 3 || !divides(k) || !divides(v))
       throw ShapeError(op + ": enable_gqa needs query heads a multiple of key and value heads (dim -3), got " + all);
   }
   // The batch dims (the heads' too, but for grouped heads) broadcast as matmul's do.
@@ -84,8 +87,10 @@ KILN_ENTRY AttentionOperands check_attention(const Tensor& q, const Tensor& k, c
     throw ShapeError(op + ": the batch dims of " + all + " do not broadcast");
   }
   if (attn_mask.defined()) {
-    if (attn_mask.dtype() != DType::Bool && !is_floating(attn_mask.dtype()))
-      throw DTypeError(op + ": attn_mask must be bool or floating point, got " + attn_mask.describe());
+    // torch's rule: a boolean mask, or an additive one of float32 or the query's dtype.
+    if (attn_mask.dtype() != DType::Bool && attn_mask.dtype() != DType::Float32 && attn_mask.dtype() != q.dtype())
+      throw DTypeError(op + ": attn_mask must be bool, float32 or the query's dtype, got attn_mask " +
+                       attn_mask.describe() + " with " + all);
     if (!(attn_mask.device() == q.device()))
       throw DeviceError(op + ": attn_mask " + attn_mask.describe() + " is not on " + q.device().str());
     std::vector<std::int64_t> scores(q.shape().begin(), q.shape().end() - 1);
@@ -124,7 +129,7 @@ KILN_ENTRY bool fusable_attention(const Tensor& q, const Tensor& k, const Tensor
     if (heads && k.shape()[d] == v.shape()[d] && (enable_gqa || k.shape()[d] == 1) && k.shape()[d] > 0 &&
         q.shape()[d] % k.shape()[d] == 0)
       continue;
-    why = "the batch dims broadcast";
+    why = heads && k.shape()[d] != v.shape()[d] ? "the key's and the value's heads differ" : "the batch dims broadcast";
     return false;
   }
   return true;
@@ -202,9 +207,10 @@ KILN_ENTRY Tensor scaled_dot_product_attention_math(const Tensor& q, const Tenso
       detail::check_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa);
   Tensor kk = k, vv = v;
   if (enable_gqa && q.dim() >= 3) {
-    const std::int64_t group = q.shape()[q.dim() - 3] / k.shape()[k.dim() - 3];
-    // Each key/value head repeated for its group of query heads (torch's repeat_interleave).
-    auto repeat_heads = [group](const Tensor& t) {
+    // Each key/value head repeated for its group of query heads (torch's repeat_interleave);
+    // the key's and the value's groups may differ.
+    auto repeat_heads = [&q](const Tensor& t) {
+      const std::int64_t group = q.shape()[q.dim() - 3] / t.shape()[t.dim() - 3];
       std::vector<std::int64_t> split(t.shape().begin(), t.shape().end()), wide;
       split.insert(split.end() - 2, 1);
       wide = split;
@@ -238,16 +244,18 @@ KILN_ENTRY Tensor scaled_dot_product_attention(const Tensor& query, const Tensor
   const Tensor q = ::kiln::detail::autocast_cast(query, AutocastClass::LowerPrecision);
   const Tensor k = ::kiln::detail::autocast_cast(key, AutocastClass::LowerPrecision);
   const Tensor v = ::kiln::detail::autocast_cast(value, AutocastClass::LowerPrecision);
+  // torch's lower-precision policy casts every floating argument, an additive mask too.
+  const Tensor mask = ::kiln::detail::autocast_cast(attn_mask, AutocastClass::LowerPrecision);
   const detail::AttentionOperands a =
-      detail::check_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+      detail::check_attention(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa);
   std::string why;
-  if (!detail::fusable_attention(q, k, v, attn_mask, dropout_p, enable_gqa, why)) {
+  if (!detail::fusable_attention(q, k, v, mask, dropout_p, enable_gqa, why)) {
     if (log_enabled(LogChannel::schedule))
       log(LogChannel::schedule, "scaled_dot_product_attention " + q.shape().str() + " written out: " + why);
     ::kiln::detail::AutocastSuspend inner;
-    return scaled_dot_product_attention_math(q, k, v, attn_mask, dropout_p, is_causal, a.scale, enable_gqa);
+    return scaled_dot_product_attention_math(q, k, v, mask, dropout_p, is_causal, a.scale, enable_gqa);
   }
-  return detail::fused_attention(q, k, v, attn_mask, dropout_p, is_causal, a);
+  return detail::fused_attention(q, k, v, mask, dropout_p, is_causal, a);
 }
 
 }  // namespace kiln::nn::functional

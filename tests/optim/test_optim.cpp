@@ -552,6 +552,12 @@ TEST_CASE("clip_grad_norm_ and clip_grad_value_") {
     CHECK(a.grad().to_vector<double>() == Vec{3, -4});
     CHECK(b.grad().to_vector<double>() == Vec{0, 12, 0});
     fill();
+    // Order 0 is torch's norm of the gradients' norms: the number of gradients holding a nonzero
+    // (2 here, not the 3 nonzero elements), so the factor is 1.5 / 2.
+    total = optim::clip_grad_norm_({a, b}, 1.5, 0.0);
+    CHECK(total.item<double>() == 2);
+    check_close(a.grad().to_vector<double>(), {3 * 0.75 / (1 + 5e-7), -4 * 0.75 / (1 + 5e-7)}, 1e-6);
+    fill();
     optim::clip_grad_value_({a, b}, 3.5);
     CHECK(a.grad().to_vector<double>() == Vec{3, -3.5});
     CHECK(b.grad().to_vector<double>() == Vec{0, 3.5, 0});

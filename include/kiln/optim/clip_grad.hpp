@@ -24,7 +24,8 @@ KILN_ENTRY ir::NodePtr reduce_all(ir::Op op, const ir::NodePtr& x);
 }  // namespace detail
 
 /// Scales the gradients of `params` in place so that their total norm (the `norm_type`-norm of
-/// all their elements together: 2, any p > 0, 0 (the count of nonzeros), inf or -inf) is at
+/// the gradients' norms, torch's definition: for 2, any p > 0, inf and -inf that is the norm of
+/// all their elements together; for 0 it is the number of gradients that hold a nonzero) is at
 /// most `max_norm`, as torch.nn.utils.clip_grad_norm_: every gradient is multiplied by
 /// min(1, max_norm / (total + 1e-6)). Returns the total norm before clipping (0-dim, the
 /// gradients' dtype; 0 without gradients). Parameters without a gradient are skipped. With

@@ -43,7 +43,17 @@ KILN_ENTRY Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_
   const DType cd = od::opmath(out);
   const std::vector<ir::NodePtr> pieces = od::coalesce(grads);
   ir::NodePtr total;
-  for (const ir::NodePtr& piece : pieces) {
+  // torch takes the norm of the per-gradient norms. For every other order that is the norm of
+  // all the elements together (so coalesced pieces give it); for order 0 it counts the
+  // gradients that hold a nonzero (or NaN), so it is taken per gradient.
+  for (const ir::NodePtr& g : norm_type == 0 ? grads : std::vector<ir::NodePtr>{}) {
+    if (g->numel() == 0) continue;
+    ir::NodePtr x = ir::cast(ir::reshape(g, Shape{g->numel()}), cd);
+    ir::NodePtr nonzero = ir::cast(ir::binary(ir::Op::Ne, x, ir::constant(0.0, cd, x->shape, device)), cd);
+    ir::NodePtr part = detail::reduce_all(ir::Op::ReduceMax, nonzero);
+    total = total ? od::add(total, part) : part;
+  }
+  for (const ir::NodePtr& piece : norm_type == 0 ? std::vector<ir::NodePtr>{} : pieces) {
     if (piece->numel() == 0) continue;
     ir::NodePtr x = ir::cast(ir::reshape(piece, Shape{piece->numel()}), cd);  // a view: one loop
     ir::NodePtr part;
@@ -52,9 +62,7 @@ KILN_ENTRY Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_
       total = total ? ir::binary(norm_type > 0 ? ir::Op::Maximum : ir::Op::Minimum, total, part) : part;
       continue;
     }
-    if (norm_type == 0)
-      part = ir::cast(ir::binary(ir::Op::Ne, x, ir::constant(0.0, cd, x->shape, device)), cd);
-    else if (norm_type == 2)
+    if (norm_type == 2)
       part = od::mul(x, x);
     else
       part = ir::binary(ir::Op::Pow, ir::unary(ir::Op::Abs, x), ir::constant(norm_type, cd, x->shape, device));

@@ -414,6 +414,24 @@ TEST_CASE("Module registry: dotted names in PyTorch's order, children, tied weig
   CHECK_THROWS_AS(nn::Module().forward(zeros({1})), ValueError);
 }
 
+TEST_CASE("Module: a submodule registered under two names is listed once by named_modules and children (torch)") {
+  struct Shared : nn::Module {
+    std::shared_ptr<nn::Linear> fc = std::make_shared<nn::Linear>(2, 2);
+    Shared() {
+      register_module("a", fc);
+      register_module("b", fc);
+    }
+  } net;
+  std::vector<std::string> names;
+  for (auto& [k, m] : net.named_modules()) names.push_back(k);
+  CHECK(names == std::vector<std::string>{"", "a"});
+  CHECK(net.modules().size() == 2);
+  CHECK(net.children().size() == 1);
+  CHECK(net.named_children().front().first == "a");
+  CHECK(net.named_parameters().keys() == std::vector<std::string>{"a.weight", "a.bias"});
+  CHECK(net.state_dict().keys() == std::vector<std::string>{"a.weight", "a.bias", "b.weight", "b.bias"});
+}
+
 TEST_CASE("Module: to(dtype) in place, zero_grad, state_dict round trip, strict load errors change nothing") {
   manual_seed(2);
   Block a;

@@ -131,10 +131,11 @@ class Module {
   StateDict named_parameters(bool recurse = true) const;
   std::vector<Tensor> buffers(bool recurse = true) const;
   StateDict named_buffers(bool recurse = true) const;
-  /// The direct submodules, in registration order.
+  /// The direct submodules, in registration order (one registered under two names: once).
   std::vector<Module*> children() const;
   std::vector<std::pair<std::string, Module*>> named_children() const;
-  /// This module and every submodule, depth first (this one first).
+  /// This module and every submodule, depth first (this one first); a module shared by two
+  /// parents or names is listed once, under the first name that reaches it (torch's).
   std::vector<Module*> modules();
   std::vector<std::pair<std::string, Module*>> named_modules(const std::string& prefix = "");
 

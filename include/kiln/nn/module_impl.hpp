@@ -105,21 +105,35 @@ KILN_ENTRY std::vector<Tensor> Module::buffers(bool recurse) const {
 
 KILN_ENTRY std::vector<Module*> Module::children() const {
   std::vector<Module*> out;
-  for (const ModuleEntry& m : modules_) out.push_back(resolve(m.slot));
+  for (auto& [k, m] : named_children()) out.push_back(m);
   return out;
 }
 
 KILN_ENTRY std::vector<std::pair<std::string, Module*>> Module::named_children() const {
+  // A module registered under two names (shared) is listed once, under the first, as torch.
   std::vector<std::pair<std::string, Module*>> out;
-  for (const ModuleEntry& m : modules_) out.emplace_back(m.name, resolve(m.slot));
+  for (const ModuleEntry& m : modules_) {
+    Module* child = resolve(m.slot);
+    bool seen = false;
+    for (const auto& [k, c] : out) seen = seen || c == child;
+    if (!seen) out.emplace_back(m.name, child);
+  }
   return out;
 }
 
 KILN_ENTRY std::vector<std::pair<std::string, Module*>> Module::named_modules(const std::string& prefix) {
-  std::vector<std::pair<std::string, Module*>> out{{prefix, this}};
-  for (const ModuleEntry& m : modules_)
-    for (auto& sub : resolve(m.slot)->named_modules(prefix.empty() ? m.name : prefix + "." + m.name))
-      out.push_back(std::move(sub));
+  // Depth first, each module once under the first name that reaches it (torch's
+  // remove_duplicate): a shared submodule is not listed, or visited, twice.
+  std::vector<std::pair<std::string, Module*>> out;
+  struct Walk {
+    static void run(Module* m, const std::string& name, std::vector<std::pair<std::string, Module*>>& out) {
+      for (const auto& [k, seen] : out)
+        if (seen == m) return;
+      out.emplace_back(name, m);
+      for (const ModuleEntry& c : m->modules_) run(m->resolve(c.slot), name.empty() ? c.name : name + "." + c.name, out);
+    }
+  };
+  Walk::run(this, prefix, out);
   return out;
 }
 

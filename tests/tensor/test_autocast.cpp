@@ -151,6 +151,8 @@ TEST_CASE("autocast: result dtypes of every op class") {
         CHECK(dt(pow(h, 2)) == "float32");
         CHECK(dt(pow(h, 0.5f)) == "float32");
         CHECK(dt(pow(h, h2)) == "float32");
+        CHECK(dt(square(h)) == "float32");  // torch.square is pow(x, 2)
+        CHECK(dt(h.square()) == "float32");
         CHECK(dt(pow(2.0f, h)) == "float32");  // __rpow__
         CHECK(dt(2.0f / h) == "float32");      // __rtruediv__
         CHECK(dt(exp(h * 2.0f) + 1.0f) == "float32");

@@ -141,9 +141,10 @@ constexpr bool is_compare_fn(Fn f) { return f >= Fn::Eq && f <= Fn::Ge; }
 constexpr bool is_logical_fn(Fn f) { return f == Fn::And || f == Fn::Or || f == Fn::Not || f == Fn::Xor; }
 
 /// The autocast class of each pointwise function (tensor/autocast.hpp): torch's float32 list,
-/// of the functions kiln has. A number divided by a tensor (torch's __rtruediv__) is float32
-/// too (BinaryExpr). atan2 is on torch's promote list; its ordinary promotion already gives the
-/// widest input. The others run in their inputs' dtype.
+/// of the functions kiln has. square is torch's pow(x, 2) (a composite), so pow's entry casts
+/// it. A number divided by a tensor (torch's __rtruediv__) is float32 too (BinaryExpr). atan2
+/// is on torch's promote list; its ordinary promotion already gives the widest input. The
+/// others run in their inputs' dtype.
 constexpr AutocastClass autocast_class(Fn f) {
   switch (f) {
     case Fn::Exp:
@@ -159,6 +160,7 @@ constexpr AutocastClass autocast_class(Fn f) {
     case Fn::Acos:
     case Fn::Asin:
     case Fn::Pow:
+    case Fn::Square:
       return AutocastClass::Fp32;
     case Fn::Atan2:
       return AutocastClass::Promote;

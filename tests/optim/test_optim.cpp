@@ -628,6 +628,19 @@ TEST_CASE("GradScaler: scaling, unscaling, skipped steps, backoff and growth") {
     other.load_state_dict(sd);
     CHECK(other.get_scale() == 2048);
   }
+  SUBCASE("an optimizer without gradients: nothing checked, so step() and update() are Errors (torch's asserts)") {
+    opt.zero_grad();
+    CHECK_THROWS_WITH_AS(scaler.step(opt), doctest::Contains("no inf checks were recorded"), Error);
+    CHECK(p.to_vector<double>() == Vec{0, -2.75});
+    CHECK_THROWS_WITH_AS(scaler.update(), doctest::Contains("no inf checks were recorded"), Error);
+    CHECK(scaler.get_scale() == 1024);  // no growth counted
+    Tensor empty = param({}, {0});
+    optim::SGD other({empty}, {.lr = 0.5});
+    sum(empty).backward();  // an empty gradient: its device is checked, as torch's
+    scaler.step(other);
+    scaler.update();
+    CHECK(scaler.get_scale() == 2048);  // the second good step since the backoff
+  }
   SUBCASE("disabled: a pass-through") {
     GradScaler off({.enabled = false});
     Tensor loss = sum(p);

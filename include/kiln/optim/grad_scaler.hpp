@@ -62,13 +62,15 @@ class GradScaler {
 
   /// Unscales (unless unscale_ did already), then runs optimizer.step() unless a gradient
   /// holds an inf or a NaN (reads that one flag on the host). Once per optimizer between
-  /// update()s. A disabled scaler just steps.
+  /// update()s; an optimizer none of whose parameters has a gradient is a kiln::Error (torch's
+  /// "no inf checks were recorded"). A disabled scaler just steps.
   void step(optim::Optimizer& optimizer);
 
   /// The scale for the next iteration (torch's update): times backoff_factor if a step since
   /// the last update found an inf or a NaN (the run of good steps restarts), times
   /// growth_factor after growth_interval good steps in a row (kept if that overflows).
-  /// kiln::Error if no step() or unscale_() checked gradients since the last update.
+  /// kiln::Error if no step() or unscale_() checked gradients since the last update (an
+  /// unscale_() of an optimizer without gradients checks none).
   void update();
   /// Sets the scale to `new_scale` (torch's update(new_scale)).
   void update(double new_scale);

@@ -32,11 +32,14 @@ KILN_ENTRY void GradScaler::unscale_(optim::Optimizer& optimizer) {
   // Whether a gradient is not finite, checked before they are scaled: one graph...
   std::map<std::string, ir::NodePtr> found_on;  // per device
   for (const ir::NodePtr& piece : pieces) {
-    if (piece->numel() == 0) continue;
+    ir::NodePtr& slot = found_on[piece->device.str()];
+    if (piece->numel() == 0) {  // nothing to check, but the device was (torch records it)
+      if (!slot) slot = ir::constant(0.0, DType::Float32, Shape{}, piece->device);
+      continue;
+    }
     ir::NodePtr flat = ir::reshape(piece, Shape{piece->numel()});
     ir::NodePtr bad = ir::binary(ir::Op::Or, ir::unary(ir::Op::IsNan, flat), ir::unary(ir::Op::IsInf, flat));
     ir::NodePtr any = ir::reshape(ir::reduce(ir::Op::ReduceMax, ir::cast(bad, DType::Float32), {0}), Shape{});
-    ir::NodePtr& slot = found_on[piece->device.str()];
     slot = slot ? ir::binary(ir::Op::Maximum, slot, any) : any;
   }
   std::vector<ir::NodePtr> found;
@@ -65,6 +68,10 @@ KILN_ENTRY void GradScaler::step(optim::Optimizer& optimizer) {
   PerOptimizer& st = per_[&optimizer];
   if (st.stage == Stage::Stepped) throw Error("GradScaler.step() has already been called since the last update()");
   if (st.stage == Stage::Ready) unscale_(optimizer);
+  if (st.found_inf.empty())  // torch's "No inf checks were recorded for this optimizer."
+    throw Error(
+        "GradScaler.step: no inf checks were recorded for this optimizer: none of its parameters has a gradient "
+        "(call scaler.scale(loss).backward() first)");
   bool found = false;
   for (const Tensor& f : st.found_inf) found = found || f.item<float>() != 0.0f;
   if (!found) optimizer.step();
@@ -80,7 +87,6 @@ KILN_ENTRY void GradScaler::update() {
       any_check = true;
       found = found || f.item<float>() != 0.0f;
     }
-    any_check = any_check || st.stage != Stage::Ready;
   }
   if (!any_check) throw Error("GradScaler.update: no inf checks were recorded prior to update()");
   if (found) {

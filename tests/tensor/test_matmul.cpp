@@ -359,6 +359,10 @@ TEST_CASE("bad products are typed errors naming the op, both shapes and dtypes")
   KILN_CHECK_THROWS_MENTIONING(ShapeError, mm(make({2, 2, 3}), make({3, 4})), "mm", "2-D");
   KILN_CHECK_THROWS_MENTIONING(ShapeError, bmm(make({2, 2, 3}), make({3, 3, 4})), "bmm", "batch");
   KILN_CHECK_THROWS_MENTIONING(ShapeError, linear(make({2, 3}), make({4, 5})), "linear", "3 != 5");
+  // A 1-D weight has no output features: its bias is 0-dim (torch refuses [1]).
+  KILN_CHECK_THROWS_MENTIONING(ShapeError, linear(make({2, 3}), make({3}), make({1})), "linear", "float32[3]",
+                               "0-dim bias", "float32[1]");
+  CHECK(linear(make({2, 2, 3}), make({3}), full({}, 0.5f, DType::Float32, kt::device())).shape() == Shape{2, 2});
   KILN_CHECK_THROWS_MENTIONING(ValueError, set_float32_matmul_precision("fast"), "highest");
   set_float32_matmul_precision("high");
   CHECK(get_float32_matmul_precision() == "high");

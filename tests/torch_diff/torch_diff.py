@@ -425,6 +425,8 @@ def known_difference(op, err, outputs_differ_at=None):
     if err and op == 'pad' and 'Padding size' in err: return True           # kiln pads any dims in every mode
     if err and op in ('fmod', 'remainder') and 'ZeroDivisionError' in err: return True  # integer x % 0 is 0
     if op == 'topk' and outputs_differ_at == 1: return True                # positions among equal values
+    # a 1-D weight's 0-dim bias with a 2-D input: torch's addmm path refuses what its docs allow
+    if err and op == 'linear' and 'mat2 must be a matrix' in err: return True
     # torch's own backward failing where kiln's works: scatter_add's source larger than its
     # index; atan2's and pow's rules negating or subtracting a bool operand
     if err and GRAD and ('returned an invalid gradient' in err or 'on a bool tensor is not supported' in err or

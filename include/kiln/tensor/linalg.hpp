@@ -112,7 +112,8 @@ requires(TensorLike<C>&& TensorLike<A>&& TensorLike<B>) Tensor
 }
 
 /// x @ w^T + bias (torch.nn.functional.linear): x [..., in], w [out, in] (or [in]: the
-/// output's last dim is dropped), bias [out] or broadcastable, or undefined `Tensor{}`.
+/// output's last dim is dropped), bias [out] or broadcastable ([] only, for a 1-D weight), or
+/// undefined `Tensor{}`.
 template <class X, class W>
 requires(TensorLike<X>&& TensorLike<W>) Tensor linear(const X& x_in, const W& w_in, const Tensor& bias_in = {}) {
   Tensor x = detail::product_operand(x_in), w = detail::product_operand(w_in);
@@ -130,6 +131,10 @@ requires(TensorLike<X>&& TensorLike<W>) Tensor linear(const X& x_in, const W& w_
   if (bias.dtype() != y.dtype())
     throw DTypeError("linear: bias " + detail::describe(bias) + " is not of the input's dtype " +
                      dtype_name(y.dtype()));
+  // torch's shapes: bias [out] or [] for a 2-D weight, [] for a 1-D one (no output features).
+  if (w.dim() == 1 && bias.dim() != 0)
+    throw ShapeError("linear: a 1-D weight " + detail::describe(w) + " takes a 0-dim bias, got bias " +
+                     detail::describe(bias));
   if (broadcast_shapes(y.shape(), bias.shape(), "linear") != y.shape())
     throw ShapeError("linear: bias " + detail::describe(bias) + " does not broadcast to the output's shape " +
                      y.shape().str());

@@ -156,6 +156,21 @@ TEST_CASE("Embedding: a padding row holding values (loaded) is what its lookups 
   CHECK(values(emb.weight.grad()) == std::vector<double>{0, 0, 0, 0, 0, 0, 1, 1});
 }
 
+TEST_CASE("nn::functional::embedding takes torch.nn.functional's order (input, weight) and padding_idx") {
+  Tensor w = from_vector<double>({1, 2, 3, 4, 5, 6, 7, 8}, {4, 2}).requires_grad_();
+  Tensor ids = from_vector<std::int64_t>({3, 0, 3, 1}, {2, 2});
+  Tensor out = nn::functional::embedding(ids, w);
+  CHECK(out.shape() == Shape{2, 2, 2});
+  CHECK(values(out) == std::vector<double>{7, 8, 1, 2, 7, 8, 3, 4});
+  // padding_idx -1 is row 3: read as the table holds it, no gradient.
+  Tensor padded = nn::functional::embedding(ids, w, -1);
+  CHECK(values(padded) == values(out));
+  padded.backward(ones({2, 2, 2}, f64));
+  CHECK(values(w.grad()) == std::vector<double>{1, 1, 1, 1, 0, 0, 0, 0});
+  CHECK_THROWS_AS(nn::functional::embedding(ids, w, 4), IndexError);
+  CHECK_THROWS_AS(nn::functional::embedding(ids, w, -5), IndexError);
+}
+
 TEST_CASE("LayerNorm and RMSNorm over several trailing dims (torch's normalized_shape list)") {
   nn::LayerNorm ln(Shape{2, 3});
   nn::RMSNorm rms(Shape{2, 3}, 1e-6);

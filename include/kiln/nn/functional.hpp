@@ -20,7 +20,6 @@ namespace kiln::nn::functional {
 using ::kiln::linear;
 // The tensor functions torch.nn.functional also has, under their torch.nn.functional names.
 using ::kiln::cross_entropy;
-using ::kiln::embedding;
 using ::kiln::gelu;
 using ::kiln::layer_norm;
 using ::kiln::log_softmax;
@@ -28,6 +27,13 @@ using ::kiln::relu;
 using ::kiln::rms_norm;
 using ::kiln::silu;
 using ::kiln::softmax;
+
+/// The rows of `weight` [num_embeddings, ...] that the integer `input` picks, in
+/// torch.nn.functional.embedding's order (input first; kiln::embedding is torch.embedding's
+/// weight-first form). The row of `padding_idx` (negative: counted from the end; outside the
+/// table an IndexError) reads as the table holds it and gets no gradient.
+KILN_ENTRY Tensor embedding(const Tensor& input, const Tensor& weight,
+                            std::optional<std::int64_t> padding_idx = std::nullopt);
 
 namespace detail {
 /// The Philox key of a dropout mask, as a 0-dim int64 node: from the compiled module's seed

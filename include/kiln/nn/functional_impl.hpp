@@ -24,6 +24,24 @@ KILN_ENTRY ir::NodePtr dropout_key(Device device) {
 
 namespace kiln::nn::functional {
 
+KILN_ENTRY Tensor embedding(const Tensor& input, const Tensor& weight, std::optional<std::int64_t> padding_idx) {
+  if (!padding_idx) return ::kiln::embedding(weight, input);
+  const std::int64_t n = weight.dim() > 0 ? weight.shape()[0] : 0;
+  if (*padding_idx >= n || *padding_idx < -n)
+    throw IndexError("embedding: padding_idx " + std::to_string(*padding_idx) + " is out of range for weight " +
+                     weight.describe());
+  const std::int64_t p = *padding_idx < 0 ? *padding_idx + n : *padding_idx;
+  // As torch: the padding row reads as what the table holds there, but gets no gradient: its
+  // rows of the result are cut from the tape.
+  Tensor rows = ::kiln::embedding(weight, input);
+  Tensor pad = reshape(input == p, [&] {
+    std::vector<std::int64_t> s(input.shape().begin(), input.shape().end());
+    s.resize(static_cast<std::size_t>(rows.dim()), 1);
+    return Shape(s);
+  }());
+  return where(pad, rows.detach(), rows);
+}
+
 KILN_ENTRY Tensor dropout(const Tensor& x, double p, bool training) {
   if (!(p >= 0.0 && p <= 1.0))
     throw ValueError("dropout: probability has to be between 0 and 1, but got " + std::to_string(p));

@@ -66,12 +66,8 @@ KILN_ENTRY Tensor& kaiming_uniform_(Tensor& t, double a) {
 namespace kiln::nn {
 
 KILN_ENTRY Tensor Embedding::forward(const Tensor& indices) {
-  if (!padding_idx) return embedding(weight, indices);
-  // As torch: the padding row reads as what the table holds there (zero unless changed), but
-  // gets no gradient: its rows of the result are cut from the tape.
-  Tensor rows = embedding(weight, indices);
-  Tensor pad = unsqueeze(indices == *padding_idx, -1);
-  return where(pad, rows.detach(), rows);
+  // The padding row reads as what the table holds there (zero unless changed), without gradient.
+  return functional::embedding(indices, weight, padding_idx);
 }
 
 namespace detail {

@@ -269,6 +269,10 @@ TEST_CASE("activation modules equal their functions") {
   CHECK(values(nn::GELU("tanh")(x)) == values(gelu(x, true)));
   CHECK(values(nn::functional::relu(x)) == values(relu(x)));  // torch.nn.functional's names
   CHECK_THROWS_AS(nn::GELU("fast"), ValueError);
+  // torch.nn.functional.gelu's approximate as a word (a string must not become the bool true).
+  CHECK(values(nn::functional::gelu(x, "none")) == values(gelu(x)));
+  CHECK(values(nn::functional::gelu(x, std::string("tanh"))) == values(gelu(x, true)));
+  CHECK_THROWS_AS(nn::functional::gelu(x, "fast"), ValueError);
 }
 
 TEST_CASE("scaled_dot_product_attention and MultiheadAttention against float64 loops") {

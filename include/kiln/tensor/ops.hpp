@@ -1,5 +1,7 @@
 #pragma once
 // The pointwise API: operators and free functions returning typed expressions.
+#include <string>
+#include <string_view>
 #include <type_traits>
 
 #include "kiln/tensor/expr.hpp"
@@ -73,6 +75,18 @@ template <class A>
 requires TensorLike<A> Tensor gelu(const A& a, bool tanh_approx = false) {
   if (tanh_approx) return UnaryExpr<detail::Fn::GeluTanh, detail::expr_t<A>>(a.derived());
   return UnaryExpr<detail::Fn::Gelu, detail::expr_t<A>>(a.derived());
+}
+/// GELU with torch.nn.functional.gelu's `approximate`: "none" (erf) or "tanh"; any other word is
+/// a ValueError. (Without this overload a string would convert to the bool above: true.)
+template <class A>
+requires TensorLike<A> Tensor gelu(const A& a, std::string_view approximate) {
+  if (approximate != "none" && approximate != "tanh")
+    throw ValueError("gelu: approximate must be 'none' or 'tanh', got '" + std::string(approximate) + "'");
+  return gelu(a, approximate == "tanh");
+}
+template <class A>
+requires TensorLike<A> Tensor gelu(const A& a, const char* approximate) {
+  return gelu(a, std::string_view(approximate));
 }
 
 template <class A>

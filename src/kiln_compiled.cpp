@@ -25,6 +25,7 @@
 #include "kiln/tensor/creation_impl.hpp"
 #include "kiln/tensor/eval_impl.hpp"
 #include "kiln/tensor/indexing_impl.hpp"
+#include "kiln/tensor/activations_impl.hpp"
 #include "kiln/tensor/autograd_impl.hpp"
 #include "kiln/tensor/autocast_impl.hpp"
 #include "kiln/tensor/linalg_impl.hpp"

@@ -6,6 +6,7 @@
 #include "kiln/core/error.hpp"
 #include "kiln/core/shape.hpp"
 #include "kiln/core/stats.hpp"
+#include "kiln/tensor/activations.hpp"
 #include "kiln/tensor/autocast.hpp"
 #include "kiln/tensor/autograd.hpp"
 #include "kiln/tensor/creation.hpp"

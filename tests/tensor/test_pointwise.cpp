@@ -1,11 +1,14 @@
 // Every pointwise op x every dtype it supports, against float64 (or exact integer) references
-// computed here, with torch.testing's per-dtype tolerances; contiguous and transposed inputs.
+// computed here, with torch.testing's per-dtype tolerances; contiguous and transposed inputs. The
+// activations (tensor/activations.hpp) against torch's float64 values and gradients.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../support/reference.hpp"
@@ -412,6 +415,175 @@ TEST_CASE("expressions compose: a chain of mixed ops matches the double referenc
     expected.push_back((x > 0 ? std::exp(-x) * w : std::sqrt(std::fabs(x)) / w) + std::tanh(x * 0.5) - 1);
   }
   KILN_CHECK_CLOSE(y, expected);
+}
+
+namespace {
+
+const double kActInf = std::numeric_limits<double>::infinity();
+const double kActNan = std::numeric_limits<double>::quiet_NaN();
+
+/// One activation with its inputs and torch's float64 values and gradients of sum(f(x)) there
+/// (torch 2.x, torch.autograd.grad, one element at a time: torch's scalar kernels).
+struct ActivationCase {
+  const char* name;
+  std::function<Tensor(const Tensor&)> f;
+  std::vector<double> x, y, grad;
+};
+
+std::vector<ActivationCase> activation_cases() {
+  const double kInf = kActInf, kNan = kActNan;
+  return {
+      {"leaky_relu(0.2)", [](const Tensor& x) { return leaky_relu(x, 0.2); },
+       {-2.0, -0.0, 0.0, 1.5, kNan, kInf, -kInf},
+       {-0.4, -0.0, 0.0, 1.5, kNan, kInf, -kInf},
+       {0.2, 0.2, 0.2, 1.0, 0.2, 1.0, 0.2}},
+      {"elu(1.5)", [](const Tensor& x) { return elu(x, 1.5); },
+       {-2.0, 0.0, 1.5, kNan, kInf, -kInf},
+       {-1.296997075145081, 0.0, 1.5, kNan, kInf, -1.5},
+       {0.20300292485491905, 1.5, 1.0, 1.0, 1.0, 0.0}},
+      {"selu", [](const Tensor& x) { return selu(x); },
+       {-2.0, 0.0, 1.5, kNan, kInf, -kInf},
+       {-1.5201664685956948, 0.0, 1.5760514810332207, kNan, kInf, -1.7580993408473766},
+       {0.2379328722516818, 1.7580993408473766, 1.0507009873554805, 1.0507009873554805, 1.0507009873554805, 0.0}},
+      {"celu(1.5)", [](const Tensor& x) { return celu(x, 1.5); },
+       {-2.0, 0.0, 1.5, kNan, kInf, -kInf},
+       {-1.10460429282641, 0.0, 1.5, kNan, kInf, -1.5},
+       {0.26359713811572677, 1.0, 1.0, 1.0, 1.0, 0.0}},
+      {"softplus(2.0, 5.0)", [](const Tensor& x) { return softplus(x, 2.0, 5.0); },
+       {-2.0, 0.0, 2.5, 3.0, kNan, kInf, -kInf},
+       {0.009074963958904869, 0.34657359027997264, 2.503357674244559, 3.0, kNan, kInf, 0.0},
+       {0.017986209962091555, 0.5, 0.9933071490757152, 1.0, kNan, 1.0, 0.0}},
+      {"softplus", [](const Tensor& x) { return softplus(x); },
+       {-30.0, 0.0, 20.0, 20.5, kNan, kInf, -kInf},
+       {9.357622968839737e-14, 0.6931471805599453, 20.000000002061153, 20.5, kNan, kInf, 0.0},
+       {9.3576229688393e-14, 0.5, 0.9999999979388464, 1.0, kNan, 1.0, 0.0}},
+      {"mish", [](const Tensor& x) { return mish(x); },
+       {-2.0, 0.0, 1.5, 30.0, kNan, kInf, -kInf},
+       {-0.2525014826957089, 0.0, 1.4033782663958028, 30.0, kNan, kInf, kNan},
+       {-0.1083550924203939, 0.6, 1.0884879850078475, 1.0, kNan, kNan, kNan}},
+      {"hardtanh(-1.0, 2.0)", [](const Tensor& x) { return hardtanh(x, -1.0, 2.0); },
+       {-3.0, -1.0, 0.5, 2.0, 3.0, kNan, kInf, -kInf},
+       {-1.0, -1.0, 0.5, 2.0, 2.0, kNan, 2.0, -1.0},
+       {0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0}},
+      {"relu6", [](const Tensor& x) { return relu6(x); },
+       {-1.0, 0.0, 3.0, 6.0, 7.0, kNan, kInf, -kInf},
+       {0.0, 0.0, 3.0, 6.0, 6.0, kNan, 6.0, 0.0},
+       {0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0}},
+      {"hardsigmoid", [](const Tensor& x) { return hardsigmoid(x); },
+       {-4.0, -3.0, 0.5, 3.0, 4.0, kNan, kInf, -kInf},
+       {0.0, 0.0, 0.5833333333333334, 1.0, 1.0, kNan, 1.0, 0.0},
+       {0.0, 0.0, 0.1666666716337204, 0.0, 0.0, 0.0, 0.0, 0.0}},
+      {"hardswish", [](const Tensor& x) { return hardswish(x); },
+       {-4.0, -3.0, 1.0, 3.0, 4.0, kNan, kInf, -kInf},
+       {-0.0, -0.0, 0.6666666666666666, 3.0, 4.0, kNan, kInf, kNan},
+       {0.0, 0.0, 0.8333333333333333, 1.0, 1.0, 1.0, 1.0, 0.0}},
+      {"logsigmoid", [](const Tensor& x) { return logsigmoid(x); },
+       {-800.0, -2.0, 0.0, 2.0, 800.0, kNan, kInf, -kInf},
+       {-800.0, -2.1269280110429727, -0.6931471805599453, -0.1269280110429725, 0.0, kNan, 0.0, -kInf},
+       {1.0, 0.8807970779778824, 0.5, 0.11920292202211755, 0.0, kNan, 0.0, 1.0}},
+      {"softsign", [](const Tensor& x) { return softsign(x); },
+       {-2.0, 0.0, 3.0, kNan, kInf, -kInf},
+       {-0.6666666666666666, 0.0, 0.75, kNan, kNan, kNan},
+       {0.1111111111111111, 1.0, 0.0625, kNan, kNan, kNan}},
+      {"tanhshrink", [](const Tensor& x) { return tanhshrink(x); },
+       {-2.0, 0.0, 0.5, kNan, kInf, -kInf},
+       {-1.035972419924183, 0.0, 0.03788284273999026, kNan, kInf, -kInf},
+       {0.9293491751468356, 0.0, 0.2135522670340726, kNan, 1.0, 1.0}},
+  };
+}
+
+/// "" when the zeros of `actual` have the signs of those of `expected` (torch's -0.0 results).
+std::string zero_signs(const std::vector<double>& actual, const std::vector<double>& expected) {
+  std::string out;
+  for (std::size_t i = 0; i < actual.size() && i < expected.size(); ++i)
+    if (expected[i] == 0.0 && actual[i] == 0.0 && std::signbit(actual[i]) != std::signbit(expected[i]))
+      out += "  [" + std::to_string(i) + "] has the other sign of zero\n";
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("activations: torch's values and gradients at the kinks, NaN and +-inf, in float64 and float32") {
+  for (const ActivationCase& c : activation_cases()) {
+    const std::string name = c.name;
+    CAPTURE(name);
+    const auto n = static_cast<std::int64_t>(c.x.size());
+    for (DType dt : {f64, f32}) {
+      const std::string dtype = dtype_name(dt);
+      CAPTURE(dtype);
+      // float64 to the last bits (the values are torch's); float32 within torch.testing's tolerance.
+      const kt::Tolerance tol = dt == f64 ? kt::Tolerance{1e-12, 1e-15} : kt::tolerance(dt);
+      Tensor x = kt::make_tensor(c.x, {n}, dt).requires_grad_();
+      Tensor y = c.f(x);
+      CHECK(y.dtype() == dt);
+      CHECK_MESSAGE(kt::close_report(y, c.y, tol) == "", kt::close_report(y, c.y, tol));
+      CHECK_MESSAGE(zero_signs(kt::values(y), c.y) == "", zero_signs(kt::values(y), c.y));
+      sum(y).backward();
+      CHECK_MESSAGE(kt::close_report(x.grad(), c.grad, tol) == "", kt::close_report(x.grad(), c.grad, tol));
+    }
+    // float16 and bfloat16 compute in float32 and round once (torch's opmath), but for softsign
+    // and tanhshrink, torch's Python composites, which round after each op (below).
+    if (name == "softsign" || name == "tanhshrink") continue;
+    for (DType dt : {f16, bf16}) {
+      const std::string dtype = dtype_name(dt);
+      CAPTURE(dtype);
+      Tensor y = c.f(kt::make_tensor(c.x, {n}, dt));
+      CHECK(y.dtype() == dt);
+      CHECK_MESSAGE(kt::close_report(y, c.y) == "", kt::close_report(y, c.y));
+    }
+  }
+}
+
+TEST_CASE("activations: torch's dtype rules and argument errors") {
+  const Tensor i = kt::make_int_tensor({-3, 0, 1, 2, 7}, {5});
+  const Tensor b = kt::make_tensor({1, 0}, {2}, DType::Bool);
+  // torch's native kernels are not implemented for integers and bools: DTypeErrors naming the op.
+  const std::vector<std::pair<const char*, std::function<Tensor(const Tensor&)>>> floating = {
+      {"leaky_relu", [](const Tensor& x) { return leaky_relu(x); }},
+      {"elu", [](const Tensor& x) { return elu(x); }},
+      {"selu", [](const Tensor& x) { return selu(x); }},
+      {"celu", [](const Tensor& x) { return celu(x); }},
+      {"softplus", [](const Tensor& x) { return softplus(x); }},
+      {"mish", [](const Tensor& x) { return mish(x); }},
+      {"hardsigmoid", [](const Tensor& x) { return hardsigmoid(x); }},
+      {"hardswish", [](const Tensor& x) { return hardswish(x); }},
+      {"logsigmoid", [](const Tensor& x) { return logsigmoid(x); }}};
+  for (const auto& [name, f] : floating) {
+    CAPTURE(name);
+    for (const Tensor& x : {i, i.to(i32), b}) {
+      try {
+        f(x);
+        FAIL("no error");
+      } catch (const DTypeError& e) {
+        CHECK(kt::mentions(e.what(), {name, dtype_name(x.dtype())}));
+      }
+    }
+  }
+  // hardtanh and relu6 keep integer dtypes, the bounds truncated (torch casts them): hardtanh of
+  // [-3, 0, 1, 2, 7] in [-0.5, 1.5] is [0, 0, 1, 1, 1].
+  CHECK(hardtanh(i, -0.5, 1.5).dtype() == DType::Int64);
+  CHECK(kt::exact_report(hardtanh(i, -0.5, 1.5), {0, 0, 1, 1, 1}) == "");
+  CHECK(relu6(i.to(i32)).dtype() == DType::Int32);
+  CHECK(kt::exact_report(relu6(i.to(i32)), {0, 0, 1, 2, 6}) == "");
+  // softsign and tanhshrink are torch's composites: integers compute in float32.
+  CHECK(softsign(i).dtype() == f32);
+  CHECK(kt::close_report(softsign(i), {-0.75, 0.0, 0.5, 0.6666666865348816, 0.875}) == "");
+  CHECK(tanhshrink(i.to(i32)).dtype() == f32);
+  CHECK(kt::close_report(tanhshrink(i), {-2.0049452781677246, 0.0, 0.23840582370758057, 1.0359723567962646,
+                                         6.000001907348633}) == "");
+  for (auto f : {+[](const Tensor& x) { return hardtanh(x); }, +[](const Tensor& x) { return relu6(x); },
+                 +[](const Tensor& x) { return softsign(x); }, +[](const Tensor& x) { return tanhshrink(x); }})
+    CHECK_THROWS_AS(f(b), DTypeError);
+  // softsign and tanhshrink round after each op in 16 bits, as torch's composites: torch gives
+  // 0.037109375 for tanhshrink(0.5) in bfloat16 (0.5 - 0.462890625) and 0.0909423828125 for
+  // softsign(0.1) in float16.
+  CHECK(kt::values(tanhshrink(kt::make_tensor({0.5}, {1}, bf16)))[0] == 0.037109375);
+  CHECK(kt::values(softsign(kt::make_tensor({0.1}, {1}, f16)))[0] == 0.0909423828125);
+  // torch's argument checks.
+  const Tensor x = kt::make_tensor({1.0}, {1}, f32);
+  CHECK_THROWS_AS(hardtanh(x, 2.0, -1.0), ValueError);
+  CHECK_NOTHROW(hardtanh(x, 1.0, 1.0));
+  CHECK_THROWS_AS(celu(x, 0.0), ValueError);
 }
 
 }  // namespace kiln_test_tensor_pointwise

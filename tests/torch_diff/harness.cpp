@@ -51,6 +51,12 @@ int main() {
   B(logical_or) B(logical_xor) B(atan2) B(hypot) B(fmod) B(remainder) B(bitwise_and) B(bitwise_or) B(bitwise_xor)
   B(left_shift) B(right_shift)
   ops["gelu"] = [&](A& a) -> R { return {gelu(T(a, 0), a[1].i != 0)}; };
+  ops["leaky_relu"] = [&](A& a) -> R { return {leaky_relu(T(a, 0), a[1].f)}; };
+  ops["elu"] = [&](A& a) -> R { return {elu(T(a, 0), a[1].f)}; };
+  ops["celu"] = [&](A& a) -> R { return {celu(T(a, 0), a[1].f)}; };
+  ops["softplus"] = [&](A& a) -> R { return {softplus(T(a, 0), a[1].f, a[2].f)}; };
+  ops["hardtanh"] = [&](A& a) -> R { return {hardtanh(T(a, 0), a[1].f, a[2].f)}; };
+  U(selu) U(mish) U(relu6) U(hardsigmoid) U(hardswish) U(logsigmoid) U(softsign) U(tanhshrink)
   ops["where"] = [&](A& a) -> R { return {Tensor(where(T(a, 0), T(a, 1), T(a, 2)))}; };
   ops["clamp"] = [&](A& a) -> R { return {Tensor(clamp(T(a, 0), a[1].f, a[2].f))}; };
 #define RED(name) ops[#name] = [&](A& a) -> R { return {name(T(a, 0), Axes(a[1].l), a[2].i != 0)}; };

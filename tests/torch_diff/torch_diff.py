@@ -45,6 +45,7 @@ def T(t, nc=None):
 
 UNARY = ['neg','abs','exp','exp2','log','log2','log1p','expm1','sqrt','rsqrt','sin','cos','tan','tanh','erf','floor','ceil','round','logical_not','isnan','isinf','sigmoid','relu','silu','atan','asin','acos','sinh','cosh','asinh','acosh','atanh','reciprocal','sign','square','trunc','bitwise_not']
 BINARY = ['add','sub','mul','div','pow','maximum','minimum','eq','ne','lt','le','gt','ge','logical_and','logical_or','logical_xor','atan2','hypot','fmod','remainder','bitwise_and','bitwise_or','bitwise_xor','left_shift','right_shift']
+ACTIVATIONS = ['leaky_relu','elu','selu','celu','softplus','mish','hardtanh','relu6','hardsigmoid','hardswish','logsigmoid','softsign','tanhshrink']
 TORCH_NAME = {'left_shift': 'bitwise_left_shift', 'right_shift': 'bitwise_right_shift'}
 
 def gen(op):
@@ -57,6 +58,25 @@ def gen(op):
     if op == 'gelu':
         x = rtensor(rshape(), rng.choice(FLOATS)); ap = rng.randint(0, 1)
         return [T(x), ('i', ap)], lambda a: torch.nn.functional.gelu(a[0], approximate='tanh' if ap else 'none')
+    if op in ACTIVATIONS:
+        x = rtensor(rshape(), dt)
+        if dt in FLOATS and x.numel() and rng.random() < .5:   # the kinks of each activation, and beside them
+            flat = x.view(-1)
+            for i in range(flat.numel()):
+                if rng.random() < .4: flat[i] = rng.choice([0.0, -0.0, 3.0, -3.0, 6.0, 1.0, -1.0, 20.0, 20.5, -2.5, 0.5, 2.9999, -2.9999])
+        F = torch.nn.functional
+        if op in ('leaky_relu', 'elu', 'celu'):
+            p = rng.choice([0.01, 0.2, 1.0, 1.5, -0.5, 0.0] if op != 'celu' else [1.0, 1.5, 0.5, -2.0, 0.0])
+            f = getattr(F, op)
+            return [T(x), ('f', p)], lambda a: f(a[0], p)
+        if op == 'softplus':
+            beta = rng.choice([1.0, 2.0, 0.5, -1.0]); th = rng.choice([20.0, 1.0, 5.0])
+            return [T(x), ('f', beta), ('f', th)], lambda a: F.softplus(a[0], beta, th)
+        if op == 'hardtanh':
+            lo, hi = rng.choice([(-1.0, 1.0), (0.0, 6.0), (-2.5, 0.5), (1.0, 1.0), (2.0, -1.0), (-0.5, 1.5)])
+            return [T(x), ('f', lo), ('f', hi)], lambda a: F.hardtanh(a[0], lo, hi)
+        f = getattr(F, op)
+        return [T(x)], lambda a: f(a[0])
     if op in BINARY:
         sh = rshape(); x = rtensor(sh, dt)
         r = rng.random()
@@ -337,7 +357,7 @@ OPS = UNARY + BINARY + ['gelu', 'where', 'clamp', 'sum', 'prod', 'mean', 'amax',
       'max_dim', 'min_dim', 'argmax', 'argmin', 'softmax', 'log_softmax', 'cumsum', 'cumprod', 'cummax', 'cummin', 'logcumsumexp',
       'sort', 'argsort', 'topk', 'gather', 'take_along_dim', 'index_select', 'scatter', 'scatter_add', 'index_add', 'embedding', 'masked_fill',
       'tril', 'triu', 'flip', 'roll', 'repeat', 'pad', 'one_hot', 'stack', 'cat', 'matmul', 'to', 'chunk', 'split', 'cross_entropy', 'layer_norm',
-      'rms_norm', 'index_copy', 'take_flat', 'clamp_t', 'where_s', 'sdpa', 'linear']
+      'rms_norm', 'index_copy', 'take_flat', 'clamp_t', 'where_s', 'sdpa', 'linear'] + ACTIVATIONS
 LOSSES = ['mse_loss', 'l1_loss', 'smooth_l1_loss', 'huber_loss', 'bcel', 'bce', 'ce_opts', 'nll_loss']
 if ONLY: OPS = LOSSES if ONLY == ['losses'] else ONLY
 

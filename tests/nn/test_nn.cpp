@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <kiln/kiln.hpp>
@@ -573,6 +575,173 @@ TEST_CASE("training: compiled and eager give the same losses over 50 AdamW steps
   auto make_gpt = [&] { return gpt::Gpt(c); };
   auto gpt_loss = [&](gpt::Gpt& m, int) { return gpt::Gpt::loss(m(tx), ty); };
   check_same_and_falling(train(make_gpt, gpt_loss, false, 50), train(make_gpt, gpt_loss, true, 50));
+}
+
+TEST_CASE("nn::functional::layer_norm and rms_norm with torch's normalized_shape: torch's values and gradients") {
+  namespace F = nn::functional;
+  // torch.nn.functional.layer_norm(x, [2, 3], w, b, 1e-5) and rms_norm(x, [2, 3], w, 1e-6) in
+  // float64, and the gradients of sum(y * c), from torch 2.x.
+  Tensor x = from_vector<double>({0.5, -1.0, 2.0, 1.5, 0.25, -0.75, 3.0, 1.0, -2.0, 0.0, 0.5, 1.0}, {2, 2, 3});
+  Tensor w = from_vector<double>({1.0, 0.5, -1.0, 2.0, 1.5, 0.25}, {2, 3});
+  Tensor b = from_vector<double>({0.1, -0.2, 0.3, 0.0, 0.5, -0.5}, {2, 3});
+  const Tensor c = (arange(12, f64).reshape({2, 2, 3}) / 4.0 - 1.0).eval();
+  x.requires_grad_();
+  w.requires_grad_();
+  b.requires_grad_();
+  Tensor y = F::layer_norm(x, {2, 3}, w, b, 1e-5);
+  CHECK(y.shape() == Shape{2, 2, 3});
+  check_close(y, {0.1766961740545701, -0.851917479463846, -1.157227307036832, 1.9941005254188227, 0.26991147783628966,
+                  -0.7684366091909953, 1.7287985737998093, -0.05958632984484405, 2.0411295099239335,
+                  -0.7863165528688733, 0.41575179790690653, -0.42979316492242203},
+              1e-12);
+  sum(y * c).backward();
+  check_close(x.grad(), {-0.7257938839143915, -0.02876203975477379, 0.5329267103175285, -0.3468238654205321,
+                         0.21486196119884007, 0.35359111757332895, -0.5380443027651489, -0.3687517487127459,
+                         -0.9151708375185303, 1.190238064942593, 0.9583564717200318, -0.3266276476661991},
+              1e-12);
+  check_close(w.grad(), {0.7377031128453344, 1.1884967244285027, -2.4697431634423497, -0.7407104112203986,
+                         -0.08424820209309353, 0.2230112363520505},
+              1e-12);
+  check_close(b.grad(), {-0.5, 0.0, 0.5, 1.0, 1.5, 2.0}, 1e-12);
+  x.zero_grad_();
+  w.zero_grad_();
+  Tensor r = F::rms_norm(x, {2, 3}, w, 1e-6);
+  check_close(r, {0.42966876577676005, -0.42966876577676005, -1.7186750631070402, 2.57801259466056, 0.32225157433257,
+                  -0.161125787166285, 1.8817497743812932, 0.3136249623968822, 1.2544998495875288, 0.0,
+                  0.4704374435953233, 0.1568124811984411},
+              1e-12);
+  sum(r * c).backward();
+  check_close(x.grad(), {-0.8634689589427811, -0.31398871955404817, 0.41314305621971636, -0.4420630479445428,
+                         -0.0020657136946304637, 0.0599057368059864, -0.35732653743848075, 0.011568221852540667,
+                         -0.17994892490352243, 1.568124811984411, 1.2994870808134094, 0.050771342152150956},
+              1e-12);
+  check_close(w.grad(), {0.5112061214138865, 1.1149405922604634, -2.1138373811410487, -0.32225157433257,
+                         0.4704374435953233, 0.9365615812228028},
+              1e-12);
+  // One trailing dim, no weight, the default eps (float64's epsilon): rms_norm(x, [3]).
+  check_close(F::rms_norm(x.detach(), {3}),
+              {0.3779644730092272, -0.7559289460184544, 1.5118578920369088, 1.5322617553657474, 0.25537695922762454,
+               -0.7661308776828737, 1.3887301496588271, 0.4629100498862757, -0.9258200997725514, 0.0,
+               0.7745966692414832, 1.5491933384829664},
+              1e-12);
+  // kiln's layer_norm(x, weight, bias, eps) over the last dim is the same function here.
+  Tensor w3 = from_vector<double>({1.0, 2.0, 3.0}, {3}), b3 = from_vector<double>({0.0, 1.0, 0.0}, {3});
+  CHECK(values(F::layer_norm(x.detach(), w3, b3, 1e-5)) == values(F::layer_norm(x.detach(), {3}, w3, b3, 1e-5)));
+  CHECK(values(F::rms_norm(x.detach(), w3, 1e-6)) == values(kiln::rms_norm(x.detach(), w3, 1e-6)));
+  // torch's checks: the input must end in normalized_shape, the parameters be of its shape, and
+  // it must have a dim.
+  CHECK_THROWS_AS(F::layer_norm(x, {3, 2}), ShapeError);
+  CHECK_THROWS_AS(F::layer_norm(x, {2, 3}, reshape(w.detach(), {6})), ShapeError);
+  CHECK_THROWS_AS(F::layer_norm(x, {2, 3}, {}, b3), ShapeError);
+  CHECK_THROWS_AS(F::rms_norm(x, {2, 3}, w3), ShapeError);
+  CHECK_THROWS_AS(F::rms_norm(x, {4}), ShapeError);
+  CHECK_THROWS_AS(F::layer_norm(x, Shape{}), ValueError);
+  CHECK_THROWS_AS(F::layer_norm(x.to(i64), {3}), DTypeError);
+}
+
+TEST_CASE("nn::functional has torch.nn.functional's losses, one_hot, pad, sigmoid, tanh and activations") {
+  namespace F = nn::functional;
+  Tensor a = from_vector<double>({0.5, -1.0, 2.0}, {3}), t = from_vector<double>({1.0, 0.0, 1.0}, {3});
+  CHECK(values(F::mse_loss(a, t)) == values(kiln::mse_loss(a, t)));
+  CHECK(values(F::l1_loss(a, t, "sum")) == std::vector<double>{2.5});
+  CHECK(values(F::smooth_l1_loss(a, t)) == values(kiln::smooth_l1_loss(a, t)));
+  CHECK(values(F::huber_loss(a, t, "none", 0.5)) == values(kiln::huber_loss(a, t, "none", 0.5)));
+  CHECK(values(F::binary_cross_entropy_with_logits(a, t)) == values(kiln::binary_cross_entropy_with_logits(a, t)));
+  CHECK(values(F::binary_cross_entropy(F::sigmoid(a), t)) == values(kiln::binary_cross_entropy(sigmoid(a), t)));
+  Tensor logits = from_vector<double>({0.5, -1.0, 2.0, 0.0, 1.0, 3.0}, {2, 3});
+  Tensor y = from_vector<std::int64_t>({2, 0}, {2});
+  CHECK(values(F::nll_loss(F::log_softmax(logits, 1), y)) == values(F::cross_entropy(logits, y)));
+  CHECK(F::one_hot(y, 3).to_vector<std::int64_t>() == std::vector<std::int64_t>{0, 0, 1, 1, 0, 0});
+  CHECK(values(F::pad(a, {1, 2}, "constant", 9.0)) == std::vector<double>{9.0, 0.5, -1.0, 2.0, 9.0, 9.0});
+  CHECK(values(F::tanh(a)) == values(kiln::tanh(a)));
+  check_close(F::leaky_relu(a, 0.2), {0.5, -0.2, 2.0}, 1e-15);
+  check_close(F::hardtanh(a), {0.5, -1.0, 1.0}, 1e-15);
+}
+
+TEST_CASE("activation modules: torch's class names, constructor arguments and values") {
+  // torch.nn's modules on [-2, -0.5, 0, 0.75, 4] in float64, from torch 2.x.
+  const Tensor v = from_vector<double>({-2.0, -0.5, 0.0, 0.75, 4.0}, {5});
+  auto run = [&](nn::Module& m, const char* name, const std::vector<double>& want) {
+    CAPTURE(std::string(name));
+    CHECK(m.name() == name);
+    check_close(m(v), want, 1e-12);
+  };
+  nn::LeakyReLU leaky(0.2);
+  run(leaky, "LeakyReLU", {-0.4, -0.1, 0.0, 0.75, 4.0});
+  CHECK(nn::LeakyReLU().negative_slope == 0.01);
+  nn::ELU elu_m(0.5);
+  run(elu_m, "ELU", {-0.43233235838169365, -0.1967346701436833, 0.0, 0.75, 4.0});
+  nn::Mish mish_m;
+  run(mish_m, "Mish", {-0.2525014826957089, -0.22074377465173, 0.0, 0.6100183352182934, 3.9974128069762385});
+  nn::Hardtanh ht(-0.5, 0.5);
+  run(ht, "Hardtanh", {-0.5, -0.5, 0.0, 0.5, 0.5});
+  nn::Sigmoid sig;
+  run(sig, "Sigmoid", {0.11920292202211755, 0.3775406687981454, 0.5, 0.679178699175393, 0.9820137900379085});
+  nn::SELU selu_m;
+  run(selu_m, "SELU", {-1.5201664685956948, -0.6917581878028713, 0.0, 0.7880257405166103, 4.202803949421922});
+  nn::CELU celu_m(2.0);
+  run(celu_m, "CELU", {-1.2642411176571153, -0.44239843385719024, 0.0, 0.75, 4.0});
+  nn::ReLU6 relu6_m;
+  run(relu6_m, "ReLU6", {0.0, 0.0, 0.0, 0.75, 4.0});
+  nn::Hardsigmoid hsig;
+  run(hsig, "Hardsigmoid", {0.16666666666666666, 0.4166666666666667, 0.5, 0.625, 1.0});
+  nn::Hardswish hswish;
+  run(hswish, "Hardswish", {-0.3333333333333333, -0.20833333333333334, 0.0, 0.46875, 4.0});
+  nn::LogSigmoid lsig;
+  run(lsig, "LogSigmoid",
+      {-2.1269280110429727, -0.9740769841801067, -0.6931471805599453, -0.38687100611489994, -0.018149927917809738});
+  nn::Softsign ssign;
+  run(ssign, "Softsign", {-0.6666666666666666, -0.3333333333333333, 0.0, 0.42857142857142855, 0.8});
+  nn::Tanhshrink tshrink;
+  run(tshrink, "Tanhshrink", {-1.035972419924183, -0.03788284273999026, 0.0, 0.1148510476127127, 3.000670700260933});
+  nn::Tanh tanh_m;
+  run(tanh_m, "Tanh", {-0.9640275800758169, -0.46211715726000974, 0.0, 0.6351489523872873, 0.999329299739067});
+  nn::Identity id;
+  run(id, "Identity", {-2.0, -0.5, 0.0, 0.75, 4.0});
+  // Softplus(beta = 2, threshold = 1): linear where 2x > 1.
+  nn::Softplus sp(2.0, 1.0);
+  CHECK(sp.name() == "Softplus");
+  check_close(sp(from_vector<double>({0.25, 0.75}, {2})), {0.48703849209005334, 0.75}, 1e-12);
+  // torch asserts max_val > min_val.
+  CHECK_THROWS_AS(nn::Hardtanh(1.0, 1.0), ValueError);
+  CHECK_THROWS_AS(nn::Hardtanh(2.0, -1.0), ValueError);
+}
+
+TEST_CASE("Flatten, Softmax and LogSoftmax modules, and a Sequential of them named as torch's") {
+  nn::Flatten flat;
+  CHECK(flat.name() == "Flatten");
+  CHECK(flat(zeros({2, 3, 4}, f32)).shape() == Shape{2, 12});
+  CHECK(nn::Flatten(0, 1)(zeros({2, 3, 4}, f32)).shape() == Shape{6, 4});
+  CHECK_THROWS(flat(zeros({5}, f32)));  // start_dim 1 of a 1-d input: out of range, as torch
+  CHECK_THROWS(flat(zeros({}, f32)));
+  // torch.nn.Softmax(dim=1), and without a dim torch's legacy choice (dim 1 of a 2-d input, 0 of
+  // a 1-d or 3-d one).
+  Tensor x = from_vector<double>({0.5, -1.0, 2.0, 3.0}, {2, 2});
+  check_close(nn::Softmax(1)(x), {0.8175744761936437, 0.18242552380635632, 0.26894142136999516, 0.7310585786300049},
+              1e-12);
+  CHECK(values(nn::Softmax()(x)) == values(nn::Softmax(1)(x)));
+  check_close(nn::LogSoftmax()(from_vector<double>({0.5, 1.0}, {2})), {-0.9740769841801067, -0.4740769841801067}, 1e-12);
+  check_close(nn::LogSoftmax(0)(x), {-1.7014132779827524, -4.0181499279178094, -0.20141327798275246, -0.01814992791780978},
+              1e-12);
+  Tensor x3 = from_vector<double>({0.0, 1.0, 0.0, 1.0, 2.0, 0.0, 2.0, 0.0}, {2, 2, 2});
+  check_close(nn::Softmax()(x3),
+              {0.11920292202211755, 0.7310585786300049, 0.11920292202211755, 0.7310585786300049, 0.8807970779778823,
+               0.2689414213699951, 0.8807970779778823, 0.2689414213699951},
+              1e-12);
+  CHECK(nn::Softmax(1).name() == "Softmax");
+  CHECK(nn::LogSoftmax(1).name() == "LogSoftmax");
+  // torch's named_modules of the same Sequential.
+  nn::Sequential model(nn::Flatten(), nn::Linear(6, 4), nn::LeakyReLU(0.2), nn::Hardtanh(-0.5, 0.5), nn::Mish(),
+                       nn::ELU(), nn::Softplus(), nn::Sigmoid(), nn::Tanh(), nn::Identity(), nn::LogSoftmax(1));
+  std::vector<std::pair<std::string, std::string>> names;
+  for (auto& [n, m] : model.named_modules()) names.emplace_back(n, m->name());
+  CHECK(names == std::vector<std::pair<std::string, std::string>>{
+                     {"", "Sequential"}, {"0", "Flatten"}, {"1", "Linear"}, {"2", "LeakyReLU"}, {"3", "Hardtanh"},
+                     {"4", "Mish"}, {"5", "ELU"}, {"6", "Softplus"}, {"7", "Sigmoid"}, {"8", "Tanh"},
+                     {"9", "Identity"}, {"10", "LogSoftmax"}});
+  Tensor out = model(zeros({3, 2, 3}, f32));
+  CHECK(out.shape() == Shape{3, 4});
+  CHECK(model.parameters().size() == 2);
 }
 
 }  // namespace kiln_test_nn_nn

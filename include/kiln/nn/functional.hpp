@@ -8,9 +8,11 @@
 #include <string>
 
 #include "kiln/nn/module.hpp"
+#include "kiln/tensor/activations.hpp"
 #include "kiln/tensor/functions.hpp"
 #include "kiln/tensor/indexing.hpp"
 #include "kiln/tensor/linalg.hpp"
+#include "kiln/tensor/losses.hpp"
 #include "kiln/tensor/ops.hpp"
 #include "kiln/tensor/shape_ops.hpp"
 
@@ -25,8 +27,49 @@ using ::kiln::layer_norm;
 using ::kiln::log_softmax;
 using ::kiln::relu;
 using ::kiln::rms_norm;
+using ::kiln::sigmoid;
 using ::kiln::silu;
 using ::kiln::softmax;
+using ::kiln::tanh;
+// one_hot(tensor, num_classes) and pad(input, pad, mode, value), as torch.nn.functional's.
+using ::kiln::one_hot;
+using ::kiln::pad;
+// The losses (tensor/losses.hpp), with torch.nn.functional's names and `reduction` strings.
+using ::kiln::binary_cross_entropy;
+using ::kiln::binary_cross_entropy_with_logits;
+using ::kiln::huber_loss;
+using ::kiln::l1_loss;
+using ::kiln::mse_loss;
+using ::kiln::nll_loss;
+using ::kiln::smooth_l1_loss;
+// The activations (tensor/activations.hpp), with torch.nn.functional's arguments and defaults.
+using ::kiln::celu;
+using ::kiln::elu;
+using ::kiln::hardsigmoid;
+using ::kiln::hardswish;
+using ::kiln::hardtanh;
+using ::kiln::leaky_relu;
+using ::kiln::logsigmoid;
+using ::kiln::mish;
+using ::kiln::relu6;
+using ::kiln::selu;
+using ::kiln::softplus;
+using ::kiln::softsign;
+using ::kiln::tanhshrink;
+
+/// Layer normalisation over the trailing dims `normalized_shape` (torch.nn.functional.layer_norm):
+/// the input must end in them (ShapeError otherwise), `weight` and `bias` (undefined: none) are
+/// of that shape, an empty normalized_shape is a ValueError. kiln::layer_norm(x, weight, bias,
+/// eps), over the last dim, is also here and unchanged: this overload is the one whose second
+/// argument is a Shape (`layer_norm(x, {2, 3}, w, b)`).
+KILN_ENTRY Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight = {},
+                             const Tensor& bias = {}, double eps = 1e-5);
+
+/// RMS normalisation over the trailing dims `normalized_shape` (torch.nn.functional.rms_norm),
+/// checked as layer_norm's; eps defaults as kiln::rms_norm's (the machine epsilon of the dtype it
+/// computes in). kiln::rms_norm(x, weight, eps) is here too, unchanged.
+KILN_ENTRY Tensor rms_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight = {},
+                           std::optional<double> eps = std::nullopt);
 
 /// The rows of `weight` [num_embeddings, ...] that the integer `input` picks, in
 /// torch.nn.functional.embedding's order (input first; kiln::embedding is torch.embedding's

@@ -2,6 +2,9 @@
 // The definitions of the functional forms of the layers (nn/functional.hpp). Header-only mode includes them from that
 // header (KILN_ENTRY is `inline`); compiled mode compiles them once into kiln::kiln_compiled
 // (src/kiln_compiled.cpp), so users' translation units parse the declarations only.
+#include <algorithm>
+#include <string>
+
 #include "kiln/nn/functional.hpp"
 
 namespace kiln::nn::functional {
@@ -274,6 +277,63 @@ KILN_ENTRY Tensor scaled_dot_product_attention(const Tensor& query, const Tensor
     return scaled_dot_product_attention_math(q, k, v, mask, dropout_p, is_causal, a.scale, enable_gqa);
   }
   return detail::fused_attention(q, k, v, mask, dropout_p, is_causal, a);
+}
+
+}  // namespace kiln::nn::functional
+
+namespace kiln::nn::detail {
+
+/// Checks that `x` ends in `normalized` and that each defined parameter is of that shape
+/// (ShapeErrors naming `op`), then applies `norm` (over the last axis) to x with its normalised
+/// dims flattened into one, the parameters flattened alike. Shared by functional::layer_norm and
+/// functional::rms_norm, and so by nn::LayerNorm and nn::RMSNorm.
+template <class F>
+Tensor norm_over(const char* op, const Tensor& x, const Shape& normalized, const Tensor& weight, const Tensor& bias,
+                 F norm) {
+  const std::size_t k = normalized.size();
+  if (static_cast<std::size_t>(x.dim()) < k || !std::equal(normalized.begin(), normalized.end(), x.shape().end() - k))
+    throw ShapeError(std::string(op) + ": input " + x.describe() + " must be of shape [*, " + normalized.str().substr(1) +
+                     " (it must end in normalized_shape " + normalized.str() + ")");
+  auto check = [&](const Tensor& p, const char* what) {
+    if (p.defined() && p.shape() != normalized)
+      throw ShapeError(std::string(op) + ": " + what + " " + p.describe() + " must be of the shape of normalized_shape " +
+                       normalized.str() + " (input " + x.describe() + ")");
+  };
+  check(weight, "weight");
+  check(bias, "bias");
+  if (k == 1) return norm(x, weight, bias);
+  const std::int64_t n = normalized.numel();
+  Shape flat(x.shape().begin(), x.shape().end() - static_cast<std::ptrdiff_t>(k));
+  flat.push_back(n);
+  auto flatten = [&](const Tensor& p) { return p.defined() ? reshape(p, {n}) : Tensor(); };
+  return reshape(norm(reshape(x, flat), flatten(weight), flatten(bias)), x.shape());
+}
+
+/// `shape` if it is a valid normalized_shape: at least one dim, none negative (ValueError naming
+/// `op` otherwise).
+inline Shape checked_normalized_shape(const char* op, Shape shape) {
+  if (shape.empty()) throw ValueError(std::string(op) + ": normalized_shape must have at least one dimension");
+  for (std::int64_t d : shape)
+    if (d < 0) throw ValueError(std::string(op) + ": normalized_shape " + shape.str() + " has a negative size");
+  return shape;
+}
+
+}  // namespace kiln::nn::detail
+
+namespace kiln::nn::functional {
+
+KILN_ENTRY Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight,
+                             const Tensor& bias, double eps) {
+  return nn::detail::norm_over(
+      "layer_norm", input, nn::detail::checked_normalized_shape("layer_norm", normalized_shape), weight, bias,
+      [&](const Tensor& v, const Tensor& w, const Tensor& b) { return ::kiln::layer_norm(v, w, b, eps); });
+}
+
+KILN_ENTRY Tensor rms_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight,
+                           std::optional<double> eps) {
+  return nn::detail::norm_over("rms_norm", input, nn::detail::checked_normalized_shape("rms_norm", normalized_shape),
+                               weight, Tensor(),
+                               [&](const Tensor& v, const Tensor& w, const Tensor&) { return ::kiln::rms_norm(v, w, eps); });
 }
 
 }  // namespace kiln::nn::functional

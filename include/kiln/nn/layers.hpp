@@ -13,6 +13,7 @@
 
 #include "kiln/nn/functional.hpp"
 #include "kiln/nn/module.hpp"
+#include "kiln/tensor/methods.hpp"
 
 namespace kiln::nn {
 
@@ -126,28 +127,188 @@ class GELU : public Module {
   std::string approximate;
 };
 
+/// relu(x) (torch.nn.ReLU).
 class ReLU : public Module {
  public:
   Tensor forward(const Tensor& x) override { return relu(x); }
   std::string name() const override { return "ReLU"; }
 };
 
+/// silu(x) (torch.nn.SiLU).
 class SiLU : public Module {
  public:
   Tensor forward(const Tensor& x) override { return silu(x); }
   std::string name() const override { return "SiLU"; }
 };
 
+/// tanh(x) (torch.nn.Tanh).
 class Tanh : public Module {
  public:
   Tensor forward(const Tensor& x) override { return tanh(x); }
   std::string name() const override { return "Tanh"; }
 };
 
+/// The input itself (torch.nn.Identity).
 class Identity : public Module {
  public:
   Tensor forward(const Tensor& x) override { return x; }
   std::string name() const override { return "Identity"; }
+};
+
+/// sigmoid(x) (torch.nn.Sigmoid).
+class Sigmoid : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return sigmoid(x); }
+  std::string name() const override { return "Sigmoid"; }
+};
+
+/// leaky_relu(x, negative_slope) (torch.nn.LeakyReLU).
+class LeakyReLU : public Module {
+ public:
+  explicit LeakyReLU(double negative_slope = 0.01) : negative_slope(negative_slope) {}
+  Tensor forward(const Tensor& x) override { return leaky_relu(x, negative_slope); }
+  std::string name() const override { return "LeakyReLU"; }
+  double negative_slope;
+};
+
+/// elu(x, alpha) (torch.nn.ELU).
+class ELU : public Module {
+ public:
+  explicit ELU(double alpha = 1.0) : alpha(alpha) {}
+  Tensor forward(const Tensor& x) override { return elu(x, alpha); }
+  std::string name() const override { return "ELU"; }
+  double alpha;
+};
+
+/// selu(x) (torch.nn.SELU).
+class SELU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return selu(x); }
+  std::string name() const override { return "SELU"; }
+};
+
+/// celu(x, alpha) (torch.nn.CELU; alpha 0 is a ValueError when it runs, as torch's).
+class CELU : public Module {
+ public:
+  explicit CELU(double alpha = 1.0) : alpha(alpha) {}
+  Tensor forward(const Tensor& x) override { return celu(x, alpha); }
+  std::string name() const override { return "CELU"; }
+  double alpha;
+};
+
+/// softplus(x, beta, threshold) (torch.nn.Softplus).
+class Softplus : public Module {
+ public:
+  explicit Softplus(double beta = 1.0, double threshold = 20.0) : beta(beta), threshold(threshold) {}
+  Tensor forward(const Tensor& x) override { return softplus(x, beta, threshold); }
+  std::string name() const override { return "Softplus"; }
+  double beta, threshold;
+};
+
+/// mish(x) (torch.nn.Mish).
+class Mish : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return mish(x); }
+  std::string name() const override { return "Mish"; }
+};
+
+/// hardtanh(x, min_val, max_val) (torch.nn.Hardtanh): max_val must be greater than min_val
+/// (ValueError; torch asserts it).
+class Hardtanh : public Module {
+ public:
+  explicit Hardtanh(double min_val = -1.0, double max_val = 1.0) : min_val(min_val), max_val(max_val) {
+    if (!(max_val > min_val))
+      throw ValueError("Hardtanh: max_val (" + std::to_string(max_val) + ") must be greater than min_val (" +
+                       std::to_string(min_val) + ")");
+  }
+  Tensor forward(const Tensor& x) override { return hardtanh(x, min_val, max_val); }
+  std::string name() const override { return "Hardtanh"; }
+  double min_val, max_val;
+};
+
+/// relu6(x) (torch.nn.ReLU6).
+class ReLU6 : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return relu6(x); }
+  std::string name() const override { return "ReLU6"; }
+};
+
+/// hardsigmoid(x) (torch.nn.Hardsigmoid).
+class Hardsigmoid : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return hardsigmoid(x); }
+  std::string name() const override { return "Hardsigmoid"; }
+};
+
+/// hardswish(x) (torch.nn.Hardswish).
+class Hardswish : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return hardswish(x); }
+  std::string name() const override { return "Hardswish"; }
+};
+
+/// logsigmoid(x) (torch.nn.LogSigmoid).
+class LogSigmoid : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return logsigmoid(x); }
+  std::string name() const override { return "LogSigmoid"; }
+};
+
+/// softsign(x) (torch.nn.Softsign).
+class Softsign : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return softsign(x); }
+  std::string name() const override { return "Softsign"; }
+};
+
+/// tanhshrink(x) (torch.nn.Tanhshrink).
+class Tanhshrink : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return tanhshrink(x); }
+  std::string name() const override { return "Tanhshrink"; }
+};
+
+/// flatten(x, start_dim, end_dim) (torch.nn.Flatten: by default every dim but the batch dim).
+class Flatten : public Module {
+ public:
+  explicit Flatten(std::int64_t start_dim = 1, std::int64_t end_dim = -1) : start_dim(start_dim), end_dim(end_dim) {}
+  Tensor forward(const Tensor& x) override {
+    // A 0-dim input counts as one dim for the dims' range, as torch.flatten's check.
+    if (x.dim() == 0) {
+      normalize_axis(start_dim, 1, "Flatten", x.shape());
+      normalize_axis(end_dim, 1, "Flatten", x.shape());
+    }
+    return flatten(x, start_dim, end_dim);
+  }
+  std::string name() const override { return "Flatten"; }
+  std::int64_t start_dim, end_dim;
+};
+
+namespace detail {
+/// torch's _get_softmax_dim for a Softmax/LogSoftmax built without a dim: 0 for 0-, 1- and
+/// 3-dim inputs, else 1 (torch warns that this choice is deprecated).
+inline std::int64_t softmax_dim(std::optional<std::int64_t> dim, const Tensor& x) {
+  if (dim) return *dim;
+  return x.dim() == 0 || x.dim() == 1 || x.dim() == 3 ? 0 : 1;
+}
+}  // namespace detail
+
+/// softmax(x, dim) (torch.nn.Softmax); without a dim, torch's legacy choice (detail::softmax_dim).
+class Softmax : public Module {
+ public:
+  explicit Softmax(std::optional<std::int64_t> dim = std::nullopt) : dim(dim) {}
+  Tensor forward(const Tensor& x) override { return softmax(x, detail::softmax_dim(dim, x)); }
+  std::string name() const override { return "Softmax"; }
+  std::optional<std::int64_t> dim;
+};
+
+/// log_softmax(x, dim) (torch.nn.LogSoftmax); without a dim, torch's legacy choice.
+class LogSoftmax : public Module {
+ public:
+  explicit LogSoftmax(std::optional<std::int64_t> dim = std::nullopt) : dim(dim) {}
+  Tensor forward(const Tensor& x) override { return log_softmax(x, detail::softmax_dim(dim, x)); }
+  std::string name() const override { return "LogSoftmax"; }
+  std::optional<std::int64_t> dim;
 };
 
 /// A list of modules registered under "0", "1", ... (torch.nn.ModuleList); it has no forward.

@@ -70,41 +70,12 @@ KILN_ENTRY Tensor Embedding::forward(const Tensor& indices) {
   return functional::embedding(indices, weight, padding_idx);
 }
 
-namespace detail {
-/// Checks that `x` ends in `normalized` (ShapeError naming `op`) and applies `norm` (over the last
-/// axis) to x with its normalised dims flattened into one, the parameters flattened alike.
-template <class F>
-Tensor norm_over(const char* op, const Tensor& x, const Shape& normalized, const Tensor& weight, const Tensor& bias,
-                 F norm) {
-  const std::size_t k = normalized.size();
-  if (static_cast<std::size_t>(x.dim()) < k || !std::equal(normalized.begin(), normalized.end(), x.shape().end() - k))
-    throw ShapeError(std::string(op) + ": input " + x.describe() + " must be of shape [*, " + normalized.str().substr(1) +
-                     " (it must end in normalized_shape " + normalized.str() + ")");
-  if (k == 1) return norm(x, weight, bias);
-  const std::int64_t n = normalized.numel();
-  Shape flat(x.shape().begin(), x.shape().end() - static_cast<std::ptrdiff_t>(k));
-  flat.push_back(n);
-  auto flatten = [&](const Tensor& p) { return p.defined() ? reshape(p, {n}) : Tensor(); };
-  return reshape(norm(reshape(x, flat), flatten(weight), flatten(bias)), x.shape());
-}
-
-inline Shape checked_normalized_shape(const char* op, Shape shape) {
-  if (shape.empty()) throw ValueError(std::string(op) + ": normalized_shape must have at least one dimension");
-  for (std::int64_t d : shape)
-    if (d < 0) throw ValueError(std::string(op) + ": normalized_shape " + shape.str() + " has a negative size");
-  return shape;
-}
-}  // namespace detail
 
 KILN_ENTRY Tensor LayerNorm::forward(const Tensor& x) {
-  return detail::norm_over("LayerNorm", x, normalized_shape, weight, bias,
-                           [&](const Tensor& v, const Tensor& w, const Tensor& b) { return layer_norm(v, w, b, eps); });
+  return functional::layer_norm(x, normalized_shape, weight, bias, eps);
 }
 
-KILN_ENTRY Tensor RMSNorm::forward(const Tensor& x) {
-  return detail::norm_over("RMSNorm", x, normalized_shape, weight, Tensor(),
-                           [&](const Tensor& v, const Tensor& w, const Tensor&) { return rms_norm(v, w, eps); });
-}
+KILN_ENTRY Tensor RMSNorm::forward(const Tensor& x) { return functional::rms_norm(x, normalized_shape, weight, eps); }
 
 KILN_ENTRY const std::shared_ptr<Module>& ModuleList::at(std::size_t i) const {
   if (i >= items_.size())

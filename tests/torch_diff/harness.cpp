@@ -72,6 +72,9 @@ int main() {
   ops["log_softmax"] = [&](A& a) -> R { return {log_softmax(T(a, 0), a[1].i)}; };
   ops["layer_norm"] = [&](A& a) -> R { return {layer_norm(T(a, 0), T(a, 1), T(a, 2), a[3].f)}; };
   ops["rms_norm"] = [&](A& a) -> R { return {rms_norm(T(a, 0), T(a, 1))}; };
+  ops["layer_norm_ns"] = [&](A& a) -> R {
+    return {nn::functional::layer_norm(T(a, 0), Shape(a[1].l), T(a, 2), T(a, 3), a[4].f)}; };
+  ops["rms_norm_ns"] = [&](A& a) -> R { return {nn::functional::rms_norm(T(a, 0), Shape(a[1].l), T(a, 2), a[3].f)}; };
   ops["cross_entropy"] = [&](A& a) -> R { return {cross_entropy(T(a, 0), T(a, 1), a[2].i)}; };
   ops["cumsum"] = [&](A& a) -> R { return {cumsum(T(a, 0), a[1].i)}; };
   ops["cumprod"] = [&](A& a) -> R { return {cumprod(T(a, 0), a[1].i)}; };

@@ -250,6 +250,20 @@ def gen(op):
             return [T(x), T(y), ('s', red), ('f', p)], lambda a: f(a[0], a[1].expand_as(a[0]) if a[1].shape != a[0].shape else a[1], reduction=red, **{kw: p})
         f = getattr(F, op)
         return [T(x), T(y), ('s', red)], lambda a: f(a[0], a[1].expand_as(a[0]) if a[1].shape != a[0].shape else a[1], reduction=red)
+    if op in ('layer_norm_ns', 'rms_norm_ns'):
+        # torch's normalized_shape: the last k dims (at times not the input's, or parameters of
+        # another shape), weight and bias each present or not
+        sh = rshape(mind=1); fdt = rng.choice(['float32', 'float64']); k = rng.randint(1, len(sh))
+        ns = sh[len(sh) - k:]
+        if rng.random() < .1: ns = ns[::-1] if len(ns) > 1 and ns[0] != ns[-1] else ns[:-1] + [ns[-1] + 1]
+        ps = ns if rng.random() < .9 else [math.prod(ns)] + ([1] if rng.random() < .5 else [])
+        x = rtensor(sh, fdt, special=False)
+        w = T(rtensor(ps, fdt, special=False)) if rng.random() < .7 else ('n',)
+        b = T(rtensor(ps, fdt, special=False)) if rng.random() < .7 else ('n',)
+        F = torch.nn.functional
+        if op == 'layer_norm_ns':
+            return [T(x), ('l', ns), w, b, ('f', 1e-5)], lambda a: F.layer_norm(a[0], ns, a[2], a[3], 1e-5)
+        return [T(x), ('l', ns), w, ('f', 1e-6)], lambda a: F.rms_norm(a[0], ns, a[2], 1e-6)
     if op == 'rms_norm':
         sh = rshape(mind=1); fdt = rng.choice(['float32', 'float64'])
         x = rtensor(sh, fdt, special=False); w = rtensor([sh[-1]], fdt, special=False)
@@ -357,7 +371,7 @@ OPS = UNARY + BINARY + ['gelu', 'where', 'clamp', 'sum', 'prod', 'mean', 'amax',
       'max_dim', 'min_dim', 'argmax', 'argmin', 'softmax', 'log_softmax', 'cumsum', 'cumprod', 'cummax', 'cummin', 'logcumsumexp',
       'sort', 'argsort', 'topk', 'gather', 'take_along_dim', 'index_select', 'scatter', 'scatter_add', 'index_add', 'embedding', 'masked_fill',
       'tril', 'triu', 'flip', 'roll', 'repeat', 'pad', 'one_hot', 'stack', 'cat', 'matmul', 'to', 'chunk', 'split', 'cross_entropy', 'layer_norm',
-      'rms_norm', 'index_copy', 'take_flat', 'clamp_t', 'where_s', 'sdpa', 'linear'] + ACTIVATIONS
+      'rms_norm', 'index_copy', 'take_flat', 'clamp_t', 'where_s', 'sdpa', 'linear', 'layer_norm_ns', 'rms_norm_ns'] + ACTIVATIONS
 LOSSES = ['mse_loss', 'l1_loss', 'smooth_l1_loss', 'huber_loss', 'bcel', 'bce', 'ce_opts', 'nll_loss']
 if ONLY: OPS = LOSSES if ONLY == ['losses'] else ONLY
 

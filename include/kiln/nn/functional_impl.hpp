@@ -292,12 +292,13 @@ Tensor norm_over(const char* op, const Tensor& x, const Shape& normalized, const
                  F norm) {
   const std::size_t k = normalized.size();
   if (static_cast<std::size_t>(x.dim()) < k || !std::equal(normalized.begin(), normalized.end(), x.shape().end() - k))
-    throw ShapeError(std::string(op) + ": input " + x.describe() + " must be of shape [*, " + normalized.str().substr(1) +
-                     " (it must end in normalized_shape " + normalized.str() + ")");
+    throw ShapeError(std::string(op) + ": input " + x.describe() + " must be of shape [*, " +
+                     normalized.str().substr(1) + " (it must end in normalized_shape " + normalized.str() + ")");
   auto check = [&](const Tensor& p, const char* what) {
     if (p.defined() && p.shape() != normalized)
-      throw ShapeError(std::string(op) + ": " + what + " " + p.describe() + " must be of the shape of normalized_shape " +
-                       normalized.str() + " (input " + x.describe() + ")");
+      throw ShapeError(std::string(op) + ": " + what + " " + p.describe() +
+                       " must be of the shape of normalized_shape " + normalized.str() + " (input " + x.describe() +
+                       ")");
   };
   check(weight, "weight");
   check(bias, "bias");
@@ -331,9 +332,9 @@ KILN_ENTRY Tensor layer_norm(const Tensor& input, const Shape& normalized_shape,
 
 KILN_ENTRY Tensor rms_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight,
                            std::optional<double> eps) {
-  return nn::detail::norm_over("rms_norm", input, nn::detail::checked_normalized_shape("rms_norm", normalized_shape),
-                               weight, Tensor(),
-                               [&](const Tensor& v, const Tensor& w, const Tensor&) { return ::kiln::rms_norm(v, w, eps); });
+  return nn::detail::norm_over(
+      "rms_norm", input, nn::detail::checked_normalized_shape("rms_norm", normalized_shape), weight, Tensor(),
+      [&](const Tensor& v, const Tensor& w, const Tensor&) { return ::kiln::rms_norm(v, w, eps); });
 }
 
 }  // namespace kiln::nn::functional

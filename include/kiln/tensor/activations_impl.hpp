@@ -26,7 +26,8 @@ KILN_ENTRY Tensor activation_result(const Tensor& y, const Tensor& x) {
 
 /// DTypeError naming `op` for a bool input (torch's composites and clamp refuse bools).
 KILN_ENTRY void refuse_bool(const Tensor& x, const char* op) {
-  if (x.dtype() == DType::Bool) throw DTypeError(std::string(op) + ": not supported for bool tensors, got " + describe(x));
+  if (x.dtype() == DType::Bool)
+    throw DTypeError(std::string(op) + ": not supported for bool tensors, got " + describe(x));
 }
 
 /// torch's elu kernel: x <= 0 ? expm1(x * input_scale) * alpha * scale : x * scale, with the

@@ -292,6 +292,48 @@ TEST_CASE("views of a realized tensor share memory: assign through a view writes
   KILN_CHECK_CLOSE(x, kt::Ref{{0, 1, 0, 30, 0, -2, 0, -40, 0, 9, 0, 110}, {3, 4}});
 }
 
+TEST_CASE("a write is ordered after the lazy reads built before it (PyTorch's eager order)") {
+  Tensor x = kt::make_tensor({0, 1, 2}, {3}, DType::Float32);
+  x.eval();
+  Tensor doubled = x * 2.0f;  // lazy, built on x's memory
+  Tensor total = sum(x);
+  Tensor row = slice(x, 0, 1, 3) + 1.0f;
+  x.fill_(5);
+  KILN_CHECK_CLOSE(doubled, kt::Ref{{0, 2, 4}, {3}});
+  KILN_CHECK_CLOSE(total, kt::Ref{{3}, {}});
+  KILN_CHECK_CLOSE(row, kt::Ref{{2, 3}, {2}});
+  // A lazy tensor inside the value written is read before the write too.
+  Tensor y = x * 2.0f;
+  x.assign(y + 1.0f);
+  KILN_CHECK_CLOSE(y, kt::Ref{{10, 10, 10}, {3}});
+  KILN_CHECK_CLOSE(x, kt::Ref{{11, 11, 11}, {3}});
+  // A read built after the write sees it.
+  KILN_CHECK_CLOSE(x * 1.0f, kt::Ref{{11, 11, 11}, {3}});
+}
+
+TEST_CASE("a view of a lazy tensor writes that tensor; flip and repeat are copies") {
+  Tensor x = full({2, 3}, 1.0, DType::Float32) * 1.0f;  // lazy
+  Tensor row = slice(x, 0, 0, 1);
+  row.fill_(7);
+  KILN_CHECK_CLOSE(x, kt::Ref{{7, 7, 7, 1, 1, 1}, {2, 3}});
+  Tensor y = full({2, 3}, 0.0, DType::Float32) * 1.0f;
+  Tensor yt = transpose(y, 0, 1);
+  yt.add_(kt::make_tensor({0, 1, 2, 3, 4, 5}, {3, 2}, DType::Float32));
+  KILN_CHECK_CLOSE(y, kt::Ref{{0, 2, 4, 1, 3, 5}, {2, 3}});
+
+  Tensor b = kt::make_tensor({0, 1, 2, 3, 4, 5}, {2, 3}, DType::Float32);
+  b.eval();
+  Tensor f = flip(b, {0});
+  CHECK(f.strides() == Strides{3, 1});
+  f.fill_(0);
+  Tensor r = b.repeat({1, 1});
+  r.fill_(9);
+  Tensor r2 = slice(b, 0, 0, 1).repeat({2, 1});
+  r2.add_(1.0);
+  KILN_CHECK_CLOSE(b, kt::Ref{{0, 1, 2, 3, 4, 5}, {2, 3}});
+  KILN_CHECK_CLOSE(r2, kt::Ref{{1, 2, 3, 1, 2, 3}, {2, 3}});
+}
+
 TEST_CASE("non-contiguous inputs to every kind of op") {
   const auto vals = kt::uniform_values(30, 0.1, 2, DType::Float32, 19);
   Tensor base = kt::make_tensor(vals, {5, 6}, DType::Float32);

@@ -39,6 +39,30 @@ inline Node blank(Op op, DType dtype, Device device, Shape shape, std::vector<No
   return n;
 }
 
+/// Records lazy `n` as a reader of the memory of each of its realized inputs (Storage::
+/// lazy_readers), dropping entries that are gone or evaluated when a list grows.
+inline void register_lazy_reader(const NodePtr& n) {
+  const Storage* last = nullptr;
+  for (const NodePtr& in : n->inputs) {
+    if (!in->realized() || in->buffer->storage.get() == last) continue;
+    Storage* s = in->buffer->storage.get();
+    last = s;
+    std::vector<NodePtr> released;  // destroyed after the lock is let go
+    {
+      std::lock_guard<std::mutex> lock(kiln::detail::storage_lock(s));
+      std::vector<std::weak_ptr<Node>>& readers = s->lazy_readers;
+      if (readers.size() >= 16 && readers.size() == readers.capacity())
+        std::erase_if(readers, [&](const std::weak_ptr<Node>& w) {
+          NodePtr p = w.lock();
+          const bool gone = !p || p->realized();
+          if (p) released.push_back(std::move(p));
+          return gone;
+        });
+      readers.push_back(n);
+    }
+  }
+}
+
 /// Finishes a node: hash, depth. Every node is made through here.
 inline NodePtr finish(Node n) {
   n.local_hash = detail::compute_local_hash(n);
@@ -56,7 +80,9 @@ inline NodePtr finish(Node n) {
   if (n.op == Op::Input) h = kiln::detail::hash_combine(h, leaf_hash(n));
   n.hash = h;
   n.depth = depth;
-  return std::make_shared<Node>(std::move(n));
+  NodePtr out = std::make_shared<Node>(std::move(n));
+  if (!out->realized()) register_lazy_reader(out);
+  return out;
 }
 
 /// A realized leaf over `view` (the storage must hold every addressed element).
@@ -316,7 +342,9 @@ inline NodePtr slice(const NodePtr& x, std::int64_t axis, std::int64_t start, st
   out[axis] = size;
   Node n = blank(Op::Slice, x->dtype, x->device, std::move(out), {x});
   n.attrs.ints = {axis, start, step};
-  if (viewable(x)) return shape_op_view(x, Op::Slice, n.attrs, n.shape);
+  // A reversal (step < 0, a flip) is a copy in PyTorch, not a view: it stays a node of its own,
+  // which a graph reading it still reads in place (as_leaf_view).
+  if (viewable(x) && step > 0) return shape_op_view(x, Op::Slice, n.attrs, n.shape);
   return finish(std::move(n));
 }
 

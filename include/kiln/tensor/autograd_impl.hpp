@@ -209,6 +209,7 @@ KILN_ENTRY Tensor Tensor::detach() const {
   copy->requires_grad = false;
   copy->graph_freed = false;
   copy->grad_leaf.reset();
+  ir::register_lazy_reader(copy);
   return Tensor(std::move(copy));
 }
 

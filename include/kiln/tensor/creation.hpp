@@ -222,6 +222,16 @@ requires TensorLike<E> Tensor empty_like(const E& t, std::optional<DType> dtype 
   return empty(t.shape(), dtype.value_or(t.dtype()), t.device());
 }
 
+namespace detail {
+/// An identity of `n` that is a node of its own (a new value when evaluated, never a view of
+/// n's memory): x + (-0.0) is x for every float (-0 included), x + 0 for integers, x || false
+/// for bools. It records the gradient.
+inline ir::NodePtr identity_node(const ir::NodePtr& n) {
+  if (n->dtype == DType::Bool) return ir::binary(ir::Op::Or, n, ir::constant(0.0, n->dtype, n->shape, n->device));
+  return ir::binary(ir::Op::Add, n, ir::constant(is_floating(n->dtype) ? -0.0 : 0.0, n->dtype, n->shape, n->device));
+}
+}  // namespace detail
+
 /// A copy of `t`'s values that shares nothing with it: a later `t.assign(...)` leaves the
 /// clone as it was. An evaluated tensor is copied now (row-major); a lazy one gets a node of
 /// its own, computed where it is first used (inside kiln::compile, always so).
@@ -230,13 +240,8 @@ requires TensorLike<E> Tensor clone(const E& x) {
   Tensor t(x);
   if (!t.defined()) throw Error("clone: operation on an undefined Tensor (default-constructed)");
   const ir::NodePtr& n = t.node();
-  // An identity that is a node of its own: x + (-0.0) is x for every float (-0 included), x + 0
-  // for integers, x || false for bools. It records the gradient (clone is differentiable).
-  auto identity = [&] {
-    if (n->dtype == DType::Bool) return Tensor(ir::binary(ir::Op::Or, n, ir::constant(0.0, n->dtype, n->shape, n->device)));
-    return Tensor(
-        ir::binary(ir::Op::Add, n, ir::constant(is_floating(n->dtype) ? -0.0 : 0.0, n->dtype, n->shape, n->device)));
-  };
+  // An identity that is a node of its own; it records the gradient (clone is differentiable).
+  auto identity = [&] { return Tensor(detail::identity_node(n)); };
   if (n->realized() && !detail::deferring_eval()) {
     if (t.requires_grad()) return identity().eval();  // copied now, and its gradient flows to t
     return Tensor(detail::contiguous_copy(n));

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <iterator>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -79,6 +80,13 @@ KILN_ENTRY ir::NodePtr maybe_eval_big(ir::NodePtr node);
 /// True if some element is reachable through two different indices (a broadcast view). A view
 /// with no elements has none to share, whatever its strides.
 KILN_ENTRY bool has_self_overlap(const Shape& shape, const Strides& strides);
+
+/// Evaluates the nodes built on the memory of `storages` that are still lazy (Storage::
+/// lazy_readers), before that memory is written: a lazy tensor reads the values it was built
+/// on, as PyTorch's eager ops compute them then. `values` are the graphs the write computes: their
+/// roots, and the nodes under them that nothing outside them holds, are left to the write.
+KILN_ENTRY void evaluate_pending_reads(const std::vector<const Storage*>& storages,
+                                       const std::vector<ir::NodePtr>& values);
 
 /// Writes `value` (already cast and broadcast to destination's dtype and shape) into the
 /// realized `destination`.
@@ -204,10 +212,37 @@ namespace detail {
 KILN_ENTRY void check_assign_destination(const Tensor& destination);
 }  // namespace detail
 
+namespace detail {
+/// Evaluates the destination of a write (a lazy view of a lazy tensor, as slice(x, ...) of a
+/// lazy x: that tensor, then the view of its memory, as PyTorch's view shares it; anything else:
+/// into new memory) and then the lazy tensors built on the memory it is about to write.
+KILN_ENTRY void prepare_write(const ir::NodePtr& destination, const std::vector<ir::NodePtr>& values);
+}  // namespace detail
+
 template <class E>
 requires TensorLike<E> Tensor& Tensor::assign(const E& value) {
   checked();
   detail::check_assign_destination(*this);
+  // Writing into existing memory is a side effect a compiled replay could not repeat.
+  detail::before_data_read("assign()", std::source_location::current());
+  detail::prepare_write(node_, {});
+  return assign_value(value);
+}
+
+inline Tensor& Tensor::assign(Tensor&& value) {
+  checked();
+  detail::check_assign_destination(*this);
+  detail::before_data_read("assign()", std::source_location::current());
+  if (value.defined() && value.node().use_count() == 1) {
+    detail::prepare_write(node_, {value.node()});
+  } else {
+    detail::prepare_write(node_, {});
+  }
+  return assign_value(value);
+}
+
+template <class E>
+Tensor& Tensor::assign_value(const E& value) {
   // Typed expressions over evaluated tensors: the cached fast path (no graph building).
   if constexpr (!std::is_base_of_v<Tensor, E>) {
     if (!detail::active_trace && node_ && node_->realized() && value.out_device == device() &&
@@ -216,9 +251,6 @@ requires TensorLike<E> Tensor& Tensor::assign(const E& value) {
       return *this;
   }
   Tensor v = detail::to_tensor(value.derived());
-  // Writing into existing memory is a side effect a compiled replay could not repeat.
-  detail::before_data_read("assign()", std::source_location::current());
-  if (!node_->realized()) detail::evaluate({node_});
   detail::check_same_device(device(), v.device(), "assign");
   if (detail::has_self_overlap(shape(), node_->buffer->strides))
     throw ShapeError("assign: destination " + describe() + " has elements that share memory (a broadcast view)");
@@ -241,7 +273,7 @@ requires Scalar<S> Tensor& Tensor::assign(S value) {
   checked();
   detail::check_assign_destination(*this);
   detail::before_data_read("assign()", std::source_location::current());
-  if (!node_->realized()) detail::evaluate({node_});
+  detail::prepare_write(node_, {});
   // A fill with a new number reuses the kernel of the last (the number is an argument).
   ir::NodePtr n = detail::number_is_argument(ScalarExpr<S>(value), device())
                       ? detail::number_leaf(value, dtype(), shape(), device())

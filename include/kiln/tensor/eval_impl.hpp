@@ -110,6 +110,87 @@ KILN_ENTRY bool has_self_overlap(const Shape& shape, const Strides& strides) {
   return false;
 }
 
+KILN_ENTRY void evaluate_pending_reads(const std::vector<const Storage*>& storages,
+                                       const std::vector<ir::NodePtr>& values) {
+  std::vector<ir::NodePtr> pending;
+  for (std::size_t i = 0; i < storages.size(); ++i) {
+    const Storage* s = storages[i];
+    if (!s || std::find(storages.begin(), storages.begin() + static_cast<std::ptrdiff_t>(i), s) !=
+                  storages.begin() + static_cast<std::ptrdiff_t>(i))
+      continue;
+    std::lock_guard<std::mutex> lock(storage_lock(s));
+    auto& readers = const_cast<Storage*>(s)->lazy_readers;
+    for (const std::weak_ptr<ir::Node>& w : readers)
+      if (ir::NodePtr p = w.lock(); p && !p->realized()) pending.push_back(std::move(p));
+    readers.clear();
+  }
+  if (pending.empty()) return;
+  // The lazy nodes under the values, and how many input edges of theirs reach each one.
+  std::unordered_map<const ir::Node*, long> edges;
+  std::unordered_set<const ir::Node*> roots;
+  std::vector<const ir::Node*> stack;
+  for (const ir::NodePtr& v : values)
+    if (v && !v->realized() && roots.insert(v.get()).second) stack.push_back(v.get());
+  std::unordered_set<const ir::Node*> seen(roots.begin(), roots.end());
+  while (!stack.empty()) {
+    const ir::Node* n = stack.back();
+    stack.pop_back();
+    for (const ir::NodePtr& in : n->inputs) {
+      if (in->realized()) continue;
+      ++edges[in.get()];
+      if (seen.insert(in.get()).second) stack.push_back(in.get());
+    }
+  }
+  std::vector<ir::NodePtr> todo;
+  std::unordered_set<const ir::Node*> queued;
+  for (ir::NodePtr& p : pending) {
+    if (roots.count(p.get()) || !queued.insert(p.get()).second) continue;
+    auto e = edges.find(p.get());
+    // Held only by the values' graphs (its one reference here aside): computed by the write.
+    if (e != edges.end() && p.use_count() - static_cast<long>(std::count(pending.begin(), pending.end(), p)) == e->second)
+      continue;
+    todo.push_back(p);
+  }
+  pending.clear();
+  if (!todo.empty()) evaluate(todo);
+}
+
+KILN_ENTRY void prepare_write(const ir::NodePtr& destination, const std::vector<ir::NodePtr>& values) {
+  if (!destination->realized()) {
+    // The chain of lazy views down to the tensor they view (a flip, step < 0, is a copy in PyTorch).
+    std::vector<ir::Node*> chain;
+    ir::NodePtr base = destination;
+    while (!base->realized() && !base->requires_grad && base->inputs.size() == 1 &&
+           (base->op == ir::Op::Reshape || base->op == ir::Op::Permute || base->op == ir::Op::Broadcast ||
+            (base->op == ir::Op::Slice && base->attrs.ints.at(2) > 0))) {
+      chain.push_back(base.get());
+      base = base->inputs[0];
+    }
+    if (!chain.empty()) {
+      evaluate({base});
+      std::vector<ir::StridedLayout> layouts(chain.size());
+      ir::StridedLayout at{base->buffer->offset, base->buffer->strides};
+      const Shape* in = &base->shape;
+      bool ok = !base->placeholder;
+      for (std::size_t i = chain.size(); ok && i-- > 0;) {
+        std::optional<ir::StridedLayout> l = ir::view_layout(chain[i]->op, chain[i]->attrs, *in, at, chain[i]->shape);
+        if (!l) ok = false;
+        else layouts[i] = at = std::move(*l), in = &chain[i]->shape;
+      }
+      if (ok) {
+        const StoragePtr storage = base->buffer->storage;
+        for (std::size_t i = chain.size(); i-- > 0;) {
+          if (chain[i]->realized()) continue;
+          chain[i]->buffer = ir::BufferView{storage, layouts[i].offset, layouts[i].strides};
+          chain[i]->inputs.clear();
+        }
+      }
+    }
+    if (!destination->realized()) evaluate({destination});
+  }
+  if (destination->realized()) evaluate_pending_reads({destination->buffer->storage.get()}, values);
+}
+
 KILN_ENTRY void evaluate_into(const ir::NodePtr& value, const ir::NodePtr& destination) {
   const ir::BufferView& dst = *destination->buffer;
   ir::Captured c = ir::capture({value}, destination->device);
@@ -187,6 +268,11 @@ KILN_ENTRY void evaluate_into_many(const std::vector<ir::NodePtr>& values,
     dsts.push_back(destinations[i]);
   }
   if (vals.empty()) return;
+  {
+    std::vector<const Storage*> written;
+    for (const ir::NodePtr& d : dsts) written.push_back(d->buffer->storage.get());
+    evaluate_pending_reads(written, vals);
+  }
   // One graph per device.
   const Device device = dsts.front()->device;
   if (std::any_of(dsts.begin(), dsts.end(), [&](const ir::NodePtr& d) { return !(d->device == device); })) {

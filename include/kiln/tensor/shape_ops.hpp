@@ -43,9 +43,11 @@ template <class E>
 requires TensorLike<E> Tensor flip(const E& x, const std::vector<std::int64_t>& dims) {
   Tensor t = detail::to_tensor(x);
   const std::vector<std::int64_t> axes = detail::distinct_axes(dims, t, "flip");
-  if (t.dim() == 0) return t;
   ir::NodePtr n = t.node();
-  for (auto a : axes) n = detail::flip_node(n, a);
+  if (t.dim() > 0)
+    for (auto a : axes) n = detail::flip_node(n, a);
+  // A copy, as PyTorch's flip (never a view of x's memory, even where nothing moves).
+  if (n == t.node() || n->realized()) n = detail::identity_node(n);
   return Tensor(n);
 }
 
@@ -117,8 +119,10 @@ requires TensorLike<E> Tensor repeat(const E& x, const std::vector<std::int64_t>
     out.push_back(o);
   }
   checked_numel(out, "repeat");
-  ir::NodePtr n = ir::broadcast(ir::reshape(t.node(), split), wide);
-  return Tensor(ir::reshape(n, out));
+  ir::NodePtr n = ir::reshape(ir::broadcast(ir::reshape(t.node(), split), wide), out);
+  // A copy, as PyTorch's repeat (a view of x's memory would alias it, or repeat its elements).
+  if (n == t.node() || n->realized()) n = detail::identity_node(n);
+  return Tensor(n);
 }
 
 /// The lower triangle of the last two dims (elements with j - i <= k), the rest 0, as torch.tril.

@@ -256,8 +256,15 @@ class Tensor : public Expr<Tensor> {
 
   /// Evaluates `value` into this tensor's storage (broadcast and cast to this tensor's shape
   /// and dtype). Writes through views into user memory (`from_blob`).
+  /// Lazy tensors built on this memory earlier are evaluated first (they keep the values they
+  /// were built on, as PyTorch's eager results do); a lazy view (slice, transpose, ...) of a lazy
+  /// tensor writes that tensor, evaluated first, as PyTorch's view would.
   template <class E>
   requires TensorLike<E> Tensor& assign(const E& value);
+  /// The same for a value no one else holds (a temporary): when it reads this memory, the write
+  /// itself computes it (in place, in one kernel, where that is safe) rather than evaluating it
+  /// first.
+  Tensor& assign(Tensor&& value);
   template <class S>
   requires Scalar<S> Tensor& assign(S value);
 
@@ -323,6 +330,8 @@ class Tensor : public Expr<Tensor> {
   }
 
  private:
+  template <class E>
+  Tensor& assign_value(const E& value);
   template <class T>
   std::vector<T> read_host() const;
   const ir::Node& checked() const {

@@ -720,4 +720,34 @@ TEST_CASE("autograd: a backward writes the loss's gradient over logits nothing e
   }
 }
 
+TEST_CASE("autograd: a value the backward reads, written in place after it was recorded, is an AutogradError") {
+  Tensor w = full({3}, 1.0, DType::Float32).eval().requires_grad_();
+  Tensor x = arange(3.0).to(DType::Float32).eval();
+  Tensor y = w * x;  // the gradient of w reads x
+  y.eval();
+  x.mul_(2.0);
+  CHECK_THROWS_AS(sum(y).backward(), AutogradError);
+  // The leaf itself, written under NoGradGuard while a graph that reads it is recorded (as torch).
+  Tensor v = arange(3.0).to(DType::Float32).eval().requires_grad_();
+  Tensor sq = v * v;
+  sq.eval();
+  {
+    NoGradGuard g;
+    v.mul_(2.0);
+  }
+  CHECK_THROWS_AS(sum(sq).backward(), AutogradError);
+  // A write the backward does not read is fine (an add saves nothing), as in PyTorch.
+  Tensor u = full({3}, 1.0, DType::Float32).eval().requires_grad_();
+  Tensor z = arange(3.0).to(DType::Float32).eval();
+  Tensor s = u + z;
+  s.eval();
+  z.mul_(2.0);
+  sum(s).backward();
+  CHECK(u.grad().to_vector<float>() == std::vector<float>{1, 1, 1});
+  // A new graph after the write records the new version.
+  Tensor y2 = w * x;
+  sum(y2).backward();
+  CHECK(w.grad().to_vector<float>() == std::vector<float>{0, 2, 4});
+}
+
 }  // namespace kiln_test_autodiff_autodiff

@@ -24,6 +24,9 @@ struct Storage {
   /// by detail::storage_lock): a write into the memory evaluates those still lazy first, so they
   /// read the values they were built on, as PyTorch's eager ops do.
   std::vector<std::weak_ptr<ir::Node>> lazy_readers;
+  /// Bumped by every write into the memory (PyTorch's version counter): a backward that reads
+  /// a value written after the graph recorded it raises instead of using the new values.
+  std::uint64_t version = 0;
 };
 
 namespace detail {

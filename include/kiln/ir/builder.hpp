@@ -80,6 +80,9 @@ inline NodePtr finish(Node n) {
   if (n.op == Op::Input) h = kiln::detail::hash_combine(h, leaf_hash(n));
   n.hash = h;
   n.depth = depth;
+  if (n.requires_grad)
+    for (const NodePtr& in : n.inputs)
+      if (in->realized()) n.saved_versions.emplace_back(in->buffer->storage.get(), in->buffer->storage->version);
   NodePtr out = std::make_shared<Node>(std::move(n));
   if (!out->realized()) register_lazy_reader(out);
   return out;

@@ -154,6 +154,9 @@ struct Node {
   /// A stand-in leaf whose value is bound when the graph is rebuilt (a compiled backward's
   /// incoming gradient): shape ops on it stay nodes, never views of its (empty) storage.
   bool placeholder = false;
+  /// Autograd: the memory of each input that was evaluated when this node was recorded, and its
+  /// Storage::version then (what a backward reading it expects).
+  std::vector<std::pair<const Storage*, std::uint64_t>> saved_versions;
 
   bool realized() const { return buffer.has_value(); }
   std::int64_t numel() const { return shape.numel(); }

@@ -29,6 +29,48 @@ KILN_ENTRY ir::NodePtr backward_seed(const Tensor& output, const Tensor& gradien
   return ir::cast(gradient.node(), output.dtype());
 }
 
+KILN_ENTRY std::unordered_map<const Storage*, std::uint64_t> saved_versions_under(const std::vector<ir::NodePtr>& roots) {
+  std::unordered_map<const Storage*, std::uint64_t> out;
+  std::unordered_set<const ir::Node*> seen;
+  std::vector<const ir::Node*> stack;
+  for (const ir::NodePtr& r : roots)
+    if (r && seen.insert(r.get()).second) stack.push_back(r.get());
+  while (!stack.empty()) {
+    const ir::Node* n = stack.back();
+    stack.pop_back();
+    if (!n->requires_grad) continue;
+    for (const auto& [storage, version] : n->saved_versions) out.emplace(storage, version);
+    for (const ir::NodePtr& in : n->inputs)
+      if (seen.insert(in.get()).second) stack.push_back(in.get());
+  }
+  return out;
+}
+
+KILN_ENTRY void check_saved_versions(const std::unordered_map<const Storage*, std::uint64_t>& saved,
+                                     const std::vector<autodiff::Reached>& reached, const char* what) {
+  if (saved.empty()) return;
+  std::unordered_set<const ir::Node*> seen;
+  std::vector<const ir::Node*> stack;
+  for (const autodiff::Reached& r : reached)
+    if (r.grad && seen.insert(r.grad.get()).second) stack.push_back(r.grad.get());
+  while (!stack.empty()) {
+    const ir::Node* n = stack.back();
+    stack.pop_back();
+    if (n->realized()) {
+      auto it = saved.find(n->buffer->storage.get());
+      if (it != saved.end() && it->second != n->buffer->storage->version)
+        throw AutogradError(std::string(what) +
+                            ": one of the variables needed for gradient computation has been modified by an "
+                            "inplace operation: " + dtype_name(n->dtype) + n->shape.str() + " is at version " +
+                            std::to_string(n->buffer->storage->version) + "; expected version " +
+                            std::to_string(it->second) + " instead");
+      continue;
+    }
+    for (const ir::NodePtr& in : n->inputs)
+      if (seen.insert(in.get()).second) stack.push_back(in.get());
+  }
+}
+
 KILN_ENTRY std::vector<ir::NodePtr> gradient_nodes(const std::vector<Tensor>& outputs,
                                                    const std::vector<Tensor>& inputs,
                                                    const std::vector<Tensor>& grad_outputs, bool retain_graph,
@@ -53,7 +95,9 @@ KILN_ENTRY std::vector<ir::NodePtr> gradient_nodes(const std::vector<Tensor>& ou
                           " does not require grad");
     wanted.push_back(inputs[i].node());
   }
+  const auto saved = saved_versions_under(roots);
   std::vector<autodiff::Reached> reached = autodiff::backward_pass(roots, seeds, wanted, retain_graph, what.c_str());
+  check_saved_versions(saved, reached, what.c_str());
   std::vector<ir::NodePtr> out(inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i)
     for (const autodiff::Reached& r : reached)
@@ -285,7 +329,9 @@ KILN_ENTRY void Tensor::backward(const Tensor& gradient, bool retain_graph, std:
   // with its backward.
   detail::before_data_read("backward()", where);
   detail::SuspendTrace eager;
+  const auto saved = detail::saved_versions_under({node_});
   std::vector<autodiff::Reached> reached = autodiff::backward_pass({node_}, {seed}, {}, retain_graph, "backward");
+  detail::check_saved_versions(saved, reached, "backward");
   NoGradGuard off;
   // The post-accumulate hooks run once every gradient is in place (the gradients are evaluated
   // together, as one graph), leaf by leaf in the order the walk reached them.

@@ -188,7 +188,10 @@ KILN_ENTRY void prepare_write(const ir::NodePtr& destination, const std::vector<
     }
     if (!destination->realized()) evaluate({destination});
   }
-  if (destination->realized()) evaluate_pending_reads({destination->buffer->storage.get()}, values);
+  if (destination->realized()) {
+    evaluate_pending_reads({destination->buffer->storage.get()}, values);
+    ++destination->buffer->storage->version;
+  }
 }
 
 KILN_ENTRY void evaluate_into(const ir::NodePtr& value, const ir::NodePtr& destination) {
@@ -272,6 +275,7 @@ KILN_ENTRY void evaluate_into_many(const std::vector<ir::NodePtr>& values,
     std::vector<const Storage*> written;
     for (const ir::NodePtr& d : dsts) written.push_back(d->buffer->storage.get());
     evaluate_pending_reads(written, vals);
+    for (const ir::NodePtr& d : dsts) ++d->buffer->storage->version;
   }
   // One graph per device.
   const Device device = dsts.front()->device;

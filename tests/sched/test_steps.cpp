@@ -218,6 +218,25 @@ TEST_CASE("a product's operand that only reshapes a value its segment computes i
   }
 }
 
+TEST_CASE("a product's operand that reshapes a value an earlier segment stores reads it in place, not a copy") {
+  // A backward's layer-norm output [B, T, C], computed in its first segment from the forward's
+  // saved values and read by a later weight gradient as [B*T, C]: here z = a + b + c over
+  // [2, 4, 6] (three stored values: too much to recompute later), read as [8, 6] by a product
+  // of level 2. The segment of level 0 stores z once and the product reads that memory; it was
+  // stored there and then copied, reshaped, by a second segment just before the product.
+  NodePtr a = input({2, 4, 6}, f32, 1), b = input({2, 4, 6}, f32, 2), c = input({2, 4, 6}, f32, 3);
+  NodePtr x = input({8, 4}, f32, 4), w = input({4, 8}, f32, 5);
+  NodePtr z = add(add(a, b), c);
+  auto p = plan_of({ir::matmul(ir::matmul(x, w), ir::reshape(z, Shape{8, 6}))}, false);
+  REQUIRE(p.calls.size() == 2);
+  REQUIRE(p.segments.size() == 1);
+  CHECK(p.segments[0].outputs.size() == 1);
+  CHECK(p.order[0].kind == Step::Kernels);
+  CHECK(p.calls[1].b.kind == p.segments[0].outputs[0].kind);
+  CHECK(p.calls[1].b.index == p.segments[0].outputs[0].index);
+  CHECK(p.calls[1].b.strides == Strides{6, 1});
+}
+
 TEST_CASE("a cast of a transposed operand is stored in its source's order for cuBLASLt") {
   // The tied head: logits = x @ cast(wte^T); a row-major copy of wte^T would be a scattered write.
   NodePtr x = input({8, 4}, bf16, 1), table = input({6, 4}, f32, 2);

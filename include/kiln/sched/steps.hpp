@@ -921,12 +921,28 @@ class StepPlanner {
     const ir::GraphNode& nd = node(i);
     if (is_call_result(i)) return result_slot(i);
     if (nd.op == ir::Op::Input && library_readable(nd.shape, nd.strides)) return Slot{Slot::Leaf, nd.leaf, nd.strides};
-    // A reshape of a call's result (an assembled concatenation flattened to the product's
-    // [B*T, N]) reads the same memory. Offsets stay 0: the library's kernels are chosen for
-    // operands aligned as allocations are.
-    if (nd.op == ir::Op::Reshape && is_call_result(nd.inputs[0]))
-      if (std::optional<Slot> v = view_of_memory(i); v && v->byte_offset == 0 && library_readable(nd.shape, v->strides))
-        return *v;
+    // A reshape of memory that is there anyway reads that memory: a call's result (an
+    // assembled concatenation flattened to the product's [B*T, N]), a leaf, or a computed value
+    // that the segment writing the reshape would read from memory rather than recompute (a
+    // backward's layer-norm output [B, T, C], computed where the forward's saved values are
+    // read, that a weight gradient reads as [B*T, C]): stored once and read in place, not
+    // stored and then copied. A value that segment recomputes (a GELU of a saved input) is
+    // written there, reshaped, as before. Offsets stay 0: the library's kernels are chosen
+    // for operands aligned as allocations are.
+    if (nd.op == ir::Op::Reshape) {
+      int base = -1;
+      std::optional<Slot> v = view_of_memory(i, nd.shape.numel(), &base);
+      if (v && v->byte_offset == 0 && library_readable(nd.shape, v->strides)) {
+        if (base < 0) return *v;
+        const int at = store_level(i);
+        if (level_[static_cast<std::size_t>(base)] < at && reads_too_much_to_recompute(base, at)) {
+          const Slot m = materialize(base);
+          v->kind = m.kind;
+          v->index = m.index;
+          return *v;
+        }
+      }
+    }
     // A transpose of a value some step writes anyway (another call's result, or a value a
     // segment stores: the forward's activation whose transpose a weight gradient reads): the
     // call reads that memory through the permuted strides instead of a transposed copy.

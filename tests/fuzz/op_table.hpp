@@ -789,6 +789,15 @@ inline const std::vector<OpDesc>& op_table() {
         "neg", kNotBool, Unary::Same, "-{0}", [](const Tensor& x) -> Tensor { return -x; }, 0.6));
     t.push_back(unary_row(
         "abs", kAll, Unary::Same, "abs({0})", [](const Tensor& x) -> Tensor { return abs(x); }, 0.6));
+    {  // PyTorch refuses abs of bool. Still picked from every dtype, so that the graphs of seeds
+       // that never took a bool abs stay as they were.
+      PredictFn base = t.back().predict;
+      t.back().predict = [base](const Program& p, const OpInst& op) -> std::optional<Info> {
+        auto info = base(p, op);
+        if (info && info->dtype == bool_) return std::nullopt;
+        return info;
+      };
+    }
     t.push_back(unary_row("exp", kAll, Unary::Float, "exp({0})", [](const Tensor& x) -> Tensor { return exp(x); }));
     t.push_back(unary_row("exp2", kAll, Unary::Float, "exp2({0})", [](const Tensor& x) -> Tensor { return exp2(x); }));
     t.push_back(unary_row("log", kAll, Unary::Float, "log({0})", [](const Tensor& x) -> Tensor { return log(x); }));
@@ -1463,7 +1472,8 @@ inline const std::vector<OpDesc>& op_table() {
         if (op.args.size() != 1 || op.args[0].is_number() || op.p.ints.size() != 1) return std::nullopt;
         const Info& x = p.info(op.args[0].value);
         if (!rules::axis(op.p.ints[0], x.shape.size())) return std::nullopt;
-        return Info{rules::float_of(x.dtype), x.shape};  // kiln: integer inputs give float32 (functions.hpp)
+        if (!is_floating(x.dtype)) return std::nullopt;  // PyTorch: floating inputs only
+        return Info{x.dtype, x.shape};
       };
       d.build = [f](const Args& a) { return f(a.t[0], a.p().ints[0]); };
       d.accumulates = true;
@@ -2140,7 +2150,7 @@ inline const std::vector<OpDesc>& op_table() {
         if (op.args.size() != 1 || op.args[0].is_number() || op.p.ints.size() != 3) return std::nullopt;
         const Info& x = p.info(op.args[0].value);
         const auto axis = rules::axis(op.p.ints[0], x.shape.size());
-        if (!axis || x.shape.empty()) return std::nullopt;
+        if (!axis || x.shape.empty() || x.dtype == bool_) return std::nullopt;  // PyTorch: no topk of bools
         Shape out = x.shape;
         if (op.p.ints[1] < 0 || op.p.ints[1] > out[static_cast<std::size_t>(*axis)]) return std::nullopt;
         out[static_cast<std::size_t>(*axis)] = op.p.ints[1];

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -190,6 +191,89 @@ TEST_CASE("promotion of functions: where, maximum, pow, clamp, unary float funct
   KILN_CHECK_CLOSE(maximum(i32v, f16v * 1.5), std::vector<double>{1.5, 3, 4.5});
   KILN_CHECK_CLOSE(pow(2.5, i32v), std::vector<double>{2.5, 6.25, 15.625});
   KILN_CHECK_EXACT(pow(2, i32v), {2, 4, 8});
+}
+
+TEST_CASE("what PyTorch refuses: abs/topk of bool, softmax of integers, clamp to bool") {
+  // Each is a DTypeError in kiln as in torch 2.x (checked against torch over every dtype and
+  // operand kind); the same calls of the neighbouring dtype work.
+  Tensor b = vec({1, 0, 1}, DType::Bool), i = vec({1, 2, 3}, DType::Int32), l = vec({1, 2, 3}, DType::Int64);
+  struct Case {
+    const char* what;
+    std::function<Tensor()> bad, good;
+  };
+  std::vector<Case> cases = {
+      {"abs(bool)", [&] { return Tensor(abs(b)); }, [&] { return Tensor(abs(i)); }},
+      {"topk(bool)", [&] { return std::get<0>(topk(b, 1)); }, [&] { return std::get<0>(sort(b)); }},
+      {"softmax(int32)", [&] { return softmax(i, 0); }, [&] { return softmax(i.to(DType::Float32), 0); }},
+      {"log_softmax(int64)", [&] { return log_softmax(l, 0); }, [&] { return logsumexp(l, 0); }},
+      {"clamp(bool, true, true)", [&] { return clamp(b, true, true); }, [&] { return clamp(b, 0, true); }},
+      {"clamp(bool, bool, bool)", [&] { return clamp(b, b, b); }, [&] { return clamp(b, i, b); }},
+  };
+  for (auto& c : cases) {
+    CAPTURE(c.what);
+    CHECK_THROWS_AS(c.bad(), DTypeError);
+    CHECK_NOTHROW(c.good().eval());
+  }
+  // torch.pow's scalar-exponent shortcuts: pow(bool, true) is x, pow(bool, false) ones.
+  CHECK(Tensor(pow(b, true)).dtype() == DType::Bool);
+  KILN_CHECK_EXACT(pow(b, true), {1, 0, 1});
+  KILN_CHECK_EXACT(pow(b, false), {1, 1, 1});
+  CHECK_THROWS_AS(pow(b, b), DTypeError);
+}
+
+TEST_CASE("in place: the result type must cast to the destination's category, as PyTorch") {
+  auto i32v = [] { return vec({5, -3, 2}, DType::Int32); };
+  auto boolv = [] { return vec({1, 0, 1}, DType::Bool); };
+  struct Case {
+    const char* what;
+    std::function<Tensor()> run;
+    DType dtype;  // Bool with empty expected: a DTypeError
+    std::vector<double> expected;
+  };
+  const std::int64_t big = (std::int64_t(1) << 53) + 1;  // not a float64
+  std::vector<Case> cases = {
+      {"i32.add_(2): an int number stays int", [&] { Tensor x = i32v(); return x.add_(2); }, DType::Int32, {7, -1, 4}},
+      {"i32.add_(0.5)", [&] { Tensor x = i32v(); return x.add_(0.5); }, DType::Bool, {}},
+      {"i32.add_(f16 0-dim)", [&] { Tensor x = i32v(); return x.add_(scalar0(1, DType::Float16)); }, DType::Bool, {}},
+      {"i32.div_(i32)", [&] { Tensor x = i32v(); return x.div_(i32v()); }, DType::Bool, {}},
+      {"i32.mul_(i64)", [&] { Tensor x = i32v(); return x.mul_(vec({2, 2, 2}, DType::Int64)); }, DType::Int32,
+       {10, -6, 4}},
+      {"i32.add_(i32, alpha 3)", [&] { Tensor x = i32v(); return x.add_(i32v(), 3); }, DType::Int32, {20, -12, 8}},
+      {"i32.sub_(i32, alpha 0.5)", [&] { Tensor x = i32v(); return x.sub_(i32v(), 0.5); }, DType::Bool, {}},
+      {"f16.sub_(bool, alpha 2)", [&] { Tensor x = vec({1, 2, 3}, DType::Float16); return x.sub_(boolv(), 2); },
+       DType::Bool, {}},
+      {"f16.add_(f64)",
+       [&] {
+         Tensor x = vec({1, 2, 3}, DType::Float16);
+         return x.add_(vec({1, 1, 1}, DType::Float64));
+       },
+       DType::Float16, {2, 3, 4}},
+      {"bool.add_(1)", [&] { Tensor x = boolv(); return x.add_(1); }, DType::Bool, {}},
+      {"bool.mul_(i32)", [&] { Tensor x = boolv(); return x.mul_(i32v()); }, DType::Bool, {}},
+      {"bool.add_(true)", [&] { Tensor x = boolv(); return x.add_(true); }, DType::Bool, {1, 1, 1}},
+      {"bool.add_(bool, alpha 2): alpha as a bool",
+       [&] {
+         Tensor x = vec({0, 0, 1}, DType::Bool);
+         return x.add_(boolv(), 2);
+       },
+       DType::Bool, {1, 0, 1}},
+  };
+  for (auto& c : cases) {
+    CAPTURE(c.what);
+    if (c.expected.empty()) {
+      CHECK_THROWS_AS(c.run(), DTypeError);
+      continue;
+    }
+    Tensor r = c.run();
+    CHECK(r.dtype() == c.dtype);
+    KILN_CHECK_CLOSE(r, c.expected);
+  }
+  // Integer numbers and alphas are exact in int64 (not through float32).
+  Tensor x = kiln::from_vector<std::int64_t>({big}, {1});
+  x.add_(2);
+  CHECK(x.item<std::int64_t>() == big + 2);
+  x.add_(kiln::from_vector<std::int64_t>({1}, {1}), 3);
+  CHECK(x.item<std::int64_t>() == big + 5);
 }
 
 }  // namespace kiln_test_tensor_promotion

@@ -26,7 +26,7 @@ namespace kiln {
 /// lower_binary: a primitive of the op table, or a composite of decomp/.
 #define KILN_UNARY_FNS(X)                                                                                           \
   X(Neg, "neg", NoBool)                                                                                             \
-  X(Abs, "abs", Same)                                                                                               \
+  X(Abs, "abs", NoBool)                                                                                             \
   X(Exp, "exp", ToFloat) X(Exp2, "exp2", ToFloat) X(Log, "log", ToFloat) X(Log2, "log2", ToFloat)                   \
       X(Log1p, "log1p", ToFloat) X(Expm1, "expm1", ToFloat) X(Sqrt, "sqrt", ToFloat) X(Rsqrt, "rsqrt", ToFloat)     \
           X(Sin, "sin", ToFloat) X(Cos, "cos", ToFloat) X(Tan, "tan", ToFloat) X(Tanh, "tanh", ToFloat)             \
@@ -616,7 +616,10 @@ struct BinaryExpr : Expr<BinaryExpr<F, A, B>> {
     auto ia = detail::info_of(a), ib = detail::info_of(b);
     rt.add(ia);
     rt.add(ib);
-    auto types = detail::binary_result(F, rt.result(), ia.dtype, ib.dtype, out_shape);
+    // torch.pow(bool_tensor, True / False) is the tensor itself / ones (its scalar-exponent
+    // shortcuts), while any other pow of bools is refused.
+    auto types = bool_pow_by_number() ? detail::BinaryTypes{DType::Bool, DType::Bool}
+                                      : detail::binary_result(F, rt.result(), ia.dtype, ib.dtype, out_shape);
     operand_dtype = types.operand;
     out_dtype = types.out;
     // Autocast's float32 ops: pow, and a number divided by a tensor (torch's __rtruediv__).
@@ -647,8 +650,19 @@ struct BinaryExpr : Expr<BinaryExpr<F, A, B>> {
   }
   ir::NodePtr build() const {
     ir::NodePtr x = detail::operand_node(a, operand_dtype, out_shape, out_device);
+    if constexpr (F == detail::Fn::Pow && std::is_same_v<B, ScalarExpr<bool>>)
+      if (bool_pow_by_number()) return b.value ? x : ir::constant(1.0, DType::Bool, out_shape.to_shape(), out_device);
     ir::NodePtr y = detail::operand_node(b, operand_dtype, out_shape, out_device);
     return detail::lower_binary(F, x, y);
+  }
+
+ private:
+  /// pow of a bool tensor by a bool number (see the constructor).
+  bool bool_pow_by_number() const {
+    if constexpr (F == detail::Fn::Pow && std::is_same_v<B, ScalarExpr<bool>>)
+      return detail::info_of(a).dtype == DType::Bool;
+    else
+      return false;
   }
 };
 

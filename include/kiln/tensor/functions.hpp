@@ -413,12 +413,13 @@ requires TensorLike<E> std::vector<Tensor> chunk(const E& x, std::int64_t chunks
 
 // ---- composites (lowered by decomp/) -------------------------------------------------------
 
-/// exp(x - max) / sum(exp(x - max)) along `axis`. Integer inputs give float32.
+/// exp(x - max) / sum(exp(x - max)) along `axis` (floating inputs only, as PyTorch).
 template <class E>
 requires TensorLike<E> Tensor softmax(const E& x, std::int64_t axis = -1) {
   Tensor t = detail::fp32_operand(x);
+  detail::require_float(t, "softmax");
   std::int64_t a = detail::tensor_axis(axis, t, "softmax");
-  ir::NodePtr n = is_floating(t.dtype()) ? t.node() : ir::cast(t.node(), kDefaultFloat);
+  ir::NodePtr n = t.node();
   if (t.dim() == 0) n = ir::reshape(n, Shape{1});
   ir::NodePtr r = decomp::softmax(n, a);
   return Tensor(t.dim() == 0 ? ir::reshape(r, Shape{}) : r);
@@ -428,8 +429,9 @@ requires TensorLike<E> Tensor softmax(const E& x, std::int64_t axis = -1) {
 template <class E>
 requires TensorLike<E> Tensor log_softmax(const E& x, std::int64_t axis = -1) {
   Tensor t = detail::fp32_operand(x);
+  detail::require_float(t, "log_softmax");
   std::int64_t a = detail::tensor_axis(axis, t, "log_softmax");
-  ir::NodePtr n = is_floating(t.dtype()) ? t.node() : ir::cast(t.node(), kDefaultFloat);
+  ir::NodePtr n = t.node();
   if (t.dim() == 0) n = ir::reshape(n, Shape{1});
   ir::NodePtr r = decomp::log_softmax(n, a);
   return Tensor(t.dim() == 0 ? ir::reshape(r, Shape{}) : r);

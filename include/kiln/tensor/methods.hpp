@@ -4,6 +4,8 @@
 // Tensor). Each calls the free function of its name, so semantics, errors and gradients are the
 // free function's; they are templates of the expression type (or inline), compiled where used in
 // both build modes.
+#include <cmath>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -170,17 +172,51 @@ Tensor Expr<D>::masked_fill(const Tensor& mask, double value) const { return kil
 inline Tensor& Tensor::zero_() { return assign(0); }
 inline Tensor& Tensor::fill_(double value) { return assign(value); }
 inline Tensor& Tensor::copy_(const Tensor& src) { return assign(src); }
+namespace detail {
+/// PyTorch's in-place rule (canCast): `value`, of the result type, is written into `self`
+/// only if that keeps its category: no floating result into an integer or bool tensor, no
+/// integer into a bool one.
+template <class E>
+Tensor& assign_in_place(Tensor& self, const E& value, const char* op) {
+  const DType from = value.dtype(), to = self.dtype();
+  if ((is_floating(from) && !is_floating(to)) || (from != DType::Bool && to == DType::Bool))
+    throw DTypeError(std::string(op) + ": result type " + dtype_name(from) +
+                     " can't be cast to the desired output type " + dtype_name(to) + " (destination " +
+                     self.describe() + ")");
+  return self.assign(value);
+}
+/// other * alpha for add_/sub_, whose result type is `common`: an integer alpha stays an
+/// integer number (exact for int64), a fractional one is refused for an integer result, and a
+/// bool result takes alpha as a bool, as PyTorch's alpha check and kernels.
+inline Tensor scaled_by_alpha(DType common, const Tensor& self, const Tensor& other, double alpha, const char* op) {
+  if (is_floating(common)) return other * alpha;
+  if (alpha != std::trunc(alpha) || !(std::abs(alpha) < 9223372036854775808.0))
+    throw DTypeError(std::string(op) + ": for integral input tensors, alpha must be an integer, got " +
+                     std::to_string(alpha) + " (" + self.describe() + ", " + other.describe() + ")");
+  if (common == DType::Bool) return logical_and(other, alpha != 0);
+  return (other.dtype() == common ? other : other.to(common)) * static_cast<std::int64_t>(alpha);
+}
+}  // namespace detail
+
 inline Tensor& Tensor::add_(const Tensor& other, double alpha) {
-  return alpha == 1.0 ? assign(*this + other) : assign(*this + other * alpha);
+  if (alpha == 1.0) return detail::assign_in_place(*this, *this + other, "add_");
+  const DType common = (*this + other).dtype();
+  return detail::assign_in_place(*this, *this + detail::scaled_by_alpha(common, *this, other, alpha, "add_"), "add_");
 }
-inline Tensor& Tensor::add_(double other) { return assign(*this + other); }
+template <class S>
+requires Scalar<S> Tensor& Tensor::add_(S other) { return detail::assign_in_place(*this, *this + other, "add_"); }
 inline Tensor& Tensor::sub_(const Tensor& other, double alpha) {
-  return alpha == 1.0 ? assign(*this - other) : assign(*this - other * alpha);
+  if (alpha == 1.0) return detail::assign_in_place(*this, *this - other, "sub_");
+  const DType common = (*this - other).dtype();  // a bool operand is refused here, as PyTorch
+  return detail::assign_in_place(*this, *this - detail::scaled_by_alpha(common, *this, other, alpha, "sub_"), "sub_");
 }
-inline Tensor& Tensor::sub_(double other) { return assign(*this - other); }
-inline Tensor& Tensor::mul_(const Tensor& other) { return assign(*this * other); }
-inline Tensor& Tensor::mul_(double other) { return assign(*this * other); }
-inline Tensor& Tensor::div_(const Tensor& other) { return assign(*this / other); }
-inline Tensor& Tensor::div_(double other) { return assign(*this / other); }
+template <class S>
+requires Scalar<S> Tensor& Tensor::sub_(S other) { return detail::assign_in_place(*this, *this - other, "sub_"); }
+inline Tensor& Tensor::mul_(const Tensor& other) { return detail::assign_in_place(*this, *this * other, "mul_"); }
+template <class S>
+requires Scalar<S> Tensor& Tensor::mul_(S other) { return detail::assign_in_place(*this, *this * other, "mul_"); }
+inline Tensor& Tensor::div_(const Tensor& other) { return detail::assign_in_place(*this, *this / other, "div_"); }
+template <class S>
+requires Scalar<S> Tensor& Tensor::div_(S other) { return detail::assign_in_place(*this, *this / other, "div_"); }
 
 }  // namespace kiln

@@ -182,6 +182,9 @@ requires TensorLike<A> &&(TensorLike<L> || Scalar<L>)&&(TensorLike<H> || Scalar<
   rt.add(detail::info_of(detail::as_operand(lo)));
   rt.add(detail::info_of(detail::as_operand(hi)));
   const DType dt = rt.result();
+  if (dt == DType::Bool)  // as PyTorch: clamp is not implemented for bool
+    throw DTypeError(std::string("clamp: not supported for bool tensors, got bool") +
+                     detail::shape_of(x.derived(), "clamp").to_shape().str() + " with bool bounds");
   Tensor v = detail::clamp_operand(x.derived(), dt);
   if constexpr (!(Scalar<L> && Scalar<H>)) {
     return minimum(maximum(v, detail::clamp_operand(lo, dt)), detail::clamp_operand(hi, dt));

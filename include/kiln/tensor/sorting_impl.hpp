@@ -31,6 +31,8 @@ namespace kiln {
 KILN_ENTRY std::tuple<Tensor, Tensor> topk(const Tensor& x, std::int64_t k, std::int64_t dim, bool largest,
                                            bool sorted) {
   (void)sorted;
+  if (x.dtype() == DType::Bool)  // as PyTorch (sort takes bools; topk does not)
+    throw DTypeError("topk: not supported for bool tensors, got " + detail::describe(x));
   return detail::sorted_along(x, dim, k, largest, "topk");
 }
 

@@ -275,14 +275,23 @@ class Tensor : public Expr<Tensor> {
   Tensor& zero_();
   Tensor& fill_(double value);
   Tensor& copy_(const Tensor& src);
+  /// As PyTorch's, the result type (torch.result_type of this and other, a number being a
+  /// wrapped number of its C++ type) must cast to this tensor's dtype within its category: a
+  /// floating result into an integer tensor, or anything but bool into a bool tensor, is a
+  /// DTypeError (`i32.add_(1)` is fine, `i32.add_(0.5)` is not). An alpha that is not an integer
+  /// is a DTypeError for an integer result.
   Tensor& add_(const Tensor& other, double alpha = 1.0);
-  Tensor& add_(double other);
+  template <class S>
+  requires Scalar<S> Tensor& add_(S other);
   Tensor& sub_(const Tensor& other, double alpha = 1.0);
-  Tensor& sub_(double other);
+  template <class S>
+  requires Scalar<S> Tensor& sub_(S other);
   Tensor& mul_(const Tensor& other);
-  Tensor& mul_(double other);
+  template <class S>
+  requires Scalar<S> Tensor& mul_(S other);
   Tensor& div_(const Tensor& other);
-  Tensor& div_(double other);
+  template <class S>
+  requires Scalar<S> Tensor& div_(S other);
 
   // ---- gradients (tensor/autograd.hpp; libtorch's names and PyTorch's semantics) ----
   /// Marks this tensor as a leaf whose gradient backward() accumulates into grad() (floating

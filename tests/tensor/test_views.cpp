@@ -312,11 +312,12 @@ TEST_CASE("a write is ordered after the lazy reads built before it (PyTorch's ea
 }
 
 TEST_CASE("a view of a lazy tensor writes that tensor; flip and repeat are copies") {
-  Tensor x = full({2, 3}, 1.0, DType::Float32) * 1.0f;  // lazy
+  const Device dev = kt::device();
+  Tensor x = full({2, 3}, 1.0, DType::Float32, dev) * 1.0f;  // lazy
   Tensor row = slice(x, 0, 0, 1);
   row.fill_(7);
   KILN_CHECK_CLOSE(x, kt::Ref{{7, 7, 7, 1, 1, 1}, {2, 3}});
-  Tensor y = full({2, 3}, 0.0, DType::Float32) * 1.0f;
+  Tensor y = full({2, 3}, 0.0, DType::Float32, dev) * 1.0f;
   Tensor yt = transpose(y, 0, 1);
   yt.add_(kt::make_tensor({0, 1, 2, 3, 4, 5}, {3, 2}, DType::Float32));
   KILN_CHECK_CLOSE(y, kt::Ref{{0, 2, 4, 1, 3, 5}, {2, 3}});

@@ -75,6 +75,21 @@ TEST_CASE(
   CHECK(f.stats().traces == 1);
 }
 
+TEST_CASE("compile: the replay keeps none of the traced tensors alive") {
+  // The traced result's lazy graph reads the captured weight. Kept by the replay, it stayed
+  // alive after the caller dropped the result, and the next write into the weight (an
+  // optimizer step) evaluated it first, as a write does for live lazy readers, and kept the
+  // values: a model's whole traced forward, once, held for the process.
+  Tensor w = seq(32, 0.5f).eval();
+  auto step = kiln::compile([&w](const Tensor& x) { return relu(x * w + 1.0f); });
+  { Tensor y = step(seq(32).eval()); }  // traced; the result dropped unread
+  reset_stats();
+  w.add_(1.0f);
+  CHECK(stats().graphs == 1);  // the write alone
+  Tensor x = seq(32, 2.0f);
+  check_equal(step(x), relu(x * w + 1.0f));  // replayed with the new weight
+}
+
 TEST_CASE("compile: guards on shape, dtype, strides and numbers recompile; matching calls hit") {
   CompileOptions opt;
   opt.dynamic = false;

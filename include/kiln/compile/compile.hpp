@@ -230,11 +230,13 @@ struct ResultCodec {
   static_assert(Scalar<R>, "kiln::compile: results must be Tensor, C++ numbers, or std::tuple/std::pair of them");
   static void flatten(const R&, std::vector<Tensor>&) {}
   static R rebuild(const R& traced, const std::vector<Tensor>&, std::size_t&) { return traced; }
+  static R numbers_only(const R& r) { return r; }
 };
 template <>
 struct ResultCodec<Tensor> {
   static void flatten(const Tensor& t, std::vector<Tensor>& out) { out.push_back(t); }
   static Tensor rebuild(const Tensor&, const std::vector<Tensor>& ts, std::size_t& i) { return ts[i++]; }
+  static Tensor numbers_only(const Tensor&) { return Tensor(); }
 };
 template <class... Ts>
 struct ResultCodec<std::tuple<Ts...>> {
@@ -250,6 +252,9 @@ struct ResultCodec<std::tuple<Ts...>> {
     // Braced initialisation evaluates left to right, keeping the tensors in order.
     return std::tuple<Ts...>{ResultCodec<Ts>::rebuild(std::get<I>(traced), ts, i)...};
   }
+  static std::tuple<Ts...> numbers_only(const std::tuple<Ts...>& r) {
+    return std::apply([](const auto&... e) { return std::tuple<Ts...>{ResultCodec<Ts>::numbers_only(e)...}; }, r);
+  }
 };
 template <class A, class B>
 struct ResultCodec<std::pair<A, B>> {
@@ -261,6 +266,9 @@ struct ResultCodec<std::pair<A, B>> {
     A a = ResultCodec<A>::rebuild(traced.first, ts, i);
     B b = ResultCodec<B>::rebuild(traced.second, ts, i);
     return {std::move(a), std::move(b)};
+  }
+  static std::pair<A, B> numbers_only(const std::pair<A, B>& r) {
+    return {ResultCodec<A>::numbers_only(r.first), ResultCodec<B>::numbers_only(r.second)};
   }
 };
 
@@ -297,7 +305,7 @@ struct Replay {
   ir::Graph graph;
   std::vector<LeafSource> leaves;
   std::vector<ResultSource> results;
-  std::any traced_result;  ///< the function's result at trace time (its numbers are specialised)
+  std::any traced_result;  ///< the function's result at trace time, its tensors left out (its numbers are specialised)
   GraphRunner runner;
   /// Results that require grad: their backward (the graph's outputs after the function's own
   /// results are the values it saves).
@@ -606,7 +614,11 @@ class Compiled {
     std::vector<Tensor> outs;
     detail::ResultCodec<R>::flatten(*result, outs);
     detail::CompiledCore::Traced t =
-        s.finish_trace(entry, call, tensor_args, std::move(outs), std::any(*result), detail::kHasNumbers<R>);
+        // The replay keeps the result's numbers only: its tensors would hold the whole traced
+        // lazy graph alive (and a later write into a parameter would evaluate it, PyTorch's
+        // eager order, for nothing).
+        s.finish_trace(entry, call, tensor_args, std::move(outs), std::any(detail::ResultCodec<R>::numbers_only(*result)),
+                       detail::kHasNumbers<R>);
     if (!t.replay) {
       evaluate_result(*result);
       return std::move(*result);

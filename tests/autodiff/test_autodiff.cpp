@@ -748,6 +748,16 @@ TEST_CASE("autograd: a value the backward reads, written in place after it was r
   Tensor y2 = w * x;
   sum(y2).backward();
   CHECK(w.grad().to_vector<float>() == std::vector<float>{0, 2, 4});
+  // An evaluated tensor computed from one that requires grad: an in-place write into it is not
+  // on the tape (exp's rule would read the written values as its saved output: the gradient of
+  // exp(w) + 1 came out exp(w) + 1). Refused while recording, nothing written; allowed under
+  // NoGradGuard, where the gradient does not see it.
+  Tensor e = exp(w);
+  e.eval();
+  const std::vector<float> before = e.to_vector<float>();
+  CHECK_THROWS_AS(e.add_(1.0f), AutogradError);
+  CHECK_THROWS_AS(e.assign(e * 2.0f), AutogradError);
+  CHECK(e.to_vector<float>() == before);
 }
 
 }  // namespace kiln_test_autodiff_autodiff

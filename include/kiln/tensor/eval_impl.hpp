@@ -470,6 +470,14 @@ KILN_ENTRY void check_assign_destination(const Tensor& destination) {
                         " is computed from tensors that require grad (a view of one records its own node "
                         "while gradients are recorded); write under NoGradGuard, where views of evaluated "
                         "tensors share their storage");
+  // An evaluated one: the write is not recorded on the tape, so a backward through it would use
+  // the new values where its rule saved the old ones (exp's saved output, say) and give a wrong
+  // gradient. PyTorch records it; kiln refuses it rather than differentiate the wrong function.
+  if (n.realized() && n.requires_grad && !n.grad_leaf && ir::detail::grad_mode())
+    throw AutogradError("assign: the destination " + destination.describe() +
+                        " is computed from tensors that require grad, and an in-place write into it is not "
+                        "recorded for gradients; compute the new value out of place (y = y * 2), or write "
+                        "under NoGradGuard (then the gradient does not see the write)");
 }
 
 }  // namespace detail

@@ -42,6 +42,37 @@ TEST_CASE("stack joins along a new dim, any position, with promotion") {
   CHECK_THROWS_AS(stack({}), ShapeError);
 }
 
+TEST_CASE("narrow, select and unbind as torch's: views of an evaluated tensor, negative positions, range errors") {
+  Tensor x = counting({3, 4});  // 0 .. 11
+  check(narrow(x, 1, 1, 2), {3, 2}, {1, 2, 5, 6, 9, 10});
+  check(x.narrow(0, -2, 2), {2, 4}, {4, 5, 6, 7, 8, 9, 10, 11});
+  check(narrow(x, 0, 3, 0), {0, 4}, {});
+  check(select(x, 0, 1), {4}, {4, 5, 6, 7});
+  check(x.select(-1, -1), {3}, {3, 7, 11});
+  std::vector<Tensor> cols = unbind(x, 1);
+  REQUIRE(cols.size() == 4);
+  check(cols[2], {3}, {2, 6, 10});
+  REQUIRE(x.unbind().size() == 3);
+  check(x.unbind()[2], {4}, {8, 9, 10, 11});
+  // Views: a write through one reaches x, as torch's.
+  x.eval();
+  select(x, 0, 2).fill_(-1);
+  check(x, {3, 4}, {0, 1, 2, 3, 4, 5, 6, 7, -1, -1, -1, -1});
+  // torch: narrow's start outside [-4, 4] is an IndexError, start + length past the end an
+  // error; select's index outside [-3, 3); no position in a 0-dim tensor.
+  CHECK_THROWS_AS(narrow(x, 1, 5, 0), IndexError);
+  CHECK_THROWS_AS(narrow(x, 1, 2, 3), ShapeError);
+  CHECK_THROWS_AS(narrow(x, 1, 0, -1), ShapeError);
+  CHECK_THROWS_AS(select(x, 0, 3), IndexError);
+  CHECK_THROWS_AS(select(x, 0, -4), IndexError);
+  CHECK_THROWS_AS(select(x, 2, 0), ShapeError);
+  CHECK_THROWS_AS(unbind(kt::make_tensor({1}, {}, f32)), ShapeError);
+  // Gradients flow back to the rows and columns picked.
+  Tensor w = counting({2, 3}, f64).requires_grad_();
+  sum(select(w, 1, 2) * 2.0 + narrow(w, 0, 1, 1).sum()).backward();
+  KILN_CHECK_CLOSE(w.grad(), kt::Ref{{0, 0, 2, 2, 2, 4}, {2, 3}});
+}
+
 TEST_CASE("flip reverses dims of leaves, views and computed values") {
   Tensor m = counting({2, 3});
   check(flip(m, {0}), {2, 3}, {3, 4, 5, 0, 1, 2});

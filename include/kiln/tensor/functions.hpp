@@ -411,6 +411,51 @@ requires TensorLike<E> std::vector<Tensor> chunk(const E& x, std::int64_t chunks
   return split(t, (n + chunks - 1) / chunks, a);
 }
 
+/// The `length` elements of `x` from `start` along `dim` (torch.narrow; a view of an evaluated
+/// tensor). A negative start counts from the end; a start outside [-size, size] is an
+/// IndexError, a negative length or one past the end a ShapeError.
+template <class E>
+requires TensorLike<E> Tensor narrow(const E& x, std::int64_t dim, std::int64_t start, std::int64_t length) {
+  Tensor t = detail::to_tensor(x);
+  if (t.dim() == 0) throw ShapeError("narrow: cannot narrow a 0-dim tensor " + detail::describe(t));
+  const std::int64_t a = detail::tensor_axis(dim, t, "narrow"), n = t.shape()[a];
+  if (start < -n || start > n)
+    throw IndexError("narrow: start " + std::to_string(start) + " out of range [" + std::to_string(-n) + ", " +
+                     std::to_string(n) + "] for dim " + std::to_string(dim) + " of " + detail::describe(t));
+  const std::int64_t s = start < 0 ? start + n : start;
+  if (length < 0 || s + length > n)
+    throw ShapeError("narrow: start " + std::to_string(s) + " + length " + std::to_string(length) +
+                     " is outside dim " + std::to_string(dim) + " (size " + std::to_string(n) + ") of " +
+                     detail::describe(t));
+  return slice(t, a, s, s + length);
+}
+
+/// Element `index` of `dim`, that dim removed (torch.select; a view of an evaluated tensor). A
+/// negative index counts from the end; out of range is an IndexError.
+template <class E>
+requires TensorLike<E> Tensor select(const E& x, std::int64_t dim, std::int64_t index) {
+  Tensor t = detail::to_tensor(x);
+  if (t.dim() == 0) throw ShapeError("select: cannot select from a 0-dim tensor " + detail::describe(t));
+  const std::int64_t a = detail::tensor_axis(dim, t, "select"), n = t.shape()[a];
+  if (index < -n || index >= n)
+    throw IndexError("select: index " + std::to_string(index) + " out of range for dim " + std::to_string(dim) +
+                     " (size " + std::to_string(n) + ") of " + detail::describe(t));
+  const std::int64_t i = index < 0 ? index + n : index;
+  return squeeze(slice(t, a, i, i + 1), a);
+}
+
+/// Every element of `dim` as its own tensor with that dim removed (torch.unbind; views of an
+/// evaluated tensor).
+template <class E>
+requires TensorLike<E> std::vector<Tensor> unbind(const E& x, std::int64_t dim = 0) {
+  Tensor t = detail::to_tensor(x);
+  if (t.dim() == 0) throw ShapeError("unbind: cannot unbind a 0-dim tensor " + detail::describe(t));
+  const std::int64_t a = detail::tensor_axis(dim, t, "unbind");
+  std::vector<Tensor> out;
+  for (std::int64_t i = 0; i < t.shape()[a]; ++i) out.push_back(select(t, a, i));
+  return out;
+}
+
 // ---- composites (lowered by decomp/) -------------------------------------------------------
 
 /// exp(x - max) / sum(exp(x - max)) along `axis` (floating inputs only, as PyTorch).

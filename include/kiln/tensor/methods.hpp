@@ -80,6 +80,14 @@ std::vector<Tensor> Expr<D>::chunk(std::int64_t chunks, std::int64_t dim) const 
   return kiln::chunk(derived(), chunks, dim);
 }
 template <class D>
+Tensor Expr<D>::narrow(std::int64_t dim, std::int64_t start, std::int64_t length) const {
+  return kiln::narrow(derived(), dim, start, length);
+}
+template <class D>
+Tensor Expr<D>::select(std::int64_t dim, std::int64_t index) const { return kiln::select(derived(), dim, index); }
+template <class D>
+std::vector<Tensor> Expr<D>::unbind(std::int64_t dim) const { return kiln::unbind(derived(), dim); }
+template <class D>
 std::vector<Tensor> Expr<D>::split(std::int64_t split_size, std::int64_t dim) const {
   return kiln::split(derived(), split_size, dim);
 }

@@ -59,7 +59,7 @@ struct Expr {
   /// Shape ops: reshape (view is the same: kiln's reshape needs no contiguous input), flatten
   /// (dims start_dim..end_dim into one), squeeze, unsqueeze, permute, transpose, t (the last
   /// two dims of a matrix swapped, as torch's for rank <= 2), expand (broadcast_to), flip,
-  /// repeat, chunk, split.
+  /// repeat, chunk, split, narrow, select, unbind.
   Tensor reshape(const Shape& shape) const;
   Tensor view(const Shape& shape) const;
   Tensor flatten(std::int64_t start_dim = 0, std::int64_t end_dim = -1) const;
@@ -74,6 +74,9 @@ struct Expr {
   Tensor repeat(const std::vector<std::int64_t>& repeats) const;
   std::vector<Tensor> chunk(std::int64_t chunks, std::int64_t dim = 0) const;
   std::vector<Tensor> split(std::int64_t split_size, std::int64_t dim = 0) const;
+  Tensor narrow(std::int64_t dim, std::int64_t start, std::int64_t length) const;
+  Tensor select(std::int64_t dim, std::int64_t index) const;
+  std::vector<Tensor> unbind(std::int64_t dim = 0) const;
   /// Reductions (axes {} = all) and the row functions.
   Tensor sum(const Axes& axes = {}, bool keepdim = false) const;
   Tensor mean(const Axes& axes = {}, bool keepdim = false) const;

@@ -311,6 +311,18 @@ TEST_CASE("a write is ordered after the lazy reads built before it (PyTorch's ea
   KILN_CHECK_CLOSE(x * 1.0f, kt::Ref{{11, 11, 11}, {3}});
 }
 
+TEST_CASE("a number fills a broadcast view (each distinct element once); a tensor cannot be written there") {
+  Tensor x = kt::make_tensor({1, 2, 3}, {3, 1}, DType::Float32);
+  x.eval();
+  Tensor e = x.expand({3, 4});
+  e.fill_(7);
+  KILN_CHECK_CLOSE(x, kt::Ref{{7, 7, 7}, {3, 1}});
+  KILN_CHECK_CLOSE(e, kt::Ref{std::vector<double>(12, 7.0), {3, 4}});
+  e.zero_();
+  KILN_CHECK_CLOSE(x, kt::Ref{{0, 0, 0}, {3, 1}});
+  CHECK_THROWS_AS(e.assign(kt::make_tensor({0, 1, 2, 3}, {4}, DType::Float32)), ShapeError);
+}
+
 TEST_CASE("a view of a lazy tensor writes that tensor; flip and repeat are copies") {
   const Device dev = kt::device();
   Tensor x = full({2, 3}, 1.0, DType::Float32, dev) * 1.0f;  // lazy

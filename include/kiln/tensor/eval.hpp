@@ -274,30 +274,24 @@ requires Scalar<S> Tensor& Tensor::assign(S value) {
   detail::check_assign_destination(*this);
   detail::before_data_read("assign()", std::source_location::current());
   detail::prepare_write(node_, {});
+  // A broadcast view (expand): every element of a stride-0 dim is the same memory, so the fill
+  // writes each distinct element once, through the view with those dims of size 1 (PyTorch's
+  // fill_ and zero_ accept expanded views too).
+  ir::NodePtr target = node_;
+  if (detail::has_self_overlap(shape(), node_->buffer->strides)) {
+    Shape distinct = shape();
+    for (std::size_t d = 0; d < distinct.size(); ++d)
+      if (node_->buffer->strides[d] == 0) distinct[d] = 1;
+    target = ir::input(*node_->buffer, distinct, dtype(), device());
+  }
+  const Shape& s = target->shape;
   // A fill with a new number reuses the kernel of the last (the number is an argument).
   ir::NodePtr n = detail::number_is_argument(ScalarExpr<S>(value), device())
-                      ? detail::number_leaf(value, dtype(), shape(), device())
+                      ? detail::number_leaf(value, dtype(), s, device())
                   : std::is_integral_v<S>
-                      ? ir::constant_int(static_cast<std::int64_t>(value), dtype(), shape(), device())
-                      : ir::constant(static_cast<double>(value), dtype(), shape(), device());
-  if (detail::has_self_overlap(shape(), node_->buffer->strides)) {
-    // A broadcast view (expand): every element of a stride-0 dim is the same memory, so a fill
-    // writes each distinct element once, through the view with those dims of size 1 (PyTorch's
-    // fill_ and zero_ accept expanded views too).
-    Shape distinct = shape();
-    const Strides& st = node_->buffer->strides;
-    for (std::size_t d = 0; d < distinct.size(); ++d)
-      if (st[d] == 0) distinct[d] = 1;
-    ir::NodePtr target = ir::input(*node_->buffer, distinct, dtype(), device());
-    ir::NodePtr fill = detail::number_is_argument(ScalarExpr<S>(value), device())
-                            ? detail::number_leaf(value, dtype(), distinct, device())
-                        : std::is_integral_v<S>
-                            ? ir::constant_int(static_cast<std::int64_t>(value), dtype(), distinct, device())
-                            : ir::constant(static_cast<double>(value), dtype(), distinct, device());
-    detail::evaluate_into(fill, target);
-    return *this;
-  }
-  detail::evaluate_into(n, node_);
+                      ? ir::constant_int(static_cast<std::int64_t>(value), dtype(), s, device())
+                      : ir::constant(static_cast<double>(value), dtype(), s, device());
+  detail::evaluate_into(n, target);
   return *this;
 }
 

@@ -171,7 +171,7 @@ requires TensorLike<C> &&
 
 /// min(max(x, lo), hi), NaN propagating (torch.clamp). The dtype is torch.result_type over
 /// all three operands at once, not pairwise. Gradients as PyTorch's two overloads: with number
-/// bounds x gets it where lo < x < hi and none at a bound; with a tensor bound (torch's
+/// bounds x gets it where lo < x < hi and none at a bound or where x is NaN; with a tensor bound (torch's
 /// Tensor overload, numbers beside it taken as tensors) a tie at a bound splits it in halves
 /// between x and the bound, as maximum and minimum do.
 template <class A, class L, class H>
@@ -200,7 +200,8 @@ requires TensorLike<A> &&(TensorLike<L> || Scalar<L>)&&(TensorLike<H> || Scalar<
       return where(low < h, low, h);
     }
     Tensor low = where(logical_or(v > l, isnan(v)), v, l);
-    return where(logical_or(low < h, isnan(low)), low, h);
+    // A NaN x stays NaN without a gradient (torch's backward tests lo <= x <= hi, false at NaN).
+    return where(isnan(v), v.detach(), where(logical_or(low < h, isnan(low)), low, h));
   }
 }
 

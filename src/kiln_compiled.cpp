@@ -26,6 +26,7 @@
 #include "kiln/tensor/eval_impl.hpp"
 #include "kiln/tensor/indexing_impl.hpp"
 #include "kiln/tensor/activations_impl.hpp"
+#include "kiln/tensor/composites_impl.hpp"
 #include "kiln/tensor/autograd_impl.hpp"
 #include "kiln/tensor/autocast_impl.hpp"
 #include "kiln/tensor/linalg_impl.hpp"

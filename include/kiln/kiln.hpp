@@ -9,6 +9,7 @@
 #include "kiln/tensor/activations.hpp"
 #include "kiln/tensor/autocast.hpp"
 #include "kiln/tensor/autograd.hpp"
+#include "kiln/tensor/composites.hpp"
 #include "kiln/tensor/creation.hpp"
 #include "kiln/tensor/eval.hpp"
 #include "kiln/tensor/functions.hpp"

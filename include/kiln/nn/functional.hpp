@@ -9,6 +9,7 @@
 
 #include "kiln/nn/module.hpp"
 #include "kiln/tensor/activations.hpp"
+#include "kiln/tensor/composites.hpp"
 #include "kiln/tensor/functions.hpp"
 #include "kiln/tensor/indexing.hpp"
 #include "kiln/tensor/linalg.hpp"
@@ -77,6 +78,22 @@ KILN_ENTRY Tensor rms_norm(const Tensor& input, const Shape& normalized_shape, c
 /// table an IndexError) reads as the table holds it and gets no gradient.
 KILN_ENTRY Tensor embedding(const Tensor& input, const Tensor& weight,
                             std::optional<std::int64_t> padding_idx = std::nullopt);
+
+/// input / max(||input||_p over dim, eps) (torch.nn.functional.normalize): the p-norm as
+/// kiln::linalg::vector_norm, clamped below by eps (no gradient through the norm where it is
+/// clamped). Floating inputs only.
+KILN_ENTRY Tensor normalize(const Tensor& input, double p = 2.0, std::int64_t dim = 1, double eps = 1e-12);
+
+/// The cosine of the angle between x1 and x2 along dim (torch.nn.functional.cosine_similarity):
+/// x1 and x2 broadcast; each is divided by its 2-norm along dim, the norms clamped below by eps
+/// without changing their gradient (as torch's), and the products summed over dim. The
+/// promoted dtype must be floating (integer operands beside a floating one are converted to it;
+/// floating ones keep their dtype until the product).
+KILN_ENTRY Tensor cosine_similarity(const Tensor& x1, const Tensor& x2, std::int64_t dim = 1, double eps = 1e-8);
+
+/// The gated linear unit (torch.nn.functional.glu): input split in halves a, b along dim,
+/// a * sigmoid(b). The dim's size must be even (ShapeError); floating inputs only.
+KILN_ENTRY Tensor glu(const Tensor& input, std::int64_t dim = -1);
 
 namespace detail {
 /// The Philox key of a dropout mask, as a 0-dim int64 node: from the compiled module's seed

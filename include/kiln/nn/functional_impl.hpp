@@ -27,6 +27,45 @@ KILN_ENTRY ir::NodePtr dropout_key(Device device) {
 
 namespace kiln::nn::functional {
 
+KILN_ENTRY Tensor normalize(const Tensor& input, double p, std::int64_t dim, double eps) {
+  ::kiln::detail::require_float(input, "normalize");
+  const Tensor denom = clamp_min(linalg::vector_norm(input, p, Axes{dim}, true), eps);
+  return input / denom;
+}
+
+KILN_ENTRY Tensor cosine_similarity(const Tensor& x1_in, const Tensor& x2_in, std::int64_t dim, double eps) {
+  const DType dt = promote_types(x1_in.dtype(), x2_in.dtype());
+  if (!is_floating(dt))
+    throw DTypeError("cosine_similarity: expected the operands' common dtype to be floating point, got " +
+                     ::kiln::detail::describe(x1_in) + " and " + ::kiln::detail::describe(x2_in));
+  const Shape shape = broadcast_shapes(x1_in.shape(), x2_in.shape(), "cosine_similarity");
+  // Only integer (and bool) operands are converted first, as torch's: a floating operand's norm
+  // and quotient are computed in its own dtype, the product promotes.
+  const Tensor x1 = (is_floating(x1_in.dtype()) ? x1_in : x1_in.to(dt)).expand(shape);
+  const Tensor x2 = (is_floating(x2_in.dtype()) ? x2_in : x2_in.to(dt)).expand(shape);
+  // torch clamps the norms in place under no_grad: the value is clamped, the gradient is the
+  // norm's own.
+  auto clamped = [&](const Tensor& x) {
+    const Tensor n = linalg::vector_norm(x, 2.0, Axes{dim}, true);
+    return n + (clamp_min(n, eps) - n).detach();
+  };
+  return sum((x1 / clamped(x1)) * (x2 / clamped(x2)), Axes{dim}, false);
+}
+
+KILN_ENTRY Tensor glu(const Tensor& input, std::int64_t dim) {
+  ::kiln::detail::require_float(input, "glu");
+  if (input.dim() == 0)
+    throw ShapeError("glu: does not support 0-dim tensors (halving size must be even), got " +
+                     ::kiln::detail::describe(input));
+  const std::int64_t d = ::kiln::detail::tensor_axis(dim, input, "glu");
+  const std::int64_t n = input.shape()[static_cast<std::size_t>(d)];
+  if (n % 2 != 0)
+    throw ShapeError("glu: halving dimension must be even, but dimension " + std::to_string(d) + " is size " +
+                     std::to_string(n) + " (input " + ::kiln::detail::describe(input) + ")");
+  const Tensor a = narrow(input, d, 0, n / 2), b = narrow(input, d, n / 2, n / 2);
+  return a * sigmoid(b);
+}
+
 KILN_ENTRY Tensor embedding(const Tensor& input, const Tensor& weight, std::optional<std::int64_t> padding_idx) {
   if (!padding_idx) return ::kiln::embedding(weight, input);
   const std::int64_t n = weight.dim() > 0 ? weight.shape()[0] : 0;

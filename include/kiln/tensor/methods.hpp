@@ -9,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kiln/tensor/composites.hpp"
 #include "kiln/tensor/functions.hpp"
 #include "kiln/tensor/indexing.hpp"
 #include "kiln/tensor/ops.hpp"
@@ -103,6 +104,10 @@ template <class D>
 Tensor Expr<D>::amax(const Axes& axes, bool keepdim) const { return kiln::amax(derived(), axes, keepdim); }
 template <class D>
 Tensor Expr<D>::amin(const Axes& axes, bool keepdim) const { return kiln::amin(derived(), axes, keepdim); }
+template <class D>
+Tensor Expr<D>::all(const Axes& axes, bool keepdim) const { return kiln::all(detail::to_tensor(derived()), axes, keepdim); }
+template <class D>
+Tensor Expr<D>::any(const Axes& axes, bool keepdim) const { return kiln::any(detail::to_tensor(derived()), axes, keepdim); }
 template <class D>
 Tensor Expr<D>::logsumexp(const Axes& axes, bool keepdim) const { return kiln::logsumexp(derived(), axes, keepdim); }
 template <class D>

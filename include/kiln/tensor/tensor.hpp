@@ -83,6 +83,8 @@ struct Expr {
   Tensor prod(const Axes& axes = {}, bool keepdim = false) const;
   Tensor amax(const Axes& axes = {}, bool keepdim = false) const;
   Tensor amin(const Axes& axes = {}, bool keepdim = false) const;
+  Tensor all(const Axes& axes = {}, bool keepdim = false) const;
+  Tensor any(const Axes& axes = {}, bool keepdim = false) const;
   Tensor logsumexp(const Axes& axes, bool keepdim = false) const;
   Tensor var(const Axes& axes = {}, bool keepdim = false, double correction = 1.0) const;
   Tensor max() const;

@@ -1,0 +1,142 @@
+#pragma once
+// Common torch functions that are compositions of kiln's ops: logical reductions (all, any,
+// count_nonzero), vector norms, eye and linspace, and the pointwise helpers optimizers and
+// numerical code reach for (lerp, addcmul, addcdiv, logaddexp, nan_to_num, clamp_min,
+// clamp_max, logit, outer). Each follows its torch function's dtype rules, errors and
+// gradients (derivatives.yaml), at the special values too; where a composite's gradient would
+// differ from torch's formula (a norm at zero), it is written so that it does not.
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "kiln/core/linkage.hpp"
+#include "kiln/tensor/creation.hpp"
+#include "kiln/tensor/functions.hpp"
+#include "kiln/tensor/ops.hpp"
+
+namespace kiln {
+
+// ---- logical reductions -------------------------------------------------------------------
+
+/// Whether every element over `axes` (all when omitted) is nonzero (NaN counts as nonzero), as
+/// torch.all: a bool tensor, true over an empty reduction. Any dtype.
+KILN_ENTRY Tensor all(const Tensor& x, const Axes& axes = {}, bool keepdim = false);
+
+/// Whether some element over `axes` is nonzero, as torch.any: a bool tensor, false over an
+/// empty reduction. Any dtype.
+KILN_ENTRY Tensor any(const Tensor& x, const Axes& axes = {}, bool keepdim = false);
+
+/// How many elements over `axes` are nonzero, int64 (torch.count_nonzero; no keepdim).
+KILN_ENTRY Tensor count_nonzero(const Tensor& x, const Axes& axes = {});
+
+// ---- norms ------------------------------------------------------------------------------------
+
+namespace linalg {
+/// The vector `ord`-norm over `dim` (all elements when omitted), as torch.linalg.vector_norm:
+/// ord 2 (default) sqrt(sum x^2), 1 sum |x|, inf max |x|, -inf min |x|, 0 the count of nonzero
+/// elements, any other p (sum |x|^p)^(1/p). Floating inputs only (DTypeError otherwise); float16
+/// and bfloat16 compute in float32 and give their own dtype. Gradients as torch's: 0 where the
+/// norm is 0 (not NaN), split evenly among the ties of max/min |x| for ord +-inf.
+KILN_ENTRY Tensor vector_norm(const Tensor& x, double ord = 2.0, const Axes& dim = {}, bool keepdim = false);
+}  // namespace linalg
+
+/// torch.norm(x, p, dim, keepdim) for vector norms: linalg::vector_norm(x, p, dim, keepdim).
+KILN_ENTRY Tensor norm(const Tensor& x, double p = 2.0, const Axes& dim = {}, bool keepdim = false);
+
+// ---- creation ---------------------------------------------------------------------------------
+
+/// The [n, m] matrix with ones on its diagonal and zeros elsewhere (torch.eye); ShapeError for a
+/// negative size.
+KILN_ENTRY Tensor eye(std::int64_t n, std::int64_t m, DType dtype = f32, Device device = Device::cpu());
+/// The [n, n] identity (torch.eye(n)).
+KILN_ENTRY Tensor eye(std::int64_t n, DType dtype = f32, Device device = Device::cpu());
+
+/// `steps` values from start to end inclusive, evenly spaced (torch.linspace): the first half
+/// as start + step * i, the second as end - step * (steps - 1 - i), so both ends are exact;
+/// computed in the dtype (float64 for integer dtypes, then truncated, as torch's kernel).
+/// ValueError for negative steps.
+KILN_ENTRY Tensor linspace(double start, double end, std::int64_t steps, DType dtype = f32,
+                           Device device = Device::cpu());
+
+// ---- pointwise --------------------------------------------------------------------------------
+
+/// start + weight * (end - start), written as torch's kernel (from end when |weight| >= 0.5, so
+/// weight 1 gives end exactly). start and end (and a weight tensor of one or more dims) must
+/// have one dtype, and the dtype computed in must be floating: start's with a number weight,
+/// the three's promotion with a tensor weight (a 0-dim weight of any dtype takes part as torch's
+/// 0-dim operands do). DTypeError otherwise, as torch's; they broadcast; float16/bfloat16
+/// compute in float32.
+KILN_ENTRY Tensor lerp(const Tensor& start, const Tensor& end, double weight);
+KILN_ENTRY Tensor lerp(const Tensor& start, const Tensor& end, const Tensor& weight);
+
+/// input + value * tensor1 * tensor2 (torch.addcmul), in the dtype the three promote to; bool
+/// is a DTypeError, a fractional value with an integer result is truncated (as torch converts it).
+KILN_ENTRY Tensor addcmul(const Tensor& input, const Tensor& tensor1, const Tensor& tensor2, double value = 1.0);
+
+/// input + value * tensor1 / tensor2 (torch.addcdiv); tensor1 and tensor2 both integral is a
+/// DTypeError (torch no longer divides integers here).
+KILN_ENTRY Tensor addcdiv(const Tensor& input, const Tensor& tensor1, const Tensor& tensor2, double value = 1.0);
+
+/// log(exp(a) + exp(b)) without overflow (torch.logaddexp): max(a, b) + log1p(exp(-|a - b|)),
+/// and a itself where a == b is infinite. Floating inputs only.
+KILN_ENTRY Tensor logaddexp(const Tensor& a, const Tensor& b);
+
+/// x with NaN, +inf and -inf replaced (torch.nan_to_num): by `nan` (0 by default), `posinf` and
+/// `neginf` (by default the dtype's largest and lowest finite values). Integer and bool tensors
+/// come back unchanged (a copy). The gradient is 1 at finite elements, 0 at replaced ones.
+KILN_ENTRY Tensor nan_to_num(const Tensor& x, double nan = 0.0, std::optional<double> posinf = std::nullopt,
+                             std::optional<double> neginf = std::nullopt);
+
+namespace detail {
+/// clamp with one bound (torch.clamp_min / clamp_max): the dtype torch.result_type gives over x
+/// and the bound. A number bound: NaN propagates (from x or the bound), x gets no gradient at
+/// the bound or where it is NaN (torch's backward tests x > min); a tensor bound: maximum /
+/// minimum (a tie splits the gradient in halves, as torch's).
+template <class A, class B>
+Tensor clamp_side(const A& x, const B& bound, bool lower, const char* op) {
+  ResultType rt;
+  rt.add(info_of(x.derived()));
+  rt.add(info_of(as_operand(bound)));
+  const DType dt = rt.result();
+  if (dt == DType::Bool)
+    throw DTypeError(std::string(op) + ": not supported for bool tensors, got bool" +
+                     shape_of(x.derived(), op).to_shape().str() + " with a bool bound");
+  Tensor v = clamp_operand(x.derived(), dt);
+  if constexpr (!Scalar<B>) {
+    return lower ? Tensor(maximum(v, clamp_operand(bound, dt))) : Tensor(minimum(v, clamp_operand(bound, dt)));
+  } else {
+    const Tensor b(ir::constant(static_cast<double>(bound), dt, Shape{}, v.device()));
+    if (!is_floating(dt)) return lower ? Tensor(where(v > b, v, b)) : Tensor(where(v < b, v, b));
+    const Tensor kept = lower ? Tensor(logical_or(v > b, isnan(v))) : Tensor(logical_or(v < b, isnan(v)));
+    return where(isnan(v), v.detach(), where(kept, v, b));
+  }
+}
+}  // namespace detail
+
+/// max(x, min) (torch.clamp_min, torch.clamp(x, min=...)): the dtype torch.result_type gives (an
+/// integer tensor with a floating number gives float32, with an integer number stays integer),
+/// NaN propagating; with a number bound x gets no gradient at the bound or at NaN, as torch's.
+template <class A, class B>
+requires TensorLike<A> &&(TensorLike<B> || Scalar<B>)Tensor clamp_min(const A& x, const B& min) {
+  return detail::clamp_side(x, min, true, "clamp_min");
+}
+/// min(x, max) (torch.clamp_max, torch.clamp(x, max=...)), as clamp_min.
+template <class A, class B>
+requires TensorLike<A> &&(TensorLike<B> || Scalar<B>)Tensor clamp_max(const A& x, const B& max) {
+  return detail::clamp_side(x, max, false, "clamp_max");
+}
+
+/// log(x / (1 - x)) (torch.logit), x first clamped to [eps, 1 - eps] when eps is given (no
+/// gradient outside, as torch's; without eps the gradient is NaN outside [0, 1], as torch's).
+/// Integer and bool inputs give float32.
+KILN_ENTRY Tensor logit(const Tensor& x, std::optional<double> eps = std::nullopt);
+
+/// The outer product a[i] * b[j] of two 1-D tensors (torch.outer), in their promoted dtype;
+/// ShapeError for other ranks.
+KILN_ENTRY Tensor outer(const Tensor& a, const Tensor& b);
+
+}  // namespace kiln
+
+#if !defined(KILN_COMPILED_LIBRARY)
+#include "kiln/tensor/composites_impl.hpp"
+#endif

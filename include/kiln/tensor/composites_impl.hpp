@@ -1,0 +1,258 @@
+#pragma once
+// The definitions of tensor/composites.hpp. Header-only mode includes them from that header
+// (KILN_ENTRY is `inline`); compiled mode compiles them once into kiln::kiln_compiled.
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "kiln/tensor/autograd.hpp"
+#include "kiln/tensor/composites.hpp"
+#include "kiln/tensor/shape_ops.hpp"
+
+namespace kiln {
+namespace detail {
+
+/// The dtype a pointwise composite computes in: float32 for float16 and bfloat16 (torch's
+/// opmath), else the dtype itself.
+KILN_ENTRY DType opmath_dtype(DType dt) {
+  return dt == DType::Float16 || dt == DType::BFloat16 ? DType::Float32 : dt;
+}
+
+/// `t` in dtype `dt` (itself when it has it).
+KILN_ENTRY Tensor as_dtype(const Tensor& t, DType dt) { return t.dtype() == dt ? t : t.to(dt); }
+
+/// A number as the dtype `dt` rounds it (float32's value for float32 and the half types' opmath).
+KILN_ENTRY double rounded_to(double v, DType dt) {
+  return dt == DType::Float64 || !is_floating(dt) ? v : static_cast<double>(static_cast<float>(v));
+}
+
+/// torch.result_type over tensors (each a dim or a 0-dim operand).
+KILN_ENTRY DType result_type_of(std::initializer_list<const Tensor*> ts) {
+  ResultType rt;
+  for (const Tensor* t : ts) rt.add(info_of(*t));
+  return rt.result();
+}
+
+/// The largest finite value of a floating dtype.
+KILN_ENTRY double largest_finite(DType dt) {
+  switch (dt) {
+    case DType::Float64:
+      return DBL_MAX;
+    case DType::Float16:
+      return 65504.0;
+    case DType::BFloat16:
+      return 3.38953138925153547590470800371487866880e38;
+    default:
+      return static_cast<double>(FLT_MAX);
+  }
+}
+
+}  // namespace detail
+
+// ---- logical reductions -------------------------------------------------------------------
+
+KILN_ENTRY Tensor all(const Tensor& x, const Axes& axes, bool keepdim) {
+  detail::reduce_axes(axes, x, "all");  // the axes' errors name this op
+  return sum(Tensor(x == 0), axes, keepdim) == 0;
+}
+
+KILN_ENTRY Tensor any(const Tensor& x, const Axes& axes, bool keepdim) {
+  detail::reduce_axes(axes, x, "any");
+  return sum(Tensor(x != 0), axes, keepdim) > 0;
+}
+
+KILN_ENTRY Tensor count_nonzero(const Tensor& x, const Axes& axes) {
+  detail::reduce_axes(axes, x, "count_nonzero");
+  return sum(Tensor(x != 0), axes, false);
+}
+
+// ---- norms ------------------------------------------------------------------------------------
+
+namespace linalg {
+KILN_ENTRY Tensor vector_norm(const Tensor& input, double ord, const Axes& dim, bool keepdim) {
+  const char* op = "linalg.vector_norm";
+  detail::require_float(input, op);
+  const auto ax = detail::reduce_axes(dim, input, op);
+  // max, min and negative powers have no identity over an empty dim
+  if (std::isinf(ord) || ord < 0) detail::require_nonempty_reduction(input, ax, op);
+  const Tensor x = detail::as_dtype(input, detail::opmath_dtype(input.dtype()));
+  Tensor r;
+  if (std::isinf(ord)) {
+    r = ord > 0 ? amax(abs(x), dim, keepdim) : amin(abs(x), dim, keepdim);
+  } else if (ord == 0) {
+    r = sum(Tensor(x != 0), dim, keepdim).to(x.dtype());
+  } else if (ord == 1) {
+    r = sum(abs(x), dim, keepdim);
+  } else {
+    // sum |x|^p, then its 1/p-th power. Where the sum is 0 the norm is 0 and so is torch's
+    // gradient; the root's derivative there is infinite, so the root reads 1 instead and the
+    // result takes 0 (no 0 * inf in the backward). Negative orders keep 0^(1/p) = inf.
+    const Tensor s = ord == 2 ? sum(x * x, dim, keepdim) : sum(pow(abs(x), ord), dim, keepdim);
+    if (ord < 0) {
+      r = pow(s, 1.0 / ord);
+    } else {
+      const Tensor zero = s == 0;
+      const Tensor safe = where(zero, 1.0, s);
+      r = where(zero, 0.0, ord == 2 ? Tensor(sqrt(safe)) : Tensor(pow(safe, 1.0 / ord)));
+    }
+  }
+  return detail::as_dtype(r, input.dtype());
+}
+}  // namespace linalg
+
+KILN_ENTRY Tensor norm(const Tensor& x, double p, const Axes& dim, bool keepdim) {
+  return linalg::vector_norm(x, p, dim, keepdim);
+}
+
+// ---- creation ---------------------------------------------------------------------------------
+
+KILN_ENTRY Tensor eye(std::int64_t n, std::int64_t m, DType dtype, Device device) {
+  if (n < 0) throw ShapeError("eye: n must be greater or equal to 0, got " + std::to_string(n));
+  if (m < 0) throw ShapeError("eye: m must be greater or equal to 0, got " + std::to_string(m));
+  const Shape shape{n, m};
+  detail::check_creation_shape(shape, "eye", dtype);
+  const Tensor rows(ir::iota(shape, 0, DType::Int64, device)), cols(ir::iota(shape, 1, DType::Int64, device));
+  return Tensor(rows == cols).to(dtype);
+}
+
+KILN_ENTRY Tensor eye(std::int64_t n, DType dtype, Device device) { return eye(n, n, dtype, device); }
+
+KILN_ENTRY Tensor linspace(double start, double end, std::int64_t steps, DType dtype, Device device) {
+  if (steps < 0) throw ValueError("linspace: number of steps must be non-negative, got " + std::to_string(steps));
+  if (!std::isfinite(start) || !std::isfinite(end))
+    throw ValueError("linspace: start and end must be finite, got " + std::to_string(start) + " and " +
+                     std::to_string(end));
+  detail::check_creation_shape(Shape{steps}, "linspace", dtype);
+  // torch's kernel: the step in the dtype (float64 for integers, truncated at the end), the
+  // first half counted from start and the second from end.
+  const DType ct = is_floating(dtype) ? detail::opmath_dtype(dtype) : DType::Float64;
+  // The bounds in the dtype first (an integer dtype truncates them, as torch's Scalar::to).
+  const double s = is_floating(dtype) ? detail::rounded_to(start, ct) : std::trunc(start);
+  const double e = is_floating(dtype) ? detail::rounded_to(end, ct) : std::trunc(end);
+  const double step = steps > 1 ? detail::rounded_to(detail::rounded_to(e - s, ct) / static_cast<double>(steps - 1), ct)
+                                : 0.0;
+  if (steps == 1) return full(Shape{1}, s, dtype, device);
+  const Tensor i(ir::iota(Shape{steps}, 0, ct, device));
+  const Tensor from_start = s + i * step;
+  const Tensor from_end = e - (static_cast<double>(steps - 1) - i) * step;
+  const Tensor v = where(i < static_cast<double>(steps / 2), from_start, from_end);
+  return detail::as_dtype(v, dtype);
+}
+
+// ---- pointwise --------------------------------------------------------------------------------
+
+namespace detail {
+KILN_ENTRY void check_lerp(const Tensor& start, const Tensor& end, const Tensor* weight) {
+  // The computing dtype must be floating: start's, or with a tensor weight the three's
+  // promotion (integer start and end with a floating 0-dim weight compute in its dtype).
+  const DType dt = weight ? result_type_of({&start, &end, weight}) : start.dtype();
+  if (!is_floating(dt))
+    throw DTypeError("lerp: expected floating point operands, got start " + describe(start) +
+                     (weight ? ", weight " + describe(*weight) : std::string(", a number weight")));
+  if (end.dtype() != start.dtype())
+    throw DTypeError(std::string("lerp: expected dtype ") + dtype_name(start.dtype()) + " for `end` but got dtype " +
+                     dtype_name(end.dtype()) + " (start " + describe(start) + ", end " + describe(end) + ")");
+  // A 0-dim weight of any dtype is taken as a number (converted), as torch's.
+  if (weight && weight->dim() > 0 && weight->dtype() != start.dtype())
+    throw DTypeError(std::string("lerp: expected dtype ") + dtype_name(start.dtype()) + " for `weight` but got dtype " +
+                     dtype_name(weight->dtype()) + " (start " + describe(start) + ", weight " + describe(*weight) + ")");
+}
+}  // namespace detail
+
+KILN_ENTRY Tensor lerp(const Tensor& start, const Tensor& end, double weight) {
+  detail::check_lerp(start, end, nullptr);
+  const DType ct = detail::opmath_dtype(start.dtype());
+  const Tensor s = detail::as_dtype(start, ct), e = detail::as_dtype(end, ct);
+  const double w = detail::rounded_to(weight, ct);
+  // torch's two forms: near start from start, near end from end (exact at weight 0 and 1).
+  const Tensor r = std::abs(w) < 0.5 ? Tensor(s + w * (e - s))
+                                     : Tensor(e - (e - s) * detail::rounded_to(1.0 - w, ct));
+  return detail::as_dtype(r, start.dtype());
+}
+
+KILN_ENTRY Tensor lerp(const Tensor& start, const Tensor& end, const Tensor& weight) {
+  detail::check_lerp(start, end, &weight);
+  // The three promote together (only a 0-dim start and end can be widened by a 0-dim weight).
+  const DType dt = detail::result_type_of({&start, &end, &weight});
+  const DType ct = detail::opmath_dtype(dt);
+  const Tensor s = detail::as_dtype(start, ct), e = detail::as_dtype(end, ct), w = detail::as_dtype(weight, ct);
+  const Tensor d = e - s;
+  const Tensor r = where(abs(w) < 0.5, s + w * d, e - d * (1.0 - w));
+  return detail::as_dtype(r, dt);
+}
+
+KILN_ENTRY Tensor addcmul(const Tensor& input, const Tensor& tensor1, const Tensor& tensor2, double value) {
+  const DType dt = detail::result_type_of({&input, &tensor1, &tensor2});
+  if (dt == DType::Bool)
+    throw DTypeError("addcmul: not supported for bool tensors, got " + detail::describe(input) + ", " +
+                     detail::describe(tensor1) + " and " + detail::describe(tensor2));
+  const DType ct = detail::opmath_dtype(dt);
+  const Tensor i = detail::as_dtype(input, ct), a = detail::as_dtype(tensor1, ct), b = detail::as_dtype(tensor2, ct);
+  Tensor r;
+  if (is_floating(ct))
+    r = i + (detail::rounded_to(value, ct) * a) * b;
+  else  // the value converted to the integer dtype, as torch's Scalar::to<int64_t> (truncated)
+    r = i + (static_cast<std::int64_t>(value) * a) * b;
+  return detail::as_dtype(r, dt);
+}
+
+KILN_ENTRY Tensor addcdiv(const Tensor& input, const Tensor& tensor1, const Tensor& tensor2, double value) {
+  if (!is_floating(tensor1.dtype()) && !is_floating(tensor2.dtype()))
+    throw DTypeError("addcdiv: integer division with addcdiv is no longer supported (tensor1 " +
+                     detail::describe(tensor1) + ", tensor2 " + detail::describe(tensor2) +
+                     "); for integers write (input + value * trunc(tensor1 / tensor2)).to(input.dtype())");
+  const DType dt = detail::result_type_of({&input, &tensor1, &tensor2});
+  const DType ct = detail::opmath_dtype(dt);
+  const Tensor i = detail::as_dtype(input, ct), a = detail::as_dtype(tensor1, ct), b = detail::as_dtype(tensor2, ct);
+  return detail::as_dtype(i + (detail::rounded_to(value, ct) * a) / b, dt);
+}
+
+KILN_ENTRY Tensor logaddexp(const Tensor& a_in, const Tensor& b_in) {
+  const DType dt = detail::result_type_of({&a_in, &b_in});
+  if (!is_floating(dt))
+    throw DTypeError("logaddexp: expected floating point tensors, got " + detail::describe(a_in) + " and " +
+                     detail::describe(b_in));
+  const DType ct = detail::opmath_dtype(dt);
+  const Tensor a = detail::as_dtype(a_in, ct), b = detail::as_dtype(b_in, ct);
+  // torch's kernel: a where a == b is infinite (a - b is NaN there), else
+  // max + log1p(exp(-|a - b|)).
+  const Tensor body = maximum(a, b) + log1p(exp(-abs(a - b)));
+  return detail::as_dtype(where(logical_and(isinf(a), a == b), a, body), dt);
+}
+
+KILN_ENTRY Tensor nan_to_num(const Tensor& x, double nan, std::optional<double> posinf, std::optional<double> neginf) {
+  if (!is_floating(x.dtype())) return clone(x);
+  const double big = detail::largest_finite(x.dtype());
+  const double pos = posinf.value_or(big), neg = neginf.value_or(-big);
+  return where(isnan(x), nan, where(x == INFINITY, pos, where(x == -INFINITY, neg, x)));
+}
+
+KILN_ENTRY Tensor logit(const Tensor& input, std::optional<double> eps) {
+  // Integers and bools compute in float32 (torch's unary float rule).
+  const DType dt = is_floating(input.dtype()) ? input.dtype() : DType::Float32;
+  const DType ct = detail::opmath_dtype(dt);
+  Tensor x = detail::as_dtype(input, ct);
+  if (eps) {
+    // torch clamps with x < lo ? lo : (x > hi ? hi : x): NaN stays, no gradient outside.
+    const double lo = *eps, hi = 1.0 - *eps;
+    x = where(x < lo, lo, where(x > hi, hi, x));
+  }
+  Tensor r = log(x / (1.0 - x));
+  if (!eps) {
+    // Outside [0, 1] torch's backward gives NaN (the value is NaN there already): sqrt of a
+    // negative number has a NaN derivative, and the branch reads 1 (no gradient) where unused.
+    const Tensor outside = logical_or(x < 0.0, x > 1.0);
+    r = where(outside, sqrt(where(outside, -abs(x) - 1.0, 1.0)), r);
+  }
+  return detail::as_dtype(r, dt);
+}
+
+KILN_ENTRY Tensor outer(const Tensor& a, const Tensor& b) {
+  if (a.dim() != 1 || b.dim() != 1)
+    throw ShapeError("outer: expected two 1-D tensors, got " + detail::describe(a) + " and " + detail::describe(b));
+  return reshape(a, Shape{a.shape()[0], 1}) * reshape(b, Shape{1, b.shape()[0]});
+}
+
+}  // namespace kiln

@@ -1,0 +1,256 @@
+// The common torch functions composed of kiln's ops (tensor/composites.hpp and
+// nn::functional's normalize, cosine_similarity, glu): values, dtypes, errors and gradients
+// against PyTorch 2.15's (the expected numbers were printed by torch on the same inputs).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include <kiln/kiln.hpp>
+
+namespace kiln_test_tensor_composites {
+
+using namespace kiln;
+
+namespace {
+
+Tensor vec(std::vector<double> v, const Shape& shape, DType dtype = f32) {
+  return from_vector<double>(v, shape).to(dtype).eval();
+}
+Tensor vec(std::vector<double> v) {
+  const auto n = static_cast<std::int64_t>(v.size());
+  return vec(std::move(v), Shape{n});
+}
+
+void check_values(const Tensor& t, const std::vector<double>& want, double tol = 1e-6) {
+  std::vector<double> got = t.to(f64).to_vector<double>();
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    INFO("element " << i << ": " << got[i] << " vs " << want[i]);
+    if (std::isnan(want[i]))
+      CHECK(std::isnan(got[i]));
+    else if (std::isinf(want[i]))
+      CHECK(got[i] == want[i]);
+    else
+      CHECK(std::abs(got[i] - want[i]) <= tol * (1 + std::abs(want[i])));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("all, any and count_nonzero: torch's values, empty reductions, NaN, dtypes and errors") {
+  const Tensor x = vec({1, 0, 2, -3, 0, 0}, {2, 3});
+  CHECK(all(x).item<bool>() == false);
+  CHECK(any(x).item<bool>() == true);
+  CHECK(all(x).dtype() == DType::Bool);
+  check_values(any(x, {1}), {1, 1});
+  check_values(all(x, {0}), {1, 0, 0});
+  check_values(any(x * vec({1, 1, 1, 0, 1, 1}, {2, 3}), {1}), {1, 0});
+  CHECK(any(x, {-1}, true).shape() == Shape{2, 1});
+  check_values(count_nonzero(x, {0}), {2, 0, 1});
+  CHECK(count_nonzero(x).item<std::int64_t>() == 3);
+  CHECK(count_nonzero(x).dtype() == DType::Int64);
+  // NaN is nonzero; -0 is zero; an empty reduction: all true, any false.
+  CHECK(all(vec({NAN, 1})).item<bool>());
+  CHECK_FALSE(any(vec({-0.0, 0.0})).item<bool>());
+  CHECK(all(zeros({0})).item<bool>());
+  CHECK_FALSE(any(zeros({0})).item<bool>());
+  // Any dtype, and the method forms on expressions.
+  CHECK(all(vec({1, 1}, {2}, DType::Bool)).item<bool>());
+  CHECK_FALSE(all(vec({1, 0}, {2}, DType::Int64)).item<bool>());
+  CHECK((x * 0).any().item<bool>() == false);
+  CHECK((x + 10).all().item<bool>() == true);
+  CHECK_THROWS_AS(all(x, {2}), ShapeError);
+  CHECK_THROWS_AS(count_nonzero(x, {-3}), ShapeError);
+}
+
+TEST_CASE("linalg::vector_norm and norm: every ord, torch's gradients at zero and at ties, dtypes") {
+  const Tensor x = vec({3, -4, 0, 1, 2, -2}, {2, 3});
+  check_values(linalg::vector_norm(x, 2.0, {1}), {5, 3});
+  check_values(linalg::vector_norm(x, 1.0, {1}), {7, 5});
+  check_values(linalg::vector_norm(x, 3.0, {1}), {4.497941493988037, 2.571281671524048});
+  check_values(linalg::vector_norm(x, INFINITY, {1}), {4, 2});
+  check_values(linalg::vector_norm(x, -INFINITY, {1}), {0, 1});
+  check_values(linalg::vector_norm(x, 0.0, {1}), {2, 3});
+  check_values(norm(x), {std::sqrt(34.0)});
+  CHECK(linalg::vector_norm(x, 2.0, {1}, true).shape() == Shape{2, 1});
+  // float16 computes in float32 and keeps its dtype; integers are refused.
+  CHECK(linalg::vector_norm(x.to(f16)).dtype() == f16);
+  CHECK_THROWS_AS(linalg::vector_norm(x.to(i64)), DTypeError);
+  // No identity for max, min or a negative power over an empty dim.
+  CHECK_THROWS_AS(linalg::vector_norm(zeros({0}), INFINITY), ShapeError);
+  CHECK_THROWS_AS(linalg::vector_norm(zeros({2, 0}), -1.0, {1}), ShapeError);
+
+  // Gradients: the 3-norm's as torch's; 0 (not NaN) at a zero vector for ord 2 and 3; the
+  // inf-norm's split evenly between the two elements of largest |x|.
+  Tensor w = vec({3, -4, 0, 1, 2, -2}, {2, 3}).requires_grad_();
+  auto g3 = autograd::grad({linalg::vector_norm(w, 3.0)}, {w});
+  check_values(g3[0], {0.39685025811195374, -0.7055115699768066, 0, 0.044094473123550415, 0.17637789249420166,
+                       -0.17637789249420166});
+  for (double ord : {2.0, 3.0}) {
+    Tensor z = zeros({3}).eval().requires_grad_();
+    auto gz = autograd::grad({linalg::vector_norm(z, ord)}, {z});
+    check_values(gz[0], {0, 0, 0});
+  }
+  Tensor t = vec({1, -2, 2}).requires_grad_();
+  auto gi = autograd::grad({linalg::vector_norm(t, INFINITY)}, {t});
+  check_values(gi[0], {0, -0.5, 0.5});
+}
+
+TEST_CASE("eye and linspace: torch's values, integer dtypes truncated, argument errors") {
+  check_values(eye(3), {1, 0, 0, 0, 1, 0, 0, 0, 1});
+  CHECK(eye(2, 3, i64).shape() == Shape{2, 3});
+  CHECK(eye(2, 3, i64).dtype() == i64);
+  check_values(eye(2, 3, i64), {1, 0, 0, 0, 1, 0});
+  CHECK(eye(0).numel() == 0);
+  CHECK_THROWS_AS(eye(-1), ShapeError);
+
+  // torch's float32 kernel contracts the second half into an FMA (its middle element is
+  // -2.98e-8); both are within float32's rounding of 0.
+  check_values(linspace(-1, 1, 7), {-1, -0.6666666269302368, -0.3333333134651184, 0, 0.3333333134651184,
+                                    0.6666666269302368, 1},
+               1e-7);
+  check_values(linspace(0, 1, 5, f64), {0, 0.25, 0.5, 0.75, 1});
+  check_values(linspace(-3.25, -2.0, 9, i32), {-3, -2, -2, -2, -2, -2, -2, -2, -2});
+  check_values(linspace(2.5, 7, 1), {2.5});
+  CHECK(linspace(0, 1, 0).numel() == 0);
+  CHECK(linspace(0, 10, 5, i64).dtype() == i64);
+  CHECK_THROWS_AS(linspace(0, 1, -1), ValueError);
+}
+
+TEST_CASE("lerp, addcmul, addcdiv: torch's values, dtype rules and gradients") {
+  const Tensor a = vec({1, 2, 3}), b = vec({5, -2, 3.5});
+  check_values(lerp(a, b, 0.3), {2.200000047683716, 0.7999999523162842, 3.1500000953674316});
+  check_values(lerp(a, b, 0.75), {4, -1, 3.375});
+  check_values(lerp(a, b, 1.0), {5, -2, 3.5}, 0);  // exact at the end
+  check_values(lerp(a, b, vec({0, 1, 0.6})), {1, -2, 3.299999952316284});
+  CHECK_THROWS_AS(lerp(a, b.to(f64), 0.5), DTypeError);
+  CHECK_THROWS_AS(lerp(a.to(i64), b.to(i64), 0.5), DTypeError);
+  CHECK_THROWS_AS(lerp(a, b, vec({0.5, 0.5, 0.5}, {3}, f64)), DTypeError);
+  // A 0-dim weight of another dtype is taken as a number; three 0-dim operands promote.
+  CHECK(lerp(a, b, vec({0.5}, {}, f64)).dtype() == f32);
+  CHECK(lerp(vec({1}, {}, f16), vec({2}, {}, f16), vec({0.5}, {}, f32)).dtype() == f32);
+  {
+    Tensor s = vec({1, 2}).requires_grad_(), e = vec({3, 5}).requires_grad_(), w = vec({0.25, 0.75}).requires_grad_();
+    auto g = autograd::grad({sum(lerp(s, e, w))}, {s, e, w});
+    check_values(g[0], {0.75, 0.25});
+    check_values(g[1], {0.25, 0.75});
+    check_values(g[2], {2, 3});
+  }
+
+  check_values(addcmul(a, a, b, 0.5), {3.5, 0, 8.25});
+  check_values(addcdiv(a, a, b, 2), {1.399999976158142, 0, 4.714285850524902});
+  CHECK(addcmul(a.to(i64), a.to(i64), a.to(i64), 2).dtype() == i64);
+  check_values(addcmul(a.to(i64), a.to(i64), a.to(i64), 2), {3, 10, 21});
+  CHECK(addcmul(a.to(i64), a, a).dtype() == f32);
+  CHECK_THROWS_AS(addcmul(a.to(DType::Bool), a.to(DType::Bool), a.to(DType::Bool)), DTypeError);
+  CHECK_THROWS_AS(addcdiv(a, a.to(i64), a.to(i64)), DTypeError);  // torch no longer divides integers here
+  {
+    Tensor i = vec({1, 2}).requires_grad_(), t1 = vec({3, 4}).requires_grad_(), t2 = vec({2, -8}).requires_grad_();
+    auto g = autograd::grad({sum(addcdiv(i, t1, t2, 3))}, {i, t1, t2});
+    check_values(g[0], {1, 1});
+    check_values(g[1], {1.5, -0.375});
+    check_values(g[2], {-2.25, -0.1875});
+  }
+}
+
+TEST_CASE("logaddexp, nan_to_num, logit, outer: torch's values at the extremes and their gradients") {
+  check_values(logaddexp(vec({1000, -1000, 0, -INFINITY}), vec({1000, -1001, 1, -INFINITY})),
+               {1000.6931762695312, -999.686767578125, 1.3132617473602295, -INFINITY});
+  CHECK_THROWS_AS(logaddexp(vec({1}).to(i64), vec({1}).to(i64)), DTypeError);
+  CHECK(logaddexp(vec({1}).to(f16), vec({1}).to(i64)).dtype() == f16);
+
+  check_values(nan_to_num(vec({NAN, INFINITY, -INFINITY, 1.5})),
+               {0, 3.4028234663852886e+38, -3.4028234663852886e+38, 1.5});
+  check_values(nan_to_num(vec({NAN, INFINITY, -INFINITY}).to(f16)), {0, 65504, -65504});
+  check_values(nan_to_num(vec({NAN, INFINITY, -INFINITY}), 1, 2, -3), {1, 2, -3});
+  CHECK(nan_to_num(vec({1, 2}).to(i32)).dtype() == i32);
+  {
+    Tensor x = vec({NAN, 2, INFINITY}).requires_grad_();
+    check_values(autograd::grad({sum(nan_to_num(x))}, {x})[0], {0, 1, 0});
+  }
+
+  check_values(logit(vec({0.25, 0.5, 0.9, 0, 1}), 0.1),
+               {-1.0986123085021973, 0, 2.1972243785858154, -2.1972246170043945, 2.1972243785858154});
+  CHECK(logit(vec({1, 0}).to(i64)).dtype() == f32);
+  {
+    // Outside [0, 1] torch's gradient is NaN; inside 1 / (x (1 - x)).
+    Tensor y = vec({-0.5, 0.25, 1.5}).requires_grad_();
+    check_values(autograd::grad({sum(logit(y))}, {y})[0], {NAN, 5.333333492279053, NAN});
+    Tensor z = vec({0.05, 0.5}).requires_grad_();  // clamped by eps: no gradient there
+    check_values(autograd::grad({sum(logit(z, 0.1))}, {z})[0], {0, 4});
+  }
+
+  check_values(outer(arange(3), vec({1.5, 2})), {0, 0, 1.5, 2, 3, 4});
+  CHECK(outer(arange(3), vec({1.5, 2})).dtype() == f32);
+  CHECK_THROWS_AS(outer(ones({2, 2}), ones({2})), ShapeError);
+}
+
+TEST_CASE("clamp, clamp_min, clamp_max: torch's dtypes, and no gradient at a bound or at NaN; hardtanh's at NaN") {
+  const Tensor xi = vec({1, 2, 3}).to(i64);
+  CHECK(clamp_min(xi, 2).dtype() == i64);
+  CHECK(clamp_min(xi, 1.5).dtype() == f32);
+  check_values(clamp_min(xi, 1.5), {1.5, 2, 3});
+  check_values(clamp_max(xi, 2), {1, 2, 2});
+  check_values(clamp_min(vec({NAN, 0}), 1.0), {NAN, 1});
+  check_values(clamp_min(vec({0, 5}), NAN), {NAN, NAN});
+  CHECK_THROWS_AS(clamp_min(vec({1}).to(DType::Bool), true), DTypeError);
+  // torch: x gets no gradient at the bound or where it is NaN, 1 at +inf (above the bound).
+  const std::vector<double> v{NAN, 1.0, INFINITY, -INFINITY, 0.5};
+  {
+    Tensor x = vec(v).requires_grad_();
+    check_values(autograd::grad({sum(clamp_min(x, 1.0))}, {x})[0], {0, 0, 1, 0, 0});
+  }
+  {
+    Tensor x = vec(v).requires_grad_();
+    check_values(autograd::grad({sum(clamp_max(x, 1.0))}, {x})[0], {0, 0, 0, 1, 1});
+  }
+  {
+    Tensor x = vec(v).requires_grad_();
+    check_values(autograd::grad({sum(clamp(x, -1.0, 1.0))}, {x})[0], {0, 0, 0, 0, 1});
+  }
+  {
+    // hardtanh's own backward passes the gradient at NaN.
+    Tensor x = vec({NAN, 1.0, 0.5, 6.0}).requires_grad_();
+    check_values(autograd::grad({sum(hardtanh(x))}, {x})[0], {1, 0, 1, 0});
+  }
+  {
+    // A tensor bound: a tie splits the gradient in halves (torch's maximum).
+    Tensor x = vec({1, 2, 1.5}).requires_grad_(), lo = vec({1, 1, 1}).requires_grad_();
+    auto g = autograd::grad({sum(clamp_min(x, lo))}, {x, lo});
+    check_values(g[0], {0.5, 1, 1});
+    check_values(g[1], {0.5, 0, 0});
+  }
+}
+
+TEST_CASE("nn::functional normalize, cosine_similarity, glu: torch's values and gradients at a zero row") {
+  namespace F = nn::functional;
+  const Tensor other = vec({1, 2, 1, 1, 2, 0}, {3, 2});
+  {
+    Tensor x = vec({3, 4, 0, 0, 1, -1}, {3, 2}).requires_grad_();
+    Tensor r = F::normalize(x);
+    check_values(r, {0.6, 0.8, 0, 0, 0.7071067690849304, -0.7071067690849304});
+    check_values(autograd::grad({sum(r)}, {x})[0],
+                 {0.031999990344047546, -0.024000003933906555, 1e12, 1e12, 0.7071067690849304, 0.7071067690849304},
+                 1e-5);
+  }
+  {
+    Tensor x = vec({3, 4, 0, 0, 1, -1}, {3, 2}).requires_grad_();
+    Tensor c = F::cosine_similarity(x, other);
+    check_values(c, {0.9838699102401733, 0, 0.7071067690849304});
+    check_values(autograd::grad({sum(c)}, {x})[0],
+                 {-0.028621681034564972, 0.021466240286827087, 70710680, 70710680, 0.3535533845424652,
+                  0.3535533845424652},
+                 1e-5);
+  }
+  CHECK_THROWS_AS(F::cosine_similarity(other.to(i64), other.to(i64)), DTypeError);
+  check_values(F::glu(vec({1, 2, -1, 0.5}, {1, 4})), {0.2689414322376251, 1.244918704032898});
+  CHECK(F::glu(ones({4, 6}), 0).shape() == Shape{2, 6});
+  CHECK_THROWS_AS(F::glu(ones({3})), ShapeError);
+  CHECK_THROWS_AS(F::glu(ones({}, f32)), ShapeError);
+  CHECK_THROWS_AS(F::glu(ones({2}).to(i64)), DTypeError);
+}
+
+}  // namespace kiln_test_tensor_composites

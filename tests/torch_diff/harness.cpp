@@ -130,6 +130,36 @@ int main() {
     return {scaled_dot_product_attention(T(a, 0), T(a, 1), T(a, 2), T(a, 3), 0.0, a[4].i != 0, scale, a[7].i != 0)};
   };
   ops["arange"] = [&](A& a) -> R { return {arange(a[0].i)}; };
+  // Common composites (tensor/composites.hpp, nn::functional).
+  ops["all"] = [&](A& a) -> R { return {all(T(a, 0), Axes(a[1].l), a[2].i != 0)}; };
+  ops["any"] = [&](A& a) -> R { return {any(T(a, 0), Axes(a[1].l), a[2].i != 0)}; };
+  ops["count_nonzero"] = [&](A& a) -> R { return {count_nonzero(T(a, 0), Axes(a[1].l))}; };
+  ops["vector_norm"] = [&](A& a) -> R { return {linalg::vector_norm(T(a, 0), a[1].f, Axes(a[2].l), a[3].i != 0)}; };
+  ops["eye"] = [&](A& a) -> R { return {eye(a[0].i, a[1].i, parse_dtype(a[2].s))}; };
+  ops["linspace"] = [&](A& a) -> R { return {linspace(a[0].f, a[1].f, a[2].i, parse_dtype(a[3].s))}; };
+  ops["lerp"] = [&](A& a) -> R { return {lerp(T(a, 0), T(a, 1), a[2].f)}; };
+  ops["lerp_t"] = [&](A& a) -> R { return {lerp(T(a, 0), T(a, 1), T(a, 2))}; };
+  ops["addcmul"] = [&](A& a) -> R { return {addcmul(T(a, 0), T(a, 1), T(a, 2), a[3].f)}; };
+  ops["addcdiv"] = [&](A& a) -> R { return {addcdiv(T(a, 0), T(a, 1), T(a, 2), a[3].f)}; };
+  ops["logaddexp"] = [&](A& a) -> R { return {logaddexp(T(a, 0), T(a, 1))}; };
+  ops["nan_to_num"] = [&](A& a) -> R {
+    std::optional<double> p, n;
+    if (a[2].kind == 'f') p = a[2].f;
+    if (a[3].kind == 'f') n = a[3].f;
+    return {nan_to_num(T(a, 0), a[1].f, p, n)};
+  };
+  ops["clamp_min"] = [&](A& a) -> R { return {a[1].kind == 'i' ? clamp_min(T(a, 0), a[1].i) : clamp_min(T(a, 0), a[1].f)}; };
+  ops["clamp_max"] = [&](A& a) -> R { return {a[1].kind == 'i' ? clamp_max(T(a, 0), a[1].i) : clamp_max(T(a, 0), a[1].f)}; };
+  ops["clamp_min_t"] = [&](A& a) -> R { return {clamp_min(T(a, 0), T(a, 1))}; };
+  ops["logit"] = [&](A& a) -> R {
+    std::optional<double> eps;
+    if (a[1].kind == 'f') eps = a[1].f;
+    return {logit(T(a, 0), eps)};
+  };
+  ops["outer"] = [&](A& a) -> R { return {outer(T(a, 0), T(a, 1))}; };
+  ops["normalize"] = [&](A& a) -> R { return {nn::functional::normalize(T(a, 0), a[1].f, a[2].i, a[3].f)}; };
+  ops["cosine_similarity"] = [&](A& a) -> R { return {nn::functional::cosine_similarity(T(a, 0), T(a, 1), a[2].i, a[3].f)}; };
+  ops["glu"] = [&](A& a) -> R { return {nn::functional::glu(T(a, 0), a[1].i)}; };
   std::cout.precision(17);
   while (std::cin >> tok) {
     if (tok != "CASE") { std::cerr << "bad token " << tok << "\n"; return 2; }

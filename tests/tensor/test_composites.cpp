@@ -114,6 +114,7 @@ TEST_CASE("eye and linspace: torch's values, integer dtypes truncated, argument 
                1e-7);
   check_values(linspace(0, 1, 5, f64), {0, 0.25, 0.5, 0.75, 1});
   check_values(linspace(-3.25, -2.0, 9, i32), {-3, -2, -2, -2, -2, -2, -2, -2, -2});
+  check_values(linspace(-3.25, 1.0, 7, i32), {-3, -2, -1, 0, 0, 0, 1});  // 1 - 2/3 * 3 is just above -1
   check_values(linspace(2.5, 7, 1), {2.5});
   CHECK(linspace(0, 1, 0).numel() == 0);
   CHECK(linspace(0, 10, 5, i64).dtype() == i64);
@@ -181,7 +182,13 @@ TEST_CASE("logaddexp, nan_to_num, logit, outer: torch's values at the extremes a
     check_values(autograd::grad({sum(logit(y))}, {y})[0], {NAN, 5.333333492279053, NAN});
     Tensor z = vec({0.05, 0.5}).requires_grad_();  // clamped by eps: no gradient there
     check_values(autograd::grad({sum(logit(z, 0.1))}, {z})[0], {0, 4});
+    // At 0 (either sign) and 1 torch's gradient is +inf times the incoming one (not 0 * inf).
+    Tensor e = vec({-0.0, 0.0, 1.0, 0.5}, {4}, f64).requires_grad_();
+    check_values(autograd::grad({sum(logit(e, 0.0) * vec({0.21, -1, 2, 1}, {4}, f64))}, {e})[0],
+                 {INFINITY, -INFINITY, INFINITY, 4});
   }
+  // The bounds 1e-6 and 1 - 1e-6 in float16 (the latter is 1): torch's logit(1) is inf there.
+  check_values(logit(vec({1.0}).to(f16), 1e-6), {INFINITY});
 
   check_values(outer(arange(3), vec({1.5, 2})), {0, 0, 1.5, 2, 3, 4});
   CHECK(outer(arange(3), vec({1.5, 2})).dtype() == f32);
@@ -251,6 +258,127 @@ TEST_CASE("nn::functional normalize, cosine_similarity, glu: torch's values and 
   CHECK_THROWS_AS(F::glu(ones({3})), ShapeError);
   CHECK_THROWS_AS(F::glu(ones({}, f32)), ShapeError);
   CHECK_THROWS_AS(F::glu(ones({2}).to(i64)), DTypeError);
+}
+
+TEST_CASE("var_mean, std_mean, median: torch's values, positions among ties and NaN, gradients") {
+  {
+    Tensor x = vec({1, 2, 3, 4, 5, 6.5}, {2, 3}).requires_grad_();
+    auto [v, m] = var_mean(x, {1});
+    check_values(v, {1, 1.5833333730697632});
+    check_values(m, {2, 5.166666507720947});
+    auto [sd, m2] = std_mean(x, {1});
+    check_values(sd, {1, 1.2583057880401611});
+    check_values(autograd::grad({sum(sd)}, {x})[0],
+                 {-0.5, 0, 0.5, -0.4635862410068512, -0.06622655689716339, 0.5298129916191101});
+    // torch's std backward: 0 where the deviation is 0.
+    Tensor c = vec({1.5, 1.5, 1.5}).requires_grad_();
+    check_values(autograd::grad({std::get<0>(std_mean(c))}, {c})[0], {0, 0, 0});
+  }
+  check_values(median(vec({3, 1, 2, 4})), {2});
+  check_values(median(vec({3, NAN, 2})), {NAN});
+  check_values(median(zeros({0})), {NAN});
+  {
+    auto r = median(vec({3, 1, 2, 4, 1, NAN, 0, 5}, {2, 4}), 1);
+    check_values(r.values(), {2, NAN});
+    check_values(r.indices(), {2, 1});
+    // Among equal values the stable sort's position: [2, 1, 1] gives index 2, [1, 1, 1] index 1.
+    auto t = median(vec({2, 1, 1, 1, 1, 1}, {2, 3}, i64), 1);
+    check_values(t.indices(), {2, 1});
+    CHECK(t.values().dtype() == i64);
+    CHECK(median(vec({1, 2, 3, 4}, {2, 2}), 0, true).values().shape() == Shape{1, 2});
+  }
+  {
+    Tensor x = vec({3, 1, 2, 4, 7}).requires_grad_();
+    check_values(autograd::grad({median(x)}, {x})[0], {1, 0, 0, 0, 0});
+  }
+  CHECK_THROWS_AS(median(vec({1, 0}, {2}, DType::Bool)), DTypeError);
+  CHECK_THROWS_AS(median(zeros({2, 0}), 1), ShapeError);
+}
+
+TEST_CASE("nonzero, argwhere, masked_select: row-major positions, broadcasting, gradients") {
+  const Tensor x = vec({0, 1, 2, 0}, {2, 2}, i64);
+  check_values(nonzero(x), {0, 1, 1, 0});
+  CHECK(nonzero(x).shape() == Shape{2, 2});
+  CHECK(nonzero(x).dtype() == i64);
+  CHECK(argwhere(zeros({3})).shape() == Shape{0, 1});
+  CHECK(nonzero(vec({5}, {}, f32)).shape() == Shape{1, 0});
+  Tensor y = vec({1, 2, 3, 4}, {2, 2}).requires_grad_();
+  const Tensor picked = masked_select(y, vec({1, 0}, {2}, DType::Bool));  // the mask broadcasts over rows
+  check_values(picked, {1, 3});
+  check_values(autograd::grad({sum(picked * vec({1, 2}))}, {y})[0], {1, 0, 2, 0});
+  CHECK_THROWS_AS(masked_select(y, vec({1, 0}, {2}, i64)), DTypeError);
+  CHECK_THROWS_AS(masked_select(y, vec({1, 0, 1}, {3}, DType::Bool)), ShapeError);
+}
+
+TEST_CASE("diagonal, diag, trace, cross, softmin: torch's values, errors and gradients") {
+  {
+    Tensor x = reshape(arange(12).to(f32), Shape{3, 4}).eval().requires_grad_();
+    const Tensor d = diagonal(x, 1);
+    check_values(d, {1, 6, 11});
+    check_values(autograd::grad({sum(d)}, {x})[0], {0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1});
+  }
+  check_values(diagonal(reshape(arange(24), Shape{2, 3, 4}), 1, 1, 2), {1, 6, 11, 13, 18, 23});
+  CHECK(diagonal(ones({2, 3}), 5).shape() == Shape{0});
+  CHECK_THROWS_AS(diagonal(ones({2, 3}), 0, 1, -1), ShapeError);
+  CHECK_THROWS_AS(diagonal(ones({3})), ShapeError);
+  check_values(diag(vec({1, 2}, {2}, i64)), {1, 0, 0, 2});
+  check_values(diag(vec({1, 2}, {2}, i64), 1), {0, 1, 0, 0, 0, 2, 0, 0, 0});
+  check_values(diag(vec({1, 2}), -1), {0, 0, 0, 1, 0, 0, 0, 2, 0});
+  check_values(diag(vec({1, 2, 3, 4, 5, 6}, {2, 3}), -1), {4});
+  CHECK_THROWS_AS(diag(ones({2, 2, 2})), ShapeError);
+  CHECK(trace(vec({1, 2, 3, 4}, {2, 2}, i32)).dtype() == i64);
+  CHECK(trace(vec({1, 2, 3, 4}, {2, 2}, i32)).item<std::int64_t>() == 5);
+  CHECK_THROWS_AS(trace(ones({3})), ShapeError);
+
+  {
+    Tensor a = vec({1, 2, 3}, {1, 3}).requires_grad_();
+    const Tensor c = linalg::cross(a, vec({4, 5, 6}, {1, 3}));
+    check_values(c, {-3, 6, -3});
+    check_values(autograd::grad({sum(c)}, {a})[0], {-1, 2, -1});
+  }
+  check_values(cross(vec({1, 0, 0, 0, 1, 0}, {2, 3}, i64), vec({0, 1, 0, 0, 0, 1}, {2, 3}, i64)), {0, 0, 1, 1, 0, 0});
+  CHECK_THROWS_AS(linalg::cross(ones({2}), ones({2})), ShapeError);
+  CHECK_THROWS_AS(linalg::cross(ones({3}), ones({3}, f64)), DTypeError);
+  CHECK_THROWS_AS(linalg::cross(ones({2, 3}), ones({3})), ShapeError);  // torch: one rank
+  check_values(softmin(vec({1, 2, 3}), 0), {0.6652409557748219, 0.24472847105479767, 0.09003057317038046});
+}
+
+TEST_CASE("kl_div and the loss modules: torch's reductions, gradients, options and errors") {
+  Tensor i = vec({-1, -2, -0.5, -0.3, -3, -1}, {2, 3}).requires_grad_();
+  const Tensor t = vec({0.2, 0, 0.8, 0.5, 0.5, 0}, {2, 3});
+  check_values(kl_div(i, t, "sum"), {1.056450366973877});
+  check_values(kl_div(i, t), {0.1760750561952591});
+  check_values(kl_div(i, t, "batchmean"), {0.5282251834869385});
+  CHECK(kl_div(i, t, "none").shape() == Shape{2, 3});
+  check_values(autograd::grad({kl_div(i, t, "batchmean")}, {i})[0], {-0.1, 0, -0.4, -0.25, -0.25, 0});
+  check_values(kl_div(i, log(vec({0.2, 0.3, 0.5, 0.5, 0.25, 0.25}, {2, 3})), "sum", true), {0.13062623143196106});
+  CHECK_THROWS_AS(kl_div(i.to(i64), t), DTypeError);
+  CHECK_THROWS_AS(kl_div(i, t, "average"), ValueError);
+
+  // The modules call their functions with their options.
+  CHECK(nn::KLDivLoss("sum")(i, t).item<float>() == doctest::Approx(1.056450366973877));
+  const Tensor logits = vec({1, 2, 3, 1, 0, -1}, {2, 3});
+  const Tensor labels = vec({2, 0}, {2}, i64);
+  CHECK(nn::CrossEntropyLoss()(logits, labels).item<float>() == doctest::Approx(cross_entropy(logits, labels).item<float>()));
+  CHECK(nn::CrossEntropyLoss({.reduction = "sum", .label_smoothing = 0.1})(logits, labels).item<float>() ==
+        doctest::Approx(cross_entropy(logits, labels, {.reduction = "sum", .label_smoothing = 0.1}).item<float>()));
+  CHECK(nn::NLLLoss(0)(log_softmax(logits, 1), labels).item<float>() ==
+        doctest::Approx(nll_loss(log_softmax(logits, 1), labels, 0).item<float>()));
+  CHECK(nn::MSELoss("sum")(logits, zeros({2, 3})).item<float>() == doctest::Approx(16));
+  CHECK(nn::L1Loss()(logits, zeros({2, 3})).item<float>() == doctest::Approx(8.0 / 6));
+  CHECK(nn::SmoothL1Loss("mean", 2.0)(logits, zeros({2, 3})).item<float>() ==
+        doctest::Approx(smooth_l1_loss(logits, zeros({2, 3}), "mean", 2.0).item<float>()));
+  CHECK(nn::HuberLoss("sum", 0.5)(logits, zeros({2, 3})).item<float>() ==
+        doctest::Approx(huber_loss(logits, zeros({2, 3}), "sum", 0.5).item<float>()));
+  CHECK(nn::BCELoss()(sigmoid(logits), ones({2, 3})).item<float>() ==
+        doctest::Approx(binary_cross_entropy(sigmoid(logits), ones({2, 3})).item<float>()));
+  nn::BCEWithLogitsLoss weighted("mean", vec({1, 2, 3}));
+  CHECK(weighted(logits, ones({2, 3})).item<float>() ==
+        doctest::Approx(binary_cross_entropy_with_logits(logits, ones({2, 3}), "mean", vec({1, 2, 3})).item<float>()));
+  CHECK(weighted.named_buffers().size() == 1);
+  nn::MSELoss loss;
+  CHECK_THROWS_AS(static_cast<nn::Module&>(loss).forward(logits), ValueError);  // a loss takes (input, target)
+  CHECK_THROWS_AS(nn::MSELoss("average")(logits, logits), ValueError);
 }
 
 }  // namespace kiln_test_tensor_composites

@@ -31,6 +31,7 @@ using ::kiln::rms_norm;
 using ::kiln::sigmoid;
 using ::kiln::silu;
 using ::kiln::softmax;
+using ::kiln::softmin;
 using ::kiln::tanh;
 // one_hot(tensor, num_classes) and pad(input, pad, mode, value), as torch.nn.functional's.
 using ::kiln::one_hot;
@@ -39,6 +40,7 @@ using ::kiln::pad;
 using ::kiln::binary_cross_entropy;
 using ::kiln::binary_cross_entropy_with_logits;
 using ::kiln::huber_loss;
+using ::kiln::kl_div;
 using ::kiln::l1_loss;
 using ::kiln::mse_loss;
 using ::kiln::nll_loss;

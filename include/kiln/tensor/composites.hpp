@@ -8,11 +8,13 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "kiln/core/linkage.hpp"
 #include "kiln/tensor/creation.hpp"
 #include "kiln/tensor/functions.hpp"
 #include "kiln/tensor/ops.hpp"
+#include "kiln/tensor/sorting.hpp"
 
 namespace kiln {
 
@@ -28,6 +30,65 @@ KILN_ENTRY Tensor any(const Tensor& x, const Axes& axes = {}, bool keepdim = fal
 
 /// How many elements over `axes` are nonzero, int64 (torch.count_nonzero; no keepdim).
 KILN_ENTRY Tensor count_nonzero(const Tensor& x, const Axes& axes = {});
+
+/// The variance and the mean over `axes` together (torch.var_mean): {var(x, axes, keepdim,
+/// correction), mean(x, axes, keepdim)}. Floating inputs only.
+KILN_ENTRY std::tuple<Tensor, Tensor> var_mean(const Tensor& x, const Axes& axes = {}, bool keepdim = false,
+                                               double correction = 1.0);
+
+/// The standard deviation and the mean over `axes` (torch.std_mean): the square root of
+/// var_mean's variance, whose gradient is 0 where the deviation is 0 (as torch's std backward).
+KILN_ENTRY std::tuple<Tensor, Tensor> std_mean(const Tensor& x, const Axes& axes = {}, bool keepdim = false,
+                                               double correction = 1.0);
+
+/// The lower median of all elements (torch.median(x)): the element at position (n - 1) / 2 of
+/// the sorted values, NaN when any element is NaN; its gradient goes to that element. An empty
+/// tensor gives NaN (an integer dtype's lowest value), as torch's; bool is a DTypeError.
+KILN_ENTRY Tensor median(const Tensor& x);
+
+/// The lower median along `dim` and its int64 position (torch.median(x, dim, keepdim)): the
+/// position among equal values is the stable sort's; a row with NaN gives NaN at its first NaN.
+KILN_ENTRY ValuesIndices median(const Tensor& x, std::int64_t dim, bool keepdim = false);
+
+// ---- data-dependent selections ----------------------------------------------------------------
+
+/// The int64 indices [n, rank] of x's nonzero elements in row-major order (torch.nonzero). It
+/// reads x (a synchronisation; inside kiln::compile a graph break, as a read of data is).
+KILN_ENTRY Tensor nonzero(const Tensor& x);
+
+/// torch.argwhere: the same as nonzero.
+KILN_ENTRY Tensor argwhere(const Tensor& x);
+
+/// The elements of x where the bool `mask` is true, x and mask broadcast, in row-major order, as
+/// a 1-D tensor (torch.masked_select). Reads the mask (as nonzero); the gradient goes back to
+/// the selected elements.
+KILN_ENTRY Tensor masked_select(const Tensor& x, const Tensor& mask);
+
+// ---- diagonals, cross products ----------------------------------------------------------------
+
+/// The diagonal `offset` (above the main one when positive) over dims dim1 and dim2, as a new
+/// last dim (torch.diagonal, as a copy). ShapeError for equal dims or a rank below 2.
+KILN_ENTRY Tensor diagonal(const Tensor& x, std::int64_t offset = 0, std::int64_t dim1 = 0, std::int64_t dim2 = 1);
+
+/// torch.diag: a 1-D x gives the square matrix with x on its diagonal `diagonal`, a 2-D x gives
+/// that diagonal; other ranks are a ShapeError.
+KILN_ENTRY Tensor diag(const Tensor& x, std::int64_t diagonal = 0);
+
+/// The sum of a matrix's diagonal (torch.trace; integers sum in int64). ShapeError unless 2-D.
+KILN_ENTRY Tensor trace(const Tensor& x);
+
+namespace linalg {
+/// The cross product of 3-vectors along `dim` (torch.linalg.cross): a and b have one rank and
+/// broadcast, the dim has size 3 in both (ShapeError otherwise), and one dtype (DTypeError
+/// otherwise), as torch's.
+KILN_ENTRY Tensor cross(const Tensor& a, const Tensor& b, std::int64_t dim = -1);
+}  // namespace linalg
+
+/// torch.cross: linalg::cross along `dim`, by default the first dim of size 3.
+KILN_ENTRY Tensor cross(const Tensor& a, const Tensor& b, std::optional<std::int64_t> dim = std::nullopt);
+
+/// softmax(-x, dim) (torch.softmin).
+KILN_ENTRY Tensor softmin(const Tensor& x, std::int64_t dim);
 
 // ---- norms ------------------------------------------------------------------------------------
 

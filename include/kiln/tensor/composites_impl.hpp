@@ -5,11 +5,16 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "kiln/tensor/autograd.hpp"
 #include "kiln/tensor/composites.hpp"
+#include "kiln/tensor/indexing.hpp"
 #include "kiln/tensor/shape_ops.hpp"
+#include "kiln/tensor/sorting.hpp"
 
 namespace kiln {
 namespace detail {
@@ -67,6 +72,181 @@ KILN_ENTRY Tensor count_nonzero(const Tensor& x, const Axes& axes) {
   detail::reduce_axes(axes, x, "count_nonzero");
   return sum(Tensor(x != 0), axes, false);
 }
+
+KILN_ENTRY std::tuple<Tensor, Tensor> var_mean(const Tensor& x, const Axes& axes, bool keepdim, double correction) {
+  return {var(x, axes, keepdim, correction), mean(x, axes, keepdim)};
+}
+
+KILN_ENTRY std::tuple<Tensor, Tensor> std_mean(const Tensor& x, const Axes& axes, bool keepdim, double correction) {
+  auto [v, m] = var_mean(x, axes, keepdim, correction);
+  // torch's std backward masks the quotient by 2 std to 0 where std is 0: the root reads 1 there.
+  const Tensor zero = v == 0;
+  return {Tensor(where(zero, 0.0, sqrt(where(zero, 1.0, v)))), m};
+}
+
+namespace detail {
+/// The int64 position (keepdim) of the lower median of x along `dim`: the stable sort's
+/// position (n - 1) / 2, or the first NaN of a row that has one.
+KILN_ENTRY Tensor median_position(const Tensor& x, std::int64_t dim, const char* op) {
+  if (x.dtype() == DType::Bool) throw DTypeError(std::string(op) + ": not supported for bool tensors, got " + describe(x));
+  const std::int64_t d = tensor_axis(dim, x, op);
+  if (x.dim() > 0) require_nonempty_reduction(x, {d}, op);
+  if (x.dim() == 0) return Tensor(ir::constant_int(0, DType::Int64, Shape{}, x.device()));
+  const std::int64_t n = x.shape()[static_cast<std::size_t>(d)];
+  const Tensor order = std::get<1>(sort(x, d, false, true));
+  const Tensor at = narrow(order, d, (n - 1) / 2, 1);
+  if (!is_floating(x.dtype())) return at;
+  const Tensor nan = isnan(x);
+  const Tensor first_nan = argmax(nan.to(DType::Int32), Axes{d}, true);
+  return where(any(nan, Axes{d}, true), first_nan, at);
+}
+}  // namespace detail
+
+KILN_ENTRY Tensor median(const Tensor& x) {
+  if (x.dtype() == DType::Bool) throw DTypeError("median: not supported for bool tensors, got " + detail::describe(x));
+  // An empty tensor's median is NaN, as torch's (an integer dtype's lowest value, as torch's).
+  if (x.numel() == 0)
+    return full(Shape{}, is_floating(x.dtype()) ? std::numeric_limits<double>::quiet_NaN()
+                         : x.dtype() == DType::Int32 ? static_cast<double>(std::numeric_limits<std::int32_t>::lowest())
+                                                     : static_cast<double>(std::numeric_limits<std::int64_t>::lowest()),
+                x.dtype(), x.device());
+  const Tensor flat = reshape(x, Shape{x.numel()});
+  const Tensor at = detail::median_position(flat, 0, "median");
+  return reshape(gather(flat, 0, at), Shape{});
+}
+
+KILN_ENTRY ValuesIndices median(const Tensor& x, std::int64_t dim, bool keepdim) {
+  const Tensor at = detail::median_position(x, dim, "median");
+  if (x.dim() == 0) return {x, at};
+  const std::int64_t d = detail::tensor_axis(dim, x, "median");
+  Tensor values = gather(x, d, at), indices = at;
+  if (!keepdim) {
+    values = squeeze(values, d);
+    indices = squeeze(indices, d);
+  }
+  return {values, indices};
+}
+
+KILN_ENTRY Tensor nonzero(const Tensor& x) {
+  const Shape shape = x.shape();
+  const auto rank = static_cast<std::int64_t>(shape.size());
+  const std::vector<std::int64_t> flags = Tensor(x != 0).to(DType::Int64).to_vector<std::int64_t>();
+  std::vector<std::int64_t> coords;
+  std::int64_t count = 0;
+  for (std::size_t f = 0; f < flags.size(); ++f) {
+    if (!flags[f]) continue;
+    ++count;
+    std::vector<std::int64_t> c(static_cast<std::size_t>(rank));
+    auto rest = static_cast<std::int64_t>(f);
+    for (std::int64_t k = rank; k-- > 0;) {
+      c[static_cast<std::size_t>(k)] = rest % shape[static_cast<std::size_t>(k)];
+      rest /= shape[static_cast<std::size_t>(k)];
+    }
+    coords.insert(coords.end(), c.begin(), c.end());
+  }
+  return from_vector<std::int64_t>(coords, Shape{count, rank}, x.device());
+}
+
+KILN_ENTRY Tensor argwhere(const Tensor& x) { return nonzero(x); }
+
+KILN_ENTRY Tensor masked_select(const Tensor& x, const Tensor& mask) {
+  if (mask.dtype() != DType::Bool)
+    throw DTypeError("masked_select: expected a bool mask, got " + detail::describe(mask) + " (input " +
+                     detail::describe(x) + ")");
+  const Shape shape = broadcast_shapes(x.shape(), mask.shape(), "masked_select");
+  const std::vector<std::int64_t> flags = mask.expand(shape).to(DType::Int64).to_vector<std::int64_t>();
+  std::vector<std::int64_t> positions;
+  for (std::size_t f = 0; f < flags.size(); ++f)
+    if (flags[f]) positions.push_back(static_cast<std::int64_t>(f));
+  const auto n = static_cast<std::int64_t>(positions.size());
+  const Tensor flat = reshape(x.expand(shape), Shape{shape.numel()});
+  return index_select(flat, 0, from_vector<std::int64_t>(positions, Shape{n}, x.device()));
+}
+
+KILN_ENTRY Tensor diagonal(const Tensor& x, std::int64_t offset, std::int64_t dim1, std::int64_t dim2) {
+  if (x.dim() < 2) throw ShapeError("diagonal: expected a tensor of two or more dims, got " + detail::describe(x));
+  const std::int64_t d1 = detail::tensor_axis(dim1, x, "diagonal"), d2 = detail::tensor_axis(dim2, x, "diagonal");
+  if (d1 == d2)
+    throw ShapeError("diagonal: dimensions cannot be identical, got " + std::to_string(dim1) + " and " +
+                     std::to_string(dim2) + " for " + detail::describe(x));
+  // The two dims moved last and merged; the diagonal's elements picked from the merged dim.
+  std::vector<std::int64_t> perm;
+  Shape lead;
+  for (std::int64_t k = 0; k < x.dim(); ++k)
+    if (k != d1 && k != d2) {
+      perm.push_back(k);
+      lead.push_back(x.shape()[static_cast<std::size_t>(k)]);
+    }
+  perm.push_back(d1);
+  perm.push_back(d2);
+  const std::int64_t n = x.shape()[static_cast<std::size_t>(d1)], m = x.shape()[static_cast<std::size_t>(d2)];
+  const std::int64_t r0 = std::max<std::int64_t>(0, -offset), c0 = std::max<std::int64_t>(0, offset);
+  const std::int64_t len = std::max<std::int64_t>(0, std::min(n - r0, m - c0));
+  std::vector<std::int64_t> picks(static_cast<std::size_t>(len));
+  for (std::int64_t i = 0; i < len; ++i) picks[static_cast<std::size_t>(i)] = (i + r0) * m + (i + c0);
+  Shape merged = lead;
+  merged.push_back(n * m);
+  const Tensor rows = reshape(permute(x, perm), merged);
+  return index_select(rows, static_cast<std::int64_t>(lead.size()),
+                      from_vector<std::int64_t>(picks, Shape{len}, x.device()));
+}
+
+KILN_ENTRY Tensor diag(const Tensor& x, std::int64_t k) {
+  if (x.dim() == 2) return diagonal(x, k, 0, 1);
+  if (x.dim() != 1) throw ShapeError("diag: expected a 1-D or 2-D tensor, got " + detail::describe(x));
+  const std::int64_t n = x.shape()[0], shift = k < 0 ? -k : k, size = n + shift;
+  const Tensor padded = shift ? pad(x, {0, shift}, 0.0) : x;
+  const Shape square{size, size};
+  const Tensor rows(ir::iota(square, 0, DType::Int64, x.device())), cols(ir::iota(square, 1, DType::Int64, x.device()));
+  // Entry (i, i + k) holds x[i]: x along the rows for k >= 0, along the columns below.
+  const Tensor along = k >= 0 ? reshape(padded, Shape{size, 1}) : reshape(padded, Shape{1, size});
+  return where(Tensor(cols - rows) == k, along.expand(square), Tensor(zeros(square, x.dtype(), x.device())));
+}
+
+KILN_ENTRY Tensor trace(const Tensor& x) {
+  if (x.dim() != 2) throw ShapeError("trace: expected a matrix, got " + detail::describe(x));
+  return sum(diagonal(x));
+}
+
+namespace linalg {
+KILN_ENTRY Tensor cross(const Tensor& a_in, const Tensor& b_in, std::int64_t dim) {
+  const Shape shape = broadcast_shapes(a_in.shape(), b_in.shape(), "linalg.cross");
+  if (a_in.dim() != b_in.dim())
+    throw ShapeError("linalg.cross: inputs must have the same number of dimensions, got " + detail::describe(a_in) +
+                     " and " + detail::describe(b_in));
+  if (a_in.dtype() != b_in.dtype())
+    throw DTypeError("linalg.cross: expected both inputs of one dtype, got " + detail::describe(a_in) + " and " +
+                     detail::describe(b_in));
+  const DType dt = a_in.dtype();
+  if (dt == DType::Bool)
+    throw DTypeError("linalg.cross: not supported for bool tensors, got " + detail::describe(a_in) + " and " +
+                     detail::describe(b_in));
+  const Tensor a = detail::as_dtype(a_in, dt).expand(shape), b = detail::as_dtype(b_in, dt).expand(shape);
+  const std::int64_t d = detail::tensor_axis(dim, a, "linalg.cross");
+  // Each input's own size at the dim (a dim it lacks, broadcast, counts as 1).
+  auto size_at = [&](const Tensor& t) {
+    const std::int64_t k = d - (static_cast<std::int64_t>(shape.size()) - t.dim());
+    return k < 0 ? std::int64_t{1} : t.shape()[static_cast<std::size_t>(k)];
+  };
+  if (shape.empty() || size_at(a_in) != 3 || size_at(b_in) != 3)
+    throw ShapeError("linalg.cross: inputs dimension " + std::to_string(dim) + " must have length 3, got " +
+                     detail::describe(a_in) + " and " + detail::describe(b_in));
+  auto at = [&](const Tensor& t, std::int64_t i) { return narrow(t, d, i, 1); };
+  return concat({Tensor(at(a, 1) * at(b, 2) - at(a, 2) * at(b, 1)), Tensor(at(a, 2) * at(b, 0) - at(a, 0) * at(b, 2)),
+                 Tensor(at(a, 0) * at(b, 1) - at(a, 1) * at(b, 0))},
+                d);
+}
+}  // namespace linalg
+
+KILN_ENTRY Tensor cross(const Tensor& a, const Tensor& b, std::optional<std::int64_t> dim) {
+  if (dim) return linalg::cross(a, b, *dim);
+  const Shape shape = broadcast_shapes(a.shape(), b.shape(), "cross");
+  for (std::size_t k = 0; k < shape.size(); ++k)
+    if (shape[k] == 3) return linalg::cross(a, b, static_cast<std::int64_t>(k));
+  throw ShapeError("cross: no dimension of size 3 in " + detail::describe(a) + " and " + detail::describe(b));
+}
+
+KILN_ENTRY Tensor softmin(const Tensor& x, std::int64_t dim) { return softmax(Tensor(-x), dim); }
 
 // ---- norms ------------------------------------------------------------------------------------
 
@@ -134,6 +314,15 @@ KILN_ENTRY Tensor linspace(double start, double end, std::int64_t steps, DType d
   const double step = steps > 1 ? detail::rounded_to(detail::rounded_to(e - s, ct) / static_cast<double>(steps - 1), ct)
                                 : 0.0;
   if (steps == 1) return full(Shape{1}, s, dtype, device);
+  if (!is_floating(dtype)) {
+    // Integer values are truncated, so the last rounding decides them: computed here as torch's
+    // kernel computes them on x86 (its step * i contracted into a fused multiply-add).
+    std::vector<double> v(static_cast<std::size_t>(steps));
+    for (std::int64_t k = 0; k < steps; ++k)
+      v[static_cast<std::size_t>(k)] = k < steps / 2 ? std::fma(step, static_cast<double>(k), s)
+                                                     : std::fma(-step, static_cast<double>(steps - 1 - k), e);
+    return from_vector<double>(v, Shape{steps}, device).to(dtype);
+  }
   const Tensor i(ir::iota(Shape{steps}, 0, ct, device));
   const Tensor from_start = s + i * step;
   const Tensor from_end = e - (static_cast<double>(steps - 1) - i) * step;
@@ -236,10 +425,21 @@ KILN_ENTRY Tensor logit(const Tensor& input, std::optional<double> eps) {
   Tensor x = detail::as_dtype(input, ct);
   if (eps) {
     // torch clamps with x < lo ? lo : (x > hi ? hi : x): NaN stays, no gradient outside.
-    const double lo = *eps, hi = 1.0 - *eps;
+    // The bounds in the input's dtype, as torch's kernel (1 - 1e-6 is 1 in float16).
+    const Tensor lo = full(Shape{}, *eps, dt, input.device()).to(ct);
+    const Tensor hi = full(Shape{}, 1.0 - *eps, dt, input.device()).to(ct);
     x = where(x < lo, lo, where(x > hi, hi, x));
   }
-  Tensor r = log(x / (1.0 - x));
+  // torch's log(x / (1 - x)), whose gradient is grad / (x (1 - x)): infinite at 0 and 1. The
+  // quotient's own backward would give 0 * inf = NaN there, so 0 and 1 take branches with the
+  // same value (log(0) = -inf, -log1p(-1) = inf) and torch's infinite gradient, and every branch
+  // reads a harmless operand where it is not taken.
+  const Tensor at0 = x == 0.0, at1 = x == 1.0;
+  const Tensor inner = logical_not(logical_or(at0, at1));
+  const Tensor xm = where(inner, x, 0.5);
+  // At 0 torch's gradient is +inf times the incoming one at -0 too: the operand is x + 0.0 (+0).
+  Tensor r = where(at0, log(Tensor(where(at0, x, 1.0)) + 0.0),
+                   where(at1, -log1p(-where(at1, x, 0.0)), Tensor(log(xm / (1.0 - xm)))));
   if (!eps) {
     // Outside [0, 1] torch's backward gives NaN (the value is NaN there already): sqrt of a
     // negative number has a NaN derivative, and the branch reads 1 (no gradient) where unused.

@@ -60,6 +60,15 @@ KILN_ENTRY Tensor binary_cross_entropy(const Tensor& input, const Tensor& target
 KILN_ENTRY Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
                                                    const std::string& reduction = "mean", const Tensor& pos_weight = {});
 
+/// The Kullback-Leibler divergence of `target` from the log-probabilities `input`
+/// (torch.nn.functional.kl_div): target (log t - input) with 0 where t is 0 (xlogy), or with
+/// `log_target` exp(target) (target - input); folded by `reduction`: "mean" (over every element,
+/// as torch's), "batchmean" (the sum over input's first dim's size), "sum" or "none". Floating
+/// inputs only. The gradient with respect to a target of exactly 0 is 0 (torch's xlogy backward
+/// gives 0/0 there); the input's is torch's.
+KILN_ENTRY Tensor kl_div(const Tensor& input, const Tensor& target, const std::string& reduction = "mean",
+                         bool log_target = false);
+
 }  // namespace kiln
 
 #if !defined(KILN_COMPILED_LIBRARY)

@@ -89,6 +89,26 @@ KILN_ENTRY Tensor nll_loss(const Tensor& log_probs, const Tensor& targets, std::
   return sum(rows) / sum(valid.to(rows.dtype()));
 }
 
+KILN_ENTRY Tensor kl_div(const Tensor& input, const Tensor& target, const std::string& reduction, bool log_target) {
+  const char* op = "kl_div";
+  if (!is_floating(input.dtype()) || !is_floating(target.dtype()))
+    throw DTypeError(std::string(op) + ": integral inputs are not supported, got input " + detail::describe(input) +
+                     " and target " + detail::describe(target));
+  const bool batchmean = reduction == "batchmean";
+  auto o = detail::loss_operands(input, target, batchmean ? "sum" : reduction, op);
+  const Tensor& t = o.target;
+  Tensor per_element;
+  if (log_target) {
+    per_element = exp(t) * (t - o.input);
+  } else {
+    const Tensor zero = t == 0;  // xlogy(t, t): 0 at t = 0 (its log reads 1 there)
+    per_element = where(zero, 0.0, t * log(where(zero, 1.0, t))) - t * o.input;
+  }
+  Tensor loss = detail::fold_loss(per_element, o.reduction);
+  if (batchmean && input.dim() > 0) loss = loss / static_cast<double>(input.shape()[0]);
+  return loss;
+}
+
 KILN_ENTRY Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction) {
   auto o = detail::loss_operands(input, target, reduction, "mse_loss");
   return detail::fold_loss(square(o.input - o.target), o.reduction);

@@ -160,6 +160,18 @@ int main() {
   ops["normalize"] = [&](A& a) -> R { return {nn::functional::normalize(T(a, 0), a[1].f, a[2].i, a[3].f)}; };
   ops["cosine_similarity"] = [&](A& a) -> R { return {nn::functional::cosine_similarity(T(a, 0), T(a, 1), a[2].i, a[3].f)}; };
   ops["glu"] = [&](A& a) -> R { return {nn::functional::glu(T(a, 0), a[1].i)}; };
+  ops["var_mean"] = [&](A& a) -> R { auto [v, m] = var_mean(T(a, 0), Axes(a[1].l), a[2].i != 0, a[3].f); return {v, m}; };
+  ops["std_mean"] = [&](A& a) -> R { auto [v, m] = std_mean(T(a, 0), Axes(a[1].l), a[2].i != 0, a[3].f); return {v, m}; };
+  ops["median"] = [&](A& a) -> R { return {median(T(a, 0))}; };
+  ops["median_dim"] = [&](A& a) -> R { auto r = median(T(a, 0), a[1].i, a[2].i != 0); return {r.values(), r.indices()}; };
+  ops["nonzero"] = [&](A& a) -> R { return {nonzero(T(a, 0))}; };
+  ops["masked_select"] = [&](A& a) -> R { return {masked_select(T(a, 0), T(a, 1))}; };
+  ops["diag"] = [&](A& a) -> R { return {diag(T(a, 0), a[1].i)}; };
+  ops["diagonal"] = [&](A& a) -> R { return {diagonal(T(a, 0), a[1].i, a[2].i, a[3].i)}; };
+  ops["trace"] = [&](A& a) -> R { return {trace(T(a, 0))}; };
+  ops["cross"] = [&](A& a) -> R { return {linalg::cross(T(a, 0), T(a, 1), a[2].i)}; };
+  ops["softmin"] = [&](A& a) -> R { return {softmin(T(a, 0), a[1].i)}; };
+  ops["kl_div"] = [&](A& a) -> R { return {kl_div(T(a, 0), T(a, 1), a[2].s, a[3].i != 0)}; };
   std::cout.precision(17);
   while (std::cin >> tok) {
     if (tok != "CASE") { std::cerr << "bad token " << tok << "\n"; return 2; }

@@ -3,6 +3,7 @@
 // against PyTorch 2.15's (the expected numbers were printed by torch on the same inputs).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -379,6 +380,79 @@ TEST_CASE("kl_div and the loss modules: torch's reductions, gradients, options a
   nn::MSELoss loss;
   CHECK_THROWS_AS(static_cast<nn::Module&>(loss).forward(logits), ValueError);  // a loss takes (input, target)
   CHECK_THROWS_AS(nn::MSELoss("average")(logits, logits), ValueError);
+}
+
+TEST_CASE("randint, randperm, bernoulli, multinomial: ranges, frequencies, seeds and errors") {
+  manual_seed(7);
+  const std::vector<std::int64_t> a = randint(0, 10, {20000}).to_vector<std::int64_t>();
+  manual_seed(7);
+  CHECK(randint(0, 10, {20000}).to_vector<std::int64_t>() == a);  // the seed decides the draw
+  CHECK(*std::min_element(a.begin(), a.end()) >= 0);
+  REQUIRE(*std::max_element(a.begin(), a.end()) < 10);
+  std::vector<int> count(10, 0);
+  for (auto v : a) ++count[static_cast<std::size_t>(v)];
+  for (int c : count) CHECK(std::abs(c - 2000) < 5 * 43);  // 5 sigma of a binomial(20000, 0.1)
+  CHECK(randint(-3, -1, {5}, i32).dtype() == i32);
+  for (auto v : randint(-3, -1, {100}).to_vector<std::int64_t>()) CHECK((v == -3 || v == -2));
+  CHECK(randint(4, {2, 3}).shape() == Shape{2, 3});
+  CHECK_THROWS_AS(randint(5, 5, {1}), ValueError);
+
+  std::vector<std::int64_t> perm = randperm(100).to_vector<std::int64_t>();
+  std::sort(perm.begin(), perm.end());
+  CHECK(perm == arange(100).to_vector<std::int64_t>());
+  CHECK(randperm(0).numel() == 0);
+  CHECK_THROWS_AS(randperm(-1), ValueError);
+
+  const double mean03 = mean(bernoulli(full({20000}, 0.3, f32))).item<double>();
+  CHECK(std::abs(mean03 - 0.3) < 5 * 0.0033);
+  CHECK(sum(bernoulli(zeros({100}))).item<float>() == 0);
+  CHECK(sum(bernoulli(ones({100}))).item<float>() == 100);
+  CHECK(sum(bernoulli(zeros({100}, f64), 1.0)).item<double>() == 100);
+  CHECK(bernoulli(zeros({3}, f16), 0.5).dtype() == f16);
+  CHECK_THROWS_AS(bernoulli(zeros({3}), 1.5), ValueError);
+  CHECK_THROWS_AS(bernoulli(zeros({3}, i64)), DTypeError);
+
+  // With replacement: frequencies follow the weights (unnormalised), a zero weight is never drawn.
+  const Tensor w = vec({1, 0, 9}, {3});
+  const std::vector<std::int64_t> draws = multinomial(w, 20000, true).to_vector<std::int64_t>();
+  std::vector<int> hits(3, 0);
+  for (auto d : draws) ++hits[static_cast<std::size_t>(d)];
+  CHECK(hits[1] == 0);
+  CHECK(std::abs(hits[0] - 2000) < 5 * 43);
+  // Without replacement: distinct categories, only the positive ones, each order possible.
+  const Tensor rows = vec({0.5, 0, 0.5, 0, 0.2, 0.3, 0.5, 0}, {2, 4});
+  int first_is_zero = 0;
+  int wrong = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::vector<std::int64_t> d = multinomial(rows, 2).to_vector<std::int64_t>();
+    wrong += !((d[0] == 0 && d[1] == 2) || (d[0] == 2 && d[1] == 0)) || d[2] == d[3] || d[2] == 3 || d[3] == 3;
+    first_is_zero += d[0] == 0;
+  }
+  CHECK(wrong == 0);
+  CHECK(first_is_zero > 60);
+  CHECK(first_is_zero < 140);
+  CHECK(multinomial(rows, 3, true).shape() == Shape{2, 3});
+  CHECK(multinomial(w, 1).dtype() == i64);
+  CHECK_THROWS_AS(multinomial(rows, 3), ValueError);                 // only two positive weights in a row
+  CHECK_THROWS_AS(multinomial(w, 4), ValueError);                    // more samples than categories
+  CHECK_THROWS_AS(multinomial(vec({1, -1}), 1, true), ValueError);  // a negative weight
+  CHECK_THROWS_AS(multinomial(zeros({2, 3}), 1, true), ValueError);  // a row summing to 0
+  CHECK_THROWS_AS(multinomial(ones({2, 2, 2}), 1), ShapeError);
+}
+
+TEST_CASE("dot, mv, baddbmm: torch's shapes, dtypes, beta 0 and errors") {
+  CHECK(dot(vec({1, 2, 3}), vec({4, 5, 6})).item<float>() == 32);
+  CHECK(dot(vec({1, 2, 3}), vec({4, 5, 6})).shape() == Shape{});
+  CHECK_THROWS_AS(dot(vec({1, 2, 3}), vec({4, 5})), ShapeError);
+  CHECK_THROWS_AS(dot(vec({1, 2}), vec({4, 5}, {2}, f64)), DTypeError);
+  CHECK_THROWS_AS(dot(ones({2, 2}), ones({2, 2})), ShapeError);
+  check_values(mv(vec({1, 2, 3, 4}, {2, 2}), vec({1, -1})), {-1, -1});
+  CHECK_THROWS_AS(mv(ones({2}), ones({2})), ShapeError);
+  const Tensor a = ones({2, 2, 3}), b = ones({2, 3, 4});
+  check_values(baddbmm(full({2, 2, 4}, NAN, f32), a, b, 0.0, 2.0), std::vector<double>(16, 6.0));
+  check_values(baddbmm(ones({4}), a, b, 0.5), std::vector<double>(16, 3.5));
+  CHECK_THROWS_AS(baddbmm(ones({3}), a, b), ShapeError);
+  CHECK_THROWS_AS(baddbmm(ones({4}, f64), a, b), DTypeError);
 }
 
 }  // namespace kiln_test_tensor_composites

@@ -119,6 +119,35 @@ KILN_ENTRY Tensor eye(std::int64_t n, DType dtype = f32, Device device = Device:
 KILN_ENTRY Tensor linspace(double start, double end, std::int64_t steps, DType dtype = f32,
                            Device device = Device::cpu());
 
+// ---- sampling (the global generator: manual_seed; refused inside kiln::compile, as rand) -------
+
+/// Uniform integers in [low, high) (torch.randint), int64 unless a dtype is given. ValueError
+/// when high <= low.
+KILN_ENTRY Tensor randint(std::int64_t low, std::int64_t high, const Shape& shape, DType dtype = i64,
+                          Device device = Device::cpu());
+/// randint(0, high, shape).
+KILN_ENTRY Tensor randint(std::int64_t high, const Shape& shape, DType dtype = i64, Device device = Device::cpu());
+
+/// A random permutation of 0 .. n-1 (torch.randperm), int64 unless a dtype is given.
+KILN_ENTRY Tensor randperm(std::int64_t n, DType dtype = i64, Device device = Device::cpu());
+
+/// 1 with probability p, else 0, elementwise for the probabilities in `probs`
+/// (torch.bernoulli(input)), in probs' (floating) dtype. Probabilities outside [0, 1] are not
+/// checked (reading them would be a synchronisation): below 0 gives 0, above 1 gives 1.
+KILN_ENTRY Tensor bernoulli(const Tensor& probs);
+/// 1 with probability p, else 0, in x's shape and floating dtype (torch.bernoulli(input, p));
+/// ValueError for p outside [0, 1].
+KILN_ENTRY Tensor bernoulli(const Tensor& x, double p);
+
+/// `num_samples` category indices drawn from each row of the non-negative weights `probs` (1-D
+/// or 2-D; rows need not sum to 1), int64 (torch.multinomial): with replacement each draw is
+/// the first category whose cumulative weight reaches a uniform point of the row's total;
+/// without replacement the num_samples largest of log(p) + Gumbel noise (each order equally
+/// likely as successive draws). It reads probs to check it, as torch's CPU kernel: negative,
+/// infinite or NaN weights, a row summing to 0, or (without replacement) fewer positive weights
+/// than samples are ValueErrors.
+KILN_ENTRY Tensor multinomial(const Tensor& probs, std::int64_t num_samples, bool replacement = false);
+
 // ---- pointwise --------------------------------------------------------------------------------
 
 /// start + weight * (end - start), written as torch's kernel (from end when |weight| >= 0.5, so

@@ -13,6 +13,7 @@
 #include "kiln/tensor/autograd.hpp"
 #include "kiln/tensor/composites.hpp"
 #include "kiln/tensor/indexing.hpp"
+#include "kiln/tensor/scans.hpp"
 #include "kiln/tensor/shape_ops.hpp"
 #include "kiln/tensor/sorting.hpp"
 
@@ -328,6 +329,98 @@ KILN_ENTRY Tensor linspace(double start, double end, std::int64_t steps, DType d
   const Tensor from_end = e - (static_cast<double>(steps - 1) - i) * step;
   const Tensor v = where(i < static_cast<double>(steps / 2), from_start, from_end);
   return detail::as_dtype(v, dtype);
+}
+
+// ---- sampling ---------------------------------------------------------------------------------
+
+KILN_ENTRY Tensor randint(std::int64_t low, std::int64_t high, const Shape& shape, DType dtype, Device device) {
+  if (high <= low)
+    throw ValueError("randint: expected low < high, got low " + std::to_string(low) + " and high " +
+                     std::to_string(high));
+  if (dtype == DType::Bool && !(low >= 0 && high <= 2))
+    throw ValueError("randint: the range [" + std::to_string(low) + ", " + std::to_string(high) +
+                     ") does not fit bool");
+  detail::check_creation_shape(shape, "randint", dtype);
+  // floor(u (high - low)) over u in [0, 1) from a float64 draw: every integer of the range
+  // equally likely to within 2^-52 of the range, never high itself.
+  const Tensor u = rand(shape, DType::Float64, device);
+  const Tensor k = floor(u * static_cast<double>(high - low)) + static_cast<double>(low);
+  return k.to(dtype);
+}
+
+KILN_ENTRY Tensor randint(std::int64_t high, const Shape& shape, DType dtype, Device device) {
+  return randint(0, high, shape, dtype, device);
+}
+
+KILN_ENTRY Tensor randperm(std::int64_t n, DType dtype, Device device) {
+  if (n < 0) throw ValueError("randperm: n must be non-negative, got " + std::to_string(n));
+  detail::check_creation_shape(Shape{n}, "randperm", dtype);
+  // The order that sorts n independent uniform keys (ties, of probability about n^2 2^-53,
+  // keep the stable sort's order).
+  return std::get<1>(sort(rand(Shape{n}, DType::Float64, device), 0, false, true)).to(dtype);
+}
+
+KILN_ENTRY Tensor bernoulli(const Tensor& probs) {
+  detail::require_float(probs, "bernoulli");
+  return Tensor(rand(probs.shape(), probs.dtype(), probs.device()) < probs).to(probs.dtype());
+}
+
+KILN_ENTRY Tensor bernoulli(const Tensor& x, double p) {
+  detail::require_float(x, "bernoulli");
+  if (!(p >= 0.0 && p <= 1.0))
+    throw ValueError("bernoulli: p must be in [0, 1], got " + std::to_string(p) + " (input " + detail::describe(x) + ")");
+  return Tensor(rand(x.shape(), DType::Float64, x.device()) < p).to(x.dtype());
+}
+
+KILN_ENTRY Tensor multinomial(const Tensor& probs, std::int64_t num_samples, bool replacement) {
+  const char* op = "multinomial";
+  if (probs.dim() != 1 && probs.dim() != 2)
+    throw ShapeError("multinomial: expected a 1-D or 2-D tensor of weights, got " + detail::describe(probs));
+  detail::require_float(probs, op);
+  if (num_samples <= 0) throw ValueError("multinomial: num_samples must be positive, got " + std::to_string(num_samples));
+  const std::int64_t categories = probs.shape().back();
+  if (categories == 0) throw ShapeError("multinomial: no categories in " + detail::describe(probs));
+  if (!replacement && num_samples > categories)
+    throw ValueError("multinomial: cannot draw " + std::to_string(num_samples) + " samples without replacement from " +
+                     std::to_string(categories) + " categories (" + detail::describe(probs) + ")");
+  const Tensor p2 = (probs.dim() == 1 ? reshape(probs, Shape{1, categories}) : probs).to(DType::Float64);
+  // torch's CPU checks, in one read: every weight finite and non-negative, each row's total and
+  // its count of positive weights.
+  {
+    const Tensor bad = sum(Tensor(logical_or(logical_or(p2 < 0.0, isnan(p2)), isinf(p2))));
+    const Tensor totals = sum(p2, {1});
+    const Tensor positive = count_nonzero(p2, {1});
+    if (bad.item<std::int64_t>() != 0)
+      throw ValueError("multinomial: the weights must be finite and non-negative (" + detail::describe(probs) + ")");
+    const std::vector<double> t = totals.to_vector<double>();
+    const std::vector<std::int64_t> c = positive.to_vector<std::int64_t>();
+    for (std::size_t r = 0; r < t.size(); ++r) {
+      if (!(t[r] > 0))
+        throw ValueError("multinomial: row " + std::to_string(r) + " of the weights sums to 0 (" + detail::describe(probs) +
+                         ")");
+      if (!replacement && c[r] < num_samples)
+        throw ValueError("multinomial: row " + std::to_string(r) + " has " + std::to_string(c[r]) +
+                         " positive weights, fewer than the " + std::to_string(num_samples) +
+                         " samples to draw without replacement");
+    }
+  }
+  const std::int64_t rows = p2.shape()[0];
+  Tensor picks;
+  if (replacement) {
+    // The first category whose cumulative weight reaches v = (1 - u) total, v in (0, total]:
+    // the count of cumulative weights below v (a category of weight 0 is never reached).
+    const Tensor cdf = cumsum(p2, 1);
+    const Tensor total = narrow(cdf, 1, categories - 1, 1);
+    const Tensor v = (1.0 - rand(Shape{rows, num_samples}, DType::Float64, probs.device())) * total;
+    const Tensor below = reshape(cdf, Shape{rows, 1, categories}) < reshape(v, Shape{rows, num_samples, 1});
+    picks = minimum(sum(below, {2}), categories - 1);
+  } else {
+    // Gumbel-top-k: the num_samples largest of log p - log(-log u), u in (0, 1).
+    const Tensor u = 1.0 - rand(Shape{rows, categories}, DType::Float64, probs.device());
+    const Tensor keys = log(p2) - log(-log(u));
+    picks = std::get<1>(topk(keys, num_samples, 1, true, true));
+  }
+  return probs.dim() == 1 ? reshape(picks, Shape{num_samples}) : picks;
 }
 
 // ---- pointwise --------------------------------------------------------------------------------

@@ -111,6 +111,45 @@ requires(TensorLike<C>&& TensorLike<A>&& TensorLike<B>) Tensor
   return beta == 1.0 ? Tensor(c + scaled) : Tensor(c * beta + scaled);
 }
 
+/// The inner product of two 1-D tensors of one length (torch.dot), a 0-dim tensor: matmul's for
+/// floating dtypes; ShapeError for other ranks or lengths, DTypeError for differing dtypes.
+template <class A, class B>
+requires(TensorLike<A>&& TensorLike<B>) Tensor dot(const A& a_in, const B& b_in) {
+  Tensor a = detail::to_tensor(a_in), b = detail::to_tensor(b_in);
+  if (a.dim() != 1 || b.dim() != 1 || a.shape()[0] != b.shape()[0])
+    throw ShapeError("dot: expected two 1-D tensors of one length, got " + detail::describe_pair(a, b));
+  if (a.dtype() != b.dtype()) throw DTypeError("dot: expected both vectors of one dtype, got " + detail::describe_pair(a, b));
+  return matmul(a, b);
+}
+
+/// The product of a matrix [M, K] and a vector [K] (torch.mv), a vector [M].
+template <class A, class B>
+requires(TensorLike<A>&& TensorLike<B>) Tensor mv(const A& a_in, const B& b_in) {
+  Tensor a = detail::to_tensor(a_in), b = detail::to_tensor(b_in);
+  if (a.dim() != 2 || b.dim() != 1)
+    throw ShapeError("mv: expected a matrix and a vector, got " + detail::describe_pair(a, b));
+  return matmul(a, b);
+}
+
+/// beta * c + alpha * bmm(a, b) (torch.baddbmm): a [B, M, K], b [B, K, N], c broadcastable to
+/// [B, M, N]. With beta 0 c is not read (NaN and inf in it do not propagate), as PyTorch.
+template <class C, class A, class B>
+requires(TensorLike<C>&& TensorLike<A>&& TensorLike<B>) Tensor
+    baddbmm(const C& c_in, const A& a_in, const B& b_in, double beta = 1.0, double alpha = 1.0) {
+  Tensor c = detail::product_operand(c_in);
+  Tensor p = bmm(a_in, b_in);
+  detail::check_same_device(c.device(), p.device(), "baddbmm");
+  if (c.dtype() != p.dtype())
+    throw DTypeError("baddbmm: expected c of the product's dtype, got c " + detail::describe(c) + " and a product " +
+                     detail::describe(p));
+  if (broadcast_shapes(c.shape(), p.shape(), "baddbmm") != p.shape())
+    throw ShapeError("baddbmm: c " + detail::describe(c) + " does not broadcast to the product's shape " +
+                     p.shape().str());
+  Tensor scaled = alpha == 1.0 ? p : Tensor(p * alpha);
+  if (beta == 0.0) return scaled;
+  return beta == 1.0 ? Tensor(c + scaled) : Tensor(c * beta + scaled);
+}
+
 /// x @ w^T + bias (torch.nn.functional.linear): x [..., in], w [out, in] (or [in]: the
 /// output's last dim is dropped), bias [out] or broadcastable ([] only, for a 1-D weight), or
 /// undefined `Tensor{}`.

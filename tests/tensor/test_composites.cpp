@@ -455,4 +455,27 @@ TEST_CASE("dot, mv, baddbmm: torch's shapes, dtypes, beta 0 and errors") {
   CHECK_THROWS_AS(baddbmm(ones({4}, f64), a, b), DTypeError);
 }
 
+TEST_CASE("the composites' method forms call their free functions, on tensors and expressions") {
+  const Tensor x = vec({3, -4, 0, 1}, {2, 2});
+  CHECK(x.norm().item<float>() == doctest::Approx(std::sqrt(26.0)));
+  check_values((x * 1).norm(1.0, {1}), {7, 1});
+  check_values(x.count_nonzero(), {3});
+  check_values(x.clamp_min(0.5), {3, 0.5, 0.5, 1});
+  check_values((x + 0).clamp_max(0), {0, -4, 0, 0});
+  check_values(log(x).nan_to_num(), {1.0986122886681098, 0, -3.4028234663852886e+38, 0});
+  check_values(x.lerp(zeros({2, 2}), 0.5), {1.5, -2, 0, 0.5});
+  check_values(x.lerp(zeros({2, 2}), full({2, 2}, 1.0, f32)), {0, 0, 0, 0});
+  check_values(vec({0.5}).logit(), {0});
+  check_values(x.median(), {0});
+  check_values(x.median(1).indices(), {1, 0});
+  check_values(x.nonzero(), {0, 0, 0, 1, 1, 1});
+  check_values(x.masked_select(x > 0), {3, 1});
+  check_values(x.diag(), {3, 1});
+  check_values(x.diagonal(1), {-4});
+  check_values(x.trace(), {4});
+  check_values(vec({1, 2}).dot(vec({3, 4})), {11});
+  check_values(x.mv(vec({1, 1})), {-1, 1});
+  check_values(vec({1, 2}).outer(vec({3, 4})), {3, 4, 6, 8});
+}
+
 }  // namespace kiln_test_tensor_composites

@@ -12,6 +12,7 @@
 #include "kiln/tensor/composites.hpp"
 #include "kiln/tensor/functions.hpp"
 #include "kiln/tensor/indexing.hpp"
+#include "kiln/tensor/linalg.hpp"
 #include "kiln/tensor/ops.hpp"
 #include "kiln/tensor/scans.hpp"
 #include "kiln/tensor/shape_ops.hpp"
@@ -108,6 +109,52 @@ template <class D>
 Tensor Expr<D>::all(const Axes& axes, bool keepdim) const { return kiln::all(detail::to_tensor(derived()), axes, keepdim); }
 template <class D>
 Tensor Expr<D>::any(const Axes& axes, bool keepdim) const { return kiln::any(detail::to_tensor(derived()), axes, keepdim); }
+// ---- the common composites' method forms --------------------------------------------------
+template <class D>
+Tensor Expr<D>::norm(double p, const Axes& dim, bool keepdim) const {
+  return kiln::norm(detail::to_tensor(derived()), p, dim, keepdim);
+}
+template <class D>
+Tensor Expr<D>::count_nonzero(const Axes& axes) const { return kiln::count_nonzero(detail::to_tensor(derived()), axes); }
+template <class D>
+Tensor Expr<D>::clamp_min(double min) const { return kiln::clamp_min(detail::to_tensor(derived()), min); }
+template <class D>
+Tensor Expr<D>::clamp_max(double max) const { return kiln::clamp_max(detail::to_tensor(derived()), max); }
+template <class D>
+Tensor Expr<D>::nan_to_num(double nan) const { return kiln::nan_to_num(detail::to_tensor(derived()), nan); }
+template <class D>
+Tensor Expr<D>::lerp(const Tensor& end, double weight) const { return kiln::lerp(detail::to_tensor(derived()), end, weight); }
+template <class D>
+Tensor Expr<D>::lerp(const Tensor& end, const Tensor& weight) const {
+  return kiln::lerp(detail::to_tensor(derived()), end, weight);
+}
+template <class D>
+Tensor Expr<D>::logit() const { return kiln::logit(detail::to_tensor(derived())); }
+template <class D>
+Tensor Expr<D>::median() const { return kiln::median(detail::to_tensor(derived())); }
+template <class D>
+ValuesIndices Expr<D>::median(std::int64_t dim, bool keepdim) const {
+  return kiln::median(detail::to_tensor(derived()), dim, keepdim);
+}
+template <class D>
+Tensor Expr<D>::nonzero() const { return kiln::nonzero(detail::to_tensor(derived())); }
+template <class D>
+Tensor Expr<D>::masked_select(const Tensor& mask) const { return kiln::masked_select(detail::to_tensor(derived()), mask); }
+template <class D>
+Tensor Expr<D>::diag(std::int64_t diagonal) const { return kiln::diag(detail::to_tensor(derived()), diagonal); }
+template <class D>
+Tensor Expr<D>::diagonal(std::int64_t offset, std::int64_t dim1, std::int64_t dim2) const {
+  return kiln::diagonal(detail::to_tensor(derived()), offset, dim1, dim2);
+}
+template <class D>
+Tensor Expr<D>::trace() const { return kiln::trace(detail::to_tensor(derived())); }
+template <class D>
+Tensor Expr<D>::dot(const Tensor& other) const { return kiln::dot(detail::to_tensor(derived()), other); }
+template <class D>
+Tensor Expr<D>::mv(const Tensor& vec) const { return kiln::mv(detail::to_tensor(derived()), vec); }
+template <class D>
+Tensor Expr<D>::outer(const Tensor& other) const { return kiln::outer(detail::to_tensor(derived()), other); }
+
 template <class D>
 Tensor Expr<D>::logsumexp(const Axes& axes, bool keepdim) const { return kiln::logsumexp(derived(), axes, keepdim); }
 template <class D>

@@ -123,6 +123,25 @@ struct Expr {
   Tensor index_select(std::int64_t dim, const Tensor& index) const;
   Tensor gather(std::int64_t dim, const Tensor& index) const;
   Tensor masked_fill(const Tensor& mask, double value) const;
+  /// torch's method forms of the common composites (tensor/composites.hpp, tensor/linalg.hpp).
+  Tensor norm(double p = 2.0, const Axes& dim = {}, bool keepdim = false) const;
+  Tensor count_nonzero(const Axes& axes = {}) const;
+  Tensor clamp_min(double min) const;
+  Tensor clamp_max(double max) const;
+  Tensor nan_to_num(double nan = 0.0) const;
+  Tensor lerp(const Tensor& end, double weight) const;
+  Tensor lerp(const Tensor& end, const Tensor& weight) const;
+  Tensor logit() const;
+  Tensor median() const;
+  ValuesIndices median(std::int64_t dim, bool keepdim = false) const;
+  Tensor nonzero() const;
+  Tensor masked_select(const Tensor& mask) const;
+  Tensor diag(std::int64_t diagonal = 0) const;
+  Tensor diagonal(std::int64_t offset = 0, std::int64_t dim1 = 0, std::int64_t dim2 = 1) const;
+  Tensor trace() const;
+  Tensor dot(const Tensor& other) const;
+  Tensor mv(const Tensor& vec) const;
+  Tensor outer(const Tensor& other) const;
   /// Gradients of the expression's value, as Tensor's (tensor/autograd.hpp).
   bool requires_grad() const;
   void backward(const Tensor& gradient, bool retain_graph = false) const;

@@ -478,4 +478,16 @@ TEST_CASE("the composites' method forms call their free functions, on tensors an
   check_values(vec({1, 2}).outer(vec({3, 4})), {3, 4, 6, 8});
 }
 
+TEST_CASE("unflatten: torch's shapes, an inferred size, errors") {
+  const Tensor x = reshape(arange(24), Shape{2, 12});
+  CHECK(unflatten(x, 1, {3, 4}).shape() == Shape{2, 3, 4});
+  CHECK(x.unflatten(-1, {2, -1, 3}).shape() == Shape{2, 2, 2, 3});
+  CHECK(unflatten(x, 0, {1, 2}).shape() == Shape{1, 2, 12});
+  check_values(unflatten(x, 1, {3, 4}).select(1, 2), {8, 9, 10, 11, 20, 21, 22, 23});
+  CHECK_THROWS_AS(unflatten(x, 1, {5, 2}), ShapeError);
+  CHECK_THROWS_AS(unflatten(x, 1, {-1, -1}), ShapeError);
+  CHECK_THROWS_AS(unflatten(x, 1, {5, -1}), ShapeError);
+  CHECK_THROWS_AS(unflatten(x, 2, {1}), ShapeError);
+}
+
 }  // namespace kiln_test_tensor_composites

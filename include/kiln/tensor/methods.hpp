@@ -45,7 +45,55 @@ requires TensorLike<E> Tensor flatten(const E& x, std::int64_t start_dim = 0, st
   return reshape(t, out);
 }
 
+/// Dim `dim` of x split into `sizes` (torch.unflatten): their product must be that dim's size;
+/// one of them may be -1 (inferred). ShapeError otherwise.
+template <class E>
+requires TensorLike<E> Tensor unflatten(const E& x, std::int64_t dim, const std::vector<std::int64_t>& sizes) {
+  Tensor t = detail::to_tensor(x);
+  const Shape s = t.shape();
+  const std::int64_t d = normalize_axis(dim, t.dim(), "unflatten", s);
+  auto refuse = [&](const std::string& why) {
+    std::string list;
+    for (auto v : sizes) list += (list.empty() ? "" : ", ") + std::to_string(v);
+    return ShapeError("unflatten: sizes [" + list + "] " + why + " (dim " + std::to_string(dim) + " of input " +
+                      detail::describe(t) + ")");
+  };
+  if (sizes.empty()) throw refuse("must not be empty");
+  std::int64_t known = 1, inferred = -1;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    if (sizes[k] == -1) {
+      if (inferred >= 0) throw refuse("have more than one -1");
+      inferred = static_cast<std::int64_t>(k);
+    } else if (sizes[k] < 0) {
+      throw refuse("hold a negative size");
+    } else {
+      known *= sizes[k];
+    }
+  }
+  std::vector<std::int64_t> split = sizes;
+  const std::int64_t n = s[static_cast<std::size_t>(d)];
+  if (inferred >= 0) {
+    if (known == 0 || n % known != 0) throw refuse("cannot be completed to the dim's size " + std::to_string(n));
+    split[static_cast<std::size_t>(inferred)] = n / known;
+  } else if (known != n) {
+    throw refuse("do not multiply up to the dim's size " + std::to_string(n));
+  }
+  Shape out;
+  for (std::int64_t k = 0; k < t.dim(); ++k) {
+    if (k != d) {
+      out.push_back(s[static_cast<std::size_t>(k)]);
+      continue;
+    }
+    for (auto v : split) out.push_back(v);
+  }
+  return reshape(t, out);
+}
+
 // ---- shape ops ------------------------------------------------------------------------------
+template <class D>
+Tensor Expr<D>::unflatten(std::int64_t dim, const std::vector<std::int64_t>& sizes) const {
+  return kiln::unflatten(derived(), dim, sizes);
+}
 template <class D>
 Tensor Expr<D>::reshape(const Shape& shape) const { return kiln::reshape(derived(), shape); }
 template <class D>

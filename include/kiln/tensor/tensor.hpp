@@ -63,6 +63,7 @@ struct Expr {
   Tensor reshape(const Shape& shape) const;
   Tensor view(const Shape& shape) const;
   Tensor flatten(std::int64_t start_dim = 0, std::int64_t end_dim = -1) const;
+  Tensor unflatten(std::int64_t dim, const std::vector<std::int64_t>& sizes) const;
   Tensor squeeze() const;
   Tensor squeeze(std::int64_t dim) const;
   Tensor unsqueeze(std::int64_t dim) const;

@@ -486,6 +486,11 @@ TEST_CASE("schedulers: PyTorch's lr sequences") {
     optim::SGD opt2({param({1}, {1})}, {.lr = 0.3});
     optim::LinearLR defaults(opt2);  // 1/3 -> 1 over 5
     expect(lrs(defaults, 7), {0.1, 0.14, 0.18, 0.22, 0.26, 0.3, 0.3});
+    // total_iters 0, as torch's: the factor stays start_factor.
+    optim::SGD opt3({param({1}, {1})}, {.lr = 1.0});
+    optim::LinearLR none(opt3, 0.5, 1.0, 0);
+    expect(lrs(none, 4), {0.5, 0.5, 0.5, 0.5});
+    CHECK_THROWS_AS(optim::LinearLR(opt3, 0.5, 1.0, -1), ValueError);
   }
   SUBCASE("LambdaLR, one function per group") {
     optim::SGD opt({p}, {.lr = 1.0});

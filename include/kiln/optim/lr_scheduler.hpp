@@ -148,7 +148,8 @@ class CosineAnnealingLR : public LRScheduler {
 };
 
 /// The linear warm-up (torch's LinearLR): the lr's factor goes linearly from start_factor at
-/// epoch 0 to end_factor at total_iters, then stays.
+/// epoch 0 to end_factor at total_iters, then stays (with total_iters 0 it stays start_factor,
+/// as torch's; a negative total_iters is a ValueError).
 class LinearLR : public LRScheduler {
  public:
   KILN_ENTRY LinearLR(Optimizer& optimizer, double start_factor = 1.0 / 3, double end_factor = 1.0,

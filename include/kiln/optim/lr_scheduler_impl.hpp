@@ -163,7 +163,8 @@ KILN_ENTRY std::vector<double> LinearLR::get_lr() const {
 
 KILN_ENTRY std::optional<std::vector<double>> LinearLR::closed_form_lr() const {
   std::vector<double> out;
-  const double done = static_cast<double>(std::min(total_, last_epoch_)) / static_cast<double>(total_);
+  const double done =
+      total_ == 0 ? 0.0 : static_cast<double>(std::min(total_, last_epoch_)) / static_cast<double>(total_);
   for (double b : base_lrs_) out.push_back(b * (start_ + (end_ - start_) * done));
   return out;
 }
@@ -242,7 +243,9 @@ KILN_ENTRY LinearLR::LinearLR(Optimizer& optimizer, double start_factor, double 
   if (end_factor > 1.0 || end_factor < 0)
     throw ValueError("LinearLR: ending multiplicative factor expected to be between 0 and 1, got " +
                      std::to_string(end_factor));
-  if (total_iters <= 0) throw ValueError("LinearLR: total_iters must be positive, got " + std::to_string(total_iters));
+  // 0 is torch's too: the factor stays start_factor (no step reaches end_factor); a negative
+  // count is refused (torch would treat it as 0).
+  if (total_iters < 0) throw ValueError("LinearLR: total_iters must be non-negative, got " + std::to_string(total_iters));
   initial_step();
 }
 

@@ -92,23 +92,29 @@ requires(TensorLike<A>&& TensorLike<B>) Tensor bmm(const A& a_in, const B& b_in)
   return Tensor(detail::batched_product(a, b, "bmm"));
 }
 
+namespace detail {
+/// beta * c + alpha * p for addmm and baddbmm: c of p's dtype and device, broadcasting to p's
+/// shape (DTypeError / ShapeError naming `op`); with beta 0 c is not read.
+inline Tensor add_scaled_product(const Tensor& c, const Tensor& p, double beta, double alpha, const char* op) {
+  check_same_device(c.device(), p.device(), op);
+  if (c.dtype() != p.dtype())
+    throw DTypeError(std::string(op) + ": expected c of the product's dtype, got c " + describe(c) + " and a product " +
+                     describe(p));
+  if (broadcast_shapes(c.shape(), p.shape(), op) != p.shape())
+    throw ShapeError(std::string(op) + ": c " + describe(c) + " does not broadcast to the product's shape " +
+                     p.shape().str());
+  Tensor scaled = alpha == 1.0 ? p : Tensor(p * alpha);
+  if (beta == 0.0) return scaled;
+  return beta == 1.0 ? Tensor(c + scaled) : Tensor(c * beta + scaled);
+}
+}  // namespace detail
+
 /// beta * c + alpha * (a @ b) (torch.addmm): a, b 2-D, c broadcastable to [M, N]. With beta 0
 /// c is not read (NaN and inf in it do not propagate), as PyTorch.
 template <class C, class A, class B>
 requires(TensorLike<C>&& TensorLike<A>&& TensorLike<B>) Tensor
     addmm(const C& c_in, const A& a_in, const B& b_in, double beta = 1.0, double alpha = 1.0) {
-  Tensor c = detail::product_operand(c_in);
-  Tensor p = mm(a_in, b_in);
-  detail::check_same_device(c.device(), p.device(), "addmm");
-  if (c.dtype() != p.dtype())
-    throw DTypeError("addmm: expected c of the product's dtype, got c " + detail::describe(c) + " and a product " +
-                     detail::describe(p));
-  if (broadcast_shapes(c.shape(), p.shape(), "addmm") != p.shape())
-    throw ShapeError("addmm: c " + detail::describe(c) + " does not broadcast to the product's shape " +
-                     p.shape().str());
-  Tensor scaled = alpha == 1.0 ? p : Tensor(p * alpha);
-  if (beta == 0.0) return scaled;
-  return beta == 1.0 ? Tensor(c + scaled) : Tensor(c * beta + scaled);
+  return detail::add_scaled_product(detail::product_operand(c_in), mm(a_in, b_in), beta, alpha, "addmm");
 }
 
 /// The inner product of two 1-D tensors of one length (torch.dot), a 0-dim tensor: matmul's for
@@ -136,18 +142,7 @@ requires(TensorLike<A>&& TensorLike<B>) Tensor mv(const A& a_in, const B& b_in) 
 template <class C, class A, class B>
 requires(TensorLike<C>&& TensorLike<A>&& TensorLike<B>) Tensor
     baddbmm(const C& c_in, const A& a_in, const B& b_in, double beta = 1.0, double alpha = 1.0) {
-  Tensor c = detail::product_operand(c_in);
-  Tensor p = bmm(a_in, b_in);
-  detail::check_same_device(c.device(), p.device(), "baddbmm");
-  if (c.dtype() != p.dtype())
-    throw DTypeError("baddbmm: expected c of the product's dtype, got c " + detail::describe(c) + " and a product " +
-                     detail::describe(p));
-  if (broadcast_shapes(c.shape(), p.shape(), "baddbmm") != p.shape())
-    throw ShapeError("baddbmm: c " + detail::describe(c) + " does not broadcast to the product's shape " +
-                     p.shape().str());
-  Tensor scaled = alpha == 1.0 ? p : Tensor(p * alpha);
-  if (beta == 0.0) return scaled;
-  return beta == 1.0 ? Tensor(c + scaled) : Tensor(c * beta + scaled);
+  return detail::add_scaled_product(detail::product_operand(c_in), bmm(a_in, b_in), beta, alpha, "baddbmm");
 }
 
 /// x @ w^T + bias (torch.nn.functional.linear): x [..., in], w [out, in] (or [in]: the

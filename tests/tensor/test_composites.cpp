@@ -307,6 +307,11 @@ TEST_CASE("nonzero, argwhere, masked_select: row-major positions, broadcasting, 
   const Tensor picked = masked_select(y, vec({1, 0}, {2}, DType::Bool));  // the mask broadcasts over rows
   check_values(picked, {1, 3});
   check_values(autograd::grad({sum(picked * vec({1, 2}))}, {y})[0], {1, 0, 2, 0});
+  // Inside kiln::compile the read is a graph break: the compiled function still gives the values.
+  auto positives = kiln::compile([](const Tensor& t) { return masked_select(t * 2, t > 0) + 1; });
+  check_values(positives(vec({-1, 2, 0, 3})), {5, 7});
+  check_values(positives(vec({4, -2, 1, -3})), {9, 3});
+  CHECK(positives.stats().graph_breaks >= 1);
   CHECK_THROWS_AS(masked_select(y, vec({1, 0}, {2}, i64)), DTypeError);
   CHECK_THROWS_AS(masked_select(y, vec({1, 0, 1}, {3}, DType::Bool)), ShapeError);
 }

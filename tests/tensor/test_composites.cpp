@@ -495,4 +495,56 @@ TEST_CASE("unflatten: torch's shapes, an inferred size, errors") {
   CHECK_THROWS_AS(unflatten(x, 2, {1}), ShapeError);
 }
 
+TEST_CASE("movedim, swapaxes, hstack, vstack, meshgrid, tril/triu_indices, bincount, *_as: torch's results") {
+  const Tensor x = zeros({2, 3, 4});
+  CHECK(movedim(x, 0, -1).shape() == Shape{3, 4, 2});
+  CHECK(movedim(x, {0, 1}, {2, 0}).shape() == Shape{3, 4, 2});
+  CHECK(x.movedim(2, 0).shape() == Shape{4, 2, 3});
+  CHECK(moveaxis(x, 1, 2).shape() == Shape{2, 4, 3});
+  CHECK(swapaxes(x, 0, 2).shape() == Shape{4, 3, 2});
+  CHECK(x.swapaxes(0, 1).shape() == Shape{3, 2, 4});
+  CHECK_THROWS_AS(movedim(x, {0, 0}, {1, 2}), ShapeError);
+  CHECK_THROWS_AS(movedim(x, {0}, {1, 2}), ShapeError);
+  check_values(movedim(reshape(arange(6), Shape{2, 3}), 0, 1), {0, 3, 1, 4, 2, 5});
+
+  const Tensor h = hstack({vec({1, 2}, {2}, i64), vec({3})});
+  check_values(h, {1, 2, 3});
+  CHECK(h.dtype() == f32);  // promoted as cat's
+  CHECK(hstack({ones({2, 1}), zeros({2, 2})}).shape() == Shape{2, 3});
+  check_values(vstack({vec({1, 2}), vec({3, 4})}), {1, 2, 3, 4});
+  CHECK(vstack({vec({1, 2}), vec({3, 4})}).shape() == Shape{2, 2});
+  CHECK_THROWS_AS(vstack({}), ValueError);
+
+  auto ij = meshgrid({vec({1, 2, 3}), vec({4, 5})});
+  CHECK(ij[0].shape() == Shape{3, 2});
+  check_values(ij[1], {4, 5, 4, 5, 4, 5});
+  auto xy = meshgrid({vec({1, 2, 3}), vec({4, 5})}, "xy");
+  CHECK(xy[0].shape() == Shape{2, 3});
+  check_values(xy[0], {1, 2, 3, 1, 2, 3});
+  CHECK_THROWS_AS(meshgrid({vec({1})}, "yx"), ValueError);
+
+  check_values(tril_indices(3, 3), {0, 1, 1, 2, 2, 2, 0, 0, 1, 0, 1, 2});
+  check_values(triu_indices(3, 4, 1), {0, 0, 0, 1, 1, 2, 1, 2, 3, 2, 3, 3});
+  check_values(tril_indices(2, 3, -1), {1, 0});
+  CHECK(tril_indices(3, 3).dtype() == i64);
+
+  const Tensor b = vec({0, 1, 1, 3}, {4}, i64);
+  check_values(bincount(b), {1, 2, 0, 1});
+  check_values(bincount(b, {}, 6), {1, 2, 0, 1, 0, 0});
+  CHECK(bincount(b).dtype() == i64);
+  check_values(bincount(b, vec({0.5, 1, 1, 2})), {0.5, 2, 0, 2});
+  CHECK(bincount(b, vec({0.5, 1, 1, 2})).dtype() == f32);
+  CHECK(bincount(b, vec({1, 2, 3, 4}, {4}, i64)).dtype() == f64);
+  CHECK(bincount(vec({}, {0}, i64)).numel() == 0);
+  CHECK_THROWS_AS(bincount(vec({-1, 2}, {2}, i64)), ValueError);
+  CHECK_THROWS_AS(bincount(vec({1, 2}, {1, 2}, i64)), ShapeError);
+  CHECK_THROWS_AS(bincount(vec({1, 2})), DTypeError);
+
+  const Tensor like = zeros({2, 3}, f64);
+  CHECK(vec({1, 2, 3}).expand_as(like).shape() == Shape{2, 3});
+  CHECK(arange(6).view_as(like).shape() == Shape{2, 3});
+  CHECK(arange(6).reshape_as(like).shape() == Shape{2, 3});
+  CHECK(arange(6).type_as(like).dtype() == f64);
+}
+
 }  // namespace kiln_test_tensor_composites

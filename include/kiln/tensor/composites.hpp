@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "kiln/core/linkage.hpp"
 #include "kiln/tensor/creation.hpp"
@@ -118,6 +119,44 @@ KILN_ENTRY Tensor eye(std::int64_t n, DType dtype = f32, Device device = Device:
 /// ValueError for negative steps.
 KILN_ENTRY Tensor linspace(double start, double end, std::int64_t steps, DType dtype = f32,
                            Device device = Device::cpu());
+
+// ---- shape utilities ---------------------------------------------------------------------------
+
+/// x with its dims `source` moved to positions `destination`, the others keeping their order
+/// (torch.movedim / moveaxis; negative dims count from the end). ShapeError for repeated dims or
+/// lists of different lengths.
+KILN_ENTRY Tensor movedim(const Tensor& x, const std::vector<std::int64_t>& source,
+                          const std::vector<std::int64_t>& destination);
+KILN_ENTRY Tensor movedim(const Tensor& x, std::int64_t source, std::int64_t destination);
+/// torch.moveaxis: movedim.
+KILN_ENTRY Tensor moveaxis(const Tensor& x, std::int64_t source, std::int64_t destination);
+/// torch.swapaxes / swapdims: transpose(x, dim0, dim1).
+KILN_ENTRY Tensor swapaxes(const Tensor& x, std::int64_t dim0, std::int64_t dim1);
+KILN_ENTRY Tensor swapdims(const Tensor& x, std::int64_t dim0, std::int64_t dim1);
+
+/// The tensors side by side (torch.hstack): 1-D (or 0-dim) ones joined along dim 0, others
+/// along dim 1; dtypes promote as cat's.
+KILN_ENTRY Tensor hstack(const std::vector<Tensor>& tensors);
+/// The tensors as rows (torch.vstack): each made at least 2-D ([n] -> [1, n]), joined along dim 0.
+KILN_ENTRY Tensor vstack(const std::vector<Tensor>& tensors);
+
+/// Coordinate grids of 1-D (or 0-dim) tensors (torch.meshgrid): with indexing "ij" output k has
+/// shape [n0, n1, ...] and varies along dim k; with "xy" the first two dims are swapped.
+/// ValueError for another indexing word.
+KILN_ENTRY std::vector<Tensor> meshgrid(const std::vector<Tensor>& tensors, const std::string& indexing = "ij");
+
+/// The [2, N] int64 coordinates of the lower (upper) triangle of a row x col matrix, at and below
+/// (above) diagonal `offset`, row by row (torch.tril_indices / triu_indices).
+KILN_ENTRY Tensor tril_indices(std::int64_t row, std::int64_t col, std::int64_t offset = 0, DType dtype = i64,
+                               Device device = Device::cpu());
+KILN_ENTRY Tensor triu_indices(std::int64_t row, std::int64_t col, std::int64_t offset = 0, DType dtype = i64,
+                               Device device = Device::cpu());
+
+/// The count of each value 0 .. max(x) in the 1-D non-negative integer x, or the sum of
+/// `weights` at them, with at least `minlength` bins (torch.bincount): int64 counts; float32
+/// weights give float32, others float64; an empty x gives int64 zeros, as torch's. It reads x (a synchronisation; a graph break inside
+/// kiln::compile). ShapeError / DTypeError / ValueError for other ranks, dtypes, negative values.
+KILN_ENTRY Tensor bincount(const Tensor& x, const Tensor& weights = {}, std::int64_t minlength = 0);
 
 // ---- sampling (the global generator: manual_seed; refused inside kiln::compile, as rand) -------
 

@@ -331,6 +331,138 @@ KILN_ENTRY Tensor linspace(double start, double end, std::int64_t steps, DType d
   return detail::as_dtype(v, dtype);
 }
 
+// ---- shape utilities ---------------------------------------------------------------------------
+
+KILN_ENTRY Tensor movedim(const Tensor& x, const std::vector<std::int64_t>& source,
+                          const std::vector<std::int64_t>& destination) {
+  const char* op = "movedim";
+  if (source.size() != destination.size())
+    throw ShapeError("movedim: source and destination must list as many dims, got " + std::to_string(source.size()) +
+                     " and " + std::to_string(destination.size()) + " for " + detail::describe(x));
+  const auto rank = static_cast<std::size_t>(x.dim());
+  std::vector<std::int64_t> perm(rank, -1);
+  std::vector<char> used(rank, 0), placed(rank, 0);
+  for (std::size_t k = 0; k < source.size(); ++k) {
+    const auto s = static_cast<std::size_t>(detail::tensor_axis(source[k], x, op));
+    const auto d = static_cast<std::size_t>(detail::tensor_axis(destination[k], x, op));
+    if (used[s] || placed[d])
+      throw ShapeError("movedim: repeated dim in source or destination, for " + detail::describe(x));
+    used[s] = placed[d] = 1;
+    perm[d] = static_cast<std::int64_t>(s);
+  }
+  // The dims not moved fill the remaining positions in their order.
+  std::size_t next = 0;
+  for (std::size_t d = 0; d < rank; ++d) {
+    if (placed[d]) continue;
+    while (used[next]) ++next;
+    perm[d] = static_cast<std::int64_t>(next++);
+  }
+  return x.dim() == 0 ? x : permute(x, perm);
+}
+
+KILN_ENTRY Tensor movedim(const Tensor& x, std::int64_t source, std::int64_t destination) {
+  return movedim(x, std::vector<std::int64_t>{source}, std::vector<std::int64_t>{destination});
+}
+KILN_ENTRY Tensor moveaxis(const Tensor& x, std::int64_t source, std::int64_t destination) {
+  return movedim(x, source, destination);
+}
+KILN_ENTRY Tensor swapaxes(const Tensor& x, std::int64_t dim0, std::int64_t dim1) { return transpose(x, dim0, dim1); }
+KILN_ENTRY Tensor swapdims(const Tensor& x, std::int64_t dim0, std::int64_t dim1) { return transpose(x, dim0, dim1); }
+
+KILN_ENTRY Tensor hstack(const std::vector<Tensor>& tensors) {
+  if (tensors.empty()) throw ValueError("hstack: expects a non-empty list of tensors");
+  std::vector<Tensor> parts;
+  bool all_1d = true;
+  for (const Tensor& t : tensors) {
+    parts.push_back(t.dim() == 0 ? reshape(t, Shape{1}) : t);
+    all_1d = all_1d && parts.back().dim() == 1;
+  }
+  return concat(parts, all_1d ? 0 : 1);
+}
+
+KILN_ENTRY Tensor vstack(const std::vector<Tensor>& tensors) {
+  if (tensors.empty()) throw ValueError("vstack: expects a non-empty list of tensors");
+  std::vector<Tensor> parts;
+  for (const Tensor& t : tensors)
+    parts.push_back(t.dim() == 0 ? reshape(t, Shape{1, 1}) : t.dim() == 1 ? reshape(t, Shape{1, t.shape()[0]}) : t);
+  return concat(parts, 0);
+}
+
+KILN_ENTRY std::vector<Tensor> meshgrid(const std::vector<Tensor>& tensors, const std::string& indexing) {
+  if (indexing != "ij" && indexing != "xy")
+    throw ValueError("meshgrid: indexing must be 'ij' or 'xy', got '" + indexing + "'");
+  if (tensors.empty()) throw ValueError("meshgrid: expects a non-empty list of tensors");
+  const std::size_t n = tensors.size();
+  Shape shape;
+  for (const Tensor& t : tensors) {
+    if (t.dim() > 1) throw ShapeError("meshgrid: expects 0-D or 1-D tensors, got " + detail::describe(t));
+    shape.push_back(t.numel());
+  }
+  // "xy": the first two inputs' dims swap places in every output.
+  const bool xy = indexing == "xy" && n >= 2;
+  if (xy) std::swap(shape[0], shape[1]);
+  std::vector<Tensor> out;
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::size_t at = xy && k < 2 ? 1 - k : k;
+    Shape along(n, 1);
+    along[at] = tensors[k].numel();
+    out.push_back(reshape(tensors[k], along).expand(shape));
+  }
+  return out;
+}
+
+namespace detail {
+/// The [2, N] coordinates of a triangle of a row x col matrix, row by row: (i, j) with j - i
+/// <= offset (lower) or >= offset (upper).
+KILN_ENTRY Tensor triangle_indices(std::int64_t row, std::int64_t col, std::int64_t offset, bool lower, DType dtype,
+                                   Device device, const char* op) {
+  if (row < 0 || col < 0)
+    throw ShapeError(std::string(op) + ": row and col must be non-negative, got " + std::to_string(row) + " and " +
+                     std::to_string(col));
+  if (dtype != DType::Int64 && dtype != DType::Int32)
+    throw DTypeError(std::string(op) + ": expected an integer dtype (int64 or int32), got " + dtype_name(dtype));
+  std::vector<std::int64_t> rows, cols;
+  for (std::int64_t i = 0; i < row; ++i)
+    for (std::int64_t j = 0; j < col; ++j)
+      if (lower ? j - i <= offset : j - i >= offset) {
+        rows.push_back(i);
+        cols.push_back(j);
+      }
+  const auto n = static_cast<std::int64_t>(rows.size());
+  rows.insert(rows.end(), cols.begin(), cols.end());
+  return from_vector<std::int64_t>(rows, Shape{2, n}, device).to(dtype);
+}
+}  // namespace detail
+
+KILN_ENTRY Tensor tril_indices(std::int64_t row, std::int64_t col, std::int64_t offset, DType dtype, Device device) {
+  return detail::triangle_indices(row, col, offset, true, dtype, device, "tril_indices");
+}
+KILN_ENTRY Tensor triu_indices(std::int64_t row, std::int64_t col, std::int64_t offset, DType dtype, Device device) {
+  return detail::triangle_indices(row, col, offset, false, dtype, device, "triu_indices");
+}
+
+KILN_ENTRY Tensor bincount(const Tensor& x, const Tensor& weights, std::int64_t minlength) {
+  if (x.dim() != 1) throw ShapeError("bincount: expects a 1-D tensor, got " + detail::describe(x));
+  if (x.dtype() != DType::Int64 && x.dtype() != DType::Int32)
+    throw DTypeError("bincount: expects an integer tensor, got " + detail::describe(x));
+  if (minlength < 0) throw ValueError("bincount: minlength must be non-negative, got " + std::to_string(minlength));
+  if (weights.defined() && (weights.dim() != 1 || weights.shape()[0] != x.shape()[0]))
+    throw ShapeError("bincount: weights must be 1-D of the input's length, got " + detail::describe(weights) +
+                     " for input " + detail::describe(x));
+  // An empty input gives int64 zeros whatever the weights, as torch's.
+  if (x.numel() == 0) return zeros(Shape{minlength}, DType::Int64, x.device());
+  std::int64_t bins = minlength;
+  {
+    // The read that decides the output's size.
+    const std::int64_t lo = amin(x).to(DType::Int64).item<std::int64_t>();
+    if (lo < 0) throw ValueError("bincount: expects non-negative values, got " + std::to_string(lo));
+    bins = std::max(bins, amax(x).to(DType::Int64).item<std::int64_t>() + 1);
+  }
+  const DType dt = !weights.defined() ? DType::Int64 : weights.dtype() == DType::Float32 ? DType::Float32 : DType::Float64;
+  const Tensor src = weights.defined() ? weights.to(dt) : ones(x.shape(), dt, x.device());
+  return index_add(zeros(Shape{bins}, dt, x.device()), 0, x.to(DType::Int64), src);
+}
+
 // ---- sampling ---------------------------------------------------------------------------------
 
 KILN_ENTRY Tensor randint(std::int64_t low, std::int64_t high, const Shape& shape, DType dtype, Device device) {

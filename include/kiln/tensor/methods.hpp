@@ -204,6 +204,21 @@ template <class D>
 Tensor Expr<D>::outer(const Tensor& other) const { return kiln::outer(detail::to_tensor(derived()), other); }
 
 template <class D>
+Tensor Expr<D>::movedim(std::int64_t source, std::int64_t destination) const {
+  return kiln::movedim(detail::to_tensor(derived()), source, destination);
+}
+template <class D>
+Tensor Expr<D>::swapaxes(std::int64_t dim0, std::int64_t dim1) const { return kiln::transpose(derived(), dim0, dim1); }
+template <class D>
+Tensor Expr<D>::expand_as(const Tensor& other) const { return kiln::broadcast_to(derived(), other.shape()); }
+template <class D>
+Tensor Expr<D>::view_as(const Tensor& other) const { return kiln::reshape(derived(), other.shape()); }
+template <class D>
+Tensor Expr<D>::reshape_as(const Tensor& other) const { return kiln::reshape(derived(), other.shape()); }
+template <class D>
+Tensor Expr<D>::type_as(const Tensor& other) const { return detail::to_tensor(derived()).to(other.dtype()); }
+
+template <class D>
 Tensor Expr<D>::logsumexp(const Axes& axes, bool keepdim) const { return kiln::logsumexp(derived(), axes, keepdim); }
 template <class D>
 Tensor Expr<D>::var(const Axes& axes, bool keepdim, double correction) const {

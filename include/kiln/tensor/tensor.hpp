@@ -143,6 +143,13 @@ struct Expr {
   Tensor dot(const Tensor& other) const;
   Tensor mv(const Tensor& vec) const;
   Tensor outer(const Tensor& other) const;
+  Tensor movedim(std::int64_t source, std::int64_t destination) const;
+  Tensor swapaxes(std::int64_t dim0, std::int64_t dim1) const;
+  /// Shaped or typed like `other`: expand(other.shape()), view/reshape(other.shape()), to(other.dtype()).
+  Tensor expand_as(const Tensor& other) const;
+  Tensor view_as(const Tensor& other) const;
+  Tensor reshape_as(const Tensor& other) const;
+  Tensor type_as(const Tensor& other) const;
   /// Gradients of the expression's value, as Tensor's (tensor/autograd.hpp).
   bool requires_grad() const;
   void backward(const Tensor& gradient, bool retain_graph = false) const;

@@ -172,6 +172,13 @@ int main() {
   ops["cross"] = [&](A& a) -> R { return {linalg::cross(T(a, 0), T(a, 1), a[2].i)}; };
   ops["softmin"] = [&](A& a) -> R { return {softmin(T(a, 0), a[1].i)}; };
   ops["kl_div"] = [&](A& a) -> R { return {kl_div(T(a, 0), T(a, 1), a[2].s, a[3].i != 0)}; };
+  ops["movedim"] = [&](A& a) -> R { return {movedim(T(a, 0), a[1].l, a[2].l)}; };
+  ops["hstack"] = [&](A& a) -> R { return {hstack({T(a, 0), T(a, 1)})}; };
+  ops["vstack"] = [&](A& a) -> R { return {vstack({T(a, 0), T(a, 1)})}; };
+  ops["meshgrid"] = [&](A& a) -> R { return meshgrid({T(a, 0), T(a, 1), T(a, 2)}, a[3].s); };
+  ops["tril_indices"] = [&](A& a) -> R { return {tril_indices(a[0].i, a[1].i, a[2].i)}; };
+  ops["triu_indices"] = [&](A& a) -> R { return {triu_indices(a[0].i, a[1].i, a[2].i)}; };
+  ops["bincount"] = [&](A& a) -> R { return {bincount(T(a, 0), a[1].kind == 't' ? T(a, 1) : Tensor{}, a[2].i)}; };
   std::cout.precision(17);
   while (std::cin >> tok) {
     if (tok != "CASE") { std::cerr << "bad token " << tok << "\n"; return 2; }

@@ -179,6 +179,35 @@ def gen_composite(op, dt):
         tg = tg.to(TD[rng.choice(FLOATS)]) if rng.random() < .9 else tg.to(TD[rng.choice(INTS)])
         red = rng.choice(['mean', 'sum', 'none', 'batchmean'])
         return [T(x), T(tg), ('s', red), ('i', lt)], lambda a: F.kl_div(a[0], a[1], reduction=red, log_target=bool(lt))
+    if op == 'movedim':
+        sh = rshape(mind=1, maxd=4); x = rtensor(sh, dt); nd = len(sh); k = rng.randint(0, nd)
+        src = rng.sample(range(nd), k); dst = rng.sample(range(nd), k)
+        if rng.random() < .05 and k > 1: dst = [dst[0]] * k   # repeated destination
+        src = [d - nd if rng.random() < .3 else d for d in src]
+        return [T(x), ('l', src), ('l', dst)], lambda a: torch.movedim(a[0], tuple(src), tuple(dst))
+    if op in ('hstack', 'vstack'):
+        sh = rshape(maxd=3); x = rtensor(sh, dt); sh2 = list(sh)
+        if sh2 and rng.random() < .8: sh2[(0 if op == 'vstack' or len(sh2) == 1 else 1)] = rng.randint(0, 3)
+        y = rtensor(sh2, rng.choice(ALL) if rng.random() < .3 else dt)
+        f = getattr(torch, op)
+        return [T(x), T(y)], lambda a: f([a[0], a[1]])
+    if op == 'meshgrid':
+        ts = [rtensor(rshape(maxd=1, mind=0 if rng.random() < .2 else 1), dt) for _ in range(3)]
+        ix = rng.choice(['ij', 'xy'])
+        return [T(ts[0]), T(ts[1]), T(ts[2]), ('s', ix)], lambda a: tuple(torch.meshgrid(a[0], a[1], a[2], indexing=ix))
+    if op in ('tril_indices', 'triu_indices'):
+        r = rng.randint(0, 5); c = rng.randint(0, 5); off = rng.randint(-4, 4)
+        f = getattr(torch, op)
+        return [('i', r), ('i', c), ('i', off)], lambda a: f(r, c, off)
+    if op == 'bincount':
+        n = rng.randint(0, 8); x = torch.tensor([rng.randint(0, 6) for _ in range(n)], dtype=torch.int64)
+        if rng.random() < .1 and n: x[0] = -1
+        x = x.to(TD[rng.choice(INTS)])
+        ml = rng.choice([0, 0, 3, 9])
+        if rng.random() < .5:
+            w = rtensor([n], rng.choice(FLOATS + INTS), special=False)
+            return [T(x), T(w), ('i', ml)], lambda a: torch.bincount(a[0], a[1], ml)
+        return [T(x), ('n',), ('i', ml)], lambda a: torch.bincount(a[0], None, ml)
     raise ValueError(op)
 
 def gen(op):
@@ -502,7 +531,8 @@ def gen(op):
     return None
 
 COMPOSITES = ['all', 'any', 'count_nonzero', 'vector_norm', 'eye', 'linspace', 'lerp', 'lerp_t', 'addcmul', 'addcdiv', 'logaddexp', 'nan_to_num', 'clamp_min', 'clamp_max', 'clamp_min_t', 'logit', 'outer', 'normalize', 'cosine_similarity', 'glu',
-              'var_mean', 'std_mean', 'median', 'median_dim', 'nonzero', 'masked_select', 'diag', 'diagonal', 'trace', 'cross', 'softmin', 'kl_div']
+              'var_mean', 'std_mean', 'median', 'median_dim', 'nonzero', 'masked_select', 'diag', 'diagonal', 'trace', 'cross', 'softmin', 'kl_div',
+              'movedim', 'hstack', 'vstack', 'meshgrid', 'tril_indices', 'triu_indices', 'bincount']
 OPS = UNARY + BINARY + ['gelu', 'where', 'clamp', 'sum', 'prod', 'mean', 'amax', 'amin', 'logsumexp', 'var', 'max_all', 'min_all',
       'max_dim', 'min_dim', 'argmax', 'argmin', 'softmax', 'log_softmax', 'cumsum', 'cumprod', 'cummax', 'cummin', 'logcumsumexp',
       'sort', 'argsort', 'topk', 'gather', 'take_along_dim', 'index_select', 'scatter', 'scatter_add', 'index_add', 'embedding', 'masked_fill',
@@ -606,6 +636,8 @@ def known_difference(op, err, outputs_differ_at=None):
     # torch's addcdiv backward computes value * tensor1 (an integer tensor1 gives its default
     # float32) and fails to cast it into an integer-typed buffer
     if err and GRAD and op == 'addcdiv' and "can't be cast to the desired output type" in err: return True
+    # torch has no derivative for bincount; kiln's weights get index_add's
+    if err and GRAD and op == 'bincount' and 'derivative for aten::bincount is not implemented' in err: return True
     return False
 def describe(args):
     s = []

@@ -547,4 +547,33 @@ TEST_CASE("movedim, swapaxes, hstack, vstack, meshgrid, tril/triu_indices, binco
   CHECK(arange(6).type_as(like).dtype() == f64);
 }
 
+TEST_CASE("unique, unique_consecutive, where(cond): torch's values, inverse, counts, NaN") {
+  auto [v, inv, cnt] = unique(vec({3, 1, NAN, 1, 2, NAN, 3}));
+  check_values(v, {1, 2, 3, NAN, NAN});  // each NaN its own value, as torch's
+  check_values(inv, {2, 0, 3, 0, 1, 4, 2});
+  check_values(cnt, {2, 1, 2, 1, 1});
+  auto [v2, inv2, cnt2] = unique(vec({2, 1, 1, 5}, {2, 2}, i64));
+  check_values(v2, {1, 2, 5});
+  CHECK(inv2.shape() == Shape{2, 2});
+  check_values(inv2, {1, 0, 0, 2});
+  CHECK(v2.dtype() == i64);
+  auto [vb, ib, cb] = unique(vec({1, 0, 1}, {3}, DType::Bool));
+  check_values(vb, {0, 1});
+  CHECK(vb.dtype() == DType::Bool);
+  auto [ve, ie, ce] = unique(vec({}, {0}, i64));
+  CHECK(ve.numel() == 0);
+  CHECK(ce.numel() == 0);
+  auto [vc, ic, cc] = unique_consecutive(vec({1, 1, 2, 2, 3, 1, 1}, {7}, i64));
+  check_values(vc, {1, 2, 3, 1});
+  check_values(ic, {0, 0, 1, 1, 2, 3, 3});
+  check_values(cc, {2, 2, 1, 2});
+  const auto w = where(vec({1, 0, 0, 1}, {2, 2}, DType::Bool));
+  REQUIRE(w.size() == 2);
+  check_values(w[0], {0, 1});
+  check_values(w[1], {0, 1});
+  const auto w0 = where(vec({1}, {}, DType::Bool));  // 0-dim: one index tensor, as torch's
+  REQUIRE(w0.size() == 1);
+  check_values(w0[0], {0});
+}
+
 }  // namespace kiln_test_tensor_composites

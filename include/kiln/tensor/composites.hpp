@@ -65,6 +65,23 @@ KILN_ENTRY Tensor argwhere(const Tensor& x);
 /// the selected elements.
 KILN_ENTRY Tensor masked_select(const Tensor& x, const Tensor& mask);
 
+/// The positions of cond's true elements as one int64 index tensor per dim (torch.where(cond),
+/// nonzero(cond, as_tuple=True)); a 0-dim cond gives one tensor, as a 1-D one would. Reads cond,
+/// as nonzero.
+KILN_ENTRY std::vector<Tensor> where(const Tensor& condition);
+
+/// The distinct values of x in ascending order, the int64 position of each element's value among
+/// them (x's shape) and how often each occurs (torch.unique with return_inverse and
+/// return_counts): {values, inverse, counts}. NaNs are distinct from each other (each its own
+/// value, after the numbers), as torch's. Always sorted (torch's `sorted = False` may return any
+/// order). It reads x (a synchronisation; a graph break inside kiln::compile).
+KILN_ENTRY std::tuple<Tensor, Tensor, Tensor> unique(const Tensor& x);
+
+/// The values of runs of equal consecutive elements of x (flattened), the int64 run of each
+/// element (x's shape) and each run's length (torch.unique_consecutive without dim):
+/// {values, inverse, counts}. Reads x.
+KILN_ENTRY std::tuple<Tensor, Tensor, Tensor> unique_consecutive(const Tensor& x);
+
 // ---- diagonals, cross products ----------------------------------------------------------------
 
 /// The diagonal `offset` (above the main one when positive) over dims dim1 and dim2, as a new

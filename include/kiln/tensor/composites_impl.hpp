@@ -164,6 +164,53 @@ KILN_ENTRY Tensor masked_select(const Tensor& x, const Tensor& mask) {
   return index_select(flat, 0, from_vector<std::int64_t>(positions, Shape{n}, x.device()));
 }
 
+KILN_ENTRY std::vector<Tensor> where(const Tensor& condition) {
+  // A 0-dim condition counts as one element of a 1-D one, as torch's.
+  if (condition.dim() == 0) return where(reshape(condition, Shape{1}));
+  const Tensor positions = nonzero(condition);
+  std::vector<Tensor> out;
+  for (std::int64_t d = 0; d < condition.dim(); ++d) out.push_back(select(positions, 1, d));
+  return out;
+}
+
+namespace detail {
+/// unique's and unique_consecutive's common part over `run` (x flattened, sorted or not):
+/// values at the starts of its runs of equal elements (NaN never equals), each element's run
+/// number, the runs' lengths. `order`, when defined, maps run's positions back to x's.
+KILN_ENTRY std::tuple<Tensor, Tensor, Tensor> runs_of(const Tensor& x, const Tensor& run, const Tensor& order) {
+  const std::int64_t n = run.numel();
+  if (n == 0)
+    return {run.to(x.dtype()), zeros(x.shape(), DType::Int64, x.device()), zeros(Shape{0}, DType::Int64, x.device())};
+  const Tensor starts = concat({ones(Shape{1}, DType::Bool, x.device()),
+                                Tensor(narrow(run, 0, 1, n - 1) != narrow(run, 0, 0, n - 1))},
+                               0);
+  // The read: where each run starts.
+  const std::vector<std::int64_t> flags = starts.to(DType::Int64).to_vector<std::int64_t>();
+  std::vector<std::int64_t> first, counts;
+  for (std::int64_t k = 0; k < n; ++k)
+    if (flags[static_cast<std::size_t>(k)]) first.push_back(k);
+  for (std::size_t r = 0; r < first.size(); ++r)
+    counts.push_back((r + 1 < first.size() ? first[r + 1] : n) - first[r]);
+  const auto runs = static_cast<std::int64_t>(first.size());
+  const Tensor values = index_select(run, 0, from_vector<std::int64_t>(first, Shape{runs}, x.device())).to(x.dtype());
+  const Tensor number = cumsum(starts.to(DType::Int64), 0) - std::int64_t{1};
+  const Tensor inverse = order.defined() ? scatter(zeros(Shape{n}, DType::Int64, x.device()), 0, order, number) : number;
+  return {values, reshape(inverse, x.shape()), from_vector<std::int64_t>(counts, Shape{runs}, x.device())};
+}
+}  // namespace detail
+
+KILN_ENTRY std::tuple<Tensor, Tensor, Tensor> unique(const Tensor& x) {
+  // Bools are ordered as integers (false first); sort takes int32 in their place.
+  const Tensor keys = reshape(x.dtype() == DType::Bool ? x.to(DType::Int32) : x, Shape{x.numel()});
+  auto [sorted, order] = sort(keys, 0, false, true);
+  return detail::runs_of(x, sorted, order);
+}
+
+KILN_ENTRY std::tuple<Tensor, Tensor, Tensor> unique_consecutive(const Tensor& x) {
+  const Tensor keys = reshape(x.dtype() == DType::Bool ? x.to(DType::Int32) : x, Shape{x.numel()});
+  return detail::runs_of(x, keys, Tensor{});
+}
+
 KILN_ENTRY Tensor diagonal(const Tensor& x, std::int64_t offset, std::int64_t dim1, std::int64_t dim2) {
   if (x.dim() < 2) throw ShapeError("diagonal: expected a tensor of two or more dims, got " + detail::describe(x));
   const std::int64_t d1 = detail::tensor_axis(dim1, x, "diagonal"), d2 = detail::tensor_axis(dim2, x, "diagonal");

@@ -178,6 +178,9 @@ int main() {
   ops["meshgrid"] = [&](A& a) -> R { return meshgrid({T(a, 0), T(a, 1), T(a, 2)}, a[3].s); };
   ops["tril_indices"] = [&](A& a) -> R { return {tril_indices(a[0].i, a[1].i, a[2].i)}; };
   ops["triu_indices"] = [&](A& a) -> R { return {triu_indices(a[0].i, a[1].i, a[2].i)}; };
+  ops["unique"] = [&](A& a) -> R { auto [v, i, c] = unique(T(a, 0)); return {v, i, c}; };
+  ops["unique_consecutive"] = [&](A& a) -> R { auto [v, i, c] = unique_consecutive(T(a, 0)); return {v, i, c}; };
+  ops["where_cond"] = [&](A& a) -> R { return where(T(a, 0)); };
   ops["bincount"] = [&](A& a) -> R { return {bincount(T(a, 0), a[1].kind == 't' ? T(a, 1) : Tensor{}, a[2].i)}; };
   std::cout.precision(17);
   while (std::cin >> tok) {

@@ -208,6 +208,14 @@ def gen_composite(op, dt):
             w = rtensor([n], rng.choice(FLOATS + INTS), special=False)
             return [T(x), T(w), ('i', ml)], lambda a: torch.bincount(a[0], a[1], ml)
         return [T(x), ('n',), ('i', ml)], lambda a: torch.bincount(a[0], None, ml)
+    if op in ('unique', 'unique_consecutive'):
+        x = rtensor(rshape(), dt, lo=-2, hi=2, special=rng.random() < .3)
+        if x.dtype.is_floating_point and x.numel(): x = (x * 2).round().to(x.dtype)   # repeated values
+        f = getattr(torch, op)
+        return [T(x)], lambda a: tuple(f(a[0], return_inverse=True, return_counts=True))
+    if op == 'where_cond':
+        x = rtensor(rshape(), rng.choice(['bool', 'bool', 'int64', 'float32']), lo=-1, hi=1)
+        return [T(x)], lambda a: tuple(torch.where(a[0]))
     raise ValueError(op)
 
 def gen(op):
@@ -532,7 +540,8 @@ def gen(op):
 
 COMPOSITES = ['all', 'any', 'count_nonzero', 'vector_norm', 'eye', 'linspace', 'lerp', 'lerp_t', 'addcmul', 'addcdiv', 'logaddexp', 'nan_to_num', 'clamp_min', 'clamp_max', 'clamp_min_t', 'logit', 'outer', 'normalize', 'cosine_similarity', 'glu',
               'var_mean', 'std_mean', 'median', 'median_dim', 'nonzero', 'masked_select', 'diag', 'diagonal', 'trace', 'cross', 'softmin', 'kl_div',
-              'movedim', 'hstack', 'vstack', 'meshgrid', 'tril_indices', 'triu_indices', 'bincount']
+              'movedim', 'hstack', 'vstack', 'meshgrid', 'tril_indices', 'triu_indices', 'bincount',
+              'unique', 'unique_consecutive', 'where_cond']
 OPS = UNARY + BINARY + ['gelu', 'where', 'clamp', 'sum', 'prod', 'mean', 'amax', 'amin', 'logsumexp', 'var', 'max_all', 'min_all',
       'max_dim', 'min_dim', 'argmax', 'argmin', 'softmax', 'log_softmax', 'cumsum', 'cumprod', 'cummax', 'cummin', 'logcumsumexp',
       'sort', 'argsort', 'topk', 'gather', 'take_along_dim', 'index_select', 'scatter', 'scatter_add', 'index_add', 'embedding', 'masked_fill',

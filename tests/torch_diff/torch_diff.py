@@ -665,7 +665,12 @@ for cid, (op, args, r, err, r64) in enumerate(cases):
             if known_difference(op, err): known += 1
             else: report('torch raised "%s", kiln returned' % err)
         continue
-    if o[0] == 'ERR': report('kiln raised "%s"' % ' '.join(o[2:])[:200]); continue
+    if o[0] == 'ERR':
+        msg = ' '.join(o[2:])
+        # index_add into a dim of size 0 with indices: torch's CPU kernel skips its range check
+        # there (nothing to write), kiln reports the out-of-range index
+        if op == 'index_add' and 'cannot index dimension' in msg and 'of size 0' in msg: known += 1; continue
+        report('kiln raised "%s"' % msg[:200]); continue
     n = int(o[2]); pos = 3
     if n != len(r): report('%d outputs vs %d' % (n, len(r))); continue
     for k, t in enumerate(r):

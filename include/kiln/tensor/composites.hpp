@@ -1,10 +1,14 @@
 #pragma once
 // Common torch functions that are compositions of kiln's ops: logical reductions (all, any,
-// count_nonzero), vector norms, eye and linspace, and the pointwise helpers optimizers and
-// numerical code reach for (lerp, addcmul, addcdiv, logaddexp, nan_to_num, clamp_min,
-// clamp_max, logit, outer). Each follows its torch function's dtype rules, errors and
-// gradients (derivatives.yaml), at the special values too; where a composite's gradient would
-// differ from torch's formula (a norm at zero), it is written so that it does not.
+// count_nonzero), statistics (var_mean, std_mean, median), vector norms, data-dependent
+// selections (nonzero, masked_select, unique, where(cond), which read their input first),
+// diagonals and cross products, shape utilities (movedim, hstack, vstack, meshgrid, triangle
+// indices, bincount), eye and linspace, the samplers (randint, randperm, bernoulli,
+// multinomial), and the pointwise helpers optimizers and numerical code reach for (lerp,
+// addcmul, addcdiv, logaddexp, nan_to_num, clamp_min, clamp_max, logit, outer). Each follows
+// its torch function's dtype rules, errors and gradients (derivatives.yaml), at the special
+// values too; where a composite's gradient would differ from torch's formula (a norm at zero,
+// logit at 0 and 1), it is written so that it does not.
 #include <cstdint>
 #include <optional>
 #include <string>

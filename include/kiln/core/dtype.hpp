@@ -100,6 +100,22 @@ constexpr D float_to_int(double x) {
 }
 }  // namespace detail
 
+/// The largest finite value of a floating dtype (torch.finfo(t).max); 0 for other dtypes.
+constexpr double largest_finite(DType t) {
+  switch (t) {
+    case DType::Float64:
+      return 1.7976931348623157e308;
+    case DType::Float32:
+      return 3.4028234663852886e38;
+    case DType::Float16:
+      return 65504.0;
+    case DType::BFloat16:
+      return 3.3895313892515355e38;
+    default:
+      return 0.0;
+  }
+}
+
 /// The dtype in which kiln computes values of `t` (f16/bf16 -> f32; others unchanged).
 constexpr DType compute_dtype(DType t) { return is_reduced_float(t) ? DType::Float32 : t; }
 

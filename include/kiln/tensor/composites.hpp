@@ -175,8 +175,8 @@ KILN_ENTRY Tensor triu_indices(std::int64_t row, std::int64_t col, std::int64_t 
 
 /// The count of each value 0 .. max(x) in the 1-D non-negative integer x, or the sum of
 /// `weights` at them, with at least `minlength` bins (torch.bincount): int64 counts; float32
-/// weights give float32, others float64; an empty x gives int64 zeros, as torch's. It reads x (a synchronisation; a graph break inside
-/// kiln::compile). ShapeError / DTypeError / ValueError for other ranks, dtypes, negative values.
+/// weights give float32, others float64; an empty x gives int64 zeros, as torch's. It reads x (a synchronisation; a
+/// graph break inside kiln::compile). ShapeError / DTypeError / ValueError for other ranks, dtypes, negative values.
 KILN_ENTRY Tensor bincount(const Tensor& x, const Tensor& weights = {}, std::int64_t minlength = 0);
 
 // ---- sampling (the global generator: manual_seed; refused inside kiln::compile, as rand) -------
@@ -236,32 +236,6 @@ KILN_ENTRY Tensor logaddexp(const Tensor& a, const Tensor& b);
 /// come back unchanged (a copy). The gradient is 1 at finite elements, 0 at replaced ones.
 KILN_ENTRY Tensor nan_to_num(const Tensor& x, double nan = 0.0, std::optional<double> posinf = std::nullopt,
                              std::optional<double> neginf = std::nullopt);
-
-namespace detail {
-/// clamp with one bound (torch.clamp_min / clamp_max): the dtype torch.result_type gives over x
-/// and the bound. A number bound: NaN propagates (from x or the bound), x gets no gradient at
-/// the bound or where it is NaN (torch's backward tests x > min); a tensor bound: maximum /
-/// minimum (a tie splits the gradient in halves, as torch's).
-template <class A, class B>
-Tensor clamp_side(const A& x, const B& bound, bool lower, const char* op) {
-  ResultType rt;
-  rt.add(info_of(x.derived()));
-  rt.add(info_of(as_operand(bound)));
-  const DType dt = rt.result();
-  if (dt == DType::Bool)
-    throw DTypeError(std::string(op) + ": not supported for bool tensors, got bool" +
-                     shape_of(x.derived(), op).to_shape().str() + " with a bool bound");
-  Tensor v = clamp_operand(x.derived(), dt);
-  if constexpr (!Scalar<B>) {
-    return lower ? Tensor(maximum(v, clamp_operand(bound, dt))) : Tensor(minimum(v, clamp_operand(bound, dt)));
-  } else {
-    const Tensor b(ir::constant(static_cast<double>(bound), dt, Shape{}, v.device()));
-    if (!is_floating(dt)) return lower ? Tensor(where(v > b, v, b)) : Tensor(where(v < b, v, b));
-    const Tensor kept = lower ? Tensor(logical_or(v > b, isnan(v))) : Tensor(logical_or(v < b, isnan(v)));
-    return where(isnan(v), v.detach(), where(kept, v, b));
-  }
-}
-}  // namespace detail
 
 /// max(x, min) (torch.clamp_min, torch.clamp(x, min=...)): the dtype torch.result_type gives (an
 /// integer tensor with a floating number gives float32, with an integer number stays integer),

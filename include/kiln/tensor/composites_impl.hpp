@@ -1,7 +1,6 @@
 #pragma once
 // The definitions of tensor/composites.hpp. Header-only mode includes them from that header
 // (KILN_ENTRY is `inline`); compiled mode compiles them once into kiln::kiln_compiled.
-#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -20,12 +19,6 @@
 namespace kiln {
 namespace detail {
 
-/// The dtype a pointwise composite computes in: float32 for float16 and bfloat16 (torch's
-/// opmath), else the dtype itself.
-KILN_ENTRY DType opmath_dtype(DType dt) {
-  return dt == DType::Float16 || dt == DType::BFloat16 ? DType::Float32 : dt;
-}
-
 /// `t` in dtype `dt` (itself when it has it).
 KILN_ENTRY Tensor as_dtype(const Tensor& t, DType dt) { return t.dtype() == dt ? t : t.to(dt); }
 
@@ -41,18 +34,23 @@ KILN_ENTRY DType result_type_of(std::initializer_list<const Tensor*> ts) {
   return rt.result();
 }
 
-/// The largest finite value of a floating dtype.
-KILN_ENTRY double largest_finite(DType dt) {
-  switch (dt) {
-    case DType::Float64:
-      return DBL_MAX;
-    case DType::Float16:
-      return 65504.0;
-    case DType::BFloat16:
-      return 3.38953138925153547590470800371487866880e38;
-    default:
-      return static_cast<double>(FLT_MAX);
-  }
+/// s^(1/p) for a non-negative s and p > 0, whose gradient is 0 where s is 0 (torch's norm and
+/// std backward mask it there): the root reads 1 where s is 0 and the result takes 0, so no
+/// 0 * inf reaches the backward.
+KILN_ENTRY Tensor root_zero_safe(const Tensor& s, double p) {
+  const Tensor zero = s == 0;
+  const Tensor safe = where(zero, 1.0, s);
+  return where(zero, 0.0, p == 2 ? Tensor(sqrt(safe)) : Tensor(pow(safe, 1.0 / p)));
+}
+
+/// The row-major positions of the nonzero elements of `flags` (any dtype): the one read (a
+/// synchronisation) of the data-dependent selections.
+KILN_ENTRY std::vector<std::int64_t> true_positions(const Tensor& flags) {
+  const std::vector<std::int64_t> f = Tensor(flags != 0).to(DType::Int64).to_vector<std::int64_t>();
+  std::vector<std::int64_t> out;
+  for (std::size_t k = 0; k < f.size(); ++k)
+    if (f[k]) out.push_back(static_cast<std::int64_t>(k));
+  return out;
 }
 
 }  // namespace detail
@@ -80,16 +78,15 @@ KILN_ENTRY std::tuple<Tensor, Tensor> var_mean(const Tensor& x, const Axes& axes
 
 KILN_ENTRY std::tuple<Tensor, Tensor> std_mean(const Tensor& x, const Axes& axes, bool keepdim, double correction) {
   auto [v, m] = var_mean(x, axes, keepdim, correction);
-  // torch's std backward masks the quotient by 2 std to 0 where std is 0: the root reads 1 there.
-  const Tensor zero = v == 0;
-  return {Tensor(where(zero, 0.0, sqrt(where(zero, 1.0, v)))), m};
+  return {detail::root_zero_safe(v, 2.0), m};
 }
 
 namespace detail {
 /// The int64 position (keepdim) of the lower median of x along `dim`: the stable sort's
 /// position (n - 1) / 2, or the first NaN of a row that has one.
 KILN_ENTRY Tensor median_position(const Tensor& x, std::int64_t dim, const char* op) {
-  if (x.dtype() == DType::Bool) throw DTypeError(std::string(op) + ": not supported for bool tensors, got " + describe(x));
+  if (x.dtype() == DType::Bool)
+    throw DTypeError(std::string(op) + ": not supported for bool tensors, got " + describe(x));
   const std::int64_t d = tensor_axis(dim, x, op);
   if (x.dim() > 0) require_nonempty_reduction(x, {d}, op);
   if (x.dim() == 0) return Tensor(ir::constant_int(0, DType::Int64, Shape{}, x.device()));
@@ -107,9 +104,10 @@ KILN_ENTRY Tensor median(const Tensor& x) {
   if (x.dtype() == DType::Bool) throw DTypeError("median: not supported for bool tensors, got " + detail::describe(x));
   // An empty tensor's median is NaN, as torch's (an integer dtype's lowest value, as torch's).
   if (x.numel() == 0)
-    return full(Shape{}, is_floating(x.dtype()) ? std::numeric_limits<double>::quiet_NaN()
-                         : x.dtype() == DType::Int32 ? static_cast<double>(std::numeric_limits<std::int32_t>::lowest())
-                                                     : static_cast<double>(std::numeric_limits<std::int64_t>::lowest()),
+    return full(Shape{},
+                is_floating(x.dtype())      ? std::numeric_limits<double>::quiet_NaN()
+                : x.dtype() == DType::Int32 ? static_cast<double>(std::numeric_limits<std::int32_t>::lowest())
+                                            : static_cast<double>(std::numeric_limits<std::int64_t>::lowest()),
                 x.dtype(), x.device());
   const Tensor flat = reshape(x, Shape{x.numel()});
   const Tensor at = detail::median_position(flat, 0, "median");
@@ -131,14 +129,12 @@ KILN_ENTRY ValuesIndices median(const Tensor& x, std::int64_t dim, bool keepdim)
 KILN_ENTRY Tensor nonzero(const Tensor& x) {
   const Shape shape = x.shape();
   const auto rank = static_cast<std::int64_t>(shape.size());
-  const std::vector<std::int64_t> flags = Tensor(x != 0).to(DType::Int64).to_vector<std::int64_t>();
+  const std::vector<std::int64_t> positions = detail::true_positions(x);
+  const auto count = static_cast<std::int64_t>(positions.size());
   std::vector<std::int64_t> coords;
-  std::int64_t count = 0;
-  for (std::size_t f = 0; f < flags.size(); ++f) {
-    if (!flags[f]) continue;
-    ++count;
+  for (std::int64_t f : positions) {
     std::vector<std::int64_t> c(static_cast<std::size_t>(rank));
-    auto rest = static_cast<std::int64_t>(f);
+    auto rest = f;
     for (std::int64_t k = rank; k-- > 0;) {
       c[static_cast<std::size_t>(k)] = rest % shape[static_cast<std::size_t>(k)];
       rest /= shape[static_cast<std::size_t>(k)];
@@ -155,10 +151,7 @@ KILN_ENTRY Tensor masked_select(const Tensor& x, const Tensor& mask) {
     throw DTypeError("masked_select: expected a bool mask, got " + detail::describe(mask) + " (input " +
                      detail::describe(x) + ")");
   const Shape shape = broadcast_shapes(x.shape(), mask.shape(), "masked_select");
-  const std::vector<std::int64_t> flags = mask.expand(shape).to(DType::Int64).to_vector<std::int64_t>();
-  std::vector<std::int64_t> positions;
-  for (std::size_t f = 0; f < flags.size(); ++f)
-    if (flags[f]) positions.push_back(static_cast<std::int64_t>(f));
+  const std::vector<std::int64_t> positions = detail::true_positions(mask.expand(shape));
   const auto n = static_cast<std::int64_t>(positions.size());
   const Tensor flat = reshape(x.expand(shape), Shape{shape.numel()});
   return index_select(flat, 0, from_vector<std::int64_t>(positions, Shape{n}, x.device()));
@@ -181,20 +174,17 @@ KILN_ENTRY std::tuple<Tensor, Tensor, Tensor> runs_of(const Tensor& x, const Ten
   const std::int64_t n = run.numel();
   if (n == 0)
     return {run.to(x.dtype()), zeros(x.shape(), DType::Int64, x.device()), zeros(Shape{0}, DType::Int64, x.device())};
-  const Tensor starts = concat({ones(Shape{1}, DType::Bool, x.device()),
-                                Tensor(narrow(run, 0, 1, n - 1) != narrow(run, 0, 0, n - 1))},
-                               0);
+  const Tensor starts = concat(
+      {ones(Shape{1}, DType::Bool, x.device()), Tensor(narrow(run, 0, 1, n - 1) != narrow(run, 0, 0, n - 1))}, 0);
   // The read: where each run starts.
-  const std::vector<std::int64_t> flags = starts.to(DType::Int64).to_vector<std::int64_t>();
-  std::vector<std::int64_t> first, counts;
-  for (std::int64_t k = 0; k < n; ++k)
-    if (flags[static_cast<std::size_t>(k)]) first.push_back(k);
-  for (std::size_t r = 0; r < first.size(); ++r)
-    counts.push_back((r + 1 < first.size() ? first[r + 1] : n) - first[r]);
+  const std::vector<std::int64_t> first = detail::true_positions(starts);
+  std::vector<std::int64_t> counts;
+  for (std::size_t r = 0; r < first.size(); ++r) counts.push_back((r + 1 < first.size() ? first[r + 1] : n) - first[r]);
   const auto runs = static_cast<std::int64_t>(first.size());
   const Tensor values = index_select(run, 0, from_vector<std::int64_t>(first, Shape{runs}, x.device())).to(x.dtype());
   const Tensor number = cumsum(starts.to(DType::Int64), 0) - std::int64_t{1};
-  const Tensor inverse = order.defined() ? scatter(zeros(Shape{n}, DType::Int64, x.device()), 0, order, number) : number;
+  const Tensor inverse =
+      order.defined() ? scatter(zeros(Shape{n}, DType::Int64, x.device()), 0, order, number) : number;
   return {values, reshape(inverse, x.shape()), from_vector<std::int64_t>(counts, Shape{runs}, x.device())};
 }
 }  // namespace detail
@@ -305,7 +295,7 @@ KILN_ENTRY Tensor vector_norm(const Tensor& input, double ord, const Axes& dim, 
   const auto ax = detail::reduce_axes(dim, input, op);
   // max, min and negative powers have no identity over an empty dim
   if (std::isinf(ord) || ord < 0) detail::require_nonempty_reduction(input, ax, op);
-  const Tensor x = detail::as_dtype(input, detail::opmath_dtype(input.dtype()));
+  const Tensor x = detail::as_dtype(input, compute_dtype(input.dtype()));
   Tensor r;
   if (std::isinf(ord)) {
     r = ord > 0 ? amax(abs(x), dim, keepdim) : amin(abs(x), dim, keepdim);
@@ -314,17 +304,10 @@ KILN_ENTRY Tensor vector_norm(const Tensor& input, double ord, const Axes& dim, 
   } else if (ord == 1) {
     r = sum(abs(x), dim, keepdim);
   } else {
-    // sum |x|^p, then its 1/p-th power. Where the sum is 0 the norm is 0 and so is torch's
-    // gradient; the root's derivative there is infinite, so the root reads 1 instead and the
-    // result takes 0 (no 0 * inf in the backward). Negative orders keep 0^(1/p) = inf.
+    // sum |x|^p, then its 1/p-th power, with torch's gradient 0 where the sum is 0. Negative
+    // orders keep 0^(1/p) = inf.
     const Tensor s = ord == 2 ? sum(x * x, dim, keepdim) : sum(pow(abs(x), ord), dim, keepdim);
-    if (ord < 0) {
-      r = pow(s, 1.0 / ord);
-    } else {
-      const Tensor zero = s == 0;
-      const Tensor safe = where(zero, 1.0, s);
-      r = where(zero, 0.0, ord == 2 ? Tensor(sqrt(safe)) : Tensor(pow(safe, 1.0 / ord)));
-    }
+    r = ord < 0 ? Tensor(pow(s, 1.0 / ord)) : detail::root_zero_safe(s, ord);
   }
   return detail::as_dtype(r, input.dtype());
 }
@@ -355,12 +338,12 @@ KILN_ENTRY Tensor linspace(double start, double end, std::int64_t steps, DType d
   detail::check_creation_shape(Shape{steps}, "linspace", dtype);
   // torch's kernel: the step in the dtype (float64 for integers, truncated at the end), the
   // first half counted from start and the second from end.
-  const DType ct = is_floating(dtype) ? detail::opmath_dtype(dtype) : DType::Float64;
+  const DType ct = is_floating(dtype) ? compute_dtype(dtype) : DType::Float64;
   // The bounds in the dtype first (an integer dtype truncates them, as torch's Scalar::to).
   const double s = is_floating(dtype) ? detail::rounded_to(start, ct) : std::trunc(start);
   const double e = is_floating(dtype) ? detail::rounded_to(end, ct) : std::trunc(end);
-  const double step = steps > 1 ? detail::rounded_to(detail::rounded_to(e - s, ct) / static_cast<double>(steps - 1), ct)
-                                : 0.0;
+  const double step =
+      steps > 1 ? detail::rounded_to(detail::rounded_to(e - s, ct) / static_cast<double>(steps - 1), ct) : 0.0;
   if (steps == 1) return full(Shape{1}, s, dtype, device);
   if (!is_floating(dtype)) {
     // Integer values are truncated, so the last rounding decides them: computed here as torch's
@@ -500,12 +483,16 @@ KILN_ENTRY Tensor bincount(const Tensor& x, const Tensor& weights, std::int64_t 
   if (x.numel() == 0) return zeros(Shape{minlength}, DType::Int64, x.device());
   std::int64_t bins = minlength;
   {
-    // The read that decides the output's size.
-    const std::int64_t lo = amin(x).to(DType::Int64).item<std::int64_t>();
-    if (lo < 0) throw ValueError("bincount: expects non-negative values, got " + std::to_string(lo));
-    bins = std::max(bins, amax(x).to(DType::Int64).item<std::int64_t>() + 1);
+    // The one read that decides the output's size: the smallest and the largest value.
+    const Tensor x64 = x.to(DType::Int64);
+    const std::vector<std::int64_t> range =
+        concat({reshape(amin(x64), Shape{1}), reshape(amax(x64), Shape{1})}, 0).to_vector<std::int64_t>();
+    if (range[0] < 0) throw ValueError("bincount: expects non-negative values, got " + std::to_string(range[0]));
+    bins = std::max(bins, range[1] + 1);
   }
-  const DType dt = !weights.defined() ? DType::Int64 : weights.dtype() == DType::Float32 ? DType::Float32 : DType::Float64;
+  const DType dt = !weights.defined()                  ? DType::Int64
+                   : weights.dtype() == DType::Float32 ? DType::Float32
+                                                       : DType::Float64;
   const Tensor src = weights.defined() ? weights.to(dt) : ones(x.shape(), dt, x.device());
   return index_add(zeros(Shape{bins}, dt, x.device()), 0, x.to(DType::Int64), src);
 }
@@ -547,7 +534,8 @@ KILN_ENTRY Tensor bernoulli(const Tensor& probs) {
 KILN_ENTRY Tensor bernoulli(const Tensor& x, double p) {
   detail::require_float(x, "bernoulli");
   if (!(p >= 0.0 && p <= 1.0))
-    throw ValueError("bernoulli: p must be in [0, 1], got " + std::to_string(p) + " (input " + detail::describe(x) + ")");
+    throw ValueError("bernoulli: p must be in [0, 1], got " + std::to_string(p) + " (input " + detail::describe(x) +
+                     ")");
   return Tensor(rand(x.shape(), DType::Float64, x.device()) < p).to(x.dtype());
 }
 
@@ -556,7 +544,8 @@ KILN_ENTRY Tensor multinomial(const Tensor& probs, std::int64_t num_samples, boo
   if (probs.dim() != 1 && probs.dim() != 2)
     throw ShapeError("multinomial: expected a 1-D or 2-D tensor of weights, got " + detail::describe(probs));
   detail::require_float(probs, op);
-  if (num_samples <= 0) throw ValueError("multinomial: num_samples must be positive, got " + std::to_string(num_samples));
+  if (num_samples <= 0)
+    throw ValueError("multinomial: num_samples must be positive, got " + std::to_string(num_samples));
   const std::int64_t categories = probs.shape().back();
   if (categories == 0) throw ShapeError("multinomial: no categories in " + detail::describe(probs));
   if (!replacement && num_samples > categories)
@@ -566,19 +555,22 @@ KILN_ENTRY Tensor multinomial(const Tensor& probs, std::int64_t num_samples, boo
   // torch's CPU checks, in one read: every weight finite and non-negative, each row's total and
   // its count of positive weights.
   {
-    const Tensor bad = sum(Tensor(logical_or(logical_or(p2 < 0.0, isnan(p2)), isinf(p2))));
-    const Tensor totals = sum(p2, {1});
-    const Tensor positive = count_nonzero(p2, {1});
-    if (bad.item<std::int64_t>() != 0)
-      throw ValueError("multinomial: the weights must be finite and non-negative (" + detail::describe(probs) + ")");
-    const std::vector<double> t = totals.to_vector<double>();
-    const std::vector<std::int64_t> c = positive.to_vector<std::int64_t>();
-    for (std::size_t r = 0; r < t.size(); ++r) {
-      if (!(t[r] > 0))
-        throw ValueError("multinomial: row " + std::to_string(r) + " of the weights sums to 0 (" + detail::describe(probs) +
-                         ")");
-      if (!replacement && c[r] < num_samples)
-        throw ValueError("multinomial: row " + std::to_string(r) + " has " + std::to_string(c[r]) +
+    // Per row: the count of bad weights, the total, the count of positive weights.
+    const Tensor bad = sum(Tensor(logical_or(logical_or(p2 < 0.0, isnan(p2)), isinf(p2))), {1}, true);
+    const Tensor positive = sum(Tensor(p2 > 0.0), {1}, true);
+    const Tensor stats = concat({bad.to(DType::Float64), sum(p2, {1}, true), positive.to(DType::Float64)}, 1);
+    const std::vector<double> v = stats.to_vector<double>();
+    for (std::size_t r = 0; r < v.size() / 3; ++r)
+      if (v[3 * r] != 0)
+        throw ValueError("multinomial: the weights must be finite and non-negative (" + detail::describe(probs) + ")");
+    for (std::size_t r = 0; r < v.size() / 3; ++r) {
+      const double total = v[3 * r + 1];
+      const auto positive = static_cast<std::int64_t>(v[3 * r + 2]);
+      if (!(total > 0))
+        throw ValueError("multinomial: row " + std::to_string(r) + " of the weights sums to 0 (" +
+                         detail::describe(probs) + ")");
+      if (!replacement && positive < num_samples)
+        throw ValueError("multinomial: row " + std::to_string(r) + " has " + std::to_string(positive) +
                          " positive weights, fewer than the " + std::to_string(num_samples) +
                          " samples to draw without replacement");
     }
@@ -618,18 +610,18 @@ KILN_ENTRY void check_lerp(const Tensor& start, const Tensor& end, const Tensor*
   // A 0-dim weight of any dtype is taken as a number (converted), as torch's.
   if (weight && weight->dim() > 0 && weight->dtype() != start.dtype())
     throw DTypeError(std::string("lerp: expected dtype ") + dtype_name(start.dtype()) + " for `weight` but got dtype " +
-                     dtype_name(weight->dtype()) + " (start " + describe(start) + ", weight " + describe(*weight) + ")");
+                     dtype_name(weight->dtype()) + " (start " + describe(start) + ", weight " + describe(*weight) +
+                     ")");
 }
 }  // namespace detail
 
 KILN_ENTRY Tensor lerp(const Tensor& start, const Tensor& end, double weight) {
   detail::check_lerp(start, end, nullptr);
-  const DType ct = detail::opmath_dtype(start.dtype());
+  const DType ct = compute_dtype(start.dtype());
   const Tensor s = detail::as_dtype(start, ct), e = detail::as_dtype(end, ct);
   const double w = detail::rounded_to(weight, ct);
   // torch's two forms: near start from start, near end from end (exact at weight 0 and 1).
-  const Tensor r = std::abs(w) < 0.5 ? Tensor(s + w * (e - s))
-                                     : Tensor(e - (e - s) * detail::rounded_to(1.0 - w, ct));
+  const Tensor r = std::abs(w) < 0.5 ? Tensor(s + w * (e - s)) : Tensor(e - (e - s) * detail::rounded_to(1.0 - w, ct));
   return detail::as_dtype(r, start.dtype());
 }
 
@@ -637,7 +629,7 @@ KILN_ENTRY Tensor lerp(const Tensor& start, const Tensor& end, const Tensor& wei
   detail::check_lerp(start, end, &weight);
   // The three promote together (only a 0-dim start and end can be widened by a 0-dim weight).
   const DType dt = detail::result_type_of({&start, &end, &weight});
-  const DType ct = detail::opmath_dtype(dt);
+  const DType ct = compute_dtype(dt);
   const Tensor s = detail::as_dtype(start, ct), e = detail::as_dtype(end, ct), w = detail::as_dtype(weight, ct);
   const Tensor d = e - s;
   const Tensor r = where(abs(w) < 0.5, s + w * d, e - d * (1.0 - w));
@@ -649,7 +641,7 @@ KILN_ENTRY Tensor addcmul(const Tensor& input, const Tensor& tensor1, const Tens
   if (dt == DType::Bool)
     throw DTypeError("addcmul: not supported for bool tensors, got " + detail::describe(input) + ", " +
                      detail::describe(tensor1) + " and " + detail::describe(tensor2));
-  const DType ct = detail::opmath_dtype(dt);
+  const DType ct = compute_dtype(dt);
   const Tensor i = detail::as_dtype(input, ct), a = detail::as_dtype(tensor1, ct), b = detail::as_dtype(tensor2, ct);
   Tensor r;
   if (is_floating(ct))
@@ -665,7 +657,7 @@ KILN_ENTRY Tensor addcdiv(const Tensor& input, const Tensor& tensor1, const Tens
                      detail::describe(tensor1) + ", tensor2 " + detail::describe(tensor2) +
                      "); for integers write (input + value * trunc(tensor1 / tensor2)).to(input.dtype())");
   const DType dt = detail::result_type_of({&input, &tensor1, &tensor2});
-  const DType ct = detail::opmath_dtype(dt);
+  const DType ct = compute_dtype(dt);
   const Tensor i = detail::as_dtype(input, ct), a = detail::as_dtype(tensor1, ct), b = detail::as_dtype(tensor2, ct);
   return detail::as_dtype(i + (detail::rounded_to(value, ct) * a) / b, dt);
 }
@@ -675,7 +667,7 @@ KILN_ENTRY Tensor logaddexp(const Tensor& a_in, const Tensor& b_in) {
   if (!is_floating(dt))
     throw DTypeError("logaddexp: expected floating point tensors, got " + detail::describe(a_in) + " and " +
                      detail::describe(b_in));
-  const DType ct = detail::opmath_dtype(dt);
+  const DType ct = compute_dtype(dt);
   const Tensor a = detail::as_dtype(a_in, ct), b = detail::as_dtype(b_in, ct);
   // torch's kernel: a where a == b is infinite (a - b is NaN there), else
   // max + log1p(exp(-|a - b|)).
@@ -685,7 +677,7 @@ KILN_ENTRY Tensor logaddexp(const Tensor& a_in, const Tensor& b_in) {
 
 KILN_ENTRY Tensor nan_to_num(const Tensor& x, double nan, std::optional<double> posinf, std::optional<double> neginf) {
   if (!is_floating(x.dtype())) return clone(x);
-  const double big = detail::largest_finite(x.dtype());
+  const double big = largest_finite(x.dtype());
   const double pos = posinf.value_or(big), neg = neginf.value_or(-big);
   return where(isnan(x), nan, where(x == INFINITY, pos, where(x == -INFINITY, neg, x)));
 }
@@ -693,7 +685,7 @@ KILN_ENTRY Tensor nan_to_num(const Tensor& x, double nan, std::optional<double> 
 KILN_ENTRY Tensor logit(const Tensor& input, std::optional<double> eps) {
   // Integers and bools compute in float32 (torch's unary float rule).
   const DType dt = is_floating(input.dtype()) ? input.dtype() : DType::Float32;
-  const DType ct = detail::opmath_dtype(dt);
+  const DType ct = compute_dtype(dt);
   Tensor x = detail::as_dtype(input, ct);
   if (eps) {
     // torch clamps with x < lo ? lo : (x > hi ? hi : x): NaN stays, no gradient outside.
@@ -715,7 +707,7 @@ KILN_ENTRY Tensor logit(const Tensor& input, std::optional<double> eps) {
   if (!eps) {
     // Outside [0, 1] torch's backward gives NaN (the value is NaN there already): sqrt of a
     // negative number has a NaN derivative, and the branch reads 1 (no gradient) where unused.
-    const Tensor outside = logical_or(x < 0.0, x > 1.0);
+    const Tensor outside = logical_or(x<0.0, x> 1.0);
     r = where(outside, sqrt(where(outside, -abs(x) - 1.0, 1.0)), r);
   }
   return detail::as_dtype(r, dt);

@@ -169,6 +169,30 @@ requires TensorLike<C> &&
       cond.derived(), detail::as_operand(a), detail::as_operand(b));
 }
 
+namespace detail {
+/// A number bound of clamp as a 0-dim tensor of the result dtype (a number would promote an
+/// integer where()).
+template <class T>
+Tensor clamp_bound(const T& v, DType dtype, Device device) {
+  return Tensor(ir::constant(static_cast<double>(v), dtype, Shape{}, device));
+}
+
+/// v kept where it is above (`lower`) or below the bound b, else b: at the bound the bound is
+/// taken (the same value; no gradient to v). A NaN v or b propagates.
+inline Tensor clamp_to(const Tensor& v, const Tensor& b, bool lower) {
+  const Tensor inside = lower ? Tensor(v > b) : Tensor(v < b);
+  if (!is_floating(v.dtype())) return where(inside, v, b);
+  return where(logical_or(inside, isnan(v)), v, b);
+}
+
+/// r, except that where x is NaN the result is x's NaN without a gradient (torch's clamp
+/// backward compares lo <= x <= hi, false at NaN). Integers: r.
+inline Tensor nan_without_gradient(const Tensor& x, const Tensor& r) {
+  return is_floating(x.dtype()) ? Tensor(where(isnan(x), x.detach(), r)) : r;
+}
+
+}  // namespace detail
+
 /// min(max(x, lo), hi), NaN propagating (torch.clamp). The dtype is torch.result_type over
 /// all three operands at once, not pairwise. Gradients as PyTorch's two overloads: with number
 /// bounds x gets it where lo < x < hi and none at a bound or where x is NaN; with a tensor bound (torch's
@@ -189,20 +213,32 @@ requires TensorLike<A> &&(TensorLike<L> || Scalar<L>)&&(TensorLike<H> || Scalar<
   if constexpr (!(Scalar<L> && Scalar<H>)) {
     return minimum(maximum(v, detail::clamp_operand(lo, dt)), detail::clamp_operand(hi, dt));
   } else {
-    // Bounds as 0-dim tensors of the result dtype (a number would promote an integer where()).
-    const Tensor l(ir::constant(static_cast<double>(lo), dt, Shape{}, v.device()));
-    const Tensor h(ir::constant(static_cast<double>(hi), dt, Shape{}, v.device()));
-    // x where x > lo (a NaN x too), else lo (a NaN lo too); then that where < hi, else hi. At
-    // a bound the bound is taken (the same value; no gradient to x); a bound above the other
-    // gives hi, as min(max(x, lo), hi).
-    if (!is_floating(dt)) {
-      Tensor low = where(v > l, v, l);
-      return where(low < h, low, h);
-    }
-    Tensor low = where(logical_or(v > l, isnan(v)), v, l);
-    // A NaN x stays NaN without a gradient (torch's backward tests lo <= x <= hi, false at NaN).
-    return where(isnan(v), v.detach(), where(logical_or(low < h, isnan(low)), low, h));
+    // lo first, then hi: a bound above the other gives hi, as min(max(x, lo), hi).
+    const Tensor low = detail::clamp_to(v, detail::clamp_bound(lo, dt, v.device()), true);
+    return detail::nan_without_gradient(v, detail::clamp_to(low, detail::clamp_bound(hi, dt, v.device()), false));
   }
 }
+
+namespace detail {
+/// clamp with one bound (torch.clamp_min / clamp_max): the dtype torch.result_type gives over x
+/// and the bound; a number bound as clamp's, a tensor bound as maximum / minimum (a tie splits
+/// the gradient in halves, as torch's).
+template <class A, class B>
+Tensor clamp_side(const A& x, const B& bound, bool lower, const char* op) {
+  ResultType rt;
+  rt.add(info_of(x.derived()));
+  rt.add(info_of(as_operand(bound)));
+  const DType dt = rt.result();
+  if (dt == DType::Bool)
+    throw DTypeError(std::string(op) + ": not supported for bool tensors, got bool" +
+                     shape_of(x.derived(), op).to_shape().str() + " with a bool bound");
+  Tensor v = clamp_operand(x.derived(), dt);
+  if constexpr (!Scalar<B>) {
+    return lower ? Tensor(maximum(v, clamp_operand(bound, dt))) : Tensor(minimum(v, clamp_operand(bound, dt)));
+  } else {
+    return nan_without_gradient(v, clamp_to(v, clamp_bound(bound, dt, v.device()), lower));
+  }
+}
+}  // namespace detail
 
 }  // namespace kiln

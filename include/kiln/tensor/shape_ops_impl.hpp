@@ -51,8 +51,8 @@ KILN_ENTRY void check_fill_value(double value, const Tensor& t, const char* op) 
   switch (dt) {
     case DType::Int32: lo = -2147483648.0, hi = 2147483647.0; break;
     case DType::Int64: lo = -9223372036854775808.0, hi = 9223372036854775807.0; break;
-    case DType::Float16: lo = -65504.0, hi = 65504.0; break;
-    case DType::BFloat16: lo = -3.3895313892515355e38, hi = 3.3895313892515355e38; break;
+    case DType::Float16:
+    case DType::BFloat16: lo = -largest_finite(dt), hi = largest_finite(dt); break;
     default: return;
   }
   const bool integer = dt == DType::Int32 || dt == DType::Int64;

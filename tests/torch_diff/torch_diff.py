@@ -640,7 +640,7 @@ def known_difference(op, err, outputs_differ_at=None):
     # torch's own backward failing where kiln's works: scatter_add's source larger than its
     # index; atan2's and pow's rules negating or subtracting a bool operand
     if err and GRAD and ('returned an invalid gradient' in err or 'on a bool tensor is not supported' in err or
-                         'with a bool tensor is not supported' in err):
+                         'with a bool tensor is not supported' in err or 'with two bool tensors is not supported' in err):
         return True
     # torch's addcdiv backward computes value * tensor1 (an integer tensor1 gives its default
     # float32) and fails to cast it into an integer-typed buffer

@@ -381,6 +381,36 @@ TEST_CASE("cublaslt: types, compute types and bias types") {
   }
 }
 
+TEST_CASE("cublaslt: the training epilogues keep or read the GELU's input as an auxiliary matrix") {
+  const std::pair<GemmEpilogue, std::uint32_t> aux_epilogues[] = {
+      {GemmEpilogue::GeluAux, rt::lt::CUBLASLT_EPILOGUE_GELU_AUX},
+      {GemmEpilogue::GeluAuxBias, rt::lt::CUBLASLT_EPILOGUE_GELU_AUX_BIAS},
+      {GemmEpilogue::DGelu, rt::lt::CUBLASLT_EPILOGUE_DGELU}};
+  for (auto [e, want] : aux_epilogues) {
+    GemmShape s = contiguous_shape(DType::BFloat16, 8, 16, 8);
+    s.epilogue = e;
+    s.aux_rs = 16;
+    auto p = rt::detail::lt_problem(s);
+    CHECK(p.epilogue == want);
+    CHECK(p.aux_ld == 16);
+    CHECK((p.bias_type >= 0) == (e == GemmEpilogue::GeluAuxBias));
+    // The leading dimension must cover the row and be a multiple of 8; one product, no batch.
+    s.aux_rs = 12;
+    std::string msg = message_of<kiln::ValueError>([&] { rt::detail::lt_problem(s); });
+    CHECK(contains(msg, "auxiliary matrix's row stride 12"));
+    CHECK(contains(msg, s.str()));
+    s.aux_rs = 16, s.batch = 2, s.a_bs = 64, s.b_bs = 128, s.d_bs = 128;
+    CHECK_THROWS_AS(rt::detail::lt_problem(s), kiln::ValueError);
+  }
+  // Shapes without an auxiliary matrix keep their hashes (stored tunings stay valid).
+  GemmShape plain = contiguous_shape(DType::BFloat16, 8, 16, 8), with = plain;
+  with.aux_rs = 16;
+  CHECK(plain.hash() != with.hash());
+  GemmShape zero = plain;
+  zero.aux_rs = 0;
+  CHECK(plain.hash() == zero.hash());
+}
+
 TEST_CASE("cublaslt: strides cuBLASLt cannot take are refused with the product named") {
   GemmShape s = contiguous_shape(DType::Float32, 8, 8, 8);
   s.a_rs = 0;  // every row of A the same (an expanded vector): needs a copy first
@@ -734,6 +764,72 @@ TEST_CASE("cublaslt gpu: f32, f16, bf16 with every epilogue, transposed operands
         }
   CHECK(failed == 0);
   MESSAGE(cases << " products checked, " << failed << " wrong");
+}
+
+TEST_CASE("cublaslt gpu: GELU_AUX_BIAS stores the GELU's input, DGELU multiplies by its derivative there") {
+  if (skip_without_cublaslt_gpu()) return;
+  const double c0 = std::sqrt(2.0 / 3.14159265358979323846);
+  auto gelu = [&](double x) { return 0.5 * x * (1.0 + std::tanh(c0 * (x + 0.044715 * x * x * x))); };
+  auto gelu_grad = [&](double x) {
+    const double t = std::tanh(c0 * (x + 0.044715 * x * x * x));
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c0 * (1.0 + 3.0 * 0.044715 * x * x);
+  };
+  for (DType t : {DType::BFloat16, DType::Float16, DType::Float32})
+    for (GemmEpilogue e : {GemmEpilogue::GeluAux, GemmEpilogue::GeluAuxBias, GemmEpilogue::DGelu}) {
+      Case c;
+      c.dtype = c.out = t, c.epilogue = e;
+      c.m = 40, c.n = 24, c.k = 72, c.a_transposed = e == GemmEpilogue::DGelu;
+      GemmShape s = c.shape();
+      s.aux_rs = 32;  // the auxiliary matrix padded: its own leading dimension
+      CAPTURE(s.str());
+      Lcg rng{static_cast<std::uint64_t>(e) * 7919 + static_cast<std::uint64_t>(t)};
+      HostMatrix a(t, s.m * s.k, rng), b(t, s.k * s.n, rng), bias(t, s.n, rng), z(t, s.m * s.aux_rs, rng);
+      std::vector<unsigned char> d_host(static_cast<std::size_t>(s.m * s.n) * kiln::itemsize(t), 0xFF);
+      DeviceCopy da(a.bytes), db(b.bytes), dbias(bias.bytes), dd(d_host), daux(z.bytes);
+      rt::cublaslt_matmul(s, da.ptr, db.ptr, dd.ptr, rt::epilogue_has_bias(e) ? dbias.ptr : nullptr, 0, nullptr,
+                          daux.ptr);
+      std::vector<unsigned char> aux_host(z.bytes.size());
+      rt::copy_device_to_host(d_host.data(), dd.ptr, d_host.size(), 0);
+      rt::copy_device_to_host(aux_host.data(), daux.ptr, aux_host.size(), 0);
+      std::int64_t bad = 0;
+      for (std::int64_t i = 0; i < s.m; ++i)
+        for (std::int64_t j = 0; j < s.n; ++j) {
+          double acc = 0, scale = 0;
+          for (std::int64_t p = 0; p < s.k; ++p) {
+            const double x = a.values[static_cast<std::size_t>(i * s.a_rs + p * s.a_cs)];
+            const double y = b.values[static_cast<std::size_t>(p * s.b_rs + j * s.b_cs)];
+            acc += x * y;
+            scale += std::fabs(x * y);
+          }
+          if (rt::epilogue_has_bias(e)) acc += bias.values[static_cast<std::size_t>(j)];
+          const std::int64_t at_aux = i * s.aux_rs + j;
+          double want = 0, got = load(t, d_host, i * s.n + j);
+          if (e == GemmEpilogue::DGelu) {
+            want = acc * gelu_grad(z.values[static_cast<std::size_t>(at_aux)]);
+            // The auxiliary matrix is only read.
+            bad += load(t, aux_host, at_aux) != z.values[static_cast<std::size_t>(at_aux)];
+          } else {
+            want = gelu(acc);
+            const double kept = load(t, aux_host, at_aux);
+            bad += !(std::fabs(kept - acc) <= c.tolerance(acc, scale + 1));
+          }
+          bad += !(std::fabs(got - want) <= c.tolerance(want, scale + 1));
+        }
+      // The auxiliary matrix's padding is untouched.
+      for (std::int64_t i = 0; i < s.m; ++i)
+        for (std::int64_t j = s.n; j < s.aux_rs; ++j)
+          bad += load(t, aux_host, i * s.aux_rs + j) != z.values[static_cast<std::size_t>(i * s.aux_rs + j)];
+      CHECK(bad == 0);
+    }
+  // Without the matrix's pointer the call is refused before cuBLASLt sees it.
+  Case c;
+  c.dtype = c.out = DType::BFloat16, c.epilogue = GemmEpilogue::DGelu, c.m = c.n = c.k = 8;
+  GemmShape s = c.shape();
+  s.aux_rs = 8;
+  std::vector<unsigned char> bytes(64 * 2, 0);
+  DeviceCopy x(bytes), y(bytes), d(bytes);
+  std::string msg = message_of<kiln::ValueError>([&] { rt::cublaslt_matmul(s, x.ptr, y.ptr, d.ptr, nullptr, 0); });
+  CHECK(contains(msg, "auxiliary matrix's pointer"));
 }
 
 TEST_CASE("cublaslt gpu: half inputs with float32 output and float32 bias") {

@@ -339,6 +339,7 @@ struct LtProblem {
   std::int32_t scale_type = lt::CUDA_R_32F;  ///< of alpha and beta
   std::uint32_t epilogue = lt::CUBLASLT_EPILOGUE_DEFAULT;
   std::int32_t bias_type = -1;  ///< -1: no bias
+  std::int64_t aux_ld = 0;      ///< the auxiliary matrix's leading dimension (0: none)
   std::int32_t batch = 1;
 };
 
@@ -371,6 +372,12 @@ inline std::uint32_t cublaslt_epilogue(GemmEpilogue e) {
       return lt::CUBLASLT_EPILOGUE_GELU;
     case GemmEpilogue::GeluBias:
       return lt::CUBLASLT_EPILOGUE_GELU_BIAS;
+    case GemmEpilogue::GeluAux:
+      return lt::CUBLASLT_EPILOGUE_GELU_AUX;
+    case GemmEpilogue::GeluAuxBias:
+      return lt::CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case GemmEpilogue::DGelu:
+      return lt::CUBLASLT_EPILOGUE_DGELU;
   }
   return lt::CUBLASLT_EPILOGUE_DEFAULT;
 }
@@ -434,6 +441,16 @@ inline LtProblem lt_problem(const GemmShape& s) {
       throw_gemm_argument_error<DTypeError>(s, std::string("cuBLASLt's bias must have the output's dtype ") +
                                                    dtype_name(s.out_dtype) + ", not " + dtype_name(s.bias_dtype));
     p.bias_type = p.out_type;
+  }
+  if (epilogue_has_aux(s.epilogue)) {
+    // The auxiliary matrix is D's transpose to cuBLASLt as well (n x m, column-major), in D's type.
+    if (s.batch != 1)
+      throw_gemm_argument_error(
+          s, std::string("the ") + epilogue_name(s.epilogue) + " epilogue takes one product, not a batch");
+    if (s.aux_rs < s.n || s.aux_rs % 8 != 0)
+      throw_gemm_argument_error(s, "the auxiliary matrix's row stride " + std::to_string(s.aux_rs) +
+                                       " must cover its " + std::to_string(s.n) + " columns and be a multiple of 8");
+    p.aux_ld = s.aux_rs;
   }
   // Our B (k x n) is cuBLASLt's A, our A (m x k) its B.
   if (!lt_transposed_operand(s.k, s.n, s.b_rs, s.b_cs, p.a))
@@ -525,16 +542,16 @@ inline std::uint8_t alignment_log2(const void* p) {
 struct CublasLtKey {
   GemmShape shape;
   int device = 0;
-  std::uint8_t align_a = 0, align_b = 0, align_d = 0, align_bias = 0;  ///< log2 bytes, capped at 8
+  std::uint8_t align_a = 0, align_b = 0, align_d = 0, align_bias = 0, align_aux = 0;  ///< log2 bytes, capped at 8
   bool operator==(const CublasLtKey&) const = default;
 };
 struct CublasLtKeyHash {
   std::size_t operator()(const CublasLtKey& k) const {
     using kiln::detail::hash_combine;
     std::uint64_t h = hash_combine(k.shape.hash(), static_cast<std::uint64_t>(k.device));
-    return static_cast<std::size_t>(hash_combine(h, std::uint64_t(k.align_a) | std::uint64_t(k.align_b) << 8 |
-                                                        std::uint64_t(k.align_d) << 16 |
-                                                        std::uint64_t(k.align_bias) << 24));
+    return static_cast<std::size_t>(
+        hash_combine(h, std::uint64_t(k.align_a) | std::uint64_t(k.align_b) << 8 | std::uint64_t(k.align_d) << 16 |
+                            std::uint64_t(k.align_bias) << 24 | std::uint64_t(k.align_aux) << 32));
   }
 };
 
@@ -548,6 +565,7 @@ struct CublasLtPlan {
   lt::cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;  ///< cuBLASLt's A, B and C = D
   lt::cublasLtMatmulAlgo_t algo{};
   const void* bias = nullptr;  ///< the bias pointer `desc` holds
+  const void* aux = nullptr;   ///< the auxiliary matrix's pointer `desc` holds
   bool tuned = false;          ///< the algorithm was chosen by timing (cublaslt_autotune)
   std::mutex mu;
 
@@ -588,7 +606,8 @@ inline CublasLtCounters& cublaslt_counters() {
 }
 
 /// Makes the descriptors of `p` (and sets the bias pointer the heuristics look at).
-inline void make_plan_descriptors(CublasLtPlan& plan, const GemmShape& shape, int device, const void* bias) {
+inline void make_plan_descriptors(CublasLtPlan& plan, const GemmShape& shape, int device, const void* bias,
+                                  const void* aux) {
   const CublasLtApi& api = *plan.api;
   const LtProblem& p = plan.problem;
   auto check = [&](lt::cublasStatus_t s, const char* fn) { cublaslt_check(s, shape, fn, device); };
@@ -604,6 +623,12 @@ inline void make_plan_descriptors(CublasLtPlan& plan, const GemmShape& shape, in
     desc_attr(lt::CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
     plan.bias = bias;
     // BIAS_BATCH_STRIDE keeps its default 0: the same n-vector for every product of the batch.
+  }
+  if (p.aux_ld > 0) {
+    desc_attr(lt::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, p.aux_ld, "cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_LD)");
+    desc_attr(lt::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux,
+              "cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_POINTER)");
+    plan.aux = aux;
   }
   auto layout = [&](lt::cublasLtMatrixLayout_t& l, const LtOperand& o, std::int32_t type) {
     check(api.matrix_layout_create(&l, type, o.rows, o.cols, o.ld), "cublasLtMatrixLayoutCreate");
@@ -685,7 +710,7 @@ struct CublasLtCall {
 /// Checks the arguments and the environment, finds or makes the plan. False when there is
 /// nothing to do (an empty product).
 inline bool prepare_cublaslt_call(const GemmShape& shape, const void* a, const void* b, void* d, const void* bias,
-                                  int device, CublasLtCall& call) {
+                                  const void* aux, int device, CublasLtCall& call) {
   if (shape.m < 0 || shape.n < 0 || shape.k < 0 || shape.batch < 0) throw_gemm_argument_error(shape, "negative sizes");
   if (shape.m == 0 || shape.n == 0 || shape.batch == 0) return false;
   if (shape.k == 0)
@@ -698,6 +723,9 @@ inline bool prepare_cublaslt_call(const GemmShape& shape, const void* a, const v
   if (epilogue_has_bias(shape.epilogue) && !bias)
     throw_gemm_argument_error(shape,
                               std::string("the ") + epilogue_name(shape.epilogue) + " epilogue needs a bias pointer");
+  if (epilogue_has_aux(shape.epilogue) && !aux)
+    throw_gemm_argument_error(
+        shape, std::string("the ") + epilogue_name(shape.epilogue) + " epilogue needs an auxiliary matrix's pointer");
   const CublasLtState& st = cublaslt_state();
   if (!st.ok()) [[unlikely]]
     throw DeviceError("kiln: cuBLASLt matmul " + shape.str() + ": cuBLASLt is unavailable: " + st.reason);
@@ -717,6 +745,7 @@ inline bool prepare_cublaslt_call(const GemmShape& shape, const void* a, const v
   call.key.align_b = alignment_log2(b);
   call.key.align_d = alignment_log2(d);
   call.key.align_bias = epilogue_has_bias(shape.epilogue) ? alignment_log2(bias) : 0;
+  call.key.align_aux = epilogue_has_aux(shape.epilogue) ? alignment_log2(aux) : 0;
 
   CublasLtCache& cache = cublaslt_cache();
   {
@@ -733,7 +762,7 @@ inline bool prepare_cublaslt_call(const GemmShape& shape, const void* a, const v
   plan->api = &st.api;
   plan->problem = lt_problem(shape);
   call.ctx->make_current();
-  make_plan_descriptors(*plan, shape, device, bias);
+  make_plan_descriptors(*plan, shape, device, bias, aux);
   plan->algo = query_algorithms(*plan, *call.dev, call.key, 1).front().algo;
   cublaslt_counters().plans++;
   std::lock_guard<std::mutex> lock(cache.mu);
@@ -748,7 +777,7 @@ inline bool prepare_cublaslt_call(const GemmShape& shape, const void* a, const v
 /// Enqueues the plan's product with `algo` on `stream` (null: kiln's stream of the device);
 /// the caller holds plan.mu.
 inline lt::cublasStatus_t enqueue_cublaslt(const CublasLtCall& call, const lt::cublasLtMatmulAlgo_t& algo,
-                                           const void* a, const void* b, void* d, const void* bias,
+                                           const void* a, const void* b, void* d, const void* bias, const void* aux,
                                            cu::CUstream stream = nullptr) {
   CublasLtPlan& plan = *call.plan;
   if (plan.problem.bias_type >= 0 && plan.bias != bias) {
@@ -756,6 +785,12 @@ inline lt::cublasStatus_t enqueue_cublaslt(const CublasLtCall& call, const lt::c
         call.api->matmul_desc_set_attribute(plan.desc, lt::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
     if (s != lt::CUBLAS_STATUS_SUCCESS) return s;
     plan.bias = bias;
+  }
+  if (plan.problem.aux_ld > 0 && plan.aux != aux) {
+    lt::cublasStatus_t s =
+        call.api->matmul_desc_set_attribute(plan.desc, lt::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
+    if (s != lt::CUBLAS_STATUS_SUCCESS) return s;
+    plan.aux = aux;
   }
   // alpha = 1, beta = 0 in the scale type (read at the call: host pointer mode); C is D,
   // never read since beta is 0.
@@ -796,14 +831,14 @@ inline std::string cublaslt_unavailable_reason() { return detail::cublaslt_state
 /// stream). The device's one workspace is shared by every product queued there, so the work
 /// on `stream` must be ordered with kiln's stream (a captured graph is replayed on it).
 inline void cublaslt_matmul(const GemmShape& shape, const void* a, const void* b, void* d, const void* bias, int device,
-                            cu::CUstream stream = nullptr) {
+                            cu::CUstream stream = nullptr, const void* aux = nullptr) {
   detail::CublasLtCall call;
-  if (!detail::prepare_cublaslt_call(shape, a, b, d, bias, device, call)) return;
+  if (!detail::prepare_cublaslt_call(shape, a, b, d, bias, aux, device, call)) return;
   call.ctx->make_current();
   lt::cublasStatus_t s;
   {
     std::lock_guard<std::mutex> lock(call.plan->mu);
-    s = detail::enqueue_cublaslt(call, call.plan->algo, a, b, d, bias, stream);
+    s = detail::enqueue_cublaslt(call, call.plan->algo, a, b, d, bias, aux, stream);
   }
   detail::cublaslt_check(s, shape, "cublasLtMatmul", device);
   detail::cublaslt_counters().matmuls++;
@@ -816,31 +851,31 @@ inline void cublaslt_matmul(const GemmShape& shape, const void* a, const void* b
 /// the timed runs). A product already tuned in this process runs once with its choice and returns 0.
 /// Empty products return 0; otherwise it throws as cublaslt_matmul does.
 inline double cublaslt_autotune(const GemmShape& shape, const void* a, const void* b, void* d, const void* bias,
-                                int device) {
+                                int device, const void* aux = nullptr) {
   detail::CublasLtCall call;
-  if (!detail::prepare_cublaslt_call(shape, a, b, d, bias, device, call)) return 0.0;
+  if (!detail::prepare_cublaslt_call(shape, a, b, d, bias, aux, device, call)) return 0.0;
   const CudaContext& ctx = *call.ctx;
   ctx.make_current();
   std::lock_guard<std::mutex> lock(call.plan->mu);
   if (call.plan->tuned) {  // chosen already in this process: just the product
-    detail::cublaslt_check(detail::enqueue_cublaslt(call, call.plan->algo, a, b, d, bias), shape, "cublasLtMatmul",
+    detail::cublaslt_check(detail::enqueue_cublaslt(call, call.plan->algo, a, b, d, bias, aux), shape, "cublasLtMatmul",
                            device);
     return 0.0;
   }
   // The choice is stored in the disk cache under the product, the device, the pointer
   // alignments and the library's version (an algorithm is only valid where it was chosen).
-  const std::string tuning_key = "cublaslt|" + ctx.name + "|" + ctx.arch() + "|" +
-                                 std::to_string(detail::cublaslt_state().version) + "|" + shape.str() + "|" +
-                                 std::to_string(shape.hash()) + "|" + std::to_string(call.key.align_a) + "," +
-                                 std::to_string(call.key.align_b) + "," + std::to_string(call.key.align_d) + "," +
-                                 std::to_string(call.key.align_bias);
+  const std::string tuning_key =
+      "cublaslt|" + ctx.name + "|" + ctx.arch() + "|" + std::to_string(detail::cublaslt_state().version) + "|" +
+      shape.str() + "|" + std::to_string(shape.hash()) + "|" + std::to_string(call.key.align_a) + "," +
+      std::to_string(call.key.align_b) + "," + std::to_string(call.key.align_d) + "," +
+      std::to_string(call.key.align_bias) + (aux ? "," + std::to_string(call.key.align_aux) : std::string());
   if (auto stored = load_tuning(tuning_key); stored && stored->size() == 2 * sizeof(lt::cublasLtMatmulAlgo_t)) {
     lt::cublasLtMatmulAlgo_t algo{};
     auto* bytes = reinterpret_cast<unsigned char*>(&algo);
     for (std::size_t i = 0; i < sizeof algo; ++i)
       bytes[i] = static_cast<unsigned char>(std::stoi(stored->substr(2 * i, 2), nullptr, 16));
     // A stored algorithm that no longer runs (a damaged entry) is timed again below.
-    if (detail::enqueue_cublaslt(call, algo, a, b, d, bias) == lt::CUBLAS_STATUS_SUCCESS) {
+    if (detail::enqueue_cublaslt(call, algo, a, b, d, bias, aux) == lt::CUBLAS_STATUS_SUCCESS) {
       call.plan->algo = algo;
       call.plan->tuned = true;
       return 0.0;
@@ -855,7 +890,8 @@ inline double cublaslt_autotune(const GemmShape& shape, const void* a, const voi
     const auto& algo = candidates[c].algo;
     auto run = [&](int reps) {
       for (int r = 0; r < reps; ++r)
-        if (lt::cublasStatus_t s = detail::enqueue_cublaslt(call, algo, a, b, d, bias); s != lt::CUBLAS_STATUS_SUCCESS)
+        if (lt::cublasStatus_t s = detail::enqueue_cublaslt(call, algo, a, b, d, bias, aux);
+            s != lt::CUBLAS_STATUS_SUCCESS)
           return s;
       return lt::CUBLAS_STATUS_SUCCESS;
     };

@@ -15,8 +15,12 @@
 namespace kiln::runtime {
 
 /// What a library product applies to its result before storing it (cuBLASLt's epilogues).
-/// The GELU forms are the tanh approximation, which is what cuBLASLt computes.
-enum class GemmEpilogue : std::uint8_t { None, Bias, Relu, ReluBias, Gelu, GeluBias };
+/// The GELU forms are the tanh approximation, which is what cuBLASLt computes. The training
+/// pair: GeluAux and GeluAuxBias also store the GELU's input (the biased product) in an auxiliary matrix
+/// of D's shape, and DGelu multiplies the product by the GELU's derivative at such a matrix
+/// (D = (A @ B) * gelu'(aux)): a backward's gradient through the GELU, computed by the product
+/// that makes the gradient of its output.
+enum class GemmEpilogue : std::uint8_t { None, Bias, Relu, ReluBias, Gelu, GeluBias, GeluAux, GeluAuxBias, DGelu };
 
 inline const char* epilogue_name(GemmEpilogue e) {
   switch (e) {
@@ -32,11 +36,23 @@ inline const char* epilogue_name(GemmEpilogue e) {
       return "gelu";
     case GemmEpilogue::GeluBias:
       return "gelu_bias";
+    case GemmEpilogue::GeluAux:
+      return "gelu_aux";
+    case GemmEpilogue::GeluAuxBias:
+      return "gelu_aux_bias";
+    case GemmEpilogue::DGelu:
+      return "dgelu";
   }
   return "?";
 }
 inline bool epilogue_has_bias(GemmEpilogue e) {
-  return e == GemmEpilogue::Bias || e == GemmEpilogue::ReluBias || e == GemmEpilogue::GeluBias;
+  return e == GemmEpilogue::Bias || e == GemmEpilogue::ReluBias || e == GemmEpilogue::GeluBias ||
+         e == GemmEpilogue::GeluAuxBias;
+}
+/// Whether the epilogue writes (GeluAux, GeluAuxBias) or reads (DGelu) an auxiliary matrix: D's
+/// shape, in D's dtype, row-major with row stride GemmShape::aux_rs.
+inline bool epilogue_has_aux(GemmEpilogue e) {
+  return e == GemmEpilogue::GeluAux || e == GemmEpilogue::GeluAuxBias || e == GemmEpilogue::DGelu;
 }
 
 /// How a BLAS reads one rows x cols matrix whose element (i, j) is at i * rs + j * cs: as a
@@ -75,6 +91,8 @@ struct GemmShape {
   std::int64_t d_rs = 0, d_bs = 0;
   GemmEpilogue epilogue = GemmEpilogue::None;
   DType bias_dtype = DType::Float32;
+  /// The auxiliary matrix's row stride (epilogue_has_aux): cuBLASLt wants a multiple of 8.
+  std::int64_t aux_rs = 0;
   /// f32 products may use TF32 tensor cores (set_float32_matmul_precision("high")).
   bool allow_tf32 = false;
   /// The floating dtype A (B) is stored in when it is not `dtype`: the operand is read through
@@ -91,6 +109,7 @@ struct GemmShape {
       h = hash_combine(h, static_cast<std::uint64_t>(v));
     h = hash_combine(h, static_cast<std::uint64_t>(epilogue) * 16 + static_cast<std::uint64_t>(bias_dtype));
     for (const auto& from : {a_from, b_from}) h = hash_combine(h, from ? 1 + static_cast<std::uint64_t>(*from) : 0);
+    if (aux_rs != 0) h = hash_combine(h, static_cast<std::uint64_t>(aux_rs));  // shapes without one keep their hashes
     return hash_combine(h, allow_tf32 ? 1 : 0);
   }
 

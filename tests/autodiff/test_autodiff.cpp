@@ -564,6 +564,44 @@ TEST_CASE("autograd: an MLP block's backward reads weights and activations trans
   }
 }
 
+TEST_CASE("autograd: a bfloat16 linear-GELU-linear block over sequences trains as in float64 (the GPU's fused epilogues)") {
+  // On a GPU the first product's bias and GELU join its cuBLASLt call, which keeps the GELU's
+  // input, and the backward's product for the GELU's output gradient applies the GELU's
+  // derivative there (GELU_AUX_BIAS, DGELU): the values and all five gradients must agree with
+  // the same block in float64 on the host, within bfloat16's rounding.
+  const Device host = Device::cpu();
+  // Values a bfloat16 holds exactly, so both sides start from the same numbers.
+  auto leaf = [&](const Shape& shape, std::uint64_t seed, double scale) {
+    return (randn(shape, seed, f64, host) * scale).to(bf16).to(f64).eval();
+  };
+  std::vector<Tensor> ref{leaf({2, 8, 16}, 81, 1.0), leaf({64, 16}, 82, 0.25), leaf({64}, 83, 0.25),
+                          leaf({16, 64}, 84, 0.25), leaf({16}, 85, 0.25)};
+  const Tensor gy = leaf({2, 8, 16}, 86, 1.0);
+  std::vector<Tensor> low;
+  for (Tensor& t : ref) {
+    low.push_back(t.to(bf16).to(device()).eval().requires_grad_());
+    t.requires_grad_();
+  }
+  auto block = [](const std::vector<Tensor>& p) {
+    return nn::functional::linear(gelu(nn::functional::linear(p[0], p[1], p[2]), true), p[3], p[4]);
+  };
+  Tensor y_ref = block(ref), y = block(low);
+  y_ref.backward(gy);
+  y.backward(gy.to(bf16).to(device()));
+  auto close = [](const Tensor& got, const Tensor& want, double tol) {
+    std::vector<double> a = got.to(f64).to(Device::cpu()).to_vector<double>(), b = want.to_vector<double>();
+    REQUIRE(a.size() == b.size());
+    double scale = 0;
+    for (double v : b) scale = std::max(scale, std::fabs(v));
+    for (std::size_t i = 0; i < a.size(); ++i) CHECK(std::fabs(a[i] - b[i]) <= tol * (scale + 1));
+  };
+  close(y, y_ref, 0.02);
+  for (std::size_t k = 0; k < ref.size(); ++k) {
+    CAPTURE(k);
+    close(low[k].grad(), ref[k].grad(), 0.03);
+  }
+}
+
 TEST_CASE("autograd: a weight read as cast(W^T) gets its gradient as a product in its own layout") {
   // Autocast reads a tied head's weight as cast(W^T) to bfloat16: its gradient is the product
   // g^T x cast back (the shape of W), not a [K, N] product transposed, whose transpose a later

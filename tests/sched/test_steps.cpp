@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include "../support/ir_build.hpp"
+#include "kiln/autodiff/backward.hpp"
 #include "kiln/sched/steps.hpp"
 
 namespace kiln_test_sched_steps {
@@ -273,6 +274,117 @@ TEST_CASE("a scatter reads a broadcast index through strides: one index per row,
     CHECK(p.temps[static_cast<std::size_t>(p.scatters[0].index.index)].shape == Shape{6});
     CHECK(p.scatters[0].sorted_runs == dev.is_cuda());
   }
+}
+
+namespace {
+
+/// G3's MLP block `linear(gelu(linear(x, W1, b1), tanh), W2, b2)` and its gradients with respect
+/// to all five inputs from a given gradient of the output (bench_gpu's B2, small), `hidden` wide.
+/// `sequences`: x is [2, 8, 8] and each linear is what kiln::linear records for it, a product
+/// over [16, 8] rows whose result a reshape splits back into [2, 8, N] before the bias.
+std::vector<NodePtr> mlp_block_with_gradients(std::int64_t hidden, bool sequences = false) {
+  std::vector<NodePtr> leaves{input(sequences ? Shape{2, 8, 8} : Shape{16, 8}, bf16, 1), input({hidden, 8}, bf16, 2),
+                              input({hidden}, bf16, 3), input({8, hidden}, bf16, 4), input({8}, bf16, 5)};
+  for (auto& l : leaves) {
+    l->requires_grad = true;
+    l->grad_leaf = std::make_shared<ir::GradLeaf>();
+  }
+  auto linear = [&](const NodePtr& x, const NodePtr& w, const NodePtr& b) {
+    const std::int64_t n = w->shape[0];
+    if (!sequences) return add(ir::matmul(x, permute(w, {1, 0})), bias_rows(b, 16));
+    NodePtr rows = ir::matmul(ir::reshape(x, Shape{16, x->shape[2]}), permute(w, {1, 0}));
+    return add(ir::reshape(rows, Shape{2, 8, n}), ir::broadcast(ir::reshape(b, Shape{1, 1, n}), Shape{2, 8, n}));
+  };
+  NodePtr h = decomp::gelu(linear(leaves[0], leaves[1], leaves[2]), true);
+  NodePtr y = linear(h, leaves[3], leaves[4]);
+  auto reached = kiln::autodiff::backward_pass({y}, {input(y->shape, bf16, 6)}, leaves, false, "mlp");
+  std::vector<NodePtr> roots{y};
+  for (auto& l : leaves)
+    for (auto& r : reached)
+      if (r.node == l) roots.push_back(r.grad);
+  return roots;
+}
+
+/// Whether a segment of `p` evaluates `op` (a GELU or its derivative left to a kernel).
+bool segments_compute(const kiln::sched::StepPlan& p, Op op) {
+  for (const auto& seg : p.segments)
+    for (const auto& n : seg.graph.nodes)
+      if (n.op == op) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("a GELU's gradient is cuBLASLt's DGELU on the next product, reading the input the forward call kept") {
+  // Forward: the first product's bias and tanh-GELU join its call, which also stores the GELU's
+  // input (GELU_AUX_BIAS) because the backward reads it; over sequences, through the reshape
+  // that splits the product's rows. Backward: the product that makes the
+  // gradient of the GELU's output (dy @ W2) multiplies by the GELU's derivative at that input in
+  // its epilogue (DGELU). No kernel evaluates the GELU or its derivative (both need a tanh or an
+  // exp); what is left to kernels is the two bias gradients' column sums.
+  for (bool sequences : {false, true}) {
+    CAPTURE(sequences);
+    auto p = plan_of(mlp_block_with_gradients(32, sequences), true);
+    REQUIRE(p.calls.size() == 6);
+    const kiln::sched::LibraryCall* forward = nullptr;
+    const kiln::sched::LibraryCall* gradient = nullptr;
+    for (const auto& c : p.calls) {
+      if (c.activation == Activation::GeluTanh) forward = &c;
+      if (c.activation == Activation::GeluTanhGrad) gradient = &c;
+    }
+    REQUIRE(forward != nullptr);
+    REQUIRE(gradient != nullptr);
+    CHECK(forward->bias);
+    CHECK(forward->aux >= 0);
+    CHECK(forward->aux_slot.kind == Slot::Temp);
+    CHECK(forward->aux_slot.strides == Strides{32, 1});
+    CHECK(gradient->aux == forward->aux);  // the same node, read where the forward's call put it
+    CHECK(gradient->aux_slot.kind == forward->aux_slot.kind);  // the same memory ([2, 8, 32] or [16, 32])
+  CHECK(gradient->aux_slot.index == forward->aux_slot.index);
+    CHECK(!gradient->bias);
+    CHECK(gradient->level > forward->level);
+    CHECK(!segments_compute(p, Op::Tanh));
+    CHECK(!segments_compute(p, Op::Exp));
+    int kernels = 0;
+    for (const Step& st : p.order) kernels += st.kind == Step::Kernels;
+    CHECK(kernels <= 2);
+    CHECK(p.str().find("gelu(tanh) gradient at tmp") != std::string::npos);
+    int biased = 0;  // the second linear's bias joins its call too
+    for (const auto& c : p.calls) biased += c.bias;
+    CHECK(biased == 2);
+  }
+  // The host plan keeps every epilogue in kernels, as before.
+  auto host = plan_of(mlp_block_with_gradients(32), false);
+  for (const auto& c : host.calls) {
+    CHECK(c.activation == Activation::None);
+    CHECK(c.aux < 0);
+  }
+  // A hidden width that is no multiple of 8 cannot be cuBLASLt's auxiliary matrix: the GELU and
+  // its derivative stay in kernels.
+  auto odd = plan_of(mlp_block_with_gradients(36), true);
+  for (const auto& c : odd.calls) CHECK(c.aux < 0);
+  CHECK(segments_compute(odd, Op::Tanh));
+}
+
+TEST_CASE("the derivative joins a product reading a saved input, not one whose product is read elsewhere too") {
+  // A compiled backward: the GELU's input is a leaf (the forward saved it), read in place.
+  NodePtr saved = input({16, 8}, bf16, 1), w = input({8, 8}, bf16, 2), dy = input({16, 8}, bf16, 3);
+  NodePtr dh = ir::matmul(dy, w);
+  NodePtr dpre = ir::cast(decomp::gelu_backward(saved, dh, true), bf16);
+  auto alone = plan_of({dpre}, true);
+  REQUIRE(alone.calls.size() == 1);
+  CHECK(alone.calls[0].activation == Activation::GeluTanhGrad);
+  CHECK(alone.calls[0].aux_slot.kind == Slot::Leaf);
+  CHECK(alone.calls[0].out.kind == Slot::Output);
+  CHECK(alone.segments.empty());
+  // dh itself returned as well: the call cannot replace it by dh * gelu'(x).
+  auto both = plan_of({dpre, dh}, true);
+  CHECK(both.calls[0].activation == Activation::None);
+  CHECK(segments_compute(both, Op::Tanh));
+  // A saved input read through strides (a transposed view) is no auxiliary matrix.
+  NodePtr strided = input({16, 8}, bf16, 4, Strides{1, 16});
+  auto transposed = plan_of({ir::cast(decomp::gelu_backward(strided, dh, true), bf16)}, true);
+  CHECK(transposed.calls[0].activation == Activation::None);
 }
 
 TEST_CASE("a value only products read is stored just before the first of them, not where it can first be computed") {

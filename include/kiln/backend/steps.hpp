@@ -37,7 +37,10 @@ inline runtime::GemmEpilogue gemm_epilogue(const sched::LibraryCall& c) {
     case sched::Activation::Relu:
       return c.bias ? E::ReluBias : E::Relu;
     case sched::Activation::GeluTanh:
+      if (c.aux >= 0) return c.bias ? E::GeluAuxBias : E::GeluAux;
       return c.bias ? E::GeluBias : E::Gelu;
+    case sched::Activation::GeluTanhGrad:
+      return E::DGelu;
   }
   return E::None;
 }
@@ -46,7 +49,8 @@ inline runtime::GemmEpilogue gemm_epilogue(const sched::LibraryCall& c) {
 /// is the library's batch; any others are looped over here. `tune` (max-autotune, GPU): the
 /// library's top candidate algorithms are timed on these buffers and the fastest kept.
 inline void run_library_call(const sched::LibraryCall& c, const char* a, const char* b, char* out, const void* bias,
-                             Device device, bool tune = false, runtime::cu::CUstream stream = nullptr) {
+                             Device device, bool tune = false, runtime::cu::CUstream stream = nullptr,
+                             void* aux = nullptr) {
   const std::size_t r = c.shape.size();
   const Strides &sa = c.a.strides, &sb = c.b.strides, &so = c.out.strides;
   struct Dim {
@@ -74,6 +78,7 @@ inline void run_library_call(const sched::LibraryCall& c, const char* a, const c
   s.d_rs = so[r - 2];
   s.epilogue = gemm_epilogue(c);
   s.bias_dtype = c.bias_dtype;
+  if (c.aux >= 0) s.aux_rs = s.n;  // the planner gives the GELU's input contiguous memory
   s.allow_tf32 = c.dtype == DType::Float32 && runtime::float32_matmul_precision_setting().load() != 0;
   s.a_from = c.a_from;
   s.b_from = c.b_from;
@@ -97,9 +102,9 @@ inline void run_library_call(const sched::LibraryCall& c, const char* a, const c
     if (device.is_cpu())
       runtime::cpu_gemm(s, a + oa * isz_a, b + ob * isz_b, out + oo * isz);
     else if (tune)
-      runtime::cublaslt_autotune(s, a + oa * isz, b + ob * isz, out + oo * isz, bias, device.index);
+      runtime::cublaslt_autotune(s, a + oa * isz, b + ob * isz, out + oo * isz, bias, device.index, aux);
     else
-      runtime::cublaslt_matmul(s, a + oa * isz, b + ob * isz, out + oo * isz, bias, device.index, stream);
+      runtime::cublaslt_matmul(s, a + oa * isz, b + ob * isz, out + oo * isz, bias, device.index, stream, aux);
     std::size_t d = batch.size();
     while (d > 0 && ++at[d - 1] == batch[d - 1].size) at[--d] = 0;
     if (d == 0) break;
@@ -596,7 +601,8 @@ class StepProgram {
   void run_call(const sched::LibraryCall& c, const RunArgs& args, const std::vector<StoragePtr>& temps, bool tune,
                 runtime::cu::CUstream stream) const {
     detail::run_library_call(c, address(c.a, args, temps), address(c.b, args, temps), address(c.out, args, temps),
-                             c.bias ? address(c.bias_slot, args, temps) : nullptr, graph_.device, tune, stream);
+                             c.bias ? address(c.bias_slot, args, temps) : nullptr, graph_.device, tune, stream,
+                             c.aux >= 0 ? address(c.aux_slot, args, temps) : nullptr);
     if (!stream) kiln::detail::counters().library_calls.fetch_add(1, std::memory_order_relaxed);
   }
 

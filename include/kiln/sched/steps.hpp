@@ -59,8 +59,10 @@ struct Segment {
   std::vector<Slot> outputs;
 };
 
-/// What a library product applies before storing (the call's epilogue).
-enum class Activation : std::uint8_t { None, Relu, GeluTanh };
+/// What a library product applies before storing (the call's epilogue). GeluTanhGrad is a
+/// backward's step through a tanh-form GELU: the product (the gradient of the GELU's output)
+/// times the GELU's derivative at its input, which the call reads from `LibraryCall::aux`.
+enum class Activation : std::uint8_t { None, Relu, GeluTanh, GeluTanhGrad };
 
 /// One library product: out = activation(a @ b + bias) over the batch dims of `shape`.
 struct LibraryCall {
@@ -73,6 +75,12 @@ struct LibraryCall {
   Slot bias_slot;
   DType bias_dtype = DType::Float32;
   Activation activation = Activation::None;
+  /// The GELU's input held as an auxiliary matrix of the result's shape (row-major, contiguous):
+  /// with GeluTanh the call also stores there its biased product (node `aux`), which later steps
+  /// read (a backward's GeluTanhGrad, another reader of the pre-activation); with GeluTanhGrad the
+  /// call reads node `aux` there. -1: none.
+  int aux = -1;
+  Slot aux_slot;
   int level = 1;
   /// A cast to `dtype` folded into the call (CPU): the operand's memory holds this dtype.
   std::optional<DType> a_from, b_from;
@@ -319,6 +327,8 @@ namespace detail {
 
 /// Whether the subgraph of `g` under `node` is the subgraph of `p` under `proot` with p's
 /// placeholder (p.outputs[1]) standing for `hole` (equal ops, dtypes, shapes, attrs, node for node).
+/// Further placeholders (p.outputs[2], ...) stand for any node of their dtype and shape, the same
+/// node wherever they occur: `seen` maps them (as every matched pattern node) to it.
 inline bool same_subgraph(const ir::Graph& g, int node, const ir::Graph& p, int proot, int hole,
                           std::map<int, int>& seen) {
   const ir::GraphNode& pn = p.nodes[static_cast<std::size_t>(proot)];
@@ -326,6 +336,11 @@ inline bool same_subgraph(const ir::Graph& g, int node, const ir::Graph& p, int 
   auto it = seen.find(proot);
   if (it != seen.end()) return it->second == node;
   const ir::GraphNode& n = g.nodes[static_cast<std::size_t>(node)];
+  if (std::find(p.outputs.begin() + 2, p.outputs.end(), proot) != p.outputs.end()) {
+    if (n.dtype != pn.dtype || n.shape != pn.shape) return false;
+    seen[proot] = node;
+    return true;
+  }
   if (n.op != pn.op || n.dtype != pn.dtype || n.shape != pn.shape || !(n.attrs == pn.attrs) ||
       n.inputs.size() != pn.inputs.size())
     return false;
@@ -335,15 +350,8 @@ inline bool same_subgraph(const ir::Graph& g, int node, const ir::Graph& p, int 
   return true;
 }
 
-/// The graph `make(x)` builds over a placeholder x of `x_node`'s dtype and shape: the pattern
-/// an epilogue op is recognised by (the decomposition the front end itself produces). Output 0
-/// is the root, output 1 the placeholder.
-template <class Make>
-ir::Graph pattern_of(const ir::GraphNode& x_node, Make&& make) {
-  // An iota stands for the operand (a leaf no decomposition folds); the walk below flattens
-  // what `make` built.
-  ir::NodePtr x = ir::iota(x_node.shape, 0, x_node.dtype, Device::cpu());
-  ir::NodePtr root = make(x);
+/// `root`'s graph as a pattern: output 0 the root, then each placeholder (-1 where unused).
+inline ir::Graph flatten_pattern(const ir::NodePtr& root, const std::vector<ir::NodePtr>& placeholders) {
   std::map<const ir::Node*, int> index;
   ir::Graph pg;
   std::vector<std::pair<const ir::Node*, std::size_t>> stack{{root.get(), 0}};
@@ -367,8 +375,29 @@ ir::Graph pattern_of(const ir::GraphNode& x_node, Make&& make) {
     stack.pop_back();
   }
   pg.outputs.push_back(index.at(root.get()));
-  pg.outputs.push_back(index.count(x.get()) ? index.at(x.get()) : -1);
+  for (const ir::NodePtr& x : placeholders) pg.outputs.push_back(index.count(x.get()) ? index.at(x.get()) : -1);
   return pg;
+}
+
+/// The graph `make(x)` builds over a placeholder x of `x_node`'s dtype and shape: the pattern
+/// an epilogue op is recognised by (the decomposition the front end itself produces). Output 0
+/// is the root, output 1 the placeholder.
+template <class Make>
+ir::Graph pattern_of(const ir::GraphNode& x_node, Make&& make) {
+  // An iota stands for the operand (a leaf no decomposition folds); flatten_pattern walks what
+  // `make` built.
+  ir::NodePtr x = ir::iota(x_node.shape, 0, x_node.dtype, Device::cpu());
+  return flatten_pattern(make(x), {x});
+}
+
+/// The same over two placeholders of `x_node`'s dtype and shape: output 1 is the first (the
+/// hole same_subgraph is given), output 2 the second (free). Distinct leaves: iotas along
+/// different dims, so `x_node` needs two dims.
+template <class Make>
+ir::Graph pattern_of2(const ir::GraphNode& x_node, Make&& make) {
+  ir::NodePtr x = ir::iota(x_node.shape, 0, x_node.dtype, Device::cpu());
+  ir::NodePtr y = ir::iota(x_node.shape, 1, x_node.dtype, Device::cpu());
+  return flatten_pattern(make(x, y), {x, y});
 }
 
 /// A value whose recomputation would read this many large values (each at least a sixteenth of
@@ -483,6 +512,7 @@ class StepPlanner {
       const int id = static_cast<int>(plan_.calls.size());
       operands_.push_back({nd.inputs[0], nd.inputs[1]});  // slots once every call's result has one
       call_of_result_[static_cast<std::size_t>(c.result)] = id;
+      if (c.aux >= 0 && c.activation == Activation::GeluTanh) call_of_result_[static_cast<std::size_t>(c.aux)] = id;
       plan_.calls.push_back(std::move(c));
     }
   }
@@ -727,21 +757,69 @@ class StepPlanner {
     plan_.scatters.push_back(std::move(c));
   }
 
-  // bias add, then relu or tanh-gelu, each the sole reader of what precedes it.
+  // The nodes of a match (`seen`: pattern node -> graph node) that a call can compute in its
+  // epilogue because nothing else reads them: each is read only by the match's root or by
+  // other such nodes (a fixpoint). Leaves (constants are shared freely) and `keep` never are.
+  std::set<int> interior(const std::map<int, int>& seen, int root, const std::set<int>& keep) const {
+    std::set<int> in;
+    for (auto& [p, m] : seen)
+      if (m != root && !keep.count(m) && ir::op_kind(node(m).op) != ir::OpKind::Leaf) in.insert(m);
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (auto it = in.begin(); it != in.end();) {
+        bool only_inside = !is_graph_output(*it);
+        for (int u : users_[static_cast<std::size_t>(*it)]) only_inside = only_inside && (u == root || in.count(u));
+        if (only_inside) {
+          ++it;
+          continue;
+        }
+        it = in.erase(it);
+        changed = true;
+      }
+    }
+    return in;
+  }
+
+  // Whether call `c` (one [M, N] product) can hold a GELU's input as cuBLASLt's auxiliary
+  // matrix: a contiguous [M, N] with N a multiple of 8, in a type whose GELU is accurate.
+  static bool aux_fits(const LibraryCall& c) {
+    return c.shape.size() == 2 && c.shape[1] % 8 == 0 &&
+           (c.dtype == DType::BFloat16 || c.dtype == DType::Float16 || c.dtype == DType::Float32);
+  }
+
+  // The reshape that is the only reader of product i and splits its rows ([B*T, N] seen as
+  // [B, T, N]: a linear over a batch of sequences), or -1. The same memory in the same order,
+  // so an epilogue on the reshaped value is one on the product.
+  int row_split_reader(int i) const {
+    const int u = sole_user(i);
+    if (u < 0 || node(u).op != ir::Op::Reshape) return -1;
+    const Shape& from = node(i).shape;
+    const Shape& to = node(u).shape;
+    return from.size() == 2 && to.size() >= 2 && to.back() == from[1] ? u : -1;
+  }
+
+  // bias add, then relu or tanh-gelu, each the sole reader of what precedes it; a tanh-gelu
+  // whose input other steps read too keeps that input as the call's auxiliary output. Or a
+  // backward's gradient through a tanh-gelu (try_gelu_gradient).
   void absorb_epilogue(LibraryCall& c) {
-    int cur = c.node;
+    if (try_gelu_gradient(c)) return;
+    // Through a reshape splitting the rows: the epilogue's ops are on the reshaped value.
+    const int split = row_split_reader(c.node);
+    int cur = split >= 0 ? split : c.node;
     const i64 N = c.shape[1];
     int user = sole_user(cur);
     if (user >= 0 && node(user).op == ir::Op::Add && node(user).inputs[0] != node(user).inputs[1]) {
       const ir::GraphNode& add = node(user);
       const int other = add.inputs[0] == cur ? add.inputs[1] : add.inputs[0];
       const ir::GraphNode& o = node(other);
-      int source = -1;  // the [1, N] value broadcast over the rows
-      if (o.op == ir::Op::Broadcast && sole_user(other) == user && node(o.inputs[0]).shape == Shape{1, N} &&
-          level_[static_cast<std::size_t>(o.inputs[0])] < c.level)
+      const std::size_t r = o.shape.size();
+      int source = -1;  // the [1, ..., 1, N] value broadcast over the rows
+      if (o.op == ir::Op::Broadcast && sole_user(other) == user && node(o.inputs[0]).shape.numel() == N &&
+          node(o.inputs[0]).shape.back() == N && level_[static_cast<std::size_t>(o.inputs[0])] < c.level)
         source = o.inputs[0];
       // A realized bias arrives broadcast already: a leaf whose rows have stride 0.
-      const bool leaf_rows = o.op == ir::Op::Input && o.strides[0] == 0 && (o.strides[1] == 1 || N == 1);
+      bool leaf_rows = o.op == ir::Op::Input && (o.strides[r - 1] == 1 || N == 1);
+      for (std::size_t d = 0; d + 1 < r; ++d) leaf_rows = leaf_rows && o.strides[d] == 0;
       if (source >= 0 || leaf_rows) {
         c.bias = true;
         c.bias_dtype = o.dtype;
@@ -760,25 +838,20 @@ class StepPlanner {
         if (g_.nodes[j].op != proot.op || g_.nodes[j].shape != x.shape) continue;
         std::map<int, int> seen;
         if (!same_subgraph(g_, static_cast<int>(j), pattern, pattern.outputs[0], cur, seen)) continue;
-        // Every node of the match but the root is read only inside the match; `cur` only by it.
-        std::set<int> inside;
-        for (auto& [p, gnode] : seen) inside.insert(gnode);
-        int readers_of_cur = 0;
-        bool closed = true;
-        for (int m : inside) {
-          for (auto in : node(m).inputs)
-            if (in == cur) ++readers_of_cur;
-          // Constants are free leaves: shared with other readers, recomputed by them.
-          if (m == static_cast<int>(j) || ir::op_kind(node(m).op) == ir::OpKind::Leaf) continue;
-          int count = 0;
-          for (int m2 : inside)
-            for (auto in : node(m2).inputs) count += in == m;
-          closed = closed && count == uses_[static_cast<std::size_t>(m)];
+        const std::set<int> inside = interior(seen, static_cast<int>(j), {});
+        std::size_t computed = 0;  // matched nodes other than the root and leaves
+        for (auto& [p, m] : seen) computed += m != static_cast<int>(j) && ir::op_kind(node(m).op) != ir::OpKind::Leaf;
+        bool cur_inside = !is_graph_output(cur);
+        for (int u : users_[static_cast<std::size_t>(cur)])
+          cur_inside = cur_inside && (u == static_cast<int>(j) || inside.count(u));
+        if (inside.size() != computed || !cur_inside) {
+          // Read elsewhere too (a backward's gradient through the GELU reads its input): cuBLASLt
+          // stores the input beside the result, and the other readers read it there (the parts
+          // of the decomposition they share are recomputed from it).
+          if (act != Activation::GeluTanh || !aux_fits(c)) continue;
+          c.aux = cur;
         }
-        if (!closed || readers_of_cur != uses_[static_cast<std::size_t>(cur)]) continue;
-        for (int m : inside)
-          if (m != static_cast<int>(j) && ir::op_kind(node(m).op) != ir::OpKind::Leaf)
-            absorbed_[static_cast<std::size_t>(m)] = 1;
+        for (int m : inside) absorbed_[static_cast<std::size_t>(m)] = 1;
         if (cur != c.node) absorbed_[static_cast<std::size_t>(cur)] = 1;
         c.activation = act;
         c.result = static_cast<int>(j);
@@ -788,12 +861,73 @@ class StepPlanner {
     };
     if (!try_activation(Activation::Relu, pattern_of(x, [](const ir::NodePtr& v) { return decomp::relu(v); })))
       try_activation(Activation::GeluTanh, pattern_of(x, [](const ir::NodePtr& v) { return decomp::gelu(v, true); }));
+    if (c.activation == Activation::None && !c.bias) return;  // a split alone is no epilogue
     if (c.result != c.node) absorbed_[static_cast<std::size_t>(c.node)] = 1;
+    if (split >= 0) absorbed_[static_cast<std::size_t>(split)] = 1;
     if (c.activation == Activation::None && cur != c.node) c.result = cur;
     if (c.result != c.node) {
       level_[static_cast<std::size_t>(c.result)] = c.level;
       absorbed_[static_cast<std::size_t>(c.result)] = 0;
     }
+    if (c.aux >= 0) {  // the call's second result
+      level_[static_cast<std::size_t>(c.aux)] = c.level;
+      absorbed_[static_cast<std::size_t>(c.aux)] = 0;
+    }
+  }
+
+  // A backward's gradient through a tanh-form GELU, cast(gelu_backward(x, p)) (the GELU's own
+  // gradient rule) of this product p (or a reshape splitting its rows), the gradient of the
+  // GELU's output: the call computes it (cuBLASLt's DGELU), reading the GELU's input x from
+  // memory as its auxiliary matrix (where the forward's call stored it, a saved leaf, or a
+  // segment's store), so neither the product nor the derivative is a kernel of its own. The
+  // call waits for x's level.
+  bool try_gelu_gradient(LibraryCall& c) {
+    if (!aux_fits(c) || c.shape[0] < 2 || c.shape[1] < 2 || is_graph_output(c.node)) return false;
+    const int split = row_split_reader(c.node);
+    const int hole = split >= 0 ? split : c.node;  // the gradient of the GELU's output
+    const ir::GraphNode& p = node(hole);
+    const int id = static_cast<int>(plan_.calls.size());
+    const ir::Graph pattern = pattern_of2(p, [](const ir::NodePtr& g, const ir::NodePtr& x) {
+      return ir::cast(decomp::gelu_backward(x, g, true), x->dtype);
+    });
+    // The pattern's nodes that depend on the product: the call computes all of them.
+    std::vector<char> on_product(pattern.nodes.size(), 0);
+    for (std::size_t k = 0; k < pattern.nodes.size(); ++k) {
+      on_product[k] = static_cast<int>(k) == pattern.outputs[1];
+      for (int in : pattern.nodes[k].inputs) on_product[k] |= on_product[static_cast<std::size_t>(in)];
+    }
+    const ir::GraphNode& proot = pattern.nodes[static_cast<std::size_t>(pattern.outputs[0])];
+    for (std::size_t j = static_cast<std::size_t>(hole) + 1; j < n_; ++j) {
+      if (g_.nodes[j].op != proot.op || g_.nodes[j].shape != p.shape) continue;
+      std::map<int, int> seen;
+      if (!same_subgraph(g_, static_cast<int>(j), pattern, pattern.outputs[0], hole, seen)) continue;
+      auto found = seen.find(pattern.outputs[2]);
+      if (found == seen.end()) continue;
+      const int x = found->second;
+      const ir::GraphNode& xn = node(x);
+      // x's level is known (a leaf: a compiled backward's saved value; or an earlier node) and it
+      // has memory of its own, row-major.
+      if ((xn.op != ir::Op::Input && x >= c.node) || absorbed_[static_cast<std::size_t>(x)] ||
+          zero_[static_cast<std::size_t>(x)] || (xn.op == ir::Op::Input && xn.strides != contiguous_strides(xn.shape)))
+        continue;
+      const std::set<int> inside = interior(seen, static_cast<int>(j), {x});
+      bool whole = !is_graph_output(hole);
+      for (int u : users_[static_cast<std::size_t>(hole)]) whole = whole && inside.count(u);
+      for (auto& [pn, m] : seen)
+        if (on_product[static_cast<std::size_t>(pn)] && m != static_cast<int>(j) && !inside.count(m)) whole = false;
+      if (!whole) continue;
+      for (int m : inside) absorbed_[static_cast<std::size_t>(m)] = 1;
+      absorbed_[static_cast<std::size_t>(c.node)] = absorbed_[static_cast<std::size_t>(hole)] = 1;
+      c.activation = Activation::GeluTanhGrad;
+      c.aux = x;
+      c.result = static_cast<int>(j);
+      c.level = std::max(c.level, level_[static_cast<std::size_t>(x)] + 1);
+      level_[static_cast<std::size_t>(c.node)] = level_[j] = c.level;
+      absorbed_[j] = 0;
+      aux_reads_.push_back(id);
+      return true;
+    }
+    return false;
   }
 
   // A temporary for node i, dense in the order of `strides` (row-major by default).
@@ -1013,7 +1147,13 @@ class StepPlanner {
   Slot result_slot(int i) const {
     const std::size_t ii = static_cast<std::size_t>(i);
     if (assembled_[ii].kind != Slot::None) return assembled_[ii];
-    if (call_of_result_[ii] >= 0) return plan_.calls[static_cast<std::size_t>(call_of_result_[ii])].out;
+    if (call_of_result_[ii] >= 0) {
+      const LibraryCall& c = plan_.calls[static_cast<std::size_t>(call_of_result_[ii])];
+      Slot s = c.result == i ? c.out : c.aux_slot;  // else the GELU's input it keeps
+      // A result in a row-split shape ([B, T, N]) is the call's contiguous [M, N].
+      if (s.strides.size() != node(i).shape.size()) s.strides = contiguous_strides(node(i).shape);
+      return s;
+    }
     if (scan_of_result_[ii] >= 0) return plan_.scans[static_cast<std::size_t>(scan_of_result_[ii])].result;
     if (sort_of_result_[ii] >= 0) return plan_.sorts[static_cast<std::size_t>(sort_of_result_[ii])].result;
     if (attention_of_result_[ii] >= 0)
@@ -1027,6 +1167,19 @@ class StepPlanner {
     plan_assembled_concats();
     plan_attention_results();
     for (auto& c : plan_.calls) {
+      // A result in a row-split shape is written as the call's contiguous [M, N] (result_slot
+      // gives its readers the split shape's strides).
+      const bool split = node(c.result).shape.size() != c.shape.size();
+      for (std::size_t k = 0; split && k < g_.outputs.size() && c.out.kind == Slot::None; ++k)
+        if (g_.outputs[k] == c.result && !output_taken_.count(static_cast<int>(k)) &&
+            is_contiguous(node(c.result).shape, g_.output_strides[k])) {
+          output_taken_.insert(static_cast<int>(k));
+          c.out = Slot{Slot::Output, static_cast<int>(k), contiguous_strides(c.shape)};
+        }
+      if (split && c.out.kind == Slot::None) {
+        c.out = temp(c.result);
+        c.out.strides = contiguous_strides(c.shape);
+      }
       for (std::size_t k = 0; k < g_.outputs.size() && c.out.kind == Slot::None; ++k) {
         const Strides& os = g_.output_strides[k];
         const std::size_t r = c.shape.size();
@@ -1051,6 +1204,10 @@ class StepPlanner {
         c.out = Slot{Slot::Output, static_cast<int>(k), contiguous_strides(c.shape)};
       }
       if (c.out.kind == Slot::None) c.out = temp(c.result);
+      if (c.aux >= 0 && c.activation == Activation::GeluTanh) {
+        c.aux_slot = contiguous_result(c.aux);
+        c.aux_slot.strides = contiguous_strides(c.shape);
+      }
     }
     // Scatters and scans write a contiguous graph output directly, else a temporary.
     for (auto& c : plan_.scatters) c.out = contiguous_result(c.node);
@@ -1086,10 +1243,22 @@ class StepPlanner {
       plan_.temps.push_back({Shape{c.flag_ints()}, DType::Int32});
     }
     plan_attention_slots();
+    // A GELU's input a gradient's call reads: where it is, or a row-major copy.
+    for (int k : aux_reads_) {
+      LibraryCall& c = plan_.calls[static_cast<std::size_t>(k)];
+      const ir::GraphNode& xn = node(c.aux);
+      if (xn.op == ir::Op::Input)
+        c.aux_slot = Slot{Slot::Leaf, xn.leaf, xn.strides};
+      else if (is_call_result(c.aux))
+        c.aux_slot = result_slot(c.aux);
+      if (c.aux_slot.kind == Slot::None || c.aux_slot.byte_offset != 0 ||
+          c.aux_slot.strides != contiguous_strides(xn.shape))
+        c.aux_slot = materialize(c.aux);
+    }
     for (auto& [call, src] : bias_source_) {
       const ir::GraphNode& s = node(src);
       LibraryCall& c = plan_.calls[static_cast<std::size_t>(call)];
-      if (s.op == ir::Op::Input && (s.strides[1] == 1 || s.shape[1] == 1))
+      if (s.op == ir::Op::Input && (s.strides.back() == 1 || s.shape.back() == 1))
         c.bias_slot = Slot{Slot::Leaf, s.leaf, s.strides};  // [1, N], or [M, N] with row stride 0
       else if (is_call_result(src))
         c.bias_slot = operand_slot(src);
@@ -1358,6 +1527,7 @@ class StepPlanner {
   std::vector<Slot> assembled_;    ///< per concatenation its parts' calls write in place: its memory
   std::vector<Slot> result_view_;  ///< per attention result written into such a concatenation: where
   std::vector<std::pair<int, int>> bias_source_;  ///< (call, node of its bias)
+  std::vector<int> aux_reads_;                    ///< calls reading a GELU's input (GeluTanhGrad)
   std::vector<std::pair<int, int>> operands_;     ///< per call: the nodes of a and b
   std::set<int> output_taken_;
   std::map<int, std::vector<std::pair<int, Slot>>> requests_;  ///< level -> (node, where)
@@ -1392,6 +1562,7 @@ void StepPlan::for_each_slot(Plan& plan, const Step& st, F&& f) {
       f(c.b);
       f(c.out);
       if (c.bias) f(c.bias_slot);
+      if (c.aux >= 0) f(c.aux_slot);
       break;
     }
     case Step::Scatter: {
@@ -1493,6 +1664,10 @@ inline std::string StepPlan::str() const {
       if (c.bias) os << " + bias " << slot(c.bias_slot);
       if (c.activation == Activation::Relu) os << ", relu";
       if (c.activation == Activation::GeluTanh) os << ", gelu(tanh)";
+      if (c.activation == Activation::GeluTanhGrad)
+        os << ", gelu(tanh) gradient at " << slot(c.aux_slot);
+      else if (c.aux >= 0)
+        os << ", its input kept in " << slot(c.aux_slot);
       os << "\n";
     } else {
       const Segment& s = segments[static_cast<std::size_t>(st.index)];

@@ -353,6 +353,10 @@ TEST_CASE("a GELU's gradient is cuBLASLt's DGELU on the next product, reading th
     for (const auto& c : p.calls) biased += c.bias;
     CHECK(biased == 2);
   }
+  // Without them (KILN_CUBLASLT_GELU_AUX=0) the GELU and its derivative are kernels again.
+  auto off = kiln::sched::plan_steps(ir::capture(mlp_block_with_gradients(32), Device::cpu()).graph, true, false);
+  for (const auto& c : off.calls) CHECK(c.aux < 0);
+  CHECK(segments_compute(off, Op::Tanh));
   // The host plan keeps every epilogue in kernels, as before.
   auto host = plan_of(mlp_block_with_gradients(32), false);
   for (const auto& c : host.calls) {

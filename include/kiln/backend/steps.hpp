@@ -18,6 +18,7 @@
 #include "kiln/codegen/scan.hpp"
 #include "kiln/codegen/scatter.hpp"
 #include "kiln/codegen/sort.hpp"
+#include "kiln/core/env.hpp"
 #include "kiln/core/index_fault.hpp"
 #include "kiln/runtime/autotune.hpp"
 #include "kiln/runtime/cblas.hpp"
@@ -28,6 +29,10 @@
 namespace kiln::backend {
 
 namespace detail {
+
+/// KILN_CUBLASLT_GELU_AUX (default on): plans may keep a GELU's input in cuBLASLt's auxiliary
+/// matrix and compute its gradient in a product's epilogue (sched::plan_steps' `gelu_aux`).
+inline bool gelu_aux_epilogues() { return env::flag("KILN_CUBLASLT_GELU_AUX", true); }
 
 inline runtime::GemmEpilogue gemm_epilogue(const sched::LibraryCall& c) {
   using E = runtime::GemmEpilogue;
@@ -461,7 +466,8 @@ class StepProgram {
   StepProgram(const ir::Graph& g, Mode mode, CpuLaunchOptions launch)
       : graph_(g), autotune_(launch.autotune && g.device.is_cuda()) {
     const bool cuda = g.device.is_cuda();
-    variants_.push_back(make_variant(sched::plan_steps(g, cuda), mode, launch, cuda ? "fused" : "plain"));
+    variants_.push_back(
+        make_variant(sched::plan_steps(g, cuda, detail::gelu_aux_epilogues()), mode, launch, cuda ? "fused" : "plain"));
     if (autotune_ && fuses_an_epilogue(variants_[0]->plan))
       variants_.push_back(make_variant(sched::plan_steps(g, false), mode, launch, "unfused"));
     chosen_.store(variants_[0].get(), std::memory_order_release);
@@ -846,7 +852,7 @@ inline std::shared_ptr<CudaGraphRunner> step_cuda_graph_runner(ir::Graph g, std:
 }
 
 inline std::string explain_steps(const ir::Graph& g, Mode mode) {
-  sched::StepPlan plan = sched::plan_steps(g, g.device.is_cuda());
+  sched::StepPlan plan = sched::plan_steps(g, g.device.is_cuda(), detail::gelu_aux_epilogues());
   std::string s = "steps (library calls between generated kernels):\n" + plan.str();
   for (std::size_t i = 0; i < plan.segments.size(); ++i)
     s += "segment " + std::to_string(i) + ": " + backend::explain(plan.segments[i].graph, mode);

@@ -47,6 +47,9 @@ inline constexpr Setting kSettings[] = {
     {"KILN_ATTENTION",
      "auto (default): GPU attention in half types runs cuDNN's fused kernels where cuDNN loads and takes the "
      "problem, else kiln's generated kernels; generated: always kiln's generated kernels"},
+    {"KILN_CUBLASLT_GELU_AUX",
+     "0: a tanh-GELU whose input is read again (a backward), and the GELU's gradient, stay generated kernels instead "
+     "of cuBLASLt's GELU_AUX(_BIAS) and DGELU epilogues (default 1)"},
     {"KILN_CUBLASLT_PATH",
      "path of libcublasLt.so for GPU matrix products (default: the dynamic loader's search for libcublasLt.so.13, "
      "then libcublasLt.so)"},

@@ -48,8 +48,9 @@ inline constexpr Setting kSettings[] = {
      "auto (default): GPU attention in half types runs cuDNN's fused kernels where cuDNN loads and takes the "
      "problem, else kiln's generated kernels; generated: always kiln's generated kernels"},
     {"KILN_CUBLASLT_GELU_AUX",
-     "0: a tanh-GELU whose input is read again (a backward), and the GELU's gradient, stay generated kernels instead "
-     "of cuBLASLt's GELU_AUX(_BIAS) and DGELU epilogues (default 1)"},
+     "1: a tanh-GELU whose input is read again (a backward) joins its product as cuBLASLt's GELU_AUX(_BIAS) epilogue "
+     "and the GELU's gradient the next product as DGELU; 0 (default until these have run on a GPU): generated "
+     "kernels"},
     {"KILN_CUBLASLT_PATH",
      "path of libcublasLt.so for GPU matrix products (default: the dynamic loader's search for libcublasLt.so.13, "
      "then libcublasLt.so)"},

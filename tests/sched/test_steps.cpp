@@ -353,10 +353,19 @@ TEST_CASE("a GELU's gradient is cuBLASLt's DGELU on the next product, reading th
     for (const auto& c : p.calls) biased += c.bias;
     CHECK(biased == 2);
   }
-  // Without them (KILN_CUBLASLT_GELU_AUX=0) the GELU and its derivative are kernels again.
-  auto off = kiln::sched::plan_steps(ir::capture(mlp_block_with_gradients(32), Device::cpu()).graph, true, false);
-  for (const auto& c : off.calls) CHECK(c.aux < 0);
-  CHECK(segments_compute(off, Op::Tanh));
+  // Without them (KILN_CUBLASLT_TRAINING_EPILOGUES unset) the GELU and its derivative are
+  // kernels, and over sequences the biases too (the split hides them), as before.
+  for (bool sequences : {false, true}) {
+    auto off =
+        kiln::sched::plan_steps(ir::capture(mlp_block_with_gradients(32, sequences), Device::cpu()).graph, true, false);
+    int biased = 0;
+    for (const auto& c : off.calls) {
+      CHECK(c.aux < 0);
+      biased += c.bias;
+    }
+    CHECK(biased == (sequences ? 0 : 2));  // on plain rows both biases join their calls, as before
+    CHECK(segments_compute(off, Op::Tanh));
+  }
   // The host plan keeps every epilogue in kernels, as before.
   auto host = plan_of(mlp_block_with_gradients(32), false);
   for (const auto& c : host.calls) {

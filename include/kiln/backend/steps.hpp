@@ -30,10 +30,10 @@ namespace kiln::backend {
 
 namespace detail {
 
-/// KILN_CUBLASLT_GELU_AUX=1: plans may keep a GELU's input in cuBLASLt's auxiliary matrix and
-/// compute its gradient in a product's epilogue (sched::plan_steps' `gelu_aux`). Off by default
-/// until the plans have run on a GPU (they are tested on the host, as plans, only).
-inline bool gelu_aux_epilogues() { return env::flag("KILN_CUBLASLT_GELU_AUX", false); }
+/// KILN_CUBLASLT_TRAINING_EPILOGUES=1: plans give products the epilogues of a training step
+/// (sched::plan_steps' `training_epilogues`: through a row split, GELU_AUX, DGELU). Off by
+/// default until such plans have run on a GPU (they are tested on the host, as plans, only).
+inline bool training_epilogues() { return env::flag("KILN_CUBLASLT_TRAINING_EPILOGUES", false); }
 
 inline runtime::GemmEpilogue gemm_epilogue(const sched::LibraryCall& c) {
   using E = runtime::GemmEpilogue;
@@ -468,7 +468,7 @@ class StepProgram {
       : graph_(g), autotune_(launch.autotune && g.device.is_cuda()) {
     const bool cuda = g.device.is_cuda();
     variants_.push_back(
-        make_variant(sched::plan_steps(g, cuda, detail::gelu_aux_epilogues()), mode, launch, cuda ? "fused" : "plain"));
+        make_variant(sched::plan_steps(g, cuda, detail::training_epilogues()), mode, launch, cuda ? "fused" : "plain"));
     if (autotune_ && fuses_an_epilogue(variants_[0]->plan))
       variants_.push_back(make_variant(sched::plan_steps(g, false), mode, launch, "unfused"));
     chosen_.store(variants_[0].get(), std::memory_order_release);
@@ -853,7 +853,7 @@ inline std::shared_ptr<CudaGraphRunner> step_cuda_graph_runner(ir::Graph g, std:
 }
 
 inline std::string explain_steps(const ir::Graph& g, Mode mode) {
-  sched::StepPlan plan = sched::plan_steps(g, g.device.is_cuda(), detail::gelu_aux_epilogues());
+  sched::StepPlan plan = sched::plan_steps(g, g.device.is_cuda(), detail::training_epilogues());
   std::string s = "steps (library calls between generated kernels):\n" + plan.str();
   for (std::size_t i = 0; i < plan.segments.size(); ++i)
     s += "segment " + std::to_string(i) + ": " + backend::explain(plan.segments[i].graph, mode);

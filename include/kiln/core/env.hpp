@@ -47,10 +47,10 @@ inline constexpr Setting kSettings[] = {
     {"KILN_ATTENTION",
      "auto (default): GPU attention in half types runs cuDNN's fused kernels where cuDNN loads and takes the "
      "problem, else kiln's generated kernels; generated: always kiln's generated kernels"},
-    {"KILN_CUBLASLT_GELU_AUX",
-     "1: a tanh-GELU whose input is read again (a backward) joins its product as cuBLASLt's GELU_AUX(_BIAS) epilogue "
-     "and the GELU's gradient the next product as DGELU; 0 (default until these have run on a GPU): generated "
-     "kernels"},
+    {"KILN_CUBLASLT_TRAINING_EPILOGUES",
+     "1: products also take a training step's epilogues: bias and activation through a reshape that splits their "
+     "rows (linear over [B, T, C]), a tanh-GELU whose input is read again as cuBLASLt's GELU_AUX(_BIAS), the GELU's "
+     "gradient as DGELU on the next product; 0 (default until these have run on a GPU): generated kernels"},
     {"KILN_CUBLASLT_PATH",
      "path of libcublasLt.so for GPU matrix products (default: the dynamic loader's search for libcublasLt.so.13, "
      "then libcublasLt.so)"},

@@ -320,10 +320,11 @@ inline bool library_readable(const Shape& shape, const Strides& strides) {
 }
 
 /// Plans `g` as steps (see the header comment). `fuse_epilogues`: bias and activation join
-/// the call (the library can apply them); `gelu_aux` (with it): also a GELU whose input is read
-/// again, keeping that input beside the result, and the GELU's gradient (cuBLASLt's GELU_AUX
-/// and DGELU).
-inline StepPlan plan_steps(const ir::Graph& g, bool fuse_epilogues, bool gelu_aux = true);
+/// the call (the library can apply them); `training_epilogues` (with it): also the epilogues a
+/// training step's products take: through a reshape that splits a product's rows, a GELU whose
+/// input is read again (keeping that input beside the result: cuBLASLt's GELU_AUX) and the
+/// GELU's gradient (DGELU).
+inline StepPlan plan_steps(const ir::Graph& g, bool fuse_epilogues, bool training_epilogues = true);
 
 namespace detail {
 
@@ -409,8 +410,8 @@ inline constexpr std::size_t kRecomputeReadLimit = 3;
 
 class StepPlanner {
  public:
-  StepPlanner(const ir::Graph& g, bool fuse, bool gelu_aux)
-      : g_(g), fuse_(fuse), gelu_aux_(fuse && gelu_aux), n_(g.nodes.size()) {}
+  StepPlanner(const ir::Graph& g, bool fuse, bool training)
+      : g_(g), fuse_(fuse), training_(fuse && training), n_(g.nodes.size()) {}
 
   StepPlan run() {
     uses_.assign(n_, 0);
@@ -805,9 +806,9 @@ class StepPlanner {
   // whose input other steps read too keeps that input as the call's auxiliary output. Or a
   // backward's gradient through a tanh-gelu (try_gelu_gradient).
   void absorb_epilogue(LibraryCall& c) {
-    if (gelu_aux_ && try_gelu_gradient(c)) return;
+    if (training_ && try_gelu_gradient(c)) return;
     // Through a reshape splitting the rows: the epilogue's ops are on the reshaped value.
-    const int split = row_split_reader(c.node);
+    const int split = training_ ? row_split_reader(c.node) : -1;
     int cur = split >= 0 ? split : c.node;
     const i64 N = c.shape[1];
     int user = sole_user(cur);
@@ -851,7 +852,7 @@ class StepPlanner {
           // Read elsewhere too (a backward's gradient through the GELU reads its input): cuBLASLt
           // stores the input beside the result, and the other readers read it there (the parts
           // of the decomposition they share are recomputed from it).
-          if (act != Activation::GeluTanh || !gelu_aux_ || !aux_fits(c)) continue;
+          if (act != Activation::GeluTanh || !training_ || !aux_fits(c)) continue;
           c.aux = cur;
         }
         for (int m : inside) absorbed_[static_cast<std::size_t>(m)] = 1;
@@ -1515,7 +1516,7 @@ class StepPlanner {
   }
 
   const ir::Graph& g_;
-  bool fuse_, gelu_aux_;
+  bool fuse_, training_;  ///< plan_steps' fuse_epilogues and training_epilogues
   std::size_t n_;
   StepPlan plan_;
   std::vector<int> uses_, call_of_result_, scatter_of_result_, scan_of_result_, sort_of_result_, level_;
@@ -1542,13 +1543,14 @@ class StepPlanner {
 // Defined in attention_match.hpp (included at the end of this file).
 inline bool fuse_written_out_attention(const ir::Graph& g, ir::Graph& rewritten);
 
-inline StepPlan plan_steps(const ir::Graph& g, bool fuse_epilogues, bool gelu_aux) {
+inline StepPlan plan_steps(const ir::Graph& g, bool fuse_epilogues, bool training_epilogues) {
   // Written-out attention becomes one fused call first. The rewritten graph keeps g's leaf
   // indices and output positions, so the plan's slots bind to g's buffers unchanged; it lives
   // while the planner runs (the plan holds no reference to it).
   ir::Graph rewritten;
-  if (fuse_written_out_attention(g, rewritten)) return detail::StepPlanner(rewritten, fuse_epilogues, gelu_aux).run();
-  return detail::StepPlanner(g, fuse_epilogues, gelu_aux).run();
+  if (fuse_written_out_attention(g, rewritten))
+    return detail::StepPlanner(rewritten, fuse_epilogues, training_epilogues).run();
+  return detail::StepPlanner(g, fuse_epilogues, training_epilogues).run();
 }
 
 template <class Plan, class F>

@@ -7,7 +7,9 @@
 #include <limits>
 #include <thread>
 
+#include "../support/mlp_block.hpp"
 #include "cpu_jit_test_util.hpp"
+#include "kiln/backend/steps.hpp"
 #include "kiln/decomp/decompose.hpp"
 
 namespace kiln_test_backend_cpu_jit {
@@ -382,6 +384,49 @@ TEST_CASE("cpu jit: an expensive value needed by several kernels is computed onc
   Check d = run_both({red(Op::ReduceSum, u, {1}), red(Op::ReduceSum, u, {0})});
   expect(d, 2);
   CHECK(d.schedule.find("temp") == std::string::npos);
+}
+
+
+TEST_CASE("a GPU's step plan with its training epilogues runs on the host with the host plan's values") {
+  // The plan a GPU gets for a training step's MLP block (the first product's bias and GELU in
+  // its call, which keeps the GELU's input; the GELU's gradient in the next product's call;
+  // through the reshapes of a linear over sequences too), run on the host, whose product then
+  // applies cuBLASLt's epilogues itself: its six outputs must equal the host's own plan (the
+  // epilogues in kernels) within rounding. Every slot the GPU's calls read and write (the
+  // auxiliary matrix, results in a split shape, the later levels) is checked by its values.
+  for (DType dt : {f32, bf16})
+    for (bool sequences : {false, true}) {
+      CAPTURE(std::string(dtype_name(dt)));
+      CAPTURE(sequences);
+      ir::Captured c = ir::capture(mlp_block_with_gradients(32, sequences, dt), cpu());
+      backend::CpuLaunchOptions gpu_plan;
+      gpu_plan.host_epilogues = true;
+      auto fused = backend::make_step_program(c.graph, backend::Mode::Jit, gpu_plan);
+      auto plain = backend::make_step_program(c.graph, backend::Mode::Jit, {});
+      int keeps = 0, gradients = 0;
+      for (const auto& call : fused->plan().calls) {
+        keeps += call.activation == sched::Activation::GeluTanh && call.aux >= 0;
+        gradients += call.activation == sched::Activation::GeluTanhGrad;
+      }
+      CHECK(keeps == 1);
+      CHECK(gradients == 1);
+      for (const auto& call : plain->plan().calls) CHECK(call.activation == sched::Activation::None);
+      Outputs got = make_outputs(c.graph, 0xFF), want = make_outputs(c.graph, 0xFF);
+      fused->run(args_for(c, got));
+      plain->run(args_for(c, want));
+      // bfloat16: the fused product rounds once where the kernels round the product, then the
+      // biased value (a few units in the last place of bfloat16, relative to each output's scale).
+      const double tol = dt == f32 ? 1e-5 : 3e-2;
+      for (std::size_t k = 0; k < c.graph.outputs.size(); ++k) {
+        CAPTURE(k);
+        const ir::GraphNode& n = c.graph.nodes[static_cast<std::size_t>(c.graph.outputs[k])];
+        double scale = 0, worst = 0;
+        for (std::int64_t e = 0; e < n.shape.numel(); ++e) scale = std::max(scale, std::fabs(as_double(want.pointers[k], e, dt)));
+        for (std::int64_t e = 0; e < n.shape.numel(); ++e)
+          worst = std::max(worst, std::fabs(as_double(got.pointers[k], e, dt) - as_double(want.pointers[k], e, dt)));
+        CHECK(worst <= tol * (scale + 1e-3));
+      }
+    }
 }
 
 }  // namespace kiln_test_backend_cpu_jit

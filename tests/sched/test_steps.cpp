@@ -5,7 +5,7 @@
 #include <doctest/doctest.h>
 
 #include "../support/ir_build.hpp"
-#include "kiln/autodiff/backward.hpp"
+#include "../support/mlp_block.hpp"
 #include "kiln/sched/steps.hpp"
 
 namespace kiln_test_sched_steps {
@@ -277,33 +277,6 @@ TEST_CASE("a scatter reads a broadcast index through strides: one index per row,
 }
 
 namespace {
-
-/// G3's MLP block `linear(gelu(linear(x, W1, b1), tanh), W2, b2)` and its gradients with respect
-/// to all five inputs from a given gradient of the output (bench_gpu's B2, small), `hidden` wide.
-/// `sequences`: x is [2, 8, 8] and each linear is what kiln::linear records for it, a product
-/// over [16, 8] rows whose result a reshape splits back into [2, 8, N] before the bias.
-std::vector<NodePtr> mlp_block_with_gradients(std::int64_t hidden, bool sequences = false) {
-  std::vector<NodePtr> leaves{input(sequences ? Shape{2, 8, 8} : Shape{16, 8}, bf16, 1), input({hidden, 8}, bf16, 2),
-                              input({hidden}, bf16, 3), input({8, hidden}, bf16, 4), input({8}, bf16, 5)};
-  for (auto& l : leaves) {
-    l->requires_grad = true;
-    l->grad_leaf = std::make_shared<ir::GradLeaf>();
-  }
-  auto linear = [&](const NodePtr& x, const NodePtr& w, const NodePtr& b) {
-    const std::int64_t n = w->shape[0];
-    if (!sequences) return add(ir::matmul(x, permute(w, {1, 0})), bias_rows(b, 16));
-    NodePtr rows = ir::matmul(ir::reshape(x, Shape{16, x->shape[2]}), permute(w, {1, 0}));
-    return add(ir::reshape(rows, Shape{2, 8, n}), ir::broadcast(ir::reshape(b, Shape{1, 1, n}), Shape{2, 8, n}));
-  };
-  NodePtr h = decomp::gelu(linear(leaves[0], leaves[1], leaves[2]), true);
-  NodePtr y = linear(h, leaves[3], leaves[4]);
-  auto reached = kiln::autodiff::backward_pass({y}, {input(y->shape, bf16, 6)}, leaves, false, "mlp");
-  std::vector<NodePtr> roots{y};
-  for (auto& l : leaves)
-    for (auto& r : reached)
-      if (r.node == l) roots.push_back(r.grad);
-  return roots;
-}
 
 /// Whether a segment of `p` evaluates `op` (a GELU or its derivative left to a kernel).
 bool segments_compute(const kiln::sched::StepPlan& p, Op op) {

@@ -34,6 +34,10 @@ struct CpuLaunchOptions {
   bool autotune = false;
   /// "max-autotune": the graph entry is timed too, against the tuned kernels one by one.
   bool autotune_graph = false;
+  /// Plan products as on a GPU, with cuBLASLt's epilogues (the training ones included), which
+  /// the host's product then applies itself (runtime::apply_epilogue): a GPU's step plan run on
+  /// the host, for tests. Slower than the host's own plans (the epilogue is a scalar loop).
+  bool host_epilogues = false;
   bool operator==(const CpuLaunchOptions&) const = default;
 };
 

@@ -106,7 +106,7 @@ inline void run_library_call(const sched::LibraryCall& c, const char* a, const c
       oo += at[d] * batch[d].o;
     }
     if (device.is_cpu())
-      runtime::cpu_gemm(s, a + oa * isz_a, b + ob * isz_b, out + oo * isz);
+      runtime::cpu_gemm(s, a + oa * isz_a, b + ob * isz_b, out + oo * isz, bias, aux);
     else if (tune)
       runtime::cublaslt_autotune(s, a + oa * isz, b + ob * isz, out + oo * isz, bias, device.index, aux);
     else
@@ -466,9 +466,10 @@ class StepProgram {
 
   StepProgram(const ir::Graph& g, Mode mode, CpuLaunchOptions launch)
       : graph_(g), autotune_(launch.autotune && g.device.is_cuda()) {
-    const bool cuda = g.device.is_cuda();
-    variants_.push_back(
-        make_variant(sched::plan_steps(g, cuda, detail::training_epilogues()), mode, launch, cuda ? "fused" : "plain"));
+    const bool cuda = g.device.is_cuda(), fuse = cuda || launch.host_epilogues;
+    variants_.push_back(make_variant(
+        sched::plan_steps(g, fuse, launch.host_epilogues || detail::training_epilogues()), mode, launch,
+        fuse ? "fused" : "plain"));
     if (autotune_ && fuses_an_epilogue(variants_[0]->plan))
       variants_.push_back(make_variant(sched::plan_steps(g, false), mode, launch, "unfused"));
     chosen_.store(variants_[0].get(), std::memory_order_release);

@@ -5,6 +5,7 @@
 // float32 (converted once per operand, accumulated in float32, rounded once), as PyTorch's CPU
 // product does.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kiln/core/env.hpp"
@@ -256,13 +258,86 @@ void packed_gemm(const GemmShape& s, const void* A, const void* B, T* D) {
 
 }  // namespace detail
 
-/// D = A @ B on the host for each batch (see GemmShape); no epilogue (the generated kernel
-/// after the call applies it). float32 and float64 through the CBLAS (or the built-in loop),
-/// float16 and bfloat16 through float32; an operand stored in another floating dtype (a_from,
-/// b_from) is read through the cast to the product's dtype while it is packed. Requires m, n, k > 0.
-inline void cpu_gemm(const GemmShape& s, const void* a, const void* b, void* d) {
-  if (s.epilogue != GemmEpilogue::None || s.out_dtype != s.dtype)
-    throw InternalError("kiln: cpu_gemm " + s.str() + ": epilogues and dtype changes are not CPU library work");
+/// The epilogue of a cuBLASLt product applied on the host after the product, element by element
+/// over D (already rounded to its dtype): bias, relu, tanh-gelu, the GELU's input kept in `aux`
+/// (GeluAux*), or D times the GELU's derivative at `aux` (DGelu), in double, rounded once. What a
+/// GPU's step plan asks of its calls, so that such a plan can run (and be checked) on the host.
+template <class T>
+T rounded(double v) {
+  if constexpr (std::is_same_v<T, double>)
+    return v;
+  else
+    return T(static_cast<float>(v));
+}
+
+template <class T>
+void apply_epilogue(const GemmShape& s, T* D, const void* bias, void* aux) {
+  const double c = 0.7978845608028654;  // sqrt(2 / pi), the tanh form's constant
+  auto bias_at = [&](std::int64_t j) {
+    double v = 0;
+    visit_dtype(s.bias_dtype, [&](auto tag) {
+      using B = decltype(tag);
+      if constexpr (std::is_floating_point_v<B> || std::is_same_v<B, Half> || std::is_same_v<B, BFloat16>)
+        v = static_cast<double>(static_cast<const B*>(bias)[j]);
+    });
+    return v;
+  };
+  T* A = static_cast<T*>(aux);
+  for (std::int64_t t = 0; t < s.batch; ++t)
+    for (std::int64_t i = 0; i < s.m; ++i)
+      for (std::int64_t j = 0; j < s.n; ++j) {
+        T& out = D[t * s.d_bs + i * s.d_rs + j];
+        double v = static_cast<double>(out);
+        if (epilogue_has_bias(s.epilogue)) v += bias_at(j);
+        switch (s.epilogue) {
+          case GemmEpilogue::Relu:
+          case GemmEpilogue::ReluBias:
+            v = v > 0 ? v : 0;
+            break;
+          case GemmEpilogue::GeluAux:
+          case GemmEpilogue::GeluAuxBias:
+            A[i * s.aux_rs + j] = rounded<T>(v);
+            [[fallthrough]];
+          case GemmEpilogue::Gelu:
+          case GemmEpilogue::GeluBias:
+            v = 0.5 * v * (1.0 + std::tanh(c * (v + 0.044715 * v * v * v)));
+            break;
+          case GemmEpilogue::DGelu: {
+            const double x = static_cast<double>(A[i * s.aux_rs + j]);
+            const double th = std::tanh(c * (x + 0.044715 * x * x * x));
+            v *= 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * c * (1.0 + 3.0 * 0.044715 * x * x);
+            break;
+          }
+          default:
+            break;
+        }
+        out = rounded<T>(v);
+      }
+}
+
+/// D = epilogue(A @ B) on the host for each batch (see GemmShape). float32 and float64 through
+/// the CBLAS (or the built-in loop), float16 and bfloat16 through float32; an operand stored in
+/// another floating dtype (a_from, b_from) is read through the cast to the product's dtype while
+/// it is packed. Host plans leave epilogues to the generated kernel after the call; a GPU's plan
+/// run on the host (backend::CpuLaunchOptions::host_epilogues) has them applied here
+/// (apply_epilogue), with `bias` and `aux` as cuBLASLt takes them. Requires m, n, k > 0.
+inline void cpu_gemm(const GemmShape& s, const void* a, const void* b, void* d, const void* bias = nullptr,
+                     void* aux = nullptr) {
+  if (s.out_dtype != s.dtype)
+    throw InternalError("kiln: cpu_gemm " + s.str() + ": dtype changes are not CPU library work");
+  if ((epilogue_has_bias(s.epilogue) && !bias) || (epilogue_has_aux(s.epilogue) && (!aux || s.batch != 1)))
+    throw InternalError("kiln: cpu_gemm " + s.str() + ": the epilogue's bias or auxiliary matrix is missing");
+  if (s.epilogue != GemmEpilogue::None) {
+    GemmShape plain = s;
+    plain.epilogue = GemmEpilogue::None;
+    cpu_gemm(plain, a, b, d);
+    visit_dtype(s.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+        apply_epilogue(s, static_cast<T*>(d), bias, aux);
+    });
+    return;
+  }
   const bool cast = s.a_from || s.b_from;
   switch (s.dtype) {
     case DType::Float32:

@@ -916,7 +916,7 @@ class StepPlanner {
         continue;
       const std::set<int> inside = interior(seen, static_cast<int>(j), {x});
       bool whole = !is_graph_output(hole);
-      for (int u : users_[static_cast<std::size_t>(hole)]) whole = whole && inside.count(u);
+      for (int u : users_[static_cast<std::size_t>(hole)]) whole = whole && (u == static_cast<int>(j) || inside.count(u));
       for (auto& [pn, m] : seen)
         if (on_product[static_cast<std::size_t>(pn)] && m != static_cast<int>(j) && !inside.count(m)) whole = false;
       if (!whole) continue;

@@ -367,6 +367,16 @@ TEST_CASE("the derivative joins a product reading a saved input, not one whose p
   auto both = plan_of({dpre, dh}, true);
   CHECK(both.calls[0].activation == Activation::None);
   CHECK(segments_compute(both, Op::Tanh));
+  // Over sequences (a compiled transformer's backward): the saved input is [2, 8, 8] and the
+  // product's rows are split back into it; the call reads the leaf and writes [16, 8] rows.
+  NodePtr saved3 = input({2, 8, 8}, bf16, 5);
+  NodePtr dh3 = ir::reshape(ir::matmul(dy, w), Shape{2, 8, 8});
+  auto split = plan_of({ir::cast(decomp::gelu_backward(saved3, dh3, true), bf16)}, true);
+  REQUIRE(split.calls.size() == 1);
+  CHECK(split.calls[0].activation == Activation::GeluTanhGrad);
+  CHECK(split.calls[0].aux_slot.kind == Slot::Leaf);
+  CHECK(split.calls[0].out.strides == Strides{8, 1});
+  CHECK(split.segments.empty());
   // A saved input read through strides (a transposed view) is no auxiliary matrix.
   NodePtr strided = input({16, 8}, bf16, 4, Strides{1, 16});
   auto transposed = plan_of({ir::cast(decomp::gelu_backward(strided, dh, true), bf16)}, true);

@@ -354,7 +354,7 @@ inline std::vector<double> gen_values(Rng& r, DType t, std::int64_t n, double sp
     double tiny = t == f16 ? 6.2e-5 : t == f64 ? 2.3e-308 : 1.2e-38;
     double denorm = t == f16 ? 3e-6 : t == f64 ? 1e-310 : t == bf16 ? 1e-39 : 1e-40;
     std::vector<double> sv = {HUGE_VAL, -HUGE_VAL, NAN,    -0.0,    0.0,          huge,
-                              -huge,    tiny,      denorm, -denorm, dtype_max(t), -dtype_max(t)};
+                              -huge,    tiny,      denorm, -denorm, kiln::largest_finite(t), -kiln::largest_finite(t)};
     for (auto& x : v)
       if (r.chance(share)) x = r.pick(sv);
   }

@@ -104,21 +104,6 @@ inline const char* ctype_cxx(DType t) {
   return "?";
 }
 
-
-/// Largest finite value of a floating dtype.
-inline double dtype_max(DType t) {
-  switch (t) {
-    case DType::Float16:
-      return 65504.0;
-    case DType::BFloat16:
-      return 3.3895313892515355e38;
-    case DType::Float32:
-      return std::numeric_limits<float>::max();
-    default:
-      return std::numeric_limits<double>::max();
-  }
-}
-
 /// torch.finfo(t).eps (the default eps of rms_norm).
 inline double dtype_eps(DType t) {
   switch (t) {

@@ -530,7 +530,8 @@ inline bool element_close(double j, double r, double t, bool have_t, DType dt, d
   if (std::isinf(j) || std::isinf(r)) {
     if (j == r) return true;
     double f = std::isinf(j) ? r : j, inf = std::isinf(j) ? j : r;
-    if (std::signbit(f) == std::signbit(inf) && std::fabs(f) >= dtype_max(dt) * (1 - 4 * tol.rtol)) return true;
+    if (std::signbit(f) == std::signbit(inf) && std::fabs(f) >= kiln::largest_finite(dt) * (1 - 4 * tol.rtol))
+      return true;
     return ill ? excuse() : false;
   }
   if (std::fabs(j - r) <= tol.atol + tol.rtol * std::fabs(r)) return true;
@@ -661,7 +662,7 @@ inline std::vector<char> outputs_after_digitless(const Program& p, std::uint64_t
       if (risk == Risk::None) continue;
       const bool norm = risk == Risk::LastDimSums, attention = risk == Risk::Attention;
       const bool f64_compute = st.info.dtype == f64;
-      const double top = dtype_max(f64_compute ? f64 : f32);
+      const double top = kiln::largest_finite(f64_compute ? f64 : f32);
       const Shape& shape = p.info(st.op.args[0].value).shape;
       const std::vector<double> x = read_values(a.values[static_cast<std::size_t>(st.op.args[0].value)]);
       bool order_dependent = false;

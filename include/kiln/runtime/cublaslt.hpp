@@ -780,18 +780,20 @@ inline lt::cublasStatus_t enqueue_cublaslt(const CublasLtCall& call, const lt::c
                                            const void* a, const void* b, void* d, const void* bias, const void* aux,
                                            cu::CUstream stream = nullptr) {
   CublasLtPlan& plan = *call.plan;
-  if (plan.problem.bias_type >= 0 && plan.bias != bias) {
-    lt::cublasStatus_t s =
-        call.api->matmul_desc_set_attribute(plan.desc, lt::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
-    if (s != lt::CUBLAS_STATUS_SUCCESS) return s;
-    plan.bias = bias;
-  }
-  if (plan.problem.aux_ld > 0 && plan.aux != aux) {
-    lt::cublasStatus_t s =
-        call.api->matmul_desc_set_attribute(plan.desc, lt::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
-    if (s != lt::CUBLAS_STATUS_SUCCESS) return s;
-    plan.aux = aux;
-  }
+  // The descriptor holds the bias's and the auxiliary matrix's pointers: set where they moved.
+  auto point = [&](bool used, int attribute, const void*& held, const void* want) {
+    if (!used || held == want) return lt::CUBLAS_STATUS_SUCCESS;
+    lt::cublasStatus_t s = call.api->matmul_desc_set_attribute(plan.desc, attribute, &want, sizeof want);
+    if (s == lt::CUBLAS_STATUS_SUCCESS) held = want;
+    return s;
+  };
+  if (lt::cublasStatus_t s = point(plan.problem.bias_type >= 0, lt::CUBLASLT_MATMUL_DESC_BIAS_POINTER, plan.bias, bias);
+      s != lt::CUBLAS_STATUS_SUCCESS)
+    return s;
+  if (lt::cublasStatus_t s =
+          point(plan.problem.aux_ld > 0, lt::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, plan.aux, aux);
+      s != lt::CUBLAS_STATUS_SUCCESS)
+    return s;
   // alpha = 1, beta = 0 in the scale type (read at the call: host pointer mode); C is D,
   // never read since beta is 0.
   const double one_d = 1.0, zero_d = 0.0;

@@ -890,7 +890,6 @@ class StepPlanner {
     const int split = row_split_reader(c.node);
     const int hole = split >= 0 ? split : c.node;  // the gradient of the GELU's output
     const ir::GraphNode& p = node(hole);
-    const int id = static_cast<int>(plan_.calls.size());
     const ir::Graph pattern = pattern_of2(p, [](const ir::NodePtr& g, const ir::NodePtr& x) {
       return ir::cast(decomp::gelu_backward(x, g, true), x->dtype);
     });
@@ -928,7 +927,6 @@ class StepPlanner {
       c.level = std::max(c.level, level_[static_cast<std::size_t>(x)] + 1);
       level_[static_cast<std::size_t>(c.node)] = level_[j] = c.level;
       absorbed_[j] = 0;
-      aux_reads_.push_back(id);
       return true;
     }
     return false;
@@ -1248,8 +1246,8 @@ class StepPlanner {
     }
     plan_attention_slots();
     // A GELU's input a gradient's call reads: where it is, or a row-major copy.
-    for (int k : aux_reads_) {
-      LibraryCall& c = plan_.calls[static_cast<std::size_t>(k)];
+    for (LibraryCall& c : plan_.calls) {
+      if (c.activation != Activation::GeluTanhGrad) continue;
       const ir::GraphNode& xn = node(c.aux);
       if (xn.op == ir::Op::Input)
         c.aux_slot = Slot{Slot::Leaf, xn.leaf, xn.strides};
@@ -1531,7 +1529,6 @@ class StepPlanner {
   std::vector<Slot> assembled_;    ///< per concatenation its parts' calls write in place: its memory
   std::vector<Slot> result_view_;  ///< per attention result written into such a concatenation: where
   std::vector<std::pair<int, int>> bias_source_;  ///< (call, node of its bias)
-  std::vector<int> aux_reads_;                    ///< calls reading a GELU's input (GeluTanhGrad)
   std::vector<std::pair<int, int>> operands_;     ///< per call: the nodes of a and b
   std::set<int> output_taken_;
   std::map<int, std::vector<std::pair<int, Slot>>> requests_;  ///< level -> (node, where)

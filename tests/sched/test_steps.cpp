@@ -326,7 +326,7 @@ TEST_CASE("a GELU's gradient is cuBLASLt's DGELU on the next product, reading th
     for (const auto& c : p.calls) biased += c.bias;
     CHECK(biased == 2);
   }
-  // Without them (KILN_CUBLASLT_TRAINING_EPILOGUES unset) the GELU and its derivative are
+  // Without them (KILN_CUBLASLT_TRAINING_EPILOGUES=0) the GELU and its derivative are
   // kernels, and over sequences the biases too (the split hides them), as before.
   for (bool sequences : {false, true}) {
     auto off =

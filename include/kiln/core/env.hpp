@@ -48,9 +48,9 @@ inline constexpr Setting kSettings[] = {
      "auto (default): GPU attention in half types runs cuDNN's fused kernels where cuDNN loads and takes the "
      "problem, else kiln's generated kernels; generated: always kiln's generated kernels"},
     {"KILN_CUBLASLT_TRAINING_EPILOGUES",
-     "1: products also take a training step's epilogues: bias and activation through a reshape that splits their "
-     "rows (linear over [B, T, C]), a tanh-GELU whose input is read again as cuBLASLt's GELU_AUX(_BIAS), the GELU's "
-     "gradient as DGELU on the next product; 0 (default until these have run on a GPU): generated kernels"},
+     "1 (default): products also take a training step's epilogues: bias and activation through a reshape that "
+     "splits their rows (linear over [B, T, C]), a tanh-GELU whose input is read again as cuBLASLt's "
+     "GELU_AUX(_BIAS), the GELU's gradient as DGELU on the next product; 0: those run as generated kernels"},
     {"KILN_CUBLASLT_PATH",
      "path of libcublasLt.so for GPU matrix products (default: the dynamic loader's search for libcublasLt.so.13, "
      "then libcublasLt.so)"},

@@ -32,8 +32,8 @@ namespace detail {
 
 /// Whether plans give products the epilogues of a training step (sched::plan_steps'
 /// `training_epilogues`: through a row split, GELU_AUX, DGELU). On by default: on an H200 they
-/// took a GELU MLP block's forward and backward from 1.05 to 1.02 times its plain products and
-/// a GPT step from 22.5 to 21.7 ms (docs/performance-gpu.md). KILN_CUBLASLT_TRAINING_EPILOGUES=0
+/// took a GELU MLP block's forward and backward (B2) from 10.29 to 10.08 ms and a GPT step from
+/// 22.5 to 21.7 ms (docs/performance-gpu.md). KILN_CUBLASLT_TRAINING_EPILOGUES=0
 /// plans those as generated kernels instead (to compare, or to rule the epilogues out).
 inline bool training_epilogues() { return env::flag("KILN_CUBLASLT_TRAINING_EPILOGUES", true); }
 

@@ -1,11 +1,10 @@
 #pragma once
 // A thread-safe map whose values are made once per key, even when threads race for a new key:
 // the first caller runs the factory, the others wait for its result.
-#include <chrono>
-#include <cstdint>
+#include <condition_variable>
 #include <exception>
 #include <functional>
-#include <future>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -26,45 +25,40 @@ class OnceCache {
     std::unique_lock<std::mutex> lock(mu_);
     auto it = map_.find(key);
     if (it != map_.end()) {
-      std::shared_future<V> ready = it->second.future;
+      std::shared_ptr<Slot> ready = it->second;
       lock.unlock();
       if (created) *created = false;
-      return ready.get();
+      return ready->get();
     }
-    std::promise<V> promise;
-    std::uint64_t id = next_id_++;
-    map_.emplace(key, Slot{promise.get_future().share(), id});
+    auto slot = std::make_shared<Slot>();
+    map_.emplace(key, slot);
     lock.unlock();
     try {
       V value = std::forward<F>(factory)();
-      promise.set_value(value);
+      slot->finish(value, nullptr);
       if (created) *created = true;
       return value;
     } catch (...) {
-      promise.set_exception(std::current_exception());
+      slot->finish(std::nullopt, std::current_exception());
       lock.lock();
       // Only erase our own slot: clear() may have run and a new caller made a fresh one.
       auto mine = map_.find(key);
-      if (mine != map_.end() && mine->second.id == id) map_.erase(mine);
+      if (mine != map_.end() && mine->second == slot) map_.erase(mine);
       throw;
     }
   }
 
   /// The finished value for `key`, or nullopt (absent, still being made, or failed).
   std::optional<V> find(const K& key) const {
-    std::shared_future<V> f;
+    std::shared_ptr<Slot> slot;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = map_.find(key);
       if (it == map_.end()) return std::nullopt;
-      f = it->second.future;
+      slot = it->second;
     }
-    if (f.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return std::nullopt;
-    try {
-      return f.get();
-    } catch (...) {
-      return std::nullopt;
-    }
+    std::lock_guard<std::mutex> lock(slot->mu);
+    return slot->value;  // nullopt while being made and after a failure
   }
 
   /// Forgets every entry (values already handed out stay alive with their holders; calls
@@ -81,13 +75,36 @@ class OnceCache {
   }
 
  private:
+  /// One key's value, or the exception of the factory that was making it: set once by the
+  /// call that ran the factory, waited for by the others. (A mutex and a condition variable
+  /// rather than std::shared_future: <future> and its instantiations cost every file that
+  /// includes kiln in header-only mode.)
   struct Slot {
-    std::shared_future<V> future;
-    std::uint64_t id;
+    std::mutex mu;
+    std::condition_variable finished;
+    bool done = false;
+    std::optional<V> value;
+    std::exception_ptr error;
+
+    void finish(std::optional<V> v, std::exception_ptr e) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        value = std::move(v);
+        error = std::move(e);
+        done = true;
+      }
+      finished.notify_all();
+    }
+    /// The value once made; rethrows the factory's exception.
+    V get() {
+      std::unique_lock<std::mutex> lock(mu);
+      finished.wait(lock, [&] { return done; });
+      if (error) std::rethrow_exception(error);
+      return *value;
+    }
   };
   mutable std::mutex mu_;
-  std::unordered_map<K, Slot, Hash, Eq> map_;
-  std::uint64_t next_id_ = 0;
+  std::unordered_map<K, std::shared_ptr<Slot>, Hash, Eq> map_;
 };
 
 }  // namespace kiln::runtime

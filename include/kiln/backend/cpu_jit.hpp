@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kiln/core/duration.hpp"
 #include "kiln/core/index_fault.hpp"
 #include "kiln/backend/executor.hpp"
 #include "kiln/codegen/cpp.hpp"

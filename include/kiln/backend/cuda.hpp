@@ -11,7 +11,6 @@
 // CudaGraphRunner (the end of this file) replays a graph's launches as one CUDA graph.
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <mutex>
@@ -25,6 +24,7 @@
 
 #include "kiln/backend/executor.hpp"
 #include "kiln/codegen/cuda.hpp"
+#include "kiln/core/duration.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/hash.hpp"
 #include "kiln/core/log.hpp"

@@ -1,7 +1,8 @@
 #pragma once
 // How the transports and the rendezvous keep time: one clock, and durations as messages say them.
-#include <chrono>
 #include <string>
+
+#include "kiln/core/duration.hpp"
 
 namespace kiln::distributed::detail {
 

@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -25,7 +24,10 @@
 
 #if defined(_WIN32)
 #include <process.h>
+
+#include <filesystem>
 #else
+#include <sys/stat.h>
 #include <unistd.h>
 #endif
 
@@ -528,6 +530,59 @@ using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
 
 inline std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
 
+// The file-system questions of the reader and writer, answered as std::filesystem does. On
+// POSIX by the system calls std::filesystem makes: <filesystem> (with its <chrono>, locales and
+// path classes) would cost every file that includes kiln in header-only mode. On Windows by
+// std::filesystem, for its wide paths and its rename over an existing file.
+
+/// Whether `path` is a directory (false when it cannot be examined).
+inline bool is_directory(const std::string& path) {
+#if defined(_WIN32)
+  std::error_code ec;
+  return std::filesystem::is_directory(path, ec);
+#else
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+#endif
+}
+
+/// The size of regular file `path`; `ec` is set when it has none (not found, not a regular file).
+inline std::uint64_t file_size(const std::string& path, std::error_code& ec) {
+#if defined(_WIN32)
+  return static_cast<std::uint64_t>(std::filesystem::file_size(path, ec));
+#else
+  ec.clear();
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    ec.assign(errno, std::generic_category());
+    return static_cast<std::uint64_t>(-1);
+  }
+  if (S_ISREG(st.st_mode)) return static_cast<std::uint64_t>(st.st_size);
+  ec = std::make_error_code(S_ISDIR(st.st_mode) ? std::errc::is_a_directory : std::errc::not_supported);
+  return static_cast<std::uint64_t>(-1);
+#endif
+}
+
+/// Renames `from` to `to`, replacing a file there; `ec` is set on failure.
+inline void rename_over(const std::string& from, const std::string& to, std::error_code& ec) {
+#if defined(_WIN32)
+  std::filesystem::rename(from, to, ec);
+#else
+  ec.clear();
+  if (std::rename(from.c_str(), to.c_str()) != 0) ec.assign(errno, std::generic_category());
+#endif
+}
+
+/// Removes file `path` if it is there.
+inline void remove_file(const std::string& path) {
+#if defined(_WIN32)
+  std::error_code ignored;
+  std::filesystem::remove(path, ignored);
+#else
+  std::remove(path.c_str());
+#endif
+}
+
 /// "op: 'path': " - the start of every message about the file.
 inline std::string file_prefix(const char* op, const std::string& path) {
   return std::string(op) + ": " + quote_name(path) + ": ";
@@ -535,13 +590,13 @@ inline std::string file_prefix(const char* op, const std::string& path) {
 
 /// Opens `path` for reading and returns it with its size in bytes.
 inline std::pair<FilePtr, std::uint64_t> open_checkpoint(const std::string& path, const char* op) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) throw CheckpointError(file_prefix(op, path) + "is a directory");
+  if (is_directory(path)) throw CheckpointError(file_prefix(op, path) + "is a directory");
   FilePtr f(std::fopen(path.c_str(), "rb"));
   if (!f) throw CheckpointError(file_prefix(op, path) + "cannot open: " + errno_text(errno));
-  const std::uintmax_t size = std::filesystem::file_size(path, ec);
+  std::error_code ec;
+  const std::uint64_t size = file_size(path, ec);
   if (ec) throw CheckpointError(file_prefix(op, path) + "cannot read its size: " + ec.message());
-  return {std::move(f), static_cast<std::uint64_t>(size)};
+  return {std::move(f), size};
 }
 
 /// Reads exactly `n` bytes, or throws naming what was being read.
@@ -872,12 +927,11 @@ KILN_ENTRY void save_safetensors(const StateDict& tensors, const std::string& pa
     if (std::fclose(f.release()) != 0)
       throw CheckpointError(prefix + "closing " + detail::quote_name(tmp) + " failed: " + detail::errno_text(errno));
     std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);
+    detail::rename_over(tmp, path, ec);
     if (ec) throw CheckpointError(prefix + "renaming " + detail::quote_name(tmp) + " over it failed: " + ec.message());
   } catch (...) {
     f.reset();
-    std::error_code ignored;
-    std::filesystem::remove(tmp, ignored);
+    detail::remove_file(tmp);
     throw;
   }
 }

@@ -7,7 +7,6 @@
 // on (the kernel's source, the compiler, the machine).
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -16,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kiln/core/duration.hpp"
 #include "kiln/core/log.hpp"
 #include "kiln/runtime/disk_cache.hpp"
 #include "kiln/core/linkage.hpp"

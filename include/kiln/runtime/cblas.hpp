@@ -4,7 +4,6 @@
 // is correct everywhere and logged once as the slow path. float16 and bfloat16 go through
 // float32 (converted once per operand, accumulated in float32, rounded once), as PyTorch's CPU
 // product does.
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
@@ -16,6 +15,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kiln/core/duration.hpp"
 #include "kiln/core/env.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/half.hpp"

@@ -3,10 +3,10 @@
 // the on-disk cache, the host compiler.
 #include <unistd.h>
 
-#include <chrono>
 #include <memory>
 #include <string>
 
+#include "kiln/core/duration.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/hash.hpp"
 #include "kiln/core/index_fault.hpp"

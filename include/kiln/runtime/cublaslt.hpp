@@ -16,7 +16,6 @@
 // descriptors and the chosen algorithm; later calls only set the bias pointer and enqueue.
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -30,6 +29,7 @@
 #include <vector>
 
 #include "kiln/core/dtype.hpp"
+#include "kiln/core/duration.hpp"
 #include "kiln/core/env.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/hash.hpp"

@@ -8,11 +8,10 @@
 // kept per device for the life of the process (unloading one while a kernel from it may still
 // be queued is never worth the risk).
 #include <sys/stat.h>
+#include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -21,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/core/duration.hpp"
 #include "kiln/core/env.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/hash.hpp"
@@ -92,10 +92,21 @@ inline std::string file_identity(const std::string& path) {
 // Everything that decides which file dlopen picks for NVRTC: the settings, the loader's search
 // path and cache, and the executable (its RUNPATH takes part in the search).
 inline std::string nvrtc_probe_key() {
-  std::string exe;
-  std::error_code ec;
-  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) exe = self.string();
+  // The executable's path: the target of /proc/self/exe (readlink, as std::filesystem's
+  // read_symlink; "" when it cannot be read).
+  std::string exe(256, '\0');
+  for (;;) {
+    const ssize_t len = ::readlink("/proc/self/exe", exe.data(), exe.size());
+    if (len < 0) {
+      exe.clear();
+      break;
+    }
+    if (static_cast<std::size_t>(len) < exe.size()) {
+      exe.resize(static_cast<std::size_t>(len));
+      break;
+    }
+    exe.resize(exe.size() * 2);
+  }
   return "kiln-nvrtc-probe\nkiln " KILN_VERSION_STRING "\nexe " + exe + "\nKILN_NVRTC_PATH " +
          env::get("KILN_NVRTC_PATH") + "\nLD_LIBRARY_PATH " + env::get("LD_LIBRARY_PATH") + "\nld.so.cache " +
          file_identity("/etc/ld.so.cache");

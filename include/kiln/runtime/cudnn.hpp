@@ -15,7 +15,6 @@
 // tests/runtime/test_cudnn.cpp checks them against <cudnn_graph.h> where present.
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -30,6 +29,7 @@
 #include <vector>
 
 #include "kiln/core/dtype.hpp"
+#include "kiln/core/duration.hpp"
 #include "kiln/core/env.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/hash.hpp"

@@ -8,7 +8,6 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -16,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/core/duration.hpp"
 #include "kiln/core/env.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/hash.hpp"

@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +27,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kiln/core/duration.hpp"
 #include "kiln/core/env.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/hash.hpp"

@@ -7,12 +7,12 @@
 // The declarations are our own (ncclResult_t and the enums as int, the communicator opaque),
 // so kiln compiles without nccl.h; each value names the nccl.h enum it is taken from (NCCL 2.x,
 // stable since 2.10, which added ncclAvg and ncclBfloat16, the oldest version kiln accepts).
-#include <chrono>
 #include <cstddef>
 #include <string>
 #include <vector>
 
 #include "kiln/core/dtype.hpp"
+#include "kiln/core/duration.hpp"
 #include "kiln/runtime/cuda_driver.hpp"
 #include "kiln/runtime/dynlib.hpp"
 

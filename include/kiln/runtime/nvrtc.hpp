@@ -2,12 +2,13 @@
 // NVRTC, loaded at run time with dlopen (never linked), so one binary runs on machines with and
 // without the CUDA toolkit. Compiles CUDA C++ source straight to a cubin for one exact
 // architecture ("sm_90"), so the driver never JIT-compiles PTX when it loads the module.
+#include <dirent.h>
 #include <dlfcn.h>
 #include <link.h>
 
 #include <algorithm>
 #include <cstddef>
-#include <filesystem>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -62,11 +63,14 @@ inline std::vector<std::string> nvrtc_candidates() {
   std::vector<std::string> names = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
   // A toolkit outside the loader's search path: take its libnvrtc.so* (not the builtins or
   // the .alt variants), newest name first.
-  std::error_code ec;
+  const std::string toolkit_lib = "/usr/local/cuda/lib64";
   std::vector<std::string> found;
-  for (const auto& entry : std::filesystem::directory_iterator("/usr/local/cuda/lib64", ec)) {
-    std::string file = entry.path().filename().string();
-    if (file.rfind("libnvrtc.so", 0) == 0) found.push_back(entry.path().string());
+  if (DIR* dir = ::opendir(toolkit_lib.c_str())) {
+    while (const dirent* entry = ::readdir(dir)) {
+      const std::string file = entry->d_name;
+      if (file.rfind("libnvrtc.so", 0) == 0) found.push_back(toolkit_lib + "/" + file);
+    }
+    ::closedir(dir);
   }
   std::sort(found.rbegin(), found.rend());
   names.insert(names.end(), found.begin(), found.end());
@@ -116,9 +120,10 @@ inline NvrtcApi load_nvrtc(const std::vector<std::string>& paths) {
     api.reason.clear();
     link_map* map = nullptr;
     if (dlinfo(h, RTLD_DI_LINKMAP, &map) == 0 && map && map->l_name) {
-      std::error_code ec;
-      auto canonical = std::filesystem::canonical(map->l_name, ec);
-      api.file = ec ? std::string(map->l_name) : canonical.string();
+      // Its canonical path (realpath, as std::filesystem::canonical), else the name as loaded.
+      char* canonical = ::realpath(map->l_name, nullptr);
+      api.file = canonical ? std::string(canonical) : std::string(map->l_name);
+      std::free(canonical);
     }
     return api;
   }

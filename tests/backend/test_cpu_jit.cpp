@@ -4,7 +4,9 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <thread>
 
 #include "../support/mlp_block.hpp"
@@ -386,6 +388,22 @@ TEST_CASE("cpu jit: an expensive value needed by several kernels is computed onc
   CHECK(d.schedule.find("temp") == std::string::npos);
 }
 
+
+TEST_CASE("a GPU's step plans take the training epilogues unless KILN_CUBLASLT_TRAINING_EPILOGUES is off") {
+  // On by default since they ran on GPUs (docs/performance-gpu.md); the setting turns them off.
+  const char* held = std::getenv("KILN_CUBLASLT_TRAINING_EPILOGUES");
+  const std::string saved = held ? held : "";
+  ::unsetenv("KILN_CUBLASLT_TRAINING_EPILOGUES");
+  CHECK(backend::detail::training_epilogues());
+  ::setenv("KILN_CUBLASLT_TRAINING_EPILOGUES", "0", 1);
+  CHECK_FALSE(backend::detail::training_epilogues());
+  ::setenv("KILN_CUBLASLT_TRAINING_EPILOGUES", "1", 1);
+  CHECK(backend::detail::training_epilogues());
+  if (held)
+    ::setenv("KILN_CUBLASLT_TRAINING_EPILOGUES", saved.c_str(), 1);
+  else
+    ::unsetenv("KILN_CUBLASLT_TRAINING_EPILOGUES");
+}
 
 TEST_CASE("a GPU's step plan with its training epilogues runs on the host with the host plan's values") {
   // The plan a GPU gets for a training step's MLP block (the first product's bias and GELU in

@@ -565,9 +565,10 @@ TEST_CASE("autograd: an MLP block's backward reads weights and activations trans
 }
 
 TEST_CASE("autograd: a bfloat16 linear-GELU-linear block over sequences trains as in float64 (the GPU's fused epilogues)") {
-  // On a GPU (unless KILN_CUBLASLT_TRAINING_EPILOGUES=0) the first product's bias and GELU join its cuBLASLt
-  // call, which keeps the GELU's input, and the backward's product for the GELU's output
-  // gradient applies the GELU's derivative there (GELU_AUX_BIAS, DGELU); otherwise kernels do.
+  // On a GPU (unless KILN_CUBLASLT_TRAINING_EPILOGUES=0) the first product's bias and GELU
+  // join its cuBLASLt call, which keeps the GELU's input, and the backward's product for the
+  // GELU's output gradient applies the GELU's derivative there (GELU_AUX_BIAS, DGELU);
+  // otherwise kernels do.
   // Either way the values and all five gradients must agree with the same block in float64 on
   // the host, within bfloat16's rounding.
   const Device host = Device::cpu();

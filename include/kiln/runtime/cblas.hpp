@@ -260,35 +260,27 @@ void packed_gemm(const GemmShape& s, const void* A, const void* B, T* D) {
 
 /// The epilogue of a cuBLASLt product applied on the host after the product, element by element
 /// over D (already rounded to its dtype): bias, relu, tanh-gelu, the GELU's input kept in `aux`
-/// (GeluAux*), or D times the GELU's derivative at `aux` (DGelu), in double, rounded once. What a
-/// GPU's step plan asks of its calls, so that such a plan can run (and be checked) on the host.
-template <class T>
-T rounded(double v) {
-  if constexpr (std::is_same_v<T, double>)
-    return v;
-  else
-    return T(static_cast<float>(v));
-}
-
+/// (GeluAux*), or D times the GELU's derivative at `aux` (DGelu), in double, rounded once (the
+/// halves' constructors from double round through float, as kiln's kernels do). What a GPU's
+/// step plan asks of its calls, so that such a plan can run (and be checked) on the host.
 template <class T>
 void apply_epilogue(const GemmShape& s, T* D, const void* bias, void* aux) {
   const double c = 0.7978845608028654;  // sqrt(2 / pi), the tanh form's constant
-  auto bias_at = [&](std::int64_t j) {
-    double v = 0;
+  auto tanh_of = [&](double x) { return std::tanh(c * (x + 0.044715 * x * x * x)); };
+  std::vector<double> bias_values;  // widened once, read by every row
+  if (epilogue_has_bias(s.epilogue))
     visit_dtype(s.bias_dtype, [&](auto tag) {
       using B = decltype(tag);
       if constexpr (std::is_floating_point_v<B> || std::is_same_v<B, Half> || std::is_same_v<B, BFloat16>)
-        v = static_cast<double>(static_cast<const B*>(bias)[j]);
+        for (std::int64_t j = 0; j < s.n; ++j) bias_values.push_back(static_cast<double>(static_cast<const B*>(bias)[j]));
     });
-    return v;
-  };
   T* A = static_cast<T*>(aux);
   for (std::int64_t t = 0; t < s.batch; ++t)
     for (std::int64_t i = 0; i < s.m; ++i)
       for (std::int64_t j = 0; j < s.n; ++j) {
         T& out = D[t * s.d_bs + i * s.d_rs + j];
         double v = static_cast<double>(out);
-        if (epilogue_has_bias(s.epilogue)) v += bias_at(j);
+        if (!bias_values.empty()) v += bias_values[static_cast<std::size_t>(j)];
         switch (s.epilogue) {
           case GemmEpilogue::Relu:
           case GemmEpilogue::ReluBias:
@@ -296,22 +288,22 @@ void apply_epilogue(const GemmShape& s, T* D, const void* bias, void* aux) {
             break;
           case GemmEpilogue::GeluAux:
           case GemmEpilogue::GeluAuxBias:
-            A[i * s.aux_rs + j] = rounded<T>(v);
+            A[i * s.aux_rs + j] = static_cast<T>(v);
             [[fallthrough]];
           case GemmEpilogue::Gelu:
           case GemmEpilogue::GeluBias:
-            v = 0.5 * v * (1.0 + std::tanh(c * (v + 0.044715 * v * v * v)));
+            v = 0.5 * v * (1.0 + tanh_of(v));
             break;
           case GemmEpilogue::DGelu: {
             const double x = static_cast<double>(A[i * s.aux_rs + j]);
-            const double th = std::tanh(c * (x + 0.044715 * x * x * x));
+            const double th = tanh_of(x);
             v *= 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * c * (1.0 + 3.0 * 0.044715 * x * x);
             break;
           }
           default:
             break;
         }
-        out = rounded<T>(v);
+        out = static_cast<T>(v);
       }
 }
 

@@ -7,9 +7,11 @@
 // them and released after the last (stream-ordered on CUDA, so a release waits for nothing
 // and a later step's temporary reuses the memory).
 #include <atomic>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -645,16 +647,44 @@ class StepProgram {
     for (const auto& seg : v->plan.segments)
       v->segments.push_back(std::make_unique<PreparedGraph>(seg.graph, mode, launch));
     // The segments' kernels compile side by side now, not one per segment as the first run
-    // meets them (max-autotune compiles its candidates when it times them).
-    if (graph_.device.is_cuda() && mode != Mode::Eager && !launch.autotune) {
+    // meets them (max-autotune compiles its candidates when it times them). Meanwhile a thread
+    // of its own loads cuBLASLt for the plan's products and makes the attentions' cuDNN plans:
+    // on a machine that has not read those libraries from disk yet, loading cuBLASLt and a
+    // process's first cuDNN plan take about half a second and a second.
+    const bool precompile = graph_.device.is_cuda() && mode != Mode::Eager && !launch.autotune;
+    std::vector<detail::AttentionKernels> attentions(v->plan.attentions.size());
+    std::exception_ptr attention_error;
+    auto build_attentions = [&] {
+      try {
+        for (std::size_t i = 0; i < attentions.size(); ++i)
+          attentions[i] = detail::build_attention(v->plan.attentions[i], graph_.device);
+      } catch (...) {
+        attention_error = std::current_exception();
+      }
+    };
+    if (precompile) {
       std::vector<const ir::Graph*> graphs;
       for (const auto& seg : v->plan.segments) graphs.push_back(&seg.graph);
+      struct JoinedThread {  // joined however the scope ends
+        std::thread thread;
+        ~JoinedThread() {
+          if (thread.joinable()) thread.join();
+        }
+      } libraries;
+      if (!attentions.empty() || !v->plan.calls.empty())
+        libraries.thread = std::thread([&] {
+          if (!v->plan.calls.empty()) runtime::cublaslt_available();  // loads it; never throws
+          build_attentions();
+        });
       precompile_cuda_graphs(graphs);
+    } else {
+      build_attentions();
     }
+    if (attention_error) std::rethrow_exception(attention_error);
     for (const auto& sc : v->plan.scatters) v->scatters.push_back(detail::build_scatter(sc, graph_.device));
     for (const auto& sc : v->plan.scans) v->scans.push_back(detail::build_scan(sc, graph_.device));
     for (const auto& sc : v->plan.sorts) v->sorts.push_back(detail::build_sort(sc, graph_.device));
-    for (const auto& ac : v->plan.attentions) v->attentions.push_back(detail::build_attention(ac, graph_.device));
+    v->attentions = std::move(attentions);
     return v;
   }
 

@@ -515,4 +515,79 @@ TEST_CASE("cuda attention: entries, grids and shared memory per shape") {
   for (auto& e : b.entries) CHECK(e.shared_bytes <= 48 * 1024);
 }
 
+TEST_CASE("cuda attention: a row whose scores are all -inf is 0 even where a value is infinite, in the emulator") {
+  // The tensor-core forward weighed such a row's values by 0 and stored 0 * inf = NaN.
+  if (!have_host_compiler()) return;
+  for (DType dt : {DType::Float16, DType::BFloat16, DType::Float32}) {
+    CAPTURE(dtype_name(dt));
+    const i64 L = 3, S = 5, E = 16, Ev = 16;  // tensor cores for the half types
+    Buf q = make_buf(dt, {1, 1, L, E}, {L * E, L * E, E, 1}), k = make_buf(dt, {1, 1, S, E}, {S * E, S * E, E, 1});
+    Buf v = make_buf(dt, {1, 1, S, Ev}, {S * Ev, S * Ev, Ev, 1});
+    for (i64 i = 0; i < L; ++i)
+      for (i64 e = 0; e < E; ++e) q.set(0, 0, i, e, i == 1 && e == 0 ? -INFINITY : 0.1 * static_cast<double>(e - i));
+    for (i64 j = 0; j < S; ++j) {
+      for (i64 e = 0; e < E; ++e) k.set(0, 0, j, e, 0.5 + 0.05 * static_cast<double>(j + e));  // positive
+      for (i64 e = 0; e < Ev; ++e) v.set(0, 0, j, e, j == 2 && e == 3 ? INFINITY : 0.25 * static_cast<double>(j - e));
+    }
+    Buf out = make_buf(dt, {1, 1, L, Ev}, {L * Ev, L * Ev, Ev, 1});
+    sched::AttentionCall c;
+    c.dtype = dt;
+    c.batch = 1, c.heads = 1, c.kv_heads = 1, c.q_len = L, c.kv_len = S, c.head_dim = E, c.value_dim = Ev;
+    c.scale = 0.25;
+    auto slot = [](const Buf& b) {
+      sched::Slot s;
+      s.kind = sched::Slot::Leaf;
+      s.strides = b.strides;
+      return s;
+    };
+    c.q = slot(q), c.k = slot(k), c.v = slot(v), c.out = slot(out);
+    Buf lse = make_buf(c.accumulation_dtype(), {1, 1, L, 1}, {L, L, 1, 1});
+    c.lse = slot(lse);
+    c.kind = sched::AttentionCall::Forward;
+    CHECK(c.tensor_cores() == (dt != DType::Float32));
+    run(codegen::generate_cuda_attention(c, "katt"), {q.data(), k.data(), v.data(), nullptr, out.data(), lse.data(), nullptr});
+    CHECK(lse.get(0, 0, 1, 0) == -INFINITY);
+    for (i64 e = 0; e < Ev; ++e) {
+      CAPTURE(e);
+      CHECK(out.get(0, 0, 1, e) == 0.0);
+      CHECK(std::isinf(out.get(0, 0, 0, e)) == (e == 3));  // the other rows weigh key 2 by more than 0
+      CHECK(std::isinf(out.get(0, 0, 2, e)) == (e == 3));
+    }
+  }
+}
+
+TEST_CASE("cuda attention: a library attention's rows whose scores are all -inf, in the emulator") {
+  // cuDNN leaves such rows at lse -inf with their values weighed by 0: the fix-up after its
+  // forward zeroes exactly those output rows (NaN rows stay NaN, the others are untouched).
+  sched::AttentionCall c;
+  c.dtype = DType::BFloat16;
+  c.batch = 2, c.heads = 3, c.kv_heads = 3, c.q_len = 5, c.kv_len = 4, c.head_dim = 8, c.value_dim = 6;
+  sched::Slot s;
+  s.kind = sched::Slot::Leaf;
+  s.strides = {5 * 3 * 6, 6, 3 * 6, 1};  // the output written as [B, L, H, Ev] memory
+  c.q = c.k = c.v = c.out = c.lse = s;
+  c.kind = sched::AttentionCall::Forward;
+  const codegen::AttentionSource f = codegen::cuda_library_attention_rows(c, "r");
+  REQUIRE(f.entries.size() == 1);
+  CHECK(f.entries[0].name == "r_zero_rows");
+  const std::string fm = nvrtc_check(f.source);
+  CHECK_MESSAGE(fm.empty(), "NVRTC: " << fm);
+  if (!have_host_compiler()) return;
+  const std::int64_t rows = 2 * 3 * 5, n = rows * 6;
+  std::vector<float> lse(static_cast<std::size_t>(rows));
+  for (std::int64_t r = 0; r < rows; ++r)
+    lse[static_cast<std::size_t>(r)] = r % 7 == 3 ? -INFINITY : r % 11 == 4 ? NAN : 0.25f * static_cast<float>(r);
+  std::vector<std::uint16_t> out(static_cast<std::size_t>(n), 0x7fc0);  // bf16 NaN everywhere
+  run(f, {lse.data(), out.data()});
+  for (std::int64_t b = 0; b < 2; ++b)
+    for (std::int64_t h = 0; h < 3; ++h)
+      for (std::int64_t l = 0; l < 5; ++l) {
+        const std::int64_t r = (b * 3 + h) * 5 + l;
+        CAPTURE(r);
+        for (std::int64_t d = 0; d < 6; ++d)
+          CHECK(out[static_cast<std::size_t>(b * 90 + h * 6 + l * 18 + d)] ==
+                (std::isinf(lse[static_cast<std::size_t>(r)]) ? 0 : 0x7fc0));
+      }
+}
+
 }  // namespace kiln_test_codegen_attention_cuda

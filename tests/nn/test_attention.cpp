@@ -165,6 +165,58 @@ TEST_CASE("scaled_dot_product_attention: half types without a mask, cuDNN's fuse
   }
 }
 
+TEST_CASE("scaled_dot_product_attention: a row whose scores are all -inf gives 0 in any memory, a NaN score NaN") {
+  // Fuzz seed 90, graph 1544 (GPU): infinite query features make every score of a row -inf.
+  // torch gives 0 there on every backend (its math backend's safe softmax), and no gradient to
+  // the row's query; the output must be 0 whatever the memory it is written to held before
+  // (NaN here) and whatever the values (an infinite one, weighed by 0, must not make it NaN).
+  for (DType dt : {f16, bf16, f32}) {
+    CAPTURE(dtype_name(dt));
+    std::vector<float> qv = randn({1, 2, 3, 64}, 21, f32).to_vector<float>();
+    qv[(0 * 3 + 1) * 64 + 3] = -INFINITY;  // head 0, row 1: every key's feature 3 is positive
+    qv[(1 * 3 + 2) * 64 + 5] = NAN;        // head 1, row 2: NaN scores
+    Tensor q = from_vector<float>(qv, {1, 2, 3, 64}).to(dev).to(dt);
+    Tensor k = (rand({1, 2, 4, 64}, 22, f32, dev) + 0.5f).to(dt), v = randn({1, 2, 4, 64}, 23, f32, dev).to(dt);
+    std::vector<float> vv = v.to(f32).to_vector<float>();
+    vv[(0 * 4 + 2) * 64 + 7] = INFINITY;
+    Tensor v_inf = from_vector<float>(vv, {1, 2, 4, 64}).to(dev).to(dt);
+    auto row = [](const std::vector<double>& o, int head, int r, int d) {
+      return o[static_cast<std::size_t>((head * 3 + r) * 64 + d)];
+    };
+    for (int round = 0; round < 2; ++round) {
+      {
+        // Leave NaN in the memory pool for the attention's outputs to be given.
+        std::vector<Tensor> junk;
+        for (int i = 0; i < 8; ++i) junk.push_back(full({1, 2, 3, 64}, NAN, dt, dev).eval());
+        for (int i = 0; i < 8; ++i) junk.push_back(full({1, 2, 3}, NAN, f32, dev).eval());
+      }
+      std::vector<double> o_inf = values(scaled_dot_product_attention(q, k, v_inf));
+      Tensor qq = q.detach().requires_grad_(), vg = v.detach().requires_grad_();
+      Tensor out = scaled_dot_product_attention(qq, k, vg);
+      std::vector<double> o = values(out);
+      for (int d = 0; d < 64; ++d) {
+        CAPTURE(d);
+        CHECK(row(o, 0, 1, d) == 0.0);
+        CHECK(row(o_inf, 0, 1, d) == 0.0);
+        CHECK(std::isnan(row(o, 1, 2, d)));
+        CHECK(std::isfinite(row(o, 0, 0, d)));
+        CHECK(std::isinf(row(o_inf, 0, 0, d)) == (d == 7));
+      }
+      Tensor g = ones({1, 2, 3, 64}, dt, dev) * (arange(3, f32, dev).reshape({1, 1, 3, 1}) != 2.0f).to(dt);
+      (out * g).sum().backward();  // the NaN row gets a zero cotangent
+      std::vector<double> dq = values(qq.grad());
+      for (int d = 0; d < 64; ++d) {
+        CAPTURE(d);
+        CHECK(row(dq, 0, 1, d) == 0.0);
+        CHECK(std::isfinite(row(dq, 0, 0, d)));
+      }
+      // Head 0's values: the -inf row weighs them by 0, the others finitely.
+      std::vector<double> dv = values(vg.grad());
+      for (std::size_t i = 0; i < 4 * 64; ++i) CHECK(std::isfinite(dv[i]));
+    }
+  }
+}
+
 TEST_CASE("scaled_dot_product_attention: strided heads of one projection, as a GPT's attention reads them") {
   // q, k and v as views of one [B, L, 3 H E] projection, each [B, L, H, E] seen as [B, H, L, E]
   // (strides L·3HE, E, 3HE, 1): cuDNN's plan takes the strides as they are (on a GPU with cuDNN).

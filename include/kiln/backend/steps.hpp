@@ -296,6 +296,10 @@ struct AttentionKernels {
   std::vector<int (*)(void* const*, int)> cpu;
   std::vector<runtime::cu::CUfunction> kernels;
   std::shared_ptr<const runtime::CudnnAttentionPlan> cudnn;
+  /// With a cuDNN forward plan: the kernel that keeps its rows whose scores are all -inf at
+  /// torch's values, run after it (codegen::cuda_library_attention_rows).
+  codegen::AttentionSource rows;
+  runtime::cu::CUfunction rows_kernel = nullptr;
   /// With a cuDNN plan: the generated kernels, built on first need (a run whose pointers break
   /// the plan's 16-byte alignment).
   struct Fallback;
@@ -394,6 +398,11 @@ inline AttentionKernels build_attention(const sched::AttentionCall& c, Device de
     if (cudnn_attention_problem(c, device.index, p, why)) {
       k.cudnn = runtime::cudnn_attention_plan(p, &why);
       if (k.cudnn) {
+        if (c.kind == sched::AttentionCall::Forward) {
+          k.rows = codegen::cuda_library_attention_rows(c, "kiln_attention_rows");
+          k.rows_kernel = runtime::CudaModuleCache::instance().get_function(k.rows.source, k.rows.entries.front().name,
+                                                                            device.index);
+        }
         log(LogChannel::schedule, p.str() + ": cuDNN's fused attention");
         k.fallback = std::make_shared<AttentionKernels::Fallback>();
         k.fallback->call = c;
@@ -417,6 +426,14 @@ inline void run_attention(const AttentionKernels& k, const std::vector<void*>& a
     if (k.cudnn->fits(args)) {
       if (tune) k.cudnn->autotune(args);
       k.cudnn->run(args, stream);
+      if (k.rows_kernel) {
+        struct {
+          void* p[2];
+        } a{{k.cudnn->stats(args), args[4]}};
+        void* params[] = {&a};
+        const auto& e = k.rows.entries.front();
+        launch_step_blocks(k.rows_kernel, e.grid, e.block, 0, params, device, stream, "an attention's rows");
+      }
       if (!stream) kiln::detail::counters().library_calls.fetch_add(1, std::memory_order_relaxed);
       return;
     }

@@ -510,6 +510,13 @@ class CudnnAttentionPlan {
   void run(const std::vector<void*>& args, cu::CUstream stream) const { enqueue(chosen_.load(), args, stream); }
   /// Whether every pointer the plan reads or writes is 16-byte aligned (the plan's assumption).
   bool fits(const std::vector<void*>& args) const;
+  /// The lse the plan writes (forward) or reads (backward) in a run on `args`. cuDNN's forward
+  /// leaves a row whose scores are all -inf at lse -inf with its values weighed by 0, so a
+  /// non-finite value makes it NaN (0 · inf) where torch's safe softmax gives 0: the step
+  /// zeroes such rows after the plan (codegen::cuda_library_attention_rows).
+  void* stats(const std::vector<void*>& args) const {
+    return stats_source >= 0 ? args[static_cast<std::size_t>(stats_source)] : scratch_base_.load() + stats_offset;
+  }
   /// max-autotune: makes plans of up to kTunedCandidates engine configurations (the
   /// heuristics' first is the default), times them on `args` (their outputs are overwritten)
   /// and keeps the fastest for later runs. Once per plan in a process; synchronous.
@@ -530,6 +537,10 @@ class CudnnAttentionPlan {
   std::vector<std::size_t> offsets;
   std::vector<float> scalars;
   std::size_t workspace_offset = 0;  ///< where cuDNN's workspace starts in the scratch
+  /// Where the plan's float lse ([B, H, L], contiguous) lives: an argument, or the scratch at
+  /// stats_offset (a forward whose lse nobody reads).
+  int stats_source = -1;
+  std::size_t stats_offset = 0;
   static constexpr int kScratch = -1;
   static constexpr int kScalar = -1000;
 
@@ -627,6 +638,8 @@ inline std::unique_ptr<CudnnAttentionPlan> make_cudnn_attention_plan(const Cudnn
       bind(stats, 5);
     else
       bind(stats, CudnnAttentionPlan::kScratch, scratch_at(static_cast<std::size_t>(B * H * L) * 4));
+    plan->stats_source = p.wants_lse ? 5 : CudnnAttentionPlan::kScratch;
+    plan->stats_offset = plan->offsets.back();
     g.matmul(q, kt, raw);
     g.pointwise(dnn::CUDNN_POINTWISE_MUL, raw, scale, -1, scaled);
     const auto s = p.causal ? cudnn_causal_mask(g, *plan, scaled, sdims, sstr) : scaled;
@@ -655,6 +668,7 @@ inline std::unique_ptr<CudnnAttentionPlan> make_cudnn_attention_plan(const Cudnn
     bind(o, 4);
     bind(dout, 5);
     bind(stats, 6);
+    plan->stats_source = 6;
     bind(delta, 10);
     auto gradient = [&](int which, std::int64_t rows, std::int64_t width) {
       const int slot = 5 + which;  // dq, dk, dv: strides 5, 6, 7; arguments 7, 8, 9

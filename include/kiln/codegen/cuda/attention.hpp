@@ -341,13 +341,15 @@ extern "C" __global__ void __launch_bounds__(128) KA_NAME_forward(ka_args a) {
     if (qi1 < KA_L) lr[qi1] = l1 != 0.0f ? (m1 + log2f(l1)) * 0.6931471805599453f : -KILN_INF_F;
   }
   if (KA_WANT_OUT) {
-    const float v0 = l0 != 0.0f ? 1.0f / l0 : 0.0f, v1 = l1 != 0.0f ? 1.0f / l1 : 0.0f;
+    // A row without weight (every score -inf) is 0, not its 0-weighed sum: 0 * inf is NaN.
+    const bool w0 = l0 != 0.0f, w1 = l1 != 0.0f;
+    const float v0 = w0 ? 1.0f / l0 : 0.0f, v1 = w1 ? 1.0f / l1 : 0.0f;
     unsigned short* const ob = out + b * KA_O0 + h * KA_O1;
 #pragma unroll
     for (int n = 0; n < KA_EV / 8; ++n) {
       const int c = n * 8 + 2 * t;
-      if (qi0 < KA_L) ka_store2(ob + qi0 * KA_O2 + c, o[n][0] * v0, o[n][1] * v0);
-      if (qi1 < KA_L) ka_store2(ob + qi1 * KA_O2 + c, o[n][2] * v1, o[n][3] * v1);
+      if (qi0 < KA_L) ka_store2(ob + qi0 * KA_O2 + c, w0 ? o[n][0] * v0 : 0.0f, w0 ? o[n][1] * v0 : 0.0f);
+      if (qi1 < KA_L) ka_store2(ob + qi1 * KA_O2 + c, w1 ? o[n][2] * v1 : 0.0f, w1 ? o[n][3] * v1 : 0.0f);
     }
   }
 }
@@ -1034,6 +1036,39 @@ inline AttentionSource generate_cuda_attention(const sched::AttentionCall& c, co
   if (tc) s += kTensorCoreHelpers;
   if (tc && c.has_dropout()) s += kTensorCoreDropout;
   s += replace_all(kernels, "KA_NAME", name);
+  out.source = std::move(s);
+  return out;
+}
+
+/// The unit that keeps a library attention's forward (cuDNN's fused kernels: f16/bf16, no mask)
+/// at torch's values on rows whose every score is -inf (infinite query or key features). The
+/// library leaves their lse at -inf and weighs their values by 0, so a non-finite value gives
+/// 0 · inf = NaN where torch's safe softmax (and the generated kernels) give 0. One entry,
+/// `name`_zero_rows, a thread per [B, H, L] row, arguments {lse (float, contiguous), out}: it
+/// zeroes the output rows whose lse is -inf and touches nothing else.
+inline AttentionSource cuda_library_attention_rows(const sched::AttentionCall& c, const std::string& name) {
+  using namespace cuda_attention_detail;
+  const i64 rows = c.batch * c.heads * c.q_len;
+  AttentionSource out;
+  out.arguments = 2;
+  std::string s = "// kiln: the rows of a library attention whose scores are all -inf\n"
+                  "struct ka_args { void* p[2]; };\n";
+  auto def = [&](const std::string& k, i64 v) { s += "#define " + k + " " + std::to_string(v) + "LL\n"; };
+  def("KR_ROWS", rows);
+  def("KR_H", c.heads);
+  def("KR_L", c.q_len);
+  def("KR_EV", c.value_dim);
+  for (int d = 0; d < 3; ++d) def("KR_S" + std::to_string(d), c.out.strides[static_cast<std::size_t>(d)]);
+  // x < -FLT_MAX: x is -inf (NaN compares false).
+  s += "extern \"C\" __global__ void " + name +
+       "_zero_rows(ka_args a) {\n"
+       "  const long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+       "  if (r >= KR_ROWS || !(((const float*)a.p[0])[r] < -3.40282347e38f)) return;\n"
+       "  const long long l = r % KR_L, bh = r / KR_L;\n"
+       "  unsigned short* o = (unsigned short*)a.p[1] + (bh / KR_H) * KR_S0 + (bh % KR_H) * KR_S1 + l * KR_S2;\n"
+       "  for (long long d = 0; d < KR_EV; ++d) o[d] = 0;  // +0 in both half types\n"
+       "}\n";
+  out.entries.push_back({name + "_zero_rows", ceil_div(rows, 256), 256, 0});
   out.source = std::move(s);
   return out;
 }

@@ -6,6 +6,7 @@
 // result sets; and NVRTC compiles every unit for sm_90 and sm_80.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <future>
@@ -421,6 +422,19 @@ void check_case(const Case& cs, std::uint64_t seed, bool tensor_cores) {
   CHECK_MESSAGE(bm.empty(), "NVRTC, backward: " << bm);
 }
 
+/// A call of `dt` over sizes {B, H, Hkv, L, S, E, Ev} whose every slot is a leaf at `strides`.
+sched::AttentionCall uniform_call(DType dt, const std::array<i64, 7>& n, std::vector<i64> strides) {
+  sched::AttentionCall c;
+  c.dtype = dt;
+  c.batch = n[0], c.heads = n[1], c.kv_heads = n[2], c.q_len = n[3], c.kv_len = n[4], c.head_dim = n[5],
+  c.value_dim = n[6];
+  sched::Slot s;
+  s.kind = sched::Slot::Leaf;
+  s.strides = std::move(strides);
+  c.q = c.k = c.v = c.out = c.dout = c.dq = c.dk = c.dv = c.lse = s;
+  return c;
+}
+
 bool have_host_compiler() {
   if (runtime::CpuModuleCache::instance().compiler()) return true;
   MESSAGE("no host C++ compiler, emulated CUDA attention tests skipped");
@@ -479,14 +493,8 @@ TEST_CASE("cuda attention: generic kernels (f32, f64, odd head dims) match a flo
 }
 
 TEST_CASE("cuda attention: entries, grids and shared memory per shape") {
-  sched::AttentionCall c;
-  c.dtype = DType::Float16;
-  c.batch = 2, c.heads = 8, c.kv_heads = 2, c.q_len = 1000, c.kv_len = 1000, c.head_dim = 128, c.value_dim = 128;
-  sched::Slot s;
-  s.kind = sched::Slot::Leaf;
-  s.strides = {8 * 1000 * 128, 1000 * 128, 128, 1};
-  c.q = c.k = c.v = c.out = c.dout = c.dq = c.dk = c.dv = s;
-  c.lse = s;
+  sched::AttentionCall c =
+      uniform_call(DType::Float16, {2, 8, 2, 1000, 1000, 128, 128}, {8 * 1000 * 128, 1000 * 128, 128, 1});
   c.kind = sched::AttentionCall::Forward;
   codegen::AttentionSource f = codegen::generate_cuda_attention(c, "a");
   REQUIRE(f.entries.size() == 1);
@@ -559,13 +567,8 @@ TEST_CASE("cuda attention: a row whose scores are all -inf is 0 even where a val
 TEST_CASE("cuda attention: a library attention's rows whose scores are all -inf, in the emulator") {
   // cuDNN leaves such rows at lse -inf with their values weighed by 0: the fix-up after its
   // forward zeroes exactly those output rows (NaN rows stay NaN, the others are untouched).
-  sched::AttentionCall c;
-  c.dtype = DType::BFloat16;
-  c.batch = 2, c.heads = 3, c.kv_heads = 3, c.q_len = 5, c.kv_len = 4, c.head_dim = 8, c.value_dim = 6;
-  sched::Slot s;
-  s.kind = sched::Slot::Leaf;
-  s.strides = {5 * 3 * 6, 6, 3 * 6, 1};  // the output written as [B, L, H, Ev] memory
-  c.q = c.k = c.v = c.out = c.lse = s;
+  // The output written as [B, L, H, Ev] memory.
+  sched::AttentionCall c = uniform_call(DType::BFloat16, {2, 3, 3, 5, 4, 8, 6}, {5 * 3 * 6, 6, 3 * 6, 1});
   c.kind = sched::AttentionCall::Forward;
   const codegen::AttentionSource f = codegen::cuda_library_attention_rows(c, "r");
   REQUIRE(f.entries.size() == 1);

@@ -4,11 +4,11 @@
 
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
-#include <string>
+#include <optional>
 #include <thread>
 
+#include "../runtime/runtime_test_util.hpp"
 #include "../support/mlp_block.hpp"
 #include "cpu_jit_test_util.hpp"
 #include "kiln/backend/steps.hpp"
@@ -391,18 +391,16 @@ TEST_CASE("cpu jit: an expensive value needed by several kernels is computed onc
 
 TEST_CASE("a GPU's step plans take the training epilogues unless KILN_CUBLASLT_TRAINING_EPILOGUES is off") {
   // On by default since they ran on GPUs (docs/performance-gpu.md); the setting turns them off.
-  const char* held = std::getenv("KILN_CUBLASLT_TRAINING_EPILOGUES");
-  const std::string saved = held ? held : "";
-  ::unsetenv("KILN_CUBLASLT_TRAINING_EPILOGUES");
+  {
+    kiln_test::ScopedEnv unset("KILN_CUBLASLT_TRAINING_EPILOGUES", std::nullopt);
+    CHECK(backend::detail::training_epilogues());
+  }
+  {
+    kiln_test::ScopedEnv off("KILN_CUBLASLT_TRAINING_EPILOGUES", "0");
+    CHECK_FALSE(backend::detail::training_epilogues());
+  }
+  kiln_test::ScopedEnv on("KILN_CUBLASLT_TRAINING_EPILOGUES", "1");
   CHECK(backend::detail::training_epilogues());
-  ::setenv("KILN_CUBLASLT_TRAINING_EPILOGUES", "0", 1);
-  CHECK_FALSE(backend::detail::training_epilogues());
-  ::setenv("KILN_CUBLASLT_TRAINING_EPILOGUES", "1", 1);
-  CHECK(backend::detail::training_epilogues());
-  if (held)
-    ::setenv("KILN_CUBLASLT_TRAINING_EPILOGUES", saved.c_str(), 1);
-  else
-    ::unsetenv("KILN_CUBLASLT_TRAINING_EPILOGUES");
 }
 
 TEST_CASE("a GPU's step plan with its training epilogues runs on the host with the host plan's values") {

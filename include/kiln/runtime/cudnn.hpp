@@ -514,9 +514,7 @@ class CudnnAttentionPlan {
   /// leaves a row whose scores are all -inf at lse -inf with its values weighed by 0, so a
   /// non-finite value makes it NaN (0 · inf) where torch's safe softmax gives 0: the step
   /// zeroes such rows after the plan (codegen::cuda_library_attention_rows).
-  void* stats(const std::vector<void*>& args) const {
-    return stats_source >= 0 ? args[static_cast<std::size_t>(stats_source)] : scratch_base_.load() + stats_offset;
-  }
+  void* stats(const std::vector<void*>& args) const { return pointer(stats_binding, args, scratch_base_.load()); }
   /// max-autotune: makes plans of up to kTunedCandidates engine configurations (the
   /// heuristics' first is the default), times them on `args` (their outputs are overwritten)
   /// and keeps the fastest for later runs. Once per plan in a process; synchronous.
@@ -537,10 +535,8 @@ class CudnnAttentionPlan {
   std::vector<std::size_t> offsets;
   std::vector<float> scalars;
   std::size_t workspace_offset = 0;  ///< where cuDNN's workspace starts in the scratch
-  /// Where the plan's float lse ([B, H, L], contiguous) lives: an argument, or the scratch at
-  /// stats_offset (a forward whose lse nobody reads).
-  int stats_source = -1;
-  std::size_t stats_offset = 0;
+  /// Which binding (index into uids) is the float lse, [B, H, L] contiguous.
+  std::size_t stats_binding = 0;
   static constexpr int kScratch = -1;
   static constexpr int kScalar = -1000;
 
@@ -551,6 +547,13 @@ class CudnnAttentionPlan {
     offsets.push_back(offset);
   }
   /// Scalar `uid`'s value.
+  /// Binding `i`'s memory in a run on `args` with the scratch at `base`.
+  void* pointer(std::size_t i, const std::vector<void*>& args, char* base) const {
+    const int s = sources[i];
+    if (s >= 0) return args[static_cast<std::size_t>(s)];
+    if (s == kScratch) return base + offsets[i];
+    return const_cast<float*>(&scalars[static_cast<std::size_t>(s - kScalar)]);  // only read
+  }
   void bind_scalar(std::int64_t uid, float value) {
     bind(uid, kScalar + static_cast<int>(scalars.size()));
     scalars.push_back(value);
@@ -638,8 +641,7 @@ inline std::unique_ptr<CudnnAttentionPlan> make_cudnn_attention_plan(const Cudnn
       bind(stats, 5);
     else
       bind(stats, CudnnAttentionPlan::kScratch, scratch_at(static_cast<std::size_t>(B * H * L) * 4));
-    plan->stats_source = p.wants_lse ? 5 : CudnnAttentionPlan::kScratch;
-    plan->stats_offset = plan->offsets.back();
+    plan->stats_binding = plan->uids.size() - 1;
     g.matmul(q, kt, raw);
     g.pointwise(dnn::CUDNN_POINTWISE_MUL, raw, scale, -1, scaled);
     const auto s = p.causal ? cudnn_causal_mask(g, *plan, scaled, sdims, sstr) : scaled;
@@ -668,7 +670,7 @@ inline std::unique_ptr<CudnnAttentionPlan> make_cudnn_attention_plan(const Cudnn
     bind(o, 4);
     bind(dout, 5);
     bind(stats, 6);
-    plan->stats_source = 6;
+    plan->stats_binding = plan->uids.size() - 1;
     bind(delta, 10);
     auto gradient = [&](int which, std::int64_t rows, std::int64_t width) {
       const int slot = 5 + which;  // dq, dk, dv: strides 5, 6, 7; arguments 7, 8, 9
@@ -813,15 +815,7 @@ inline void CudnnAttentionPlan::enqueue(std::size_t which, const std::vector<voi
   }();
   char* const base = scratch_base_.load();
   std::vector<void*> pointers;
-  for (std::size_t i = 0; i < sources.size(); ++i) {
-    const int s = sources[i];
-    if (s >= 0)
-      pointers.push_back(args[static_cast<std::size_t>(s)]);
-    else if (s == kScratch)
-      pointers.push_back(base + offsets[i]);
-    else
-      pointers.push_back(const_cast<float*>(&scalars[static_cast<std::size_t>(s - kScalar)]));  // only read
-  }
+  for (std::size_t i = 0; i < sources.size(); ++i) pointers.push_back(pointer(i, args, base));
   void* workspace = base ? base + workspace_offset : nullptr;
   auto fail = [&](const char* what, dnn::cudnnStatus_t s) {
     throw DeviceError("kiln: cuDNN " + problem.str() + ": " + what +

@@ -593,4 +593,30 @@ TEST_CASE("cuda attention: a library attention's rows whose scores are all -inf,
       }
 }
 
+TEST_CASE("cuda attention: a library backward's lse, -inf rows as +inf, in the emulator") {
+  // cuDNN's backward takes P = exp(s - lse): for a row whose scores are all -inf, the copy it
+  // reads holds +inf (P = 0) where the forward left -inf; every other value, NaN included, as it was.
+  sched::AttentionCall c = uniform_call(DType::BFloat16, {2, 3, 3, 5, 4, 8, 6}, {3 * 5 * 6, 5 * 6, 6, 1});
+  c.kind = sched::AttentionCall::Backward;
+  const codegen::AttentionSource f = codegen::cuda_library_attention_backward_stats(c, "b");
+  REQUIRE(f.entries.size() == 1);
+  CHECK(f.entries[0].name == "b_stats");
+  const std::string fm = nvrtc_check(f.source);
+  CHECK_MESSAGE(fm.empty(), "NVRTC: " << fm);
+  if (!have_host_compiler()) return;
+  const std::size_t rows = 2 * 3 * 5;
+  std::vector<float> lse(rows), copy(rows + 1, -1.0f);  // one past the end: untouched
+  for (std::size_t r = 0; r < rows; ++r)
+    lse[r] = r % 7 == 3 ? -INFINITY : r % 11 == 4 ? NAN : r % 5 == 2 ? INFINITY : -0.5f * static_cast<float>(r);
+  run(f, {lse.data(), copy.data()});
+  for (std::size_t r = 0; r < rows; ++r) {
+    CAPTURE(r);
+    if (std::isnan(lse[r]))
+      CHECK(std::isnan(copy[r]));
+    else
+      CHECK(copy[r] == (lse[r] == -INFINITY ? INFINITY : lse[r]));
+  }
+  CHECK(copy[rows] == -1.0f);
+}
+
 }  // namespace kiln_test_codegen_attention_cuda

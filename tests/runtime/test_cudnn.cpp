@@ -30,6 +30,8 @@ static_assert(dnn::CUDNN_POINTWISE_EXP == CUDNN_POINTWISE_EXP);
 static_assert(dnn::CUDNN_POINTWISE_LOG == CUDNN_POINTWISE_LOG);
 static_assert(dnn::CUDNN_POINTWISE_IDENTITY == CUDNN_POINTWISE_IDENTITY);
 static_assert(dnn::CUDNN_POINTWISE_CMP_GE == CUDNN_POINTWISE_CMP_GE);
+static_assert(dnn::CUDNN_POINTWISE_CMP_LT == CUDNN_POINTWISE_CMP_LT);
+static_assert(dnn::CUDNN_POINTWISE_LOGICAL_AND == CUDNN_POINTWISE_LOGICAL_AND);
 static_assert(dnn::CUDNN_POINTWISE_GEN_INDEX == CUDNN_POINTWISE_GEN_INDEX);
 static_assert(dnn::CUDNN_POINTWISE_BINARY_SELECT == CUDNN_POINTWISE_BINARY_SELECT);
 static_assert(dnn::CUDNN_REDUCE_TENSOR_ADD == CUDNN_REDUCE_TENSOR_ADD);
@@ -241,6 +243,13 @@ TEST_CASE("cudnn: which attention steps may go to cuDNN, and why the others may 
   CHECK(p.wants[0]);
   CHECK_FALSE(p.wants[1]);
   CHECK(p.wants[2]);
+  // Any lengths, forward and backward (a backward with a partial 128-row tile gets the padding
+  // mask when its plan is made).
+  for (auto call : {c, back}) {
+    call.q_len = 129, call.kv_len = 64;
+    call.lse.strides = {4 * 129, 129, 1};
+    CHECK(be::cudnn_attention_problem(call, 0, p, why));
+  }
   back.lse = kiln::sched::Slot{};
   refused(back, "no saved lse");
 }

@@ -300,6 +300,10 @@ struct AttentionKernels {
   /// torch's values, run after it (codegen::cuda_library_attention_rows).
   codegen::AttentionSource rows;
   runtime::cu::CUfunction rows_kernel = nullptr;
+  /// With a cuDNN backward plan: the kernel that copies the forward's lse into the plan's
+  /// scratch with +inf for -inf, run before it (codegen::cuda_library_attention_backward_stats).
+  codegen::AttentionSource stats;
+  runtime::cu::CUfunction stats_kernel = nullptr;
   /// With a cuDNN plan: the generated kernels, built on first need (a run whose pointers break
   /// the plan's 16-byte alignment).
   struct Fallback;
@@ -402,6 +406,10 @@ inline AttentionKernels build_attention(const sched::AttentionCall& c, Device de
           k.rows = codegen::cuda_library_attention_rows(c, "kiln_attention_rows");
           k.rows_kernel = runtime::CudaModuleCache::instance().get_function(k.rows.source, k.rows.entries.front().name,
                                                                             device.index);
+        } else {
+          k.stats = codegen::cuda_library_attention_backward_stats(c, "kiln_attention_stats");
+          k.stats_kernel = runtime::CudaModuleCache::instance().get_function(
+              k.stats.source, k.stats.entries.front().name, device.index);
         }
         log(LogChannel::schedule, p.str() + ": cuDNN's fused attention");
         k.fallback = std::make_shared<AttentionKernels::Fallback>();
@@ -424,16 +432,20 @@ inline void run_attention(const AttentionKernels& k, const std::vector<void*>& a
                           runtime::cu::CUstream stream = nullptr, bool tune = false) {
   if (k.cudnn) {
     if (k.cudnn->fits(args)) {
-      if (tune) k.cudnn->autotune(args);
-      k.cudnn->run(args, stream);
-      if (k.rows_kernel) {
+      // Both fix-ups take two pointers: the lse and the output (forward), or the forward's lse
+      // and the copy the plan reads (backward).
+      auto fix_up = [&](runtime::cu::CUfunction kernel, const codegen::AttentionSource& source, void* a0, void* a1) {
         struct {
           void* p[2];
-        } a{{k.cudnn->stats(args), args[4]}};
+        } a{{a0, a1}};
         void* params[] = {&a};
-        const auto& e = k.rows.entries.front();
-        launch_step_blocks(k.rows_kernel, e.grid, e.block, 0, params, device, stream, "an attention's rows");
-      }
+        const auto& e = source.entries.front();
+        launch_step_blocks(kernel, e.grid, e.block, 0, params, device, stream, "an attention's fix-up");
+      };
+      if (tune) k.cudnn->autotune(args);
+      if (k.stats_kernel) fix_up(k.stats_kernel, k.stats, args[6], k.cudnn->stats(args));
+      k.cudnn->run(args, stream);
+      if (k.rows_kernel) fix_up(k.rows_kernel, k.rows, k.cudnn->stats(args), args[4]);
       if (!stream) kiln::detail::counters().library_calls.fetch_add(1, std::memory_order_relaxed);
       return;
     }
@@ -802,6 +814,7 @@ class StepCaptureWork final : public CudaCaptureWork {
     for (const auto& k : b->variant->sorts) b->kernel_count += k.source.rows > 0;
     for (const auto& k : b->variant->attentions) {
       if (k.cudnn) ++b->call_count;
+      b->kernel_count += (k.rows_kernel != nullptr) + (k.stats_kernel != nullptr);  // the library's fix-ups
       for (const auto& e : k.source.entries) b->kernel_count += e.grid > 0;
     }
     return b;

@@ -64,6 +64,8 @@ inline constexpr int CUDNN_POINTWISE_EXP = 13;
 inline constexpr int CUDNN_POINTWISE_LOG = 15;
 inline constexpr int CUDNN_POINTWISE_IDENTITY = 21;
 inline constexpr int CUDNN_POINTWISE_CMP_GE = 303;
+inline constexpr int CUDNN_POINTWISE_CMP_LT = 304;
+inline constexpr int CUDNN_POINTWISE_LOGICAL_AND = 400;
 inline constexpr int CUDNN_POINTWISE_GEN_INDEX = 501;
 inline constexpr int CUDNN_POINTWISE_BINARY_SELECT = 601;
 
@@ -513,7 +515,9 @@ class CudnnAttentionPlan {
   /// The lse the plan writes (forward) or reads (backward) in a run on `args`. cuDNN's forward
   /// leaves a row whose scores are all -inf at lse -inf with its values weighed by 0, so a
   /// non-finite value makes it NaN (0 · inf) where torch's safe softmax gives 0: the step
-  /// zeroes such rows after the plan (codegen::cuda_library_attention_rows).
+  /// zeroes such rows after the plan (codegen::cuda_library_attention_rows). A backward reads
+  /// its lse from the plan's scratch, where the step copies the forward's with +inf for -inf
+  /// before the plan runs (codegen::cuda_library_attention_backward_stats).
   void* stats(const std::vector<void*>& args) const { return pointer(stats_binding, args, scratch_base_.load()); }
   /// max-autotune: makes plans of up to kTunedCandidates engine configurations (the
   /// heuristics' first is the default), times them on `args` (their outputs are overwritten)
@@ -530,7 +534,7 @@ class CudnnAttentionPlan {
   std::unique_ptr<detail::CudnnGraphBuilder> graph;
   std::vector<std::int64_t> uids;  ///< the non-virtual tensors, in the order of `sources`
   /// Where each uid's pointer comes from: an index into the argument list (>= 0), or one of
-  /// the plan's own buffers (kScratch, at `offsets`), or a by-value float (kScalar + index).
+  /// the plan's own buffers (kScratch or kLengths, at `offsets`), or a by-value float (kScalar + index).
   std::vector<int> sources;
   std::vector<std::size_t> offsets;
   std::vector<float> scalars;
@@ -538,7 +542,11 @@ class CudnnAttentionPlan {
   /// Which binding (index into uids) is the float lse, [B, H, L] contiguous.
   std::size_t stats_binding = 0;
   static constexpr int kScratch = -1;
+  static constexpr int kLengths = -2;
   static constexpr int kScalar = -1000;
+  /// A backward with a partial tile: its padding mask's sequence lengths (int32, B of q_len then
+  /// B of kv_len; bindings kLengths at `offsets`), written when the plan is made.
+  StoragePtr lengths;
 
   /// Tensor `uid`'s memory: argument `source` (>= 0) or the scratch at `offset` (kScratch).
   void bind(std::int64_t uid, int source, std::size_t offset = 0) {
@@ -552,6 +560,7 @@ class CudnnAttentionPlan {
     const int s = sources[i];
     if (s >= 0) return args[static_cast<std::size_t>(s)];
     if (s == kScratch) return base + offsets[i];
+    if (s == kLengths) return static_cast<char*>(lengths->data) + offsets[i];
     return const_cast<float*>(&scalars[static_cast<std::size_t>(s - kScalar)]);  // only read
   }
   void bind_scalar(std::int64_t uid, float value) {
@@ -596,6 +605,43 @@ inline std::int64_t cudnn_causal_mask(CudnnGraphBuilder& g, CudnnAttentionPlan& 
   g.pointwise(dnn::CUDNN_POINTWISE_GEN_INDEX, scores, -1, -1, col, dnn::CUDNN_DATA_INT32, 3);
   g.pointwise(dnn::CUDNN_POINTWISE_CMP_GE, row, col, -1, keep, dnn::CUDNN_DATA_BOOLEAN);
   g.pointwise(dnn::CUDNN_POINTWISE_BINARY_SELECT, scores, lowest, keep, masked);
+  plan.bind_scalar(lowest, std::numeric_limits<float>::lowest());
+  return masked;
+}
+
+/// Adds the padding mask (rows at or past q_len, keys at or past kv_len scored as the lowest
+/// float) to `scores`, with the lengths in the plan's `lengths` buffer; returns the masked
+/// scores' id.
+inline std::int64_t cudnn_padding_mask(CudnnGraphBuilder& g, CudnnAttentionPlan& plan, std::int64_t scores,
+                                       const std::vector<std::int64_t>& dims, const std::vector<std::int64_t>& strides) {
+  const CudnnAttentionProblem& p = plan.problem;
+  const auto B = static_cast<std::size_t>(p.batch);
+  const std::int64_t seq_q = g.tensor(dnn::CUDNN_DATA_INT32, {p.batch, 1, 1, 1}, {1, 1, 1, 1}, false);
+  const std::int64_t seq_kv = g.tensor(dnn::CUDNN_DATA_INT32, {p.batch, 1, 1, 1}, {1, 1, 1, 1}, false);
+  const std::size_t kv_at = (B * 4 + 255) / 256 * 256;  // each length vector 256-byte aligned
+  plan.bind(seq_q, CudnnAttentionPlan::kLengths, 0);
+  plan.bind(seq_kv, CudnnAttentionPlan::kLengths, kv_at);
+  std::vector<std::int32_t> lengths(2 * kv_at / 4, 0);
+  for (std::size_t b = 0; b < B; ++b) {
+    lengths[b] = static_cast<std::int32_t>(p.q_len);
+    lengths[kv_at / 4 + b] = static_cast<std::int32_t>(p.kv_len);
+  }
+  plan.lengths = allocate_cuda(2 * kv_at, p.device);
+  copy_host_to_device(plan.lengths->data, lengths.data(), 2 * kv_at, p.device);
+  synchronize_cuda(p.device);  // before any stream (a capture's too) may run the plan
+  const auto row = g.tensor(dnn::CUDNN_DATA_INT32, dims, strides, true);
+  const auto col = g.tensor(dnn::CUDNN_DATA_INT32, dims, strides, true);
+  const auto row_in = g.tensor(dnn::CUDNN_DATA_BOOLEAN, dims, strides, true);
+  const auto col_in = g.tensor(dnn::CUDNN_DATA_BOOLEAN, dims, strides, true);
+  const auto inside = g.tensor(dnn::CUDNN_DATA_BOOLEAN, dims, strides, true);
+  const auto lowest = g.scalar();
+  const auto masked = g.tensor(dnn::CUDNN_DATA_FLOAT, dims, strides, true);
+  g.pointwise(dnn::CUDNN_POINTWISE_GEN_INDEX, scores, -1, -1, row, dnn::CUDNN_DATA_INT32, 2);
+  g.pointwise(dnn::CUDNN_POINTWISE_CMP_LT, row, seq_q, -1, row_in, dnn::CUDNN_DATA_BOOLEAN);
+  g.pointwise(dnn::CUDNN_POINTWISE_GEN_INDEX, scores, -1, -1, col, dnn::CUDNN_DATA_INT32, 3);
+  g.pointwise(dnn::CUDNN_POINTWISE_CMP_LT, col, seq_kv, -1, col_in, dnn::CUDNN_DATA_BOOLEAN);
+  g.pointwise(dnn::CUDNN_POINTWISE_LOGICAL_AND, row_in, col_in, -1, inside, dnn::CUDNN_DATA_BOOLEAN);
+  g.pointwise(dnn::CUDNN_POINTWISE_BINARY_SELECT, scores, lowest, inside, masked);
   plan.bind_scalar(lowest, std::numeric_limits<float>::lowest());
   return masked;
 }
@@ -669,7 +715,9 @@ inline std::unique_ptr<CudnnAttentionPlan> make_cudnn_attention_plan(const Cudnn
     bind(vt, 2);
     bind(o, 4);
     bind(dout, 5);
-    bind(stats, 6);
+    // The forward's lse (argument 6) is read through a copy in the scratch with +inf for -inf,
+    // which the step writes before the plan runs (codegen::cuda_library_attention_backward_stats).
+    bind(stats, CudnnAttentionPlan::kScratch, scratch_at(static_cast<std::size_t>(B * H * L) * 4));
     plan->stats_binding = plan->uids.size() - 1;
     bind(delta, 10);
     auto gradient = [&](int which, std::int64_t rows, std::int64_t width) {
@@ -698,7 +746,16 @@ inline std::unique_ptr<CudnnAttentionPlan> make_cudnn_attention_plan(const Cudnn
     const auto centred = g.tensor(f32, sdims, sstr, true);
     g.matmul(q, kt, raw);
     g.pointwise(dnn::CUDNN_POINTWISE_MUL, raw, scale, -1, scaled);
-    g.pointwise(dnn::CUDNN_POINTWISE_SUB, scaled, stats, -1, centred);
+    // With a partial 128-row tile (either length), the padding mask with the full lengths:
+    // cuDNN's Hopper backward otherwise scores the tile's padding 0 rather than -inf (cudnn-
+    // frontend issues 628 and 1072, pytorch issue 196678), so exp(0 - lse) overflows where a
+    // row's lse is below -88.7, and infinite query features times the zero padding are NaN:
+    // such rows' gradients (with a partial query tile, the keys' and values' too) came out NaN.
+    // cuDNN's frontend adds the same mask to its backward graphs before 9.15.1.
+    const std::int64_t unpadded = p.q_len % 128 != 0 || p.kv_len % 128 != 0
+                                      ? cudnn_padding_mask(g, *plan, scaled, sdims, sstr)
+                                      : scaled;
+    g.pointwise(dnn::CUDNN_POINTWISE_SUB, unpadded, stats, -1, centred);
     const auto s = p.causal ? cudnn_causal_mask(g, *plan, centred, sdims, sstr) : centred;
     const auto prob = g.tensor(f32, sdims, sstr, true);
     g.pointwise(dnn::CUDNN_POINTWISE_EXP, s, -1, -1, prob);

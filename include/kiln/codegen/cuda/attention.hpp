@@ -1073,6 +1073,33 @@ inline AttentionSource cuda_library_attention_rows(const sched::AttentionCall& c
   return out;
 }
 
+/// The unit that gives a library attention's backward (cuDNN's fused kernels) the forward's lse
+/// with +inf for -inf: a row whose every score is -inf has P = exp(s - lse) = exp(-inf + inf) =
+/// NaN in the library's backward, which spreads to its query's gradient and to every value's
+/// gradient of the head; with +inf, P = 0 there, as torch's (and the generated kernels')
+/// gradients of such a row are 0. One entry, `name`_stats, a thread per [B, H, L] row,
+/// arguments {lse (float, contiguous), the copy the library reads (float, contiguous)}.
+inline AttentionSource cuda_library_attention_backward_stats(const sched::AttentionCall& c, const std::string& name) {
+  using namespace cuda_attention_detail;
+  const i64 rows = c.batch * c.heads * c.q_len;
+  AttentionSource out;
+  out.arguments = 2;
+  out.source = "// kiln: a library attention backward's lse, -inf rows as +inf\n"
+               "struct ka_args { void* p[2]; };\n"
+               "extern \"C\" __global__ void " +
+               name +
+               "_stats(ka_args a) {\n"
+               "  const long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+               "  if (r >= " +
+               std::to_string(rows) +
+               "LL) return;\n"
+               "  const float x = ((const float*)a.p[0])[r];\n"
+               "  ((float*)a.p[1])[r] = x < -3.40282347e38f ? __int_as_float(0x7f800000) : x;\n"
+               "}\n";
+  out.entries.push_back({name + "_stats", ceil_div(rows, 256), 256, 0});
+  return out;
+}
+
 }  // namespace kiln::codegen
 
 KILN_COLD_CODE_END

@@ -705,6 +705,13 @@ std::vector<ProductWorkload> product_workloads() {
       for (std::uint64_t s = 0; s < 4; ++s) attn->push_back(normal({16, 16, 2048, 128}, bf16, 31 + s, 1.0));
     return *attn;
   };
+  // A2 at T = 2000: partial 128-row tiles (cuDNN's backward with its padding mask).
+  auto attn_partial = std::make_shared<std::vector<NodePtr>>();
+  auto qkv_partial = [attn_partial] {
+    if (attn_partial->empty())
+      for (std::uint64_t s = 0; s < 4; ++s) attn_partial->push_back(normal({16, 16, 2000, 128}, bf16, 31 + s, 1.0));
+    return *attn_partial;
+  };
   const double attn_flops = 4.0 * 16 * 16 * 2048.0 * 2048 * 128 / 2;
   const double scale = 1.0 / std::sqrt(128.0);
   auto dense = [] {
@@ -720,9 +727,9 @@ std::vector<ProductWorkload> product_workloads() {
                dense, 2.0 * 4096 * 4096 * 4096});
   // A2 and A2-dropout (p 0.1, as a GPT trains: the mask drawn inside the kernels, the same in
   // the backward; torch's same call runs FlashAttention's dropout).
-  auto forward_backward = [qkv, scale](double dropout_p) {
-    return [qkv, scale, dropout_p] {
-      auto in = qkv();
+  auto forward_backward = [scale](auto inputs, double dropout_p) {
+    return [inputs, scale, dropout_p] {
+      auto in = inputs();
       std::vector<NodePtr> leaves;
       for (int k = 0; k < 3; ++k) {
         NodePtr leaf = ir::input(*in[k]->buffer, in[k]->shape, in[k]->dtype, in[k]->device);
@@ -742,8 +749,10 @@ std::vector<ProductWorkload> product_workloads() {
       return outs;
     };
   };
-  w.push_back({"A2", 3.5 * attn_flops, forward_backward(0.0), dense, 2.0 * 4096 * 4096 * 4096});
-  w.push_back({"A2-dropout", 3.5 * attn_flops, forward_backward(0.1), dense, 2.0 * 4096 * 4096 * 4096});
+  w.push_back({"A2", 3.5 * attn_flops, forward_backward(qkv, 0.0), dense, 2.0 * 4096 * 4096 * 4096});
+  w.push_back({"A2-dropout", 3.5 * attn_flops, forward_backward(qkv, 0.1), dense, 2.0 * 4096 * 4096 * 4096});
+  const double partial_flops = attn_flops * (2000.0 * 2000.0) / (2048.0 * 2048.0);
+  w.push_back({"A2-T2000", 3.5 * partial_flops, forward_backward(qkv_partial, 0.0), dense, 2.0 * 4096 * 4096 * 4096});
   return w;
 }
 

@@ -5,6 +5,7 @@
 // own oracle, so front-end promotion bugs show up even though the JIT and the reference share
 // the front end), how to build the call (build), and how to print it as C++ (cxx, a template).
 // Adding an op is adding one row to op_table() below.
+#include <cmath>
 #include <functional>
 #include <optional>
 #include <string>
@@ -506,7 +507,17 @@ inline Tensor sdpa_row(const Args& a, double p) {
   std::vector<double> sign(static_cast<std::size_t>(r.numel()));
   for (auto& v : sign) v = (rng.uniform() < 0.5 ? -1.0 : 1.0) * a.ctx.sign;
   Tensor signs = from_vector<double>(sign, r.shape(), a.ctx.device);
-  return Tensor(r + attend(abs(a.t[2])) * signs * (2 * std::sqrt(S) * eps));
+  Tensor nudge = attend(abs(a.t[2])) * (2 * std::sqrt(S) * eps);
+  if (dt == DType::Float16) {
+    // Fused kernels round the weights P to float16 before P·v (as FlashAttention and cuDNN do):
+    // a weight below float16's least normal keeps only an absolute precision of 2^-24, which a
+    // large value multiplies (fuzz seed 92, graph 1994 on cuDNN: p 6.5e-8 stored as 6.0e-8,
+    // times v 60000). The sum of the finite |v| over the keys bounds that error (an infinite
+    // value's products are inf or NaN already, and its 0 weights exact).
+    const Tensor magnitude = abs(a.t[2]).to(f64);
+    nudge = nudge + sum(where(magnitude < INFINITY, magnitude, 0.0), -2, true) * std::ldexp(1.0, -24);
+  }
+  return Tensor(r + nudge * signs);
 }
 
 inline OpDesc unary_row(const char* name, DTypeSet accepts, rules::Unary rule, const char* cxx,

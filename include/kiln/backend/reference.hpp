@@ -1131,13 +1131,13 @@ inline Value exec_sort(const ir::Graph& g, const ir::GraphNode& n, const std::ve
 
 /// One value of fused attention (ir::AttentionRole), from its definition in double: the scores
 /// s = scale q·k + mask (causal: -inf past the diagonal), P = softmax over keys (0 for a row
-/// whose keys are all masked); the gradients from the operands out, dout and lse as given.
+/// whose keys are all masked); the gradients from the operands out and dout, P recomputed.
 /// Dropout multiplies P's kept elements by 1 / (1 - p) after the lse, as ir::Op::Attention says.
 inline Value exec_attention(const ir::Graph& g, const ir::GraphNode& n, const std::vector<Value>& vals,
                             const Value* into) {
   const ir::AttentionAttrs attrs = ir::AttentionAttrs::of(n.attrs);
   const auto role = attrs.role;
-  const bool causal = attrs.causal, has_mask = attrs.has_mask, gradient = attrs.gradient();
+  const bool causal = attrs.causal, has_mask = attrs.has_mask;
   auto node = [&](std::size_t k) -> const ir::GraphNode& { return g.nodes[static_cast<std::size_t>(n.inputs[k])]; };
   auto val = [&](std::size_t k) -> const Value& { return vals[static_cast<std::size_t>(n.inputs[k])]; };
   // Element (a, b, c, d) of operand k as double (rank-3 operands ignore d).
@@ -1184,8 +1184,10 @@ inline Value exec_attention(const ir::Graph& g, const ir::GraphNode& n, const st
         double sum = 0;
         for (i64 j = 0; j < S; ++j) sum += mx == -INFINITY ? 0.0 : std::exp(p[static_cast<std::size_t>(i * S + j)] - mx);
         lse[static_cast<std::size_t>(i)] = sum != 0 ? mx + std::log(sum) : -INFINITY;
-        // The gradients use the lse they are given, as the fused kernels do.
-        const double rl = gradient ? at(5, b, h, i, 0) : lse[static_cast<std::size_t>(i)];
+        // The gradients recompute P from the row's own lse in double, as the definition does: the
+        // lse they are given is rounded to float, and scores near 1e30 differ from it by far
+        // more than exp's range (P would be inf or 0 where it is 1).
+        const double rl = lse[static_cast<std::size_t>(i)];
         for (i64 j = 0; j < S; ++j) {
           double& x = p[static_cast<std::size_t>(i * S + j)];
           x = rl == -INFINITY || x == -INFINITY ? 0.0 : std::exp(x - rl);

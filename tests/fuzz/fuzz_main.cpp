@@ -6,6 +6,7 @@
 //   kiln_fuzz --graphs 100000 --device cuda --seed 7 --out repro/
 //   kiln_fuzz --seed 7 --print 123                    # graph 123 as C++
 //   kiln_fuzz --seed 7 --one 123                      # judge graph 123 in this process, verbosely
+//   kiln_fuzz --graphs 300 --seed 1 --grad            # each graph with its gradients (the backward judged too)
 //
 // Graphs run in worker processes (fork) so that a crash or a hang costs one graph, not the
 // campaign: a worker that dies mid-graph is replaced and the graph is recorded as a crash. The
@@ -55,7 +56,7 @@ struct Options {
                "%s\nusage: kiln_fuzz [--graphs N] [--seed S] [--first I] [--device cpu|cuda] [--jobs J]\n"
                "  [--max-ops K] [--max-elems E] [--out DIR] [--shrink-seconds T] [--shrink-max N]\n"
                "  [--graph-timeout T] [--no-fork] [--no-fail] [--selftest] [--print I] [--one I]\n"
-               "  [--table-version V]\n",
+               "  [--table-version V] [--grad]\n",
                msg);
   std::exit(2);
 }
@@ -104,6 +105,8 @@ Options parse(int argc, char** argv) {
       o.print = std::stol(val());
     else if (a == "--one")
       o.one = std::stol(val());
+    else if (a == "--grad")
+      o.lim.grad = true;
     else
       usage(("unknown option " + a).c_str());
   }
@@ -482,7 +485,8 @@ int main(int argc, char** argv) {
   if (o.print >= 0) {
     Program p = generate(o.seed, static_cast<std::uint64_t>(o.print), o.lim);
     std::cout << test_case_cxx(p, title_of(p),
-                               "kiln_fuzz --seed " + std::to_string(o.seed) + " --print " + std::to_string(o.print));
+                               "kiln_fuzz --seed " + std::to_string(o.seed) + " --print " + std::to_string(o.print) +
+                                   (o.lim.grad ? " --grad" : ""));
     return 0;
   }
   if (o.one >= 0) {
@@ -588,7 +592,7 @@ int main(int argc, char** argv) {
     const std::string version =
         o.lim.table_version == Limits{}.table_version ? "" : " --table-version " + std::to_string(o.lim.table_version);
     std::string comment = "kiln_fuzz --seed " + std::to_string(o.seed) + " --one " + std::to_string(r->index) +
-                          version + " (shrunk from " + std::to_string(st.ops_before) + " ops to " +
+                          version + (o.lim.grad ? " --grad" : "") + " (shrunk from " + std::to_string(st.ops_before) + " ops to " +
                           std::to_string(st.ops_after) + ", " + std::to_string(st.runs) + " runs)\n" +
                           kind_name(last.kind) + ": " + headline(last.detail);
     std::string cxx = test_case_cxx(small, title_of(small), comment);

@@ -36,6 +36,9 @@ struct Limits {
   /// the graphs a seed gave before those rows joined (the judged graphs named in
   /// tests/CMakeLists.txt were found with version 1). The latest by default.
   int table_version = 8;
+  /// Gradient mode (kiln_fuzz --grad): every program also returns the gradients of its floating
+  /// outputs with respect to its floating inputs (with_gradients), and is not compiled.
+  bool grad = false;
 };
 
 /// How a program is built: on which device, and whether as its float64 twin (floating inputs
@@ -508,6 +511,24 @@ inline Tensor sdpa_row(const Args& a, double p) {
   for (auto& v : sign) v = (rng.uniform() < 0.5 ? -1.0 : 1.0) * a.ctx.sign;
   Tensor signs = from_vector<double>(sign, r.shape(), a.ctx.device);
   Tensor nudge = attend(abs(a.t[2])) * (2 * std::sqrt(S) * eps);
+  {
+    // The scores' rounding, bounded as a product's (matmul's row): each score s_ij off by up
+    // to 2 sqrt(E) eps times scale sum_e |q_ie k_je| moves out_i by P_ij (v_j - out_i) times that
+    // (fuzz seed 502, graph 276: float32 scores of 160 apart by 1.8; the operands' random
+    // nudges happened to cancel). Bounded by (P s|.|) |v| + rowsum(P s|.|) |out|, P without
+    // dropout's mask and its 1 / (1 - p) applied to the bound.
+    const Tensor &q = a.t[0], &k = a.t[1], &v = a.t[2];
+    const std::int64_t L = q.shape()[q.shape().size() - 2], E = q.shape().back();
+    const double scale = 1.0 / std::sqrt(static_cast<double>(std::max<std::int64_t>(1, E)));
+    Tensor scores = matmul(q, transpose(k, -2, -1)) * scale;
+    if (causal) scores = where(triu(ones({L, vs[vs.size() - 2]}, bool_, a.ctx.device), 1), -INFINITY, scores);
+    const Tensor weights = softmax(scores, -1);
+    const Tensor terms = matmul(abs(q), transpose(abs(k), -2, -1)) * scale;
+    const Tensor w = where(isnan(weights), 0.0, weights) * terms;
+    const double compute_eps = dt == f64 ? dtype_eps(f64) : dtype_eps(f32);
+    const double factor = 2 * std::sqrt(static_cast<double>(E)) * compute_eps / (1.0 - p);
+    nudge = nudge + (matmul(w, abs(v)) + sum(w, -1, true) * abs(r)) * factor;
+  }
   if (dt == DType::Float16) {
     // Fused kernels round the weights P to float16 before P·v (as FlashAttention and cuDNN do):
     // a weight below float16's least normal keeps only an absolute precision of 2^-24, which a
@@ -516,6 +537,25 @@ inline Tensor sdpa_row(const Args& a, double p) {
     // value's products are inf or NaN already, and its 0 weights exact).
     const Tensor magnitude = abs(a.t[2]).to(f64);
     nudge = nudge + sum(where(magnitude < INFINITY, magnitude, 0.0), -2, true) * std::ldexp(1.0, -24);
+  }
+  if (a.prog.grad) {
+    // Gradient mode: a fused backward recomputes P as exp(s - lse) from the saved lse, rounded
+    // in the compute dtype to an absolute error of about eps |lse|, which scales every P of the
+    // row, and so the gradients, by up to 1 + eps |lse| (fuzz seed 502, graph 276: scores of
+    // 515 gave the float32 gradients an error of 3e-5). The twin's gradients are scaled by that
+    // much (its values stay as they are); |lse| <= max |s| + log S.
+    auto largest = [](const Tensor& x) {
+      double m = 0;
+      for (double e : x.to(f64).to_vector<double>())
+        if (std::isfinite(e)) m = std::max(m, std::fabs(e));
+      return m;
+    };
+    const Shape& qs = a.t[0].shape();
+    const double E = static_cast<double>(std::max<std::int64_t>(1, qs.back()));
+    const double lse = largest(a.t[0]) * largest(a.t[1]) * std::sqrt(E) + std::log(S) + 1;
+    const double compute_eps = dt == f64 ? dtype_eps(f64) : dtype_eps(f32);
+    const double delta = (rng.uniform() < 0.5 ? -1.0 : 1.0) * a.ctx.sign * 2 * compute_eps * lse;
+    r = Tensor(r + (r - r.detach()) * delta);
   }
   return Tensor(r + nudge * signs);
 }
@@ -2435,6 +2475,12 @@ inline Program generate(std::uint64_t seed, std::uint64_t index, const Limits& l
     d.dtype = rng.chance(0.7) ? p.info(last).dtype : g.dtype(kAll);
     d.shape = p.info(last).shape;
     g.layout(d);
+  }
+  if (lim.grad) {
+    // After every draw, so that a seed gives the same graphs with and without --grad.
+    p.grad = true;
+    p.compile_mode = 0;
+    p.assign_output = -1;  // the loss reads the outputs themselves
   }
   compact(p);
   revalidate(p);

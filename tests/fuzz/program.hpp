@@ -249,6 +249,9 @@ struct Program {
   /// its arguments, the others captured), called twice: 1 "default", 2 "reduce-overhead",
   /// 3 "default" with dynamic = true (kernels that read the sizes at launch).
   int compile_mode = 0;
+  /// Also the gradients of the floating outputs with respect to the floating inputs
+  /// (with_gradients): the backward graph judged as the forward is.
+  bool grad = false;
   const Info& info(int v) const { return steps[static_cast<std::size_t>(v)].info; }
   int size() const { return static_cast<int>(steps.size()); }
 };

@@ -33,6 +33,8 @@ struct Built {
   Tensor assign_base;
   /// Predicted dtype/shape that the front end contradicted ("v3: predicted f32[3], got f64[3]").
   std::vector<std::string> rule_failures;
+  /// Gradient mode: the floating inputs, leaves that require grad, in program order.
+  std::vector<Tensor> leaves;
 };
 
 template <class T>
@@ -122,6 +124,34 @@ inline Tensor reversed(const Tensor& x) {
   });
 }
 
+/// Gradient mode's weights of output `k`: fixed values in [-1.25, 1.25], multiples of 1/16
+/// (exact in every floating dtype), so that no output's gradient is a plain sum (a softmax's
+/// would be 0).
+inline Tensor cotangent(const Shape& shape, std::size_t k, Device device) {
+  std::vector<double> c(static_cast<std::size_t>(shape.numel()));
+  for (std::size_t i = 0; i < c.size(); ++i) c[i] = static_cast<double>(static_cast<std::int64_t>((i * 7919 + k * 104729) % 41) - 20) / 16.0;
+  return from_vector<double>(c, shape, device);
+}
+
+/// Gradient mode: `outputs` followed by the gradients of sum_k sum(outputs[k] · cotangent(k))
+/// over the floating outputs that require grad, with respect to each of `leaves` (zeros where
+/// a leaf does not reach them, as torch's None); `outputs` alone when none requires grad.
+/// What the printed reproducers of gradient findings return.
+inline std::vector<Tensor> with_gradients(std::vector<Tensor> outputs, const std::vector<Tensor>& leaves) {
+  Tensor loss;
+  for (std::size_t k = 0; k < outputs.size(); ++k) {
+    const Tensor& o = outputs[k];
+    if (!is_floating(o.dtype()) || !o.requires_grad()) continue;
+    Tensor term = sum(o.to(DType::Float64) * cotangent(o.shape(), k, o.device()));
+    loss = loss.defined() ? Tensor(loss + term) : term;
+  }
+  if (!loss.defined() || leaves.empty()) return outputs;
+  std::vector<Tensor> grads = autograd::grad({loss}, leaves, {}, false, true);
+  for (std::size_t i = 0; i < grads.size(); ++i)
+    outputs.push_back(grads[i].defined() ? grads[i] : zeros_like(leaves[i]));
+  return outputs;
+}
+
 /// Builds `p` through the public API. In the float64 twin (ctx.f64) floating inputs are read in
 /// their own dtype and widened, floating dtype parameters become f64, and ops whose result is
 /// floating widen their non-floating operands first (OpDesc::lift). Throws what the front end
@@ -137,6 +167,13 @@ inline Built build_program(const Program& p, const BuildCtx& ctx, const std::vec
   // and DBL_MAX, a product that meets its 0 before or after it overflowed). cross_entropy's
   // targets name positions along the class dim, so it keeps its order.
   auto reorders = [&](const OpDesc& d) { return ctx.perturb && d.accumulates && !d.fixed_order; };
+  // Gradient mode flips through the graph (flip is differentiable; reversed reads the values).
+  auto reverse = [&](const Tensor& x) {
+    if (!p.grad) return reversed(x);
+    std::vector<std::int64_t> dims(x.shape().size());
+    for (std::size_t d = 0; d < dims.size(); ++d) dims[d] = static_cast<std::int64_t>(d);
+    return dims.empty() ? x : flip(x, dims);
+  };
   for (int v = 0; v < p.size(); ++v) {
     const Step& s = p.steps[static_cast<std::size_t>(v)];
     Tensor t;
@@ -162,6 +199,10 @@ inline Built build_program(const Program& p, const BuildCtx& ctx, const std::vec
       // Inside kiln::compile the arguments stand for the inputs marked `arg`.
       t = args && s.input.arg ? (*args)[next_arg++] : make_input(s.input, ctx.device, b);
       if (ctx.f64 && is_floating(s.input.dtype)) t = t.to(f64);
+      if (p.grad && is_floating(t.dtype())) {
+        t = t.detach().requires_grad_();
+        b.leaves.push_back(t);
+      }
     } else {
       const OpDesc& d = table[static_cast<std::size_t>(s.op.desc)];
       std::vector<Tensor> args;
@@ -174,11 +215,11 @@ inline Built build_program(const Program& p, const BuildCtx& ctx, const std::vec
         if (a.defined() && d.accumulates)
           a = nudge(a, p.info(o.value).dtype == f64 ? f64 : f32, d.operand_ulps ? d.operand_ulps(p, s.op) : 2.0, k);
         // (the nudged twin's matmul adds its own rounding bound: see its row)
-        if (a.defined() && reorders(d)) a = reversed(a);
+        if (a.defined() && reorders(d)) a = reverse(a);
         args.push_back(a);
       }
       t = d.build(Args{args, s.op, ctx, p});
-      if (reorders(d)) t = reversed(t);
+      if (reorders(d)) t = reverse(t);
       // f64 programs call libm (within 4 ulp with libmvec, docs/performance-math.md "Double").
       if (d.ulp > 0 && ctx.perturb && d.ulp_of && is_floating(s.info.dtype) && t.dtype() == f64) {
         std::vector<double> xv = read_values(args[0]);  // the twin runs on the reference: cheap
@@ -206,6 +247,7 @@ inline Built build_program(const Program& p, const BuildCtx& ctx, const std::vec
     b.values.push_back(t);
   }
   for (int o : p.outputs) b.outputs.push_back(b.values[static_cast<std::size_t>(o)]);
+  if (p.grad) b.outputs = with_gradients(b.outputs, b.leaves);
   return b;
 }
 
@@ -586,12 +628,15 @@ inline std::string describe_index(std::size_t i, const Shape& s) {
 inline std::vector<char> outputs_after_digitless(const Program& p, std::uint64_t perturb, bool cuda_math) {
   std::vector<char> loose(p.outputs.size(), 0);
   std::vector<char> digitless(static_cast<std::size_t>(p.size()), 0);
+  std::vector<std::vector<double>> twin_values;  // gradient mode: the float64 twin's values
   try {
     set_backend(Backend::Eager);
     Built a = build_program(p, BuildCtx{true, Device::cpu()});
     Built b = build_program(p, BuildCtx{true, Device::cpu(), perturb, cuda_math});
     eval(a.values);
     eval(b.values);
+    if (p.grad)
+      for (const Tensor& t : a.values) twin_values.push_back(is_floating(t.dtype()) ? read_values(t) : std::vector<double>{});
     for (int v = 0; v < p.size(); ++v) {
       const auto k = static_cast<std::size_t>(v);
       if (!is_floating(p.steps[k].info.dtype) || !is_floating(a.values[k].dtype())) continue;
@@ -739,6 +784,26 @@ inline std::vector<char> outputs_after_digitless(const Program& p, std::uint64_t
       if (!o.is_number() && digitless[static_cast<std::size_t>(o.value)]) digitless[static_cast<std::size_t>(v)] = 1;
   }
   for (std::size_t o = 0; o < p.outputs.size(); ++o) loose[o] = digitless[static_cast<std::size_t>(p.outputs[o])];
+  if (p.grad) {
+    // Gradient mode: the backward reads the forward's values, so a gradient is as loose as any
+    // step of the program (the outputs come first, then one gradient per floating input); and
+    // a backward multiplies forward values together (a cotangent times v, a chain of factors),
+    // so a value past the square root of its dtype's largest may overflow the float backward
+    // where the float64 twin does not (fuzz seed 502, graph 444: dout · v with v of -3.4e38).
+    bool any = std::any_of(digitless.begin(), digitless.end(), [](char d) { return d != 0; });
+    for (int v = 0; v < p.size() && !any; ++v) {
+      const DType dt = p.info(v).dtype;
+      if (!is_floating(dt)) continue;
+      const double root = std::sqrt(kiln::largest_finite(dt));
+      for (double x : twin_values[static_cast<std::size_t>(v)])
+        if (std::isfinite(x) && std::fabs(x) >= root) {
+          any = true;
+          break;
+        }
+    }
+    for (const Step& st : p.steps)
+      if (st.is_input && is_floating(st.input.dtype)) loose.push_back(any ? 1 : 0);
+  }
   return loose;
 }
 
@@ -795,7 +860,9 @@ inline Verdict judge(const Program& p, const Result& ref, const Result& jit, con
     }
     if (bad) {
       double t = have_t ? twin->values[o][first] : NAN;
-      std::string d = "output " + std::to_string(o) + " (v" + std::to_string(p.outputs[o]) + ", " +
+      const std::string which = o < p.outputs.size() ? "v" + std::to_string(p.outputs[o])
+                                                     : "gradient " + std::to_string(o - p.outputs.size());
+      std::string d = "output " + std::to_string(o) + " (" + which + ", " +
                       info_str(ri.dtype, ri.shape) + "): " + std::to_string(bad) + " of " + std::to_string(rv.size()) +
                       " elements differ; first at " + describe_index(first, ri.shape) + ": jit " + num_str(jv[first]) +
                       ", reference " + num_str(rv[first]) + ", float64 twin " + num_str(t) + " (moves by " +
@@ -1009,7 +1076,7 @@ inline std::string op_cxx(const Program& p, int v) {
 /// The program as the body of a lambda returning its outputs, with buffers declared before it:
 ///   <decls>  auto program = [&] { Tensor v0 = ...; ...; return std::vector<Tensor>{...}; };
 inline std::string program_cxx(const Program& p) {
-  std::string decls, body, params;
+  std::string decls, body, params, leaves;
   bool kinf = false, kinfd = false;
   int argn = 0;
   for (int v = 0; v < p.size(); ++v) {
@@ -1027,6 +1094,10 @@ inline std::string program_cxx(const Program& p) {
       rhs = a;
     } else {
       rhs = s.is_input ? input_cxx(s.input, "b" + std::to_string(v), decls) : op_cxx(p, v);
+      if (s.is_input && p.grad && is_floating(s.input.dtype)) {
+        rhs = "(" + rhs + ").detach().requires_grad_()";
+        leaves += std::string(leaves.empty() ? "" : ", ") + "v" + std::to_string(v);
+      }
     }
     body += "    Tensor v" + std::to_string(v) + " = " + rhs + ";";
     if (!s.is_input && s.op.eval_after) body += " v" + std::to_string(v) + ".eval();";
@@ -1042,7 +1113,10 @@ inline std::string program_cxx(const Program& p) {
     }
     outs += (k ? ", " : "") + name;
   }
-  body += "    return std::vector<Tensor>{" + outs + "};\n";
+  if (p.grad)
+    body += "    return kiln::fuzz::with_gradients({" + outs + "}, {" + leaves + "});\n";
+  else
+    body += "    return std::vector<Tensor>{" + outs + "};\n";
   std::string all = decls + body;
   kinf = all.find("kInf") != std::string::npos || all.find("kNaN") != std::string::npos;
   kinfd = all.find("kInfD") != std::string::npos || all.find("kNaND") != std::string::npos;

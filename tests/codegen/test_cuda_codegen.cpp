@@ -1116,4 +1116,25 @@ TEST_CASE("cuda emulator: scatters of a row index counting-sort the positions by
   }
 }
 
+TEST_CASE("codegen: a concat whose pieces are all empty along its axis, in C++ and CUDA") {
+  // Fuzz seed 600, graph 852 (--grad): min's gradient over the concat of three [0, 1] pieces
+  // (ties split evenly: a row kernel over no rows). Both writers read the last non-empty piece
+  // of the concat, of which there was none (signal 11).
+  NodePtr x0 = input({0, 1}, f32, 281), x1 = input({0, 1}, f32, 282), g = input({0, 1}, f32, 283);
+  NodePtr c = ir::concat({x0, x1, x1}, 0);
+  NodePtr m = ir::reduce(ir::Op::ReduceMin, c, {1});
+  NodePtr ties = ir::binary(ir::Op::Eq, c, m);
+  NodePtr zero = ir::constant(0.0, f32, {0, 1}, Device::cpu());
+  NodePtr count = ir::reduce(ir::Op::ReduceSum, ir::where(ties, ir::constant(1.0, f32, {0, 1}, Device::cpu()), zero), {1});
+  NodePtr share = ir::where(ties, ir::binary(ir::Op::Div, g, count), zero);
+  ir::Captured cap = capture({share, ir::binary(ir::Op::Add, share, share)});
+  sched::Schedule s = sched::schedule(cap.graph);
+  REQUIRE(!s.kernels.empty());
+  const codegen::CppSource cpp = codegen::generate_cpp(cap.graph, s, "kiln_empty");
+  CHECK(cpp.source.find("kiln_empty") != std::string::npos);
+  const codegen::CudaSource cuda = codegen::generate_cuda(cap.graph, s, "kiln_empty");
+  REQUIRE(cuda.kernels.size() == s.kernels.size());
+  compile_both("empty_rows", {share});
+}
+
 }  // namespace kiln_test_codegen_cuda_codegen

@@ -314,4 +314,16 @@ TEST_CASE("fuzz: seed 2612051 graph 345, a scan of an attention's output") {
   kiln::fuzz::check_against_reference(program);
 }
 
+TEST_CASE("fuzz: seed 600 graph 852 (--grad), the gradient of a min over a concat of empty pieces") {
+  // The code generators (C++ and CUDA) read the last non-empty piece of the concat: none (signal 11).
+  auto program = [&]() {
+    Tensor v0 = (from_vector<float>({}, {0, 1})).detach().requires_grad_();
+    Tensor v1 = (from_vector<float>({}, {0, 1})).detach().requires_grad_();
+    Tensor v2 = concat({v0, v1, v1}, 0);
+    Tensor v3 = min(v2, {1}, false);
+    return kiln::fuzz::with_gradients({v3}, {v0, v1});
+  };
+  kiln::fuzz::check_against_reference(program);
+}
+
 }  // namespace kiln_test_fuzz_fuzz_regressions

@@ -593,6 +593,14 @@ class KernelWriter {
           sc = std::max(sc, parts.back().scope);
           ld = ld || parts.back().lane;
         }
+        if (parts.empty()) {
+          // Every piece, and so the concat, is empty along the axis: no position reads it (its
+          // loops run no iteration), but the code is still written (fuzz seed 600, graph 852).
+          ir::GraphNode zero = n;
+          zero.attrs.scalar = 0;
+          zero.attrs.iscalar = 0;
+          return Val{constant_literal(zero), 0, false};
+        }
         std::string e = parts.back().expr;
         for (std::size_t k = parts.size() - 1; k-- > 0;)
           e = "(" + pos + " < " + lit(ends[k]) + " ? " + parts[k].expr + " : " + e + ")";

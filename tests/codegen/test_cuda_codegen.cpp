@@ -1116,6 +1116,24 @@ TEST_CASE("cuda emulator: scatters of a row index counting-sort the positions by
   }
 }
 
+TEST_CASE("cuda scatter: an index with an empty dim off the axis places nothing") {
+  // Fuzz seed 600, graph 654 (--grad, GPU): a slice's gradient scattered one row along dim 0
+  // with an index of [1, 129, 1, 0]: the check (over the index's elements) never ran, while the
+  // place and order kernels ran one position reading scratch nobody wrote (an illegal address).
+  NodePtr root = ir::scatter(ir::constant(0.0, f32, {3, 0}, Device::cpu()), input_values<std::int64_t>({1, 0}, {}),
+                             input({1, 0}, f32, 271), 0, true, false, ir::GatherSite::IndexAdd);
+  ir::Captured c = capture({root});
+  sched::StepPlan plan = sched::plan_steps(c.graph, true);
+  REQUIRE(plan.scatters.size() == 1);
+  sched::ScatterCall sc = plan.scatters[0];
+  sc.sorted_runs = true;
+  REQUIRE(sc.length() == 1);
+  const codegen::ScatterSource src = codegen::generate_cuda_scatter(sc, "kiln_scatter");
+  REQUIRE(src.sorted_runs);
+  CHECK(src.index_elements == 0);
+  CHECK(src.positions == 0);  // no place or order kernel runs
+}
+
 TEST_CASE("codegen: a concat whose pieces are all empty along its axis, in C++ and CUDA") {
   // Fuzz seed 600, graph 852 (--grad): min's gradient over the concat of three [0, 1] pieces
   // (ties split evenly: a row kernel over no rows). Both writers read the last non-empty piece

@@ -374,6 +374,10 @@ inline ScatterSource generate_cuda_sorted_runs(const sched::ScatterCall& c, cons
       (c.base_constant || quad_rows(c.shape, c.base.strides)))
     lanes = {4, 1, true};
   out.index_elements = check_shape(c).numel();
+  // An index with no elements (a dim off the axis of extent 0) places nothing: the check that
+  // writes each position's target and arrival place does not run, so neither may the kernels
+  // that read them (they read uninitialised scratch: fuzz seed 600, graph 654 on a GPU).
+  if (out.index_elements == 0) out.positions = 0;
   const std::string args = "(kiln_scatter_args a)";
   auto at = [](i64 ints) { return "(unsigned*)a.p[4] + " + std::to_string(ints); };
   // Each mode names only its own buffers (RunsLayout lays out one mode's).

@@ -115,6 +115,18 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
+/// The options a graph's generation depends on beyond --seed, as kiln_fuzz spells them (empty
+/// where they are the defaults): what a reproducer's "--one N" needs to regenerate the graph.
+std::string generation_flags(const Options& o) {
+  const Limits d;
+  std::string f;
+  if (o.lim.max_ops != d.max_ops) f += " --max-ops " + std::to_string(o.lim.max_ops);
+  if (o.lim.max_elems != d.max_elems) f += " --max-elems " + std::to_string(o.lim.max_elems);
+  if (o.lim.table_version != d.table_version) f += " --table-version " + std::to_string(o.lim.table_version);
+  if (o.lim.grad) f += " --grad";
+  return f;
+}
+
 Device device_of(const std::string& s) {
   if (s == "cpu") return Device::cpu();
   if (s == "cuda") return Device::cuda(0);
@@ -486,7 +498,7 @@ int main(int argc, char** argv) {
     Program p = generate(o.seed, static_cast<std::uint64_t>(o.print), o.lim);
     std::cout << test_case_cxx(p, title_of(p),
                                "kiln_fuzz --seed " + std::to_string(o.seed) + " --print " + std::to_string(o.print) +
-                                   (o.lim.grad ? " --grad" : ""));
+                                   generation_flags(o));
     return 0;
   }
   if (o.one >= 0) {
@@ -589,10 +601,8 @@ int main(int argc, char** argv) {
     ShrinkStats st;
     Program small = sh.run(p, &st);
     std::string key = want + " | " + join(op_names(small));
-    const std::string version =
-        o.lim.table_version == Limits{}.table_version ? "" : " --table-version " + std::to_string(o.lim.table_version);
     std::string comment = "kiln_fuzz --seed " + std::to_string(o.seed) + " --one " + std::to_string(r->index) +
-                          version + (o.lim.grad ? " --grad" : "") + " (shrunk from " + std::to_string(st.ops_before) + " ops to " +
+                          generation_flags(o) + " (shrunk from " + std::to_string(st.ops_before) + " ops to " +
                           std::to_string(st.ops_after) + ", " + std::to_string(st.runs) + " runs)\n" +
                           kind_name(last.kind) + ": " + headline(last.detail);
     std::string cxx = test_case_cxx(small, title_of(small), comment);

@@ -75,6 +75,33 @@ TEST_CASE(
   CHECK(f.stats().traces == 1);
 }
 
+TEST_CASE("compile: a std::vector<Tensor> result (what autograd::grad returns) traces once and replays") {
+  // A training step's gradients as a list, the forward's outputs as a list.
+  auto gradients = [](const Tensor& x, const Tensor& w, const Tensor& b) {
+    Tensor loss = sum(relu(matmul(x, w) + b) * seq(5, 0.5f));
+    return autograd::grad({loss}, {w, b});
+  };
+  auto outputs = [](const Tensor& x) { return std::vector<Tensor>{x * 2.0f, sum(x), exp(x)}; };
+  auto compiled_gradients = kiln::compile(gradients);
+  auto compiled_outputs = kiln::compile(outputs);
+  Tensor w = reshape(seq(15, 0.25f), {3, 5}).requires_grad_(), b = seq(5, 0.5f).requires_grad_();
+  for (float scale : {1.0f, -2.0f}) {
+    CAPTURE(scale);
+    Tensor x = reshape(seq(12, scale), {4, 3});
+    std::vector<Tensor> got = compiled_gradients(x, w, b), want = gradients(x, w, b);
+    REQUIRE(got.size() == 2);
+    for (std::size_t i = 0; i < 2; ++i) check_equal(got[i], want[i]);
+    std::vector<Tensor> outs = compiled_outputs(x), plain = outputs(x);
+    REQUIRE(outs.size() == 3);
+    for (std::size_t i = 0; i < 3; ++i) check_equal(outs[i], plain[i]);
+  }
+  CHECK(compiled_gradients.stats().traces == 1);
+  CHECK(compiled_gradients.stats().cache_hits == 1);
+  CHECK(compiled_outputs.stats().traces == 1);
+  CHECK(compiled_outputs.stats().cache_hits == 1);
+  CHECK_FALSE(w.grad().defined());  // autograd::grad leaves .grad() alone, compiled or not
+}
+
 TEST_CASE("compile: the replay keeps none of the traced tensors alive") {
   // The traced result's lazy graph reads the captured weight. Kept by the replay, it stayed
   // alive after the caller dropped the result, and the next write into the weight (an

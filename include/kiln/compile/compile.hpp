@@ -227,7 +227,8 @@ using normalized_t = typename Normalized<R>::type;
 
 template <class R>
 struct ResultCodec {
-  static_assert(Scalar<R>, "kiln::compile: results must be Tensor, C++ numbers, or std::tuple/std::pair of them");
+  static_assert(Scalar<R>,
+                "kiln::compile: results must be Tensor, C++ numbers, std::vector<Tensor>, or std::tuple/std::pair of them");
   static void flatten(const R&, std::vector<Tensor>&) {}
   static R rebuild(const R& traced, const std::vector<Tensor>&, std::size_t&) { return traced; }
   static R numbers_only(const R& r) { return r; }
@@ -237,6 +238,19 @@ struct ResultCodec<Tensor> {
   static void flatten(const Tensor& t, std::vector<Tensor>& out) { out.push_back(t); }
   static Tensor rebuild(const Tensor&, const std::vector<Tensor>& ts, std::size_t& i) { return ts[i++]; }
   static Tensor numbers_only(const Tensor&) { return Tensor(); }
+};
+/// A list of tensors (what autograd::grad returns, a module's several outputs): as many on
+/// replay as the trace returned (the same guard traces the same graph, so the same count).
+template <>
+struct ResultCodec<std::vector<Tensor>> {
+  static void flatten(const std::vector<Tensor>& r, std::vector<Tensor>& out) { out.insert(out.end(), r.begin(), r.end()); }
+  static std::vector<Tensor> rebuild(const std::vector<Tensor>& traced, const std::vector<Tensor>& ts, std::size_t& i) {
+    std::vector<Tensor> v;
+    v.reserve(traced.size());
+    for (std::size_t k = 0; k < traced.size(); ++k) v.push_back(ts[i++]);
+    return v;
+  }
+  static std::vector<Tensor> numbers_only(const std::vector<Tensor>& r) { return std::vector<Tensor>(r.size()); }
 };
 template <class... Ts>
 struct ResultCodec<std::tuple<Ts...>> {
@@ -276,6 +290,8 @@ struct ResultCodec<std::pair<A, B>> {
 /// a replay for new sizes cannot redo).
 template <class R>
 inline constexpr bool kHasNumbers = !std::is_same_v<R, Tensor>;
+template <>
+inline constexpr bool kHasNumbers<std::vector<Tensor>> = false;
 template <class... Ts>
 inline constexpr bool kHasNumbers<std::tuple<Ts...>> = (kHasNumbers<Ts> || ...);
 template <class A, class B>
@@ -310,6 +326,8 @@ struct Replay {
   /// Results that require grad: their backward (the graph's outputs after the function's own
   /// results are the values it saves).
   std::shared_ptr<const CompiledBackward> backward;
+  /// Results that require grad whose graph the function itself freed (PendingBackward::freed).
+  std::vector<std::size_t> freed_results;
   // Reused by every replay (calls hold the compiled function's lock), so a cached call
   // allocates no pointer vectors; emptied of storages after each call.
   backend::RunArgs args;
@@ -637,6 +655,7 @@ class Compiled {
   static R finish_call(const detail::Replay& r, std::vector<Tensor> results,
                        const std::vector<const Tensor*>& tensor_args) {
     if (r.backward) detail::attach_backward(r.backward, results, tensor_args);
+    for (std::size_t i : r.freed_results) detail::mark_graph_freed(results[i]);
     std::size_t k = 0;
     return detail::ResultCodec<R>::rebuild(std::any_cast<const R&>(r.traced_result), results, k);
   }

@@ -531,6 +531,35 @@ TEST_CASE("autograd: backward() inside a compiled function is a graph break that
   CHECK_THROWS_AS(refused(x), GraphBreakError);
 }
 
+TEST_CASE("autograd: a compiled step returns its loss beside autograd::grad's gradients, as the eager call does") {
+  // The loss's graph is freed by the function's own autograd::grad: compiled, the step traces
+  // forward and backward as one graph, derives no second backward for the loss (kiln::compile
+  // raised "backward through the graph a second time" when it tried), and returns the loss as
+  // eager code does: requiring grad, a backward through it an error.
+  Tensor w = randn({4, 3}, 81, f64, device()).requires_grad_();
+  auto fn = [&w](const Tensor& in) {
+    Tensor loss = sum(relu(matmul(in, w)));
+    std::vector<Tensor> g = autograd::grad({loss}, {w});
+    return std::make_tuple(loss, g[0]);
+  };
+  auto step = kiln::compile(fn);
+  for (std::uint64_t call = 0; call < 2; ++call) {
+    Tensor x = randn({5, 4}, 82 + call, f64, device());
+    auto [loss, dw] = step(x);
+    auto [eager_loss, eager_dw] = fn(x);
+    CHECK(std::abs(loss.item<double>() - eager_loss.item<double>()) <= 1e-12 * std::abs(eager_loss.item<double>()));
+    const std::vector<double> got = dw.to_vector<double>(), want = eager_dw.to_vector<double>();
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) CHECK(std::abs(got[i] - want[i]) <= 1e-12 * (1 + std::abs(want[i])));
+    CHECK(loss.requires_grad() == eager_loss.requires_grad());
+    CHECK_THROWS_AS(loss.backward(), AutogradError);
+    CHECK_THROWS_AS(eager_loss.backward(), AutogradError);
+  }
+  CHECK(step.stats().traces == 1);
+  CHECK(step.stats().graph_breaks == 0);
+  CHECK_FALSE(w.grad().defined());
+}
+
 TEST_CASE("autograd: an MLP block's backward reads weights and activations transposed in place: five products") {
   // y = gelu(x W1^T + b1) W2^T + b2 (a linear layer twice) and its gradients with respect to
   // the four parameters, compiled as one graph: two forward products and three backward ones

@@ -69,6 +69,11 @@ struct PendingBackward {
   };
   std::vector<PerResult> results;
   std::vector<ir::NodePtr> saved;  ///< forward nodes the backward reads (outputs of the forward graph)
+  /// Results that require grad but whose recorded graph a backward inside the function freed
+  /// (the loss of `autograd::grad({loss}, ...)` returned beside its gradients): no backward is
+  /// derived for them, and a replay's copy of them stays as the eager result is: requiring grad,
+  /// its graph freed (a later backward through it raises the same error).
+  std::vector<std::size_t> freed;
 };
 
 /// Values that are costly to recompute in the backward: kept from the forward instead.
@@ -103,6 +108,10 @@ KILN_ENTRY std::shared_ptr<const CompiledBackward> capture_backward(PendingBackw
 
 /// Gives a replay's results their gradients: `results` are the flattened results of one call
 /// (the saved values after the function's own), `args` its tensor arguments.
+/// Leaves a replay's result as the eager call leaves it when the function's own backward freed
+/// its graph (PendingBackward::freed): requiring grad, a backward through it an error.
+KILN_ENTRY void mark_graph_freed(Tensor& result);
+
 KILN_ENTRY void attach_backward(const std::shared_ptr<const CompiledBackward>& cb, std::vector<Tensor>& results,
                                 const std::vector<const Tensor*>& args);
 

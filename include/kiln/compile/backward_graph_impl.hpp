@@ -88,9 +88,28 @@ KILN_ENTRY PendingBackward trace_backward(const std::vector<Tensor>& outs, const
   }
   // One backward per result that requires grad, seeded by a placeholder leaf (never read: the
   // graph is only captured, and its rebuild binds the real gradient there).
+  // Whether the recorded graph behind `root` was freed by a backward that did not retain it.
+  auto freed_behind = [](const ir::NodePtr& root) {
+    std::unordered_set<const ir::Node*> seen;
+    std::vector<const ir::Node*> stack{root.get()};
+    while (!stack.empty()) {
+      const ir::Node* n = stack.back();
+      stack.pop_back();
+      if (!seen.insert(n).second) continue;
+      if (n->graph_freed) return true;
+      if (n->grad_leaf) continue;
+      for (const ir::NodePtr& in : autodiff::gradient_inputs(*n))
+        if (in->requires_grad) stack.push_back(in.get());
+    }
+    return false;
+  };
   for (std::size_t i = 0; i < outs.size(); ++i) {
     const Tensor& t = outs[i];
     if (!t.defined() || !t.requires_grad()) continue;
+    if (freed_behind(t.node())) {
+      p.freed.push_back(i);
+      continue;
+    }
     PendingBackward::PerResult r;
     r.result = i;
     r.seed = std::make_shared<Storage>();
@@ -223,6 +242,12 @@ KILN_ENTRY std::shared_ptr<const CompiledBackward> capture_backward(PendingBackw
   // entry's (the traced result still holds these nodes).
   for (const ir::NodePtr& n : pending.saved) n->buffer.reset();
   return cb;
+}
+
+KILN_ENTRY void mark_graph_freed(Tensor& result) {
+  if (!result.defined()) return;
+  result.node()->requires_grad = true;
+  result.node()->graph_freed = true;
 }
 
 KILN_ENTRY void attach_backward(const std::shared_ptr<const CompiledBackward>& cb, std::vector<Tensor>& results,

@@ -191,6 +191,11 @@ KILN_ENTRY CompiledCore::Traced CompiledCore::finish_trace(Entry& entry, const s
     }
     pending = trace_backward(outs, tensor_args);
   }
+  std::vector<std::size_t> freed;
+  if (pending) {
+    freed = std::move(pending->freed);
+    if (pending->results.empty()) pending.reset();  // only results whose graph the function freed
+  }
   const std::size_t own_results = outs.size();
   if (pending) {
     // Still deferred, as inside the trace: a Tensor of a large lazy node would evaluate it.
@@ -200,6 +205,7 @@ KILN_ENTRY CompiledCore::Traced CompiledCore::finish_trace(Entry& entry, const s
   }
   auto replay = std::make_shared<Replay>();
   build_replay(*replay, outs, tensor_args);
+  replay->freed_results = std::move(freed);
   replay->traced_result = std::move(traced_result);
   if (log_enabled(LogChannel::graph) || log_enabled(LogChannel::recompiles) || log_enabled(LogChannel::guards)) {
     std::size_t ops = 0;

@@ -37,7 +37,7 @@ struct Limits {
   /// tests/CMakeLists.txt were found with version 1). The latest by default.
   int table_version = 8;
   /// Gradient mode (kiln_fuzz --grad): every program also returns the gradients of its floating
-  /// outputs with respect to its floating inputs (with_gradients), and is not compiled.
+  /// outputs with respect to its floating inputs (with_gradients); a compiled one traces both.
   bool grad = false;
 };
 
@@ -2477,9 +2477,9 @@ inline Program generate(std::uint64_t seed, std::uint64_t index, const Limits& l
     g.layout(d);
   }
   if (lim.grad) {
-    // After every draw, so that a seed gives the same graphs with and without --grad.
+    // After every draw, so that a seed gives the same graphs with and without --grad (a
+    // compiled one then traces its forward and backward as one graph, a training step).
     p.grad = true;
-    p.compile_mode = 0;
     p.assign_output = -1;  // the loss reads the outputs themselves
   }
   compact(p);

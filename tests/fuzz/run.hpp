@@ -441,9 +441,7 @@ inline std::pair<Result, Result> run_compiled(const Program& p, Device dev) {
     std::vector<Tensor> given{ts...};
     Built b = build_program(p, ctx, &given);
     keep.insert(keep.end(), b.memory.begin(), b.memory.end());
-    std::vector<Tensor> o = b.outputs;
-    while (o.size() < 4) o.push_back(o[0]);
-    return std::make_tuple(o[0], o[1], o[2], o[3]);
+    return b.outputs;  // the outputs, then (gradient mode) the gradients
   };
   CompileOptions opts;
   opts.mode = compile_mode_name(p.compile_mode);
@@ -459,11 +457,11 @@ inline std::pair<Result, Result> run_compiled(const Program& p, Device dev) {
     for (int c = 0; c < 2; ++c) {
       try {
         const auto& a = args[c];
-        auto out = a.size() == 0 ? f() : a.size() == 1 ? f(a[0]) : a.size() == 2 ? f(a[0], a[1]) : f(a[0], a[1], a[2]);
-        std::vector<Tensor> o = {std::get<0>(out), std::get<1>(out), std::get<2>(out), std::get<3>(out)};
-        for (std::size_t k = 0; k < p.outputs.size(); ++k) {
-          r[c].values.push_back(read_values(o[k]));
-          r[c].infos.push_back({o[k].dtype(), o[k].shape()});
+        const std::vector<Tensor> o =
+            a.size() == 0 ? f() : a.size() == 1 ? f(a[0]) : a.size() == 2 ? f(a[0], a[1]) : f(a[0], a[1], a[2]);
+        for (const Tensor& t : o) {
+          r[c].values.push_back(read_values(t));
+          r[c].infos.push_back({t.dtype(), t.shape()});
         }
       } catch (const std::exception& e) {
         r[c].status = Result::Status::EvalError;
@@ -1094,10 +1092,10 @@ inline std::string program_cxx(const Program& p) {
       rhs = a;
     } else {
       rhs = s.is_input ? input_cxx(s.input, "b" + std::to_string(v), decls) : op_cxx(p, v);
-      if (s.is_input && p.grad && is_floating(s.input.dtype)) {
-        rhs = "(" + rhs + ").detach().requires_grad_()";
-        leaves += std::string(leaves.empty() ? "" : ", ") + "v" + std::to_string(v);
-      }
+    }
+    if (s.is_input && p.grad && is_floating(s.input.dtype)) {
+      rhs = "(" + rhs + ").detach().requires_grad_()";
+      leaves += std::string(leaves.empty() ? "" : ", ") + "v" + std::to_string(v);
     }
     body += "    Tensor v" + std::to_string(v) + " = " + rhs + ";";
     if (!s.is_input && s.op.eval_after) body += " v" + std::to_string(v) + ".eval();";

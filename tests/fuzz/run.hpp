@@ -219,6 +219,11 @@ inline Built build_program(const Program& p, const BuildCtx& ctx, const std::vec
         args.push_back(a);
       }
       t = d.build(Args{args, s.op, ctx, p});
+      // The twin computes in float64 throughout: an op whose floating result came out narrower
+      // (where(mask, 0.1f, 3) of two C++ numbers is float32) is widened, exactly, so that what
+      // reads it meets float64 operands (a matmul with a float64 leaf refused the mix: seed 507,
+      // graph 23, where the twin then judged nothing).
+      if (ctx.f64 && t.defined() && is_floating(t.dtype()) && t.dtype() != f64) t = t.to(f64);
       if (reorders(d)) t = reverse(t);
       // f64 programs call libm (within 4 ulp with libmvec, docs/performance-math.md "Double").
       if (d.ulp > 0 && ctx.perturb && d.ulp_of && is_floating(s.info.dtype) && t.dtype() == f64) {

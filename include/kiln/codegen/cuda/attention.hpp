@@ -1040,6 +1040,29 @@ inline AttentionSource generate_cuda_attention(const sched::AttentionCall& c, co
   return out;
 }
 
+namespace cuda_attention_detail {
+
+/// A library attention's fix-up unit: one kernel `entry`, a thread per [B, H, L] row of `c` (its
+/// index r; KR_ROWS the row count), over two pointers; `defines` come before the kernel and
+/// `body` after the row's bound check.
+inline AttentionSource library_row_unit(const sched::AttentionCall& c, const std::string& what,
+                                        const std::string& entry, const std::string& defines,
+                                        const std::string& body) {
+  const i64 rows = c.batch * c.heads * c.q_len;
+  AttentionSource out;
+  out.arguments = 2;
+  out.source = "// kiln: " + what + "\nstruct ka_args { void* p[2]; };\n#define KR_ROWS " + std::to_string(rows) +
+               "LL\n" + defines + "extern \"C\" __global__ void " + entry +
+               "(ka_args a) {\n"
+               "  const long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+               "  if (r >= KR_ROWS) return;\n" +
+               body + "}\n";
+  out.entries.push_back({entry, ceil_div(rows, 256), 256, 0});
+  return out;
+}
+
+}  // namespace cuda_attention_detail
+
 /// The unit that keeps a library attention's forward (cuDNN's fused kernels: f16/bf16, no mask)
 /// at torch's values on rows whose every score is -inf (infinite query or key features). The
 /// library leaves their lse at -inf and weighs their values by 0, so a non-finite value gives
@@ -1048,29 +1071,19 @@ inline AttentionSource generate_cuda_attention(const sched::AttentionCall& c, co
 /// zeroes the output rows whose lse is -inf and touches nothing else.
 inline AttentionSource cuda_library_attention_rows(const sched::AttentionCall& c, const std::string& name) {
   using namespace cuda_attention_detail;
-  const i64 rows = c.batch * c.heads * c.q_len;
-  AttentionSource out;
-  out.arguments = 2;
-  std::string s = "// kiln: the rows of a library attention whose scores are all -inf\n"
-                  "struct ka_args { void* p[2]; };\n";
-  auto def = [&](const std::string& k, i64 v) { s += "#define " + k + " " + std::to_string(v) + "LL\n"; };
-  def("KR_ROWS", rows);
+  std::string defines;
+  auto def = [&](const std::string& k, i64 v) { defines += "#define " + k + " " + std::to_string(v) + "LL\n"; };
   def("KR_H", c.heads);
   def("KR_L", c.q_len);
   def("KR_EV", c.value_dim);
   for (int d = 0; d < 3; ++d) def("KR_S" + std::to_string(d), c.out.strides[static_cast<std::size_t>(d)]);
   // x < -FLT_MAX: x is -inf (NaN compares false).
-  s += "extern \"C\" __global__ void " + name +
-       "_zero_rows(ka_args a) {\n"
-       "  const long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
-       "  if (r >= KR_ROWS || !(((const float*)a.p[0])[r] < -3.40282347e38f)) return;\n"
-       "  const long long l = r % KR_L, bh = r / KR_L;\n"
-       "  unsigned short* o = (unsigned short*)a.p[1] + (bh / KR_H) * KR_S0 + (bh % KR_H) * KR_S1 + l * KR_S2;\n"
-       "  for (long long d = 0; d < KR_EV; ++d) o[d] = 0;  // +0 in both half types\n"
-       "}\n";
-  out.entries.push_back({name + "_zero_rows", ceil_div(rows, 256), 256, 0});
-  out.source = std::move(s);
-  return out;
+  return library_row_unit(
+      c, "the rows of a library attention whose scores are all -inf", name + "_zero_rows", defines,
+      "  if (!(((const float*)a.p[0])[r] < -3.40282347e38f)) return;\n"
+      "  const long long l = r % KR_L, bh = r / KR_L;\n"
+      "  unsigned short* o = (unsigned short*)a.p[1] + (bh / KR_H) * KR_S0 + (bh % KR_H) * KR_S1 + l * KR_S2;\n"
+      "  for (long long d = 0; d < KR_EV; ++d) o[d] = 0;  // +0 in both half types\n");
 }
 
 /// The unit that gives a library attention's backward (cuDNN's fused kernels) the forward's lse
@@ -1080,24 +1093,10 @@ inline AttentionSource cuda_library_attention_rows(const sched::AttentionCall& c
 /// gradients of such a row are 0. One entry, `name`_stats, a thread per [B, H, L] row,
 /// arguments {lse (float, contiguous), the copy the library reads (float, contiguous)}.
 inline AttentionSource cuda_library_attention_backward_stats(const sched::AttentionCall& c, const std::string& name) {
-  using namespace cuda_attention_detail;
-  const i64 rows = c.batch * c.heads * c.q_len;
-  AttentionSource out;
-  out.arguments = 2;
-  out.source = "// kiln: a library attention backward's lse, -inf rows as +inf\n"
-               "struct ka_args { void* p[2]; };\n"
-               "extern \"C\" __global__ void " +
-               name +
-               "_stats(ka_args a) {\n"
-               "  const long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
-               "  if (r >= " +
-               std::to_string(rows) +
-               "LL) return;\n"
-               "  const float x = ((const float*)a.p[0])[r];\n"
-               "  ((float*)a.p[1])[r] = x < -3.40282347e38f ? __int_as_float(0x7f800000) : x;\n"
-               "}\n";
-  out.entries.push_back({name + "_stats", ceil_div(rows, 256), 256, 0});
-  return out;
+  return cuda_attention_detail::library_row_unit(
+      c, "a library attention backward's lse, -inf rows as +inf", name + "_stats", "",
+      "  const float x = ((const float*)a.p[0])[r];\n"
+      "  ((float*)a.p[1])[r] = x < -3.40282347e38f ? __int_as_float(0x7f800000) : x;\n");
 }
 
 }  // namespace kiln::codegen

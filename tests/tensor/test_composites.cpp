@@ -158,7 +158,7 @@ TEST_CASE("lerp, addcmul, addcdiv: torch's values, dtype rules and gradients") {
   }
 }
 
-TEST_CASE("logaddexp, nan_to_num, logit, outer: torch's values at the extremes and their gradients") {
+TEST_CASE("logaddexp, nan_to_num, isfinite, logit, outer: torch's values at the extremes and their gradients") {
   check_values(logaddexp(vec({1000, -1000, 0, -INFINITY}), vec({1000, -1001, 1, -INFINITY})),
                {1000.6931762695312, -999.686767578125, 1.3132617473602295, -INFINITY});
   CHECK_THROWS_AS(logaddexp(vec({1}).to(i64), vec({1}).to(i64)), DTypeError);
@@ -172,6 +172,18 @@ TEST_CASE("logaddexp, nan_to_num, logit, outer: torch's values at the extremes a
   {
     Tensor x = vec({NAN, 2, INFINITY}).requires_grad_();
     check_values(autograd::grad({sum(nan_to_num(x))}, {x})[0], {0, 1, 0});
+  }
+
+  {
+    const Tensor x = vec({NAN, INFINITY, -INFINITY, 1.5, -0.0, 3.4028234663852886e+38});
+    CHECK(isfinite(x).dtype() == DType::Bool);
+    check_values(isfinite(x), {0, 0, 0, 1, 1, 1});
+    check_values(isposinf(x), {0, 1, 0, 0, 0, 0});
+    check_values(isneginf(x), {0, 0, 1, 0, 0, 0});
+    check_values(isfinite(vec({65504, INFINITY}).to(f16)), {1, 0});
+    check_values(isfinite(vec({-7, 0}).to(i64)), {1, 1});  // integers: all finite, none infinite
+    check_values(isposinf(vec({-7, 0}).to(i32)), {0, 0});
+    CHECK(isneginf(vec({1}).to(DType::Bool)).dtype() == DType::Bool);
   }
 
   check_values(logit(vec({0.25, 0.5, 0.9, 0, 1}), 0.1),

@@ -237,6 +237,16 @@ KILN_ENTRY Tensor logaddexp(const Tensor& a, const Tensor& b);
 KILN_ENTRY Tensor nan_to_num(const Tensor& x, double nan = 0.0, std::optional<double> posinf = std::nullopt,
                              std::optional<double> neginf = std::nullopt);
 
+/// Where x is neither infinite nor NaN (torch.isfinite), as bool; every element of an integer or
+/// bool tensor is finite.
+KILN_ENTRY Tensor isfinite(const Tensor& x);
+
+/// Where x is +inf (torch.isposinf), as bool; no element of an integer or bool tensor is.
+KILN_ENTRY Tensor isposinf(const Tensor& x);
+
+/// Where x is -inf (torch.isneginf), as bool; no element of an integer or bool tensor is.
+KILN_ENTRY Tensor isneginf(const Tensor& x);
+
 /// max(x, min) (torch.clamp_min, torch.clamp(x, min=...)): the dtype torch.result_type gives (an
 /// integer tensor with a floating number gives float32, with an integer number stays integer),
 /// NaN propagating; with a number bound x gets no gradient at the bound or at NaN, as torch's.

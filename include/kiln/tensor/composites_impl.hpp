@@ -682,6 +682,21 @@ KILN_ENTRY Tensor nan_to_num(const Tensor& x, double nan, std::optional<double> 
   return where(isnan(x), nan, where(x == INFINITY, pos, where(x == -INFINITY, neg, x)));
 }
 
+KILN_ENTRY Tensor isfinite(const Tensor& x) {
+  if (!is_floating(x.dtype())) return ones(x.shape(), DType::Bool, x.device());
+  return abs(x) < INFINITY;  // false for +-inf and NaN: one compare
+}
+
+KILN_ENTRY Tensor isposinf(const Tensor& x) {
+  if (!is_floating(x.dtype())) return zeros(x.shape(), DType::Bool, x.device());
+  return x == INFINITY;
+}
+
+KILN_ENTRY Tensor isneginf(const Tensor& x) {
+  if (!is_floating(x.dtype())) return zeros(x.shape(), DType::Bool, x.device());
+  return x == -INFINITY;
+}
+
 KILN_ENTRY Tensor logit(const Tensor& input, std::optional<double> eps) {
   // Integers and bools compute in float32 (torch's unary float rule).
   const DType dt = is_floating(input.dtype()) ? input.dtype() : DType::Float32;

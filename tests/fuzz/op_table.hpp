@@ -484,6 +484,28 @@ inline const std::vector<std::pair<std::string, double>>& cuda_bounds() {
   return b;
 }
 
+/// A float64 tensor of zeros shaped `shape` whose gradient with respect to each of `inputs` is
+/// what `rule` makes of the gradient arriving at it (one tensor per input, of its shape): the
+/// nudged twin's model of a backward's roundings, which depend on that gradient's magnitude.
+inline Tensor zero_with_rule(const Shape& shape, Device device, const std::vector<Tensor>& inputs,
+                             std::function<std::vector<Tensor>(const Tensor&)> rule) {
+  ir::NodePtr out = ir::constant(0.0, DType::Float64, shape, device);
+  std::vector<ir::NodePtr> nodes;
+  bool records = false;
+  for (const Tensor& t : inputs) {
+    nodes.push_back(t.node());
+    records = records || ir::records_grad(t.node());
+  }
+  if (!records) return Tensor(out);
+  out->requires_grad = true;
+  decomp::with_gradient(out, nodes, [rule](const ir::NodePtr&, const ir::NodePtr& g) {
+    std::vector<ir::NodePtr> grads;
+    for (const Tensor& t : rule(Tensor(g))) grads.push_back(t.node());
+    return grads;
+  });
+  return Tensor(out);
+}
+
 /// The attention rows' value: scaled_dot_product_attention of the row's q, k, v (causal when
 /// ints[0] is 1) with dropout p (the key from manual_seed(seed) just before each call, so every
 /// build drops the same weights). The nudged twin also adds 2 sqrt(S) eps sum_j p_j |v_j| (the
@@ -511,21 +533,22 @@ inline Tensor sdpa_row(const Args& a, double p) {
   for (auto& v : sign) v = (rng.uniform() < 0.5 ? -1.0 : 1.0) * a.ctx.sign;
   Tensor signs = from_vector<double>(sign, r.shape(), a.ctx.device);
   Tensor nudge = attend(abs(a.t[2])) * (2 * std::sqrt(S) * eps);
+  const Tensor &q = a.t[0], &k = a.t[1], &v = a.t[2];
+  const std::int64_t L = q.shape()[q.shape().size() - 2], E = q.shape().back();
+  const double scale = 1.0 / std::sqrt(static_cast<double>(std::max<std::int64_t>(1, E)));
+  const double compute_eps = dt == f64 ? dtype_eps(f64) : dtype_eps(f32);
+  Tensor scores = matmul(q, transpose(k, -2, -1)) * scale;
+  if (causal) scores = where(triu(ones({L, vs[vs.size() - 2]}, bool_, a.ctx.device), 1), -INFINITY, scores);
+  const Tensor weights = softmax(scores, -1);
+  const Tensor held_weights = where(isnan(weights), 0.0, weights).detach();  // P without dropout's mask
   {
     // The scores' rounding, bounded as a product's (matmul's row): each score s_ij off by up
     // to 2 sqrt(E) eps times scale sum_e |q_ie k_je| moves out_i by P_ij (v_j - out_i) times that
     // (fuzz seed 502, graph 276: float32 scores of 160 apart by 1.8; the operands' random
     // nudges happened to cancel). Bounded by (P s|.|) |v| + rowsum(P s|.|) |out|, P without
     // dropout's mask and its 1 / (1 - p) applied to the bound.
-    const Tensor &q = a.t[0], &k = a.t[1], &v = a.t[2];
-    const std::int64_t L = q.shape()[q.shape().size() - 2], E = q.shape().back();
-    const double scale = 1.0 / std::sqrt(static_cast<double>(std::max<std::int64_t>(1, E)));
-    Tensor scores = matmul(q, transpose(k, -2, -1)) * scale;
-    if (causal) scores = where(triu(ones({L, vs[vs.size() - 2]}, bool_, a.ctx.device), 1), -INFINITY, scores);
-    const Tensor weights = softmax(scores, -1);
     const Tensor terms = matmul(abs(q), transpose(abs(k), -2, -1)) * scale;
     const Tensor w = where(isnan(weights), 0.0, weights) * terms;
-    const double compute_eps = dt == f64 ? dtype_eps(f64) : dtype_eps(f32);
     const double factor = 2 * std::sqrt(static_cast<double>(E)) * compute_eps / (1.0 - p);
     nudge = nudge + (matmul(w, abs(v)) + sum(w, -1, true) * abs(r)) * factor;
   }
@@ -550,12 +573,66 @@ inline Tensor sdpa_row(const Args& a, double p) {
         if (std::isfinite(e)) m = std::max(m, std::fabs(e));
       return m;
     };
-    const Shape& qs = a.t[0].shape();
-    const double E = static_cast<double>(std::max<std::int64_t>(1, qs.back()));
-    const double lse = largest(a.t[0]) * largest(a.t[1]) * std::sqrt(E) + std::log(S) + 1;
-    const double compute_eps = dt == f64 ? dtype_eps(f64) : dtype_eps(f32);
+    const double lse = largest(q) * largest(k) * std::sqrt(static_cast<double>(std::max<std::int64_t>(1, E))) +
+                       std::log(S) + 1;
     const double delta = (rng.uniform() < 0.5 ? -1.0 : 1.0) * a.ctx.sign * 2 * compute_eps * lse;
-    r = Tensor(r + (r - r.detach()) * delta);
+    // (x - x.detach() is 0 with x's gradient; where x is infinite it would be NaN)
+    auto zero_with_gradient = [](const Tensor& x) { return where(isfinite(x.detach()), x - x.detach(), 0.0); };
+    const Tensor out = r.detach();
+    r = Tensor(r + zero_with_gradient(r) * delta);
+    // The backward's own roundings, which the value's nudges do not carry into the gradients:
+    // dS_ij = P_ij (dP_ij - D_i) with dP_ij = dO_i . v_j and D_i = dO_i . O_i, two dot products
+    // over the value features that cancel where a row has one key or P is near one-hot (fuzz
+    // seed 602, graph 817: one key, an exact 0 in float64, a float32 kernel's 1.2e-5); for
+    // half types a fused backward also takes D from O as stored (rounded to the half type),
+    // rounds dS to it before dS k and dS^T q, and P before P^T dO, as FlashAttention's and
+    // cuDNN's do (seed 601 graph 659, seed 602 graphs 1285 and 2010 on cuDNN: float16
+    // gradients 1-7 % off where P is near one-hot or two rows' terms cancel in dv). Each
+    // rounding is at most a unit roundoff u (u_h of the half type, 0 for float32 and float64)
+    // of what it rounds, and they add up as independent errors: the twin adds a term of value
+    // 0 whose gradients are their root-sum-square, with a random sign per element (so that
+    // the nudge moves each gradient by about its rounding, which random signs per term could
+    // cancel: 659's two weights of 0.98 and 0.9988 times dO of +-0.8125):
+    //   D's error e_i: sqrt(sum_c (dO_ic a_ic)^2), a = (u_h + 2u) |O|, coherent over the keys:
+    //     dq_i moves by e_i scale (P k)_i, dk_j by sqrt(sum_i (e_i scale P_ij q_i)^2);
+    //   dP's, sqrt(sum_c (dO_ic v_jc 2u)^2), and dS's own, u_h |dS_ij|, through P_ij and
+    //     scale k_j (dq) or scale q_i (dk);
+    //   dv_j: (u_h + 2u) sqrt(sum_i (P_ij dO_i)^2).
+    // P is held without dropout's mask and its 1 / (1 - p) applied to the errors.
+    const bool half = dt == DType::Float16 || dt == DType::BFloat16;
+    const double u = compute_eps / 2, u_h = half ? dtype_eps(dt) / 2 : 0.0, kept = 1.0 / (1.0 - p);
+    const Tensor P = held_weights, qd = q.detach(), kd = k.detach(), vd = v.detach();
+    std::vector<Tensor> sign_of;  // a random sign per element of q, k and v
+    for (const Tensor* x : {&q, &k, &v}) {
+      std::vector<double> e(static_cast<std::size_t>(x->numel()));
+      for (auto& s : e) s = (rng.uniform() < 0.5 ? -1.0 : 1.0) * a.ctx.sign;
+      sign_of.push_back(from_vector<double>(e, x->shape(), a.ctx.device));
+    }
+    // variance summed over the dims where `like` is 1 or absent (undoing a broadcast)
+    auto fold = [](Tensor var, const Shape& like) {
+      while (var.dim() > static_cast<std::int64_t>(like.size())) var = sum(var, {0}, false);
+      for (std::size_t d = 0; d < like.size(); ++d)
+        if (like[d] == 1 && var.shape()[d] != 1) var = sum(var, {static_cast<std::int64_t>(d)}, true);
+      return var;
+    };
+    auto kT = [](const Tensor& x) { return transpose(x, -2, -1); };
+    const Tensor rounding = zero_with_rule(r.shape(), a.ctx.device, {q, k, v}, [=](const Tensor& g) {
+      const Tensor G = where(isfinite(g), g, 0.0);
+      const Tensor e2 = sum(square(G * abs(out) * (u_h + 2 * u)), -1, true);  // [.., L, 1]
+      const Tensor dP2 = matmul(square(G), kT(square(vd))) * (4 * u * u);  // [.., L, S]
+      const Tensor dS = P * (matmul(G, kT(vd)) - sum(G * out, -1, true));
+      const Tensor own = square(P) * dP2 + square(dS) * (u_h * u_h);
+      const double s2 = 1.0 / static_cast<double>(std::max<std::int64_t>(1, E));  // scale^2
+      const Tensor dq2 = (e2 * square(matmul(P, kd)) + matmul(own, square(kd))) * s2;
+      const Tensor dk2 = matmul(kT(square(P) * e2 + own), square(qd)) * s2;
+      const Tensor dv2 = matmul(kT(square(P)), square(G)) * ((u_h + 2 * u) * (u_h + 2 * u));
+      auto error = [&](const Tensor& var, std::size_t i, const Shape& like) {
+        const Tensor e = sqrt(fold(var, like)) * kept;
+        return Tensor(where(isfinite(e), e, 0.0) * sign_of[i]);
+      };
+      return std::vector<Tensor>{error(dq2, 0, q.shape()), error(dk2, 1, k.shape()), error(dv2, 2, v.shape())};
+    });
+    r = Tensor(r + rounding);
   }
   return Tensor(r + nudge * signs);
 }
@@ -1530,10 +1607,20 @@ inline const std::vector<OpDesc>& op_table() {
       d.accumulates = true;
       return d;
     };
+    // Their own roundings, beside the operand's nudge (which moves an element near 0 by almost
+    // nothing): softmax is exp(x - max) times the row sum's reciprocal (exp's bound, then two
+    // roundings, relative to the result); log_softmax is (x - max) - log1p(t), one subtraction
+    // after a logarithm of a sum of exps, about an ulp of the result (two with CUDA's expf:
+    // fuzz seed 601, graph 1255 on a GPU, log_softmax's -4.08 off by 1.3 ulp, which cosh and
+    // exp2 amplified to 1.3e-5).
     t.push_back(
         softmax_like("softmax", "softmax({0}, {i0})", [](const Tensor& x, std::int64_t a) { return softmax(x, a); }));
+    t.back().ulp = 2;
+    t.back().cuda_ulp = 3;
     t.push_back(softmax_like("log_softmax", "log_softmax({0}, {i0})",
                              [](const Tensor& x, std::int64_t a) { return log_softmax(x, a); }));
+    t.back().ulp = 1;
+    t.back().cuda_ulp = 2;
 
     auto norm_predict = [](std::size_t params) {
       return [params](const Program& p, const OpInst& op) -> std::optional<Info> {

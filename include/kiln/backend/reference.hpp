@@ -1138,24 +1138,35 @@ inline Value exec_attention(const ir::Graph& g, const ir::GraphNode& n, const st
   const ir::AttentionAttrs attrs = ir::AttentionAttrs::of(n.attrs);
   const auto role = attrs.role;
   const bool causal = attrs.causal, has_mask = attrs.has_mask;
+  const bool backward = role != ir::AttentionRole::Out && role != ir::AttentionRole::Lse;
   auto node = [&](std::size_t k) -> const ir::GraphNode& { return g.nodes[static_cast<std::size_t>(n.inputs[k])]; };
   auto val = [&](std::size_t k) -> const Value& { return vals[static_cast<std::size_t>(n.inputs[k])]; };
-  // Element (a, b, c, d) of operand k as double (rank-3 operands ignore d).
-  auto at = [&](std::size_t k, i64 a, i64 b, i64 c, i64 d) {
+  // Operand k read once into doubles, row-major in its shape: the loops below index plain rows
+  // (reading each element through its dtype and strides there cost a dispatch per multiply).
+  auto dense = [&](std::size_t k) {
     const Value& v = val(k);
-    i64 off = a * v.strides[0] + b * v.strides[1] + c * v.strides[2];
-    if (v.strides.size() > 3) off += d * v.strides[3];
-    double r = 0;
+    std::vector<double> out(static_cast<std::size_t>(node(k).shape.numel()));
+    std::size_t f = 0;
     visit_dtype(node(k).dtype, [&](auto tag) {
       using T = decltype(tag);
-      r = static_cast<double>(load(reinterpret_cast<const T*>(v.data)[off]));
+      const T* data = reinterpret_cast<const T*>(v.data);
+      for_each_position(node(k).shape, [&](const std::vector<i64>& pos) {
+        out[f++] = static_cast<double>(load(data[offset_at(pos, v.strides)]));
+      });
     });
-    return r;
+    return out;
   };
   const Shape &qs = node(0).shape, &ks = node(1).shape, &vs = node(2).shape;
   const i64 B = qs[0], H = qs[1], L = qs[2], E = qs[3], Hkv = ks[1], S = ks[2], Ev = vs[3], G = Hkv > 0 ? H / Hkv : 1;
   const double scale = n.attrs.scalar;
   const std::size_t mask_at = has_mask ? static_cast<std::size_t>(attrs.mask_input()) : 0;
+  const std::vector<double> q = dense(0), k = dense(1);
+  const std::vector<double> v = role == ir::AttentionRole::Lse || role == ir::AttentionRole::DV ? std::vector<double>{} : dense(2);
+  // The backward roles read the forward's output (3) and its gradient (4).
+  const std::vector<double> out = backward ? dense(3) : std::vector<double>{};
+  const std::vector<double> dout = backward ? dense(4) : std::vector<double>{};
+  const std::vector<double> mask = has_mask ? dense(mask_at) : std::vector<double>{};
+  const Shape mask_shape = has_mask ? node(mask_at).shape : Shape{1, 1, 1, 1};
   std::uint64_t key = 0;
   if (attrs.has_dropout()) std::memcpy(&key, val(static_cast<std::size_t>(attrs.seed_input())).data, sizeof key);
   const float keep_from = static_cast<float>(attrs.dropout_p);
@@ -1165,18 +1176,24 @@ inline Value exec_attention(const ir::Graph& g, const ir::GraphNode& n, const st
   std::vector<double> p(static_cast<std::size_t>(L * S)), lse(static_cast<std::size_t>(L));
   // Dropout's factor per score: 0 or 1 / (1 - p) (1 without dropout).
   std::vector<double> kept(static_cast<std::size_t>(L * S), 1.0);
+  auto at = [](const std::vector<double>& x, i64 row, i64 width) { return x.data() + row * width; };
   for (i64 b = 0; b < B; ++b)
     for (i64 h = 0; h < H; ++h) {
       const i64 hk = h / G;
+      const i64 q_rows = (b * H + h) * L, kv_rows = (b * Hkv + hk) * S;  // first row of the head
+      const i64 mask_rows = ((mask_shape[0] == 1 ? 0 : b) * mask_shape[1] + (mask_shape[1] == 1 ? 0 : h)) * mask_shape[2];
       for (i64 i = 0; i < L; ++i) {
+        const double* qi = at(q, q_rows + i, E);
+        const double* mi = has_mask ? at(mask, mask_rows + (mask_shape[2] == 1 ? 0 : i), mask_shape[3]) : nullptr;
         double mx = -INFINITY;
         for (i64 j = 0; j < S; ++j) {
           double sc = -INFINITY;
           if (!(causal && j > i)) {
+            const double* kj = at(k, kv_rows + j, E);
             sc = 0;
-            for (i64 e = 0; e < E; ++e) sc += at(0, b, h, i, e) * at(1, b, hk, j, e);
+            for (i64 e = 0; e < E; ++e) sc += qi[e] * kj[e];
             sc *= scale;
-            if (has_mask) sc += at(mask_at, node(mask_at).shape[0] == 1 ? 0 : b, node(mask_at).shape[1] == 1 ? 0 : h, i, j);
+            if (has_mask) sc += mi[mask_shape[3] == 1 ? 0 : j];
           }
           p[static_cast<std::size_t>(i * S + j)] = sc;
           if (std::isnan(sc) || sc > mx) mx = sc;  // a NaN score makes the row NaN
@@ -1198,45 +1215,55 @@ inline Value exec_attention(const ir::Graph& g, const ir::GraphNode& n, const st
           }
         }
       }
-      auto res = [&](i64 a, i64 bb, i64 c, i64 d) -> double& {
+      // The result's row of (head, position): [B, H, L, Ev] for the output, [B, H, L] for the
+      // lse, the operand's shape for the gradients (the key and value heads for dk and dv).
+      auto res = [&](i64 head, i64 row) {
         const Shape& sh = n.shape;
-        i64 off = ((a * sh[1] + bb) * sh[2] + c);
-        if (sh.size() > 3) off = off * sh[3] + d;
-        return result[static_cast<std::size_t>(off)];
+        const i64 width = sh.size() > 3 ? sh[3] : 1;
+        return result.data() + ((b * sh[1] + head) * sh[2] + row) * width;
       };
       for (i64 i = 0; i < L; ++i) {
         const double* pi = &p[static_cast<std::size_t>(i * S)];
         const double* zi = &kept[static_cast<std::size_t>(i * S)];
         switch (role) {
-          case ir::AttentionRole::Out:
+          case ir::AttentionRole::Out: {
             // A row without keys is 0 (its keys are never read: an infinite value gives no NaN).
             if (lse[static_cast<std::size_t>(i)] == -INFINITY) break;
+            double* ri = res(h, i);
             for (i64 e = 0; e < Ev; ++e) {
               double a = 0;
-              for (i64 j = 0; j < S; ++j) a += pi[j] * zi[j] * at(2, b, hk, j, e);
-              res(b, h, i, e) = a;
+              for (i64 j = 0; j < S; ++j) a += pi[j] * zi[j] * at(v, kv_rows + j, Ev)[e];
+              ri[e] = a;
             }
             break;
+          }
           case ir::AttentionRole::Lse:
-            res(b, h, i, 0) = lse[static_cast<std::size_t>(i)];
+            *res(h, i) = lse[static_cast<std::size_t>(i)];
             break;
           default: {
+            const double* oi = at(out, q_rows + i, Ev);
+            const double* gi = at(dout, q_rows + i, Ev);
             double delta = 0;
-            for (i64 e = 0; e < Ev; ++e) delta += at(4, b, h, i, e) * at(3, b, h, i, e);
+            for (i64 e = 0; e < Ev; ++e) delta += gi[e] * oi[e];
             for (i64 j = 0; j < S; ++j) {
               if (pi[j] == 0) continue;
               if (role == ir::AttentionRole::DV) {
-                for (i64 e = 0; e < Ev; ++e) res(b, hk, j, e) += pi[j] * zi[j] * at(4, b, h, i, e);
+                double* rj = res(hk, j);
+                for (i64 e = 0; e < Ev; ++e) rj[e] += pi[j] * zi[j] * gi[e];
                 continue;
               }
+              const double* vj = at(v, kv_rows + j, Ev);
               double dp = 0;
-              for (i64 e = 0; e < Ev; ++e) dp += at(4, b, h, i, e) * at(2, b, hk, j, e);
+              for (i64 e = 0; e < Ev; ++e) dp += gi[e] * vj[e];
               const double ds = pi[j] * (zi[j] * dp - delta) * scale;
-              for (i64 e = 0; e < E; ++e) {
-                if (role == ir::AttentionRole::DQ)
-                  res(b, h, i, e) += ds * at(1, b, hk, j, e);
-                else
-                  res(b, hk, j, e) += ds * at(0, b, h, i, e);
+              if (role == ir::AttentionRole::DQ) {
+                const double* kj = at(k, kv_rows + j, E);
+                double* ri = res(h, i);
+                for (i64 e = 0; e < E; ++e) ri[e] += ds * kj[e];
+              } else {
+                const double* qi = at(q, q_rows + i, E);
+                double* rj = res(hk, j);
+                for (i64 e = 0; e < E; ++e) rj[e] += ds * qi[e];
               }
             }
           }

@@ -558,4 +558,41 @@ TEST_CASE("scaled_dot_product_attention: max-autotune times cuDNN's engine confi
   CHECK(found == 1);
 }
 
+TEST_CASE("scaled_dot_product_attention: max-autotune times cuDNN's backward too, gradients unchanged") {
+  if (!dev.is_cuda() || !runtime::cudnn_available()) {
+    MESSAGE("no GPU with cuDNN: nothing to tune");
+    return;
+  }
+  // The backward plan reads a copy of the forward's lse from its scratch (written by a kernel
+  // before each run): max-autotune writes it before the timed runs too, once the scratch has
+  // its final size. Every configuration is timed and the gradients are the definition's.
+  auto make = [](std::uint64_t seed) { return randn({2, 4, 320, 64}, seed, f32, dev).to(bf16).eval(); };
+  Tensor q = make(61), k = make(62), v = make(63), cot = make(64).to(f32).eval();
+  auto step = [](const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& g) {
+    Tensor x = a.detach().requires_grad_(), y = b.detach().requires_grad_(), z = c.detach().requires_grad_();
+    return autograd::grad({sum(scaled_dot_product_attention(x, y, z, {}, 0.0, true).to(f32) * g)}, {x, y, z});
+  };
+  auto tuned = kiln::compile(step, {.mode = "max-autotune-no-cudagraphs"});
+  std::vector<Tensor> want;
+  {
+    Tensor x = q.to(f64).requires_grad_(), y = k.to(f64).requires_grad_(), z = v.to(f64).requires_grad_();
+    want = autograd::grad(
+        {sum(nn::functional::scaled_dot_product_attention_math(x, y, z, {}, 0.0, true) * cot.to(f64))}, {x, y, z});
+  }
+  for (int call = 0; call < 2; ++call) {
+    const std::vector<Tensor> got = tuned(q, k, v, cot);
+    REQUIRE(got.size() == 3);
+    for (std::size_t i = 0; i < 3; ++i) CHECK(relative_error(got[i], want[i]) <= 4 * tolerance(bf16));
+  }
+  auto& cache = runtime::detail::cudnn_attention_cache();
+  std::lock_guard<std::mutex> lock(cache.mu);
+  int found = 0;
+  for (const auto& [p, plan] : cache.plans) {
+    if (!plan || p.q_len != 320 || p.heads != 4 || p.dtype != bf16 || !p.backward) continue;  // this test's
+    ++found;
+    CHECK(plan->tuned_ms().size() == (plan->graph->plan_count() >= 2 ? plan->graph->plan_count() : 0));
+  }
+  CHECK(found == 1);
+}
+
 }  // namespace kiln_test_nn_attention

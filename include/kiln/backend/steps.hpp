@@ -8,6 +8,7 @@
 // and a later step's temporary reuses the memory).
 #include <atomic>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -442,8 +443,9 @@ inline void run_attention(const AttentionKernels& k, const std::vector<void*>& a
         const auto& e = source.entries.front();
         launch_step_blocks(kernel, e.grid, e.block, 0, params, device, stream, "an attention's fix-up");
       };
-      if (tune) k.cudnn->autotune(args);
-      if (k.stats_kernel) fix_up(k.stats_kernel, k.stats, args[6], k.cudnn->stats(args));
+      auto copy_stats = [&] { fix_up(k.stats_kernel, k.stats, args[6], k.cudnn->stats(args)); };
+      if (tune) k.cudnn->autotune(args, k.stats_kernel ? std::function<void()>(copy_stats) : std::function<void()>{});
+      if (k.stats_kernel) copy_stats();
       k.cudnn->run(args, stream);
       if (k.rows_kernel) fix_up(k.rows_kernel, k.rows, k.cudnn->stats(args), args[4]);
       if (!stream) kiln::detail::counters().library_calls.fetch_add(1, std::memory_order_relaxed);

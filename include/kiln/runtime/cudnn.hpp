@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -522,7 +523,9 @@ class CudnnAttentionPlan {
   /// max-autotune: makes plans of up to kTunedCandidates engine configurations (the
   /// heuristics' first is the default), times them on `args` (their outputs are overwritten)
   /// and keeps the fastest for later runs. Once per plan in a process; synchronous.
-  void autotune(const std::vector<void*>& args) const;
+  /// `prepare` runs once the scratch has its final size, before the timed runs: what a run
+  /// reads from the scratch (the backward's lse copy) is written there first.
+  void autotune(const std::vector<void*>& args, const std::function<void()>& prepare = {}) const;
   /// The engine configurations timed by autotune and their milliseconds (empty before).
   std::vector<double> tuned_ms() const {
     std::lock_guard<std::mutex> lock(tune_mu_);
@@ -904,7 +907,7 @@ inline void CudnnAttentionPlan::enqueue(std::size_t which, const std::vector<voi
     fail("cudnnBackendExecute", r);
 }
 
-inline void CudnnAttentionPlan::autotune(const std::vector<void*>& args) const {
+inline void CudnnAttentionPlan::autotune(const std::vector<void*>& args, const std::function<void()>& prepare) const {
   std::lock_guard<std::mutex> lock(tune_mu_);
   if (tuned_) return;
   tuned_ = true;
@@ -916,6 +919,7 @@ inline void CudnnAttentionPlan::autotune(const std::vector<void*>& args) const {
   grow_scratch();
   const std::size_t n = graph->plan_count();
   if (n < 2) return;
+  if (prepare) prepare();
   CudaContext& ctx = cuda_context(problem.device);
   CudaEvent start(ctx), stop(ctx);
   auto time = [&](std::size_t i, int reps) {

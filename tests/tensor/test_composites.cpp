@@ -208,6 +208,79 @@ TEST_CASE("logaddexp, nan_to_num, isfinite, logit, outer: torch's values at the 
   CHECK_THROWS_AS(outer(ones({2, 2}), ones({2})), ShapeError);
 }
 
+TEST_CASE("isclose, allclose, equal, nansum, nanmean, fmax, fmin, aminmax, tile, cat, clip, log10, frac: torch's results") {
+  // isclose: torch's values for rtol 1e-5, atol 1e-8; infinities of one sign are close, NaN
+  // only with equal_nan; one dtype required; integers compare in float32.
+  const Tensor a = vec({1, 1e10, INFINITY, -INFINITY, NAN, 1, 0}), b = vec({1.000001, 1.000005e10, INFINITY, INFINITY, NAN, 1.1, 1e-9});
+  check_values(isclose(a, b), {1, 1, 1, 0, 0, 0, 1});
+  check_values(isclose(a, b, 1e-5, 1e-8, true), {1, 1, 1, 0, 1, 0, 1});
+  check_values(isclose(a, b, 0, 0), {0, 0, 1, 0, 0, 0, 0});
+  check_values(isclose(vec({1, 2}).to(i64), vec({1, 3}).to(i64), 0.3, 0), {1, 0});  // |2 - 3| > 0.3 * 3
+  check_values(isclose(vec({2}).to(i64), vec({3}).to(i64), 0.4, 0), {1});
+  CHECK(isclose(a, b).dtype() == DType::Bool);
+  CHECK_THROWS_AS(isclose(a, b.to(f64)), DTypeError);
+  CHECK_THROWS_AS(isclose(a, b, -1.0), ValueError);
+  CHECK(allclose(vec({1, 2}), vec({1.0000001, 2})));
+  CHECK_FALSE(allclose(vec({1, NAN}), vec({1, NAN})));
+  CHECK(allclose(vec({1, NAN}), vec({1, NAN}), 1e-5, 1e-8, true));
+  CHECK(allclose(vec({1, 1}), vec({1})));  // broadcast, as torch
+  CHECK(equal(vec({1, 2}), vec({1, 2})));
+  CHECK_FALSE(equal(vec({1, 2}), vec({1, 2}, {2, 1})));  // shapes differ
+  CHECK_FALSE(equal(vec({NAN}), vec({NAN})));
+  CHECK(equal(vec({1, 2}).to(i64), vec({1, 2})));  // compared after promotion
+
+  // nansum and nanmean: NaN as missing; gradients 1 (or 1/count) where not NaN, 0 where it is.
+  {
+    Tensor x = vec({1, NAN, 3, NAN, NAN, NAN}, {2, 3}).requires_grad_();
+    check_values(nansum(x), {4});
+    check_values(nansum(x, {1}), {4, 0});
+    check_values(nanmean(x, {1}), {2, NAN});
+    check_values(nanmean(x, {1}, true), {2, NAN});
+    CHECK(nanmean(x, {1}, true).shape() == Shape{2, 1});
+    check_values(autograd::grad({nansum(x)}, {x})[0], {1, 0, 1, 0, 0, 0});
+    check_values(autograd::grad({nanmean(x)}, {x})[0], {0.5, 0, 0.5, 0, 0, 0});
+    CHECK(nansum(vec({1, 2}).to(i32)).dtype() == i64);
+    CHECK_THROWS_AS(nanmean(vec({1}).to(i64)), DTypeError);
+  }
+
+  // fmax, fmin: NaN as missing (NaN only where both are); a tie gives the first the gradient.
+  {
+    Tensor x = vec({1, NAN, 3, NAN, 2}).requires_grad_(), y = vec({2, 5, NAN, NAN, 2}).requires_grad_();
+    check_values(fmax(x, y), {2, 5, 3, NAN, 2});
+    check_values(fmin(x, y), {1, 5, 3, NAN, 2});
+    const auto g = autograd::grad({nansum(fmax(x, y))}, {x, y});
+    check_values(g[0], {0, 0, 1, 0, 1});
+    check_values(g[1], {1, 1, 0, 0, 0});
+    CHECK(fmax(vec({1}).to(i32), vec({2}).to(i64)).dtype() == i64);
+    CHECK(fmax(vec({1}).to(f16), vec({2})).dtype() == f32);
+  }
+
+  // aminmax, tile, cat, clip
+  {
+    const auto [lo, hi] = aminmax(vec({3, -1, 2, 7}, {2, 2}), {1});
+    check_values(lo, {-1, 2});
+    check_values(hi, {3, 7});
+    const Tensor t = vec({1, 2}, {1, 2});
+    CHECK(tile(t, {2}).shape() == Shape{1, 4});  // reps padded with leading 1s
+    check_values(tile(t, {2}), {1, 2, 1, 2});
+    CHECK(tile(t, {2, 1, 1}).shape() == Shape{2, 1, 2});  // reps longer: leading dims
+    check_values(cat({vec({1}), vec({2, 3})}), {1, 2, 3});
+    check_values(clip(vec({-2, 0.5, 9}), 0, 1), {0, 0.5, 1});
+  }
+
+  // log10 (floating results, gradient 1 / (x ln 10)) and frac (the sign kept, floating only)
+  {
+    Tensor x = vec({1000, 0.01, 2, 0, -1}).requires_grad_();
+    check_values(log10(x), {3, -2, 0.3010299956639812, -INFINITY, NAN});
+    CHECK(log10(vec({10}).to(i64)).dtype() == f32);
+    Tensor p = vec({2, 0.5}).requires_grad_();
+    check_values(autograd::grad({sum(log10(p))}, {p})[0], {1 / (2 * std::log(10.0)), 1 / (0.5 * std::log(10.0))});
+    check_values(frac(vec({1.5, -1.5, 3, -0.25})), {0.5, -0.5, 0, -0.25});
+    check_values(frac(vec({INFINITY})), {NAN});
+    CHECK_THROWS_AS(frac(vec({1}).to(i64)), DTypeError);
+  }
+}
+
 TEST_CASE("clamp, clamp_min, clamp_max: torch's dtypes, and no gradient at a bound or at NaN; hardtanh's at NaN") {
   const Tensor xi = vec({1, 2, 3}).to(i64);
   CHECK(clamp_min(xi, 2).dtype() == i64);

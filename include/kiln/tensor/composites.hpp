@@ -269,6 +269,59 @@ KILN_ENTRY Tensor logit(const Tensor& x, std::optional<double> eps = std::nullop
 /// ShapeError for other ranks.
 KILN_ENTRY Tensor outer(const Tensor& a, const Tensor& b);
 
+/// clamp's alias (torch.clip), the same dtypes, NaN and gradients.
+template <class A, class L, class H>
+requires TensorLike<A> &&(TensorLike<L> || Scalar<L>)&&(TensorLike<H> || Scalar<H>)Tensor
+    clip(const A& x, const L& lo, const H& hi) {
+  return clamp(x, lo, hi);
+}
+
+/// The tensors joined along `dim` (torch::cat, libtorch's name for concat).
+KILN_ENTRY Tensor cat(const std::vector<Tensor>& tensors, std::int64_t dim = 0);
+
+/// log(x) / log(10) (torch.log10), floating results (integers give float32), within two ulps of
+/// the exact value; gradient 1 / (x ln 10).
+KILN_ENTRY Tensor log10(const Tensor& x);
+
+/// x - trunc(x) (torch.frac), the sign of x kept (frac(-1.5) = -0.5); floating inputs only
+/// (torch has no integer frac). Gradient 1.
+KILN_ENTRY Tensor frac(const Tensor& x);
+
+/// The larger of a and b where one of them is NaN taken as missing (torch.fmax): NaN only where
+/// both are; otherwise maximum's value, dtype and gradient (a tie splits it in halves).
+KILN_ENTRY Tensor fmax(const Tensor& a, const Tensor& b);
+
+/// The smaller of a and b, NaN as missing (torch.fmin), as fmax.
+KILN_ENTRY Tensor fmin(const Tensor& a, const Tensor& b);
+
+/// sum over `axes` with NaN taken as 0 (torch.nansum): floating inputs; integers as sum. The
+/// gradient is 1 where x is not NaN, 0 where it is.
+KILN_ENTRY Tensor nansum(const Tensor& x, const Axes& axes = {}, bool keepdim = false);
+
+/// The mean over `axes` of the elements that are not NaN (torch.nanmean): NaN where all are;
+/// floating inputs only (DTypeError otherwise, as torch).
+KILN_ENTRY Tensor nanmean(const Tensor& x, const Axes& axes = {}, bool keepdim = false);
+
+/// (amin, amax) over `axes` in one call (torch.aminmax; torch's `dim` as one axis or all).
+KILN_ENTRY std::tuple<Tensor, Tensor> aminmax(const Tensor& x, const Axes& axes = {}, bool keepdim = false);
+
+/// x repeated `reps` times along each dim (torch.tile): `reps` shorter than x's rank is
+/// padded with leading 1s, longer adds leading dims (repeat's rule then).
+KILN_ENTRY Tensor tile(const Tensor& x, const std::vector<std::int64_t>& reps);
+
+/// Where |a - b| <= atol + rtol |b| (torch.isclose), as bool: equal values (infinities of one
+/// sign included) are close, NaN is close to NaN only with `equal_nan`. a and b of one dtype
+/// (DTypeError otherwise, as torch); integers compare in float32, as torch's default dtype.
+KILN_ENTRY Tensor isclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8,
+                          bool equal_nan = false);
+
+/// Whether every element of a and b is close (torch.allclose): isclose's rule, reduced.
+KILN_ENTRY bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8,
+                         bool equal_nan = false);
+
+/// Whether a and b have one shape and equal elements (torch.equal; NaN is not equal to NaN).
+KILN_ENTRY bool equal(const Tensor& a, const Tensor& b);
+
 }  // namespace kiln
 
 #if !defined(KILN_COMPILED_LIBRARY)

@@ -697,6 +697,79 @@ KILN_ENTRY Tensor isneginf(const Tensor& x) {
   return x == -INFINITY;
 }
 
+KILN_ENTRY Tensor cat(const std::vector<Tensor>& tensors, std::int64_t dim) { return concat(tensors, dim); }
+
+KILN_ENTRY Tensor log10(const Tensor& x) {
+  // log's relative error and one rounding of the product (the constant is within half an ulp).
+  return log(x) * (1.0 / std::log(10.0));
+}
+
+KILN_ENTRY Tensor frac(const Tensor& x) {
+  if (!is_floating(x.dtype()))
+    throw DTypeError("frac: expected a floating tensor (torch has no integer frac), got " + detail::describe(x));
+  return x - trunc(x);
+}
+
+KILN_ENTRY Tensor fmax(const Tensor& a, const Tensor& b) {
+  // torch's rule: a where a >= b or b is NaN (a tie gives a the gradient), else b.
+  if (!is_floating(a.dtype()) && !is_floating(b.dtype())) return maximum(a, b);
+  return where(logical_or(a >= b, isnan(b)), a, b);
+}
+
+KILN_ENTRY Tensor fmin(const Tensor& a, const Tensor& b) {
+  if (!is_floating(a.dtype()) && !is_floating(b.dtype())) return minimum(a, b);
+  return where(logical_or(a <= b, isnan(b)), a, b);
+}
+
+KILN_ENTRY Tensor nansum(const Tensor& x, const Axes& axes, bool keepdim) {
+  if (!is_floating(x.dtype())) return sum(x, axes, keepdim);
+  return sum(where(isnan(x), 0.0, x), axes, keepdim);
+}
+
+KILN_ENTRY Tensor nanmean(const Tensor& x, const Axes& axes, bool keepdim) {
+  if (!is_floating(x.dtype()))
+    throw DTypeError("nanmean: expected a floating tensor, got " + detail::describe(x));
+  const Tensor count = sum(logical_not(isnan(x)), axes, keepdim);  // int64
+  return nansum(x, axes, keepdim) / count;
+}
+
+KILN_ENTRY std::tuple<Tensor, Tensor> aminmax(const Tensor& x, const Axes& axes, bool keepdim) {
+  return {amin(x, axes, keepdim), amax(x, axes, keepdim)};
+}
+
+KILN_ENTRY Tensor tile(const Tensor& x, const std::vector<std::int64_t>& reps) {
+  std::vector<std::int64_t> r = reps;
+  if (r.size() < static_cast<std::size_t>(x.dim())) r.insert(r.begin(), static_cast<std::size_t>(x.dim()) - r.size(), 1);
+  return repeat(x, r);
+}
+
+KILN_ENTRY Tensor isclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool equal_nan) {
+  if (a.dtype() != b.dtype())
+    throw DTypeError("isclose: expected a and b of one dtype, got " + detail::describe(a) + " and " + detail::describe(b));
+  if (!(rtol >= 0) || !(atol >= 0))
+    throw ValueError("isclose: rtol and atol must be >= 0, got rtol " + std::to_string(rtol) + ", atol " +
+                     std::to_string(atol) + " for " + detail::describe(a));
+  // torch's order: equal values (infinities of one sign) are close; then NaN with equal_nan;
+  // then |a - b| <= atol + rtol |b| where that is finite, in the operands' dtype (integers in
+  // float32).
+  Tensor close = a == b;
+  if (equal_nan && is_floating(a.dtype())) close = logical_or(close, logical_and(isnan(a), isnan(b)));
+  if ((rtol == 0 && atol == 0) || a.dtype() == DType::Bool) return close;
+  const Tensor x = is_floating(a.dtype()) ? a : a.to(DType::Float32), y = is_floating(b.dtype()) ? b : b.to(DType::Float32);
+  const Tensor actual = abs(x - y), allowed = abs(y * rtol) + atol;
+  return logical_or(close, logical_and(isfinite(actual), actual <= allowed));
+}
+
+KILN_ENTRY bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool equal_nan) {
+  const Tensor close = isclose(a, b, rtol, atol, equal_nan);
+  return close.numel() == 0 || all(close).item<bool>();
+}
+
+KILN_ENTRY bool equal(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape()) return false;
+  return a.numel() == 0 || all(a == b).item<bool>();
+}
+
 KILN_ENTRY Tensor logit(const Tensor& input, std::optional<double> eps) {
   // Integers and bools compute in float32 (torch's unary float rule).
   const DType dt = is_floating(input.dtype()) ? input.dtype() : DType::Float32;

@@ -281,6 +281,55 @@ TEST_CASE("isclose, allclose, equal, nansum, nanmean, fmax, fmin, aminmax, tile,
   }
 }
 
+TEST_CASE("flipud, fliplr, rot90, deg2rad, rad2deg, xlogy, heaviside, repeat_interleave: torch's results") {
+  const Tensor m = vec({1, 2, 3, 4, 5, 6}, {2, 3});
+  check_values(flipud(m), {4, 5, 6, 1, 2, 3});
+  check_values(fliplr(m), {3, 2, 1, 6, 5, 4});
+  CHECK_THROWS_AS(fliplr(vec({1, 2})), ShapeError);
+  CHECK_THROWS_AS(flipud(vec({1}, {})), ShapeError);
+  // torch.rot90([[1, 2, 3], [4, 5, 6]]): [[3, 6], [2, 5], [1, 4]]; k = 2, 3, -1, 4 as torch.
+  CHECK(rot90(m).shape() == Shape{3, 2});
+  check_values(rot90(m), {3, 6, 2, 5, 1, 4});
+  check_values(rot90(m, 2), {6, 5, 4, 3, 2, 1});
+  check_values(rot90(m, 3), {4, 1, 5, 2, 6, 3});
+  check_values(rot90(m, -1), {4, 1, 5, 2, 6, 3});
+  check_values(rot90(m, 4), {1, 2, 3, 4, 5, 6});
+  check_values(rot90(m, 1, {1, 0}), {4, 1, 5, 2, 6, 3});
+  CHECK_THROWS_AS(rot90(m, 1, {0, 0}), ValueError);
+  CHECK_THROWS_AS(rot90(m, 1, {0}), ValueError);
+
+  check_values(deg2rad(vec({180, -90})), {3.1415927410125732, -1.5707963705062866});
+  CHECK(deg2rad(vec({180}).to(i64)).dtype() == f32);
+  check_values(rad2deg(vec({3.141592653589793}, {1}, f64)), {180}, 1e-12);
+
+  // xlogy: 0 where x is 0 (NaN where y is NaN), x log y elsewhere; torch's gradients.
+  {
+    Tensor x = vec({0, 0, 2, 3, 0}).requires_grad_(), y = vec({0, NAN, 4, -1, 5}).requires_grad_();
+    check_values(xlogy(x, y), {0, NAN, 2.7725887298583984, NAN, 0});
+    Tensor x2 = vec({0, 2}).requires_grad_(), y2 = vec({5, 4}).requires_grad_();
+    const auto g = autograd::grad({sum(xlogy(x2, y2))}, {x2, y2});
+    check_values(g[0], {0, 1.3862943611198906});
+    check_values(g[1], {0, 0.5});
+    CHECK(xlogy(vec({1}).to(i64), vec({2}).to(i32)).dtype() == f32);
+    CHECK(xlogy(vec({1}), vec({2}, {1}, f64)).dtype() == f64);
+  }
+
+  check_values(heaviside(vec({-1.5, 0, 2, NAN}), vec({0.5})), {0, 0.5, 1, 0});
+  CHECK_THROWS_AS(heaviside(vec({1}), vec({1}, {1}, f64)), DTypeError);
+
+  // repeat_interleave: along a dim, or over the flattened tensor; gradients sum the copies.
+  check_values(repeat_interleave(m, 2, 0), {1, 2, 3, 1, 2, 3, 4, 5, 6, 4, 5, 6});
+  CHECK(repeat_interleave(m, 2, 1).shape() == Shape{2, 6});
+  check_values(repeat_interleave(m, 2, -1), {1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6});
+  check_values(repeat_interleave(m, 2), {1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6});
+  CHECK(repeat_interleave(m, 0, 0).shape() == Shape{0, 3});
+  CHECK_THROWS_AS(repeat_interleave(m, -1, 0), ValueError);
+  {
+    Tensor x = vec({1, 2}).requires_grad_();
+    check_values(autograd::grad({sum(repeat_interleave(x, 3) * vec({1, 2, 3, 4, 5, 6}))}, {x})[0], {6, 15});
+  }
+}
+
 TEST_CASE("clamp, clamp_min, clamp_max: torch's dtypes, and no gradient at a bound or at NaN; hardtanh's at NaN") {
   const Tensor xi = vec({1, 2, 3}).to(i64);
   CHECK(clamp_min(xi, 2).dtype() == i64);

@@ -322,6 +322,30 @@ KILN_ENTRY bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, d
 /// Whether a and b have one shape and equal elements (torch.equal; NaN is not equal to NaN).
 KILN_ENTRY bool equal(const Tensor& a, const Tensor& b);
 
+/// x flipped along dim 0 (torch.flipud; at least 1-D) or dim 1 (torch.fliplr; at least 2-D).
+KILN_ENTRY Tensor flipud(const Tensor& x);
+KILN_ENTRY Tensor fliplr(const Tensor& x);
+
+/// x rotated by 90 degrees k times in the plane of `dims`, from the first towards the second
+/// (torch.rot90): k taken modulo 4; two distinct dims of a tensor of at least 2 dims.
+KILN_ENTRY Tensor rot90(const Tensor& x, std::int64_t k = 1, const std::vector<std::int64_t>& dims = {0, 1});
+
+/// x pi / 180 and x 180 / pi (torch.deg2rad, rad2deg): integers and bools give float32.
+KILN_ENTRY Tensor deg2rad(const Tensor& x);
+KILN_ENTRY Tensor rad2deg(const Tensor& x);
+
+/// x log(y), 0 where x is 0 unless y is NaN (torch.xlogy), in the floating dtype the two
+/// promote to (integers give float32). Gradients as torch's: log(y) (0 where x is 0) and x / y.
+KILN_ENTRY Tensor xlogy(const Tensor& x, const Tensor& y);
+
+/// 0 where x < 0, `values` where x == 0, 1 where x > 0 (torch.heaviside; a NaN x gives 0, as
+/// torch's kernel); x and values of one dtype. Not differentiable (as torch).
+KILN_ENTRY Tensor heaviside(const Tensor& x, const Tensor& values);
+
+/// Each element of x repeated `repeats` times in a row along `dim` (torch.repeat_interleave
+/// with an integer count); without `dim` over x flattened. A negative count is a ValueError.
+KILN_ENTRY Tensor repeat_interleave(const Tensor& x, std::int64_t repeats, std::optional<std::int64_t> dim = std::nullopt);
+
 }  // namespace kiln
 
 #if !defined(KILN_COMPILED_LIBRARY)

@@ -1,10 +1,12 @@
 #pragma once
 // The definitions of tensor/composites.hpp. Header-only mode includes them from that header
 // (KILN_ENTRY is `inline`); compiled mode compiles them once into kiln::kiln_compiled.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <numbers>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -768,6 +770,78 @@ KILN_ENTRY bool allclose(const Tensor& a, const Tensor& b, double rtol, double a
 KILN_ENTRY bool equal(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape()) return false;
   return a.numel() == 0 || all(a == b).item<bool>();
+}
+
+KILN_ENTRY Tensor flipud(const Tensor& x) {
+  if (x.dim() < 1) throw ShapeError("flipud: expected a tensor of at least 1 dim, got " + detail::describe(x));
+  return flip(x, 0);
+}
+
+KILN_ENTRY Tensor fliplr(const Tensor& x) {
+  if (x.dim() < 2) throw ShapeError("fliplr: expected a tensor of at least 2 dims, got " + detail::describe(x));
+  return flip(x, 1);
+}
+
+KILN_ENTRY Tensor rot90(const Tensor& x, std::int64_t k, const std::vector<std::int64_t>& dims) {
+  if (dims.size() != 2)
+    throw ValueError("rot90: expected two dims, got " + std::to_string(dims.size()) + " for " + detail::describe(x));
+  if (x.dim() < 2) throw ShapeError("rot90: expected a tensor of at least 2 dims, got " + detail::describe(x));
+  const std::int64_t a = normalize_axis(dims[0], x.dim(), "rot90", x.shape()),
+                     b = normalize_axis(dims[1], x.dim(), "rot90", x.shape());
+  if (a == b) throw ValueError("rot90: expected two different dims, got " + std::to_string(dims[0]) + " and " +
+                               std::to_string(dims[1]) + " for " + detail::describe(x));
+  switch (((k % 4) + 4) % 4) {
+    case 1:
+      return transpose(flip(x, b), a, b);
+    case 2:
+      return flip(x, std::vector<std::int64_t>{a, b});
+    case 3:
+      return flip(transpose(x, a, b), b);
+    default:
+      return clone(x);
+  }
+}
+
+KILN_ENTRY Tensor deg2rad(const Tensor& x) {
+  const Tensor v = is_floating(x.dtype()) ? x : x.to(DType::Float32);
+  return v * (std::numbers::pi / 180.0);
+}
+
+KILN_ENTRY Tensor rad2deg(const Tensor& x) {
+  const Tensor v = is_floating(x.dtype()) ? x : x.to(DType::Float32);
+  return v * (180.0 / std::numbers::pi);
+}
+
+KILN_ENTRY Tensor xlogy(const Tensor& x_in, const Tensor& y_in) {
+  detail::ResultType rt;
+  rt.add(detail::info_of(x_in));
+  rt.add(detail::info_of(y_in));
+  const DType dt = is_floating(rt.result()) ? rt.result() : DType::Float32;
+  const Tensor x = x_in.to(dt), y = y_in.to(dt);
+  // Where x is 0 (and y not NaN) the value is 0 and neither operand gets a gradient there:
+  // torch's log(y) (0 at x = 0) and x / y (0 at x = 0).
+  return where(logical_and(x == 0.0, logical_not(isnan(y))), 0.0, x * log(y));
+}
+
+KILN_ENTRY Tensor heaviside(const Tensor& x, const Tensor& values) {
+  if (x.dtype() != values.dtype())
+    throw DTypeError("heaviside: expected input and values of one dtype, got " + detail::describe(x) + " and " +
+                     detail::describe(values));
+  return where(x == 0.0, values.detach(), Tensor(x > 0.0).to(x.dtype())).detach();
+}
+
+KILN_ENTRY Tensor repeat_interleave(const Tensor& x, std::int64_t repeats, std::optional<std::int64_t> dim) {
+  if (repeats < 0)
+    throw ValueError("repeat_interleave: repeats must be >= 0, got " + std::to_string(repeats) + " for " +
+                     detail::describe(x));
+  const Tensor v = dim ? x : reshape(x, Shape{x.numel()});
+  const std::int64_t d = dim ? normalize_axis(*dim, std::max<std::int64_t>(v.dim(), 1), "repeat_interleave", v.shape()) : 0;
+  if (v.dim() == 0) return repeat_interleave(reshape(v, Shape{1}), repeats, 0);
+  Shape wide = v.shape();
+  wide.insert(wide.begin() + d + 1, repeats);
+  Shape out = v.shape();
+  out[static_cast<std::size_t>(d)] *= repeats;
+  return reshape(broadcast_to(unsqueeze(v, d + 1), wide), out);
 }
 
 KILN_ENTRY Tensor logit(const Tensor& input, std::optional<double> eps) {

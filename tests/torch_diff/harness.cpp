@@ -43,6 +43,7 @@ int main() {
   U(abs) U(exp) U(exp2) U(log) U(log2) U(log1p) U(expm1) U(sqrt) U(rsqrt) U(sin) U(cos) U(tan) U(tanh) U(erf)
   U(floor) U(ceil) U(round) U(logical_not) U(isnan) U(isinf) U(sigmoid) U(relu) U(silu) U(atan) U(asin) U(acos)
   U(sinh) U(cosh) U(asinh) U(acosh) U(atanh) U(reciprocal) U(sign) U(square) U(trunc) U(bitwise_not)
+  U(isfinite) U(isposinf) U(isneginf) U(log10) U(frac) U(deg2rad) U(rad2deg) U(flipud) U(fliplr)
 #define B(name) ops[#name] = [&](A& a) -> R { \
     if (a[1].kind == 't') return {Tensor(name(T(a, 0), T(a, 1)))}; \
     if (a[1].kind == 'f') return {Tensor(name(T(a, 0), a[1].f))}; \
@@ -157,6 +158,23 @@ int main() {
     return {logit(T(a, 0), eps)};
   };
   ops["outer"] = [&](A& a) -> R { return {outer(T(a, 0), T(a, 1))}; };
+  ops["nansum"] = [&](A& a) -> R { return {nansum(T(a, 0), Axes(a[1].l), a[2].i != 0)}; };
+  ops["nanmean"] = [&](A& a) -> R { return {nanmean(T(a, 0), Axes(a[1].l), a[2].i != 0)}; };
+  ops["fmax"] = [&](A& a) -> R { return {fmax(T(a, 0), T(a, 1))}; };
+  ops["fmin"] = [&](A& a) -> R { return {fmin(T(a, 0), T(a, 1))}; };
+  ops["xlogy"] = [&](A& a) -> R { return {xlogy(T(a, 0), T(a, 1))}; };
+  ops["isclose"] = [&](A& a) -> R { return {isclose(T(a, 0), T(a, 1), a[2].f, a[3].f, a[4].i != 0)}; };
+  ops["aminmax"] = [&](A& a) -> R {
+    auto [lo, hi] = aminmax(T(a, 0), Axes(a[1].l), a[2].i != 0);
+    return {lo, hi};
+  };
+  ops["tile"] = [&](A& a) -> R { return {tile(T(a, 0), a[1].l)}; };
+  ops["rot90"] = [&](A& a) -> R { return {rot90(T(a, 0), a[1].i, a[2].l)}; };
+  ops["repeat_interleave"] = [&](A& a) -> R {
+    std::optional<std::int64_t> dim;
+    if (!a[2].l.empty()) dim = a[2].l[0];
+    return {repeat_interleave(T(a, 0), a[1].i, dim)};
+  };
   ops["normalize"] = [&](A& a) -> R { return {nn::functional::normalize(T(a, 0), a[1].f, a[2].i, a[3].f)}; };
   ops["cosine_similarity"] = [&](A& a) -> R { return {nn::functional::cosine_similarity(T(a, 0), T(a, 1), a[2].i, a[3].f)}; };
   ops["glu"] = [&](A& a) -> R { return {nn::functional::glu(T(a, 0), a[1].i)}; };

@@ -43,7 +43,8 @@ def T(t, nc=None):
     if nc is None: nc = t.dim() >= 2 and rng.random() < .3
     return ('t', t, nc)
 
-UNARY = ['neg','abs','exp','exp2','log','log2','log1p','expm1','sqrt','rsqrt','sin','cos','tan','tanh','erf','floor','ceil','round','logical_not','isnan','isinf','sigmoid','relu','silu','atan','asin','acos','sinh','cosh','asinh','acosh','atanh','reciprocal','sign','square','trunc','bitwise_not']
+UNARY = ['neg','abs','exp','exp2','log','log2','log1p','expm1','sqrt','rsqrt','sin','cos','tan','tanh','erf','floor','ceil','round','logical_not','isnan','isinf','sigmoid','relu','silu','atan','asin','acos','sinh','cosh','asinh','acosh','atanh','reciprocal','sign','square','trunc','bitwise_not',
+         'isfinite','isposinf','isneginf','log10','frac','deg2rad','rad2deg','flipud','fliplr']
 BINARY = ['add','sub','mul','div','pow','maximum','minimum','eq','ne','lt','le','gt','ge','logical_and','logical_or','logical_xor','atan2','hypot','fmod','remainder','bitwise_and','bitwise_or','bitwise_xor','left_shift','right_shift']
 ACTIVATIONS = ['leaky_relu','elu','selu','celu','softplus','mish','hardtanh','relu6','hardsigmoid','hardswish','logsigmoid','softsign','tanhshrink']
 TORCH_NAME = {'left_shift': 'bitwise_left_shift', 'right_shift': 'bitwise_right_shift'}
@@ -216,6 +217,37 @@ def gen_composite(op, dt):
     if op == 'where_cond':
         x = rtensor(rshape(), rng.choice(['bool', 'bool', 'int64', 'float32']), lo=-1, hi=1)
         return [T(x)], lambda a: tuple(torch.where(a[0]))
+    if op in ('nansum', 'nanmean'):
+        sh = rshape(); x = rtensor(sh, dt); nd = len(sh)
+        axes = sorted(rng.sample(range(nd), rng.randint(0, nd))) if nd else []
+        kd = rng.randint(0, 1)
+        f = getattr(torch, op)
+        return [T(x), ('l', axes), ('i', kd)], lambda a: f(a[0], dim=tuple(axes) if axes else None, keepdim=bool(kd))
+    if op in ('fmax', 'fmin', 'xlogy'):
+        sh = rshape(); x = rtensor(sh, rng.choice(FLOATS + INTS))
+        y = rtensor(bcast_shape(sh) if rng.random() < .5 else sh, rng.choice(FLOATS + INTS) if rng.random() < .3 else x.dtype.__repr__().split('.')[1])
+        f = getattr(torch, op)
+        return [T(x), T(y)], lambda a: f(a[0], a[1])
+    if op == 'isclose':
+        sh = rshape(); x = rtensor(sh, dt); y = x.to(torch.float64) * (1 + rng.choice([0.0, 1e-6, 1e-4, 1e-2])) + rng.choice([0.0, 1e-9, 1e-3])
+        y = y.to(x.dtype) if rng.random() < .9 else rtensor(sh, rng.choice(ALL))
+        rtol = rng.choice([1e-5, 0.0, 1e-3]); atol = rng.choice([1e-8, 0.0, 1e-2]); en = rng.randint(0, 1)
+        return [T(x), T(y), ('f', rtol), ('f', atol), ('i', en)], lambda a: torch.isclose(a[0], a[1], rtol, atol, bool(en))
+    if op == 'aminmax':
+        sh = rshape(mind=1); x = rtensor(sh, dt); d = rng.randrange(-len(sh), len(sh)) if rng.random() < .7 else None
+        kd = rng.randint(0, 1)
+        return [T(x), ('l', [d] if d is not None else []), ('i', kd)], lambda a: tuple(torch.aminmax(a[0], dim=d, keepdim=bool(kd)))
+    if op == 'tile':
+        x = rtensor(rshape(), dt); reps = [rng.randint(0, 3) for _ in range(rng.randint(0, 4))]
+        return [T(x), ('l', reps)], lambda a: torch.tile(a[0], reps)
+    if op == 'rot90':
+        sh = rshape(mind=2); x = rtensor(sh, dt); nd = len(sh)
+        d0, d1 = rng.sample(range(nd), 2); k = rng.randint(-5, 5)
+        return [T(x), ('i', k), ('l', [d0, d1])], lambda a: torch.rot90(a[0], k, [d0, d1])
+    if op == 'repeat_interleave':
+        sh = rshape(); x = rtensor(sh, dt); r = rng.randint(0, 3)
+        d = rng.randrange(-len(sh), len(sh)) if sh and rng.random() < .7 else None
+        return [T(x), ('i', r), ('l', [d] if d is not None else [])], lambda a: torch.repeat_interleave(a[0], r, dim=d)
     raise ValueError(op)
 
 def gen(op):
@@ -538,7 +570,8 @@ def gen(op):
         return [T(x), T(w), b], lambda a: torch.nn.functional.linear(a[0], a[1], a[2])
     return None
 
-COMPOSITES = ['all', 'any', 'count_nonzero', 'vector_norm', 'eye', 'linspace', 'lerp', 'lerp_t', 'addcmul', 'addcdiv', 'logaddexp', 'nan_to_num', 'clamp_min', 'clamp_max', 'clamp_min_t', 'logit', 'outer', 'normalize', 'cosine_similarity', 'glu',
+COMPOSITES = ['nansum', 'nanmean', 'fmax', 'fmin', 'xlogy', 'isclose', 'aminmax', 'tile', 'rot90', 'repeat_interleave',
+              'all', 'any', 'count_nonzero', 'vector_norm', 'eye', 'linspace', 'lerp', 'lerp_t', 'addcmul', 'addcdiv', 'logaddexp', 'nan_to_num', 'clamp_min', 'clamp_max', 'clamp_min_t', 'logit', 'outer', 'normalize', 'cosine_similarity', 'glu',
               'var_mean', 'std_mean', 'median', 'median_dim', 'nonzero', 'masked_select', 'diag', 'diagonal', 'trace', 'cross', 'softmin', 'kl_div',
               'movedim', 'hstack', 'vstack', 'meshgrid', 'tril_indices', 'triu_indices', 'bincount',
               'unique', 'unique_consecutive', 'where_cond']

@@ -217,6 +217,9 @@ TEST_CASE("isclose, allclose, equal, nansum, nanmean, fmax, fmin, aminmax, tile,
   check_values(isclose(a, b, 0, 0), {0, 0, 1, 0, 0, 0, 0});
   check_values(isclose(vec({1, 2}).to(i64), vec({1, 3}).to(i64), 0.3, 0), {1, 0});  // |2 - 3| > 0.3 * 3
   check_values(isclose(vec({2}).to(i64), vec({3}).to(i64), 0.4, 0), {1});
+  // int64 differences are exact (2^40 + 1 and 2^40 differ by 1 > 0.5; float32 would tie them)
+  check_values(isclose(vec({1099511627777}, {1}, f64).to(i64), vec({1099511627776}, {1}, f64).to(i64), 0, 0.5), {0});
+  check_values(isclose(vec({1, 0}).to(DType::Bool), vec({1, 1}).to(DType::Bool), 0, 0.5), {1, 0});
   CHECK(isclose(a, b).dtype() == DType::Bool);
   CHECK_THROWS_AS(isclose(a, b.to(f64)), DTypeError);
   CHECK_THROWS_AS(isclose(a, b, -1.0), ValueError);

@@ -311,7 +311,7 @@ KILN_ENTRY Tensor tile(const Tensor& x, const std::vector<std::int64_t>& reps);
 
 /// Where |a - b| <= atol + rtol |b| (torch.isclose), as bool: equal values (infinities of one
 /// sign included) are close, NaN is close to NaN only with `equal_nan`. a and b of one dtype
-/// (DTypeError otherwise, as torch); integers compare in float32, as torch's default dtype.
+/// (DTypeError otherwise, as torch); integers subtract exactly, bools as float32 (as torch).
 KILN_ENTRY Tensor isclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8,
                           bool equal_nan = false);
 

@@ -752,12 +752,13 @@ KILN_ENTRY Tensor isclose(const Tensor& a, const Tensor& b, double rtol, double 
     throw ValueError("isclose: rtol and atol must be >= 0, got rtol " + std::to_string(rtol) + ", atol " +
                      std::to_string(atol) + " for " + detail::describe(a));
   // torch's order: equal values (infinities of one sign) are close; then NaN with equal_nan;
-  // then |a - b| <= atol + rtol |b| where that is finite, in the operands' dtype (integers in
-  // float32).
+  // then |a - b| <= atol + rtol |b| where that is finite: the difference in the operands' dtype
+  // (bools as float32), the allowance in floating point (an integer times rtol is float32).
   Tensor close = a == b;
   if (equal_nan && is_floating(a.dtype())) close = logical_or(close, logical_and(isnan(a), isnan(b)));
-  if ((rtol == 0 && atol == 0) || a.dtype() == DType::Bool) return close;
-  const Tensor x = is_floating(a.dtype()) ? a : a.to(DType::Float32), y = is_floating(b.dtype()) ? b : b.to(DType::Float32);
+  if (rtol == 0 && atol == 0) return close;
+  const bool as_float = a.dtype() == DType::Bool;
+  const Tensor x = as_float ? a.to(DType::Float32) : a, y = as_float ? b.to(DType::Float32) : b;
   const Tensor actual = abs(x - y), allowed = abs(y * rtol) + atol;
   return logical_or(close, logical_and(isfinite(actual), actual <= allowed));
 }

@@ -820,8 +820,10 @@ KILN_ENTRY Tensor xlogy(const Tensor& x_in, const Tensor& y_in) {
   const DType dt = is_floating(rt.result()) ? rt.result() : DType::Float32;
   const Tensor x = x_in.to(dt), y = y_in.to(dt);
   // Where x is 0 (and y not NaN) the value is 0 and neither operand gets a gradient there:
-  // torch's log(y) (0 at x = 0) and x / y (0 at x = 0).
-  return where(logical_and(x == 0.0, logical_not(isnan(y))), 0.0, x * log(y));
+  // torch's log(y) (0 at x = 0) and x / y (0 at x = 0). The branch not taken reads y = 1 there,
+  // so that its own backward meets no 0 * log(0) = NaN.
+  const Tensor zero = logical_and(x == 0.0, logical_not(isnan(y)));
+  return where(zero, 0.0, x * log(where(zero, 1.0, y)));
 }
 
 KILN_ENTRY Tensor heaviside(const Tensor& x, const Tensor& values) {

@@ -284,6 +284,37 @@ TEST_CASE("isclose, allclose, equal, nansum, nanmean, fmax, fmin, aminmax, tile,
   }
 }
 
+TEST_CASE("quantile: torch's values for every interpolation, NaN, dims and errors") {
+  // torch's documentation: quantile([0.0700, -0.5446, 0.9214], [0, 1, 0.5]) and the
+  // interpolations of q = 0.4 over [0, 1, 2, 3].
+  check_values(quantile(vec({0.0700, -0.5446, 0.9214}), std::vector<double>{0, 1, 0.5}), {-0.5446, 0.9214, 0.0700});
+  const Tensor a = vec({3, 0, 2, 1});
+  check_values(quantile(a, 0.4), {1.2});
+  check_values(quantile(a, 0.4, std::nullopt, false, "lower"), {1});
+  check_values(quantile(a, 0.4, std::nullopt, false, "higher"), {2});
+  check_values(quantile(a, 0.4, std::nullopt, false, "midpoint"), {1.5});
+  check_values(quantile(a, 0.4, std::nullopt, false, "nearest"), {1});
+  check_values(quantile(a, 0.5, std::nullopt, false, "nearest"), {2});  // rank 1.5 rounds to even: 2
+  check_values(quantile(vec({1, NAN, 3}), 0.5), {NAN});
+  // Along a dim, keepdim, and q as a list (a new first dim).
+  const Tensor m = vec({1, 5, 3, 8, 6, 7}, {2, 3});
+  check_values(quantile(m, 0.5, 1), {3, 7});
+  CHECK(quantile(m, 0.5, 1, true).shape() == Shape{2, 1});
+  CHECK(quantile(m, 0.5, std::nullopt, true).shape() == Shape{1, 1});
+  CHECK(quantile(m, std::vector<double>{0.25, 0.75}, 0).shape() == Shape{2, 3});
+  check_values(quantile(m, std::vector<double>{0.25, 0.75}, 0), {2.75, 5.25, 4, 6.25, 5.75, 6});
+  // The gradient reaches the two sorted neighbours by the interpolation's weights.
+  {
+    Tensor x = vec({3, 0, 2, 1}).requires_grad_();
+    check_values(autograd::grad({quantile(x, 0.4)}, {x})[0], {0, 0, 0.2, 0.8});
+  }
+  CHECK_THROWS_AS(quantile(a.to(i64), 0.5), DTypeError);
+  CHECK_THROWS_AS(quantile(a.to(f16), 0.5), DTypeError);
+  CHECK_THROWS_AS(quantile(a, 1.5), ValueError);
+  CHECK_THROWS_AS(quantile(a, 0.5, std::nullopt, false, "cubic"), ValueError);
+  CHECK_THROWS_AS(quantile(vec({}), 0.5), ValueError);
+}
+
 TEST_CASE("flipud, fliplr, rot90, deg2rad, rad2deg, xlogy, heaviside, repeat_interleave: torch's results") {
   const Tensor m = vec({1, 2, 3, 4, 5, 6}, {2, 3});
   check_values(flipud(m), {4, 5, 6, 1, 2, 3});

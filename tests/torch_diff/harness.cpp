@@ -169,6 +169,11 @@ int main() {
     return {lo, hi};
   };
   ops["tile"] = [&](A& a) -> R { return {tile(T(a, 0), a[1].l)}; };
+  ops["quantile"] = [&](A& a) -> R {
+    std::optional<std::int64_t> dim;
+    if (!a[2].l.empty()) dim = a[2].l[0];
+    return {quantile(T(a, 0), a[1].f, dim, a[3].i != 0, a[4].s)};
+  };
   ops["rot90"] = [&](A& a) -> R { return {rot90(T(a, 0), a[1].i, a[2].l)}; };
   ops["repeat_interleave"] = [&](A& a) -> R {
     std::optional<std::int64_t> dim;

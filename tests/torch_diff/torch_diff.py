@@ -248,6 +248,13 @@ def gen_composite(op, dt):
         sh = rshape(); x = rtensor(sh, dt); r = rng.randint(0, 3)
         d = rng.randrange(-len(sh), len(sh)) if sh and rng.random() < .7 else None
         return [T(x), ('i', r), ('l', [d] if d is not None else [])], lambda a: torch.repeat_interleave(a[0], r, dim=d)
+    if op == 'quantile':
+        sh = rshape(mind=1); x = rtensor(sh, rng.choice(['float32', 'float64']) if rng.random() < .9 else dt)
+        d = rng.randrange(-len(sh), len(sh)) if rng.random() < .7 else None
+        q = rng.choice([0.0, 0.25, 0.4, 0.5, 1.0]); kd = rng.randint(0, 1)
+        mode = rng.choice(['linear', 'lower', 'higher', 'midpoint', 'nearest'])
+        return [T(x), ('f', q), ('l', [d] if d is not None else []), ('i', kd), ('s', mode)], \
+            lambda a: torch.quantile(a[0], q, dim=d, keepdim=bool(kd), interpolation=mode)
     raise ValueError(op)
 
 def gen(op):
@@ -570,7 +577,7 @@ def gen(op):
         return [T(x), T(w), b], lambda a: torch.nn.functional.linear(a[0], a[1], a[2])
     return None
 
-COMPOSITES = ['nansum', 'nanmean', 'fmax', 'fmin', 'xlogy', 'isclose', 'aminmax', 'tile', 'rot90', 'repeat_interleave',
+COMPOSITES = ['quantile', 'nansum', 'nanmean', 'fmax', 'fmin', 'xlogy', 'isclose', 'aminmax', 'tile', 'rot90', 'repeat_interleave',
               'all', 'any', 'count_nonzero', 'vector_norm', 'eye', 'linspace', 'lerp', 'lerp_t', 'addcmul', 'addcdiv', 'logaddexp', 'nan_to_num', 'clamp_min', 'clamp_max', 'clamp_min_t', 'logit', 'outer', 'normalize', 'cosine_similarity', 'glu',
               'var_mean', 'std_mean', 'median', 'median_dim', 'nonzero', 'masked_select', 'diag', 'diagonal', 'trace', 'cross', 'softmin', 'kl_div',
               'movedim', 'hstack', 'vstack', 'meshgrid', 'tril_indices', 'triu_indices', 'bincount',

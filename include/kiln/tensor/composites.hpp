@@ -322,6 +322,18 @@ KILN_ENTRY bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, d
 /// Whether a and b have one shape and equal elements (torch.equal; NaN is not equal to NaN).
 KILN_ENTRY bool equal(const Tensor& a, const Tensor& b);
 
+/// The q-th quantile of x along `dim`, or of x flattened (torch.quantile): the sorted values at
+/// rank q (n - 1), between two ranks by `interpolation` ("linear", "lower", "higher",
+/// "midpoint", "nearest": round half to even); NaN where the slice holds a NaN. float32 or
+/// float64 input (DTypeError otherwise, as torch), q in [0, 1] and a non-empty input
+/// (ValueError). Differentiable through the sort, as torch's.
+KILN_ENTRY Tensor quantile(const Tensor& x, double q, std::optional<std::int64_t> dim = std::nullopt,
+                           bool keepdim = false, const std::string& interpolation = "linear");
+
+/// The quantiles for each of `q`, stacked along a new first dim (torch.quantile with a 1-D q).
+KILN_ENTRY Tensor quantile(const Tensor& x, const std::vector<double>& q, std::optional<std::int64_t> dim = std::nullopt,
+                           bool keepdim = false, const std::string& interpolation = "linear");
+
 /// x flipped along dim 0 (torch.flipud; at least 1-D) or dim 1 (torch.fliplr; at least 2-D).
 KILN_ENTRY Tensor flipud(const Tensor& x);
 KILN_ENTRY Tensor fliplr(const Tensor& x);

@@ -773,6 +773,48 @@ KILN_ENTRY bool equal(const Tensor& a, const Tensor& b) {
   return a.numel() == 0 || all(a == b).item<bool>();
 }
 
+KILN_ENTRY Tensor quantile(const Tensor& x, double q, std::optional<std::int64_t> dim, bool keepdim,
+                           const std::string& interpolation) {
+  if (x.dtype() != DType::Float32 && x.dtype() != DType::Float64)
+    throw DTypeError("quantile: expected a float32 or float64 input (as torch), got " + detail::describe(x));
+  if (!(q >= 0 && q <= 1))
+    throw ValueError("quantile: q must be in [0, 1], got " + std::to_string(q) + " for " + detail::describe(x));
+  static const char* const modes[] = {"linear", "lower", "higher", "midpoint", "nearest"};
+  if (std::find(std::begin(modes), std::end(modes), interpolation) == std::end(modes))
+    throw ValueError("quantile: interpolation must be linear, lower, higher, midpoint or nearest, got '" +
+                     interpolation + "'");
+  if (x.numel() == 0) throw ValueError("quantile: expected a non-empty input, got " + detail::describe(x));
+  // The slices along the last dim of `v` (x flattened without dim, else dim moved last).
+  const std::int64_t d = dim ? normalize_axis(*dim, std::max<std::int64_t>(x.dim(), 1), "quantile", x.shape()) : 0;
+  const Tensor v = !dim ? reshape(x, Shape{x.numel()}) : x.dim() == 0 ? reshape(x, Shape{1}) : movedim(x, d, -1);
+  const Tensor sorted = std::get<0>(sort(v, -1));
+  const std::int64_t last = sorted.shape().back() - 1;
+  // torch's ranks: q (n - 1) in x's dtype, the last rank where the slice holds a NaN (sorted last).
+  const Tensor has_nan = any(isnan(sorted), {-1}, true);
+  Tensor ranks = where(has_nan, static_cast<double>(last), full(Shape{}, q, x.dtype(), x.device()) * static_cast<double>(last));
+  if (interpolation == "lower") ranks = floor(ranks);
+  if (interpolation == "higher") ranks = ceil(ranks);
+  if (interpolation == "nearest") ranks = round(ranks);
+  const Tensor below = gather(sorted, -1, floor(ranks).to(DType::Int64));
+  Tensor r = below;
+  if (interpolation == "linear" || interpolation == "midpoint") {
+    const Tensor above = gather(sorted, -1, ceil(ranks).to(DType::Int64));
+    r = interpolation == "linear" ? lerp(below, above, Tensor(ranks - floor(ranks))) : lerp(below, above, 0.5);
+  }
+  r = squeeze(r, -1);  // the slice's value
+  if (!keepdim) return r;
+  if (!dim) return reshape(r, Shape(static_cast<std::size_t>(x.dim()), 1));
+  return x.dim() == 0 ? r : unsqueeze(r, d);
+}
+
+KILN_ENTRY Tensor quantile(const Tensor& x, const std::vector<double>& q, std::optional<std::int64_t> dim, bool keepdim,
+                           const std::string& interpolation) {
+  std::vector<Tensor> each;
+  for (double p : q) each.push_back(quantile(x, p, dim, keepdim, interpolation));
+  if (each.empty()) throw ValueError("quantile: expected at least one q, got none for " + detail::describe(x));
+  return stack(each, 0);
+}
+
 KILN_ENTRY Tensor flipud(const Tensor& x) {
   if (x.dim() < 1) throw ShapeError("flipud: expected a tensor of at least 1 dim, got " + detail::describe(x));
   return flip(x, 0);

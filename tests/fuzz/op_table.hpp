@@ -539,8 +539,8 @@ inline Tensor sdpa_row(const Args& a, double p) {
   const double compute_eps = dt == f64 ? dtype_eps(f64) : dtype_eps(f32);
   Tensor scores = matmul(q, transpose(k, -2, -1)) * scale;
   if (causal) scores = where(triu(ones({L, vs[vs.size() - 2]}, bool_, a.ctx.device), 1), -INFINITY, scores);
-  const Tensor weights = softmax(scores, -1);
-  const Tensor held_weights = where(isnan(weights), 0.0, weights).detach();  // P without dropout's mask
+  const Tensor probabilities = softmax(scores, -1);
+  const Tensor weights = where(isnan(probabilities), 0.0, probabilities);  // P without dropout's mask
   {
     // The scores' rounding, bounded as a product's (matmul's row): each score s_ij off by up
     // to 2 sqrt(E) eps times scale sum_e |q_ie k_je| moves out_i by P_ij (v_j - out_i) times that
@@ -548,7 +548,7 @@ inline Tensor sdpa_row(const Args& a, double p) {
     // nudges happened to cancel). Bounded by (P s|.|) |v| + rowsum(P s|.|) |out|, P without
     // dropout's mask and its 1 / (1 - p) applied to the bound.
     const Tensor terms = matmul(abs(q), transpose(abs(k), -2, -1)) * scale;
-    const Tensor w = where(isnan(weights), 0.0, weights) * terms;
+    const Tensor w = weights * terms;
     const double factor = 2 * std::sqrt(static_cast<double>(E)) * compute_eps / (1.0 - p);
     nudge = nudge + (matmul(w, abs(v)) + sum(w, -1, true) * abs(r)) * factor;
   }
@@ -601,7 +601,7 @@ inline Tensor sdpa_row(const Args& a, double p) {
     // P is held without dropout's mask and its 1 / (1 - p) applied to the errors.
     const bool half = dt == DType::Float16 || dt == DType::BFloat16;
     const double u = compute_eps / 2, u_h = half ? dtype_eps(dt) / 2 : 0.0, kept = 1.0 / (1.0 - p);
-    const Tensor P = held_weights, qd = q.detach(), kd = k.detach(), vd = v.detach();
+    const Tensor P = weights.detach(), qd = q.detach(), kd = k.detach(), vd = v.detach();
     std::vector<Tensor> sign_of;  // a random sign per element of q, k and v
     for (const Tensor* x : {&q, &k, &v}) {
       std::vector<double> e(static_cast<std::size_t>(x->numel()));

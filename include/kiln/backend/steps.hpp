@@ -443,9 +443,11 @@ inline void run_attention(const AttentionKernels& k, const std::vector<void*>& a
         const auto& e = source.entries.front();
         launch_step_blocks(kernel, e.grid, e.block, 0, params, device, stream, "an attention's fix-up");
       };
-      auto copy_stats = [&] { fix_up(k.stats_kernel, k.stats, args[6], k.cudnn->stats(args)); };
-      if (tune) k.cudnn->autotune(args, k.stats_kernel ? std::function<void()>(copy_stats) : std::function<void()>{});
-      if (k.stats_kernel) copy_stats();
+      auto copy_stats = [&] {
+        if (k.stats_kernel) fix_up(k.stats_kernel, k.stats, args[6], k.cudnn->stats(args));
+      };
+      if (tune) k.cudnn->autotune(args, copy_stats);
+      copy_stats();
       k.cudnn->run(args, stream);
       if (k.rows_kernel) fix_up(k.rows_kernel, k.rows, k.cudnn->stats(args), args[4]);
       if (!stream) kiln::detail::counters().library_calls.fetch_add(1, std::memory_order_relaxed);

@@ -106,12 +106,12 @@ KILN_ENTRY std::shared_ptr<const CompiledBackward> capture_backward(PendingBackw
                                                                     std::size_t saved_first,
                                                                     const std::vector<const Tensor*>& args);
 
-/// Gives a replay's results their gradients: `results` are the flattened results of one call
-/// (the saved values after the function's own), `args` its tensor arguments.
 /// Leaves a replay's result as the eager call leaves it when the function's own backward freed
 /// its graph (PendingBackward::freed): requiring grad, a backward through it an error.
 KILN_ENTRY void mark_graph_freed(Tensor& result);
 
+/// Gives a replay's results their gradients: `results` are the flattened results of one call
+/// (the saved values after the function's own), `args` its tensor arguments.
 KILN_ENTRY void attach_backward(const std::shared_ptr<const CompiledBackward>& cb, std::vector<Tensor>& results,
                                 const std::vector<const Tensor*>& args);
 

@@ -86,8 +86,6 @@ KILN_ENTRY PendingBackward trace_backward(const std::vector<Tensor>& outs, const
     if (g.arg < 0) g.constant = n;
     p.inputs.push_back(std::move(g));
   }
-  // One backward per result that requires grad, seeded by a placeholder leaf (never read: the
-  // graph is only captured, and its rebuild binds the real gradient there).
   // Whether the recorded graph behind `root` was freed by a backward that did not retain it.
   auto freed_behind = [](const ir::NodePtr& root) {
     std::unordered_set<const ir::Node*> seen;
@@ -103,6 +101,8 @@ KILN_ENTRY PendingBackward trace_backward(const std::vector<Tensor>& outs, const
     }
     return false;
   };
+  // One backward per result that requires grad, seeded by a placeholder leaf (never read: the
+  // graph is only captured, and its rebuild binds the real gradient there).
   for (std::size_t i = 0; i < outs.size(); ++i) {
     const Tensor& t = outs[i];
     if (!t.defined() || !t.requires_grad()) continue;

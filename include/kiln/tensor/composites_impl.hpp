@@ -795,11 +795,12 @@ KILN_ENTRY Tensor quantile(const Tensor& x, double q, std::optional<std::int64_t
   if (interpolation == "lower") ranks = floor(ranks);
   if (interpolation == "higher") ranks = ceil(ranks);
   if (interpolation == "nearest") ranks = round(ranks);
-  const Tensor below = gather(sorted, -1, floor(ranks).to(DType::Int64));
+  const Tensor low = floor(ranks);
+  const Tensor below = gather(sorted, -1, low.to(DType::Int64));
   Tensor r = below;
   if (interpolation == "linear" || interpolation == "midpoint") {
     const Tensor above = gather(sorted, -1, ceil(ranks).to(DType::Int64));
-    r = interpolation == "linear" ? lerp(below, above, Tensor(ranks - floor(ranks))) : lerp(below, above, 0.5);
+    r = interpolation == "linear" ? lerp(below, above, Tensor(ranks - low)) : lerp(below, above, 0.5);
   }
   r = squeeze(r, -1);  // the slice's value
   if (!keepdim) return r;

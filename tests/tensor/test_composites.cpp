@@ -744,4 +744,222 @@ TEST_CASE("unique, unique_consecutive, where(cond): torch's values, inverse, cou
   check_values(w0[0], {0});
 }
 
+TEST_CASE("div's rounding modes, floor_divide, copysign, signbit, float_power, logaddexp2: torch's results") {
+  const Tensor a = vec({7, -7, 7.5, -0.5, 0, 1, -1, 0}), b = vec({2, 2, -2, 3, -3, 0, 0, 0});
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  check_values(floor_divide(a, b), {3, -4, -4, -1, 0, inf, -inf, nan});
+  check_values(div(a, b, "trunc"), {3, -3, -3, 0, 0, inf, -inf, nan});
+  check_values(div(a, b, std::nullopt), {3.5, -3.5, -3.75, -0.5 / 3, 0, inf, -inf, nan});
+  // A zero quotient keeps the sign a / b has: 0 // -3 and trunc(-0.5 / 3) are -0.
+  check_values(signbit(floor_divide(a, b)), {0, 1, 1, 1, 1, 0, 1, 0});
+  check_values(signbit(div(a, b, "trunc")), {0, 1, 1, 1, 1, 0, 1, 0});
+  // Python's 5.0 // 0.1 is 49 (0.1 is a little above a tenth), where floor(5.0 / 0.1) is 50.
+  check_values(floor_divide(vec({5.0}, {1}, f64), vec({0.1}, {1}, f64)), {49});
+  const Tensor i = vec({7, -7, 7, -7}).to(i64), j = vec({2, 2, -2, -2}).to(i64);
+  check_values(floor_divide(i, j), {3, -4, -4, 3});
+  check_values(div(i, j, "trunc"), {3, -3, -3, 3});
+  CHECK(floor_divide(i, j).dtype() == i64);
+  CHECK(true_divide(i, j).dtype() == f32);
+  CHECK(floor_divide(i, 2.5).dtype() == f32);  // a float number makes integers float32
+  check_values(floor_divide(i, 2.5), {2, -3, 2, -3});
+  check_values(floor_divide(8, j), {4, 4, -4, -4});
+  CHECK_THROWS_AS(floor_divide(i, vec({1, 0, 1, 1}).to(i64)), ValueError);
+  CHECK_THROWS_AS(div(a, b, "round"), ValueError);
+  CHECK_THROWS_AS(floor_divide(a > 0, b > 0), DTypeError);
+  {  // Rounded quotients have zero derivatives, as torch's (a backward runs and gives zeros).
+    Tensor x = vec({7, -3}).requires_grad_(), y = vec({2, 0}).requires_grad_();
+    const auto g = autograd::grad({sum(floor_divide(x, y) + div(x, y, "trunc"))}, {x, y});
+    check_values(g[0], {0, 0});
+    check_values(g[1], {0, 0});
+  }
+
+  // copysign: |a| with b's sign (-0 negative); a's gradient copysign(1, b) / sign(a), 0 at a = 0.
+  {
+    Tensor x = vec({1, -2, 3, 0, -4}).requires_grad_();
+    const Tensor y = vec({-1, 2, -0.0, -5, 1});
+    const Tensor r = copysign(x, y);
+    check_values(r, {-1, 2, -3, 0, 4});
+    check_values(signbit(r), {1, 0, 1, 1, 0});
+    check_values(autograd::grad({sum(r)}, {x})[0], {-1, -1, -1, 0, -1});
+    check_values(copysign(x, -1.0), {-1, -2, -3, 0, -4});
+    CHECK(copysign(vec({1, -2}).to(i32), vec({1, 1}).to(i64)).dtype() == f32);
+    CHECK(copysign(vec({1}, {1}, f64), vec({-1})).dtype() == f64);
+  }
+  check_values(signbit(vec({-0.0, 0, -1, inf, -inf, nan})), {1, 0, 1, 0, 1, 0});
+  check_values(signbit(vec({-1, 0, 3}).to(i64)), {1, 0, 0});
+  check_values(signbit(vec({1, 0}) > 0), {0, 0});
+  CHECK(signbit(vec({1})).dtype() == DType::Bool);
+  check_values(sgn(vec({-2, 0, 3})), {-1, 0, 1});
+
+  // float_power: float64 whatever the operands.
+  CHECK(float_power(vec({2, 3}).to(i64), 2).dtype() == f64);
+  check_values(float_power(vec({2, 3}).to(i64), 2), {4, 9}, 1e-15);
+  check_values(float_power(2, vec({-1, 0.5})), {0.5, 1.4142135623730951}, 1e-15);
+  check_values(float_power(vec({-8}), vec({1.0 / 3})), {nan});
+  {
+    Tensor x = vec({1.5, -2}, {2}, f64).requires_grad_();
+    check_values(autograd::grad({sum(float_power(x, 3))}, {x})[0], {6.75, 12}, 1e-15);
+  }
+
+  // logaddexp2: log2(2^a + 2^b); equal infinities stay.
+  check_values(logaddexp2(vec({0, 1, -inf, inf, 200}), vec({0, 3, -inf, inf, 199})),
+               {1, 3.321928094887362, -inf, inf, 200.58496250072116});
+  {
+    Tensor x = vec({0, 1}).requires_grad_(), y = vec({0, 3}).requires_grad_();
+    const auto g = autograd::grad({sum(logaddexp2(x, y))}, {x, y});
+    check_values(g[0], {0.5, 0.2});  // 2^a / (2^a + 2^b)
+    check_values(g[1], {0.5, 0.8});
+  }
+  CHECK_THROWS_AS(logaddexp2(vec({1}).to(i64), vec({1}).to(i64)), DTypeError);
+}
+
+TEST_CASE("std, nanmedian, nanquantile, kthvalue: torch's values, positions, gradients and errors") {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const Tensor x = vec({1, 2, 3, 4});
+  check_values(kiln::std(x), {1.2909944487358056});
+  check_values(kiln::std(x, {}, false, 0.0), {1.118033988749895});
+  CHECK(kiln::std(vec({1, 2, 3, 4}, {2, 2}), {1}, true).shape() == Shape{2, 1});
+  {  // A constant slice has deviation 0 and gradient 0 (not NaN), as torch's.
+    Tensor c = vec({2, 2, 2}).requires_grad_();
+    check_values(autograd::grad({kiln::std(c)}, {c})[0], {0, 0, 0});
+  }
+  CHECK_THROWS_AS(kiln::std(x.to(i64)), DTypeError);
+
+  check_values(nanmedian(vec({3, nan, 1, 2, nan})), {2});
+  check_values(nanmedian(vec({nan, nan})), {nan});
+  check_values(nanmedian(zeros({0})), {nan});
+  check_values(nanmedian(vec({3, 1, 2}).to(i64)), {2});
+  {
+    const Tensor m = vec({3, nan, 1, 2, nan, nan, nan, nan, 4, 1, nan, nan}, {3, 4});
+    auto [values, indices] = nanmedian(m, 1);
+    check_values(values, {2, nan, 1});
+    check_values(indices, {3, 0, 1});
+    CHECK(std::get<0>(nanmedian(m, 1, true)).shape() == Shape{3, 1});
+    Tensor w = vec({3, nan, 1, 2}).requires_grad_();
+    check_values(autograd::grad({nanmedian(w)}, {w})[0], {0, 0, 0, 1});
+  }
+  CHECK_THROWS_AS(nanmedian(vec({1}) > 0, 0), DTypeError);
+
+  const Tensor q = vec({1, nan, 3, 2});
+  check_values(nanquantile(q, 0.5), {2});
+  check_values(nanquantile(q, 0.25), {1.5});
+  check_values(quantile(q, 0.5), {nan});
+  check_values(nanquantile(vec({nan, nan}), 0.5), {nan});
+  check_values(nanquantile(vec({1, nan, 3, nan, nan, nan}, {2, 3}), 1.0, 1), {3, nan});
+  check_values(nanquantile(q, std::vector<double>{0, 1}), {1, 3});
+  check_values(nanquantile(vec({1, nan, 3, 4}), 0.5, std::nullopt, false, "lower"), {3});
+  CHECK_THROWS_AS(nanquantile(q, 1.5), ValueError);
+  CHECK_THROWS_AS(nanquantile(q.to(f16), 0.5), DTypeError);
+
+  // kthvalue: the k-th smallest (from 1), the stable sort's position among ties; NaN largest.
+  {
+    auto [v, at] = kthvalue(vec({3, 1, 2, 1}), 2);
+    check_values(v, {1});
+    check_values(at, {3});
+    check_values(std::get<0>(kthvalue(vec({nan, 1, 2}), 3)), {nan});
+    const Tensor m = vec({5, 1, 4, 2, 3, 6}, {2, 3});
+    auto [v0, at0] = kthvalue(m, 1, 0);
+    check_values(v0, {2, 1, 4});
+    check_values(at0, {1, 0, 0});
+    CHECK(std::get<0>(kthvalue(m, 2, 1, true)).shape() == Shape{2, 1});
+    check_values(std::get<0>(kthvalue(m, 2, 1)), {4, 3});
+    Tensor w = vec({3, 1, 2}).requires_grad_();
+    check_values(autograd::grad({std::get<0>(kthvalue(w, 2))}, {w})[0], {0, 0, 1});
+    CHECK_THROWS_AS(kthvalue(m, 4, 1), IndexError);
+    CHECK_THROWS_AS(kthvalue(m, 0), IndexError);
+    CHECK_THROWS_AS(kthvalue(m, 1, 2), ShapeError);
+  }
+}
+
+TEST_CASE("searchsorted and bucketize: torch's documented examples, sides, sorter, NaN, both search paths") {
+  const Tensor seq = vec({1, 3, 5, 7, 9, 2, 4, 6, 8, 10}, {2, 5}).to(i64);
+  const Tensor values = vec({3, 6, 9, 3, 6, 9}, {2, 3}).to(i64);
+  check_values(searchsorted(seq, values), {1, 3, 4, 1, 2, 4});
+  check_values(searchsorted(seq, values, false, false, "right"), {2, 3, 5, 1, 3, 4});
+  check_values(searchsorted(seq, values, false, true), {2, 3, 5, 1, 3, 4});
+  const Tensor seq1 = vec({1, 3, 5, 7, 9}).to(i64);
+  check_values(searchsorted(seq1, values), {1, 3, 4, 1, 3, 4});
+  CHECK(searchsorted(seq1, values).dtype() == i64);
+  CHECK(searchsorted(seq1, values, true).dtype() == i32);
+  CHECK(searchsorted(seq1, 6.0).shape() == Shape{});
+  CHECK(searchsorted(seq1, 6.0).item<std::int64_t>() == 3);
+  CHECK(searchsorted(seq1, 7.0, false, true).item<std::int64_t>() == 4);
+  const Tensor unsorted = vec({5, 1, 9, 3, 7});
+  check_values(searchsorted(unsorted, vec({3, 6, 9}), false, false, std::nullopt, vec({1, 3, 0, 4, 2}).to(i64)),
+               {1, 3, 4});
+  // A NaN value goes last; -0 equals 0.
+  check_values(searchsorted(vec({-1, 0, 1}), vec({NAN, -0.0, 0.5})), {3, 1, 2});
+  check_values(bucketize(values, seq1), {1, 3, 4, 1, 3, 4});
+  check_values(bucketize(values, seq1, false, true), {2, 3, 5, 2, 3, 5});
+  CHECK_THROWS_AS(searchsorted(seq1, values, false, false, "middle"), ValueError);
+  CHECK_THROWS_AS(searchsorted(seq1, values, false, true, "left"), ValueError);
+  CHECK_THROWS_AS(searchsorted(seq, vec({1, 2}).to(i64)), ShapeError);
+  CHECK_THROWS_AS(searchsorted(vec({1}, {}), values), ShapeError);
+  CHECK_THROWS_AS(searchsorted(seq1, values, false, false, std::nullopt, vec({0, 1, 2, 3, 4})), DTypeError);
+  CHECK_THROWS_AS(bucketize(values, seq), ShapeError);
+
+  // Long rows merge with the values in one sort, short ones compare every pair: both against
+  // std::lower_bound / upper_bound, one row and two.
+  for (std::int64_t n : {40, 3000}) {
+    std::vector<double> s(static_cast<std::size_t>(2 * n)), v(2100);
+    for (std::size_t k = 0; k < s.size(); ++k) s[k] = static_cast<double>(k % static_cast<std::size_t>(n) / 2);
+    for (std::size_t k = 0; k < v.size(); ++k) v[k] = static_cast<double>((k * 7919) % 3001) / 2.0 - 1.0;
+    const Tensor rows = vec(s, {2, n}), vals = vec(v, {2, 1050});
+    for (bool right : {false, true}) {
+      std::vector<double> want_rows, want_one;
+      for (std::size_t k = 0; k < v.size(); ++k) {
+        auto begin = s.begin() + (k < 1050 ? 0 : n), end = begin + n;
+        auto at = right ? std::upper_bound(begin, end, v[k]) : std::lower_bound(begin, end, v[k]);
+        want_rows.push_back(static_cast<double>(at - begin));
+        auto at1 =
+            right ? std::upper_bound(s.begin(), s.begin() + n, v[k]) : std::lower_bound(s.begin(), s.begin() + n, v[k]);
+        want_one.push_back(static_cast<double>(at1 - s.begin()));
+      }
+      INFO("n " << n << " right " << right);
+      check_values(searchsorted(rows, vals, false, right), want_rows, 0);
+      check_values(searchsorted(narrow(rows, 0, 0, 1).reshape({n}), vals, false, right), want_one, 0);
+    }
+  }
+}
+
+TEST_CASE("cov, corrcoef, histc: torch's values, weights, dtypes and errors") {
+  const Tensor x = vec({0, 1, 2, 2, 1, 0}, {2, 3});
+  check_values(cov(x), {1, -1, -1, 1});
+  check_values(cov(vec({1, 2, 3, 4})), {1.6666666666666667});
+  CHECK(cov(vec({1, 2, 3, 4})).shape() == Shape{});
+  check_values(cov(vec({1, 2, 3, 4}), 0), {1.25});
+  CHECK(cov(x.to(i64)).dtype() == f32);
+  // fweights [1, 2, 1]: mean 1 both, sums 2 and -2 over 4 - 1 degrees of freedom.
+  const Tensor fw = vec({1, 2, 1}).to(i64);
+  check_values(cov(x, 1, fw), {2.0 / 3, -2.0 / 3, -2.0 / 3, 2.0 / 3});
+  // aweights [1, 1, 2]: means 1.25 and 0.75, sums +-2.75 over 4 - 6 / 4.
+  const Tensor aw = vec({1, 1, 2});
+  check_values(cov(x, 1, {}, aw), {1.1, -1.1, -1.1, 1.1});
+  check_values(cov(vec({1, 2}), 2), {INFINITY});  // no degrees of freedom left: torch divides by 0
+  CHECK_THROWS_AS(cov(zeros({2, 2, 2})), ShapeError);
+  CHECK_THROWS_AS(cov(x, 1, aw), DTypeError);
+  CHECK_THROWS_AS(cov(x, 1, {}, fw), DTypeError);
+  CHECK_THROWS_AS(cov(x, 1, vec({1, -1, 1}).to(i64)), ValueError);
+  CHECK_THROWS_AS(cov(x, 1, vec({1, 1}).to(i64)), ShapeError);
+
+  check_values(corrcoef(x), {1, -1, -1, 1});
+  check_values(corrcoef(vec({1, 2, 4, 4, 3, 2, 1, 2, 4, 6, 8.5, 1}, {3, 4})),
+               {1, -0.8164965809277261, 0.02627034687463669, -0.8164965809277261, 1, -0.5791405068790082,
+                0.02627034687463669, -0.5791405068790082, 1},
+               1e-5);
+  check_values(corrcoef(vec({1, 2, 3})), {1});
+  check_values(corrcoef(vec({2, 2, 2})), {NAN});
+
+  // histc: torch's documented example; the data's range; outside values and NaN not counted.
+  check_values(histc(vec({1, 2, 1}), 4, 0, 3), {0, 2, 1, 0});
+  check_values(histc(vec({1, 2, 1}), 4), {2, 0, 0, 1});
+  check_values(histc(vec({3, 3}), 2), {0, 2});
+  check_values(histc(vec({-1, 0, 0.5, 1, 2, NAN}), 2, 0, 1), {1, 2});
+  CHECK(histc(vec({1}, {1}, f64), 3).dtype() == f64);
+  CHECK_THROWS_AS(histc(vec({1}).to(i64)), DTypeError);
+  CHECK_THROWS_AS(histc(vec({1}), 0), ValueError);
+  CHECK_THROWS_AS(histc(vec({1}), 2, 3, 1), ValueError);
+  CHECK_THROWS_AS(histc(vec({1, INFINITY})), ValueError);
+}
+
 }  // namespace kiln_test_tensor_composites

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -357,6 +358,166 @@ KILN_ENTRY Tensor heaviside(const Tensor& x, const Tensor& values);
 /// Each element of x repeated `repeats` times in a row along `dim` (torch.repeat_interleave
 /// with an integer count); without `dim` over x flattened. A negative count is a ValueError.
 KILN_ENTRY Tensor repeat_interleave(const Tensor& x, std::int64_t repeats, std::optional<std::int64_t> dim = std::nullopt);
+
+// ---- rounding division, signs and powers ------------------------------------------------------
+
+namespace detail {
+/// a and b as tensors of the dtype torch.result_type gives them (a C++ number is a wrapped
+/// number: it never widens a tensor's dtype), on the tensor operand's device.
+template <class A, class B>
+requires BinaryOperands<A, B> std::tuple<Tensor, Tensor> promoted_operands(const A& a, const B& b) {
+  ResultType rt;
+  rt.add(info_of(as_operand(a)));
+  rt.add(info_of(as_operand(b)));
+  const DType dt = rt.result();
+  if constexpr (Scalar<A>) {
+    const Tensor tb = clamp_operand(b.derived(), dt);
+    return {clamp_bound(a, dt, tb.device()), tb};
+  } else if constexpr (Scalar<B>) {
+    const Tensor ta = clamp_operand(a.derived(), dt);
+    return {ta, clamp_bound(b, dt, ta.device())};
+  } else {
+    return {clamp_operand(a.derived(), dt), clamp_operand(b.derived(), dt)};
+  }
+}
+
+/// a / b of one dtype rounded toward zero ("trunc") or down ("floor"), as torch.div's
+/// rounding modes; `op` names the caller in errors.
+KILN_ENTRY Tensor rounded_div(const Tensor& a, const Tensor& b, std::string_view rounding_mode, const char* op);
+}  // namespace detail
+
+/// a / b (torch.div): without a rounding mode the true quotient (integers give float32); with
+/// "trunc" rounded toward zero, with "floor" rounded down (Python's //), in the dtype a and b
+/// promote to (integers stay integers). Rounded quotients have no gradient (as torch's). An
+/// integer division by zero is a ValueError (torch's ZeroDivisionError; it reads the divisor);
+/// a floating one gives torch's infinities and NaN.
+template <class A, class B>
+requires detail::BinaryOperands<A, B> Tensor div(const A& a, const B& b,
+                                                 std::optional<std::string_view> rounding_mode) {
+  if (!rounding_mode) return Tensor(div(a, b));
+  auto [ta, tb] = detail::promoted_operands(a, b);
+  return detail::rounded_div(ta, tb, *rounding_mode, "div");
+}
+
+/// a / b rounded down, as torch.floor_divide (div with rounding_mode "floor").
+template <class A, class B>
+requires detail::BinaryOperands<A, B> Tensor floor_divide(const A& a, const B& b) {
+  auto [ta, tb] = detail::promoted_operands(a, b);
+  return detail::rounded_div(ta, tb, "floor", "floor_divide");
+}
+
+/// a / b, the true quotient (torch.true_divide, an alias of div).
+template <class A, class B>
+requires detail::BinaryOperands<A, B> Tensor true_divide(const A& a, const B& b) { return Tensor(div(a, b)); }
+
+/// |a| with the sign of b (torch.copysign), in the floating dtype a and b promote to (integers
+/// give float32); -0 in b counts as negative. A NaN b counts as positive whatever its sign bit
+/// (kiln has no bit view of a float; torch reads the bit). a's gradient is copysign(1, b) /
+/// sign(a) (0 where a is 0, as torch's), b has none.
+KILN_ENTRY Tensor copysign(const Tensor& a, const Tensor& b);
+template <class A, class B>
+requires detail::BinaryOperands<A, B> &&(!(std::is_same_v<A, Tensor> && std::is_same_v<B, Tensor>)) Tensor
+    copysign(const A& a, const B& b) {
+  auto [ta, tb] = detail::promoted_operands(a, b);
+  return copysign(ta, tb);
+}
+
+/// Whether x's sign is negative, as torch.signbit: bool, true at -0 and negative infinity
+/// (integers: x < 0; bools: false). A NaN counts as positive (see copysign).
+KILN_ENTRY Tensor signbit(const Tensor& x);
+
+/// sign(x) for real tensors (torch.sgn, which extends sign to complex numbers).
+KILN_ENTRY Tensor sgn(const Tensor& x);
+
+/// a ** b computed in float64 (torch.float_power): both operands are converted to float64
+/// first, so integer and negative exponents follow pow's floating rules; gradients as pow's.
+KILN_ENTRY Tensor float_power(const Tensor& a, const Tensor& b);
+template <class A, class B>
+requires detail::BinaryOperands<A, B> &&(!(std::is_same_v<A, Tensor> && std::is_same_v<B, Tensor>)) Tensor
+    float_power(const A& a, const B& b) {
+  auto to64 = [](const auto& v) {
+    if constexpr (Scalar<std::remove_cvref_t<decltype(v)>>)
+      return static_cast<double>(v);
+    else
+      return Tensor(v.derived()).to(DType::Float64);
+  };
+  if constexpr (Scalar<A>)
+    return float_power(full(Shape{}, to64(a), DType::Float64, Tensor(b.derived()).device()), to64(b));
+  else if constexpr (Scalar<B>)
+    return float_power(to64(a), full(Shape{}, to64(b), DType::Float64, Tensor(a.derived()).device()));
+  else
+    return float_power(to64(a), to64(b));
+}
+
+/// log2(2^a + 2^b) without overflow (torch.logaddexp2); floating tensors; gradients
+/// 2^a / (2^a + 2^b) and 2^b / (2^a + 2^b).
+KILN_ENTRY Tensor logaddexp2(const Tensor& a, const Tensor& b);
+
+// ---- statistics that skip NaN, order statistics, search ------------------------------------------
+
+/// The standard deviation over `axes` (torch.std) with Bessel's `correction`; its gradient is
+/// 0 where the deviation is 0 (as torch's). Floating inputs only.
+KILN_ENTRY Tensor std(const Tensor& x, const Axes& axes = {}, bool keepdim = false, double correction = 1.0);
+
+/// The lower median of the elements that are not NaN (torch.nanmedian(x)): NaN only when all
+/// are NaN (or x is empty); its gradient goes to that element.
+KILN_ENTRY Tensor nanmedian(const Tensor& x);
+
+/// The lower median along `dim` of the elements that are not NaN and its int64 position
+/// (torch.nanmedian(x, dim, keepdim)); a row of NaN only gives NaN at position 0.
+KILN_ENTRY ValuesIndices nanmedian(const Tensor& x, std::int64_t dim, bool keepdim = false);
+
+/// quantile over the elements that are not NaN (torch.nanquantile): a slice of NaN only gives
+/// NaN. The same arguments, dtypes and errors as quantile.
+KILN_ENTRY Tensor nanquantile(const Tensor& x, double q, std::optional<std::int64_t> dim = std::nullopt,
+                              bool keepdim = false, const std::string& interpolation = "linear");
+KILN_ENTRY Tensor nanquantile(const Tensor& x, const std::vector<double>& q,
+                              std::optional<std::int64_t> dim = std::nullopt, bool keepdim = false,
+                              const std::string& interpolation = "linear");
+
+/// The k-th smallest element along `dim` (k from 1) and its int64 position (torch.kthvalue):
+/// NaN counts as the largest, equal values keep their order (the stable sort's position).
+/// IndexError unless 1 <= k <= the dim's size. Differentiable (the gradient goes to that element).
+KILN_ENTRY ValuesIndices kthvalue(const Tensor& x, std::int64_t k, std::int64_t dim = -1, bool keepdim = false);
+
+/// For each of `values`, the index at which it would be inserted into `sorted_sequence` to keep
+/// it sorted (torch.searchsorted): the first such index (the count of elements below it), or
+/// with `right` (or side "right") the last (the count not above it); a NaN value goes last.
+/// A 1-D sequence serves every value; otherwise the sequence's and values' leading dims must be
+/// equal and each row is searched separately. `sorter` holds the int64 positions that sort an
+/// unsorted sequence along its last dim. int64 results, int32 with `out_int32`. The two dtypes
+/// promote (torch's rule). Large sequences are merged with the values by one sort, small ones
+/// are counted by comparison.
+KILN_ENTRY Tensor searchsorted(const Tensor& sorted_sequence, const Tensor& values, bool out_int32 = false,
+                               bool right = false, std::optional<std::string> side = std::nullopt,
+                               const Tensor& sorter = {});
+
+/// searchsorted of one number (a 0-dim result); the sequence must be 1-D.
+KILN_ENTRY Tensor searchsorted(const Tensor& sorted_sequence, double value, bool out_int32 = false, bool right = false,
+                               std::optional<std::string> side = std::nullopt, const Tensor& sorter = {});
+
+/// The bucket of each element of `input` among the 1-D sorted `boundaries` (torch.bucketize):
+/// i such that boundaries[i-1] < x <= boundaries[i], or with `right` boundaries[i-1] <= x <
+/// boundaries[i]; searchsorted with the arguments swapped.
+KILN_ENTRY Tensor bucketize(const Tensor& input, const Tensor& boundaries, bool out_int32 = false, bool right = false);
+
+/// The covariance matrix of the variables in the rows of `input` (observations in columns; a
+/// 1-D input is one variable: a 0-dim result), as torch.cov: `correction` 1 is Bessel's,
+/// `fweights` (integer counts) and `aweights` (floating importances) weight the observations.
+/// Integer inputs give float32. A sum of weights not above the correction gives inf/NaN as
+/// torch's (which warns).
+KILN_ENTRY Tensor cov(const Tensor& input, std::int64_t correction = 1, const Tensor& fweights = {},
+                      const Tensor& aweights = {});
+
+/// Pearson's correlation coefficients of the rows of `input` (torch.corrcoef): cov normalised
+/// by the standard deviations, clipped to [-1, 1].
+KILN_ENTRY Tensor corrcoef(const Tensor& input);
+
+/// A histogram of x flattened into `bins` equal bins over [min, max] (torch.histc): elements
+/// outside (and NaN) are not counted, max falls in the last bin. min == max takes the data's
+/// range (it reads x), widened by 1 both ways if that is empty too. Floating inputs; the counts
+/// in x's dtype. Not differentiable.
+KILN_ENTRY Tensor histc(const Tensor& x, std::int64_t bins = 100, double min = 0, double max = 0);
 
 }  // namespace kiln
 

@@ -14,6 +14,7 @@
 #include "kiln/tensor/autograd.hpp"
 #include "kiln/tensor/composites.hpp"
 #include "kiln/tensor/indexing.hpp"
+#include "kiln/tensor/linalg.hpp"
 #include "kiln/tensor/scans.hpp"
 #include "kiln/tensor/shape_ops.hpp"
 #include "kiln/tensor/sorting.hpp"
@@ -773,25 +774,36 @@ KILN_ENTRY bool equal(const Tensor& a, const Tensor& b) {
   return a.numel() == 0 || all(a == b).item<bool>();
 }
 
-KILN_ENTRY Tensor quantile(const Tensor& x, double q, std::optional<std::int64_t> dim, bool keepdim,
-                           const std::string& interpolation) {
+namespace detail {
+/// quantile and nanquantile: the sorted slices' values at rank q (n - 1), n counting every
+/// element (a slice with NaN takes its last rank, NaN) or, with `skip_nan`, the ones not NaN.
+KILN_ENTRY Tensor quantile_of(const Tensor& x, double q, std::optional<std::int64_t> dim, bool keepdim,
+                              const std::string& interpolation, bool skip_nan, const char* op) {
   if (x.dtype() != DType::Float32 && x.dtype() != DType::Float64)
-    throw DTypeError("quantile: expected a float32 or float64 input (as torch), got " + detail::describe(x));
+    throw DTypeError(std::string(op) + ": expected a float32 or float64 input (as torch), got " + describe(x));
   if (!(q >= 0 && q <= 1))
-    throw ValueError("quantile: q must be in [0, 1], got " + std::to_string(q) + " for " + detail::describe(x));
+    throw ValueError(std::string(op) + ": q must be in [0, 1], got " + std::to_string(q) + " for " + describe(x));
   static const char* const modes[] = {"linear", "lower", "higher", "midpoint", "nearest"};
   if (std::find(std::begin(modes), std::end(modes), interpolation) == std::end(modes))
-    throw ValueError("quantile: interpolation must be linear, lower, higher, midpoint or nearest, got '" +
+    throw ValueError(std::string(op) + ": interpolation must be linear, lower, higher, midpoint or nearest, got '" +
                      interpolation + "'");
-  if (x.numel() == 0) throw ValueError("quantile: expected a non-empty input, got " + detail::describe(x));
+  if (x.numel() == 0) throw ValueError(std::string(op) + ": expected a non-empty input, got " + describe(x));
   // The slices along the last dim of `v` (x flattened without dim, else dim moved last).
-  const std::int64_t d = dim ? normalize_axis(*dim, std::max<std::int64_t>(x.dim(), 1), "quantile", x.shape()) : 0;
+  const std::int64_t d = dim ? normalize_axis(*dim, std::max<std::int64_t>(x.dim(), 1), op, x.shape()) : 0;
   const Tensor v = !dim ? reshape(x, Shape{x.numel()}) : x.dim() == 0 ? reshape(x, Shape{1}) : movedim(x, d, -1);
   const Tensor sorted = std::get<0>(sort(v, -1));
-  const std::int64_t last = sorted.shape().back() - 1;
-  // torch's ranks: q (n - 1) in x's dtype, the last rank where the slice holds a NaN (sorted last).
-  const Tensor has_nan = any(isnan(sorted), {-1}, true);
-  Tensor ranks = where(has_nan, static_cast<double>(last), full(Shape{}, q, x.dtype(), x.device()) * static_cast<double>(last));
+  const Tensor q_in_dtype = full(Shape{}, q, x.dtype(), x.device());
+  Tensor ranks;
+  if (skip_nan) {
+    // torch's ranks: q (count - 1) over the values not NaN (sorted first), 0 where all are NaN.
+    const Tensor count = sum(logical_not(isnan(sorted)).to(DType::Int64), {-1}, true);
+    ranks = q_in_dtype * (count - 1).to(x.dtype());
+    ranks = where(ranks < 0.0, 0.0, ranks);
+  } else {
+    // torch's ranks: q (n - 1) in x's dtype, the last rank where the slice holds a NaN (sorted last).
+    const std::int64_t last = sorted.shape().back() - 1;
+    ranks = where(any(isnan(sorted), {-1}, true), static_cast<double>(last), q_in_dtype * static_cast<double>(last));
+  }
   if (interpolation == "lower") ranks = floor(ranks);
   if (interpolation == "higher") ranks = ceil(ranks);
   if (interpolation == "nearest") ranks = round(ranks);
@@ -808,12 +820,34 @@ KILN_ENTRY Tensor quantile(const Tensor& x, double q, std::optional<std::int64_t
   return x.dim() == 0 ? r : unsqueeze(r, d);
 }
 
+/// quantile_of for each of `q`, stacked along a new first dim.
+KILN_ENTRY Tensor quantiles_of(const Tensor& x, const std::vector<double>& q, std::optional<std::int64_t> dim,
+                               bool keepdim, const std::string& interpolation, bool skip_nan, const char* op) {
+  std::vector<Tensor> each;
+  for (double p : q) each.push_back(quantile_of(x, p, dim, keepdim, interpolation, skip_nan, op));
+  if (each.empty()) throw ValueError(std::string(op) + ": expected at least one q, got none for " + describe(x));
+  return stack(each, 0);
+}
+}  // namespace detail
+
+KILN_ENTRY Tensor quantile(const Tensor& x, double q, std::optional<std::int64_t> dim, bool keepdim,
+                           const std::string& interpolation) {
+  return detail::quantile_of(x, q, dim, keepdim, interpolation, false, "quantile");
+}
+
 KILN_ENTRY Tensor quantile(const Tensor& x, const std::vector<double>& q, std::optional<std::int64_t> dim, bool keepdim,
                            const std::string& interpolation) {
-  std::vector<Tensor> each;
-  for (double p : q) each.push_back(quantile(x, p, dim, keepdim, interpolation));
-  if (each.empty()) throw ValueError("quantile: expected at least one q, got none for " + detail::describe(x));
-  return stack(each, 0);
+  return detail::quantiles_of(x, q, dim, keepdim, interpolation, false, "quantile");
+}
+
+KILN_ENTRY Tensor nanquantile(const Tensor& x, double q, std::optional<std::int64_t> dim, bool keepdim,
+                              const std::string& interpolation) {
+  return detail::quantile_of(x, q, dim, keepdim, interpolation, true, "nanquantile");
+}
+
+KILN_ENTRY Tensor nanquantile(const Tensor& x, const std::vector<double>& q, std::optional<std::int64_t> dim,
+                              bool keepdim, const std::string& interpolation) {
+  return detail::quantiles_of(x, q, dim, keepdim, interpolation, true, "nanquantile");
 }
 
 KILN_ENTRY Tensor flipud(const Tensor& x) {
@@ -925,6 +959,327 @@ KILN_ENTRY Tensor outer(const Tensor& a, const Tensor& b) {
   if (a.dim() != 1 || b.dim() != 1)
     throw ShapeError("outer: expected two 1-D tensors, got " + detail::describe(a) + " and " + detail::describe(b));
   return reshape(a, Shape{a.shape()[0], 1}) * reshape(b, Shape{1, b.shape()[0]});
+}
+
+// ---- rounding division, signs and powers ------------------------------------------------------
+
+namespace detail {
+/// `value`, computed from detached operands, made differentiable with zero derivatives into
+/// `operands` (torch's rule for rounded results: a backward through them gives zeros, not an
+/// error): a select that never takes the operand, whose gradient there is exactly 0.
+KILN_ENTRY Tensor zero_derivative(const Tensor& value, std::initializer_list<const Tensor*> operands) {
+  Tensor r = value;
+  for (const Tensor* t : operands)
+    if (t->requires_grad() && is_grad_enabled()) r = where(full(Shape{}, 0.0, DType::Bool, r.device()), *t, r);
+  return r;
+}
+
+/// true where x's sign is negative: below 0, or -0 (whose reciprocal is -inf).
+KILN_ENTRY Tensor negative_sign(const Tensor& x) {
+  return logical_or(x < 0.0, logical_and(x == 0.0, reciprocal(x) < 0.0));
+}
+
+KILN_ENTRY Tensor rounded_div(const Tensor& a, const Tensor& b, std::string_view rounding_mode, const char* op) {
+  if (rounding_mode != "trunc" && rounding_mode != "floor")
+    throw ValueError(std::string(op) + ": expected rounding_mode to be one of None, 'trunc', or 'floor' but found '" +
+                     std::string(rounding_mode) + "' (operands " + describe(a) + " and " + describe(b) + ")");
+  const DType dt = a.dtype();
+  if (dt == DType::Bool)
+    throw DTypeError(std::string(op) + ": rounding division is not supported for bool tensors, got " + describe(a) +
+                     " and " + describe(b));
+  const bool floor_mode = rounding_mode == "floor";
+  if (!is_floating(dt)) {
+    // Integer quotients are exact: the primitive's division truncates, and floor moves one
+    // down where the remainder's sign differs from the divisor's (Python's //).
+    if (any(b == 0).item<bool>())
+      throw ValueError(std::string(op) + ": integer division by zero (" + describe(a) + " by " + describe(b) + ")");
+    const Shape shape = broadcast_shapes(a.shape(), b.shape(), op);
+    const Tensor x = broadcast_to(a, shape), y = broadcast_to(b, shape);
+    const Tensor q(ir::binary(ir::Op::Div, x.node(), y.node()));
+    if (!floor_mode) return q;
+    const Tensor rem(ir::binary(ir::Op::Fmod, x.node(), y.node()));
+    return where(logical_and(rem != 0, (rem < 0) != (y < 0)), q - 1, q);
+  }
+  const DType ct = compute_dtype(dt);
+  const Tensor x = as_dtype(a.detach(), ct), y = as_dtype(b.detach(), ct);
+  const Tensor quotient = x / y;
+  Tensor r;
+  if (!floor_mode) {
+    r = trunc(quotient);
+  } else {
+    // torch's floor division: from fmod, so that a quotient that rounds up to an integer is not
+    // floored one too far; a zero quotient keeps the sign a / b has.
+    const Tensor mod = fmod(x, y);
+    Tensor whole = (x - mod) / y;
+    whole = where(logical_and(mod != 0.0, (y < 0.0) != (mod < 0.0)), whole - 1.0, whole);
+    const Tensor down = floor(whole);
+    const Tensor nearest = where(whole - down > 0.5, down + 1.0, down);
+    const Tensor signed_zero = where(negative_sign(quotient), -0.0, 0.0);
+    r = where(y == 0.0, quotient, where(whole != 0.0, nearest, signed_zero));
+  }
+  return zero_derivative(as_dtype(r, dt), {&a, &b});
+}
+}  // namespace detail
+
+KILN_ENTRY Tensor copysign(const Tensor& a_in, const Tensor& b_in) {
+  const DType rt = detail::result_type_of({&a_in, &b_in});
+  const DType dt = is_floating(rt) ? rt : DType::Float32;
+  const Tensor a = detail::as_dtype(a_in, dt), b = detail::as_dtype(b_in.detach(), dt);
+  const Tensor flip = detail::negative_sign(a.detach()) != detail::negative_sign(b);
+  const Tensor r = where(flip, -a, a);
+  // torch's gradient is g * result / a: 0 where a is 0, NaN where a is NaN.
+  return where(a == 0.0, r.detach(), where(isnan(a), a * a, r));
+}
+
+KILN_ENTRY Tensor signbit(const Tensor& x) {
+  if (x.dtype() == DType::Bool) return zeros(x.shape(), DType::Bool, x.device());
+  if (!is_floating(x.dtype())) return x < 0;
+  return detail::negative_sign(x);
+}
+
+KILN_ENTRY Tensor sgn(const Tensor& x) { return sign(x); }
+
+KILN_ENTRY Tensor float_power(const Tensor& a, const Tensor& b) {
+  return pow(detail::as_dtype(a, DType::Float64), detail::as_dtype(b, DType::Float64));
+}
+
+KILN_ENTRY Tensor logaddexp2(const Tensor& a_in, const Tensor& b_in) {
+  const DType dt = detail::result_type_of({&a_in, &b_in});
+  if (!is_floating(dt))
+    throw DTypeError("logaddexp2: expected floating point tensors, got " + detail::describe(a_in) + " and " +
+                     detail::describe(b_in));
+  const DType ct = compute_dtype(dt);
+  const Tensor a = detail::as_dtype(a_in, ct), b = detail::as_dtype(b_in, ct);
+  // torch's kernel: a where a == b is infinite, else max + log1p(2^-|a - b|) / ln 2.
+  const Tensor body = maximum(a, b) + log1p(exp2(-abs(a - b))) * (1.0 / std::numbers::ln2);
+  return detail::as_dtype(where(logical_and(isinf(a), a == b), a, body), dt);
+}
+
+// ---- statistics that skip NaN, order statistics, search ------------------------------------------
+
+KILN_ENTRY Tensor std(const Tensor& x, const Axes& axes, bool keepdim, double correction) {
+  return std::get<0>(std_mean(x, axes, keepdim, correction));
+}
+
+namespace detail {
+/// The int64 position (keepdim) of the lower median along `dim` of x's values that are not NaN:
+/// the stable sort's (NaN last) position (count - 1) / 2, position 0 of a row of NaN only.
+KILN_ENTRY Tensor nan_median_position(const Tensor& x, std::int64_t dim, const char* op) {
+  if (!is_floating(x.dtype())) return median_position(x, dim, op);
+  const std::int64_t d = tensor_axis(dim, x, op);
+  if (x.dim() > 0) require_nonempty_reduction(x, {d}, op);
+  if (x.dim() == 0) return Tensor(ir::constant_int(0, DType::Int64, Shape{}, x.device()));
+  const Tensor order = std::get<1>(sort(x, d, false, true));
+  const Tensor count = sum(logical_not(isnan(x)).to(DType::Int64), Axes{d}, true);
+  return gather(order, d, right_shift(where(count > 0, count - 1, 0), 1));
+}
+}  // namespace detail
+
+KILN_ENTRY Tensor nanmedian(const Tensor& x) {
+  if (!is_floating(x.dtype())) return median(x);
+  if (x.numel() == 0) return full(Shape{}, std::numeric_limits<double>::quiet_NaN(), x.dtype(), x.device());
+  const Tensor flat = reshape(x, Shape{x.numel()});
+  return reshape(gather(flat, 0, detail::nan_median_position(flat, 0, "nanmedian")), Shape{});
+}
+
+KILN_ENTRY ValuesIndices nanmedian(const Tensor& x, std::int64_t dim, bool keepdim) {
+  if (x.dtype() == DType::Bool)
+    throw DTypeError("nanmedian: not supported for bool tensors, got " + detail::describe(x));
+  const Tensor at = detail::nan_median_position(x, dim, "nanmedian");
+  if (x.dim() == 0) return {x, at};
+  const std::int64_t d = detail::tensor_axis(dim, x, "nanmedian");
+  if (keepdim) return {gather(x, d, at), at};
+  return {squeeze(gather(x, d, at), d), squeeze(at, d)};
+}
+
+KILN_ENTRY ValuesIndices kthvalue(const Tensor& x, std::int64_t k, std::int64_t dim, bool keepdim) {
+  if (x.dtype() == DType::Bool)
+    throw DTypeError("kthvalue: not supported for bool tensors, got " + detail::describe(x));
+  const std::int64_t n = detail::length_along(x, dim, "kthvalue");
+  if (k < 1 || k > n)
+    throw IndexError("kthvalue: selected number k = " + std::to_string(k) + " out of range for dimension " +
+                     std::to_string(dim) + " of size " + std::to_string(n) + " (" + detail::describe(x) + ")");
+  if (x.dim() == 0) return {x, Tensor(ir::constant_int(0, DType::Int64, Shape{}, x.device()))};
+  const std::int64_t d = detail::tensor_axis(dim, x, "kthvalue");
+  const Tensor at = narrow(std::get<1>(sort(x, d, false, true)), d, k - 1, 1);
+  if (keepdim) return {gather(x, d, at), at};
+  return {squeeze(gather(x, d, at), d), squeeze(at, d)};
+}
+
+namespace detail {
+/// How many of a sorted row's elements lie before each value: below it, or with `right` not
+/// above it (a NaN value: all). `seq` is [R, N] or 1-D; `values` [R, M] or any shape with a
+/// 1-D seq. Rows of many elements merge with the values in one stable sort (values first on
+/// ties, or last with `right`) and count the sequence's elements ahead of each; short rows
+/// compare every pair inside one fused reduction.
+KILN_ENTRY Tensor insertion_counts(const Tensor& seq, const Tensor& values, bool right) {
+  const std::int64_t n = seq.shape().back();
+  const bool one_row = seq.dim() == 1;
+  // Pairwise: [..., M, 1] against [..., 1, N] (1-D: [..., 1] against [N]).
+  if (n <= 64 || values.numel() * n <= (std::int64_t{1} << 22)) {
+    const Tensor v = unsqueeze(values, -1), s = one_row ? seq : unsqueeze(seq, -2);
+    // torch's binary search moves right past s while !(v <= s) (left) or !(v < s) (right).
+    const Tensor before = right ? Tensor(logical_not(v < s)) : Tensor(logical_not(v <= s));
+    return sum(before.to(DType::Int64), {-1});
+  }
+  const Tensor rows = one_row ? reshape(values, Shape{1, values.numel()}) : values;
+  const Tensor s = one_row ? unsqueeze(seq, 0) : seq;
+  const std::int64_t m = rows.shape().back();
+  const Tensor merged = right ? cat({s, rows}, -1) : cat({rows, s}, -1);
+  const Tensor order = argsort(merged, -1, false, true);
+  const Tensor from_seq = (right ? Tensor(order < n) : Tensor(order >= m)).to(DType::Int64);
+  const Tensor ahead = cumsum(from_seq, -1) - from_seq;
+  const Tensor counts = scatter(zeros(merged.shape(), DType::Int64, merged.device()), -1, order, ahead);
+  const Tensor mine = narrow(counts, -1, right ? n : 0, m);
+  return one_row ? reshape(mine, values.shape()) : mine;
+}
+
+KILN_ENTRY Tensor searchsorted_checked(const Tensor& seq_in, const Tensor& values_in, bool out_int32, bool right,
+                                       const std::optional<std::string>& side, const Tensor& sorter, const char* op) {
+  const std::string what = " (sorted_sequence " + describe(seq_in) + ", values " + describe(values_in) + ")";
+  if (side && *side != "left" && *side != "right")
+    throw ValueError(std::string(op) + ": side can only be 'left' or 'right', got '" + *side + "'" + what);
+  if (side && *side == "left" && right)
+    throw ValueError(std::string(op) + ": side and right can't be set to opposites, got side left with right" + what);
+  if (seq_in.dim() == 0)
+    throw ShapeError(std::string(op) + ": the sorted sequence should have a positive number of dims, got 0" + what);
+  if (seq_in.dim() > 1) {
+    const Shape& s = seq_in.shape();
+    const Shape& v = values_in.shape();
+    if (v.size() != s.size() || !std::equal(s.begin(), s.end() - 1, v.begin()))
+      throw ShapeError(std::string(op) + ": the sorted sequence should be 1-D or have the values' leading dims" + what);
+  }
+  if (seq_in.dtype() == DType::Bool || values_in.dtype() == DType::Bool)
+    throw DTypeError(std::string(op) + ": not supported for bool tensors" + what);
+  Tensor seq = seq_in;
+  if (sorter.defined()) {
+    if (sorter.dtype() != DType::Int64)
+      throw DTypeError(std::string(op) + ": sorter must be an int64 tensor, got " + describe(sorter) + what);
+    if (sorter.shape() != seq_in.shape())
+      throw ShapeError(std::string(op) + ": sorter must have the sorted sequence's shape, got " + describe(sorter) +
+                       what);
+    seq = gather(seq_in, -1, sorter);
+  }
+  const DType dt = result_type_of({&seq_in, &values_in});
+  const Tensor counts =
+      insertion_counts(as_dtype(seq, dt), as_dtype(values_in.detach(), dt), right || (side && *side == "right"));
+  return out_int32 ? counts.to(DType::Int32) : counts;
+}
+}  // namespace detail
+
+KILN_ENTRY Tensor searchsorted(const Tensor& sorted_sequence, const Tensor& values, bool out_int32, bool right,
+                               std::optional<std::string> side, const Tensor& sorter) {
+  return detail::searchsorted_checked(sorted_sequence.detach(), values, out_int32, right, side, sorter, "searchsorted");
+}
+
+KILN_ENTRY Tensor searchsorted(const Tensor& sorted_sequence, double value, bool out_int32, bool right,
+                               std::optional<std::string> side, const Tensor& sorter) {
+  if (sorted_sequence.dim() != 1)
+    throw ShapeError("searchsorted: a number value needs a 1-D sorted sequence, got " +
+                     detail::describe(sorted_sequence));
+  // The number is a wrapped number: it never widens the sequence's dtype (a float one makes an
+  // integer sequence float32, as torch's promotion).
+  detail::ResultType rt;
+  rt.add(detail::info_of(sorted_sequence));
+  rt.add(detail::info_of(detail::as_operand(value)));
+  const Tensor v = full(Shape{}, value, rt.result(), sorted_sequence.device());
+  return searchsorted(sorted_sequence, v, out_int32, right, side, sorter);
+}
+
+KILN_ENTRY Tensor bucketize(const Tensor& input, const Tensor& boundaries, bool out_int32, bool right) {
+  if (boundaries.dim() != 1)
+    throw ShapeError("bucketize: boundaries must be 1-D, got " + detail::describe(boundaries) + " (input " +
+                     detail::describe(input) + ")");
+  return detail::searchsorted_checked(boundaries.detach(), input, out_int32, right, std::nullopt, Tensor{},
+                                      "bucketize");
+}
+
+KILN_ENTRY Tensor cov(const Tensor& input, std::int64_t correction, const Tensor& fweights, const Tensor& aweights) {
+  if (input.dim() > 2)
+    throw ShapeError("cov: expected input to have two or fewer dimensions, got " + detail::describe(input));
+  if (input.dtype() == DType::Bool)
+    throw DTypeError("cov: bool dtype is not supported for input, got " + detail::describe(input));
+  const Tensor in = input.dim() < 2 ? reshape(input, Shape{1, input.numel()}) : input;
+  const std::int64_t observations = in.shape()[1];
+  auto check_weights = [&](const Tensor& w, const char* name, bool integral) {
+    const std::string got =
+        std::string(" but got ") + name + " " + detail::describe(w) + " for input " + detail::describe(input);
+    if (w.dim() > 1) throw ShapeError(std::string("cov: expected ") + name + " to have one or fewer dimensions" + got);
+    if (integral ? (is_floating(w.dtype()) || w.dtype() == DType::Bool) : !is_floating(w.dtype()))
+      throw DTypeError(std::string("cov: expected ") + name +
+                       (integral ? " to have an integral" : " to have a floating") + " dtype" + got);
+    if (w.numel() != observations)
+      throw ShapeError(std::string("cov: expected ") + name + " to have one element per observation (" +
+                       std::to_string(observations) + ")" + got);
+    if (observations > 0 && any(w < 0).item<bool>())
+      throw ValueError(std::string("cov: ") + name + " cannot be negative" + got);
+  };
+  Tensor w;
+  if (fweights.defined()) {
+    check_weights(fweights, "fweights", true);
+    w = fweights;
+  }
+  if (aweights.defined()) {
+    check_weights(aweights, "aweights", false);
+    w = w.defined() ? Tensor(w * aweights) : aweights;
+  }
+  const Tensor w_sum =
+      w.defined() ? sum(w) : full(Shape{}, static_cast<double>(observations), DType::Int64, input.device());
+  if (w.defined() && (w_sum == 0).item<bool>())
+    throw ValueError("cov: weights sum to zero, can't be normalized (input " + detail::describe(input) + ")");
+  const Tensor avg = sum(w.defined() ? Tensor(in * w) : in, {1}) / w_sum;
+  Tensor norm = w.defined() && aweights.defined() && correction != 0
+                    ? Tensor(w_sum - static_cast<double>(correction) * sum(w * aweights) / w_sum)
+                    : Tensor(w_sum - correction);
+  // torch warns and divides by 0 when the degrees of freedom are not positive.
+  norm = where(norm <= 0, 0, norm);
+  const Tensor centred = in - unsqueeze(avg, 1);
+  const Tensor c = matmul(centred, transpose(w.defined() ? Tensor(centred * w) : centred, 0, 1));
+  return squeeze(true_divide(c, norm));
+}
+
+KILN_ENTRY Tensor corrcoef(const Tensor& input) {
+  if (input.dim() > 2)
+    throw ShapeError("corrcoef: expected input to have two or fewer dimensions, got " + detail::describe(input));
+  const Tensor c = cov(input);
+  if (c.dim() == 0) return c / c;  // 1, or NaN where the variance is 0, inf or NaN
+  const Tensor stddev = sqrt(diagonal(c));
+  return clip(c / unsqueeze(stddev, 1) / unsqueeze(stddev, 0), -1.0, 1.0);
+}
+
+KILN_ENTRY Tensor histc(const Tensor& x, std::int64_t bins, double min, double max) {
+  if (!is_floating(x.dtype()))
+    throw DTypeError("histc: expected a floating input (as torch's CPU kernel), got " + detail::describe(x));
+  if (bins <= 0)
+    throw ValueError("histc: bins must be > 0, got " + std::to_string(bins) + " for " + detail::describe(x));
+  double lo = min, hi = max;
+  if (lo == hi && x.numel() > 0) {
+    const auto [smallest, largest] = aminmax(x);
+    lo = smallest.item<double>();
+    hi = largest.item<double>();
+  }
+  if (lo == hi) {
+    lo -= 1;
+    hi += 1;
+  }
+  if (!std::isfinite(lo) || !std::isfinite(hi))
+    throw ValueError("histc: range of [" + std::to_string(lo) + ", " + std::to_string(hi) + "] is not finite (" +
+                     detail::describe(x) + ")");
+  if (!(lo < hi))
+    throw ValueError("histc: max must be larger than min, got min " + std::to_string(lo) + " and max " +
+                     std::to_string(hi) + " (" + detail::describe(x) + ")");
+  // torch's kernel: the outer edges in x's dtype, the bin trunc((x - lo) bins / (hi - lo)) in
+  // x's arithmetic, max in the last bin; elements outside [lo, hi] (and NaN) go to an extra
+  // bin that is dropped.
+  const DType dt = x.dtype(), ct = compute_dtype(dt);
+  const Tensor lo_t = full(Shape{}, lo, dt, x.device()).to(ct), hi_t = full(Shape{}, hi, dt, x.device()).to(ct);
+  const Tensor v = detail::as_dtype(reshape(x.detach(), Shape{x.numel()}), ct);
+  const Tensor at = trunc((v - lo_t) * static_cast<double>(bins) / (hi_t - lo_t)).to(DType::Int64);
+  const Tensor inside = logical_and(v >= lo_t, v <= hi_t);
+  const Tensor slot = where(inside, where(at == bins, bins - 1, at), bins);
+  const Tensor counts =
+      scatter_add(zeros(Shape{bins + 1}, dt, x.device()), 0, slot, ones(Shape{x.numel()}, dt, x.device()));
+  return narrow(counts, 0, 0, bins);
 }
 
 }  // namespace kiln

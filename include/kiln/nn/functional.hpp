@@ -39,15 +39,28 @@ using ::kiln::pad;
 // The losses (tensor/losses.hpp), with torch.nn.functional's names and `reduction` strings.
 using ::kiln::binary_cross_entropy;
 using ::kiln::binary_cross_entropy_with_logits;
+using ::kiln::cosine_embedding_loss;
+using ::kiln::gaussian_nll_loss;
+using ::kiln::hinge_embedding_loss;
 using ::kiln::huber_loss;
 using ::kiln::kl_div;
 using ::kiln::l1_loss;
+using ::kiln::margin_ranking_loss;
 using ::kiln::mse_loss;
+using ::kiln::multi_margin_loss;
+using ::kiln::multilabel_soft_margin_loss;
 using ::kiln::nll_loss;
+using ::kiln::poisson_nll_loss;
 using ::kiln::smooth_l1_loss;
+using ::kiln::soft_margin_loss;
+using ::kiln::triplet_margin_loss;
+// pairwise_distance(x1, x2, p, eps, keepdim) lives beside triplet_margin_loss, which is built on it
+// (tensor/losses.hpp: the tensor layer cannot reach nn/).
+using ::kiln::pairwise_distance;
 // The activations (tensor/activations.hpp), with torch.nn.functional's arguments and defaults.
 using ::kiln::celu;
 using ::kiln::elu;
+using ::kiln::hardshrink;
 using ::kiln::hardsigmoid;
 using ::kiln::hardswish;
 using ::kiln::hardtanh;
@@ -57,6 +70,7 @@ using ::kiln::mish;
 using ::kiln::relu6;
 using ::kiln::selu;
 using ::kiln::softplus;
+using ::kiln::softshrink;
 using ::kiln::softsign;
 using ::kiln::tanhshrink;
 
@@ -92,6 +106,13 @@ KILN_ENTRY Tensor normalize(const Tensor& input, double p = 2.0, std::int64_t di
 /// promoted dtype must be floating (integer operands beside a floating one are converted to it;
 /// floating ones keep their dtype until the product).
 KILN_ENTRY Tensor cosine_similarity(const Tensor& x1, const Tensor& x2, std::int64_t dim = 1, double eps = 1e-8);
+
+/// The p-norm distances between the rows of the 2-D `input` [N, M], pair (i, j) for i < j in
+/// row-major order of the upper triangle: N (N - 1) / 2 values (torch.nn.functional.pdist). Other
+/// ranks are a ShapeError, non-floating inputs a DTypeError, p < 0 a ValueError, as torch's. The
+/// gradient is torch's _pdist_backward: 0 for a pair at distance 0, and for p = inf the full
+/// gradient to every coordinate that ties for the largest |difference| (not split among them).
+KILN_ENTRY Tensor pdist(const Tensor& input, double p = 2.0);
 
 /// The gated linear unit (torch.nn.functional.glu): input split in halves a, b along dim,
 /// a * sigmoid(b). The dim's size must be even (ShapeError); floating inputs only.

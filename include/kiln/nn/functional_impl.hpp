@@ -3,7 +3,10 @@
 // header (KILN_ENTRY is `inline`); compiled mode compiles them once into kiln::kiln_compiled
 // (src/kiln_compiled.cpp), so users' translation units parse the declarations only.
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kiln/nn/functional.hpp"
 
@@ -50,6 +53,36 @@ KILN_ENTRY Tensor cosine_similarity(const Tensor& x1_in, const Tensor& x2_in, st
     return n + (clamp_min(n, eps) - n).detach();
   };
   return sum((x1 / clamped(x1)) * (x2 / clamped(x2)), Axes{dim}, false);
+}
+
+KILN_ENTRY Tensor pdist(const Tensor& input, double p) {
+  if (input.dim() != 2) throw ShapeError("pdist: only supports 2D tensors, got " + ::kiln::detail::describe(input));
+  if (!is_floating(input.dtype()))
+    throw DTypeError("pdist: only supports floating-point dtypes, got " + ::kiln::detail::describe(input));
+  if (!(p >= 0))
+    throw ValueError("pdist: only supports non-negative p values, got p " + std::to_string(p) + " for input " +
+                     ::kiln::detail::describe(input));
+  const Tensor x = ::kiln::detail::fp32_operand(input);
+  const std::int64_t n = x.shape()[0], m = x.shape()[1];
+  std::vector<std::int64_t> rows_i, rows_j;
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t j = i + 1; j < n; ++j) {
+      rows_i.push_back(i);
+      rows_j.push_back(j);
+    }
+  const std::int64_t pairs = static_cast<std::int64_t>(rows_i.size());
+  // Rows of no columns are at distance 0 (torch fills them without its kernel).
+  if (m == 0) return zeros({pairs}, x.dtype(), x.device());
+  const Tensor diff = index_select(x, 0, from_vector(rows_i, Shape{pairs}, x.device())) -
+                      index_select(x, 0, from_vector(rows_j, Shape{pairs}, x.device()));
+  if (!std::isinf(p)) return linalg::vector_norm(diff, p, Axes{1});
+  // torch's backward for p = inf gives each coordinate tied for the largest |difference| the whole
+  // gradient (vector_norm splits it): the sum of the tied |d| carries that gradient, its value
+  // taken away again (an exact 0 wherever it is finite).
+  const Tensor a = abs(diff);
+  const Tensor dist = amax(a, Axes{1});
+  const Tensor tied = sum(where(a == reshape(dist, {pairs, 1}).detach(), a, 0.0), Axes{1});
+  return dist.detach() + where(isfinite(tied), tied - tied.detach(), 0.0);
 }
 
 KILN_ENTRY Tensor glu(const Tensor& input, std::int64_t dim) {

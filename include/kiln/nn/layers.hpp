@@ -268,6 +268,24 @@ class Tanhshrink : public Module {
   std::string name() const override { return "Tanhshrink"; }
 };
 
+/// softshrink(x, lambd) (torch.nn.Softshrink).
+class Softshrink : public Module {
+ public:
+  explicit Softshrink(double lambd = 0.5) : lambd(lambd) {}
+  Tensor forward(const Tensor& x) override { return softshrink(x, lambd); }
+  std::string name() const override { return "Softshrink"; }
+  double lambd;
+};
+
+/// hardshrink(x, lambd) (torch.nn.Hardshrink).
+class Hardshrink : public Module {
+ public:
+  explicit Hardshrink(double lambd = 0.5) : lambd(lambd) {}
+  Tensor forward(const Tensor& x) override { return hardshrink(x, lambd); }
+  std::string name() const override { return "Hardshrink"; }
+  double lambd;
+};
+
 /// flatten(x, start_dim, end_dim) (torch.nn.Flatten: by default every dim but the batch dim).
 class Flatten : public Module {
  public:

@@ -1,8 +1,8 @@
 #pragma once
 // The activation functions of torch.nn.functional that are not kiln primitives (relu, silu,
 // sigmoid, tanh and gelu are, in tensor/ops.hpp): leaky_relu, elu, selu, celu, softplus, mish,
-// hardtanh, relu6, hardsigmoid, hardswish, logsigmoid, softsign, tanhshrink. Each is a composite
-// of kiln's ops written so that its value, its gradient at the kinks (the branch torch's
+// hardtanh, relu6, hardsigmoid, hardswish, logsigmoid, softsign, tanhshrink, softshrink, hardshrink. Each is
+// a composite of kiln's ops written so that its value, its gradient at the kinks (the branch torch's
 // backward takes at a tie) and at NaN and ±inf are PyTorch's: a branch that is not taken reads
 // a harmless operand (`where(cond, x, 0)`), so its inf or NaN does not reach the gradient as
 // 0 * inf. Dtypes as torch's kernels: the float16 and bfloat16 inputs of torch's native kernels
@@ -70,6 +70,16 @@ KILN_ENTRY Tensor softsign(const Tensor& x);
 /// x - tanh(x) (torch.nn.functional.tanhshrink, torch's composite: integers give float32, a
 /// bool is a DTypeError).
 KILN_ENTRY Tensor tanhshrink(const Tensor& x);
+
+/// x - lambd above lambd, x + lambd below -lambd, 0 between (torch.nn.functional.softshrink): no
+/// gradient for |x| <= lambd (the bounds included), 1 elsewhere and at NaN, which passes through,
+/// as torch's shrink backward. A negative lambd is a ValueError; floating inputs only (float16
+/// and bfloat16 compute in float32 and round once, as torch's CPU kernel).
+KILN_ENTRY Tensor softshrink(const Tensor& x, double lambd = 0.5);
+
+/// 0 for |x| <= lambd, else x (torch.nn.functional.hardshrink), compared in x's own dtype (lambd
+/// rounded to it, as torch's kernel); gradient as softshrink's. Floating inputs only.
+KILN_ENTRY Tensor hardshrink(const Tensor& x, double lambd = 0.5);
 
 }  // namespace kiln
 

@@ -139,4 +139,20 @@ KILN_ENTRY Tensor tanhshrink(const Tensor& x) {
   return x - tanh(x);
 }
 
+KILN_ENTRY Tensor softshrink(const Tensor& input, double lambd) {
+  if (lambd < 0)
+    throw ValueError("softshrink: lambda must be greater or equal to 0, but found to be " + std::to_string(lambd) +
+                     " (input " + detail::describe(input) + ")");
+  const Tensor x = detail::activation_operand(input, "softshrink");
+  // x - (+-lambd) outside [-lambd, lambd] (x - (-lambd) is x + lambd to the bit); NaN falls
+  // outside too and keeps its gradient, as torch's backward; inside, the constant 0 has none.
+  const Tensor inside = logical_and(x >= -lambd, x <= lambd);
+  return detail::activation_result(where(inside, 0.0, x - where(x > lambd, lambd, -lambd)), input);
+}
+
+KILN_ENTRY Tensor hardshrink(const Tensor& x, double lambd) {
+  detail::require_float(x, "hardshrink");
+  return where(logical_and(x >= -lambd, x <= lambd), 0.0, x);
+}
+
 }  // namespace kiln

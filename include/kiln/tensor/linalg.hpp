@@ -1,8 +1,9 @@
 #pragma once
-// Matrix products: matmul (torch.matmul's rules), mm, bmm, addmm, linear, einsum. Each lowers
-// to the MatMul primitive over views (transposes and broadcast batch dims are strides, not
+// Matrix products: matmul (torch.matmul's rules), mm, bmm, addmm, linear, einsum, tensordot. Each
+// lowers to the MatMul primitive over views (transposes and broadcast batch dims are strides, not
 // copies) plus pointwise ops, which the step planner fuses around the library call. Under an
-// AutocastGuard each casts its floating inputs (not f64) to the autocast dtype first.
+// AutocastGuard each casts its floating inputs (not f64) to the autocast dtype first. Beside
+// them the products and distances built from pointwise ops and reductions: kron, cdist, dist.
 #include <algorithm>
 #include <map>
 #include <string>
@@ -210,6 +211,43 @@ KILN_ENTRY Tensor einsum(const std::string& equation, const Tensor& a_in);
 
 /// Two operands: see above.
 KILN_ENTRY Tensor einsum(const std::string& equation, const Tensor& a_in, const Tensor& b_in);
+
+/// The contraction of a's last `dims` dims with b's first `dims` dims (torch.tensordot with an
+/// integer dims, default 2): the result has a's other dims followed by b's. ValueError for a
+/// negative dims, ShapeError for more dims than either operand has.
+KILN_ENTRY Tensor tensordot(const Tensor& a, const Tensor& b, std::int64_t dims = 2);
+
+/// The contraction of a's dims `dims_a` with b's dims `dims_b`, paired in order (torch.tensordot
+/// with two dim lists); the result has a's other dims followed by b's, each in its order. A
+/// contracted pair whose size is 1 on one side is summed out of the other side first, as
+/// torch's. a and b of one dtype (DTypeError otherwise; bool is a DTypeError, as torch's mm);
+/// the floating dtypes run as one matrix product on the product kernels, the integer dtypes as a
+/// broadcast product and an exact sum (kiln's products are floating only). ShapeError for lists
+/// of different lengths, dims out of range or repeated, and contracted sizes that differ.
+KILN_ENTRY Tensor tensordot(const Tensor& a, const Tensor& b, const std::vector<std::int64_t>& dims_a,
+                            const std::vector<std::int64_t>& dims_b);
+
+/// The Kronecker product (torch.kron): the operand of lower rank gets leading size-1 dims, and
+/// result[i0 * q0 + j0, ...] = a[i0, ...] * b[j0, ...] for b's sizes q; dtypes promote as mul.
+KILN_ENTRY Tensor kron(const Tensor& a, const Tensor& b);
+
+/// The p-norm distance between each row of x1 [B..., P, M] and each row of x2 [B..., R, M]
+/// (torch.cdist): [B..., P, R], the batch dims broadcast. p = 0 counts the differing columns,
+/// 1 and 2 are the Manhattan and Euclidean distances, inf the largest |difference|, any other
+/// p >= 0 (sum |x1 - x2|^p)^(1/p); no columns give 0. Always the direct |x1 - x2| formula
+/// (torch switches p = 2 to a matrix-product formula for more than 25 rows, which differs from
+/// it by rounding only). NaN propagates through every p. Gradients are torch's
+/// _cdist_backward: 0 at a zero distance, for p < 1 also 0 where a difference is 0, and for
+/// p = inf the full gradient to every column that attains the maximum. Floating inputs of one
+/// dtype (DTypeError otherwise); float16 and bfloat16 compute in float32. ShapeError for ranks
+/// below 2, column counts that differ and batch dims that do not broadcast; ValueError for a
+/// negative (or NaN) p. Under autocast half inputs run in float32, as torch's fp32 list.
+KILN_ENTRY Tensor cdist(const Tensor& x1, const Tensor& x2, double p = 2.0);
+
+/// The p-norm of a - b over all elements, a and b broadcast (torch.dist): a 0-dim tensor,
+/// linalg::vector_norm(a - b, p) with its values and gradients (0 at a zero distance). The two
+/// promote to a floating dtype or it is a DTypeError, as torch's norm.
+KILN_ENTRY Tensor dist(const Tensor& a, const Tensor& b, double p = 2.0);
 
 }  // namespace kiln
 

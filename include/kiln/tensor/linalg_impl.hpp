@@ -3,6 +3,9 @@
 // header (KILN_ENTRY is `inline`); compiled mode compiles them once into kiln::kiln_compiled
 // (src/kiln_compiled.cpp), so users' translation units parse the declarations only.
 #include "kiln/tensor/linalg.hpp"
+// tensordot's dim lists (detail::ints_str), dist's norm (linalg::vector_norm).
+#include "kiln/tensor/composites.hpp"
+#include "kiln/tensor/shape_ops.hpp"
 
 namespace kiln {
 
@@ -18,9 +21,6 @@ KILN_ENTRY std::string get_float32_matmul_precision() {
   return v == 0 ? "highest" : v == 1 ? "high" : "medium";
 }
 
-}  // namespace kiln
-
-namespace kiln {
 namespace detail {
 
 KILN_ENTRY void check_product_operands(const Tensor& a, const Tensor& b, const char* op) {
@@ -240,6 +240,231 @@ KILN_ENTRY Tensor einsum(const std::string& equation, const Tensor& a_in, const 
   for (char c : batch + left + right) s.push_back(size[c]);
   std::string have = batch + left + right;
   return detail::einsum_arrange(reshape(p, s), have, out, out);
+}
+
+}  // namespace kiln
+
+namespace kiln {
+
+KILN_ENTRY Tensor tensordot(const Tensor& a_in, const Tensor& b_in, std::int64_t dims) {
+  const Tensor a = detail::to_tensor(a_in), b = detail::to_tensor(b_in);
+  if (dims < 0)
+    throw ValueError("tensordot: expects dims >= 0, got dims=" + std::to_string(dims) + " for " +
+                     detail::describe_pair(a, b));
+  if (dims > std::min(a.dim(), b.dim()))
+    throw ShapeError("tensordot: dims=" + std::to_string(dims) + " exceeds the rank of " + detail::describe_pair(a, b));
+  std::vector<std::int64_t> dims_a, dims_b;
+  for (std::int64_t i = 0; i < dims; ++i) {
+    dims_a.push_back(a.dim() - dims + i);
+    dims_b.push_back(i);
+  }
+  return tensordot(a, b, dims_a, dims_b);
+}
+
+KILN_ENTRY Tensor tensordot(const Tensor& a_in, const Tensor& b_in, const std::vector<std::int64_t>& dims_a,
+                            const std::vector<std::int64_t>& dims_b) {
+  const Tensor a = detail::to_tensor(a_in), b = detail::to_tensor(b_in);
+  const std::string lists = detail::ints_str(dims_a) + " and " + detail::ints_str(dims_b);
+  if (dims_a.size() != dims_b.size())
+    throw ShapeError("tensordot: both dimension lists should have the same length, got " + lists + " for " +
+                     detail::describe_pair(a, b));
+  detail::check_same_device(a.device(), b.device(), "tensordot");
+  if (a.dtype() != b.dtype())
+    throw DTypeError("tensordot: both inputs should have one dtype, got " + detail::describe_pair(a, b));
+  if (a.dtype() == DType::Bool)
+    throw DTypeError("tensordot: not supported for bool tensors, got " + detail::describe_pair(a, b));
+  // Unlike tensor_axis, no dim of a 0-dim operand can be contracted (torch's sizes() has none).
+  auto axes = [&](const std::vector<std::int64_t>& dims, const Tensor& t) {
+    std::vector<std::int64_t> out;
+    for (auto d : dims) {
+      const std::int64_t r = t.dim();
+      if (d < -r || d >= r)
+        throw ShapeError("tensordot: dim " + std::to_string(d) + " of " + lists + " is out of range for " +
+                         detail::describe(t));
+      const std::int64_t k = d < 0 ? d + r : d;
+      if (std::find(out.begin(), out.end(), k) != out.end())
+        throw ShapeError("tensordot: dim " + std::to_string(k) + " appears more than once in " + lists + " for " +
+                         detail::describe(t));
+      out.push_back(k);
+    }
+    return out;
+  };
+  const std::vector<std::int64_t> ca = axes(dims_a, a), cb = axes(dims_b, b);
+  for (std::size_t i = 0; i < ca.size(); ++i) {
+    const std::int64_t s1 = a.shape()[static_cast<std::size_t>(ca[i])], s2 = b.shape()[static_cast<std::size_t>(cb[i])];
+    if (s1 != s2 && s1 != 1 && s2 != 1)
+      throw ShapeError("tensordot: contracted dimensions need to match, but first has size " + std::to_string(s1) +
+                       " in dim " + std::to_string(ca[i]) + " and second has size " + std::to_string(s2) + " in dim " +
+                       std::to_string(cb[i]) + " (" + detail::describe_pair(a, b) + ")");
+  }
+  Tensor ta = a, tb = b;
+  std::int64_t csize = 1;
+  // A pair with size 1 on one side broadcasts: the other side is summed over it first (in its own
+  // dtype, as torch's sum(dim, keepdim, dtype)), leaving size 1 on both.
+  auto summed = [](const Tensor& t, std::int64_t axis) {
+    Tensor s = sum(t, {axis}, true);
+    return s.dtype() == t.dtype() ? s : s.to(t.dtype());
+  };
+  for (std::size_t i = 0; i < ca.size(); ++i) {
+    const std::int64_t s1 = a.shape()[static_cast<std::size_t>(ca[i])], s2 = b.shape()[static_cast<std::size_t>(cb[i])];
+    if (s2 == 1)
+      ta = summed(ta, ca[i]);
+    else if (s1 == 1)
+      tb = summed(tb, cb[i]);
+    else
+      csize *= s1;
+  }
+  std::vector<std::int64_t> pa, pb;
+  Shape out;
+  std::int64_t size1 = 1, size2 = 1;
+  for (std::int64_t i = 0; i < a.dim(); ++i)
+    if (std::find(ca.begin(), ca.end(), i) == ca.end()) {
+      pa.push_back(i);
+      size1 *= a.shape()[static_cast<std::size_t>(i)];
+      out.push_back(a.shape()[static_cast<std::size_t>(i)]);
+    }
+  pa.insert(pa.end(), ca.begin(), ca.end());
+  pb = cb;
+  for (std::int64_t i = 0; i < b.dim(); ++i)
+    if (std::find(cb.begin(), cb.end(), i) == cb.end()) {
+      pb.push_back(i);
+      size2 *= b.shape()[static_cast<std::size_t>(i)];
+      out.push_back(b.shape()[static_cast<std::size_t>(i)]);
+    }
+  checked_numel(out, "tensordot");
+  const Tensor ma = reshape(permute(ta, pa), Shape{size1, csize});
+  const Tensor mb = reshape(permute(tb, pb), Shape{csize, size2});
+  if (is_floating(a.dtype())) return reshape(mm(ma, mb), out);
+  // Integers: the products summed exactly in int64, then wrapped to the dtype as torch's
+  // integer matrix product wraps.
+  const Tensor prod = reshape(ma, Shape{size1, csize, 1}) * reshape(mb, Shape{1, csize, size2});
+  return reshape(sum(prod, {1}).to(a.dtype()), out);
+}
+
+KILN_ENTRY Tensor kron(const Tensor& a_in, const Tensor& b_in) {
+  const Tensor a = detail::to_tensor(a_in), b = detail::to_tensor(b_in);
+  detail::check_same_device(a.device(), b.device(), "kron");
+  const std::int64_t rank = std::max(a.dim(), b.dim());
+  const std::size_t pad_a = static_cast<std::size_t>(rank - a.dim()), pad_b = static_cast<std::size_t>(rank - b.dim());
+  // a's sizes on the even dims, b's on the odd ones: their product, merged pairwise, is the result.
+  Shape sa, sb, out;
+  for (std::size_t i = 0; i < static_cast<std::size_t>(rank); ++i) {
+    const std::int64_t da = i >= pad_a ? a.shape()[i - pad_a] : 1, db = i >= pad_b ? b.shape()[i - pad_b] : 1;
+    sa.push_back(da);
+    sa.push_back(1);
+    sb.push_back(1);
+    sb.push_back(db);
+    std::int64_t o = 0;
+    if (__builtin_mul_overflow(da, db, &o))
+      throw ShapeError("kron: the result's size overflows int64 for " + detail::describe_pair(a, b));
+    out.push_back(o);
+  }
+  checked_numel(out, "kron");
+  return reshape(Tensor(reshape(a, sa) * reshape(b, sb)), out);
+}
+
+namespace detail {
+
+/// torch's _cdist_backward for each difference d = x1 - x2 [..., P, R, M] of the distances
+/// `dist` [..., P, R], times the gradient g of the distances.
+KILN_ENTRY Tensor cdist_gradient(const Tensor& d, const Tensor& dist_in, const Tensor& g_in, double p) {
+  const Tensor dist = unsqueeze(dist_in, -1), g = unsqueeze(g_in, -1);
+  if (p == 0) return Tensor(ir::constant(0.0, d.dtype(), d.shape(), d.device()));
+  const Tensor ad = abs(d), s = sign(d);
+  Tensor h;
+  if (p == 1) {
+    h = s;
+  } else if (p < 2) {
+    // For p < 1 |d|^(p-1) is infinite at d = 0, where torch takes 0.
+    const Tensor zero = p < 1 ? Tensor(logical_or(dist == 0, d == 0)) : Tensor(dist == 0);
+    h = where(zero, 0.0, Tensor(s * pow(ad, p - 1) / pow(dist, p - 1)));
+  } else if (p == 2) {
+    h = where(dist == 0, 0.0, Tensor(d / dist));
+  } else if (std::isinf(p)) {
+    h = where(ad == dist, s, 0.0);
+  } else {
+    h = where(dist == 0, 0.0, Tensor(d * pow(ad, p - 2) / pow(dist, p - 1)));
+  }
+  return h * g;
+}
+
+}  // namespace detail
+
+KILN_ENTRY Tensor cdist(const Tensor& x1_in, const Tensor& x2_in, double p) {
+  const Tensor x1 = detail::to_tensor(x1_in), x2 = detail::to_tensor(x2_in);
+  if (x1.dim() < 2 || x2.dim() < 2)
+    throw ShapeError("cdist: only supports at least 2-D tensors, got X1 " + detail::describe(x1) + " and X2 " +
+                     detail::describe(x2));
+  if (x1.shape().back() != x2.shape().back())
+    throw ShapeError("cdist: X1 and X2 must have the same number of columns, got X1 " + detail::describe(x1) +
+                     " and X2 " + detail::describe(x2));
+  if (!is_floating(x1.dtype()) || !is_floating(x2.dtype()))
+    throw DTypeError("cdist: only supports floating-point dtypes, got X1 " + detail::describe(x1) + " and X2 " +
+                     detail::describe(x2));
+  if (x1.dtype() != x2.dtype())
+    throw DTypeError("cdist: X1 and X2 must have one dtype, got X1 " + detail::describe(x1) + " and X2 " +
+                     detail::describe(x2));
+  if (!(p >= 0))
+    throw ValueError("cdist: only supports non-negative p values, got p=" + std::to_string(p) + " for X1 " +
+                     detail::describe(x1) + " and X2 " + detail::describe(x2));
+  detail::check_same_device(x1.device(), x2.device(), "cdist");
+  const Shape b1(std::vector<std::int64_t>(x1.shape().begin(), x1.shape().end() - 2));
+  const Shape b2(std::vector<std::int64_t>(x2.shape().begin(), x2.shape().end() - 2));
+  try {
+    checked_numel(broadcast_shapes(b1, b2, "cdist"), "cdist");
+  } catch (const ShapeError&) {
+    throw ShapeError("cdist: batch dimensions " + b1.str() + " and " + b2.str() + " cannot be broadcast, for X1 " +
+                     detail::describe(x1) + " and X2 " + detail::describe(x2));
+  }
+  // Autocast runs cdist in float32 (torch's fp32 list); the half types compute in float32 anyway.
+  const Tensor a = detail::fp32_operand(x1), b = detail::fp32_operand(x2);
+  const DType ct = compute_dtype(a.dtype());
+  const Tensor ac = a.dtype() == ct ? a : a.to(ct), bc = b.dtype() == ct ? b : b.to(ct);
+  // [..., P, 1, M] - [..., 1, R, M]: every pair of rows, the batch dims broadcast.
+  const Tensor d = unsqueeze(ac, -2) - unsqueeze(bc, -3);
+  const std::int64_t m = x1.shape().back();
+  Tensor out;
+  if (m == 0) {
+    // No columns: 0 for every p (amax has no identity); the sum keeps the graph connected.
+    out = sum(d, {-1});
+  } else if (p == 0) {
+    // Counts the differing columns; NaN stays NaN (torch's min(ceil(|d|), 1)).
+    out = sum(minimum(ceil(abs(d)), 1.0), {-1});
+  } else if (p == 1) {
+    out = sum(abs(d), {-1});
+  } else if (p == 2) {
+    out = sqrt(sum(d * d, {-1}));
+  } else if (std::isinf(p)) {
+    out = amax(abs(d), {-1});
+  } else {
+    out = pow(sum(pow(abs(d), p), {-1}), 1.0 / p);
+  }
+  if (m > 0) {
+    // torch's own rule rather than the composite's: 0 at a zero distance (not NaN), and for
+    // p = inf every tied column gets the whole gradient (amax would split it).
+    ir::NodePtr dn = d.node();
+    decomp::with_gradient(out.node(), {dn}, [dn, p](const ir::NodePtr& r, const ir::NodePtr& g) {
+      return std::vector<ir::NodePtr>{detail::cdist_gradient(Tensor(dn), Tensor(r), Tensor(g), p).node()};
+    });
+  }
+  return out.dtype() == a.dtype() ? out : out.to(a.dtype());
+}
+
+KILN_ENTRY Tensor dist(const Tensor& a_in, const Tensor& b_in, double p) {
+  const Tensor a = detail::to_tensor(a_in), b = detail::to_tensor(b_in);
+  try {
+    broadcast_shapes(a.shape(), b.shape(), "dist");
+  } catch (const ShapeError&) {
+    throw ShapeError("dist: the inputs cannot be broadcast together, got " + detail::describe_pair(a, b));
+  }
+  detail::ResultType rt;
+  rt.add(detail::info_of(a));
+  rt.add(detail::info_of(b));
+  if (!is_floating(rt.result()))
+    throw DTypeError("dist: expected inputs that promote to a floating dtype, got " + detail::describe_pair(a, b));
+  detail::check_same_device(a.device(), b.device(), "dist");
+  // Autocast runs dist in float32 (torch's fp32 list).
+  return linalg::vector_norm(Tensor(detail::fp32_operand(a) - detail::fp32_operand(b)), p);
 }
 
 }  // namespace kiln

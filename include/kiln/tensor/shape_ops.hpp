@@ -1,8 +1,10 @@
 #pragma once
 // Shapes and masks built from views, concatenation and pointwise primitives (so they fuse
-// with what reads them): stack, flip, roll, repeat, pad, tril, triu, one_hot, masked_fill.
+// with what reads them): stack, flip, roll, repeat, pad, tril, triu, one_hot, masked_fill,
+// block_diag, diag_embed, diagflat, dstack, column_stack, cartesian_prod, vander.
 // PyTorch's names, argument orders and dtype rules.
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -232,6 +234,43 @@ template <class E>
 requires TensorLike<E> Tensor pad(const E& x, const std::vector<std::int64_t>& pads, double value) {
   return pad(x, pads, "constant", value);
 }
+
+/// The tensors as blocks along the diagonal of a matrix, zeros elsewhere (torch.block_diag): a
+/// 0-dim tensor is a 1 x 1 block, a 1-D one a single row; the dtype is torch.result_type over
+/// the inputs. No inputs give an empty float32 [1, 0]. ShapeError for a tensor of more than 2 dims.
+KILN_ENTRY Tensor block_diag(const std::vector<Tensor>& tensors);
+
+/// A tensor whose diagonals `offset` over the new dims dim1 and dim2 (of the result, which has
+/// one dim more than the input) hold the input's last dim, zeros elsewhere (torch.diag_embed):
+/// the last dim of size n becomes two dims of size n + |offset|. ShapeError for a 0-dim input,
+/// dims out of range or equal.
+KILN_ENTRY Tensor diag_embed(const Tensor& input, std::int64_t offset = 0, std::int64_t dim1 = -2,
+                             std::int64_t dim2 = -1);
+
+/// The square matrix with the flattened input on its diagonal `offset` (torch.diagflat).
+KILN_ENTRY Tensor diagflat(const Tensor& input, std::int64_t offset = 0);
+
+/// The tensors joined along a third dim (torch.dstack): each made at least 3-D first ([] ->
+/// [1, 1, 1], [n] -> [1, n, 1], [m, n] -> [m, n, 1]); dtypes promote as cat's. ValueError for no
+/// tensors, ShapeError for sizes that differ outside the third dim.
+KILN_ENTRY Tensor dstack(const std::vector<Tensor>& tensors);
+
+/// The tensors as columns (torch.column_stack): 0-dim and 1-D ones become [numel, 1], then all
+/// are joined along dim 1; dtypes promote as cat's. ValueError for no tensors, ShapeError for
+/// row counts that differ.
+KILN_ENTRY Tensor column_stack(const std::vector<Tensor>& tensors);
+
+/// Every combination of one element from each 1-D tensor, in itertools.product's order, as the
+/// rows of an [n0 * n1 * ..., count] tensor (torch.cartesian_prod); one tensor comes back as
+/// itself. The tensors must share one dtype (DTypeError otherwise, as torch's meshgrid);
+/// ValueError for no tensors, ShapeError for one that is not 1-D.
+KILN_ENTRY Tensor cartesian_prod(const std::vector<Tensor>& tensors);
+
+/// The Vandermonde matrix of the 1-D x (torch.vander, not torch.linalg.vander): N columns
+/// (x's length when omitted) of the powers x^(N-1), ..., x^1, x^0, or increasing from x^0. The
+/// powers are running products, as torch's cumprod; integer and bool inputs give int64.
+/// ShapeError unless x is 1-D, ValueError for a negative N.
+KILN_ENTRY Tensor vander(const Tensor& x, std::optional<std::int64_t> N = std::nullopt, bool increasing = false);
 
 }  // namespace kiln
 

@@ -180,6 +180,86 @@ int main() {
     if (!a[2].l.empty()) dim = a[2].l[0];
     return {repeat_interleave(T(a, 0), a[1].i, dim)};
   };
+  U(signbit)
+  U(sgn) B(floor_divide) B(copysign) B(float_power)
+      ops["logaddexp2"] = [&](A& a) -> R { return {logaddexp2(T(a, 0), T(a, 1))}; };
+  ops["div_mode"] = [&](A& a) -> R { return {div(T(a, 0), T(a, 1), std::string_view(a[2].s))}; };
+  ops["std"] = [&](A& a) -> R { return {kiln::std(T(a, 0), Axes(a[1].l), a[2].i != 0, a[3].f)}; };
+  ops["nanmedian"] = [&](A& a) -> R { return {nanmedian(T(a, 0))}; };
+  ops["nanmedian_dim"] = [&](A& a) -> R {
+    auto r = nanmedian(T(a, 0), a[1].i, a[2].i != 0);
+    return {r.values(), r.indices()};
+  };
+  ops["nanquantile"] = [&](A& a) -> R {
+    std::optional<std::int64_t> dim;
+    if (!a[2].l.empty()) dim = a[2].l[0];
+    return {nanquantile(T(a, 0), a[1].f, dim, a[3].i != 0, a[4].s)};
+  };
+  ops["kthvalue"] = [&](A& a) -> R {
+    auto r = kthvalue(T(a, 0), a[1].i, a[2].i, a[3].i != 0);
+    return {r.values(), r.indices()};
+  };
+  ops["searchsorted"] = [&](A& a) -> R {
+    std::optional<std::string> side;
+    if (a[4].kind == 's') side = a[4].s;
+    return {searchsorted(T(a, 0), T(a, 1), a[2].i != 0, a[3].i != 0, side)};
+  };
+  ops["bucketize"] = [&](A& a) -> R { return {bucketize(T(a, 0), T(a, 1), a[2].i != 0, a[3].i != 0)}; };
+  ops["cov"] = [&](A& a) -> R { return {cov(T(a, 0), a[1].i, T(a, 2), T(a, 3))}; };
+  ops["corrcoef"] = [&](A& a) -> R { return {corrcoef(T(a, 0))}; };
+  ops["histc"] = [&](A& a) -> R { return {histc(T(a, 0), a[1].i, a[2].f, a[3].f)}; };
+  ops["softshrink"] = [&](A& a) -> R { return {softshrink(T(a, 0), a[1].f)}; };
+  ops["hardshrink"] = [&](A& a) -> R { return {hardshrink(T(a, 0), a[1].f)}; };
+  ops["margin_ranking_loss"] = [&](A& a) -> R {
+    return {margin_ranking_loss(T(a, 0), T(a, 1), T(a, 2), a[3].f, a[4].s)};
+  };
+  ops["soft_margin_loss"] = [&](A& a) -> R { return {soft_margin_loss(T(a, 0), T(a, 1), a[2].s)}; };
+  ops["hinge_embedding_loss"] = [&](A& a) -> R { return {hinge_embedding_loss(T(a, 0), T(a, 1), a[2].f, a[3].s)}; };
+  ops["poisson_nll_loss"] = [&](A& a) -> R {
+    return {poisson_nll_loss(T(a, 0), T(a, 1), a[2].i != 0, a[3].i != 0, a[4].f, a[5].s)};
+  };
+  ops["gaussian_nll_loss"] = [&](A& a) -> R {
+    return {gaussian_nll_loss(T(a, 0), T(a, 1), T(a, 2), a[3].i != 0, a[4].f, a[5].s)};
+  };
+  ops["cosine_embedding_loss"] = [&](A& a) -> R {
+    return {cosine_embedding_loss(T(a, 0), T(a, 1), T(a, 2), a[3].f, a[4].s)};
+  };
+  ops["triplet_margin_loss"] = [&](A& a) -> R {
+    return {triplet_margin_loss(T(a, 0), T(a, 1), T(a, 2), a[3].f, a[4].f, a[5].f, a[6].i != 0, a[7].s)};
+  };
+  ops["multilabel_soft_margin_loss"] = [&](A& a) -> R {
+    return {multilabel_soft_margin_loss(T(a, 0), T(a, 1), T(a, 2), a[3].s)};
+  };
+  ops["multi_margin_loss"] = [&](A& a) -> R {
+    return {multi_margin_loss(T(a, 0), T(a, 1), a[2].i, a[3].f, T(a, 4), a[5].s)};
+  };
+  ops["pairwise_distance"] = [&](A& a) -> R {
+    return {pairwise_distance(T(a, 0), T(a, 1), a[2].f, a[3].f, a[4].i != 0)};
+  };
+  ops["pdist"] = [&](A& a) -> R { return {nn::functional::pdist(T(a, 0), a[1].f)}; };
+  ops["tensordot"] = [&](A& a) -> R { return {tensordot(T(a, 0), T(a, 1), a[2].l, a[3].l)}; };
+  ops["kron"] = [&](A& a) -> R { return {kron(T(a, 0), T(a, 1))}; };
+  ops["cdist"] = [&](A& a) -> R { return {cdist(T(a, 0), T(a, 1), a[2].f)}; };
+  ops["dist"] = [&](A& a) -> R { return {dist(T(a, 0), T(a, 1), a[2].f)}; };
+  ops["block_diag"] = [&](A& a) -> R { return {block_diag({T(a, 0), T(a, 1), T(a, 2)})}; };
+  ops["diag_embed"] = [&](A& a) -> R { return {diag_embed(T(a, 0), a[1].i, a[2].i, a[3].i)}; };
+  ops["diagflat"] = [&](A& a) -> R { return {diagflat(T(a, 0), a[1].i)}; };
+  ops["dstack"] = [&](A& a) -> R { return {dstack({T(a, 0), T(a, 1)})}; };
+  ops["column_stack"] = [&](A& a) -> R { return {column_stack({T(a, 0), T(a, 1)})}; };
+  ops["cartesian_prod"] = [&](A& a) -> R { return {cartesian_prod({T(a, 0), T(a, 1)})}; };
+  ops["vander"] = [&](A& a) -> R {
+    std::optional<std::int64_t> n;
+    if (!a[1].l.empty()) n = a[1].l[0];
+    return {vander(T(a, 0), n, a[2].i != 0)};
+  };
+  ops["diff"] = [&](A& a) -> R { return {diff(T(a, 0), a[1].i, a[2].i, T(a, 3), T(a, 4))}; };
+  ops["trapezoid"] = [&](A& a) -> R {
+    return {a[1].kind == 't' ? trapezoid(T(a, 0), T(a, 1), a[2].i) : trapezoid(T(a, 0), a[1].f, a[2].i)};
+  };
+  ops["cumulative_trapezoid"] = [&](A& a) -> R {
+    return {a[1].kind == 't' ? cumulative_trapezoid(T(a, 0), T(a, 1), a[2].i)
+                             : cumulative_trapezoid(T(a, 0), a[1].f, a[2].i)};
+  };
   ops["normalize"] = [&](A& a) -> R { return {nn::functional::normalize(T(a, 0), a[1].f, a[2].i, a[3].f)}; };
   ops["cosine_similarity"] = [&](A& a) -> R { return {nn::functional::cosine_similarity(T(a, 0), T(a, 1), a[2].i, a[3].f)}; };
   ops["glu"] = [&](A& a) -> R { return {nn::functional::glu(T(a, 0), a[1].i)}; };

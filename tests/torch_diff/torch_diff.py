@@ -44,7 +44,7 @@ def T(t, nc=None):
     return ('t', t, nc)
 
 UNARY = ['neg','abs','exp','exp2','log','log2','log1p','expm1','sqrt','rsqrt','sin','cos','tan','tanh','erf','floor','ceil','round','logical_not','isnan','isinf','sigmoid','relu','silu','atan','asin','acos','sinh','cosh','asinh','acosh','atanh','reciprocal','sign','square','trunc','bitwise_not',
-         'isfinite','isposinf','isneginf','log10','frac','deg2rad','rad2deg','flipud','fliplr']
+         'isfinite','isposinf','isneginf','log10','frac','deg2rad','rad2deg','flipud','fliplr','signbit','sgn']
 BINARY = ['add','sub','mul','div','pow','maximum','minimum','eq','ne','lt','le','gt','ge','logical_and','logical_or','logical_xor','atan2','hypot','fmod','remainder','bitwise_and','bitwise_or','bitwise_xor','left_shift','right_shift']
 ACTIVATIONS = ['leaky_relu','elu','selu','celu','softplus','mish','hardtanh','relu6','hardsigmoid','hardswish','logsigmoid','softsign','tanhshrink']
 TORCH_NAME = {'left_shift': 'bitwise_left_shift', 'right_shift': 'bitwise_right_shift'}
@@ -255,6 +255,127 @@ def gen_composite(op, dt):
         mode = rng.choice(['linear', 'lower', 'higher', 'midpoint', 'nearest'])
         return [T(x), ('f', q), ('l', [d] if d is not None else []), ('i', kd), ('s', mode)], \
             lambda a: torch.quantile(a[0], q, dim=d, keepdim=bool(kd), interpolation=mode)
+    if op in ('floor_divide', 'div_mode', 'copysign', 'float_power', 'logaddexp2'):
+        sh = rshape(); x = rtensor(sh, rng.choice(FLOATS + INTS) if op != 'logaddexp2' else rng.choice(FLOATS))
+        y = rtensor(bcast_shape(sh) if rng.random() < .5 else sh, rng.choice(FLOATS + INTS) if op != 'logaddexp2' else rng.choice(FLOATS))
+        if op in ('floor_divide', 'div_mode') and not y.dtype.is_floating_point and not x.dtype.is_floating_point:
+            y = torch.where(y == 0, torch.ones_like(y), y)   # integer division by zero raises in both
+        if op == 'div_mode':
+            mode = rng.choice(['trunc', 'floor'])
+            return [T(x), T(y), ('s', mode)], lambda a: torch.div(a[0], a[1], rounding_mode=mode)
+        if rng.random() < .3 and op != 'logaddexp2':
+            v = rng.choice([2.0, -0.5, 3.0, -2.0]); f = getattr(torch, op)
+            return [T(x), ('f', v)], lambda a: f(a[0], v)
+        f = getattr(torch, op)
+        return [T(x), T(y)], lambda a: f(a[0], a[1])
+    if op == 'std':
+        sh = rshape(mind=1); x = rtensor(sh, rng.choice(FLOATS), special=rng.random() < .2)
+        if rng.random() < .2 and x.numel(): x.view(-1)[:] = 1.5
+        nd = len(sh); axes = sorted(rng.sample(range(nd), rng.randint(0, nd)))
+        kd = rng.randint(0, 1) if axes else 0; corr = rng.choice([0.0, 1.0])
+        return [T(x), ('l', axes), ('i', kd), ('f', corr)], lambda a: torch.std(a[0], dim=axes if axes else None, keepdim=bool(kd), correction=corr)
+    if op == 'nanmedian':
+        x = rtensor(rshape(), rng.choice(FLOATS[:2]), lo=-2, hi=2, special=True)
+        return [T(x)], lambda a: torch.nanmedian(a[0])
+    if op == 'nanmedian_dim':
+        sh = rshape(mind=1); x = rtensor(sh, rng.choice(FLOATS[:2]), special=True); d = rng.randrange(-len(sh), len(sh)); kd = rng.randint(0, 1)
+        if rng.random() < .5 and x.numel(): x.view(-1)[rng.randrange(x.numel())] = float('nan')
+        return [T(x), ('i', d), ('i', kd)], lambda a: tuple(torch.nanmedian(a[0], d, bool(kd)))
+    if op == 'nanquantile':
+        sh = rshape(mind=1); x = rtensor(sh, rng.choice(['float32', 'float64']), special=True)
+        if x.numel() == 0: x = torch.tensor([1.0, float('nan')], dtype=x.dtype); sh = [2]
+        q = rng.choice([0.0, 0.25, 0.5, 0.9, 1.0]); d = rng.randrange(-len(sh), len(sh)) if rng.random() < .7 else None
+        kd = rng.randint(0, 1); it = rng.choice(['linear', 'lower', 'higher', 'midpoint', 'nearest'])
+        return [T(x), ('f', q), ('l', [d] if d is not None else []), ('i', kd), ('s', it)], lambda a: torch.nanquantile(a[0], q, dim=d, keepdim=bool(kd), interpolation=it)
+    if op == 'kthvalue':
+        sh = rshape(mind=1, maxn=6); sh = [max(1, s) for s in sh]
+        x = rtensor(sh, rng.choice(['float32', 'float64', 'int64']), lo=-3, hi=3, special=False)
+        d = rng.randrange(-len(sh), len(sh)); k = rng.randint(1, sh[d]); kd = rng.randint(0, 1)
+        # torch's position among equal values is unspecified: distinct values only.
+        x = (torch.arange(x.numel(), dtype=torch.float64)[torch.randperm(x.numel())] - 3).reshape(sh).to(x.dtype)
+        return [T(x), ('i', k), ('i', d), ('i', kd)], lambda a: tuple(torch.kthvalue(a[0], k, d, bool(kd)))
+    if op in ('searchsorted', 'bucketize'):
+        n = rng.choice([0, 1, 5, 70, 3000]); batched = op == 'searchsorted' and rng.random() < .4
+        dts = rng.choice(['float32', 'float64', 'int64', 'int32'])
+        lead = [rng.randint(1, 3)] if batched else []
+        seq = torch.sort(rtensor(lead + [n], dts, special=False, lo=-20, hi=20), dim=-1).values
+        vals = rtensor(lead + [rng.randint(0, 7)] if batched else rshape(), rng.choice([dts, 'float32', 'int64']), special=rng.random() < .3, lo=-22, hi=22)
+        o32 = rng.randint(0, 1); right = rng.randint(0, 1)
+        if op == 'bucketize':
+            return [T(vals), T(seq), ('i', o32), ('i', right)], lambda a: torch.bucketize(a[0], a[1], out_int32=bool(o32), right=bool(right))
+        side = rng.choice([None, 'left', 'right']) if not right else rng.choice([None, 'right'])
+        return [T(seq), T(vals), ('i', o32), ('i', right), ('s', side) if side else ('n',)], \
+            lambda a: torch.searchsorted(a[0], a[1], out_int32=bool(o32), right=bool(right), side=side)
+    if op == 'cov':
+        sh = rng.choice([[rng.randint(1, 4), rng.randint(1, 6)], [rng.randint(1, 6)]]); x = rtensor(sh, rng.choice(['float32', 'float64', 'int64']), special=False)
+        obs = sh[-1]; corr = rng.choice([0, 1, 2])
+        fw = torch.randint(0, 4, (obs,)) if rng.random() < .4 else None
+        aw = torch.rand(obs, dtype=torch.float64) + .1 if rng.random() < .4 else None
+        args = [T(x), ('i', corr), T(fw) if fw is not None else ('n',), T(aw) if aw is not None else ('n',)]
+        return args, lambda a: torch.cov(a[0], correction=corr, fweights=fw, aweights=a[3] if aw is not None else None)
+    if op == 'corrcoef':
+        sh = rng.choice([[rng.randint(1, 4), rng.randint(2, 6)], [rng.randint(2, 6)]]); x = rtensor(sh, rng.choice(['float32', 'float64']), special=False)
+        return [T(x)], lambda a: torch.corrcoef(a[0])
+    if op == 'histc':
+        x = rtensor(rshape(), rng.choice(['float32', 'float64']), special=rng.random() < .2)
+        bins = rng.choice([1, 3, 10]); lo, hi = rng.choice([(0.0, 0.0), (-2.0, 2.0), (0.0, 1.0)])
+        if lo == hi and x.numel() and not torch.isfinite(x).all(): x = torch.nan_to_num(x, 0.0, 3.0, -3.0)
+        return [T(x), ('i', bins), ('f', lo), ('f', hi)], lambda a: torch.histc(a[0], bins, lo, hi)
+    if op == 'tensordot':
+        fdt = rng.choice(['float32', 'float64', 'int64']); k = rng.randint(0, 2)
+        shared = [rng.randint(1, 3) for _ in range(k)]; sa = [rng.randint(1, 3) for _ in range(rng.randint(0, 2))]; sb = [rng.randint(1, 3) for _ in range(rng.randint(0, 2))]
+        x = rtensor(sa + shared, fdt, special=False); y = rtensor(shared + sb, fdt, special=False)
+        da = list(range(len(sa), len(sa) + k)); db = list(range(k))
+        return [T(x), T(y), ('l', da), ('l', db)], lambda a: torch.tensordot(a[0], a[1], dims=(da, db))
+    if op == 'kron':
+        x = rtensor(rshape(maxd=2, maxn=3), dt); y = rtensor(rshape(maxd=3, maxn=3), rng.choice(ALL) if rng.random() < .3 else dt)
+        return [T(x), T(y)], lambda a: torch.kron(a[0], a[1])
+    if op in ('cdist', 'dist'):
+        fdt = rng.choice(['float32', 'float64']); p = rng.choice([0.0, 1.0, 2.0, 3.0, 0.5, float('inf')])
+        if op == 'dist':
+            sh = rshape(); x = rtensor(sh, fdt, special=False).round(); y = rtensor(bcast_shape(sh), fdt, special=False).round()
+            return [T(x), T(y), ('f', p)], lambda a: torch.dist(a[0], a[1], p)
+        m = rng.randint(1, 4); b = [rng.randint(1, 2)] if rng.random() < .3 else []
+        x = rtensor(b + [rng.randint(1, 4), m], fdt, special=False).round(); y = rtensor(b + [rng.randint(1, 4), m], fdt, special=False).round()
+        return [T(x), T(y), ('f', p)], lambda a: torch.cdist(a[0], a[1], p, compute_mode='donot_use_mm_for_euclid_dist')
+    if op == 'block_diag':
+        xs = [rtensor(rshape(maxd=2, maxn=3), rng.choice(['float32', 'float64', 'int64'])) for _ in range(3)]
+        return [T(x) for x in xs], lambda a: torch.block_diag(a[0], a[1], a[2])
+    if op == 'diag_embed':
+        sh = rshape(mind=1, maxd=2); x = rtensor(sh, dt); r = len(sh) + 1
+        d1, d2 = rng.sample(range(-r, r), 2)
+        while (d1 % r) == (d2 % r): d1, d2 = rng.sample(range(-r, r), 2)
+        o = rng.randint(-2, 2)
+        return [T(x), ('i', o), ('i', d1), ('i', d2)], lambda a: torch.diag_embed(a[0], o, d1, d2)
+    if op == 'diagflat':
+        x = rtensor(rshape(maxd=2), dt); o = rng.randint(-2, 2)
+        return [T(x), ('i', o)], lambda a: torch.diagflat(a[0], o)
+    if op in ('dstack', 'column_stack'):
+        sh = rshape(maxd=2, maxn=3); x = rtensor(sh, dt); y = rtensor(sh, rng.choice(ALL) if rng.random() < .3 else dt)
+        f = getattr(torch, op)
+        return [T(x), T(y)], lambda a: f([a[0], a[1]])
+    if op == 'cartesian_prod':
+        x = rtensor([rng.randint(0, 3)], dt); y = rtensor([rng.randint(1, 3)], dt)
+        return [T(x), T(y)], lambda a: torch.cartesian_prod(a[0], a[1])
+    if op == 'vander':
+        x = rtensor([rng.randint(0, 4)], rng.choice(['float32', 'float64', 'int64']), special=False).round(); n = rng.choice([None, 0, 1, 3, 5]); inc = rng.randint(0, 1)
+        return [T(x), ('l', [n] if n is not None else []), ('i', inc)], lambda a: torch.vander(a[0], N=n, increasing=bool(inc))
+    if op == 'diff':
+        sh = rshape(mind=1); x = rtensor(sh, dt); d = rng.randrange(-len(sh), len(sh)); n = rng.randint(0, 3)
+        def side():
+            if rng.random() < .6: return None
+            s2 = list(sh); s2[d] = rng.randint(0, 2); return rtensor(s2, x.dtype.__repr__().split('.')[1] if rng.random() < .8 else rng.choice(ALL))
+        pre, app = side(), side()
+        return [T(x), ('i', n), ('i', d), T(pre) if pre is not None else ('n',), T(app) if app is not None else ('n',)], \
+            lambda a: torch.diff(a[0], n, d, prepend=a[3] if pre is not None else None, append=a[4] if app is not None else None)
+    if op in ('trapezoid', 'cumulative_trapezoid'):
+        sh = rshape(mind=1); y = rtensor(sh, rng.choice(FLOATS[:2] + INTS), special=False); d = rng.randrange(-len(sh), len(sh))
+        f = getattr(torch, op)
+        if rng.random() < .5:
+            dx = rng.choice([1.0, 0.5, 2.0])
+            return [T(y), ('f', dx), ('i', d)], lambda a: f(a[0], dx=dx, dim=d)
+        x = torch.sort(rtensor([sh[d]], rng.choice(['float32', 'float64']), special=False)).values
+        return [T(y), T(x), ('i', d)], lambda a: f(a[0], a[1], dim=d)
     raise ValueError(op)
 
 def gen(op):
@@ -442,6 +563,57 @@ def gen(op):
         sh = rshape(mind=1); K = sh[-1]; fdt = rng.choice(['float32', 'float64'])
         x = rtensor(sh, fdt, special=False); w = rtensor([K], fdt, special=False); b = rtensor([K], fdt, special=False)
         return [T(x), T(w), T(b), ('f', 1e-5)], lambda a: torch.nn.functional.layer_norm(a[0], [K], a[1], a[2], 1e-5)
+    if op in ('softshrink', 'hardshrink'):
+        x = rtensor(rshape(), rng.choice(FLOATS)); lam = rng.choice([0.5, 0.0, 1.5, 2.0])
+        f = getattr(torch.nn.functional, op)
+        return [T(x), ('f', lam)], lambda a: f(a[0], lam)
+    if op in ('margin_ranking_loss', 'soft_margin_loss', 'hinge_embedding_loss', 'cosine_embedding_loss', 'multilabel_soft_margin_loss'):
+        F = torch.nn.functional; red = rng.choice(['mean', 'sum', 'none']); fdt = rng.choice(['float32', 'float64'])
+        sh = rshape(mind=1)
+        # values on a small grid, so that the hinges are hit exactly (their gradient there)
+        x = rtensor(sh, fdt, special=False, lo=-2, hi=2).round(); m = rng.choice([0.0, 1.0, 2.0])
+        sign = torch.where(torch.rand(sh) < .5, -1.0, 1.0).to(x.dtype)
+        if op == 'margin_ranking_loss':
+            y = rtensor(sh, fdt, special=False).round()
+            return [T(x), T(y), T(sign), ('f', m), ('s', red)], lambda a: F.margin_ranking_loss(a[0], a[1], a[2], margin=m, reduction=red)
+        if op == 'soft_margin_loss':
+            return [T(x), T(sign), ('s', red)], lambda a: F.soft_margin_loss(a[0], a[1], reduction=red)
+        if op == 'hinge_embedding_loss':
+            return [T(x), T(sign), ('f', m), ('s', red)], lambda a: F.hinge_embedding_loss(a[0], a[1], margin=m, reduction=red)
+        if op == 'multilabel_soft_margin_loss':
+            t = (torch.rand(sh) < .5).to(x.dtype); w = rtensor([sh[-1]], fdt, special=False) if rng.random() < .4 else None
+            return [T(x), T(t), T(w) if w is not None else ('n',), ('s', red)], lambda a: F.multilabel_soft_margin_loss(a[0], a[1], weight=a[2] if w is not None else None, reduction=red)
+        n, d = rng.randint(1, 4), rng.randint(1, 5); x1 = rtensor([n, d], fdt, special=False); x2 = rtensor([n, d], fdt, special=False)
+        t = torch.where(torch.rand(n) < .5, -1.0, 1.0).to(x1.dtype); m = rng.choice([0.0, 0.5, -0.5])
+        return [T(x1), T(x2), T(t), ('f', m), ('s', red)], lambda a: F.cosine_embedding_loss(a[0], a[1], a[2], margin=m, reduction=red)
+    if op in ('poisson_nll_loss', 'gaussian_nll_loss'):
+        F = torch.nn.functional; red = rng.choice(['mean', 'sum', 'none']); fdt = rng.choice(['float32', 'float64'])
+        sh = rshape(mind=1); x = rtensor(sh, fdt, special=False); full = rng.randint(0, 1)
+        if op == 'poisson_nll_loss':
+            li = rng.randint(0, 1); t = rtensor(sh, fdt, special=False).abs().round()
+            if not li: x = x.abs() + .1
+            return [T(x), T(t), ('i', li), ('i', full), ('f', 1e-8), ('s', red)], lambda a: F.poisson_nll_loss(a[0], a[1], log_input=bool(li), full=bool(full), eps=1e-8, reduction=red)
+        t = rtensor(sh, fdt, special=False); vs = rng.choice([sh, sh[:-1], sh[:-1] + [1]])
+        var = rtensor(vs, fdt, special=False).abs() + rng.choice([0.0, 1e-7, 0.5])
+        return [T(x), T(t), T(var), ('i', full), ('f', 1e-6), ('s', red)], lambda a: F.gaussian_nll_loss(a[0], a[1], a[2], full=bool(full), eps=1e-6, reduction=red)
+    if op in ('triplet_margin_loss', 'pairwise_distance'):
+        F = torch.nn.functional; fdt = rng.choice(['float32', 'float64']); n, d = rng.randint(1, 4), rng.randint(1, 5)
+        xs = [rtensor([n, d], fdt, special=False) for _ in range(3)]; p = rng.choice([1.0, 2.0, 3.0])
+        if op == 'pairwise_distance':
+            kd = rng.randint(0, 1)
+            return [T(xs[0]), T(xs[1]), ('f', p), ('f', 1e-6), ('i', kd)], lambda a: F.pairwise_distance(a[0], a[1], p=p, eps=1e-6, keepdim=bool(kd))
+        m = rng.choice([1.0, 0.5]); sw = rng.randint(0, 1); red = rng.choice(['mean', 'sum', 'none'])
+        return [T(xs[0]), T(xs[1]), T(xs[2]), ('f', m), ('f', p), ('f', 1e-6), ('i', sw), ('s', red)], \
+            lambda a: F.triplet_margin_loss(a[0], a[1], a[2], margin=m, p=p, eps=1e-6, swap=bool(sw), reduction=red)
+    if op == 'multi_margin_loss':
+        F = torch.nn.functional; fdt = rng.choice(['float32', 'float64']); n, c = rng.randint(1, 4), rng.randint(1, 5)
+        x = rtensor([n, c], fdt, special=False).round(); y = torch.randint(0, c, (n,)); p = rng.choice([1, 2]); m = rng.choice([1.0, 0.5])
+        w = rtensor([c], fdt, special=False).abs() if rng.random() < .4 else None; red = rng.choice(['mean', 'sum', 'none'])
+        return [T(x), T(y), ('i', p), ('f', m), T(w) if w is not None else ('n',), ('s', red)], \
+            lambda a: F.multi_margin_loss(a[0], a[1], p=p, margin=m, weight=a[4] if w is not None else None, reduction=red)
+    if op == 'pdist':
+        x = rtensor([rng.randint(1, 5), rng.randint(1, 4)], rng.choice(['float32', 'float64']), special=False).round(); p = rng.choice([0.0, 1.0, 2.0, 3.0, float('inf')])
+        return [T(x), ('f', p)], lambda a: torch.nn.functional.pdist(a[0], p)
     if op in ('mse_loss', 'l1_loss', 'smooth_l1_loss', 'huber_loss', 'bcel', 'bce'):
         sh = rshape(mind=1); fdt = rng.choice(['float32', 'float64'])
         x = rtensor(sh, fdt, special=False); y = rtensor(bcast_shape(sh) if rng.random() < .3 else sh, fdt, special=False)
@@ -587,7 +759,9 @@ OPS = UNARY + BINARY + ['gelu', 'where', 'clamp', 'sum', 'prod', 'mean', 'amax',
       'sort', 'argsort', 'topk', 'gather', 'take_along_dim', 'index_select', 'scatter', 'scatter_add', 'index_add', 'embedding', 'masked_fill',
       'tril', 'triu', 'flip', 'roll', 'repeat', 'pad', 'one_hot', 'stack', 'cat', 'matmul', 'to', 'chunk', 'split', 'cross_entropy', 'layer_norm',
       'rms_norm', 'index_copy', 'take_flat', 'clamp_t', 'where_s', 'sdpa', 'linear', 'layer_norm_ns', 'rms_norm_ns'] + ACTIVATIONS + COMPOSITES
-LOSSES = ['mse_loss', 'l1_loss', 'smooth_l1_loss', 'huber_loss', 'bcel', 'bce', 'ce_opts', 'nll_loss']
+LOSSES = ['mse_loss', 'l1_loss', 'smooth_l1_loss', 'huber_loss', 'bcel', 'bce', 'ce_opts', 'nll_loss', 'margin_ranking_loss',
+          'soft_margin_loss', 'hinge_embedding_loss', 'cosine_embedding_loss', 'multilabel_soft_margin_loss', 'poisson_nll_loss',
+          'gaussian_nll_loss', 'triplet_margin_loss', 'pairwise_distance', 'multi_margin_loss', 'pdist', 'softshrink', 'hardshrink']
 if ONLY: OPS = LOSSES if ONLY == ['losses'] else (COMPOSITES if ONLY == ['composites'] else ONLY)
 
 def enc_tensor(t, nc):

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kiln/ir/builder.hpp"
+#include "kiln/ir/special.hpp"
 
 namespace kiln::autodiff {
 
@@ -162,6 +163,21 @@ template <> struct Vjp<Op::Erf> {
     return {mul(scale(g, 2.0 / std::sqrt(std::numbers::pi)), ir::unary(Op::Exp, neg(mul(x, x))))};
   }
 };
+template <> struct Vjp<Op::Erfc> {
+  // -g * 2/sqrt(pi) * exp(-x^2).
+  static Grads apply(const NodePtr& n, const NodePtr& g) {
+    using namespace vjp_detail;
+    const NodePtr& x = in(n, 0);
+    return {mul(scale(g, -2.0 / std::sqrt(std::numbers::pi)), ir::unary(Op::Exp, neg(mul(x, x))))};
+  }
+};
+template <> struct Vjp<Op::Lgamma> {
+  // g * digamma(x) (infinite at the poles, as torch's).
+  static Grads apply(const NodePtr& n, const NodePtr& g) {
+    using namespace vjp_detail;
+    return {mul(g, ir::special::digamma(in(n, 0)))};
+  }
+};
 template <> struct Vjp<Op::Atan> {
   static Grads apply(const NodePtr& n, const NodePtr& g) {
     using namespace vjp_detail;
@@ -270,6 +286,15 @@ template <> struct Vjp<Op::Hypot> {
     using namespace vjp_detail;
     NodePtr r = div(g, n);
     return {mul(r, in(n, 0)), mul(r, in(n, 1))};
+  }
+};
+template <> struct Vjp<Op::Copysign> {
+  // torch's: g * result / a, 0 where a is 0 (NaN where a is NaN); b gets zeros.
+  static Grads apply(const NodePtr& n, const NodePtr& g) {
+    using namespace vjp_detail;
+    const NodePtr& a = in(n, 0);
+    const NodePtr ratio = ir::where(compare(Op::Eq, a, zeros_like(a)), zeros_like(a), div(n, a));
+    return {mul(g, ratio), zeros_like(in(n, 1))};
   }
 };
 template <> struct Vjp<Op::Fmod> {

@@ -361,6 +361,10 @@ inline void exec_unary(const ir::GraphNode& n, DType in_dtype, const Value& a, V
       return math([](auto x) { return std::tanh(x); });
     case Op::Erf:
       return math([](auto x) { return std::erf(x); });
+    case Op::Erfc:
+      return math([](auto x) { return std::erfc(x); });
+    case Op::Lgamma:
+      return math([](auto x) { return std::lgamma(x); });
     case Op::Atan:
       return math([](auto x) { return std::atan(x); });
     case Op::Asin:
@@ -492,6 +496,11 @@ inline void exec_binary(const ir::GraphNode& n, const Value& a, const Value& b, 
     case Op::Hypot:
       if constexpr (fl)
         return arith([](C x, C y) { return std::hypot(x, y); });
+      else
+        break;
+    case Op::Copysign:
+      if constexpr (fl)
+        return arith([](C x, C y) { return std::copysign(x, y); });
       else
         break;
     case Op::Fmod:

@@ -8,6 +8,7 @@
 #include <numbers>
 
 #include "kiln/decomp/decompose.hpp"
+#include "kiln/ir/special.hpp"
 
 namespace kiln::decomp {
 
@@ -142,6 +143,14 @@ inline NodePtr atanh_value(const NodePtr& x) {
     NodePtr d = sub(ir::unary(Op::Log1p, v), ir::unary(Op::Log1p, ir::unary(Op::Neg, v)));
     return mul(d, scalar_like(0.5, v));
   });
+}
+
+/// digamma (torch.digamma): ir::special's series in x's compute dtype; PyTorch's gradient
+/// trigamma(x) g, not the series' own derivative.
+inline NodePtr digamma(const NodePtr& x) {
+  using namespace elementwise_detail;
+  return with_derivative(in_compute_dtype(x, [](const NodePtr& v) { return ir::special::digamma(v); }), x,
+                         [](const NodePtr& v) { return ir::special::trigamma(v); });
 }
 
 /// Python's modulus (torch.remainder): fmod, moved by one divisor when the signs of the result

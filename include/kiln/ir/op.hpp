@@ -61,6 +61,8 @@ enum OpFlag : std::uint32_t {
   X(Tan, "tan", Unary, Transcendental, kFloatOnly | kMathCall | kLibmName)                     \
   X(Tanh, "tanh", Unary, Transcendental, kFloatOnly | kMathCall | kLibmName)                   \
   X(Erf, "erf", Unary, Transcendental, kFloatOnly | kMathCall | kLibmName)                     \
+  X(Erfc, "erfc", Unary, Transcendental, kFloatOnly | kMathCall | kLibmName)                   \
+  X(Lgamma, "lgamma", Unary, Transcendental, kFloatOnly | kMathCall | kLibmName)               \
   X(Atan, "atan", Unary, Transcendental, kFloatOnly | kMathCall | kLibmName)                   \
   X(Asin, "asin", Unary, Transcendental, kFloatOnly | kMathCall | kLibmName)                   \
   X(Acos, "acos", Unary, Transcendental, kFloatOnly | kMathCall | kLibmName)                   \
@@ -90,6 +92,7 @@ enum OpFlag : std::uint32_t {
   X(Or, "or", Binary, Cheap, kBoolResult | kCommutative)                                       \
   X(Atan2, "atan2", Binary, Transcendental, kFloatOnly | kMathCall | kLibmName)                \
   X(Hypot, "hypot", Binary, Transcendental, kFloatOnly | kMathCall | kCommutative | kLibmName) \
+  X(Copysign, "copysign", Binary, Cheap, kFloatOnly | kMathCall | kLibmName)                   \
   X(Fmod, "fmod", Binary, Divide, kNoFlags)                                                    \
   X(BitAnd, "bitwise_and", Binary, Cheap, kIntOnly | kBoolToo | kCommutative)                  \
   X(BitOr, "bitwise_or", Binary, Cheap, kIntOnly | kBoolToo | kCommutative)                    \

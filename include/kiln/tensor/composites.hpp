@@ -410,20 +410,8 @@ requires detail::BinaryOperands<A, B> Tensor floor_divide(const A& a, const B& b
 template <class A, class B>
 requires detail::BinaryOperands<A, B> Tensor true_divide(const A& a, const B& b) { return Tensor(div(a, b)); }
 
-/// |a| with the sign of b (torch.copysign), in the floating dtype a and b promote to (integers
-/// give float32); -0 in b counts as negative. A NaN b counts as positive whatever its sign bit
-/// (kiln has no bit view of a float; torch reads the bit). a's gradient is copysign(1, b) /
-/// sign(a) (0 where a is 0, as torch's), b has none.
-KILN_ENTRY Tensor copysign(const Tensor& a, const Tensor& b);
-template <class A, class B>
-requires detail::BinaryOperands<A, B> &&(!(std::is_same_v<A, Tensor> && std::is_same_v<B, Tensor>)) Tensor
-    copysign(const A& a, const B& b) {
-  auto [ta, tb] = detail::promoted_operands(a, b);
-  return copysign(ta, tb);
-}
-
-/// Whether x's sign is negative, as torch.signbit: bool, true at -0 and negative infinity
-/// (integers: x < 0; bools: false). A NaN counts as positive (see copysign).
+/// Whether x's sign bit is set, as torch.signbit: bool, true at -0, negative infinity and a
+/// NaN with its sign bit set (integers: x < 0; bools: false).
 KILN_ENTRY Tensor signbit(const Tensor& x);
 
 /// sign(x) for real tensors (torch.sgn, which extends sign to complex numbers).

@@ -974,11 +974,6 @@ KILN_ENTRY Tensor zero_derivative(const Tensor& value, std::initializer_list<con
   return r;
 }
 
-/// true where x's sign is negative: below 0, or -0 (whose reciprocal is -inf).
-KILN_ENTRY Tensor negative_sign(const Tensor& x) {
-  return logical_or(x < 0.0, logical_and(x == 0.0, reciprocal(x) < 0.0));
-}
-
 KILN_ENTRY Tensor rounded_div(const Tensor& a, const Tensor& b, std::string_view rounding_mode, const char* op) {
   if (rounding_mode != "trunc" && rounding_mode != "floor")
     throw ValueError(std::string(op) + ": expected rounding_mode to be one of None, 'trunc', or 'floor' but found '" +
@@ -1014,27 +1009,17 @@ KILN_ENTRY Tensor rounded_div(const Tensor& a, const Tensor& b, std::string_view
     whole = where(logical_and(mod != 0.0, (y < 0.0) != (mod < 0.0)), whole - 1.0, whole);
     const Tensor down = floor(whole);
     const Tensor nearest = where(whole - down > 0.5, down + 1.0, down);
-    const Tensor signed_zero = where(negative_sign(quotient), -0.0, 0.0);
+    const Tensor signed_zero = copysign(0.0, quotient);
     r = where(y == 0.0, quotient, where(whole != 0.0, nearest, signed_zero));
   }
   return zero_derivative(as_dtype(r, dt), {&a, &b});
 }
 }  // namespace detail
 
-KILN_ENTRY Tensor copysign(const Tensor& a_in, const Tensor& b_in) {
-  const DType rt = detail::result_type_of({&a_in, &b_in});
-  const DType dt = is_floating(rt) ? rt : DType::Float32;
-  const Tensor a = detail::as_dtype(a_in, dt), b = detail::as_dtype(b_in.detach(), dt);
-  const Tensor flip = detail::negative_sign(a.detach()) != detail::negative_sign(b);
-  const Tensor r = where(flip, -a, a);
-  // torch's gradient is g * result / a: 0 where a is 0, NaN where a is NaN.
-  return where(a == 0.0, r.detach(), where(isnan(a), a * a, r));
-}
-
 KILN_ENTRY Tensor signbit(const Tensor& x) {
   if (x.dtype() == DType::Bool) return zeros(x.shape(), DType::Bool, x.device());
   if (!is_floating(x.dtype())) return x < 0;
-  return detail::negative_sign(x);
+  return Tensor(copysign(1.0, x)) < 0.0;
 }
 
 KILN_ENTRY Tensor sgn(const Tensor& x) { return sign(x); }

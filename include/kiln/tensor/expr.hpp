@@ -38,7 +38,9 @@ namespace kiln {
                                   X(Cosh, "cosh", ToFloat) X(Asinh, "asinh", ToFloat) X(Acosh, "acosh", ToFloat)    \
                                       X(Atanh, "atanh", ToFloat) X(Reciprocal, "reciprocal", ToFloat)               \
                                           X(Sign, "sign", Same) X(Square, "square", Same) X(Trunc, "trunc", NoBool) \
-                                              X(BitNot, "bitwise_not", IntIn)
+                                              X(BitNot, "bitwise_not", IntIn)                                       \
+                                                  X(Erfc, "erfc", ToFloat) X(Lgamma, "lgamma", ToFloat)             \
+                                                      X(Digamma, "digamma", ToFloat)
 #define KILN_BINARY_FNS(X)                                                                                        \
   X(Add, "add", Same)                                                                                             \
   X(Sub, "sub", Same)                                                                                             \
@@ -48,7 +50,8 @@ namespace kiln {
               X(Xor, "logical_xor", ToBool) X(Atan2, "atan2", ToFloat) X(Hypot, "hypot", FloatIn)                 \
                   X(Fmod, "fmod", NoBool) X(Remainder, "remainder", NoBool) X(BitAnd, "bitwise_and", IntIn)       \
                       X(BitOr, "bitwise_or", IntIn) X(BitXor, "bitwise_xor", IntIn) X(Shl, "left_shift", IntIn)   \
-                          X(Shr, "right_shift", IntIn)
+                          X(Shr, "right_shift", IntIn)                                                            \
+                          X(Copysign, "copysign", ToFloat)
 
 namespace detail {
 
@@ -265,6 +268,12 @@ inline ir::NodePtr lower_unary(Fn f, const ir::NodePtr& x) {
       return ir::unary(Op::Tanh, x);
     case Fn::Erf:
       return ir::unary(Op::Erf, x);
+    case Fn::Erfc:
+      return ir::unary(Op::Erfc, x);
+    case Fn::Lgamma:
+      return ir::unary(Op::Lgamma, x);
+    case Fn::Digamma:
+      return decomp::digamma(x);
     case Fn::Floor:
       return is_floating(x->dtype) ? ir::unary(Op::Floor, x) : x;
     case Fn::Ceil:
@@ -373,6 +382,8 @@ inline ir::NodePtr lower_binary(Fn f, const ir::NodePtr& a, const ir::NodePtr& b
       return ir::binary(Op::Atan2, a, b);
     case Fn::Hypot:
       return ir::binary(Op::Hypot, a, b);
+    case Fn::Copysign:
+      return ir::binary(Op::Copysign, a, b);
     case Fn::Fmod:
       return ir::binary(Op::Fmod, a, b);
     case Fn::Remainder:

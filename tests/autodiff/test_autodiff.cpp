@@ -196,18 +196,18 @@ TEST_CASE("autograd: special values follow PyTorch (relu'(0), abs'(0), sqrt'(0),
   Tensor a2 = vals({2}, {1}).requires_grad_();
   sum(acosh(a2)).backward();
   CHECK(a2.grad().to_vector<double>()[0] == doctest::Approx(1 / std::sqrt(3.0)));
-  // clamp passes the gradient where lo < x < hi, none at the bounds (torch.clamp's values; a
-  // maximum's tie gave half)
+  // clamp passes the gradient where lo <= x <= hi, the bounds included (torch.clamp's
+  // subgradient 1; a maximum's tie gave half)
   Tensor cl = vals({-1, -0.5, 0, 0.25, 0.5, 1}, {6}).requires_grad_();
   sum(clamp(cl, -0.5, 0.5)).backward();
-  CHECK(cl.grad().to_vector<double>() == std::vector<double>{0, 0, 1, 1, 0, 0});
-  // with tensor bounds (torch's Tensor overload) a tie splits between x and the bound
+  CHECK(cl.grad().to_vector<double>() == std::vector<double>{0, 1, 1, 1, 1, 0});
+  // with tensor bounds (torch's Tensor overload) x gets a tie, a bound only where x is beyond it
   Tensor cx = vals({1, 2, 3}, {3}).requires_grad_(), clo = vals({1, 1, 1}, {3}).requires_grad_(),
          chi = vals({3, 1.5, 3}, {3}).requires_grad_();
   std::vector<Tensor> cg = autograd::grad({sum(clamp(cx, clo, chi))}, {cx, clo, chi});
-  CHECK(cg[0].to_vector<double>() == std::vector<double>{0.5, 0, 0.5});
-  CHECK(cg[1].to_vector<double>() == std::vector<double>{0.5, 0, 0});
-  CHECK(cg[2].to_vector<double>() == std::vector<double>{0, 1, 0.5});
+  CHECK(cg[0].to_vector<double>() == std::vector<double>{1, 0, 1});
+  CHECK(cg[1].to_vector<double>() == std::vector<double>{0, 0, 0});
+  CHECK(cg[2].to_vector<double>() == std::vector<double>{0, 1, 0});
   // an empty gather still comes from its input: the gradient is zeros, not an error
   Tensor e = vals({1, 2, 3, 4}, {2, 2}).requires_grad_();
   Tensor picked = index_select(e, 0, from_vector<std::int64_t>({}, {0}, device()));

@@ -38,7 +38,11 @@ inline NodePtr sign(const NodePtr& x) {
   if (x->dtype == DType::Bool) return x;
   NodePtr pos = ir::cast(ir::binary(Op::Gt, x, scalar_like(0.0, x)), x->dtype);
   NodePtr neg = ir::cast(elementwise_detail::lt0(x), x->dtype);
-  return sub(pos, neg);
+  NodePtr value = sub(pos, neg);
+  // PyTorch's sign has a zero gradient (a backward gives zeros, not an error): a select that
+  // never takes x carries it.
+  if (!x->requires_grad) return value;
+  return ir::where(ir::constant(0.0, DType::Bool, x->shape, x->device), x, value);
 }
 
 /// Rounds toward zero: ceil below 0 (so -0.5 gives -0), floor elsewhere; integers unchanged.

@@ -86,8 +86,9 @@ KILN_ENTRY Tensor hardtanh(const Tensor& x, double min_val, double max_val) {
   // An integer tensor keeps its dtype, the bounds cast to it (truncated), as torch's kernel.
   if (!is_floating(x.dtype()))
     return clamp(x, static_cast<std::int64_t>(min_val), static_cast<std::int64_t>(max_val)).to(x.dtype());
-  // torch's hardtanh_backward passes the gradient at NaN (clamp's does not).
-  return where(isnan(x), x, clamp(x, min_val, max_val));
+  // torch's hardtanh_backward passes the gradient strictly inside (min_val, max_val) and at NaN
+  // (clamp's includes the bounds and excludes NaN): the bounds are constants where reached.
+  return where(x <= min_val, min_val, where(x >= max_val, max_val, x));
 }
 
 KILN_ENTRY Tensor relu6(const Tensor& x) {

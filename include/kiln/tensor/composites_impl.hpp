@@ -25,6 +25,17 @@ namespace detail {
 /// `t` in dtype `dt` (itself when it has it).
 KILN_ENTRY Tensor as_dtype(const Tensor& t, DType dt) { return t.dtype() == dt ? t : t.to(dt); }
 
+/// `value`, computed from detached operands (or none), made differentiable with zero derivatives
+/// into `operands`, which broadcast to its shape (torch's rule for rounded quotients and counts:
+/// a backward through them gives zeros, not an error): a select that never takes the operand,
+/// whose gradient there is exactly 0.
+KILN_ENTRY Tensor zero_derivative(const Tensor& value, std::initializer_list<const Tensor*> operands) {
+  Tensor r = value;
+  for (const Tensor* t : operands)
+    if (t->requires_grad() && is_grad_enabled()) r = where(full(Shape{}, 0.0, DType::Bool, r.device()), *t, r);
+  return r;
+}
+
 /// A number as the dtype `dt` rounds it (float32's value for float32 and the half types' opmath).
 KILN_ENTRY double rounded_to(double v, DType dt) {
   return dt == DType::Float64 || !is_floating(dt) ? v : static_cast<double>(static_cast<float>(v));
@@ -303,7 +314,8 @@ KILN_ENTRY Tensor vector_norm(const Tensor& input, double ord, const Axes& dim, 
   if (std::isinf(ord)) {
     r = ord > 0 ? amax(abs(x), dim, keepdim) : amin(abs(x), dim, keepdim);
   } else if (ord == 0) {
-    r = sum(Tensor(x != 0), dim, keepdim).to(x.dtype());
+    // The count of nonzero elements, with torch's zero gradient (a backward gives zeros).
+    r = sum(detail::zero_derivative(Tensor(x != 0.0).to(x.dtype()), {&x}), dim, keepdim);
   } else if (ord == 1) {
     r = sum(abs(x), dim, keepdim);
   } else {
@@ -964,16 +976,6 @@ KILN_ENTRY Tensor outer(const Tensor& a, const Tensor& b) {
 // ---- rounding division, signs and powers ------------------------------------------------------
 
 namespace detail {
-/// `value`, computed from detached operands, made differentiable with zero derivatives into
-/// `operands` (torch's rule for rounded results: a backward through them gives zeros, not an
-/// error): a select that never takes the operand, whose gradient there is exactly 0.
-KILN_ENTRY Tensor zero_derivative(const Tensor& value, std::initializer_list<const Tensor*> operands) {
-  Tensor r = value;
-  for (const Tensor* t : operands)
-    if (t->requires_grad() && is_grad_enabled()) r = where(full(Shape{}, 0.0, DType::Bool, r.device()), *t, r);
-  return r;
-}
-
 KILN_ENTRY Tensor rounded_div(const Tensor& a, const Tensor& b, std::string_view rounding_mode, const char* op) {
   if (rounding_mode != "trunc" && rounding_mode != "floor")
     throw ValueError(std::string(op) + ": expected rounding_mode to be one of None, 'trunc', or 'floor' but found '" +

@@ -83,11 +83,6 @@ KILN_ENTRY DType composite_loss_dtype(const std::vector<Tensor>& xs, const char*
   return is_floating(dt) ? dt : DType::Float32;
 }
 
-/// max(u, 0) as torch's clamp_min(u, 0) differentiates it: gradient 1 where u >= 0 (the bound
-/// included: torch's subgradient), 0 below and at NaN, which passes through as the value.
-/// (kiln::clamp_min gives no gradient at the bound.)
-KILN_ENTRY Tensor clamp_min_zero(const Tensor& u) { return where(u >= 0.0, u, where(isnan(u), u.detach(), 0.0)); }
-
 /// ShapeError naming `op` unless the tensors have one rank (torch's check before broadcasting).
 KILN_ENTRY void require_same_rank(const std::vector<Tensor>& xs, const std::vector<const char*>& names,
                                   const char* op) {
@@ -229,7 +224,7 @@ KILN_ENTRY Tensor margin_ranking_loss(const Tensor& input1_in, const Tensor& inp
   detail::check_loss_broadcast(input1, target, op);
   detail::check_loss_broadcast(input2, target, op);
   const Tensor t = target.to(dt);
-  return detail::fold_loss(detail::clamp_min_zero(-t * (input1.to(dt) - input2.to(dt)) + margin), r);
+  return detail::fold_loss(clamp_min(-t * (input1.to(dt) - input2.to(dt)) + margin, 0.0), r);
 }
 
 KILN_ENTRY Tensor soft_margin_loss(const Tensor& input_in, const Tensor& target_in, const std::string& reduction) {
@@ -258,8 +253,7 @@ KILN_ENTRY Tensor hinge_embedding_loss(const Tensor& input_in, const Tensor& tar
   detail::check_same_device(input.device(), target.device(), op);
   const Tensor x = input.to(detail::composite_loss_dtype({input}, op));
   detail::check_loss_broadcast(x, target, op);
-  return detail::fold_loss(where(target != 1, detail::clamp_min_zero(margin - x), 0.0) + where(target != -1, x, 0.0),
-                           r);
+  return detail::fold_loss(where(target != 1, clamp_min(margin - x, 0.0), 0.0) + where(target != -1, x, 0.0), r);
 }
 
 KILN_ENTRY Tensor poisson_nll_loss(const Tensor& input_in, const Tensor& target_in, bool log_input, bool full,
@@ -340,8 +334,7 @@ KILN_ENTRY Tensor cosine_embedding_loss(const Tensor& input1_in, const Tensor& i
   const double epsilon = static_cast<double>(1e-12f);
   const Tensor cos = sum(x1 * x2, along) / sqrt((sum(x1 * x1, along) + epsilon) * (sum(x2 * x2, along) + epsilon));
   detail::check_loss_broadcast(cos, target, op);
-  const Tensor loss =
-      where(target == 1, 1.0 - cos, 0.0) + where(target == -1, detail::clamp_min_zero(cos - margin), 0.0);
+  const Tensor loss = where(target == 1, 1.0 - cos, 0.0) + where(target == -1, clamp_min(cos - margin, 0.0), 0.0);
   return detail::fold_loss(loss, r);
 }
 
@@ -359,7 +352,7 @@ KILN_ENTRY Tensor triplet_margin_loss(const Tensor& anchor_in, const Tensor& pos
   const Tensor d_pos = detail::pairwise_distance_of(anchor, positive, p, eps, false, op);
   Tensor d_neg = detail::pairwise_distance_of(anchor, negative, p, eps, false, op);
   if (swap) d_neg = minimum(d_neg, detail::pairwise_distance_of(positive, negative, p, eps, false, op));
-  return detail::fold_loss(detail::clamp_min_zero(margin + d_pos - d_neg), r);
+  return detail::fold_loss(clamp_min(margin + d_pos - d_neg, 0.0), r);
 }
 
 KILN_ENTRY Tensor multilabel_soft_margin_loss(const Tensor& input_in, const Tensor& target_in, const Tensor& weight,

@@ -181,12 +181,47 @@ Tensor clamp_bound(const T& v, DType dtype, Device device) {
   return Tensor(ir::constant(static_cast<double>(v), dtype, Shape{}, device));
 }
 
-/// v kept where it is above (`lower`) or below the bound b, else b: at the bound the bound is
-/// taken (the same value; no gradient to v). A NaN v or b propagates.
+/// v kept where it is at or above (`lower`) or at or below the number bound b, else b: at the
+/// bound v is kept (the same value; the gradient goes to v, torch's subgradient 1). A NaN v or b
+/// propagates.
 inline Tensor clamp_to(const Tensor& v, const Tensor& b, bool lower) {
-  const Tensor inside = lower ? Tensor(v > b) : Tensor(v < b);
+  const Tensor inside = lower ? Tensor(v >= b) : Tensor(v <= b);
   if (!is_floating(v.dtype())) return where(inside, v, b);
   return where(logical_or(inside, isnan(v)), v, b);
+}
+
+/// One tensor bound as torch's clamp_min.Tensor / clamp_max.Tensor differentiate it: v where it
+/// is at or inside the bound b (the gradient to v, a tie included), b where v is beyond it (the
+/// gradient to b), NaN without a gradient where either is NaN.
+inline Tensor clamp_to_tensor(const Tensor& v, const Tensor& b, bool lower) {
+  const Tensor keep = lower ? Tensor(v >= b) : Tensor(v <= b);
+  if (!is_floating(v.dtype())) return where(keep, v, b);
+  const Tensor beyond = lower ? Tensor(v < b) : Tensor(v > b);
+  return where(keep, v, where(beyond, b, Tensor(v + b).detach()));
+}
+
+/// ShapeError naming `op` and the input's and the tensor bound's shapes and dtypes unless they
+/// broadcast (checked before the operands are converted, so the message shows the caller's).
+template <class B>
+void check_clamp_bound(const Tensor& x, const B& bound, const char* op) {
+  if constexpr (!Scalar<B>) {
+    const Tensor b = bound.derived();
+    try {
+      broadcast_shapes(x.shape(), b.shape(), op);
+    } catch (const ShapeError&) {
+      throw ShapeError(std::string(op) + ": the bound " + dtype_name(b.dtype()) + b.shape().str() +
+                       " does not broadcast with the input " + dtype_name(x.dtype()) + x.shape().str());
+    }
+  }
+}
+
+/// A clamp bound as a tensor of the result dtype: a number as clamp_bound's 0-dim tensor.
+template <class T>
+Tensor clamp_bound_tensor(const T& b, DType dtype, Device device) {
+  if constexpr (Scalar<T>)
+    return clamp_bound(b, dtype, device);
+  else
+    return clamp_operand(b, dtype);
 }
 
 /// r, except that where x is NaN the result is x's NaN without a gradient (torch's clamp
@@ -198,10 +233,11 @@ inline Tensor nan_without_gradient(const Tensor& x, const Tensor& r) {
 }  // namespace detail
 
 /// min(max(x, lo), hi), NaN propagating (torch.clamp). The dtype is torch.result_type over
-/// all three operands at once, not pairwise. Gradients as PyTorch's two overloads: with number
-/// bounds x gets it where lo < x < hi and none at a bound or where x is NaN; with a tensor bound (torch's
-/// Tensor overload, numbers beside it taken as tensors) a tie at a bound splits it in halves
-/// between x and the bound, as maximum and minimum do.
+/// all three operands at once, not pairwise. Gradients as PyTorch's: x gets it where lo <= x <=
+/// hi (the bounds included: torch's subgradient 1) and none where it is NaN; a tensor bound
+/// (torch's Tensor overload, a number beside it taken as a tensor) gets it where x is beyond it.
+/// With lo > hi the result is hi and the gradient goes to hi (torch's formula also credits lo
+/// where x < lo).
 template <class A, class L, class H>
 requires TensorLike<A> &&(TensorLike<L> || Scalar<L>)&&(TensorLike<H> || Scalar<H>)Tensor
     clamp(const A& x, const L& lo, const H& hi) {
@@ -215,7 +251,11 @@ requires TensorLike<A> &&(TensorLike<L> || Scalar<L>)&&(TensorLike<H> || Scalar<
                      detail::shape_of(x.derived(), "clamp").to_shape().str() + " with bool bounds");
   Tensor v = detail::clamp_operand(x.derived(), dt);
   if constexpr (!(Scalar<L> && Scalar<H>)) {
-    return minimum(maximum(v, detail::clamp_operand(lo, dt)), detail::clamp_operand(hi, dt));
+    const Tensor xt = x.derived();
+    detail::check_clamp_bound(xt, lo, "clamp");
+    detail::check_clamp_bound(xt, hi, "clamp");
+    const Tensor low = detail::clamp_to_tensor(v, detail::clamp_bound_tensor(lo, dt, v.device()), true);
+    return detail::clamp_to_tensor(low, detail::clamp_bound_tensor(hi, dt, v.device()), false);
   } else {
     // lo first, then hi: a bound above the other gives hi, as min(max(x, lo), hi).
     const Tensor low = detail::clamp_to(v, detail::clamp_bound(lo, dt, v.device()), true);
@@ -225,8 +265,7 @@ requires TensorLike<A> &&(TensorLike<L> || Scalar<L>)&&(TensorLike<H> || Scalar<
 
 namespace detail {
 /// clamp with one bound (torch.clamp_min / clamp_max): the dtype torch.result_type gives over x
-/// and the bound; a number bound as clamp's, a tensor bound as maximum / minimum (a tie splits
-/// the gradient in halves, as torch's).
+/// and the bound; gradients as clamp's (x's at the bound included, a tensor bound's beyond it).
 template <class A, class B>
 Tensor clamp_side(const A& x, const B& bound, bool lower, const char* op) {
   ResultType rt;
@@ -238,7 +277,8 @@ Tensor clamp_side(const A& x, const B& bound, bool lower, const char* op) {
                      shape_of(x.derived(), op).to_shape().str() + " with a bool bound");
   Tensor v = clamp_operand(x.derived(), dt);
   if constexpr (!Scalar<B>) {
-    return lower ? Tensor(maximum(v, clamp_operand(bound, dt))) : Tensor(minimum(v, clamp_operand(bound, dt)));
+    check_clamp_bound(Tensor(x.derived()), bound, op);
+    return clamp_to_tensor(v, clamp_operand(bound, dt), lower);
   } else {
     return nan_without_gradient(v, clamp_to(v, clamp_bound(bound, dt, v.device()), lower));
   }

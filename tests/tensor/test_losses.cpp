@@ -1,4 +1,4 @@
-// Loss functions against PyTorch 2.15's values (torch.nn.functional, float64, written out below):
+// Loss functions against PyTorch 2.11's values (torch.nn.functional, float64, written out below):
 // every reduction, their gradients, label smoothing and ignored targets, pos_weight, the clamped
 // logs of binary_cross_entropy, and typed errors naming the op. The margin, embedding and
 // likelihood losses, pairwise_distance, pdist and the shrink activations against values worked
@@ -246,9 +246,11 @@ TEST_CASE("multilabel_soft_margin_loss and multi_margin_loss: values, weights, t
   KILN_CHECK_THROWS_MENTIONING(ValueError, multi_margin_loss(m, y, 3), "multi_margin_loss", "p == 1");
   KILN_CHECK_THROWS_MENTIONING(ShapeError, multi_margin_loss(m, kt::make_tensor({3}, {1}, DType::Int64)),
                                "multi_margin_loss", "float64[2, 4]");
+  // Targets in host memory are checked by the loss (its name in the message); on a GPU the gather
+  // that reads them reports the index when the result is evaluated.
   KILN_CHECK_THROWS_MENTIONING(IndexError,
                                multi_margin_loss(m, kt::make_tensor({3, 4}, {2}, DType::Int64)).item<double>(),
-                               "multi_margin_loss", "4");
+                               kt::on_cpu() ? "multi_margin_loss" : "gather", "4");
   KILN_CHECK_THROWS_MENTIONING(ValueError, nn::MultiMarginLoss(3), "MultiMarginLoss", "p == 1");
 }
 

@@ -677,18 +677,25 @@ KILN_ENTRY Tensor addcdiv(const Tensor& input, const Tensor& tensor1, const Tens
   return detail::as_dtype(i + (detail::rounded_to(value, ct) * a) / b, dt);
 }
 
-KILN_ENTRY Tensor logaddexp(const Tensor& a_in, const Tensor& b_in) {
-  const DType dt = detail::result_type_of({&a_in, &b_in});
+namespace detail {
+/// log(e^a + e^b), or with `base2` log2(2^a + 2^b), as torch's kernels compute them: a where a ==
+/// b is infinite (a - b is NaN there), else max(a, b) + log1p(e^-|a - b|) (log1p(2^-|a - b|) /
+/// ln 2), which neither overflows nor loses the smaller term.
+KILN_ENTRY Tensor log_add_exp(const Tensor& a_in, const Tensor& b_in, bool base2, const char* op) {
+  const DType dt = result_type_of({&a_in, &b_in});
   if (!is_floating(dt))
-    throw DTypeError("logaddexp: expected floating point tensors, got " + detail::describe(a_in) + " and " +
-                     detail::describe(b_in));
+    throw DTypeError(std::string(op) + ": expected floating point tensors, got " + describe(a_in) + " and " +
+                     describe(b_in));
   const DType ct = compute_dtype(dt);
-  const Tensor a = detail::as_dtype(a_in, ct), b = detail::as_dtype(b_in, ct);
-  // torch's kernel: a where a == b is infinite (a - b is NaN there), else
-  // max + log1p(exp(-|a - b|)).
-  const Tensor body = maximum(a, b) + log1p(exp(-abs(a - b)));
-  return detail::as_dtype(where(logical_and(isinf(a), a == b), a, body), dt);
+  const Tensor a = as_dtype(a_in, ct), b = as_dtype(b_in, ct);
+  const Tensor gap = -abs(a - b);
+  const Tensor body = base2 ? Tensor(maximum(a, b) + log1p(exp2(gap)) * (1.0 / std::numbers::ln2))
+                            : Tensor(maximum(a, b) + log1p(exp(gap)));
+  return as_dtype(where(logical_and(isinf(a), a == b), a, body), dt);
 }
+}  // namespace detail
+
+KILN_ENTRY Tensor logaddexp(const Tensor& a, const Tensor& b) { return detail::log_add_exp(a, b, false, "logaddexp"); }
 
 KILN_ENTRY Tensor nan_to_num(const Tensor& x, double nan, std::optional<double> posinf, std::optional<double> neginf) {
   if (!is_floating(x.dtype())) return clone(x);
@@ -1030,17 +1037,7 @@ KILN_ENTRY Tensor float_power(const Tensor& a, const Tensor& b) {
   return pow(detail::as_dtype(a, DType::Float64), detail::as_dtype(b, DType::Float64));
 }
 
-KILN_ENTRY Tensor logaddexp2(const Tensor& a_in, const Tensor& b_in) {
-  const DType dt = detail::result_type_of({&a_in, &b_in});
-  if (!is_floating(dt))
-    throw DTypeError("logaddexp2: expected floating point tensors, got " + detail::describe(a_in) + " and " +
-                     detail::describe(b_in));
-  const DType ct = compute_dtype(dt);
-  const Tensor a = detail::as_dtype(a_in, ct), b = detail::as_dtype(b_in, ct);
-  // torch's kernel: a where a == b is infinite, else max + log1p(2^-|a - b|) / ln 2.
-  const Tensor body = maximum(a, b) + log1p(exp2(-abs(a - b))) * (1.0 / std::numbers::ln2);
-  return detail::as_dtype(where(logical_and(isinf(a), a == b), a, body), dt);
-}
+KILN_ENTRY Tensor logaddexp2(const Tensor& a, const Tensor& b) { return detail::log_add_exp(a, b, true, "logaddexp2"); }
 
 // ---- statistics that skip NaN, order statistics, search ------------------------------------------
 

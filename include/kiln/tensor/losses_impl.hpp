@@ -433,15 +433,8 @@ KILN_ENTRY Tensor multi_margin_loss(const Tensor& input_in, const Tensor& target
   if (weight.defined()) h = h * reshape(index_select(weight.to(x.dtype()).detach(), 0, t64), {frames, 1});
   const Tensor others = reshape(arange(classes, DType::Int64, x.device()), {1, classes}) != column;
   const Tensor rows = sum(where(others, h, 0.0), Axes{1}) / static_cast<double>(classes);
-  switch (r) {
-    case decomp::Reduction::Mean:
-      return mean(rows);
-    case decomp::Reduction::Sum:
-      return sum(rows);
-    case decomp::Reduction::None:
-      break;
-  }
-  return t.dim() == 0 ? reshape(rows, Shape{}) : rows;
+  // A 0-dim target (one row) gives a 0-dim loss.
+  return detail::fold_loss(t.dim() == 0 ? reshape(rows, Shape{}) : rows, r);
 }
 
 }  // namespace kiln

@@ -647,6 +647,18 @@ TEST_CASE("dot, mv, baddbmm: torch's shapes, dtypes, beta 0 and errors") {
 
 TEST_CASE("the composites' method forms call their free functions, on tensors and expressions") {
   const Tensor x = vec({3, -4, 0, 1}, {2, 2});
+  check_values(x.erfc(), {std::erfc(3.0), std::erfc(-4.0), 1, std::erfc(1.0)});
+  check_values((x + 0).lgamma(), {std::log(2.0), INFINITY, INFINITY, 0});
+  check_values(x.digamma(), {0.9227843350984671, NAN, -INFINITY, -0.5772156649015329});
+  check_values((-x).signbit(), {1, 0, 1, 1});  // -0 has its sign bit set
+  check_values(x.copysign(vec({-1, 1, -1, 1}, {2, 2})), {-3, 4, 0, 1});
+  check_values(x.copysign(vec({-1, 1, -1, 1}, {2, 2})).signbit(), {1, 0, 1, 0});
+  check_values(x.floor_divide(vec({2, 3, 1, -2}, {2, 2})), {1, -2, 0, -1});
+  check_values(x.std({1}), {4.949747468305833, 0.7071067811865476});
+  check_values(vec({1, NAN, 3}).nanmedian(), {1});
+  check_values(std::get<1>(x.nanmedian(1)), {1, 0});
+  check_values(std::get<0>((x * 1).kthvalue(2, 1)), {3, 1});
+  check_values(x.diff(), {-7, 1});
   CHECK(x.norm().item<float>() == doctest::Approx(std::sqrt(26.0)));
   check_values((x * 1).norm(1.0, {1}), {7, 1});
   check_values(x.count_nonzero(), {3});

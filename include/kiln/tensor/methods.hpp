@@ -210,7 +210,53 @@ Tensor Expr<D>::movedim(std::int64_t source, std::int64_t destination) const {
 template <class D>
 Tensor Expr<D>::swapaxes(std::int64_t dim0, std::int64_t dim1) const { return kiln::transpose(derived(), dim0, dim1); }
 template <class D>
-Tensor Expr<D>::expand_as(const Tensor& other) const { return kiln::broadcast_to(derived(), other.shape()); }
+Tensor Expr<D>::erfc() const {
+  return kiln::erfc(derived());
+}
+template <class D>
+Tensor Expr<D>::lgamma() const {
+  return kiln::lgamma(derived());
+}
+template <class D>
+Tensor Expr<D>::digamma() const {
+  return kiln::digamma(derived());
+}
+template <class D>
+Tensor Expr<D>::signbit() const {
+  return kiln::signbit(detail::to_tensor(derived()));
+}
+template <class D>
+Tensor Expr<D>::copysign(const Tensor& other) const {
+  return kiln::copysign(derived(), other);
+}
+template <class D>
+Tensor Expr<D>::floor_divide(const Tensor& other) const {
+  return kiln::floor_divide(derived(), other);
+}
+template <class D>
+Tensor Expr<D>::std(const Axes& axes, bool keepdim, double correction) const {
+  return kiln::std(detail::to_tensor(derived()), axes, keepdim, correction);
+}
+template <class D>
+Tensor Expr<D>::nanmedian() const {
+  return kiln::nanmedian(detail::to_tensor(derived()));
+}
+template <class D>
+ValuesIndices Expr<D>::nanmedian(std::int64_t dim, bool keepdim) const {
+  return kiln::nanmedian(detail::to_tensor(derived()), dim, keepdim);
+}
+template <class D>
+ValuesIndices Expr<D>::kthvalue(std::int64_t k, std::int64_t dim, bool keepdim) const {
+  return kiln::kthvalue(detail::to_tensor(derived()), k, dim, keepdim);
+}
+template <class D>
+Tensor Expr<D>::diff(std::int64_t n, std::int64_t dim) const {
+  return kiln::diff(detail::to_tensor(derived()), n, dim);
+}
+template <class D>
+Tensor Expr<D>::expand_as(const Tensor& other) const {
+  return kiln::broadcast_to(derived(), other.shape());
+}
 template <class D>
 Tensor Expr<D>::view_as(const Tensor& other) const { return kiln::reshape(derived(), other.shape()); }
 template <class D>

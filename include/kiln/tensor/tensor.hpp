@@ -145,6 +145,17 @@ struct Expr {
   Tensor outer(const Tensor& other) const;
   Tensor movedim(std::int64_t source, std::int64_t destination) const;
   Tensor swapaxes(std::int64_t dim0, std::int64_t dim1) const;
+  Tensor erfc() const;
+  Tensor lgamma() const;
+  Tensor digamma() const;
+  Tensor signbit() const;
+  Tensor copysign(const Tensor& other) const;
+  Tensor floor_divide(const Tensor& other) const;
+  Tensor std(const Axes& axes = {}, bool keepdim = false, double correction = 1.0) const;
+  Tensor nanmedian() const;
+  ValuesIndices nanmedian(std::int64_t dim, bool keepdim = false) const;
+  ValuesIndices kthvalue(std::int64_t k, std::int64_t dim = -1, bool keepdim = false) const;
+  Tensor diff(std::int64_t n = 1, std::int64_t dim = -1) const;
   /// Shaped or typed like `other`: expand(other.shape()), view/reshape(other.shape()), to(other.dtype()).
   Tensor expand_as(const Tensor& other) const;
   Tensor view_as(const Tensor& other) const;

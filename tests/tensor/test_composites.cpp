@@ -659,6 +659,7 @@ TEST_CASE("the composites' method forms call their free functions, on tensors an
   check_values(std::get<1>(x.nanmedian(1)), {1, 0});
   check_values(std::get<0>((x * 1).kthvalue(2, 1)), {3, 1});
   check_values(x.diff(), {-7, 1});
+  check_values((x / 8).erfinv(), {0.34561711478320656, -0.4769362762044699, 0, 0.11123545184094996});
   CHECK(x.norm().item<float>() == doctest::Approx(std::sqrt(26.0)));
   check_values((x * 1).norm(1.0, {1}), {7, 1});
   check_values(x.count_nonzero(), {3});
@@ -997,6 +998,48 @@ TEST_CASE("cov, corrcoef, histc: torch's values, weights, dtypes and errors") {
   CHECK_THROWS_AS(histc(vec({1}), 0), ValueError);
   CHECK_THROWS_AS(histc(vec({1}), 2, 3, 1), ValueError);
   CHECK_THROWS_AS(histc(vec({1, INFINITY})), ValueError);
+}
+
+TEST_CASE("erfinv: values, the ends, round trips through erf and erfc, dtypes and the gradient") {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  check_values(
+      erfinv(vec({0.5, -0.9, 0.1, 1e-10, 0, 1, -1, 1.5, nan}, {9}, f64)),
+      {0.4769362762044699, -1.1630871536766745, 0.08885599049425769, 8.862269254527581e-11, 0, inf, -inf, nan, nan},
+      1e-15);
+  check_values(signbit(erfinv(vec({-0.0}))), {1});
+  {  // erf(erfinv(y)) = y in float64 over (-1, 1); near 1, erfc(erfinv(y)) = 1 - y to its digits.
+    std::vector<double> ys;
+    for (int k = 1; k < 200; ++k) ys.push_back(-1.0 + k / 100.0);
+    for (double t : {1e-6, 1e-10, 1e-14}) ys.push_back(1.0 - t);
+    const std::vector<double> x = erfinv(vec(ys, {static_cast<std::int64_t>(ys.size())}, f64)).to_vector<double>();
+    for (std::size_t k = 0; k < ys.size(); ++k) {
+      INFO("y = " << ys[k]);
+      if (std::abs(ys[k]) <= 0.5)
+        CHECK(std::abs(std::erf(x[k]) - ys[k]) <= 2e-16 * (1 + std::abs(ys[k])));
+      else
+        CHECK(std::abs(std::erfc(std::abs(x[k])) - (1 - std::abs(ys[k]))) <= 4e-15 * (1 - std::abs(ys[k])));
+    }
+    // float32 at the same (float32) points within a few ulps of the float64 result.
+    const Tensor y32 = vec(ys, {static_cast<std::int64_t>(ys.size())}, f32);
+    const std::vector<double> f = erfinv(y32).to(f64).to_vector<double>(),
+                              exact = erfinv(y32.to(f64)).to_vector<double>();
+    for (std::size_t k = 0; k < ys.size(); ++k) {
+      INFO("y = " << ys[k]);
+      if (std::isinf(exact[k]))  // 1 - 1e-10 and 1 - 1e-14 round to 1 in float32
+        CHECK(f[k] == exact[k]);
+      else
+        CHECK(std::abs(f[k] - exact[k]) <= 4e-7 * std::abs(exact[k]));
+    }
+  }
+  CHECK(erfinv(vec({0}).to(i64)).dtype() == f32);
+  CHECK(erfinv(vec({0.5}).to(bf16)).dtype() == bf16);
+  {  // torch's gradient sqrt(pi)/2 exp(erfinv(y)^2).
+    Tensor y = vec({0, 0.5, -0.9}, {3}, f64).requires_grad_();
+    const double r1 = 0.4769362762044699, r2 = -1.1630871536766745, c = std::sqrt(3.141592653589793) / 2;
+    check_values(autograd::grad({sum(erfinv(y))}, {y})[0], {c, c * std::exp(r1 * r1), c * std::exp(r2 * r2)}, 1e-14);
+    CHECK(autograd::gradcheck([](std::vector<Tensor> in) { return Tensor(erfinv(in[0])); },
+                              {vec({-0.7, 0.2, 0.95}, {3}, f64)}));
+  }
 }
 
 TEST_CASE("erfc, lgamma, digamma: values, poles, identities and gradients") {

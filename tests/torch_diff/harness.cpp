@@ -181,7 +181,8 @@ int main() {
     return {repeat_interleave(T(a, 0), a[1].i, dim)};
   };
   U(signbit)
-  U(erfc) U(lgamma) U(digamma) U(sgn) B(floor_divide) B(copysign) B(float_power)
+  U(erfc)
+  U(lgamma) U(digamma) U(erfinv) U(sgn) B(floor_divide) B(copysign) B(float_power)
       ops["logaddexp2"] = [&](A& a) -> R { return {logaddexp2(T(a, 0), T(a, 1))}; };
   ops["div_mode"] = [&](A& a) -> R { return {div(T(a, 0), T(a, 1), std::string_view(a[2].s))}; };
   ops["std"] = [&](A& a) -> R { return {kiln::std(T(a, 0), Axes(a[1].l), a[2].i != 0, a[3].f)}; };

@@ -44,7 +44,7 @@ def T(t, nc=None):
     return ('t', t, nc)
 
 UNARY = ['neg','abs','exp','exp2','log','log2','log1p','expm1','sqrt','rsqrt','sin','cos','tan','tanh','erf','floor','ceil','round','logical_not','isnan','isinf','sigmoid','relu','silu','atan','asin','acos','sinh','cosh','asinh','acosh','atanh','reciprocal','sign','square','trunc','bitwise_not',
-         'isfinite','isposinf','isneginf','log10','frac','deg2rad','rad2deg','flipud','fliplr','signbit','sgn','erfc','lgamma','digamma']
+         'isfinite','isposinf','isneginf','log10','frac','deg2rad','rad2deg','flipud','fliplr','signbit','sgn','erfc','lgamma','digamma','erfinv']
 BINARY = ['add','sub','mul','div','pow','maximum','minimum','eq','ne','lt','le','gt','ge','logical_and','logical_or','logical_xor','atan2','hypot','fmod','remainder','bitwise_and','bitwise_or','bitwise_xor','left_shift','right_shift']
 ACTIVATIONS = ['leaky_relu','elu','selu','celu','softplus','mish','hardtanh','relu6','hardsigmoid','hardswish','logsigmoid','softsign','tanhshrink']
 TORCH_NAME = {'left_shift': 'bitwise_left_shift', 'right_shift': 'bitwise_right_shift'}

@@ -4,6 +4,7 @@
 // functions and their inverses, remainder, logical_xor. Each form is chosen for accuracy over
 // the whole range (no cancellation near 0, no overflow before the result overflows), and keeps
 // PyTorch's special values: NaN propagates, -0 stays -0 where the function is odd.
+#include <cmath>
 #include <limits>
 #include <numbers>
 
@@ -155,6 +156,54 @@ inline NodePtr digamma(const NodePtr& x) {
   using namespace elementwise_detail;
   return with_derivative(in_compute_dtype(x, [](const NodePtr& v) { return ir::special::digamma(v); }), x,
                          [](const NodePtr& v) { return ir::special::trigamma(v); });
+}
+
+/// erfinv (torch.erfinv): the inverse of erf on [-1, 1], +-inf at +-1, NaN outside, -0 kept.
+/// Giles' single-precision polynomials in w = -log(1 - y^2) give the start (an asymptotic one
+/// beyond their range); three Halley steps
+/// then take the residual as erf(z) - a for a = |y| <= 0.5 and as (1 - a) - erfc(z) above, where
+/// 1 - a is exact and erfc keeps the tail's digits (erf(z) - a would cancel them); the result
+/// takes y's sign. PyTorch's gradient sqrt(pi)/2 exp(erfinv(y)^2), read from the result.
+inline NodePtr erfinv(const NodePtr& y) {
+  using namespace elementwise_detail;
+  NodePtr value = in_compute_dtype(y, [](const NodePtr& v) {
+    const NodePtr a = abs(v), one = scalar_like(1.0, v);
+    const NodePtr w = detail::neg(ir::unary(Op::Log, mul(sub(one, a), add(one, a))));
+    const NodePtr central = detail::horner(sub(w, scalar_like(2.5, v)),
+                                           {1.50140941, 0.246640727, -0.00417768164, -0.00125372503, 0.00021858087,
+                                            -4.39150654e-06, -3.5233877e-06, 3.43273939e-07, 2.81022636e-08});
+    const NodePtr tail = detail::horner(sub(ir::unary(Op::Sqrt, w), scalar_like(3.0, v)),
+                                        {2.83297682, 1.00167406, 0.00943887047, -0.0076224613, 0.00573950773,
+                                         -0.00367342844, 0.00134934322, 0.000100950558, -0.000200214257});
+    // Beyond the float range the polynomials were fitted on (w >= 16, 1 - a below about 1e-7),
+    // the start solves erfc(z) ~ e^-z^2 / (z sqrt(pi)) once: z^2 = t - log(pi t) / 2, t = -log(1 - a).
+    const NodePtr t = detail::neg(ir::unary(Op::Log, sub(one, a)));
+    const NodePtr far = ir::unary(
+        Op::Sqrt, sub(t, mul(scalar_like(0.5, v), ir::unary(Op::Log, mul(scalar_like(std::numbers::pi, v), t)))));
+    NodePtr z = ir::where(detail::cmp(Op::Lt, w, 5.0), mul(central, a),
+                          ir::where(detail::cmp(Op::Lt, w, 16.0), mul(tail, a), far));
+    const NodePtr near_zero = detail::cmp(Op::Le, a, 0.5);
+    for (int step = 0; step < 3; ++step) {
+      // Halley's step for f(z) = erf(z) - a, whose f'' = -2 z f': z - (f / f') / (1 + z f / f'),
+      // cubic where the far start is off by hundredths (float64's residuals then within 5e-15).
+      const NodePtr residual =
+          ir::where(near_zero, sub(ir::unary(Op::Erf, z), a), sub(sub(one, a), ir::unary(Op::Erfc, z)));
+      const NodePtr slope = mul(scalar_like(2.0 / std::sqrt(std::numbers::pi), v), detail::exp(detail::neg(mul(z, z))));
+      const NodePtr newton = div(residual, slope);
+      z = sub(z, div(newton, add(one, mul(z, newton))));
+    }
+    const NodePtr inf = scalar_like(std::numeric_limits<double>::infinity(), v);
+    const NodePtr nan = scalar_like(std::numeric_limits<double>::quiet_NaN(), v);
+    z = ir::where(detail::cmp(Op::Eq, a, 1.0), inf, ir::where(detail::cmp(Op::Gt, a, 1.0), nan, z));
+    return ir::binary(Op::Copysign, z, v);
+  });
+  return with_gradient(value, {y}, [y](const NodePtr& out, const NodePtr& g) {
+    NodePtr gy = in_compute_dtype(y, [&](const NodePtr& v) {
+      const NodePtr r = ir::cast(out, v->dtype);
+      return mul(mul(ir::cast(g, v->dtype), scalar_like(std::sqrt(std::numbers::pi) / 2, v)), detail::exp(mul(r, r)));
+    });
+    return std::vector<NodePtr>{ir::cast(gy, y->dtype)};
+  });
 }
 
 /// Python's modulus (torch.remainder): fmod, moved by one divisor when the signs of the result

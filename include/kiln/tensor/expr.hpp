@@ -27,10 +27,11 @@ namespace kiln {
 #define KILN_UNARY_FNS(X)                                                                                           \
   X(Neg, "neg", NoBool)                                                                                             \
   X(Abs, "abs", NoBool)                                                                                             \
-  X(Exp, "exp", ToFloat) X(Exp2, "exp2", ToFloat) X(Log, "log", ToFloat) X(Log2, "log2", ToFloat)                   \
-      X(Log1p, "log1p", ToFloat) X(Expm1, "expm1", ToFloat) X(Sqrt, "sqrt", ToFloat) X(Rsqrt, "rsqrt", ToFloat)     \
-          X(Sin, "sin", ToFloat) X(Cos, "cos", ToFloat) X(Tan, "tan", ToFloat) X(Tanh, "tanh", ToFloat)             \
-              X(Erf, "erf", ToFloat) X(Floor, "floor", NoBool) X(Ceil, "ceil", NoBool) X(Round, "round", NoBool)    \
+  X(Exp, "exp", ToFloat)                                                                                            \
+  X(Exp2, "exp2", ToFloat) X(Log, "log", ToFloat) X(Log2, "log2", ToFloat) X(Log1p, "log1p", ToFloat)               \
+      X(Expm1, "expm1", ToFloat) X(Sqrt, "sqrt", ToFloat) X(Rsqrt, "rsqrt", ToFloat) X(Sin, "sin", ToFloat)         \
+          X(Cos, "cos", ToFloat) X(Tan, "tan", ToFloat) X(Tanh, "tanh", ToFloat) X(Erf, "erf", ToFloat)             \
+              X(Floor, "floor", NoBool) X(Ceil, "ceil", NoBool) X(Round, "round", NoBool)                           \
                   X(Not, "logical_not", ToBool) X(IsNan, "isnan", ToBool) X(IsInf, "isinf", ToBool)                 \
                       X(Sigmoid, "sigmoid", ToFloat) X(Relu, "relu", NoBool) X(Gelu, "gelu", FloatIn)               \
                           X(GeluTanh, "gelu(tanh)", FloatIn) X(Silu, "silu", FloatIn) X(Atan, "atan", ToFloat)      \
@@ -38,9 +39,9 @@ namespace kiln {
                                   X(Cosh, "cosh", ToFloat) X(Asinh, "asinh", ToFloat) X(Acosh, "acosh", ToFloat)    \
                                       X(Atanh, "atanh", ToFloat) X(Reciprocal, "reciprocal", ToFloat)               \
                                           X(Sign, "sign", Same) X(Square, "square", Same) X(Trunc, "trunc", NoBool) \
-                                              X(BitNot, "bitwise_not", IntIn)                                       \
-                                                  X(Erfc, "erfc", ToFloat) X(Lgamma, "lgamma", ToFloat)             \
-                                                      X(Digamma, "digamma", ToFloat)
+                                              X(BitNot, "bitwise_not", IntIn) X(Erfc, "erfc", ToFloat)              \
+                                                  X(Lgamma, "lgamma", ToFloat) X(Digamma, "digamma", ToFloat)       \
+                                                      X(Erfinv, "erfinv", ToFloat)
 #define KILN_BINARY_FNS(X)                                                                                        \
   X(Add, "add", Same)                                                                                             \
   X(Sub, "sub", Same)                                                                                             \
@@ -274,6 +275,8 @@ inline ir::NodePtr lower_unary(Fn f, const ir::NodePtr& x) {
       return ir::unary(Op::Lgamma, x);
     case Fn::Digamma:
       return decomp::digamma(x);
+    case Fn::Erfinv:
+      return decomp::erfinv(x);
     case Fn::Floor:
       return is_floating(x->dtype) ? ir::unary(Op::Floor, x) : x;
     case Fn::Ceil:

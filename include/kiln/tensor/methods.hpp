@@ -222,6 +222,10 @@ Tensor Expr<D>::digamma() const {
   return kiln::digamma(derived());
 }
 template <class D>
+Tensor Expr<D>::erfinv() const {
+  return kiln::erfinv(derived());
+}
+template <class D>
 Tensor Expr<D>::signbit() const {
   return kiln::signbit(detail::to_tensor(derived()));
 }

@@ -148,6 +148,7 @@ struct Expr {
   Tensor erfc() const;
   Tensor lgamma() const;
   Tensor digamma() const;
+  Tensor erfinv() const;
   Tensor signbit() const;
   Tensor copysign(const Tensor& other) const;
   Tensor floor_divide(const Tensor& other) const;

@@ -128,16 +128,20 @@ KILN_ENTRY Tensor median(const Tensor& x) {
   return reshape(gather(flat, 0, at), Shape{});
 }
 
-KILN_ENTRY ValuesIndices median(const Tensor& x, std::int64_t dim, bool keepdim) {
-  const Tensor at = detail::median_position(x, dim, "median");
+namespace detail {
+/// x's values at the int64 positions `at` (keepdim, one along `dim`) and the positions, with
+/// dim squeezed away unless `keepdim`: the results of median, nanmedian and kthvalue along a dim.
+KILN_ENTRY ValuesIndices selected_along(const Tensor& x, std::int64_t dim, const Tensor& at, bool keepdim,
+                                        const char* op) {
   if (x.dim() == 0) return {x, at};
-  const std::int64_t d = detail::tensor_axis(dim, x, "median");
-  Tensor values = gather(x, d, at), indices = at;
-  if (!keepdim) {
-    values = squeeze(values, d);
-    indices = squeeze(indices, d);
-  }
-  return {values, indices};
+  const std::int64_t d = tensor_axis(dim, x, op);
+  if (keepdim) return {gather(x, d, at), at};
+  return {squeeze(gather(x, d, at), d), squeeze(at, d)};
+}
+}  // namespace detail
+
+KILN_ENTRY ValuesIndices median(const Tensor& x, std::int64_t dim, bool keepdim) {
+  return detail::selected_along(x, dim, detail::median_position(x, dim, "median"), keepdim, "median");
 }
 
 KILN_ENTRY Tensor nonzero(const Tensor& x) {
@@ -1060,6 +1064,8 @@ KILN_ENTRY Tensor nan_median_position(const Tensor& x, std::int64_t dim, const c
 }  // namespace detail
 
 KILN_ENTRY Tensor nanmedian(const Tensor& x) {
+  if (x.dtype() == DType::Bool)
+    throw DTypeError("nanmedian: not supported for bool tensors, got " + detail::describe(x));
   if (!is_floating(x.dtype())) return median(x);
   if (x.numel() == 0) return full(Shape{}, std::numeric_limits<double>::quiet_NaN(), x.dtype(), x.device());
   const Tensor flat = reshape(x, Shape{x.numel()});
@@ -1067,13 +1073,8 @@ KILN_ENTRY Tensor nanmedian(const Tensor& x) {
 }
 
 KILN_ENTRY ValuesIndices nanmedian(const Tensor& x, std::int64_t dim, bool keepdim) {
-  if (x.dtype() == DType::Bool)
-    throw DTypeError("nanmedian: not supported for bool tensors, got " + detail::describe(x));
-  const Tensor at = detail::nan_median_position(x, dim, "nanmedian");
-  if (x.dim() == 0) return {x, at};
-  const std::int64_t d = detail::tensor_axis(dim, x, "nanmedian");
-  if (keepdim) return {gather(x, d, at), at};
-  return {squeeze(gather(x, d, at), d), squeeze(at, d)};
+  // nan_median_position refuses bool (median_position's check, under this op's name).
+  return detail::selected_along(x, dim, detail::nan_median_position(x, dim, "nanmedian"), keepdim, "nanmedian");
 }
 
 KILN_ENTRY ValuesIndices kthvalue(const Tensor& x, std::int64_t k, std::int64_t dim, bool keepdim) {
@@ -1086,8 +1087,7 @@ KILN_ENTRY ValuesIndices kthvalue(const Tensor& x, std::int64_t k, std::int64_t 
   if (x.dim() == 0) return {x, Tensor(ir::constant_int(0, DType::Int64, Shape{}, x.device()))};
   const std::int64_t d = detail::tensor_axis(dim, x, "kthvalue");
   const Tensor at = narrow(std::get<1>(sort(x, d, false, true)), d, k - 1, 1);
-  if (keepdim) return {gather(x, d, at), at};
-  return {squeeze(gather(x, d, at), d), squeeze(at, d)};
+  return detail::selected_along(x, dim, at, keepdim, "kthvalue");
 }
 
 namespace detail {

@@ -173,6 +173,14 @@ TEST_CASE("autograd: special values follow PyTorch (relu'(0), abs'(0), sqrt'(0),
   Tensor rows = vals({1, 5, 5, 5, 2, 0}, {2, 3}).requires_grad_();
   sum(amax(rows, {1})).backward();  // along a dim too: the two fives of row 0 share
   CHECK(rows.grad().to_vector<double>() == std::vector<double>{0, 0.5, 0.5, 1, 0, 0});
+  // max and min along a dim give the whole gradient to the index they return, as torch's
+  Tensor pairs = vals({2, 2, 1, 0, 3, 3}, {2, 3}).requires_grad_();
+  (sum(std::get<0>(max(pairs, 1))) + sum(std::get<0>(min(pairs, 0, true)))).backward();
+  CHECK(pairs.grad().to_vector<double>() == std::vector<double>{1, 1, 1, 1, 1, 0});
+  // a NaN maximum (minimum) goes to the NaN elements, as torch.max()'s
+  Tensor with_nan = vals({1, NAN, 3, NAN}, {4}).requires_grad_();
+  (max(with_nan) + min(with_nan)).backward();
+  CHECK(with_nan.grad().to_vector<double>() == std::vector<double>{0, 1, 0, 1});
   // gelu's own rule: finite everywhere, Phi(0) = 0.5 at 0 and at tiny values
   Tensor gz = from_vector<float>({0.f, 1e-30f, -1e-30f, 20.f, -20.f}, {5}, device()).requires_grad_();
   sum(gelu(gz)).backward();

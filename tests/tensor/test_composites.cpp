@@ -476,6 +476,14 @@ TEST_CASE("var_mean, std_mean, median: torch's values, positions among ties and 
   {
     Tensor x = vec({3, 1, 2, 4, 7}).requires_grad_();
     check_values(autograd::grad({median(x)}, {x})[0], {1, 0, 0, 0, 0});
+    // torch's rule for the median of all elements: split among the elements equal to it (the
+    // NaN elements where it is NaN); an empty input's NaN still reaches x.
+    Tensor ties = vec({3, 3, 1, 5, 5}, {5, 1}).requires_grad_();
+    check_values(autograd::grad({median(ties)}, {ties})[0], {0.5, 0.5, 0, 0, 0});
+    Tensor nans = vec({1, NAN, 2, NAN}).requires_grad_();
+    check_values(autograd::grad({median(nans)}, {nans})[0], {0, 0.5, 0, 0.5});
+    Tensor empty = zeros({0, 3}).requires_grad_();
+    CHECK(autograd::grad({median(empty)}, {empty})[0].shape() == Shape{0, 3});
   }
   CHECK_THROWS_AS(median(vec({1, 0}, {2}, DType::Bool)), DTypeError);
   CHECK_THROWS_AS(median(zeros({2, 0}), 1), ShapeError);
@@ -875,6 +883,10 @@ TEST_CASE("std, nanmedian, nanquantile, kthvalue: torch's values, positions, gra
     CHECK(std::get<0>(nanmedian(m, 1, true)).shape() == Shape{3, 1});
     Tensor w = vec({3, nan, 1, 2}).requires_grad_();
     check_values(autograd::grad({nanmedian(w)}, {w})[0], {0, 0, 0, 1});
+    Tensor ties = vec({0.25, nan, 2, 1, 0.25}).requires_grad_();
+    check_values(autograd::grad({nanmedian(ties)}, {ties})[0], {0.5, 0, 0, 0, 0.5});
+    Tensor empty = zeros({2, 0}).requires_grad_();
+    CHECK(autograd::grad({nanmedian(empty)}, {empty})[0].shape() == Shape{2, 0});
   }
   CHECK_THROWS_AS(nanmedian(vec({1}) > 0, 0), DTypeError);
 

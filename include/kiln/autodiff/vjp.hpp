@@ -346,12 +346,18 @@ template <> struct Vjp<Op::ReduceProd> {
   }
 };
 /// max/min over axes: the gradient split evenly among the elements equal to the result.
+// The gradient split evenly among the elements equal to the result, and where the result is
+// NaN among the NaN elements (torch.max()'s evenly_distribute_backward; torch.amax's rule
+// would give NaN everywhere there).
 struct ReduceExtreme {
   static Grads apply(const NodePtr& n, const NodePtr& g) {
     using namespace vjp_detail;
     const NodePtr& x = in(n, 0);
     const Shape& s = x->shape;
-    NodePtr hit = compare(Op::Eq, x, ir::broadcast(n, s));
+    const NodePtr result = ir::broadcast(n, s);
+    NodePtr hit = compare(Op::Eq, x, result);
+    if (floating(x))
+      hit = ir::binary(Op::Or, hit, ir::binary(Op::And, ir::unary(Op::IsNan, x), ir::unary(Op::IsNan, result)));
     NodePtr count = ir::reduce(Op::ReduceSum, ir::where(hit, constant_like(x, 1.0), zeros_like(x)), n->attrs.ints);
     return {ir::where(hit, ir::broadcast(div(g, count), s), zeros_like(x))};
   }

@@ -158,9 +158,6 @@ inline NodePtr silu(const NodePtr& x) {
   });
 }
 
-/// GELU: exact (erf) form, or the tanh approximation. Both are evaluated without the
-/// cancellation of 1 + erf / 1 + tanh at negative x (docs/performance-math.md has the bounds);
-/// gelu(-inf) is NaN, as PyTorch's (x times a CDF that is 0 there).
 /// Attaches `rule` as the gradient of the composite result `out` built from `inputs` (when
 /// gradients are being recorded through one of them): see ir::CustomGradient.
 inline NodePtr with_gradient(NodePtr out, std::vector<NodePtr> inputs,
@@ -204,8 +201,11 @@ inline NodePtr sigmoid(const NodePtr& x) {
   });
 }
 
-/// x Phi(x) (or its tanh approximation), with its own gradient rule: the accurate piecewise
-/// value is not built to be differentiated (its untaken branches overflow).
+/// GELU, x Phi(x): exact (erf) form, or the tanh approximation. Both are evaluated without the
+/// cancellation of 1 + erf / 1 + tanh at negative x (docs/performance-math.md has the bounds);
+/// gelu(-inf) is NaN, as PyTorch's (x times a CDF that is 0 there). It has its own gradient
+/// rule: the accurate piecewise value is not built to be differentiated (its untaken branches
+/// overflow).
 inline NodePtr gelu(const NodePtr& x, bool tanh_approx) {
   return with_gradient(gelu_value(x, tanh_approx), {x}, [x, tanh_approx](const NodePtr&, const NodePtr& g) {
     return std::vector<NodePtr>{ir::cast(gelu_backward(x, g, tanh_approx), x->dtype)};

@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kiln/decomp/decompose.hpp"
 #include "kiln/tensor/autograd.hpp"
 #include "kiln/tensor/composites.hpp"
 #include "kiln/tensor/indexing.hpp"
@@ -114,18 +115,41 @@ KILN_ENTRY Tensor median_position(const Tensor& x, std::int64_t dim, const char*
 }
 }  // namespace detail
 
+namespace detail {
+/// The median of an empty x: NaN, or an integer dtype's lowest value (torch's), tied to x so
+/// that a backward through it reaches x (with an empty gradient).
+KILN_ENTRY Tensor median_of_empty(const Tensor& x) {
+  const Tensor nothing = sum(x);
+  return zero_derivative(
+      full(Shape{},
+           is_floating(x.dtype())      ? std::numeric_limits<double>::quiet_NaN()
+           : x.dtype() == DType::Int32 ? static_cast<double>(std::numeric_limits<std::int32_t>::lowest())
+                                       : static_cast<double>(std::numeric_limits<std::int64_t>::lowest()),
+           x.dtype(), x.device()),
+      {&nothing});
+}
+
+/// x's element at the flat position `at` as a 0-dim result (median and nanmedian of all of x)
+/// with torch's gradient for it: split evenly among the elements equal to the result (among
+/// the NaN elements where it is NaN), not given to the one that was picked.
+KILN_ENTRY Tensor evenly_selected(const Tensor& x, const Tensor& at) {
+  const Tensor flat = reshape(x, Shape{x.numel()});
+  const Tensor value = reshape(gather(flat, 0, at), Shape{});
+  const ir::NodePtr xn = x.node();
+  decomp::with_gradient(value.node(), {xn}, [xn](const ir::NodePtr& r, const ir::NodePtr& g) {
+    const Tensor xs(xn), picked(r);
+    const Tensor equal = where(isnan(picked), isnan(xs), xs == picked);
+    const Tensor share = Tensor(g) / sum(equal.to(g->dtype));
+    return std::vector<ir::NodePtr>{Tensor(where(equal, share, 0.0)).node()};
+  });
+  return value;
+}
+}  // namespace detail
+
 KILN_ENTRY Tensor median(const Tensor& x) {
   if (x.dtype() == DType::Bool) throw DTypeError("median: not supported for bool tensors, got " + detail::describe(x));
-  // An empty tensor's median is NaN, as torch's (an integer dtype's lowest value, as torch's).
-  if (x.numel() == 0)
-    return full(Shape{},
-                is_floating(x.dtype())      ? std::numeric_limits<double>::quiet_NaN()
-                : x.dtype() == DType::Int32 ? static_cast<double>(std::numeric_limits<std::int32_t>::lowest())
-                                            : static_cast<double>(std::numeric_limits<std::int64_t>::lowest()),
-                x.dtype(), x.device());
-  const Tensor flat = reshape(x, Shape{x.numel()});
-  const Tensor at = detail::median_position(flat, 0, "median");
-  return reshape(gather(flat, 0, at), Shape{});
+  if (x.numel() == 0) return detail::median_of_empty(x);
+  return detail::evenly_selected(x, detail::median_position(reshape(x, Shape{x.numel()}), 0, "median"));
 }
 
 namespace detail {
@@ -1067,9 +1091,8 @@ KILN_ENTRY Tensor nanmedian(const Tensor& x) {
   if (x.dtype() == DType::Bool)
     throw DTypeError("nanmedian: not supported for bool tensors, got " + detail::describe(x));
   if (!is_floating(x.dtype())) return median(x);
-  if (x.numel() == 0) return full(Shape{}, std::numeric_limits<double>::quiet_NaN(), x.dtype(), x.device());
-  const Tensor flat = reshape(x, Shape{x.numel()});
-  return reshape(gather(flat, 0, detail::nan_median_position(flat, 0, "nanmedian")), Shape{});
+  if (x.numel() == 0) return detail::median_of_empty(x);
+  return detail::evenly_selected(x, detail::nan_median_position(reshape(x, Shape{x.numel()}), 0, "nanmedian"));
 }
 
 KILN_ENTRY ValuesIndices nanmedian(const Tensor& x, std::int64_t dim, bool keepdim) {

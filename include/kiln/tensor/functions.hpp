@@ -140,8 +140,19 @@ ValuesIndices select_along(const E& x, std::int64_t dim, bool keepdim, bool larg
   Tensor values =
       finish_reduce(ir::reduce(largest ? ir::Op::ReduceMax : ir::Op::ReduceMin, t.node(), ax), t.shape(), ax, keepdim);
   ir::NodePtr keyed = t.dtype() == DType::Bool ? ir::cast(t.node(), DType::Int32) : t.node();
-  Tensor indices =
-      finish_reduce(ir::reduce(largest ? ir::Op::ArgMax : ir::Op::ArgMin, keyed, ax), t.shape(), ax, keepdim);
+  const ir::NodePtr position = ir::reduce(largest ? ir::Op::ArgMax : ir::Op::ArgMin, keyed, ax);
+  Tensor indices = finish_reduce(position, t.shape(), ax, keepdim);
+  // torch's rule along a dim: the whole gradient to the position returned (amax's splits it
+  // among equal values).
+  const ir::NodePtr xn = t.node();
+  const std::int64_t axis = ax[0];
+  decomp::with_gradient(values.node(), {xn}, [xn, position, axis](const ir::NodePtr&, const ir::NodePtr& g) {
+    const Shape& s = xn->shape;
+    const ir::NodePtr picked =
+        ir::binary(ir::Op::Eq, ir::iota(s, axis, DType::Int64, xn->device), ir::broadcast(position, s));
+    const ir::NodePtr spread = ir::broadcast(ir::reshape(g, position->shape), s);
+    return std::vector<ir::NodePtr>{ir::where(picked, spread, ir::constant(0.0, g->dtype, s, xn->device))};
+  });
   return {values, indices};
 }
 }  // namespace detail

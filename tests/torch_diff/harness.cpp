@@ -3,8 +3,10 @@
 // values...` (a tensor), `f x`, `i n`, `s word`, `l n v...` or `n` (an undefined tensor); an op
 // named `grad:op` makes the float32/float64 tensors leaves and prints the gradients of
 // sum(op(...)[0] * cotangent), the cotangent being the last argument. Prints `RES id n (T dtype
-// ndim dims... values...)*` or `ERR id message` per case.
+// ndim dims... values...)*` or `ERR id message` per case. KILN_DEVICE=cuda puts every tensor
+// argument on the GPU (the ops that create tensors from numbers alone stay on the CPU).
 #include <kiln/kiln.hpp>
+#include "../support/device.hpp"
 #include <functional>
 #include <iostream>
 #include <map>
@@ -27,10 +29,10 @@ Tensor read_tensor(std::istream& in) {
     int64_t R = dims[nd - 2], C = dims[nd - 1], B = n / (R * C > 0 ? R * C : 1);
     std::vector<double> w(n);
     if (R * C > 0) for (int64_t b = 0; b < B; ++b) for (int64_t r = 0; r < R; ++r) for (int64_t c = 0; c < C; ++c) w[b * R * C + c * R + r] = v[b * R * C + r * C + c];
-    Tensor t = from_vector<double>(w, Shape(td)).to(dtype).eval();
+    Tensor t = from_vector<double>(w, Shape(td)).to(dtype).to(kiln::testing::device()).eval();
     return transpose(t, -1, -2);
   }
-  return from_vector<double>(v, Shape(dims)).to(dtype).eval();
+  return from_vector<double>(v, Shape(dims)).to(dtype).to(kiln::testing::device()).eval();
 }
 int main() {
   std::string tok;

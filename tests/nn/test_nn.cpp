@@ -374,6 +374,58 @@ TEST_CASE("scaled_dot_product_attention and MultiheadAttention against float64 l
   first.to(f64);
   check_close(transpose(first.forward(transpose(x, 0, 1), transpose(x, 0, 1), transpose(x, 0, 1)).first, 0, 1),
               values(out));
+
+  // key_padding_mask [N, S]: a masked key changes nothing of its batch's output (cross-attention,
+  // L 3, S 4, N 2; key 1 of batch 0 and keys 2 and 3 of batch 1 masked), fused or written out,
+  // bool or float (-inf added), alone or with an attn_mask; per-head weights without averaging.
+  // (No query is left without a key: a fully masked row is NaN, as torch's.)
+  Tensor kv = f64_randn({4, 2, 4}, 10);
+  Tensor padding = from_vector<bool>({false, true, false, false, false, false, true, true}, {2, 4});
+  std::vector<double> moved_kv = values(kv);
+  for (int c = 0; c < 4; ++c) {
+    moved_kv[(1 * 2 + 0) * 4 + c] += 3.0;  // key 1, batch 0
+    moved_kv[(2 * 2 + 1) * 4 + c] -= 2.0;  // key 2, batch 1
+    moved_kv[(3 * 2 + 1) * 4 + c] += 1.5;  // key 3, batch 1
+  }
+  Tensor kv_moved = from_vector(moved_kv, {4, 2, 4});
+  auto [padded, padded_weights] = mha(x, kv, kv, {}, true, false, padding);
+  check_close(mha(x, kv_moved, kv_moved, {}, true, false, padding).first, values(padded));
+  check_close(mha(x, kv, kv, {}, false, false, padding).first, values(padded));
+  Tensor padding_float = where(padding, -INFINITY, 0.0).to(f64);
+  check_close(mha(x, kv, kv, {}, false, false, padding_float).first, values(padded));
+  CHECK(values(padded_weights)[1] == 0.0);  // batch 0, query 0, key 1
+  CHECK(values(mha(x, kv, kv).first) != values(padded));
+  auto [per_head_out, per_head] = mha(x, kv, kv, {}, true, false, padding, false);
+  CHECK(per_head.shape() == Shape{2, 2, 3, 4});
+  check_close(mean(per_head, {1}), values(padded_weights));
+  check_close(per_head_out, values(padded));
+  // With an attn_mask too: the two masks add (bool with bool: either masks).
+  Tensor future =
+      from_vector<bool>({false, true, true, true, false, false, true, true, false, false, false, true}, {3, 4});
+  auto [both, both_weights] = mha(x, kv, kv, future, true, false, padding);
+  check_close(mha(x, kv, kv, where(future, -INFINITY, 0.0).to(f64), false, false, padding).first, values(both));
+  check_close(mha(x, kv_moved, kv_moved, future, true, false, padding).first, values(both));
+  // A 3-D attn_mask [N * H, L, S] is the same mask given per batch and head.
+  Tensor per_batch = reshape(
+      broadcast_to(reshape(logical_or(unsqueeze(future, 0), unsqueeze(padding, 1)), {2, 1, 3, 4}), {2, 2, 3, 4}),
+      {4, 3, 4});
+  check_close(mha(x, kv, kv, per_batch).first, values(both));
+  check_close(mha(x, kv, kv, per_batch).second, values(both_weights));
+  // Masks that do not fit, or of an integer dtype: typed errors naming the module and the mask.
+  auto refuses = [&](const Tensor& attn_mask, const Tensor& key_padding_mask, const char* what, bool dtype) {
+    try {
+      (void)mha(x, kv, kv, attn_mask, true, false, key_padding_mask);
+      FAIL("a bad mask accepted");
+    } catch (const Error& e) {
+      CHECK((dtype ? dynamic_cast<const DTypeError*>(&e) != nullptr : dynamic_cast<const ShapeError*>(&e) != nullptr));
+      CHECK(std::string(e.what()).find("MultiheadAttention") != std::string::npos);
+      CHECK(std::string(e.what()).find(what) != std::string::npos);
+    }
+  };
+  refuses({}, from_vector<bool>({false, false, false, false}, {1, 4}), "key_padding_mask", false);
+  refuses({}, padding.to(i64), "key_padding_mask", true);
+  refuses(from_vector<bool>({false, false, false, false}, {1, 4}), {}, "attn_mask", false);
+  refuses(zeros({3, 3, 4}, f64), {}, "attn_mask", false);
 }
 
 TEST_CASE("CausalSelfAttention: a position never sees the ones after it") {

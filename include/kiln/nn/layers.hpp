@@ -390,21 +390,26 @@ class MultiheadAttention : public Module {
   KILN_ENTRY MultiheadAttention(std::int64_t embed_dim, std::int64_t num_heads, double dropout = 0.0, bool bias = true,
                                 bool batch_first = false, DType dtype = f32, Device device = Device::cpu());
 
-  /// The attention output and, when `need_weights`, the attention weights averaged over heads
-  /// ([N, L, S]; undefined otherwise). `attn_mask` [L, S] (bool: true = masked out, as torch's
-  /// MultiheadAttention; float: added), `is_causal` masks the future. Without `need_weights`
-  /// (and unless both a mask and is_causal are given) it runs as one fused
-  /// scaled_dot_product_attention, dropout included, as torch's fast path does.
+  /// The attention output and, when `need_weights`, the attention weights ([N, L, S] averaged
+  /// over heads, or [N, H, L, S] without `average_attn_weights`; undefined otherwise).
+  /// `attn_mask` [L, S] or [N * H, L, S] and `key_padding_mask` [N, S] (bool: true = masked out,
+  /// as torch's MultiheadAttention; float: added; the two are added together, as torch merges
+  /// them), `is_causal` masks the future. Without `need_weights` (and unless is_causal comes with
+  /// a mask) it runs as one fused scaled_dot_product_attention, dropout included, as torch's
+  /// fast path does. (The masks' order differs from libtorch's forward, whose fourth argument is
+  /// key_padding_mask.)
   KILN_ENTRY std::pair<Tensor, Tensor> forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                                const Tensor& attn_mask = {}, bool need_weights = true,
-                                               bool is_causal = false);
+                                               bool is_causal = false, const Tensor& key_padding_mask = {},
+                                               bool average_attn_weights = true);
   /// Self-attention of x (query = key = value); the output only.
   Tensor forward(const Tensor& x) override { return forward(x, x, x, {}, false).first; }
   using Module::operator();
   /// forward(query, key, value, ...): `mha(q, k, v)` as torch's module call.
   std::pair<Tensor, Tensor> operator()(const Tensor& query, const Tensor& key, const Tensor& value,
-                                       const Tensor& attn_mask = {}, bool need_weights = true, bool is_causal = false) {
-    return forward(query, key, value, attn_mask, need_weights, is_causal);
+                                       const Tensor& attn_mask = {}, bool need_weights = true, bool is_causal = false,
+                                       const Tensor& key_padding_mask = {}, bool average_attn_weights = true) {
+    return forward(query, key, value, attn_mask, need_weights, is_causal, key_padding_mask, average_attn_weights);
   }
   std::string name() const override { return "MultiheadAttention"; }
 

@@ -180,8 +180,10 @@ KILN_ENTRY MultiheadAttention::MultiheadAttention(std::int64_t embed_dim, std::i
 }
 
 KILN_ENTRY std::pair<Tensor, Tensor> MultiheadAttention::forward(const Tensor& query, const Tensor& key,
-                                                                 const Tensor& value, const Tensor& attn_mask,
-                                                                 bool need_weights, bool is_causal) {
+                                                                 const Tensor& value, const Tensor& attn_mask_in,
+                                                                 bool need_weights, bool is_causal,
+                                                                 const Tensor& key_padding_mask,
+                                                                 bool average_attn_weights) {
   if (query.dim() != 3 || key.dim() != 3 || value.dim() != 3 || query.shape()[2] != embed_dim ||
       key.shape()[2] != embed_dim || value.shape()[2] != embed_dim)
     throw ShapeError("MultiheadAttention: query " + query.describe() + ", key " + key.describe() + ", value " +
@@ -196,6 +198,37 @@ KILN_ENTRY std::pair<Tensor, Tensor> MultiheadAttention::forward(const Tensor& q
     throw ShapeError("MultiheadAttention: query " + query.describe() + ", key " + key.describe() + " and value " +
                      value.describe() + " must share the batch size, and key and value the sequence length (" +
                      (batch_first ? "batch_first: [N, L, E]" : "[L, N, E]; batch_first is false") + ")");
+  // The masks as one [L, S] or [N, H | 1, L | 1, S] mask (bool when both are bool or one is
+  // absent, else float, added), checked before anything is computed.
+  auto check_mask = [&](const Tensor& m, const char* what, bool shape_ok) {
+    if (m.dtype() != DType::Bool && !is_floating(m.dtype()))
+      throw DTypeError(std::string("MultiheadAttention: ") + what + " must be bool or floating, got " + m.describe());
+    if (!shape_ok)
+      throw ShapeError(std::string("MultiheadAttention: ") + what + " " + m.describe() + " does not fit query " +
+                       query.describe() + " and key " + key.describe() + " (" + std::to_string(H) + " heads)");
+  };
+  Tensor attn_mask = attn_mask_in;
+  if (attn_mask.defined()) {
+    const Shape& ms = attn_mask.shape();
+    check_mask(attn_mask, "attn_mask",
+               (ms == Shape{L, S}) || (ms.size() == 3 && ms[0] == N * H && ms[1] == L && ms[2] == S));
+    if (ms.size() == 3) attn_mask = reshape(attn_mask, {N, H, L, S});
+  }
+  if (key_padding_mask.defined()) {
+    check_mask(key_padding_mask, "key_padding_mask", key_padding_mask.shape() == Shape{N, S});
+    const Tensor padding = reshape(key_padding_mask, {N, 1, 1, S});
+    if (!attn_mask.defined()) {
+      attn_mask = padding;
+    } else if (attn_mask.dtype() == DType::Bool && padding.dtype() == DType::Bool) {
+      attn_mask = logical_or(attn_mask, padding);
+    } else {
+      auto additive = [&](const Tensor& m) {
+        return m.dtype() == DType::Bool ? Tensor(masked_fill(zeros(m.shape(), query.dtype(), m.device()), m, -INFINITY))
+                                        : m.to(query.dtype());
+      };
+      attn_mask = additive(attn_mask) + additive(padding);
+    }
+  }
   auto project = [&](const Tensor& x, std::int64_t part) {
     Tensor w = slice(in_proj_weight, 0, part * embed_dim, (part + 1) * embed_dim);
     Tensor b = in_proj_bias.defined() ? slice(in_proj_bias, 0, part * embed_dim, (part + 1) * embed_dim) : Tensor();
@@ -203,7 +236,7 @@ KILN_ENTRY std::pair<Tensor, Tensor> MultiheadAttention::forward(const Tensor& q
     return transpose(reshape(functional::linear(x, w, b), {N, T, H, D}), 1, 2);  // [N, H, T, D]
   };
   Tensor qh = project(q, 0), kh = project(k, 1), vh = project(v, 2);
-  Tensor attended, averaged;  // [N, H, L, D]; [N, L, S] when need_weights
+  Tensor attended, averaged;  // [N, H, L, D]; the weights when need_weights
   if (!need_weights && !(is_causal && attn_mask.defined())) {
     // torch's fast path: with no weights to return, one fused attention, dropout inside it
     // (drawing its key as dropout() does, so the same seed drops the same weights). A row
@@ -218,7 +251,7 @@ KILN_ENTRY std::pair<Tensor, Tensor> MultiheadAttention::forward(const Tensor& q
                                                 : Tensor(scores + attn_mask.to(scores.dtype()));
     Tensor weights = softmax(scores, -1);
     attended = matmul(functional::dropout(weights, dropout, is_training()), vh);
-    if (need_weights) averaged = mean(weights, {1});
+    if (need_weights) averaged = average_attn_weights ? mean(weights, {1}) : weights;
   }
   Tensor out = out_proj.forward(reshape(transpose(attended, 1, 2), {N, L, embed_dim}));
   if (!batch_first) out = transpose(out, 0, 1);

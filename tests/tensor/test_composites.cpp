@@ -1109,4 +1109,63 @@ TEST_CASE("erfc, lgamma, digamma: values, poles, identities and gradients") {
   }
 }
 
+TEST_CASE("index_put, index_fill, masked_scatter: torch's positions, accumulation, gradients and errors") {
+  const Tensor x = zeros({3, 4});
+  auto ints = [](std::vector<double> v) { return vec(std::move(v)).to(i64).eval(); };
+  // One index: whole rows, negative positions from the end; two: single elements; broadcast.
+  check_values(index_put(x, {ints({-1, 0})}, full({}, 1.0)), {1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1});
+  check_values(index_put(x, {ints({0, 2}), ints({1, 3})}, vec({5, 6})), {0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6});
+  check_values(index_put(x, {vec({0, 2}, {2, 1}, i64), ints({1, 3})}, full({}, 7.0)),
+               {0, 7, 0, 7, 0, 0, 0, 0, 0, 7, 0, 7});
+  check_values(index_put(x, {ints({1, 1, 1})}, vec({1, 2, 3, 4}), true), {0, 0, 0, 0, 3, 6, 9, 12, 0, 0, 0, 0});
+  check_values(index_put(x, {vec({1, 0, 1}, {3}, DType::Bool)}, vec({1, 2, 3, 4})),
+               {1, 2, 3, 4, 0, 0, 0, 0, 1, 2, 3, 4});
+  check_values(index_put(x, {ints({0}).to(i32)}, full({}, 1.0)), {1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0});
+  Tensor y = zeros({3, 4});
+  y.index_put_({ints({2})}, full({}, 3.0), true);
+  y.index_put_({ints({2}), ints({-1})}, full({}, 3.0), true);
+  check_values(y, {0, 0, 0, 0, 0, 0, 0, 0, 3, 3, 3, 6});
+  CHECK_THROWS_AS(index_put(x, {ints({1})}, full({}, 1.0, f64)), DTypeError);
+  CHECK_THROWS_AS(index_put(x, {vec({0})}, full({}, 1.0)), DTypeError);
+  CHECK_THROWS_AS(index_put(x, {ints({3})}, full({}, 1.0)), IndexError);
+  CHECK_THROWS_AS(index_put(x, {ints({0}), ints({-5})}, full({}, 1.0)), IndexError);
+  CHECK_THROWS_AS(index_put(x, {ints({0}) + 4}, full({}, 1.0)).eval(), IndexError);  // found by the kernel
+  CHECK_THROWS_AS(index_put(x, {ints({0, 1})}, ones({3})), ShapeError);
+  CHECK_THROWS_AS(index_put(x, {ints({0}), ints({0}), ints({0})}, full({}, 1.0)), IndexError);
+  CHECK_THROWS_AS(index_put(x, {ints({0, 1}), ints({0, 1, 2})}, full({}, 1.0)), ShapeError);
+
+  check_values(index_fill(x, 1, ints({-1, 0}), 2.5), {2.5, 0, 0, 2.5, 2.5, 0, 0, 2.5, 2.5, 0, 0, 2.5});
+  check_values(index_fill(zeros({2, 2}, i64), 0, ints({1}), 2.7), {0, 0, 2, 2});
+  check_values(index_fill(full({}, 1.0), 0, ints({0}), 2.0), {2});
+  CHECK_THROWS_AS(index_fill(x, 1, ints({4}), 1.0), IndexError);
+  CHECK_THROWS_AS(index_fill(x, 1, vec({0}, {1, 1}, i64), 1.0), ShapeError);
+  CHECK_THROWS_AS(index_fill(x, 1, ints({0}), full({1}, 3.0)), ShapeError);
+
+  const Tensor alternate = vec({1, 0, 1, 0}, {4}, DType::Bool);
+  check_values(masked_scatter(x, alternate, arange(0, 12, 1, f32)), {0, 0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0});
+  CHECK(masked_scatter(zeros({4}), full({3, 4}, 1.0, DType::Bool), arange(0, 12, 1, f32)).shape() == Shape{3, 4});
+  check_values(masked_scatter(x, zeros({4}, DType::Bool), zeros({0})), std::vector<double>(12, 0.0));
+  CHECK_THROWS_AS(masked_scatter(x, alternate, arange(0, 5, 1, f32)).eval(), IndexError);  // 6 true, 5 values
+  CHECK_THROWS_AS(masked_scatter(x, alternate, arange(0, 12, 1, i64)), DTypeError);
+  CHECK_THROWS_AS(masked_scatter(x, alternate.to(i64), arange(0, 12, 1, f32)), DTypeError);
+
+  // Gradients: the overwritten places of the input get none, the values (source) what reached
+  // the places they were written to (summed over repeats and broadcasts).
+  const Tensor rows = ints({0, 2});
+  CHECK(autograd::gradcheck(
+      [&](std::vector<Tensor> in) {
+        return index_put(in[0], {rows, ints({1, -1})}, in[1]) * in[0];
+      },
+      {vec({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {3, 4}, f64), vec({0.5, -2}, {2}, f64)}));
+  CHECK(autograd::gradcheck(
+      [&](std::vector<Tensor> in) {
+        return index_put(in[0], {ints({1, 1})}, in[1], true);
+      },
+      {vec({1, 2, 3, 4, 5, 6}, {3, 2}, f64), vec({0.5, -2}, {2}, f64)}));
+  CHECK(autograd::gradcheck([&](std::vector<Tensor> in) { return index_fill(in[0] * in[0], 1, ints({-1}), in[1]); },
+                            {vec({1, 2, 3, 4, 5, 6}, {2, 3}, f64), vec({0.5}, {}, f64)}));
+  CHECK(autograd::gradcheck([&](std::vector<Tensor> in) { return masked_scatter(in[0], alternate, in[1] * in[1]); },
+                            {vec({1, 2, 3, 4, 5, 6, 7, 8}, {2, 4}, f64), vec({1, 2, 3, 4, 5}, {5}, f64)}));
+}
+
 }  // namespace kiln_test_tensor_composites

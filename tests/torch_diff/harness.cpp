@@ -123,6 +123,16 @@ int main() {
   ops["nll_loss"] = [&](A& a) -> R { return {nll_loss(T(a, 0), T(a, 1), a[2].i, a[3].s)}; };
   ops["rms_norm"] = [&](A& a) -> R { return {rms_norm(T(a, 0), T(a, 1))}; };
   ops["index_copy"] = [&](A& a) -> R { return {index_copy(T(a, 0), a[1].i, T(a, 2), T(a, 3))}; };
+  ops["index_put"] = [&](A& a) -> R {
+    std::vector<Tensor> idx;
+    for (std::size_t i = 1; i + 2 < a.size(); ++i) idx.push_back(T(a, i));
+    return {index_put(T(a, 0), idx, T(a, a.size() - 2), a.back().i != 0)};
+  };
+  ops["index_fill"] = [&](A& a) -> R {
+    return {a[3].kind == 't' ? index_fill(T(a, 0), a[1].i, T(a, 2), T(a, 3))
+                             : index_fill(T(a, 0), a[1].i, T(a, 2), a[3].f)};
+  };
+  ops["masked_scatter"] = [&](A& a) -> R { return {masked_scatter(T(a, 0), T(a, 1), T(a, 2))}; };
   ops["take_flat"] = [&](A& a) -> R { return {take_along_dim(T(a, 0), T(a, 1), std::nullopt)}; };
   ops["clamp_t"] = [&](A& a) -> R { return {clamp(T(a, 0), T(a, 1), T(a, 2))}; };
   ops["where_s"] = [&](A& a) -> R { return {Tensor(where(T(a, 0), T(a, 1), a[2].f))}; };

@@ -383,6 +383,36 @@ def gen_composite(op, dt):
             return [T(y), ('f', dx), ('i', d)], lambda a: f(a[0], dx=dx, dim=d)
         x = torch.sort(rtensor([sh[d]], rng.choice(['float32', 'float64']), special=False)).values
         return [T(y), T(x), ('i', d)], lambda a: f(a[0], a[1], dim=d)
+    if op == 'index_put':
+        sh = [rng.randint(1, 4) for _ in range(rng.randint(1, 3))]; x = rtensor(sh, dt)
+        k = rng.randint(1, len(sh)); n = rng.randint(0, 4)
+        idx = [torch.randint(-sh[d], sh[d], (n,)) for d in range(k)]
+        if rng.random() < .3: idx[0] = idx[0][:, None]            # broadcast index shapes
+        acc = rng.randint(0, 1)
+        if not acc:   # positions written once: torch leaves the winner among repeats unspecified
+            flat = torch.stack([torch.broadcast_tensors(*idx)[d].reshape(-1) % sh[d] for d in range(k)], 1).tolist() if n else []
+            if len(set(map(tuple, flat))) != len(flat): return None
+        bshape = list(torch.broadcast_tensors(*idx)[0].shape)
+        vshape = (bshape + sh[k:]) if rng.random() < .7 else sh[k:][rng.randint(0, len(sh[k:])):]
+        v = rtensor(vshape, dt)
+        return [T(x)] + [T(i) for i in idx] + [T(v), ('i', acc)], lambda a: torch.index_put(a[0], tuple(a[1:1 + k]), a[1 + k], bool(acc))
+    if op == 'index_fill':
+        sh = rshape(mind=1); x = rtensor(sh, dt); d = rng.randrange(-len(sh), len(sh))
+        idx = torch.randint(-sh[d], sh[d], (rng.randint(0, 3),)) if sh[d] else torch.zeros(0, dtype=torch.int64)
+        val = rng.choice([2.5, -1.0, 0.0])
+        # torch's backward gathers at the index unwrapped (a negative one raises): the same call
+        # with the positions wrapped is the reference then
+        if rng.random() < .5:
+            vt = rtensor([], dt if dt in FLOATS else 'float32')
+            return [T(x), ('i', d), T(idx), T(vt)], lambda a: torch.index_fill(a[0], d, a[2], a[3]), \
+                lambda a: torch.index_fill(a[0], d, a[2] % sh[d], a[3])
+        return [T(x), ('i', d), T(idx), ('f', val)], lambda a: torch.index_fill(a[0], d, a[2], val), \
+            lambda a: torch.index_fill(a[0], d, a[2] % sh[d], val)
+    if op == 'masked_scatter':
+        sh = rshape(); x = rtensor(sh, dt); m = rtensor(bcast_shape(sh) if rng.random() < .4 else sh, 'bool')
+        cnt = int(torch.broadcast_tensors(x, m)[1].sum()) if x.numel() or m.numel() else 0
+        src = rtensor([cnt + rng.randint(0, 2)], dt)
+        return [T(x), T(m), T(src)], lambda a: torch.masked_scatter(a[0], a[1], a[2])
     raise ValueError(op)
 
 def gen(op):
@@ -763,7 +793,7 @@ COMPOSITES = ['quantile', 'nansum', 'nanmean', 'fmax', 'fmin', 'xlogy', 'isclose
               'unique', 'unique_consecutive', 'where_cond', 'div_mode', 'floor_divide', 'float_power', 'logaddexp2', 'copysign', 'std',
               'nanmedian', 'nanmedian_dim', 'nanquantile', 'kthvalue', 'searchsorted', 'bucketize', 'cov', 'corrcoef', 'histc',
               'tensordot', 'kron', 'cdist', 'dist', 'block_diag', 'diag_embed', 'diagflat', 'dstack', 'column_stack', 'cartesian_prod',
-              'vander', 'diff', 'trapezoid', 'cumulative_trapezoid']
+              'vander', 'diff', 'trapezoid', 'cumulative_trapezoid', 'index_put', 'index_fill', 'masked_scatter']
 OPS = UNARY + BINARY + ['gelu', 'where', 'clamp', 'sum', 'prod', 'mean', 'amax', 'amin', 'logsumexp', 'var', 'max_all', 'min_all',
       'max_dim', 'min_dim', 'argmax', 'argmin', 'softmax', 'log_softmax', 'cumsum', 'cumprod', 'cummax', 'cummin', 'logcumsumexp',
       'sort', 'argsort', 'topk', 'gather', 'take_along_dim', 'index_select', 'scatter', 'scatter_add', 'index_add', 'embedding', 'masked_fill',
@@ -814,16 +844,17 @@ while len(cases) < NCASES:
         else: targs.append(a[1] if len(a) > 1 else None)
     backward_reached = False
     def fall_back(e):
-        # torch's own autograd failing (an in-place write it then refuses), not a refusal of the input
+        # torch's own autograd failing on a valid call (an in-place write it then refuses, a
+        # negative index its backward does not wrap), not a refusal of the input
         global fn
-        if not GRAD or fallback is None or fn is fallback or 'in-place' not in str(e) and 'inplace' not in str(e) and \
-                'Expected a proper Tensor' not in str(e):
+        if not GRAD or fallback is None or fn is fallback or 'does not require grad' in str(e) or \
+                'not support dtype' in str(e):
             raise e
         fn = fallback
     try:
         try:
             r = fn(targs)
-        except RuntimeError as e:
+        except (RuntimeError, IndexError) as e:
             fall_back(e); r = fn(targs)
         if isinstance(r, torch.Tensor): r = (r,)
         if GRAD:
@@ -836,7 +867,7 @@ while len(cases) < NCASES:
             backward_reached = True
             try:
                 gs = torch.autograd.grad((r[0] * cot).sum(), leaves, allow_unused=True)
-            except RuntimeError as e:
+            except (RuntimeError, IndexError) as e:
                 fall_back(e)
                 r2 = fn(targs)
                 r2 = r2 if isinstance(r2, torch.Tensor) else r2[0]
@@ -858,7 +889,8 @@ while len(cases) < NCASES:
         r = tuple(materialized(x) for x in r)
         err = None
     except Exception as e:
-        r = None; err = str(e).split('\n')[0][:150]
+        r = None; err = str(e).split("\n")[0][:150]
+        if os.environ.get("TD_DEBUG"): import traceback; traceback.print_exc()
         if 'must be Tensor, not' in err or 'not implemented for' in err: continue
     cid = len(cases)
     enc = []
@@ -904,6 +936,9 @@ def known_difference(op, err, outputs_differ_at=None):
     # torch refuses a target (soft_margin_loss) or weight (multi_margin_loss) that requires grad;
     # kiln differentiates the target through its ops and leaves the weight without a gradient
     if err and GRAD and 'is not differentiable with respect to argument' in err: return True
+    # a value tensor that requires grad filled into an integer or bool tensor: torch refuses
+    # the result's autograd, kiln's result does not require grad
+    if err and GRAD and op == 'index_fill' and 'Autograd not support dtype' in err: return True
     # torch.cov multiplies the data by weights of another floating dtype without promoting
     # (float32 data with float64 aweights raise); kiln promotes, as its other binary ops
     if err and op == 'cov' and 'expected m1 and m2 to have the same dtype' in err: return True

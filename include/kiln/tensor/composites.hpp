@@ -507,6 +507,30 @@ KILN_ENTRY Tensor corrcoef(const Tensor& input);
 /// in x's dtype. Not differentiable.
 KILN_ENTRY Tensor histc(const Tensor& x, std::int64_t bins = 100, double min = 0, double max = 0);
 
+// ---- writes at index tuples and masks -------------------------------------------------------
+
+/// input with `values` written at the positions the index tensors select (torch.index_put,
+/// `x[i0, i1, ...] = values`): `indices` index input's leading dims, int64 or int32 tensors
+/// broadcast together to a shape B (negative positions count from the end), or bool masks, each
+/// standing for the positions of its true elements over as many dims as it has (it reads the
+/// mask, as nonzero). `values`, of input's dtype (torch's rule; else a DTypeError), broadcasts
+/// to B + the dims not indexed. `accumulate` adds (repeated positions summed) instead of
+/// writing (repeated positions: the last wins). Positions out of range are an IndexError. A new
+/// tensor; `Tensor::index_put_` writes in place.
+KILN_ENTRY Tensor index_put(const Tensor& input, const std::vector<Tensor>& indices, const Tensor& values,
+                            bool accumulate = false);
+
+/// input with the slices at `index` (1-d or 0-d, int64 or int32; negative counts from the end)
+/// along `dim` set to `value` (torch.index_fill): a number, or a 0-dim tensor (whose gradient is
+/// the sum over the filled places). An index out of range is an IndexError.
+KILN_ENTRY Tensor index_fill(const Tensor& input, std::int64_t dim, const Tensor& index, double value);
+KILN_ENTRY Tensor index_fill(const Tensor& input, std::int64_t dim, const Tensor& index, const Tensor& value);
+
+/// input (broadcast with the bool `mask`) with source's elements written, in row-major order,
+/// where mask is true (torch.masked_scatter). source, of input's dtype, needs at least as many
+/// elements as the mask has true ones (else an IndexError); only that many are read.
+KILN_ENTRY Tensor masked_scatter(const Tensor& input, const Tensor& mask, const Tensor& source);
+
 }  // namespace kiln
 
 #if !defined(KILN_COMPILED_LIBRARY)

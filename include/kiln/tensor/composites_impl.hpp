@@ -1289,4 +1289,167 @@ KILN_ENTRY Tensor histc(const Tensor& x, std::int64_t bins, double min, double m
   return narrow(counts, 0, 0, bins);
 }
 
+// ---- writes at index tuples and masks ------------------------------------------------------
+
+namespace detail {
+/// The int64 positions `index` gives along a dim of `size` of x, negative ones counted from the
+/// end (torch's indexing), and -1 for those out of range. Out of range is an IndexError naming
+/// `op` when the index is already in host memory; otherwise the -1 reaches a kernel's check.
+KILN_ENTRY Tensor wrapped_positions(const Tensor& x, const Tensor& index, std::int64_t dim, std::int64_t size,
+                                    const char* op) {
+  if (index.dtype() != DType::Int64 && index.dtype() != DType::Int32)
+    throw DTypeError(std::string(op) + ": tensors used as indices must be int64, int32 or bool, got " +
+                     describe(index) + " (input " + describe(x) + ")");
+  if (index.device() != x.device())
+    throw DeviceError(std::string(op) + ": index " + describe(index) + " is not on the input's device (input " +
+                      describe(x) + ")");
+  if (index.is_evaluated() && index.device().is_cpu())
+    for (const std::int64_t v : index.dtype() == DType::Int64 ? index.to_vector<std::int64_t>() : [&] {
+           const std::vector<std::int32_t> narrow = index.to_vector<std::int32_t>();
+           return std::vector<std::int64_t>(narrow.begin(), narrow.end());
+         }())
+      if (v < -size || v >= size)
+        throw IndexError(std::string(op) + ": index " + std::to_string(v) + " is out of bounds for dimension " +
+                         std::to_string(dim) + " with size " + std::to_string(size) + " (input " + describe(x) +
+                         ", index " + describe(index) + ")");
+  const Tensor i = index.to(DType::Int64);
+  return where(logical_and(i >= -size, i < size), where(i < 0, i + size, i), -1);
+}
+}  // namespace detail
+
+KILN_ENTRY Tensor index_put(const Tensor& input, const std::vector<Tensor>& indices_in, const Tensor& values,
+                            bool accumulate) {
+  const char* op = "index_put";
+  if (indices_in.empty())
+    throw ValueError(std::string(op) + ": expected at least one index tensor (input " + detail::describe(input) + ")");
+  if (values.dtype() != input.dtype())
+    throw DTypeError(std::string(op) + ": values must have the input's dtype, got " + detail::describe(values) +
+                     " for input " + detail::describe(input));
+  detail::check_same_device(input.device(), values.device(), op);
+  // Bool masks stand for the positions of their true elements, one index tensor per mask dim.
+  std::vector<Tensor> indices;
+  for (const Tensor& index : indices_in) {
+    if (!index.defined())
+      throw ValueError(std::string(op) + ": an index tensor is undefined (input " + detail::describe(input) + ")");
+    if (index.dtype() != DType::Bool) {
+      indices.push_back(index);
+      continue;
+    }
+    if (index.dim() == 0)
+      throw ValueError(std::string(op) + ": a 0-dim bool index is not supported (input " + detail::describe(input) +
+                       ")");
+    const std::size_t first = indices.size();
+    for (std::int64_t d = 0; d < index.dim(); ++d)
+      if (first + d >= input.shape().size() || index.shape()[d] != input.shape()[first + d])
+        throw IndexError(std::string(op) + ": the shape of the mask " + detail::describe(index) + " at index " +
+                         std::to_string(d) + " does not match the shape of the indexed tensor " +
+                         detail::describe(input));
+    for (const Tensor& positions : where(index)) indices.push_back(positions);
+  }
+  const std::size_t k = indices.size();
+  if (k > input.shape().size())
+    throw IndexError(std::string(op) + ": too many indices for tensor of dimension " + std::to_string(input.dim()) +
+                     " (got " + std::to_string(k) + "), input " + detail::describe(input));
+  Shape batch;
+  try {
+    for (const Tensor& index : indices) batch = broadcast_shapes(batch, index.shape(), op);
+  } catch (const ShapeError&) {
+    std::string shapes;
+    for (const Tensor& index : indices) shapes += " " + index.shape().str();
+    throw ShapeError(std::string(op) +
+                     ": shape mismatch: indexing tensors could not be broadcast together with "
+                     "shapes" +
+                     shapes + " (input " + detail::describe(input) + ")");
+  }
+  const Shape& in_shape = input.shape();
+  const std::vector<std::int64_t> rest(in_shape.begin() + static_cast<std::ptrdiff_t>(k), in_shape.end());
+  std::vector<std::int64_t> target(batch.begin(), batch.end());
+  target.insert(target.end(), rest.begin(), rest.end());
+  bool fits = true;
+  try {
+    fits = broadcast_shapes(values.shape(), Shape(target), op) == Shape(target);
+  } catch (const ShapeError&) {
+    fits = false;
+  }
+  if (!fits)
+    throw ShapeError(std::string(op) + ": shape mismatch: value tensor of shape " + values.shape().str() +
+                     " cannot be broadcast to indexing result of shape " + Shape(target).str() + " (input " +
+                     detail::describe(input) + ")");
+  // One position along the leading dims flattened; a position out of range in any dim makes
+  // it `leading` (out of range), which the scatter's check reports.
+  std::int64_t leading = 1;
+  Tensor linear = zeros(batch, DType::Int64, input.device()), valid = full(batch, 1.0, DType::Bool, input.device());
+  for (std::size_t d = 0; d < k; ++d) {
+    const Tensor at = detail::wrapped_positions(input, indices[d], static_cast<std::int64_t>(d), in_shape[d], op);
+    linear = linear * in_shape[d] + at;
+    valid = logical_and(valid, at >= 0);
+    leading *= in_shape[d];
+  }
+  std::vector<std::int64_t> flat_shape{leading}, source_shape{batch.numel()};
+  flat_shape.insert(flat_shape.end(), rest.begin(), rest.end());
+  source_shape.insert(source_shape.end(), rest.begin(), rest.end());
+  const Tensor positions = reshape(where(valid, linear, leading), Shape{batch.numel()});
+  const Tensor source = reshape(broadcast_to(values, Shape(target)), Shape(source_shape));
+  const Tensor written = detail::index_scatter(reshape(input, Shape(flat_shape)), 0, positions, source, accumulate,
+                                               accumulate ? ir::GatherSite::IndexAdd : ir::GatherSite::IndexCopy, op);
+  return reshape(written, in_shape);
+}
+
+KILN_ENTRY Tensor& Tensor::index_put_(const std::vector<Tensor>& indices, const Tensor& values, bool accumulate) {
+  return assign(index_put(*this, indices, values, accumulate));  // index_put keeps the dtype
+}
+
+KILN_ENTRY Tensor index_fill(const Tensor& input, std::int64_t dim, const Tensor& index, const Tensor& value) {
+  const char* op = "index_fill";
+  if (value.dim() != 0)
+    throw ShapeError(std::string(op) + ": only supports a 0-dimensional value tensor, got " + detail::describe(value) +
+                     " (input " + detail::describe(input) + ")");
+  if (index.dim() > 1)
+    throw ShapeError(std::string(op) + ": the index has to be a vector or a scalar, got " + detail::describe(index) +
+                     " (input " + detail::describe(input) + ")");
+  detail::check_same_device(input.device(), value.device(), op);
+  const std::int64_t d = input.dim() == 0 ? 0 : detail::tensor_axis(dim, input, op);
+  const std::int64_t size = input.dim() == 0 ? 1 : input.shape()[static_cast<std::size_t>(d)];
+  const Tensor at = reshape(detail::wrapped_positions(input, index, d, size, op), Shape{index.numel()});
+  // The dim's positions that are filled, as a bool column along d (a scatter of trues, whose
+  // kernel reports a -1 left by an index out of range).
+  const Tensor filled = scatter(zeros(Shape{size}, DType::Bool, input.device()), 0, at, 1.0);
+  std::vector<std::int64_t> column(static_cast<std::size_t>(input.dim()), 1);
+  if (input.dim() > 0) column[static_cast<std::size_t>(d)] = size;
+  return where(reshape(filled, Shape(column)), detail::as_dtype(value, input.dtype()), input);
+}
+
+KILN_ENTRY Tensor index_fill(const Tensor& input, std::int64_t dim, const Tensor& index, double value) {
+  return index_fill(input, dim, index, full(Shape{}, value, input.dtype(), input.device()));
+}
+
+KILN_ENTRY Tensor masked_scatter(const Tensor& input, const Tensor& mask, const Tensor& source) {
+  const char* op = "masked_scatter";
+  if (mask.dtype() != DType::Bool)
+    throw DTypeError(std::string(op) + ": only supports boolean masks, got " + detail::describe(mask) + " (input " +
+                     detail::describe(input) + ")");
+  if (source.dtype() != input.dtype())
+    throw DTypeError(std::string(op) + ": expected input and source to have one dtype, got input " +
+                     detail::describe(input) + " and source " + detail::describe(source));
+  detail::check_same_device(input.device(), mask.device(), op);
+  detail::check_same_device(input.device(), source.device(), op);
+  const Shape shape = broadcast_shapes(input.shape(), mask.shape(), op);
+  const Tensor m = reshape(broadcast_to(mask, shape), Shape{shape.numel()});
+  const Tensor x = reshape(broadcast_to(input, shape), Shape{shape.numel()});
+  const Tensor src = reshape(source, Shape{source.numel()});
+  if (src.numel() == 0) {
+    // Nothing to read: only a mask without a true element is valid (the mask is read).
+    if (shape.numel() > 0 && any(m).item<bool>())
+      throw IndexError(std::string(op) + ": the source " + detail::describe(source) +
+                       " has fewer elements than the mask " + detail::describe(mask) + " has true ones");
+    const Tensor nothing = sum(src);
+    return detail::zero_derivative(reshape(x, shape), {&nothing});
+  }
+  // The k-th true element of the mask reads source[k]; a position k beyond the source is
+  // out of range, which the gather's check reports.
+  const Tensor k = cumsum(m.to(DType::Int64), 0) - 1;
+  const Tensor read = gather(src, 0, where(m, k, 0));
+  return reshape(where(m, read, x), shape);
+}
+
 }  // namespace kiln

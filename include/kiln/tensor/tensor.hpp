@@ -334,6 +334,9 @@ class Tensor : public Expr<Tensor> {
   template <class S>
   requires Scalar<S> Tensor& mul_(S other);
   Tensor& div_(const Tensor& other);
+  /// Writes `values` at the positions the index tensors select, in place (index_put's rules;
+  /// `accumulate` adds). Returns *this.
+  Tensor& index_put_(const std::vector<Tensor>& indices, const Tensor& values, bool accumulate = false);
   template <class S>
   requires Scalar<S> Tensor& div_(S other);
 

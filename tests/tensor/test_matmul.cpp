@@ -174,6 +174,11 @@ TEST_CASE("mm, bmm, addmm, linear as PyTorch's") {
   KILN_CHECK_CLOSE(addmm(c, a, b, 0.5, 2.0), expected);
   Tensor nan_c = full({4, 5}, std::nan(""), DType::Float32, kt::device());
   KILN_CHECK_CLOSE(addmm(nan_c, a, b, 0.0, 1.0), p);
+  // ... and still gets a (zero) gradient, as torch's beta * grad, rather than being unused.
+  Tensor leaf_c = nan_c.contiguous().eval().requires_grad_();
+  const std::vector<double> zero_grad =
+      autograd::grad({sum(addmm(leaf_c, a, b, 0.0, 1.0))}, {leaf_c})[0].to_vector<double>();
+  CHECK(zero_grad == std::vector<double>(20, 0.0));
   // linear: x @ w^T + bias, with a batch of inputs and a 1-D weight.
   Tensor x = make({2, 3, 4}, DType::Float32, 16), w = make({6, 4}, DType::Float32, 17),
          bias = make({6}, DType::Float32, 18);
@@ -341,7 +346,14 @@ TEST_CASE("einsum over one and two operands") {
   Tensor q = make({2, 3, 5, 4}, DType::Float32, 66), k = make({2, 3, 6, 4}, DType::Float32, 67);
   KILN_CHECK_CLOSE(einsum("bhqd,bhkd->bhqk", q, k), ref_matmul(values_of(q), values_of(transpose(k, -2, -1))),
                    product_tolerance(DType::Float32, 4));
-  KILN_CHECK_THROWS_MENTIONING(ValueError, einsum("ii->i", m), "einsum", "ii->i", "repeats");
+  // A letter repeated within an operand takes its diagonal (the trace without an output).
+  Tensor sq = make({4, 4}, DType::Float32, 68);
+  KILN_CHECK_CLOSE(einsum("ii->i", sq), values_of(diagonal(sq)));
+  KILN_CHECK_CLOSE(einsum("ii", sq), values_of(trace(sq)));
+  KILN_CHECK_CLOSE(einsum("ii,i->i", sq, u), values_of(diagonal(sq) * u));
+  KILN_CHECK_CLOSE(einsum("jii->ji", reshape(concat({sq, sq * 2.0}, 0), {2, 4, 4})),
+                   values_of(stack({diagonal(sq), diagonal(sq) * 2.0}, 0)));
+  KILN_CHECK_THROWS_MENTIONING(ShapeError, einsum("ii->i", m), "einsum", "'i'", "repeated", "3 != 4");
   KILN_CHECK_THROWS_MENTIONING(ValueError, einsum("...ij->ij", m), "ellipsis");
   KILN_CHECK_THROWS_MENTIONING(ShapeError, einsum("ij,jk->ik", m, m), "einsum", "'j'", "4", "3");
 }

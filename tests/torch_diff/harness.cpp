@@ -123,6 +123,36 @@ int main() {
   ops["nll_loss"] = [&](A& a) -> R { return {nll_loss(T(a, 0), T(a, 1), a[2].i, a[3].s)}; };
   ops["rms_norm"] = [&](A& a) -> R { return {rms_norm(T(a, 0), T(a, 1))}; };
   ops["index_copy"] = [&](A& a) -> R { return {index_copy(T(a, 0), a[1].i, T(a, 2), T(a, 3))}; };
+  ops["arange"] = [&](A& a) -> R {
+    const bool integral = a[0].kind == 'i';
+    const double st = integral ? static_cast<double>(a[0].i) : a[0].f,
+                 en = integral ? static_cast<double>(a[1].i) : a[1].f,
+                 step = integral ? static_cast<double>(a[2].i) : a[2].f;
+    if (a[3].kind == 's') {
+      const DType d = parse_dtype(a[3].s);
+      return {integral ? arange(a[0].i, a[1].i, a[2].i, d) : arange(st, en, step, d)};
+    }
+    return {integral ? arange(a[0].i, a[1].i, a[2].i) : arange(st, en, step)};
+  };
+  ops["squeeze_dim"] = [&](A& a) -> R { return {squeeze(T(a, 0), a[1].i)}; };
+  ops["unsqueeze"] = [&](A& a) -> R { return {unsqueeze(T(a, 0), a[1].i)}; };
+  ops["flatten"] = [&](A& a) -> R { return {flatten(T(a, 0), a[1].i, a[2].i)}; };
+  ops["unflatten"] = [&](A& a) -> R { return {unflatten(T(a, 0), a[1].i, a[2].l)}; };
+  ops["narrow"] = [&](A& a) -> R { return {narrow(T(a, 0), a[1].i, a[2].i, a[3].i)}; };
+  ops["select"] = [&](A& a) -> R { return {select(T(a, 0), a[1].i, a[2].i)}; };
+  ops["permute"] = [&](A& a) -> R { return {permute(T(a, 0), a[1].l)}; };
+  ops["swapaxes"] = [&](A& a) -> R { return {swapaxes(T(a, 0), a[1].i, a[2].i)}; };
+  ops["unbind"] = [&](A& a) -> R { return unbind(T(a, 0), a[1].i); };
+  ops["mm"] = [&](A& a) -> R { return {mm(T(a, 0), T(a, 1))}; };
+  ops["bmm"] = [&](A& a) -> R { return {bmm(T(a, 0), T(a, 1))}; };
+  ops["mv"] = [&](A& a) -> R { return {mv(T(a, 0), T(a, 1))}; };
+  ops["dot"] = [&](A& a) -> R { return {dot(T(a, 0), T(a, 1))}; };
+  ops["addmm"] = [&](A& a) -> R { return {addmm(T(a, 0), T(a, 1), T(a, 2), a[3].f, a[4].f)}; };
+  ops["baddbmm"] = [&](A& a) -> R { return {baddbmm(T(a, 0), T(a, 1), T(a, 2), a[3].f, a[4].f)}; };
+  ops["einsum"] = [&](A& a) -> R {
+    return {a.size() == 2 ? einsum(a[0].s, T(a, 1)) : einsum(a[0].s, T(a, 1), T(a, 2))};
+  };
+  ops["heaviside"] = [&](A& a) -> R { return {heaviside(T(a, 0), T(a, 1))}; };
   ops["index_put"] = [&](A& a) -> R {
     std::vector<Tensor> idx;
     for (std::size_t i = 1; i + 2 < a.size(); ++i) idx.push_back(T(a, i));
@@ -142,7 +172,6 @@ int main() {
     if (a[5].i) scale = a[6].f;
     return {scaled_dot_product_attention(T(a, 0), T(a, 1), T(a, 2), T(a, 3), 0.0, a[4].i != 0, scale, a[7].i != 0)};
   };
-  ops["arange"] = [&](A& a) -> R { return {arange(a[0].i)}; };
   // Common composites (tensor/composites.hpp, nn::functional).
   ops["all"] = [&](A& a) -> R { return {all(T(a, 0), Axes(a[1].l), a[2].i != 0)}; };
   ops["any"] = [&](A& a) -> R { return {any(T(a, 0), Axes(a[1].l), a[2].i != 0)}; };

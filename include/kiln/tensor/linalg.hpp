@@ -105,7 +105,10 @@ inline Tensor add_scaled_product(const Tensor& c, const Tensor& p, double beta, 
     throw ShapeError(std::string(op) + ": c " + describe(c) + " does not broadcast to the product's shape " +
                      p.shape().str());
   Tensor scaled = alpha == 1.0 ? p : Tensor(p * alpha);
-  if (beta == 0.0) return scaled;
+  // beta 0: c's values are not read, but c stays in the graph with a zero gradient (torch's
+  // backward gives it beta * grad = 0, not "unused").
+  if (beta == 0.0)
+    return c.requires_grad() ? Tensor(where(full(Shape{}, 0.0, DType::Bool, p.device()), c, scaled)) : scaled;
   return beta == 1.0 ? Tensor(c + scaled) : Tensor(c * beta + scaled);
 }
 }  // namespace detail
@@ -198,6 +201,11 @@ KILN_ENTRY std::map<char, std::int64_t> einsum_sizes(const EinsumSpec& spec, con
 
 /// `t` (letters `have`) summed over the letters not in `keep`, then permuted to the order of
 /// `want` (every letter of `want` is in `have` after the sum).
+/// A letter repeated within one operand ("ii->i", "ii", "bii->bi") takes that operand's
+/// diagonal over those dims (torch.einsum): t with each repeat reduced to one dim at the end,
+/// `letters` rewritten to match. Sizes that differ are a ShapeError naming the letter.
+KILN_ENTRY Tensor einsum_diagonals(Tensor t, std::string& letters, std::size_t operand, const std::string& eq);
+
 KILN_ENTRY Tensor einsum_arrange(Tensor t, std::string& have, const std::string& keep, const std::string& want);
 
 }  // namespace detail
@@ -205,8 +213,8 @@ KILN_ENTRY Tensor einsum_arrange(Tensor t, std::string& have, const std::string&
 /// Einstein summation over one or two operands (torch.einsum), e.g. "bik,bkj->bij", "ij->ji",
 /// "i,i->", "bhqd,bhkd->bhqk". Contracted indices become one matrix product over views; with
 /// none, the result is a broadcast product (two operands) or a sum and permutation (one).
-/// Indices of size 1 broadcast. Not supported (ValueError): "..." and an index repeated within
-/// one operand (a diagonal).
+/// Indices of size 1 broadcast; an index repeated within one operand takes its diagonal
+/// ("ii->i", "ii" is the trace). Not supported (ValueError): "...".
 KILN_ENTRY Tensor einsum(const std::string& equation, const Tensor& a_in);
 
 /// Two operands: see above.

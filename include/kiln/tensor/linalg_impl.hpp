@@ -104,11 +104,7 @@ KILN_ENTRY EinsumSpec parse_einsum(const std::string& eq, std::size_t operands) 
     fail(std::to_string(spec.inputs.size()) + " operand(s) in the equation, " + std::to_string(operands) + " given");
   std::map<char, int> count;
   for (auto& in : spec.inputs) {
-    for (std::size_t i = 0; i < in.size(); ++i) {
-      if (in.find(in[i], i + 1) != std::string::npos)
-        fail(std::string("index '") + in[i] + "' repeats within one operand (diagonals are not supported)");
-      ++count[in[i]];
-    }
+    for (char c : in) ++count[c];
   }
   if (explicit_out) {
     spec.output = clean(rhs);
@@ -145,6 +141,28 @@ KILN_ENTRY std::map<char, std::int64_t> einsum_sizes(const EinsumSpec& spec, con
   return size;
 }
 
+KILN_ENTRY Tensor einsum_diagonals(Tensor t, std::string& letters, std::size_t operand, const std::string& eq) {
+  if (static_cast<std::int64_t>(letters.size()) != t.dim()) return t;  // einsum_sizes reports it
+  for (std::size_t first = 0; first < letters.size(); ++first) {
+    const std::size_t again = letters.find(letters[first], first + 1);
+    if (again == std::string::npos) continue;
+    const auto d1 = static_cast<std::int64_t>(first), d2 = static_cast<std::int64_t>(again);
+    if (t.shape()[d1] != t.shape()[d2])
+      throw ShapeError("einsum(\"" + eq + "\"): index '" + std::string(1, letters[first]) +
+                       "' is repeated in operand " + std::to_string(operand) + " " + describe(t) +
+                       " but the sizes don't match, " + std::to_string(t.shape()[d1]) +
+                       " != " + std::to_string(t.shape()[d2]));
+    // The diagonal replaces both dims with one at the end.
+    const char c = letters[first];
+    t = diagonal(t, 0, d1, d2);
+    letters.erase(again, 1);
+    letters.erase(first, 1);
+    letters.push_back(c);
+    first = static_cast<std::size_t>(-1);  // look again from the start
+  }
+  return t;
+}
+
 KILN_ENTRY Tensor einsum_arrange(Tensor t, std::string& have, const std::string& keep, const std::string& want) {
   std::vector<std::int64_t> drop;
   std::string left;
@@ -174,6 +192,7 @@ KILN_ENTRY Tensor einsum(const std::string& equation, const Tensor& a_in) {
   Tensor a = detail::product_operand(a_in);
   detail::AutocastSuspend inner;  // its sum runs in the dtype autocast chose (torch's einsum)
   auto spec = detail::parse_einsum(equation, 1);
+  a = detail::einsum_diagonals(a, spec.inputs[0], 0, equation);
   detail::einsum_sizes(spec, {a}, equation);
   std::string have = spec.inputs[0];
   return detail::einsum_arrange(a, have, spec.output, spec.output);
@@ -183,6 +202,8 @@ KILN_ENTRY Tensor einsum(const std::string& equation, const Tensor& a_in, const 
   Tensor a = detail::product_operand(a_in), b = detail::product_operand(b_in);
   detail::AutocastSuspend inner;  // sums of letters in one operand keep the product's dtype
   auto spec = detail::parse_einsum(equation, 2);
+  a = detail::einsum_diagonals(a, spec.inputs[0], 0, equation);
+  b = detail::einsum_diagonals(b, spec.inputs[1], 1, equation);
   auto size = detail::einsum_sizes(spec, {a, b}, equation);
   detail::check_same_device(a.device(), b.device(), "einsum");
   const std::string &la = spec.inputs[0], &lb = spec.inputs[1], &out = spec.output;

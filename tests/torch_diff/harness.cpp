@@ -109,7 +109,6 @@ int main() {
   ops["matmul"] = [&](A& a) -> R { return {matmul(T(a, 0), T(a, 1))}; };
   ops["linear"] = [&](A& a) -> R { return {linear(T(a, 0), T(a, 1), T(a, 2))}; };
   ops["to"] = [&](A& a) -> R { return {T(a, 0).to(parse_dtype(a[1].s))}; };
-  ops["squeeze"] = [&](A& a) -> R { return {squeeze(T(a, 0), a[1].i)}; };
   ops["unsqueeze"] = [&](A& a) -> R { return {unsqueeze(T(a, 0), a[1].i)}; };
   ops["chunk"] = [&](A& a) -> R { return chunk(T(a, 0), a[1].i, a[2].i); };
   ops["split"] = [&](A& a) -> R { return split(T(a, 0), a[1].i, a[2].i); };
@@ -121,7 +120,6 @@ int main() {
   ops["bcel"] = [&](A& a) -> R { return {binary_cross_entropy_with_logits(T(a, 0), T(a, 1), a[2].s)}; };
   ops["ce_opts"] = [&](A& a) -> R { return {cross_entropy(T(a, 0), T(a, 1), {.ignore_index = a[2].i, .reduction = a[3].s, .label_smoothing = a[4].f})}; };
   ops["nll_loss"] = [&](A& a) -> R { return {nll_loss(T(a, 0), T(a, 1), a[2].i, a[3].s)}; };
-  ops["rms_norm"] = [&](A& a) -> R { return {rms_norm(T(a, 0), T(a, 1))}; };
   ops["index_copy"] = [&](A& a) -> R { return {index_copy(T(a, 0), a[1].i, T(a, 2), T(a, 3))}; };
   ops["arange"] = [&](A& a) -> R {
     const bool integral = a[0].kind == 'i';
@@ -135,7 +133,6 @@ int main() {
     return {integral ? arange(a[0].i, a[1].i, a[2].i) : arange(st, en, step)};
   };
   ops["squeeze_dim"] = [&](A& a) -> R { return {squeeze(T(a, 0), a[1].i)}; };
-  ops["unsqueeze"] = [&](A& a) -> R { return {unsqueeze(T(a, 0), a[1].i)}; };
   ops["flatten"] = [&](A& a) -> R { return {flatten(T(a, 0), a[1].i, a[2].i)}; };
   ops["unflatten"] = [&](A& a) -> R { return {unflatten(T(a, 0), a[1].i, a[2].l)}; };
   ops["narrow"] = [&](A& a) -> R { return {narrow(T(a, 0), a[1].i, a[2].i, a[3].i)}; };
@@ -152,6 +149,12 @@ int main() {
   ops["einsum"] = [&](A& a) -> R {
     return {a.size() == 2 ? einsum(a[0].s, T(a, 1)) : einsum(a[0].s, T(a, 1), T(a, 2))};
   };
+  ops["reshape"] = [&](A& a) -> R { return {reshape(T(a, 0), Shape(a[1].l))}; };
+  ops["broadcast_to"] = [&](A& a) -> R { return {broadcast_to(T(a, 0), Shape(a[1].l))}; };
+  ops["transpose"] = [&](A& a) -> R { return {transpose(T(a, 0), a[1].i, a[2].i)}; };
+  ops["squeeze"] = [&](A& a) -> R { return {squeeze(T(a, 0))}; };
+  ops["msort"] = [&](A& a) -> R { return {msort(T(a, 0))}; };
+  ops["norm"] = [&](A& a) -> R { return {norm(T(a, 0), a[1].f, Axes(a[2].l), a[3].i != 0)}; };
   ops["heaviside"] = [&](A& a) -> R { return {heaviside(T(a, 0), T(a, 1))}; };
   ops["index_put"] = [&](A& a) -> R {
     std::vector<Tensor> idx;

@@ -450,6 +450,30 @@ def gen_composite(op, dt):
     if op == 'heaviside':
         sh = rshape(); x = rtensor(sh, dt); v = rtensor(bcast_shape(sh), dt)
         return [T(x), T(v)], lambda a: torch.heaviside(a[0], a[1])
+    if op in ('reshape', 'broadcast_to', 'transpose', 'squeeze', 'msort', 'norm'):
+        sh = rshape(); x = rtensor(sh, dt); nd = len(sh); n = x.numel()
+        if op == 'reshape':
+            cands = [[n], [-1], [1, -1], [-1, 1], list(reversed(sh)), sh + [1]]
+            if n and n % 2 == 0: cands += [[2, -1], [-1, 2], [2, n // 2]]
+            if n == 0: cands += [[0, -1], [3, 0], [-1, 0]]
+            if rng.random() < .1: cands = [[n + 1], [-1, -1]]
+            new = rng.choice(cands)
+            return [T(x), ('l', new)], lambda a: torch.reshape(a[0], new)
+        if op == 'broadcast_to':
+            new = [rng.choice([2, 1])] * rng.randint(0, 2) + [d if d != 1 or rng.random() < .5 else rng.randint(0, 3) for d in sh]
+            if rng.random() < .1 and new: new[-1] += 1
+            return [T(x), ('l', new)], lambda a: torch.broadcast_to(a[0], new)
+        if op == 'transpose':
+            if nd == 0: return [T(x), ('i', 0), ('i', -1)], lambda a: torch.transpose(a[0], 0, -1)
+            d0, d1 = rng.randrange(-nd, nd), rng.randrange(-nd, nd)
+            return [T(x), ('i', d0), ('i', d1)], lambda a: torch.transpose(a[0], d0, d1)
+        if op == 'squeeze': return [T(x)], lambda a: torch.squeeze(a[0])
+        if op == 'msort':
+            if nd == 0: return None
+            return [T(x)], lambda a: torch.msort(a[0])
+        fx = rtensor(sh, rng.choice(FLOATS)); p = rng.choice([2.0, 1.0, 3.0, float('inf'), -float('inf'), 0.0, 0.5])
+        axes = sorted(rng.sample(range(nd), rng.randint(0, nd))) if nd else []; kd = rng.randint(0, 1)
+        return [T(fx), ('f', p), ('l', axes), ('i', kd)], lambda a: torch.norm(a[0], p, dim=axes if axes else None, keepdim=bool(kd))
     if op == 'index_put':
         sh = [rng.randint(1, 4) for _ in range(rng.randint(1, 3))]; x = rtensor(sh, dt)
         k = rng.randint(1, len(sh)); n = rng.randint(0, 4)
@@ -861,7 +885,7 @@ COMPOSITES = ['quantile', 'nansum', 'nanmean', 'fmax', 'fmin', 'xlogy', 'isclose
               'nanmedian', 'nanmedian_dim', 'nanquantile', 'kthvalue', 'searchsorted', 'bucketize', 'cov', 'corrcoef', 'histc',
               'tensordot', 'kron', 'cdist', 'dist', 'block_diag', 'diag_embed', 'diagflat', 'dstack', 'column_stack', 'cartesian_prod',
               'vander', 'diff', 'trapezoid', 'cumulative_trapezoid', 'index_put', 'index_fill', 'masked_scatter', 'arange', 'squeeze_dim', 'unsqueeze', 'flatten', 'unflatten', 'narrow',
-              'select', 'permute', 'swapaxes', 'unbind', 'mm', 'bmm', 'mv', 'dot', 'addmm', 'baddbmm', 'einsum', 'heaviside']
+              'select', 'permute', 'swapaxes', 'unbind', 'mm', 'bmm', 'mv', 'dot', 'addmm', 'baddbmm', 'einsum', 'heaviside', 'reshape', 'broadcast_to', 'transpose', 'squeeze', 'msort', 'norm']
 OPS = UNARY + BINARY + ['gelu', 'where', 'clamp', 'sum', 'prod', 'mean', 'amax', 'amin', 'logsumexp', 'var', 'max_all', 'min_all',
       'max_dim', 'min_dim', 'argmax', 'argmin', 'softmax', 'log_softmax', 'cumsum', 'cumprod', 'cummax', 'cummin', 'logcumsumexp',
       'sort', 'argsort', 'topk', 'gather', 'take_along_dim', 'index_select', 'scatter', 'scatter_add', 'index_add', 'embedding', 'masked_fill',

@@ -171,6 +171,12 @@ TEST_CASE("autocast: result dtypes of every op class") {
         CHECK(dt(cross_entropy(h, targets)) == "float32");
         CHECK(dt(cumsum(h, 1)) == "float32");
         CHECK(dt(cumprod(h, 0)) == "float32");
+        // The list as torch 2.11's ATen/autocast_mode.h has it: erfinv, softplus, the vector norm.
+        CHECK(dt(erfinv(h * 0.1f)) == "float32");
+        CHECK(dt(softplus(h)) == "float32");
+        CHECK(dt(linalg::vector_norm(h)) == "float32");
+        CHECK(dt(norm(h, 2.0, {1})) == "float32");
+        CHECK(dt(nn::functional::normalize(h)) == "float32");  // through the norm, as torch's
         // An explicit dtype is respected (torch's fp32_set_opt_dtype).
         CHECK(dt(cumsum(h, 1, low)) == dt(low));
         // f32 and f64 inputs keep their dtype; integers follow the usual rules.
@@ -190,6 +196,14 @@ TEST_CASE("autocast: result dtypes of every op class") {
         CHECK(dt(stack({h, rnd({4, 6}, 17)}, 0)) == "float32");
         CHECK(dt(atan2(h, rnd({4, 6}, 18))) == "float32");
         CHECK(dt(atan2(h, h2)) == dt(low));
+        // dot, tensordot and cross are promote ops (not products in the low dtype): float32
+        // inputs stay float32, mixed ones meet in the widest.
+        CHECK(dt(dot(rnd({6}, 19), rnd({6}, 20))) == "float32");
+        CHECK(dt(dot(select(h, 0, 0), rnd({6}, 20))) == "float32");
+        CHECK(dt(dot(select(h, 0, 0), select(h2, 0, 1))) == dt(low));
+        CHECK(dt(tensordot(a, b, 1)) == "float32");
+        CHECK(dt(tensordot(a.to(low), b.to(low), 1)) == dt(low));
+        CHECK(dt(cross(narrow(h, 1, 0, 3), rnd({4, 3}, 21), 1)) == "float32");
       }
       {  // every other op runs in its input's dtype
         CHECK(dt(sin(h)) == dt(low));
@@ -212,6 +226,8 @@ TEST_CASE("autocast: result dtypes of every op class") {
         CHECK(dt(var(h, {1})) == dt(low));
         CHECK(dt(max(h, Axes{1})) == dt(low));
         CHECK(dt(logcumsumexp(h, 1)) == dt(low));
+        CHECK(dt(trace(narrow(h, 1, 0, 4))) == dt(low));  // torch's trace and xlogy are not listed
+        CHECK(dt(xlogy(h, h2)) == dt(low));
         CHECK(dt(transpose(h, 0, 1)) == dt(low));
         CHECK(dt(c + c.to(low)) == "float32");  // ordinary promotion, unchanged
       }

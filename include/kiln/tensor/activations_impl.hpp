@@ -62,7 +62,9 @@ KILN_ENTRY Tensor celu(const Tensor& x, double alpha) {
   return detail::elu_kernel(x, alpha, 1.0, 1.0 / alpha, "celu");
 }
 
-KILN_ENTRY Tensor softplus(const Tensor& input, double beta, double threshold) {
+KILN_ENTRY Tensor softplus(const Tensor& input_in, double beta, double threshold) {
+  // On torch's autocast float32 list: a float32 result under autocast.
+  const Tensor input = detail::autocast_cast(input_in, detail::AutocastClass::Fp32);
   const Tensor x = detail::activation_operand(input, "softplus");
   const Tensor linear = x * beta > threshold;
   const Tensor xs = where(linear, 0.0, x);  // exp(beta x) only where it is taken

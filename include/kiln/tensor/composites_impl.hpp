@@ -285,6 +285,7 @@ KILN_ENTRY Tensor diag(const Tensor& x, std::int64_t k) {
 
 KILN_ENTRY Tensor trace(const Tensor& x) {
   if (x.dim() != 2) throw ShapeError("trace: expected a matrix, got " + detail::describe(x));
+  detail::AutocastSuspend native;  // torch's trace is not on an autocast list (its sum is)
   return sum(diagonal(x));
 }
 
@@ -318,7 +319,10 @@ KILN_ENTRY Tensor cross(const Tensor& a_in, const Tensor& b_in, std::int64_t dim
 }
 }  // namespace linalg
 
-KILN_ENTRY Tensor cross(const Tensor& a, const Tensor& b, std::optional<std::int64_t> dim) {
+KILN_ENTRY Tensor cross(const Tensor& a_in, const Tensor& b_in, std::optional<std::int64_t> dim) {
+  // torch.cross is on autocast's promote list (torch.linalg.cross is not).
+  Tensor a = a_in, b = b_in;
+  detail::autocast_promote({&a, &b});
   if (dim) return linalg::cross(a, b, *dim);
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), "cross");
   for (std::size_t k = 0; k < shape.size(); ++k)
@@ -331,8 +335,10 @@ KILN_ENTRY Tensor softmin(const Tensor& x, std::int64_t dim) { return softmax(Te
 // ---- norms ------------------------------------------------------------------------------------
 
 namespace linalg {
-KILN_ENTRY Tensor vector_norm(const Tensor& input, double ord, const Axes& dim, bool keepdim) {
+KILN_ENTRY Tensor vector_norm(const Tensor& input_in, double ord, const Axes& dim, bool keepdim) {
   const char* op = "linalg.vector_norm";
+  // On torch's autocast float32 list (linalg_vector_norm): the half types in float32.
+  const Tensor input = detail::autocast_cast(input_in, detail::AutocastClass::Fp32);
   detail::require_float(input, op);
   const auto ax = detail::reduce_axes(dim, input, op);
   // max, min and negative powers have no identity over an empty dim
@@ -938,6 +944,7 @@ KILN_ENTRY Tensor rad2deg(const Tensor& x) {
 }
 
 KILN_ENTRY Tensor xlogy(const Tensor& x_in, const Tensor& y_in) {
+  detail::AutocastSuspend native;  // torch's xlogy is not on an autocast list (its log is)
   detail::ResultType rt;
   rt.add(detail::info_of(x_in));
   rt.add(detail::info_of(y_in));

@@ -165,6 +165,7 @@ constexpr AutocastClass autocast_class(Fn f) {
     case Fn::Asin:
     case Fn::Pow:
     case Fn::Square:
+    case Fn::Erfinv:
       return AutocastClass::Fp32;
     case Fn::Atan2:
       return AutocastClass::Promote;

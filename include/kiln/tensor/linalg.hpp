@@ -126,6 +126,10 @@ requires(TensorLike<C>&& TensorLike<A>&& TensorLike<B>) Tensor
 template <class A, class B>
 requires(TensorLike<A>&& TensorLike<B>) Tensor dot(const A& a_in, const B& b_in) {
   Tensor a = detail::to_tensor(a_in), b = detail::to_tensor(b_in);
+  // On torch's autocast promote list: the widest of the inputs' dtypes, the product under it run
+  // without autocast.
+  detail::autocast_promote({&a, &b});
+  detail::AutocastSuspend inner;
   if (a.dim() != 1 || b.dim() != 1 || a.shape()[0] != b.shape()[0])
     throw ShapeError("dot: expected two 1-D tensors of one length, got " + detail::describe_pair(a, b));
   if (a.dtype() != b.dtype()) throw DTypeError("dot: expected both vectors of one dtype, got " + detail::describe_pair(a, b));

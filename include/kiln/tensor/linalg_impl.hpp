@@ -284,7 +284,11 @@ KILN_ENTRY Tensor tensordot(const Tensor& a_in, const Tensor& b_in, std::int64_t
 
 KILN_ENTRY Tensor tensordot(const Tensor& a_in, const Tensor& b_in, const std::vector<std::int64_t>& dims_a,
                             const std::vector<std::int64_t>& dims_b) {
-  const Tensor a = detail::to_tensor(a_in), b = detail::to_tensor(b_in);
+  // On torch's autocast promote list: the inputs in the widest of their dtypes, and the product
+  // under it run without autocast (float32 inputs give a float32 result).
+  Tensor a = detail::to_tensor(a_in), b = detail::to_tensor(b_in);
+  detail::autocast_promote({&a, &b});
+  detail::AutocastSuspend inner;
   const std::string lists = detail::ints_str(dims_a) + " and " + detail::ints_str(dims_b);
   if (dims_a.size() != dims_b.size())
     throw ShapeError("tensordot: both dimension lists should have the same length, got " + lists + " for " +

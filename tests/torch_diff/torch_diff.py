@@ -949,6 +949,7 @@ while len(cases) < NCASES:
         except (RuntimeError, IndexError) as e:
             fall_back(e); r = fn(targs)
         if isinstance(r, torch.Tensor): r = (r,)
+        if GRAD and len(r) == 0: continue   # nothing to differentiate (unbind along a dim of size 0)
         if GRAD:
             leaves = [a[1] for a in args if a[0] == 't' and a[1].requires_grad]
             if not leaves or not r[0].dtype.is_floating_point: continue
@@ -1101,6 +1102,10 @@ for cid, (op, args, r, err, r64) in enumerate(cases):
                 # block_diag with a 1-D empty block: torch's forward gives it a row, its backward
                 # none, so the gradients of the later blocks are read one row up (kiln's follow the forward)
                 elif GRAD and op == 'block_diag' and any(x[0] == 't' and x[1].dim() == 1 and x[1].numel() == 0 for x in args): known += 1
+                # trace of a matrix with more rows than columns: torch's backward writes its diagonal
+                # of ones with the flat stride cols + 1 for as many rows, so the last lands off the
+                # diagonal (5x3: at [4, 0]); kiln's is the diagonal's
+                elif GRAD and op == 'trace' and args[0][1].dim() == 2 and args[0][1].shape[0] > args[0][1].shape[1]: known += 1
                 # cov of one observation with no degrees of freedom (a NaN value): torch's gradient 0, kiln's NaN
                 elif GRAD and op == 'cov' and args[0][1].numel() == 1 and math.isnan(a) and b == 0: known += 1
                 else: report('out %d[%d] kiln %r torch %r (dtype %s)' % (k, i, a, b, dt))

@@ -348,7 +348,8 @@ KILN_ENTRY Tensor deg2rad(const Tensor& x);
 KILN_ENTRY Tensor rad2deg(const Tensor& x);
 
 /// x log(y), 0 where x is 0 unless y is NaN (torch.xlogy), in the floating dtype the two
-/// promote to (integers give float32). Gradients as torch's: log(y) (0 where x is 0) and x / y.
+/// promote to (integers give float32). Gradients as torch 2.11's: x gets g log(y) (0 where x is
+/// 0 and y <= 0; where x is 0 and y > 0 it is log(y), not 0), y gets g x / y (NaN at x = y = 0).
 KILN_ENTRY Tensor xlogy(const Tensor& x, const Tensor& y);
 
 /// 0 where x < 0, `values` where x == 0, 1 where x > 0 (torch.heaviside; a NaN x gives 0, as

@@ -949,12 +949,21 @@ KILN_ENTRY Tensor xlogy(const Tensor& x_in, const Tensor& y_in) {
   rt.add(detail::info_of(x_in));
   rt.add(detail::info_of(y_in));
   const DType dt = is_floating(rt.result()) ? rt.result() : DType::Float32;
-  const Tensor x = x_in.to(dt), y = y_in.to(dt);
-  // Where x is 0 (and y not NaN) the value is 0 and neither operand gets a gradient there:
-  // torch's log(y) (0 at x = 0) and x / y (0 at x = 0). The branch not taken reads y = 1 there,
-  // so that its own backward meets no 0 * log(0) = NaN.
+  const Shape shape = broadcast_shapes(x_in.shape(), y_in.shape(), "xlogy");
+  const Tensor x = broadcast_to(x_in.to(dt), shape), y = broadcast_to(y_in.to(dt), shape);
+  // Where x is 0 (and y not NaN) the value is 0; the branch not taken reads y = 1 there.
   const Tensor zero = logical_and(x == 0.0, logical_not(isnan(y)));
-  return where(zero, 0.0, x * log(where(zero, 1.0, y)));
+  const Tensor out = where(zero, 0.0, x * log(where(zero, 1.0, y)));
+  // torch 2.11's rule: d/dx = xlogy(g, y), except 0 where x is 0 and y <= 0; d/dy = g x / y
+  // (so 0 / 0 = NaN at x = y = 0, as torch's).
+  const ir::NodePtr xn = x.node(), yn = y.node();
+  decomp::with_gradient(out.node(), {xn, yn}, [xn, yn](const ir::NodePtr&, const ir::NodePtr& g_node) {
+    const Tensor xs(xn), ys(yn), g(g_node);
+    const Tensor g_log_y = where(logical_and(g == 0.0, logical_not(isnan(ys))), 0.0, g * log(ys));
+    const Tensor dx = where(logical_and(xs == 0.0, ys <= 0.0), 0.0, g_log_y);
+    return std::vector<ir::NodePtr>{dx.node(), Tensor(g * xs / ys).node()};
+  });
+  return out;
 }
 
 KILN_ENTRY Tensor heaviside(const Tensor& x, const Tensor& values) {

@@ -417,6 +417,42 @@ TEST_CASE("libtorch's method forms: each equals its free function; the in-place 
   CHECK(w.to_vector<float>() == std::vector<float>{0.5f, 1.0f});
   w.grad().zero_();
   CHECK(w.grad().to_vector<float>() == std::vector<float>{0.0f, 0.0f});
+
+  // The other in-place forms (values checked against torch 2.11's), and clone() as a method: a
+  // copy that in-place writes leave alone.
+  Tensor v = from_vector<double>({-2, -0.5, 0.5, 3}, {4}, kt::device()).to(DType::Float32).eval();
+  const Tensor keep = v.clone().eval();
+  auto values = [](const Tensor& t) { return t.to(DType::Float64).to_vector<double>(); };
+  auto close = [&](const Tensor& t, std::vector<double> want) {
+    const std::vector<double> got = values(t);
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-6));
+  };
+  const Tensor odd = from_vector<bool>({true, false, false, true}, {4}, kt::device());
+  close(v.clone().masked_fill_(odd, 9), {9, -0.5, 0.5, 9});
+  close(v.clone().clamp_(-1, 1), {-1, -0.5, 0.5, 1});
+  close(v.clone().clamp_min_(0).clamp_max_(2), {0, 0, 0.5, 2});
+  close(v.clone().neg_().abs_().sqrt_().log_().exp_(), {1.41421356, 0.70710678, 0.70710678, 1.73205081});
+  close(v.clone().pow_(2).sigmoid_().tanh_(), {0.75393634, 0.50959052, 0.50959052, 0.76154233});
+  close(v.clone().relu_(), {0, 0, 0.5, 3});
+  close(v.clone().lerp_(ones({4}, DType::Float32, kt::device()), 0.25), {-1.25, -0.125, 0.625, 2.5});
+  close(v.clone().mul_(0.9).addcmul_(v, v, 0.1), {-1.4, -0.425, 0.475, 3.6});
+  close(v.clone().addcdiv_(v, full({4}, 2.0, DType::Float32, kt::device()), -1.0), {-1, -0.25, 0.25, 1.5});
+  const Tensor at = from_vector<std::int64_t>({3, 0}, {2}, kt::device());
+  const Tensor two = from_vector<float>({1, 2}, {2}, kt::device());
+  Tensor z = zeros({4}, DType::Float32, kt::device());
+  close(z.clone().scatter_(0, at, two), {2, 0, 0, 1});
+  close(z.clone().scatter_add_(0, from_vector<std::int64_t>({1, 1}, {2}, kt::device()), two), {0, 3, 0, 0});
+  close(z.clone().index_add_(0, at, two, 2.0), {4, 0, 0, 2});
+  close(z.clone().index_copy_(0, at, two), {2, 0, 0, 1});
+  close(z.clone().index_fill_(0, at, 5), {5, 0, 0, 5});
+  close(z.clone().masked_scatter_(odd, two), {1, 0, 0, 2});
+  close(z.clone().index_put_({at}, two, true), {2, 0, 0, 1});
+  close(v.index_fill(0, at, 1).masked_scatter(odd, two).index_put({at}, full({}, 4.0, DType::Float32, kt::device())),
+        {4, -0.5, 0.5, 4});
+  CHECK(values(v) == values(keep));  // every write above went to a clone
+  Tensor ints = zeros({4}, DType::Int64, kt::device());
+  CHECK_THROWS_AS(ints.sqrt_(), DTypeError);  // a float result into an int64 tensor, as torch's
 }
 
 }  // namespace kiln_test_tensor_usability

@@ -1411,10 +1411,6 @@ KILN_ENTRY Tensor index_put(const Tensor& input, const std::vector<Tensor>& indi
   return reshape(written, in_shape);
 }
 
-KILN_ENTRY Tensor& Tensor::index_put_(const std::vector<Tensor>& indices, const Tensor& values, bool accumulate) {
-  return assign(index_put(*this, indices, values, accumulate));  // index_put keeps the dtype
-}
-
 KILN_ENTRY Tensor index_fill(const Tensor& input, std::int64_t dim, const Tensor& index, const Tensor& value) {
   const char* op = "index_fill";
   if (value.dim() != 0)

@@ -252,7 +252,7 @@ requires TensorLike<E> Tensor clone(const E& x) {
 /// This tensor if its layout is row-major dense, else a row-major copy of it (as
 /// torch.Tensor.contiguous; differentiable). A lazy tensor is always contiguous: it is
 /// evaluated row-major.
-inline Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(*this); }
+inline Tensor Tensor::contiguous() const { return is_contiguous() ? *this : kiln::clone(*this); }
 
 }  // namespace kiln
 

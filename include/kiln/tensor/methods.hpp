@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kiln/tensor/composites.hpp"
+#include "kiln/tensor/creation.hpp"
 #include "kiln/tensor/functions.hpp"
 #include "kiln/tensor/indexing.hpp"
 #include "kiln/tensor/linalg.hpp"
@@ -275,7 +276,25 @@ Tensor Expr<D>::var(const Axes& axes, bool keepdim, double correction) const {
   return kiln::var(derived(), axes, keepdim, correction);
 }
 template <class D>
-Tensor Expr<D>::max() const { return kiln::max(derived()); }
+Tensor Expr<D>::clone() const {
+  return kiln::clone(derived());
+}
+template <class D>
+Tensor Expr<D>::index_put(const std::vector<Tensor>& indices, const Tensor& values, bool accumulate) const {
+  return kiln::index_put(detail::to_tensor(derived()), indices, values, accumulate);
+}
+template <class D>
+Tensor Expr<D>::index_fill(std::int64_t dim, const Tensor& index, double value) const {
+  return kiln::index_fill(detail::to_tensor(derived()), dim, index, value);
+}
+template <class D>
+Tensor Expr<D>::masked_scatter(const Tensor& mask, const Tensor& source) const {
+  return kiln::masked_scatter(detail::to_tensor(derived()), mask, source);
+}
+template <class D>
+Tensor Expr<D>::max() const {
+  return kiln::max(derived());
+}
 template <class D>
 ValuesIndices Expr<D>::max(std::int64_t dim, bool keepdim) const { return kiln::max(derived(), dim, keepdim); }
 template <class D>
@@ -391,5 +410,58 @@ requires Scalar<S> Tensor& Tensor::mul_(S other) { return detail::assign_in_plac
 inline Tensor& Tensor::div_(const Tensor& other) { return detail::assign_in_place(*this, *this / other, "div_"); }
 template <class S>
 requires Scalar<S> Tensor& Tensor::div_(S other) { return detail::assign_in_place(*this, *this / other, "div_"); }
+inline Tensor& Tensor::masked_fill_(const Tensor& mask, double value) {
+  return detail::assign_in_place(*this, kiln::masked_fill(*this, mask, value), "masked_fill_");
+}
+inline Tensor& Tensor::clamp_(double min, double max) {
+  return detail::assign_in_place(*this, kiln::clamp(*this, min, max), "clamp_");
+}
+inline Tensor& Tensor::clamp_min_(double min) {
+  return detail::assign_in_place(*this, kiln::clamp_min(*this, min), "clamp_min_");
+}
+inline Tensor& Tensor::clamp_max_(double max) {
+  return detail::assign_in_place(*this, kiln::clamp_max(*this, max), "clamp_max_");
+}
+inline Tensor& Tensor::neg_() { return detail::assign_in_place(*this, -*this, "neg_"); }
+inline Tensor& Tensor::abs_() { return detail::assign_in_place(*this, kiln::abs(*this), "abs_"); }
+inline Tensor& Tensor::exp_() { return detail::assign_in_place(*this, kiln::exp(*this), "exp_"); }
+inline Tensor& Tensor::log_() { return detail::assign_in_place(*this, kiln::log(*this), "log_"); }
+inline Tensor& Tensor::sqrt_() { return detail::assign_in_place(*this, kiln::sqrt(*this), "sqrt_"); }
+inline Tensor& Tensor::sigmoid_() { return detail::assign_in_place(*this, kiln::sigmoid(*this), "sigmoid_"); }
+inline Tensor& Tensor::tanh_() { return detail::assign_in_place(*this, kiln::tanh(*this), "tanh_"); }
+inline Tensor& Tensor::relu_() { return detail::assign_in_place(*this, kiln::relu(*this), "relu_"); }
+inline Tensor& Tensor::pow_(double exponent) {
+  return detail::assign_in_place(*this, kiln::pow(*this, exponent), "pow_");
+}
+inline Tensor& Tensor::lerp_(const Tensor& end, double weight) {
+  return detail::assign_in_place(*this, kiln::lerp(*this, end, weight), "lerp_");
+}
+inline Tensor& Tensor::addcmul_(const Tensor& tensor1, const Tensor& tensor2, double value) {
+  return detail::assign_in_place(*this, kiln::addcmul(*this, tensor1, tensor2, value), "addcmul_");
+}
+inline Tensor& Tensor::addcdiv_(const Tensor& tensor1, const Tensor& tensor2, double value) {
+  return detail::assign_in_place(*this, kiln::addcdiv(*this, tensor1, tensor2, value), "addcdiv_");
+}
+inline Tensor& Tensor::scatter_(std::int64_t dim, const Tensor& index, const Tensor& src) {
+  return detail::assign_in_place(*this, kiln::scatter(*this, dim, index, src), "scatter_");
+}
+inline Tensor& Tensor::scatter_add_(std::int64_t dim, const Tensor& index, const Tensor& src) {
+  return detail::assign_in_place(*this, kiln::scatter_add(*this, dim, index, src), "scatter_add_");
+}
+inline Tensor& Tensor::index_add_(std::int64_t dim, const Tensor& index, const Tensor& source, double alpha) {
+  return detail::assign_in_place(*this, kiln::index_add(*this, dim, index, source, alpha), "index_add_");
+}
+inline Tensor& Tensor::index_copy_(std::int64_t dim, const Tensor& index, const Tensor& source) {
+  return detail::assign_in_place(*this, kiln::index_copy(*this, dim, index, source), "index_copy_");
+}
+inline Tensor& Tensor::index_fill_(std::int64_t dim, const Tensor& index, double value) {
+  return detail::assign_in_place(*this, kiln::index_fill(*this, dim, index, value), "index_fill_");
+}
+inline Tensor& Tensor::masked_scatter_(const Tensor& mask, const Tensor& source) {
+  return detail::assign_in_place(*this, kiln::masked_scatter(*this, mask, source), "masked_scatter_");
+}
+inline Tensor& Tensor::index_put_(const std::vector<Tensor>& indices, const Tensor& values, bool accumulate) {
+  return detail::assign_in_place(*this, kiln::index_put(*this, indices, values, accumulate), "index_put_");
+}
 
 }  // namespace kiln

@@ -162,6 +162,12 @@ struct Expr {
   Tensor view_as(const Tensor& other) const;
   Tensor reshape_as(const Tensor& other) const;
   Tensor type_as(const Tensor& other) const;
+  /// A copy with storage of its own (torch's clone; kiln::clone).
+  Tensor clone() const;
+  /// The out-of-place writes (tensor/composites.hpp): index_put, index_fill, masked_scatter.
+  Tensor index_put(const std::vector<Tensor>& indices, const Tensor& values, bool accumulate = false) const;
+  Tensor index_fill(std::int64_t dim, const Tensor& index, double value) const;
+  Tensor masked_scatter(const Tensor& mask, const Tensor& source) const;
   /// Gradients of the expression's value, as Tensor's (tensor/autograd.hpp).
   bool requires_grad() const;
   void backward(const Tensor& gradient, bool retain_graph = false) const;
@@ -334,11 +340,34 @@ class Tensor : public Expr<Tensor> {
   template <class S>
   requires Scalar<S> Tensor& mul_(S other);
   Tensor& div_(const Tensor& other);
-  /// Writes `values` at the positions the index tensors select, in place (index_put's rules;
-  /// `accumulate` adds). Returns *this.
-  Tensor& index_put_(const std::vector<Tensor>& indices, const Tensor& values, bool accumulate = false);
   template <class S>
   requires Scalar<S> Tensor& div_(S other);
+  /// More of libtorch's in-place forms, each the function of its name assigned into this
+  /// storage under add_'s dtype rule (`w.clamp_(-1, 1)`, `m.mul_(b1).add_(g, 1 - b1)`,
+  /// `v.addcmul_(g, g, 1 - b2)`, `x.masked_fill_(mask, 0)`, `x.index_put_({i}, v)`).
+  Tensor& masked_fill_(const Tensor& mask, double value);
+  Tensor& clamp_(double min, double max);
+  Tensor& clamp_min_(double min);
+  Tensor& clamp_max_(double max);
+  Tensor& neg_();
+  Tensor& abs_();
+  Tensor& exp_();
+  Tensor& log_();
+  Tensor& sqrt_();
+  Tensor& sigmoid_();
+  Tensor& tanh_();
+  Tensor& relu_();
+  Tensor& pow_(double exponent);
+  Tensor& lerp_(const Tensor& end, double weight);
+  Tensor& addcmul_(const Tensor& tensor1, const Tensor& tensor2, double value = 1.0);
+  Tensor& addcdiv_(const Tensor& tensor1, const Tensor& tensor2, double value = 1.0);
+  Tensor& scatter_(std::int64_t dim, const Tensor& index, const Tensor& src);
+  Tensor& scatter_add_(std::int64_t dim, const Tensor& index, const Tensor& src);
+  Tensor& index_add_(std::int64_t dim, const Tensor& index, const Tensor& source, double alpha = 1.0);
+  Tensor& index_copy_(std::int64_t dim, const Tensor& index, const Tensor& source);
+  Tensor& index_fill_(std::int64_t dim, const Tensor& index, double value);
+  Tensor& masked_scatter_(const Tensor& mask, const Tensor& source);
+  Tensor& index_put_(const std::vector<Tensor>& indices, const Tensor& values, bool accumulate = false);
 
   // ---- gradients (tensor/autograd.hpp; libtorch's names and PyTorch's semantics) ----
   /// Marks this tensor as a leaf whose gradient backward() accumulates into grad() (floating

@@ -523,8 +523,10 @@ requires TensorLike<E> Tensor layer_norm(const E& x, const Tensor& weight_in = {
 template <class E>
 requires TensorLike<E> Tensor rms_norm(const E& x, const Tensor& weight_in = {},
                                        std::optional<double> eps = std::nullopt) {
-  Tensor t = detail::fp32_operand(x);
-  const Tensor weight = detail::autocast_cast(weight_in, detail::AutocastClass::Fp32);
+  // On no autocast list (torch 2.11's ATen/autocast_mode.h): torch's rms_norm computes in
+  // float32 and returns the input's dtype (type_as(input)), under autocast too.
+  Tensor t = detail::to_tensor(x);
+  const Tensor& weight = weight_in;
   detail::require_float(t, "rms_norm");
   if (t.dim() == 0) throw ShapeError("rms_norm: input must have at least one dimension, got " + detail::describe(t));
   const double e = eps ? *eps : t.dtype() == DType::Float64 ? 2.220446049250313e-16 : 1.1920928955078125e-07;

@@ -202,6 +202,9 @@ TEST_CASE("autocast: result dtypes of every op class") {
         CHECK(dt(tensordot(a, b, 1)) == "float32");
         CHECK(dt(tensordot(a.to(low), b.to(low), 1)) == dt(low));
         CHECK(dt(cross(narrow(h, 1, 0, 3), rnd({4, 3}, 21), 1)) == "float32");
+        const Tensor row = from_vector<std::int64_t>({2}, {1}, device());
+        CHECK(dt(index_put(h, {row}, rnd({6}, 22))) == "float32");  // a float32 value widens h
+        CHECK(dt(index_put(h, {row}, rnd({6}, 22).to(low))) == dt(low));
       }
       {  // every other op runs in its input's dtype
         CHECK(dt(sin(h)) == dt(low));

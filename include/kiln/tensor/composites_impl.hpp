@@ -1333,9 +1333,12 @@ KILN_ENTRY Tensor wrapped_positions(const Tensor& x, const Tensor& index, std::i
 }
 }  // namespace detail
 
-KILN_ENTRY Tensor index_put(const Tensor& input, const std::vector<Tensor>& indices_in, const Tensor& values,
+KILN_ENTRY Tensor index_put(const Tensor& input_in, const std::vector<Tensor>& indices_in, const Tensor& values_in,
                             bool accumulate) {
   const char* op = "index_put";
+  // On autocast's promote list: input and values meet in the wider dtype under autocast.
+  Tensor input = input_in, values = values_in;
+  detail::autocast_promote({&input, &values});
   if (indices_in.empty())
     throw ValueError(std::string(op) + ": expected at least one index tensor (input " + detail::describe(input) + ")");
   if (values.dtype() != input.dtype())

@@ -428,6 +428,28 @@ TEST_CASE("scaled_dot_product_attention and MultiheadAttention against float64 l
   refuses(zeros({3, 3, 4}, f64), {}, "attn_mask", false);
 }
 
+TEST_CASE("scaled_dot_product_attention written out computes half types in float32, rounding once") {
+  // Operands of different ranks take the written-out path; its scores must not be rounded to
+  // bfloat16 before the softmax (that cost ~5% here; torch's math backend computes in float32).
+  const Tensor q = f64_randn({2, 1, 3, 4, 3}, 31) * 2.0, k = f64_randn({1, 3, 5, 3}, 32) * 2.0,
+               v = f64_randn({1, 3, 5, 5}, 33);
+  const Tensor qb = q.to(bf16).eval(), kb = k.to(bf16).eval(), vb = v.to(bf16).eval();
+  const Tensor got = nn::functional::scaled_dot_product_attention(qb, kb, vb, {}, 0.0, true);
+  CHECK(got.dtype() == bf16);
+  const std::vector<double> want =
+      values(nn::functional::scaled_dot_product_attention(qb.to(f64), kb.to(f64), vb.to(f64), {}, 0.0, true));
+  const std::vector<double> g = values(got);
+  REQUIRE(g.size() == want.size());
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    INFO("element " << i << ": " << g[i] << " vs " << want[i]);
+    CHECK(std::abs(g[i] - want[i]) <= std::abs(want[i]) / 256.0 + 1e-6);  // bfloat16's rounding
+  }
+  // No keys at all with a float mask: an empty softmax, zeros out (no reduction over nothing).
+  const Tensor none = zeros({3, 0, 2}, f64);
+  CHECK(values(nn::functional::scaled_dot_product_attention(f64_randn({3, 4, 2}, 34), none, zeros({3, 0, 1}, f64),
+                                                            zeros({1, 4, 0}, f64))) == std::vector<double>(12, 0.0));
+}
+
 TEST_CASE("CausalSelfAttention: a position never sees the ones after it") {
   manual_seed(4);
   nn::CausalSelfAttention attn(8, 2);

@@ -168,7 +168,8 @@ KILN_ENTRY Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor
 /// reference of the fused kernels, and what scaled_dot_product_attention runs where they do
 /// not apply (dropout_p 1, a mask that requires grad, broadcast batch dims). Dropout draws
 /// one Philox key per call (dropout()); the fused kernels, given the same key, drop the same
-/// weights.
+/// weights. float16 and bfloat16 operands are computed in float32 and the result rounded once
+/// (torch's math backend; the fused kernels keep their scores in float32 too).
 KILN_ENTRY Tensor scaled_dot_product_attention_math(const Tensor& q, const Tensor& k, const Tensor& v,
                                                     const Tensor& attn_mask = {}, double dropout_p = 0.0,
                                                     bool is_causal = false, std::optional<double> scale = std::nullopt,

@@ -293,11 +293,19 @@ KILN_ENTRY Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor
 
 namespace kiln::nn::functional {
 
-KILN_ENTRY Tensor scaled_dot_product_attention_math(const Tensor& q, const Tensor& k, const Tensor& v,
+KILN_ENTRY Tensor scaled_dot_product_attention_math(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                                     const Tensor& attn_mask, double dropout_p, bool is_causal,
                                                     std::optional<double> scale, bool enable_gqa) {
   const detail::AttentionOperands a =
-      detail::check_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+      detail::check_attention(q_in, k_in, v_in, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+  // Half-type operands are computed in float32 and the result rounded once, as torch's math
+  // backend does (and as the fused kernels keep their scores): scores rounded to bfloat16
+  // before the softmax lose several percent. The products run without autocast, which would
+  // round them back.
+  ::kiln::detail::AutocastSuspend inner;
+  const DType wide = compute_dtype(q_in.dtype());
+  auto widened = [wide](const Tensor& t) { return t.dtype() == wide || !is_floating(t.dtype()) ? t : t.to(wide); };
+  const Tensor q = widened(q_in), k = widened(k_in), v = widened(v_in);
   Tensor kk = k, vv = v;
   if (enable_gqa && q.dim() >= 3) {
     // Each key/value head repeated for its group of query heads (torch's repeat_interleave);
@@ -324,10 +332,11 @@ KILN_ENTRY Tensor scaled_dot_product_attention_math(const Tensor& q, const Tenso
   }
   Tensor weights = softmax(scores, -1);
   // A row of -inf scores softmaxes to NaN; torch's math backend (_safe_softmax) gives 0.
-  if (!is_causal && attn_mask.defined())
+  if (!is_causal && attn_mask.defined() && a.S > 0)  // no keys: no weights to correct (amax has no identity)
     weights = where(amax(scores, {-1}, true) == -INFINITY, 0.0, weights).to(weights.dtype());
   if (dropout_p > 0.0) weights = dropout(weights, dropout_p, true);
-  return matmul(weights, vv);
+  const Tensor out = matmul(weights, vv);
+  return out.dtype() == q_in.dtype() ? out : out.to(q_in.dtype());
 }
 
 KILN_ENTRY Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
